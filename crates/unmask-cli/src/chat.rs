@@ -1,0 +1,132 @@
+//! `unmask chat`: a multi-turn conversation read line by line from stdin.
+
+use std::io::{BufRead, IsTerminal};
+
+use serde_json::json;
+use unmask::{Prompt, Request};
+use unmask_core::chat::Message;
+
+use crate::args::{CommandSpec, Flag, Matches};
+use crate::error::CliError;
+use crate::generate::{self, summary, timings_json};
+use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::output;
+
+pub fn spec() -> CommandSpec {
+    let mut flags = vec![
+        MODEL,
+        Flag::value("system", "TEXT", "a system message at the start of the conversation"),
+    ];
+    flags.extend(options::generation_flags());
+    flags.extend([
+        BACKEND,
+        DTYPE,
+        Flag::switch(
+            "json",
+            "print one JSON object per answer (one per line) instead of the text",
+        ),
+    ]);
+    CommandSpec {
+        name: "chat",
+        summary: "Chat with the model: each line read from stdin is a user turn.",
+        usage: "unmask chat [--model DIR] [--system TEXT] [generation flags]",
+        flags,
+        notes: "Commands: /reset clears the conversation (the system message stays), /quit or\n\
+                end of input ends it. Every answer becomes an assistant turn of the history.\n\
+                Piped input works: `printf 'Hi\\nWhy?\\n' | unmask chat` prints two answers.",
+    }
+}
+
+pub fn run(m: &Matches) -> Result<(), CliError> {
+    let (params, decode) = options::generation_params(m)?;
+    let engine_options = options::engine_options(m)?;
+    let json = m.switch("json");
+    let system = m.value("system").map(Message::system);
+    let dir = options::model_dir(m)?;
+    let engine = options::load_engine(&dir, &engine_options)?;
+    if engine.tokenizer.is_none() {
+        return Err(CliError::runtime(format!(
+            "{} has no tokenizer.json: chat needs one (use `unmask generate --prompt-ids` with token ids)",
+            dir.display()
+        )));
+    }
+    let interactive = std::io::stdin().is_terminal();
+    let live = !json && std::io::stdout().is_terminal();
+    if interactive {
+        eprintln!("type a message; /reset clears the conversation, /quit or Ctrl-D ends it");
+    }
+
+    let mut history: Vec<Message> = system.iter().cloned().collect();
+    let mut turn = 0;
+    let mut failed = 0;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if interactive {
+            output::partial("> ")?;
+        }
+        let Some(line) = lines.next() else {
+            break;
+        };
+        let line = line.map_err(|e| CliError::context("cannot read stdin", e))?;
+        let text = line.trim();
+        match text {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/reset" => {
+                history = system.iter().cloned().collect();
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            _ if text.starts_with('/') && !text.contains(' ') => {
+                eprintln!("unknown command {text}: /reset clears the conversation, /quit ends it");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(Message::user(text));
+        let request = Request {
+            prompt: Prompt::Chat(history.clone()),
+            params: params.clone(),
+            decode,
+        };
+        turn += 1;
+        match generate::generate(&engine, &request, live) {
+            Ok(g) => {
+                let answer = g.text.clone().unwrap_or_default();
+                if json {
+                    let obj = json!({
+                        "turn": turn,
+                        "user": text,
+                        "prompt_tokens": g.prompt_ids.len(),
+                        "ids": g.ids,
+                        "text": answer,
+                        "timings": timings_json(&g),
+                    });
+                    output::line(&obj.to_string())?;
+                } else {
+                    output::line(&answer)?;
+                }
+                if interactive {
+                    eprintln!("{}", summary(&g));
+                }
+                history.push(Message::assistant(answer));
+            }
+            Err(e) => {
+                // The turn is dropped so the conversation can go on (or be /reset).
+                history.pop();
+                failed += 1;
+                eprintln!("{}", e.report());
+                if json {
+                    output::line(&json!({ "turn": turn, "user": text, "error": e.message }).to_string())?;
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(CliError::runtime(format!(
+            "{failed} of {turn} turns failed (see the errors above)"
+        )));
+    }
+    Ok(())
+}

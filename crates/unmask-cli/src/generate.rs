@@ -1,0 +1,214 @@
+//! `unmask generate`: one generation from a chat prompt or from token ids.
+
+use std::io::IsTerminal;
+
+use serde_json::{Value, json};
+use unmask::{Engine, GenerationParams, Generation, Prompt, Remasking, Request};
+use unmask_core::chat::Message;
+
+use crate::args::{CommandSpec, Flag, Matches};
+use crate::error::CliError;
+use crate::live::CanvasView;
+use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::output;
+
+pub fn spec() -> CommandSpec {
+    let mut flags = vec![
+        MODEL,
+        Flag::value("prompt", "TEXT", "the user message (rendered with the chat template)"),
+        Flag::value("system", "TEXT", "a system message before the prompt"),
+        Flag::value(
+            "prompt-ids",
+            "IDS",
+            "token ids used as they are, e.g. 1,2,3 (no tokenizer needed; prints ids)",
+        ),
+    ];
+    flags.extend(options::generation_flags());
+    flags.extend([
+        BACKEND,
+        DTYPE,
+        Flag::switch(
+            "json",
+            "print one JSON object: ids, text, per-step commits, timings",
+        ),
+    ]);
+    CommandSpec {
+        name: "generate",
+        summary: "Generate an answer by iterative unmasking.",
+        usage: "unmask generate [--model DIR] (--prompt TEXT [--system TEXT] | --prompt-ids 1,2,3) [flags]",
+        flags,
+        notes: "On a terminal the canvas is shown while it denoises; otherwise only the answer\n\
+                is printed (the generated ids, comma-separated, with --prompt-ids).",
+    }
+}
+
+pub fn run(m: &Matches) -> Result<(), CliError> {
+    let prompt = prompt(m)?;
+    let (params, decode) = options::generation_params(m)?;
+    let engine_options = options::engine_options(m)?;
+    let json = m.switch("json");
+    let dir = options::model_dir(m)?;
+    let engine = options::load_engine(&dir, &engine_options)?;
+    if let Prompt::Ids(ids) = &prompt {
+        options::check_ids(&engine, "prompt-ids", ids)?;
+    }
+    let prompt_len = engine.encode_prompt(&prompt)?.len();
+    options::check_length(&engine, prompt_len, &params)?;
+    let by_ids = matches!(prompt, Prompt::Ids(_));
+    let request = Request {
+        prompt,
+        params,
+        decode,
+    };
+    let live = !json && std::io::stdout().is_terminal();
+    let generation = generate(&engine, &request, live)?;
+    if json {
+        output::line(&generation_json(&engine, &request.params, &generation).to_string())?;
+    } else if by_ids {
+        output::line(&join_ids(&generation.ids))?;
+    } else {
+        output::line(generation.text.as_deref().unwrap_or(""))?;
+    }
+    eprintln!("{}", summary(&generation));
+    Ok(())
+}
+
+fn prompt(m: &Matches) -> Result<Prompt, CliError> {
+    match (m.value("prompt"), m.ids("prompt-ids")?) {
+        (Some(text), None) => {
+            let mut messages = Vec::new();
+            if let Some(system) = m.value("system") {
+                messages.push(Message::system(system));
+            }
+            messages.push(Message::user(text));
+            Ok(Prompt::Chat(messages))
+        }
+        (None, Some(ids)) => {
+            if m.value("system").is_some() {
+                return Err(CliError::usage(
+                    "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids in the list",
+                ));
+            }
+            Ok(Prompt::Ids(ids))
+        }
+        (Some(_), Some(_)) => Err(CliError::usage(
+            "give either --prompt TEXT or --prompt-ids 1,2,3, not both",
+        )),
+        (None, None) => Err(CliError::usage(
+            "`unmask generate` needs --prompt TEXT or --prompt-ids 1,2,3; see `unmask generate --help`",
+        )),
+    }
+}
+
+/// Runs one request, showing the canvas live when `live` is set.
+pub fn generate(engine: &Engine, request: &Request, live: bool) -> Result<Generation, CliError> {
+    if !live {
+        return Ok(engine.generate(request)?);
+    }
+    let total = match request.params.threshold {
+        Some(_) => None,
+        None => Some(request.params.steps),
+    };
+    let mut view = CanvasView::new(engine.tokenizer.as_ref(), total);
+    let result = engine.generate_with(request, &mut |event| view.step(event));
+    view.clear();
+    Ok(result?)
+}
+
+pub fn join_ids(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|id| id.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One line on stderr: how much was generated and how fast.
+pub fn summary(g: &Generation) -> String {
+    let t = &g.timings;
+    format!(
+        "{} tokens, {} steps, {} forward passes in {:.2} s ({:.1} tokens/s; first step {:.2} s)",
+        g.ids.len(),
+        t.steps,
+        t.forward_passes,
+        t.total_s,
+        tokens_per_s(g),
+        t.first_step_s
+    )
+}
+
+fn tokens_per_s(g: &Generation) -> f64 {
+    if g.timings.total_s > 0.0 {
+        g.ids.len() as f64 / g.timings.total_s
+    } else {
+        0.0
+    }
+}
+
+/// An f32 as the JSON number a person would write (0.7, not 0.699999988).
+fn short_f32(v: f32) -> Value {
+    v.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(|f| serde_json::Number::from_f64(f).map(Value::Number))
+        .unwrap_or(Value::Null)
+}
+
+pub fn params_json(p: &GenerationParams) -> Value {
+    json!({
+        "gen_length": p.gen_length,
+        "steps": p.steps,
+        "block_length": p.block_length,
+        "temperature": short_f32(p.temperature),
+        "remasking": match p.remasking {
+            Remasking::LowConfidence => "low_confidence",
+            Remasking::Random => "random",
+        },
+        "cfg_scale": short_f32(p.cfg_scale),
+        "threshold": p.threshold.map(short_f32),
+        "seed": p.seed,
+        "logits_eos_inf": p.logits_eos_inf,
+        "confidence_eos_eot_inf": p.confidence_eos_eot_inf,
+    })
+}
+
+pub fn timings_json(g: &Generation) -> Value {
+    let t = &g.timings;
+    json!({
+        "setup_s": t.setup_s,
+        "first_step_s": t.first_step_s,
+        "total_s": t.total_s,
+        "steps": t.steps,
+        "forward_passes": t.forward_passes,
+        "tokens_per_s": tokens_per_s(g),
+    })
+}
+
+pub fn steps_json(g: &Generation) -> Value {
+    g.steps
+        .iter()
+        .map(|r| {
+            json!({
+                "block": r.block,
+                "step": r.step,
+                "positions": r.committed.iter().map(|&(p, _)| p).collect::<Vec<_>>(),
+                "tokens": r.committed.iter().map(|&(_, t)| t).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+/// The `--json` output of one generation.
+pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generation) -> Value {
+    json!({
+        "adapter": engine.ctx.describe(),
+        "model": engine.dir.display().to_string(),
+        "weight_format": engine.model.weights.embedding.format.name(),
+        "load_s": engine.load_s,
+        "params": params_json(params),
+        "prompt_ids": g.prompt_ids,
+        "ids": g.ids,
+        "text": g.text,
+        "steps": steps_json(g),
+        "timings": timings_json(g),
+    })
+}

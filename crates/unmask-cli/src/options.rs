@@ -1,0 +1,249 @@
+//! Flags shared by several commands: which model and device, and the generation parameters.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use unmask::{Engine, EngineOptions, GenerationParams, Remasking};
+use unmask_core::error::SamplerError;
+use unmask_core::tokenizer::DecodeMode;
+use unmask_gpu::WeightFormat;
+
+use crate::args::{Flag, Matches, invalid};
+use crate::error::CliError;
+use crate::live::LoadBar;
+
+/// Used when `--gen-length` is not given.
+pub const DEFAULT_GEN_LENGTH: usize = 64;
+/// Used when `--block-length` is not given and it divides the generation length.
+pub const DEFAULT_BLOCK_LENGTH: usize = 32;
+
+/// Looked up, in order, when `--model` is not given.
+const DEFAULT_MODELS: [&str; 2] = ["models/tiny", "tests/fixtures/tiny"];
+
+pub const MODEL: Flag = Flag::value(
+    "model",
+    "DIR",
+    "model folder (config.json, *.safetensors, tokenizer.json); default models/tiny, else tests/fixtures/tiny",
+);
+pub const BACKEND: Flag = Flag::value(
+    "backend",
+    "B",
+    "vulkan, metal, dx12, gl or all (default: WGPU_BACKEND, else any)",
+);
+pub const DTYPE: Flag = Flag::value(
+    "dtype",
+    "D",
+    "weights on the GPU: f16 (default; native when the device has shader-f16), f16-packed, f32",
+);
+
+pub fn generation_flags() -> Vec<Flag> {
+    vec![
+        Flag::value("gen-length", "N", "tokens to generate (default 64)"),
+        Flag::value("steps", "N", "denoising steps over all blocks (default: gen-length)"),
+        Flag::value(
+            "block-length",
+            "N",
+            "semi-autoregressive block size (default 32, or gen-length when 32 does not divide it)",
+        ),
+        Flag::value("temperature", "T", "0 is greedy (default 0)"),
+        Flag::value("remasking", "R", "low_confidence (default) or random"),
+        Flag::value("cfg-scale", "W", "classifier-free guidance weight (default 0: off)"),
+        Flag::value(
+            "threshold",
+            "T",
+            "commit every prediction at least this confident, in (0, 1] (Fast-dLLM)",
+        ),
+        Flag::value("seed", "S", "random seed for temperature > 0 and random remasking (default 0)"),
+        Flag::switch("logits-eos-inf", "never predict the end-of-text token"),
+        Flag::switch(
+            "confidence-eos-eot-inf",
+            "commit end-of-text / end-of-turn predictions last",
+        ),
+        Flag::switch("raw", "decode every generated token (default: stop at end of turn)"),
+    ]
+}
+
+/// The generation parameters and decode mode given by `generation_flags`, checked as the
+/// sampler will check them, so a bad combination is reported before the model loads.
+pub fn generation_params(m: &Matches) -> Result<(GenerationParams, DecodeMode), CliError> {
+    const WHOLE: &str = "a whole number >= 1";
+    let positive = |v: usize| v >= 1;
+    let gen_length = m
+        .checked("gen-length", WHOLE, positive)?
+        .unwrap_or(DEFAULT_GEN_LENGTH);
+    let block_length = match m.checked("block-length", WHOLE, positive)? {
+        Some(b) => b,
+        None if gen_length.is_multiple_of(DEFAULT_BLOCK_LENGTH) => DEFAULT_BLOCK_LENGTH,
+        None => gen_length,
+    };
+    let steps = m.checked("steps", WHOLE, positive)?.unwrap_or(gen_length);
+    let temperature = m
+        .checked("temperature", "a number >= 0", |t: f32| t.is_finite() && t >= 0.0)?
+        .unwrap_or(0.0);
+    let remasking = match m.choice("remasking", &["low_confidence", "random"])? {
+        Some("random") => Remasking::Random,
+        _ => Remasking::LowConfidence,
+    };
+    let cfg_scale = m
+        .checked("cfg-scale", "a number >= 0", |w: f32| w.is_finite() && w >= 0.0)?
+        .unwrap_or(0.0);
+    let threshold = m.checked("threshold", "a number in (0, 1]", |t: f32| {
+        t > 0.0 && t <= 1.0
+    })?;
+    let seed = m.parsed("seed", "a whole number >= 0")?.unwrap_or(0);
+    let params = GenerationParams {
+        gen_length,
+        steps,
+        block_length,
+        temperature,
+        remasking,
+        cfg_scale,
+        threshold,
+        logits_eos_inf: m.switch("logits-eos-inf"),
+        confidence_eos_eot_inf: m.switch("confidence-eos-eot-inf"),
+        seed,
+        ..GenerationParams::default()
+    };
+    params
+        .validate(1, usize::MAX)
+        .map_err(|e| schedule_error(&params, e))?;
+    let decode = if m.switch("raw") {
+        DecodeMode::Raw
+    } else {
+        DecodeMode::Clean
+    };
+    Ok((params, decode))
+}
+
+/// The sampler's objection, in terms of the flags.
+fn schedule_error(p: &GenerationParams, e: SamplerError) -> CliError {
+    let blocks = p.gen_length / p.block_length.max(1);
+    CliError::usage(match e {
+        SamplerError::GenNotMultipleOfBlock { .. } => format!(
+            "--gen-length {} is not a multiple of --block-length {}",
+            p.gen_length, p.block_length
+        ),
+        SamplerError::TooFewSteps { .. } => format!(
+            "--steps {} is fewer than the {blocks} blocks (--gen-length {} / --block-length {}); \
+             every block needs at least one step",
+            p.steps, p.gen_length, p.block_length
+        ),
+        SamplerError::StepsNotMultipleOfBlocks { .. } => format!(
+            "--steps {} is not a multiple of the {blocks} blocks (--gen-length {} / --block-length {})",
+            p.steps, p.gen_length, p.block_length
+        ),
+        other => format!("invalid generation flags: {other}"),
+    })
+}
+
+/// The model folder: `--model`, else the first default that exists. Says on stderr which
+/// one is used.
+pub fn model_dir(m: &Matches) -> Result<PathBuf, CliError> {
+    if let Some(dir) = m.value("model") {
+        let path = PathBuf::from(dir);
+        if !path.exists() {
+            return Err(CliError::runtime(format!(
+                "model directory {} does not exist",
+                path.display()
+            )));
+        }
+        if !path.is_dir() {
+            return Err(CliError::runtime(format!(
+                "--model {} is not a directory: expected a folder with config.json and *.safetensors",
+                path.display()
+            )));
+        }
+        eprintln!("model: {}", path.display());
+        return Ok(path);
+    }
+    let dir = default_model().ok_or_else(|| {
+        CliError::runtime(format!(
+            "no --model given and no default model found (looked for {} in {})",
+            DEFAULT_MODELS.join(" and "),
+            std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|_| "the current directory".into())
+        ))
+    })?;
+    eprintln!("model: {} (default; choose another with --model DIR)", dir.display());
+    Ok(dir)
+}
+
+fn default_model() -> Option<PathBuf> {
+    DEFAULT_MODELS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("config.json").is_file())
+}
+
+/// `--backend` and `--dtype`, checked.
+pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
+    let backend = match m.value("backend") {
+        Some(name) => {
+            unmask_gpu::parse_backend(name).map_err(|_| {
+                invalid("backend", "one of vulkan, metal, dx12, gl, webgpu, all", name)
+            })?;
+            Some(name.to_string())
+        }
+        None => None,
+    };
+    let weight_format = match m.choice("dtype", &["f16", "f16-packed", "f32"])? {
+        Some("f32") => WeightFormat::F32,
+        Some("f16-packed") => WeightFormat::F16Packed,
+        _ => WeightFormat::F16Native,
+    };
+    Ok(EngineOptions {
+        backend,
+        weight_format,
+    })
+}
+
+/// Loads the model, with a progress bar when stderr is a terminal.
+pub fn load_engine(dir: &Path, options: &EngineOptions) -> Result<Engine, CliError> {
+    let show = std::io::stderr().is_terminal();
+    let mut bar = LoadBar::new();
+    let result = Engine::load_with_progress(dir, options, &mut |p| {
+        if show {
+            bar.update(&p);
+        }
+    });
+    bar.finish();
+    let engine = result?;
+    eprintln!(
+        "loaded in {:.2} s on {} ({} weights, {:.1} MiB)",
+        engine.load_s,
+        engine.ctx.info.name,
+        engine.model.weights.embedding.format.name(),
+        engine.model.weights.size_bytes() as f64 / (1024.0 * 1024.0)
+    );
+    Ok(engine)
+}
+
+/// Token ids given on the command line must index the model's embedding table.
+pub fn check_ids(engine: &Engine, flag: &str, ids: &[u32]) -> Result<(), CliError> {
+    let rows = engine.config().embedding_size;
+    match ids.iter().find(|&&id| id as usize >= rows) {
+        Some(bad) => Err(CliError::usage(format!(
+            "--{flag}: token id {bad} is outside the model's vocabulary (ids 0..{rows})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The prompt and the generated tokens must fit the model's maximum sequence length.
+pub fn check_length(
+    engine: &Engine,
+    prompt_len: usize,
+    params: &GenerationParams,
+) -> Result<(), CliError> {
+    let max = engine.config().max_sequence_length;
+    if prompt_len + params.gen_length > max {
+        return Err(CliError::usage(format!(
+            "the prompt's {prompt_len} tokens + --gen-length {} = {} exceed the model's maximum \
+             sequence length {max}; lower --gen-length or shorten the prompt",
+            params.gen_length,
+            prompt_len + params.gen_length
+        )));
+    }
+    Ok(())
+}

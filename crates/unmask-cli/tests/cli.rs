@@ -1,0 +1,378 @@
+//! The `unmask` binary end to end on the tiny fixture model: generation (ids and text,
+//! JSON and plain), logits as .npy against the golden logits, piped chat, info, selfcheck,
+//! and the exit codes and messages of bad command lines.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const MASK: u64 = 305;
+const BOS: u64 = 300;
+const VOCAB: usize = 320;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture() -> String {
+    workspace().join("tests/fixtures/tiny").display().to_string()
+}
+
+fn unmask() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_unmask"));
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join("unmask-cli-tests-xdg");
+        std::fs::create_dir_all(&dir).expect("create XDG_RUNTIME_DIR");
+        cmd.env("XDG_RUNTIME_DIR", dir);
+    }
+    cmd
+}
+
+fn run(args: &[&str]) -> Output {
+    unmask().args(args).output().expect("run unmask")
+}
+
+fn run_with_stdin(args: &[&str], stdin: &str) -> Output {
+    let mut child = unmask()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn unmask");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for unmask")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "unmask failed with {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// Exits with `code`, prints `error: ...` naming `needle`, and does not panic.
+fn assert_fails(args: &[&str], code: i32, needle: &str) {
+    let o = run(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "{args:?}\nstderr:\n{err}");
+    assert!(err.contains("error: "), "{args:?}: no `error:` line in\n{err}");
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in\n{err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_str(stdout(o).trim()).unwrap_or_else(|e| panic!("bad JSON ({e}):\n{}", stdout(o)))
+}
+
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("integer"))
+        .collect()
+}
+
+#[test]
+fn generate_from_ids_prints_one_json_object() {
+    let fix = fixture();
+    let o = run(&[
+        "generate",
+        "--model",
+        &fix,
+        "--prompt-ids",
+        "1,2,3",
+        "--gen-length",
+        "16",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let v = json(&o);
+    assert_eq!(u64s(&v["prompt_ids"]), [1, 2, 3]);
+    let ids = u64s(&v["ids"]);
+    assert_eq!(ids.len(), 16);
+    assert!(!ids.contains(&MASK), "mask left in {ids:?}");
+    assert!(ids.iter().all(|&id| (id as usize) < VOCAB));
+    assert!(v["adapter"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(v["model"].as_str().is_some_and(|s| s.contains("tiny")));
+
+    // gen-length 16 < 32: one block of 16 steps, one token per step, every position once.
+    let steps = v["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 16);
+    let mut positions: Vec<u64> = steps.iter().flat_map(|s| u64s(&s["positions"])).collect();
+    positions.sort_unstable();
+    assert_eq!(positions, (3..19).collect::<Vec<u64>>());
+    for s in steps {
+        assert_eq!(s["block"], 0);
+        let (p, t) = (u64s(&s["positions"]), u64s(&s["tokens"]));
+        assert_eq!(p.len(), t.len());
+        for (pos, tok) in p.iter().zip(&t) {
+            assert_eq!(ids[*pos as usize - 3], *tok);
+        }
+    }
+    let t = &v["timings"];
+    assert_eq!(t["steps"], 16);
+    assert_eq!(t["forward_passes"], 16);
+    for key in ["setup_s", "first_step_s", "total_s", "tokens_per_s"] {
+        assert!(t[key].as_f64().is_some_and(|x| x >= 0.0), "timings.{key}: {t}");
+    }
+
+    // Without --json (stdout is not a terminal): the same ids, comma-separated.
+    let o = run(&["generate", "--model", &fix, "--prompt-ids", "1,2,3", "--gen-length", "16"]);
+    assert_ok(&o);
+    let plain: Vec<u64> = stdout(&o)
+        .trim()
+        .split(',')
+        .map(|s| s.parse().expect("id"))
+        .collect();
+    assert_eq!(plain, ids, "temperature 0 is deterministic");
+}
+
+#[test]
+fn generate_from_text_uses_the_chat_template() {
+    let fix = fixture();
+    let o = run(&[
+        "generate",
+        "--model",
+        &fix,
+        "--prompt",
+        "Hello there",
+        "--system",
+        "Be brief.",
+        "--gen-length",
+        "8",
+        "--steps",
+        "4",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let v = json(&o);
+    let prompt = u64s(&v["prompt_ids"]);
+    assert_eq!(prompt[0], BOS);
+    assert_eq!(prompt.iter().filter(|&&t| t == 302).count(), 3, "system, user, assistant headers");
+    let ids = u64s(&v["ids"]);
+    assert_eq!(ids.len(), 8);
+    assert!(!ids.contains(&MASK));
+    assert_eq!(v["steps"].as_array().map(Vec::len), Some(4));
+    assert!(v["text"].is_string());
+
+    let o = run(&["generate", "--model", &fix, "--prompt", "Hello", "--gen-length", "8"]);
+    assert_ok(&o);
+    assert!(stdout(&o).ends_with('\n'));
+}
+
+#[test]
+fn generate_defaults_to_the_fixture_and_two_blocks() {
+    // From the workspace root without --model: models/tiny if present, else the fixture.
+    let o = unmask()
+        .current_dir(workspace())
+        .args(["generate", "--prompt-ids", "5,6", "--json"])
+        .output()
+        .expect("run unmask");
+    assert_ok(&o);
+    assert!(stderr(&o).contains("model: "), "{}", stderr(&o));
+    let v = json(&o);
+    let ids = u64s(&v["ids"]);
+    assert_eq!(ids.len(), 64);
+    assert!(!ids.contains(&MASK));
+    assert_eq!(v["params"]["block_length"], 32);
+    assert_eq!(v["params"]["steps"], 64);
+    let blocks: Vec<u64> = v["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["block"].as_u64().expect("block"))
+        .collect();
+    assert_eq!(blocks.iter().filter(|&&b| b == 0).count(), 32);
+    assert_eq!(blocks.iter().filter(|&&b| b == 1).count(), 32);
+}
+
+#[test]
+fn logits_writes_npy_matching_the_goldens() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace().join("tests/fixtures/tiny/goldens/logits.json"))
+            .expect("goldens"),
+    )
+    .expect("golden JSON");
+    let case = &golden["cases"][0];
+    let ids = u64s(&case["ids"]);
+    let ids_arg = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let out = std::env::temp_dir().join(format!("unmask-cli-logits-{}.npy", std::process::id()));
+    let out_arg = out.display().to_string();
+    let o = run(&[
+        "logits",
+        "--model",
+        &fixture(),
+        "--prompt-ids",
+        &ids_arg,
+        "--dtype",
+        "f32",
+        "--out",
+        &out_arg,
+    ]);
+    assert_ok(&o);
+    let bytes = std::fs::read(&out).expect("read .npy");
+    let _ = std::fs::remove_file(&out);
+
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00");
+    let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let data_start = 10 + header_len;
+    assert_eq!(data_start % 64, 0);
+    let header = std::str::from_utf8(&bytes[10..data_start]).expect("ASCII header");
+    let t = ids.len();
+    assert!(header.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': ("));
+    assert!(header.contains(&format!("'shape': ({t}, {VOCAB}), }}")), "{header}");
+    assert!(header.ends_with('\n'));
+    assert_eq!(bytes.len(), data_start + t * VOCAB * 4);
+
+    let got: Vec<f32> = bytes[data_start..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let want: Vec<f64> = case["logits_f32"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .flat_map(|row| row.as_array().expect("row").iter().map(|x| x.as_f64().expect("f64")))
+        .collect();
+    assert_eq!(got.len(), want.len());
+    let max_err = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| (f64::from(*g) - w).abs())
+        .fold(0.0, f64::max);
+    eprintln!("[logits] max |error| vs golden f32 logits: {max_err:.2e} (tolerance 1e-3)");
+    assert!(max_err < 1e-3, "max error {max_err}");
+}
+
+#[test]
+fn chat_answers_every_piped_line() {
+    let fix = fixture();
+    let args = ["chat", "--model", &fix, "--gen-length", "8", "--json"];
+    let o = run_with_stdin(&args, "Hello\nWhat is 2+3?\n");
+    assert_ok(&o);
+    let turns: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(turns.len(), 2, "{}", stdout(&o));
+    assert_eq!(turns[0]["turn"], 1);
+    assert_eq!(turns[1]["user"], "What is 2+3?");
+    for t in &turns {
+        assert_eq!(u64s(&t["ids"]).len(), 8);
+        assert!(t["text"].is_string());
+    }
+    // The second prompt holds the first exchange: its user turn, the answer and headers.
+    let (p1, p2) = (
+        turns[0]["prompt_tokens"].as_u64().expect("n"),
+        turns[1]["prompt_tokens"].as_u64().expect("n"),
+    );
+    assert!(p2 > p1 + 4, "history not carried: {p1} then {p2}");
+
+    // /reset starts over: the same question gets the same prompt and answer.
+    let o = run_with_stdin(&args, "Hi\n/reset\n\nHi\n/quit\nignored\n");
+    assert_ok(&o);
+    let turns: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(turns.len(), 2);
+    assert_eq!(turns[0]["prompt_tokens"], turns[1]["prompt_tokens"]);
+    assert_eq!(turns[0]["ids"], turns[1]["ids"]);
+
+    // Plain text: one answer per turn.
+    let o = run_with_stdin(&["chat", "--model", &fix, "--gen-length", "8"], "one\ntwo\n");
+    assert_ok(&o);
+    assert!(!stdout(&o).trim_start().starts_with('{'));
+}
+
+#[test]
+fn bad_command_lines_exit_2_and_name_the_flag() {
+    let fix = fixture();
+    let f = fix.as_str();
+    assert_fails(&["generate", "--stepz", "3", "--prompt", "x"], 2, "--stepz");
+    assert_fails(&["generate", "--prompt-ids", "1", "--gen-length", "abc"], 2, "--gen-length");
+    assert_fails(&["generate", "--prompt-ids", "1,x"], 2, "--prompt-ids");
+    assert_fails(&["generate", "--prompt"], 2, "--prompt");
+    assert_fails(&["generate", "--prompt-ids", "1", "--temperature", "-1"], 2, "--temperature");
+    assert_fails(&["generate", "--prompt-ids", "1", "--remasking", "best"], 2, "--remasking");
+    assert_fails(&["generate", "--prompt-ids", "1", "--backend", "cuda"], 2, "--backend");
+    assert_fails(&["generate", "--prompt-ids", "1", "--dtype", "bf16"], 2, "--dtype");
+    assert_fails(&["generate", "--prompt-ids", "1", "--json=maybe"], 2, "--json");
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--gen-length", "48", "--block-length", "32"],
+        2,
+        "--block-length",
+    );
+    assert_fails(&["generate", "--prompt-ids", "1", "--steps", "3"], 2, "--steps");
+    assert_fails(&["generate", "--prompt", "a", "--prompt-ids", "1"], 2, "--prompt-ids");
+    assert_fails(&["generate"], 2, "--prompt");
+    assert_fails(&["generate", "stray"], 2, "stray");
+    assert_fails(&["logits", "--prompt-ids", "1"], 2, "--out");
+    assert_fails(&["frobnicate"], 2, "frobnicate");
+    assert_fails(&[], 2, "no command");
+    // Checked against the model once it is loaded.
+    assert_fails(&["generate", "--model", f, "--prompt-ids", "1,320"], 2, "320");
+    assert_fails(
+        &["generate", "--model", f, "--prompt-ids", "1,2", "--gen-length", "300"],
+        2,
+        "--gen-length",
+    );
+}
+
+#[test]
+fn missing_model_exits_1_with_the_path() {
+    let missing = std::env::temp_dir().join("unmask-cli-no-such-model");
+    let missing = missing.display().to_string();
+    assert_fails(&["generate", "--model", &missing, "--prompt-ids", "1"], 1, &missing);
+    assert_fails(&["logits", "--model", &missing, "--prompt-ids", "1", "--out", "x.npy"], 1, &missing);
+    // A folder that is not a model names the file it lacks.
+    let empty = std::env::temp_dir().join(format!("unmask-cli-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let empty_arg = empty.display().to_string();
+    assert_fails(&["generate", "--model", &empty_arg, "--prompt-ids", "1"], 1, "config.json");
+    let _ = std::fs::remove_dir(&empty);
+}
+
+#[test]
+fn help_info_and_selfcheck() {
+    let o = run(&["help"]);
+    assert_ok(&o);
+    for command in ["generate", "chat", "logits", "info", "selfcheck"] {
+        assert!(stdout(&o).contains(command), "{}", stdout(&o));
+    }
+    for args in [["generate", "--help"], ["help", "generate"]] {
+        let o = run(&args);
+        assert_ok(&o);
+        assert!(stdout(&o).contains("--gen-length N"), "{}", stdout(&o));
+    }
+
+    let o = run(&["info", "--model", &fixture()]);
+    assert_ok(&o);
+    let text = stdout(&o);
+    for needle in ["adapter:", "limits:", "parameters:", "weights on the GPU:", "tokenizer: 306"] {
+        assert!(text.contains(needle), "`{needle}` not in\n{text}");
+    }
+
+    let o = run(&["selfcheck"]);
+    assert_ok(&o);
+    assert!(stdout(&o).contains("selfcheck passed"), "{}", stdout(&o));
+}

@@ -1,0 +1,10 @@
+//! Unmask without a GPU: model config, tokenizer and chat template, the diffusion sampler,
+//! cache policy, and the CPU oracle the GPU kernels are tested against.
+
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod oracle;
+pub mod rng;
+pub mod sampler;
+pub mod tokenizer;

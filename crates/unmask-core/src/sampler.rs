@@ -1,0 +1,804 @@
+//! The reference LLaDA sampler (`generate` of the official repository) as a state machine
+//! over the canvas. Each step the GPU predicts a (token, confidence) pair for the rows this
+//! sampler asks for; the sampler decides which predictions to commit. Committed tokens are
+//! final; the rest stay masked and are predicted again at the next step.
+
+use std::ops::Range;
+
+use half::bf16;
+
+use crate::error::SamplerError;
+use crate::rng::SplitMix64;
+
+/// Which predictions a step keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Remasking {
+    /// Keep the most probable predictions.
+    #[default]
+    LowConfidence,
+    /// Keep predictions at uniformly random positions.
+    Random,
+}
+
+/// The parameters of the reference `generate`, plus Fast-dLLM's threshold decoding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationParams {
+    /// Tokens to generate after the prompt.
+    pub gen_length: usize,
+    /// Denoising steps over all blocks; each block gets `steps / num_blocks`.
+    pub steps: usize,
+    /// Blocks are filled left to right; `block_length == gen_length` is pure diffusion.
+    pub block_length: usize,
+    /// 0 is greedy; above 0 the GPU samples with Gumbel noise.
+    pub temperature: f32,
+    pub remasking: Remasking,
+    /// Classifier-free guidance weight; 0 turns it off.
+    pub cfg_scale: f32,
+    /// Fast-dLLM: commit every prediction at least this confident (and at least one) per
+    /// step instead of a fixed quota; `steps` is then unused.
+    pub threshold: Option<f32>,
+    /// The EOS logit is set to -inf before the argmax (applied by the GPU).
+    pub logits_eos_inf: bool,
+    /// EOS and EoT are removed from the confidence softmax (applied by the GPU).
+    pub confidence_eos_eot_inf: bool,
+    pub seed: u64,
+    /// Round confidences to bf16 before ranking, as the reference's bf16 softmax does; the
+    /// ties this creates go to the lowest position.
+    pub round_confidence_bf16: bool,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        Self {
+            gen_length: 128,
+            steps: 128,
+            block_length: 32,
+            temperature: 0.0,
+            remasking: Remasking::LowConfidence,
+            cfg_scale: 0.0,
+            threshold: None,
+            logits_eos_inf: false,
+            confidence_eos_eot_inf: false,
+            seed: 0,
+            round_confidence_bf16: true,
+        }
+    }
+}
+
+impl GenerationParams {
+    /// Checks the parameters against a prompt length and the model's maximum sequence
+    /// length; returns the number of blocks.
+    pub fn validate(&self, prompt_len: usize, max_len: usize) -> Result<usize, SamplerError> {
+        if prompt_len == 0 {
+            return Err(SamplerError::EmptyPrompt);
+        }
+        if self.gen_length == 0 {
+            return Err(SamplerError::ZeroGenLength);
+        }
+        if self.block_length == 0 {
+            return Err(SamplerError::ZeroBlockLength);
+        }
+        if !self.gen_length.is_multiple_of(self.block_length) {
+            return Err(SamplerError::GenNotMultipleOfBlock {
+                gen_length: self.gen_length,
+                block_length: self.block_length,
+            });
+        }
+        let num_blocks = self.gen_length / self.block_length;
+        match self.threshold {
+            Some(threshold) => {
+                if !(threshold > 0.0 && threshold <= 1.0) {
+                    return Err(SamplerError::ThresholdOutOfRange { threshold });
+                }
+            }
+            None => {
+                if self.steps < num_blocks {
+                    return Err(SamplerError::TooFewSteps {
+                        steps: self.steps,
+                        num_blocks,
+                    });
+                }
+                if !self.steps.is_multiple_of(num_blocks) {
+                    return Err(SamplerError::StepsNotMultipleOfBlocks {
+                        steps: self.steps,
+                        num_blocks,
+                    });
+                }
+            }
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(SamplerError::BadTemperature {
+                temperature: self.temperature,
+            });
+        }
+        if !(self.cfg_scale.is_finite() && self.cfg_scale >= 0.0) {
+            return Err(SamplerError::BadCfgScale {
+                cfg_scale: self.cfg_scale,
+            });
+        }
+        let total = prompt_len.saturating_add(self.gen_length);
+        if total > max_len {
+            return Err(SamplerError::TooLong {
+                prompt_len,
+                gen_length: self.gen_length,
+                total,
+                max_len,
+            });
+        }
+        Ok(num_blocks)
+    }
+}
+
+/// What one step committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepRecord {
+    /// Step index within the block (the reference's `i`).
+    pub step: usize,
+    pub block: usize,
+    /// (position, token) pairs, positions ascending.
+    pub committed: Vec<(u32, u32)>,
+}
+
+/// The canvas and the schedule of one generation.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: GenerationParams,
+    mask_id: u32,
+    prompt_len: usize,
+    tokens: Vec<u32>,
+    /// Prompt positions that held a real token at the start; CFG's unconditional input
+    /// masks exactly these.
+    prompt_index: Vec<bool>,
+    num_blocks: usize,
+    /// `None` in threshold mode.
+    steps_per_block: Option<usize>,
+    /// Commits per step of the current block (quota mode).
+    quotas: Vec<usize>,
+    block: usize,
+    step_in_block: usize,
+    global_step: usize,
+    rng: SplitMix64,
+}
+
+impl Sampler {
+    /// Starts a generation of `params.gen_length` masked tokens after `prompt`. The prompt
+    /// may itself contain `mask_id` (infilling); those positions are predicted too.
+    pub fn new(
+        prompt: &[u32],
+        params: GenerationParams,
+        mask_id: u32,
+        max_len: usize,
+    ) -> Result<Self, SamplerError> {
+        let num_blocks = params.validate(prompt.len(), max_len)?;
+        let steps_per_block = match params.threshold {
+            Some(_) => None,
+            None => Some(params.steps / num_blocks),
+        };
+        let mut tokens = Vec::with_capacity(prompt.len() + params.gen_length);
+        tokens.extend_from_slice(prompt);
+        tokens.resize(prompt.len() + params.gen_length, mask_id);
+        let prompt_index = prompt.iter().map(|&t| t != mask_id).collect();
+        let rng = SplitMix64(params.seed);
+        let mut sampler = Self {
+            params,
+            mask_id,
+            prompt_len: prompt.len(),
+            tokens,
+            prompt_index,
+            num_blocks,
+            steps_per_block,
+            quotas: Vec::new(),
+            block: 0,
+            step_in_block: 0,
+            global_step: 0,
+            rng,
+        };
+        sampler.enter_block();
+        sampler.settle();
+        Ok(sampler)
+    }
+
+    /// Prompt followed by the canvas (committed tokens and masks).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The canvas after the prompt.
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// The input of CFG's unconditional pass: the prompt's tokens masked, the canvas kept.
+    pub fn unconditional_tokens(&self) -> Vec<u32> {
+        let mut tokens = self.tokens.clone();
+        for (token, &is_prompt) in tokens.iter_mut().zip(&self.prompt_index) {
+            if is_prompt {
+                *token = self.mask_id;
+            }
+        }
+        tokens
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.block >= self.num_blocks
+    }
+
+    /// Absolute positions of the current block; empty (at the end) once done.
+    pub fn block(&self) -> Range<usize> {
+        if self.is_done() {
+            return self.tokens.len()..self.tokens.len();
+        }
+        let start = self.prompt_len + self.block * self.params.block_length;
+        start..start + self.params.block_length
+    }
+
+    /// Index of the current block.
+    pub fn block_index(&self) -> usize {
+        self.block
+    }
+
+    /// Step within the current block, counted as the reference does (steps with nothing
+    /// to commit are skipped but keep their index).
+    pub fn step_in_block(&self) -> usize {
+        self.step_in_block
+    }
+
+    /// Steps committed so far over the whole generation.
+    pub fn global_step(&self) -> usize {
+        self.global_step
+    }
+
+    /// Commits this step will make, in quota mode.
+    pub fn quota(&self) -> Option<usize> {
+        if self.is_done() {
+            return None;
+        }
+        self.steps_per_block
+            .map(|_| self.quotas[self.step_in_block])
+    }
+
+    pub fn params(&self) -> &GenerationParams {
+        &self.params
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    pub fn mask_id(&self) -> u32 {
+        self.mask_id
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// `None` in threshold mode, where a block takes as many steps as it needs.
+    pub fn steps_per_block(&self) -> Option<usize> {
+        self.steps_per_block
+    }
+
+    /// Positions that need a prediction this step: every masked position before the end
+    /// of the current block, masked prompt positions included. Ascending; empty once done.
+    pub fn rows_to_predict(&self) -> Vec<u32> {
+        if self.is_done() {
+            return Vec::new();
+        }
+        let end = self.block().end;
+        (0..end)
+            .filter(|&p| self.tokens[p] == self.mask_id)
+            .map(|p| p as u32)
+            .collect()
+    }
+
+    /// Commits one step from the GPU's (token, confidence) per row of `rows_to_predict`,
+    /// in the same order. With `Remasking::Random` the confidences are replaced by this
+    /// sampler's random numbers.
+    pub fn commit(&mut self, predictions: &[(u32, f32)]) -> Result<StepRecord, SamplerError> {
+        if self.is_done() {
+            return Err(SamplerError::Finished);
+        }
+        let rows = self.rows_to_predict();
+        if predictions.len() != rows.len() {
+            return Err(SamplerError::PredictionCount {
+                expected: rows.len(),
+                found: predictions.len(),
+            });
+        }
+        let tokens: Vec<u32> = predictions.iter().map(|&(t, _)| t).collect();
+        let confidences: Vec<f32> = match self.params.remasking {
+            Remasking::LowConfidence if self.params.round_confidence_bf16 => predictions
+                .iter()
+                .map(|&(_, c)| bf16::from_f32(c).to_f32())
+                .collect(),
+            Remasking::LowConfidence => predictions.iter().map(|&(_, c)| c).collect(),
+            // One number per position of the whole sequence, as `torch.rand((B, T))` draws.
+            Remasking::Random => {
+                let uniforms: Vec<f32> = (0..self.tokens.len())
+                    .map(|_| uniform_f32(&mut self.rng))
+                    .collect();
+                rows.iter().map(|&p| uniforms[p as usize]).collect()
+            }
+        };
+        Ok(self.apply(&rows, &tokens, &confidences))
+    }
+
+    /// Commits one step with the given ranking numbers (one per row of `rows_to_predict`)
+    /// used exactly as given: no bf16 rounding and no random draw.
+    pub fn commit_with_confidences(
+        &mut self,
+        tokens: &[u32],
+        confidences: &[f32],
+    ) -> Result<StepRecord, SamplerError> {
+        if self.is_done() {
+            return Err(SamplerError::Finished);
+        }
+        let rows = self.rows_to_predict();
+        if tokens.len() != rows.len() {
+            return Err(SamplerError::PredictionCount {
+                expected: rows.len(),
+                found: tokens.len(),
+            });
+        }
+        if confidences.len() != tokens.len() {
+            return Err(SamplerError::ConfidenceCount {
+                tokens: tokens.len(),
+                confidences: confidences.len(),
+            });
+        }
+        Ok(self.apply(&rows, tokens, confidences))
+    }
+
+    fn apply(&mut self, rows: &[u32], tokens: &[u32], confidences: &[f32]) -> StepRecord {
+        // NaN never wins; -0.0 ties with 0.0 as it does in torch.topk.
+        let key = |c: f32| {
+            if c.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                c + 0.0
+            }
+        };
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        // Highest confidence first; ties go to the lowest position.
+        order.sort_by(|&a, &b| {
+            key(confidences[b])
+                .total_cmp(&key(confidences[a]))
+                .then(rows[a].cmp(&rows[b]))
+        });
+        let take = match self.params.threshold {
+            None => self.quotas[self.step_in_block].min(rows.len()),
+            Some(threshold) => {
+                let confident = order
+                    .iter()
+                    .filter(|&&i| key(confidences[i]) >= threshold)
+                    .count();
+                confident.max(1).min(rows.len())
+            }
+        };
+        let mut committed: Vec<(u32, u32)> = order[..take]
+            .iter()
+            .map(|&i| (rows[i], tokens[i]))
+            .collect();
+        committed.sort_unstable();
+        for &(position, token) in &committed {
+            self.tokens[position as usize] = token;
+        }
+        let record = StepRecord {
+            step: self.step_in_block,
+            block: self.block,
+            committed,
+        };
+        self.step_in_block += 1;
+        self.global_step += 1;
+        self.settle();
+        record
+    }
+
+    /// Schedules the current block: the reference splits the block's masks over its steps,
+    /// the first `n % steps` steps taking one more.
+    fn enter_block(&mut self) {
+        self.step_in_block = 0;
+        self.quotas.clear();
+        if let Some(steps) = self.steps_per_block {
+            let range = self.block();
+            let n = self.tokens[range]
+                .iter()
+                .filter(|&&t| t == self.mask_id)
+                .count();
+            let (base, rem) = (n / steps, n % steps);
+            self.quotas = (0..steps).map(|i| base + usize::from(i < rem)).collect();
+        }
+    }
+
+    /// Moves past steps and blocks with nothing to commit, so that whenever the sampler is
+    /// not done the next step commits at least one token.
+    fn settle(&mut self) {
+        while !self.is_done() {
+            let finished = match self.steps_per_block {
+                Some(steps) => {
+                    while self.step_in_block < steps && self.quotas[self.step_in_block] == 0 {
+                        self.step_in_block += 1;
+                    }
+                    self.step_in_block >= steps
+                }
+                None => {
+                    let range = self.block();
+                    !self.tokens[range].contains(&self.mask_id)
+                }
+            };
+            // Unreachable through the quota arithmetic, but an empty step must never be
+            // requested.
+            if !finished && !self.rows_to_predict().is_empty() {
+                return;
+            }
+            self.block += 1;
+            if !self.is_done() {
+                self.enter_block();
+            }
+        }
+    }
+}
+
+/// Uniform f32 in [0, 1) from the top 24 bits, exactly representable.
+fn uniform_f32(rng: &mut SplitMix64) -> f32 {
+    (rng.next_u64() >> 40) as f32 * (1.0 / 16_777_216.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MASK: u32 = 99;
+
+    fn params(gen_length: usize, steps: usize, block_length: usize) -> GenerationParams {
+        GenerationParams {
+            gen_length,
+            steps,
+            block_length,
+            round_confidence_bf16: false,
+            ..GenerationParams::default()
+        }
+    }
+
+    /// Runs to the end, predicting token `1000 + position` with confidence `conf(position)`.
+    fn run(sampler: &mut Sampler, conf: impl Fn(u32) -> f32) -> Vec<StepRecord> {
+        let mut records = Vec::new();
+        while !sampler.is_done() {
+            let rows = sampler.rows_to_predict();
+            assert!(!rows.is_empty());
+            let predictions: Vec<(u32, f32)> = rows.iter().map(|&p| (1000 + p, conf(p))).collect();
+            records.push(sampler.commit(&predictions).unwrap());
+        }
+        records
+    }
+
+    fn counts(records: &[StepRecord]) -> Vec<usize> {
+        records.iter().map(|r| r.committed.len()).collect()
+    }
+
+    #[test]
+    fn defaults_are_the_reference_ones() {
+        let p = GenerationParams::default();
+        assert_eq!((p.gen_length, p.steps, p.block_length), (128, 128, 32));
+        assert_eq!(p.temperature, 0.0);
+        assert_eq!(p.remasking, Remasking::LowConfidence);
+        assert_eq!(p.cfg_scale, 0.0);
+        assert_eq!(p.threshold, None);
+        assert!(!p.logits_eos_inf && !p.confidence_eos_eot_inf);
+        assert_eq!(p.seed, 0);
+        assert!(p.round_confidence_bf16);
+    }
+
+    #[test]
+    fn quotas_with_remainders() {
+        // 12 masks in 5 steps: 3, 3, 2, 2, 2.
+        let mut s = Sampler::new(&[1, 2, 3], params(12, 5, 12), MASK, 64).unwrap();
+        assert_eq!(s.quota(), Some(3));
+        let records = run(&mut s, |p| p as f32 / 100.0);
+        assert_eq!(counts(&records), vec![3, 3, 2, 2, 2]);
+        assert_eq!(
+            records.iter().map(|r| r.step).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 4]
+        );
+        // Highest confidence first: the last positions are committed first.
+        assert_eq!(
+            records[0].committed,
+            vec![(12, 1012), (13, 1013), (14, 1014)]
+        );
+        assert!(s.tokens()[3..].iter().all(|&t| t != MASK));
+        assert_eq!(s.generated().len(), 12);
+    }
+
+    #[test]
+    fn more_steps_than_masks_skips_empty_steps() {
+        // 2 masks in 4 steps: quotas 1, 1, 0, 0; the empty steps are not requested.
+        let mut s = Sampler::new(&[1], params(2, 4, 2), MASK, 64).unwrap();
+        let records = run(&mut s, |_| 0.5);
+        assert_eq!(counts(&records), vec![1, 1]);
+        assert_eq!(s.global_step(), 2);
+        assert!(s.is_done());
+        assert!(s.rows_to_predict().is_empty());
+        assert_eq!(s.commit(&[]), Err(SamplerError::Finished));
+    }
+
+    #[test]
+    fn block_transitions() {
+        // 4 blocks of 4, 2 steps per block, 2 tokens per step.
+        let prompt = [5, 6, 7];
+        let mut s = Sampler::new(&prompt, params(16, 8, 4), MASK, 64).unwrap();
+        assert_eq!(s.num_blocks(), 4);
+        assert_eq!(s.steps_per_block(), Some(2));
+        for block in 0..4 {
+            for step in 0..2 {
+                assert_eq!(s.block_index(), block);
+                assert_eq!(s.block(), 3 + 4 * block..7 + 4 * block);
+                assert_eq!(s.step_in_block(), step);
+                assert_eq!(s.global_step(), 2 * block + step);
+                let rows = s.rows_to_predict();
+                // Only the current block is predicted; earlier blocks are complete.
+                assert!(rows.iter().all(|&p| s.block().contains(&(p as usize))));
+                assert_eq!(rows.len(), 4 - 2 * step);
+                let preds: Vec<(u32, f32)> = rows.iter().map(|&p| (p, 0.5)).collect();
+                let r = s.commit(&preds).unwrap();
+                assert_eq!((r.block, r.step), (block, step));
+                assert_eq!(r.committed.len(), 2);
+            }
+        }
+        assert!(s.is_done());
+        assert_eq!(s.block(), 19..19);
+        assert_eq!(&s.tokens()[..3], &prompt);
+        assert_eq!(s.generated(), (3..19).collect::<Vec<u32>>().as_slice());
+    }
+
+    #[test]
+    fn ties_go_to_the_lowest_position() {
+        let mut s = Sampler::new(&[1], params(6, 3, 6), MASK, 64).unwrap();
+        let r = s
+            .commit(&[
+                (10, 0.5),
+                (11, 0.5),
+                (12, 0.5),
+                (13, 0.5),
+                (14, 0.5),
+                (15, 0.5),
+            ])
+            .unwrap();
+        assert_eq!(r.committed, vec![(1, 10), (2, 11)]);
+        // The tie only matters at the boundary: a higher one still wins.
+        let r = s
+            .commit(&[(12, 0.5), (13, 0.5), (14, 0.5), (15, 0.75)])
+            .unwrap();
+        assert_eq!(r.committed, vec![(3, 12), (6, 15)]);
+    }
+
+    #[test]
+    fn bf16_rounding_creates_ties() {
+        // 0.5 and 0.5 + 2^-12 are distinct in f32 but equal in bf16.
+        let high = 0.5 + 1.0 / 4096.0;
+        let preds = [(10, 0.5), (11, high)];
+        let mut p = params(2, 2, 2);
+        let mut exact = Sampler::new(&[1], p.clone(), MASK, 64).unwrap();
+        assert_eq!(exact.commit(&preds).unwrap().committed, vec![(2, 11)]);
+        p.round_confidence_bf16 = true;
+        let mut rounded = Sampler::new(&[1], p, MASK, 64).unwrap();
+        assert_eq!(rounded.commit(&preds).unwrap().committed, vec![(1, 10)]);
+    }
+
+    #[test]
+    fn nan_and_negative_zero_confidences() {
+        let mut s = Sampler::new(&[1], params(3, 3, 3), MASK, 64).unwrap();
+        let r = s.commit(&[(10, f32::NAN), (11, -0.0), (12, 0.0)]).unwrap();
+        assert_eq!(r.committed, vec![(2, 11)]);
+        let r = s.commit(&[(10, f32::NAN), (12, -1.0)]).unwrap();
+        assert_eq!(r.committed, vec![(3, 12)]);
+    }
+
+    #[test]
+    fn threshold_mode() {
+        let mut p = params(8, 1, 4);
+        p.threshold = Some(0.9);
+        let mut s = Sampler::new(&[1, 2], p, MASK, 64).unwrap();
+        assert_eq!(s.steps_per_block(), None);
+        assert_eq!(s.quota(), None);
+        // Every prediction at or above the threshold is committed.
+        let r = s
+            .commit(&[(10, 0.95), (11, 0.2), (12, 0.9), (13, 0.3)])
+            .unwrap();
+        assert_eq!(r.committed, vec![(2, 10), (4, 12)]);
+        // None above: only the most confident one.
+        let r = s.commit(&[(11, 0.2), (13, 0.3)]).unwrap();
+        assert_eq!(r.committed, vec![(5, 13)]);
+        assert_eq!(s.block(), 2..6);
+        let r = s.commit(&[(11, 0.1)]).unwrap();
+        assert_eq!((r.block, r.step), (0, 2));
+        // The block has no masks left: the next block starts.
+        assert_eq!(s.block(), 6..10);
+        assert_eq!(s.step_in_block(), 0);
+        let r = s
+            .commit(&[(20, 1.0), (21, 1.0), (22, 1.0), (23, 1.0)])
+            .unwrap();
+        assert_eq!(r.committed.len(), 4);
+        assert!(s.is_done());
+        assert_eq!(s.global_step(), 4);
+        assert_eq!(s.tokens(), &[1, 2, 10, 11, 12, 13, 20, 21, 22, 23]);
+    }
+
+    #[test]
+    fn masked_prompt_positions_compete_for_the_quota() {
+        // Prompt [7, MASK, 8]: the masked prompt position is predicted in every block and
+        // takes a commit from the block's quota when it is the most confident.
+        let prompt = [7, MASK, 8];
+        let mut s = Sampler::new(&prompt, params(4, 4, 2), MASK, 64).unwrap();
+        assert_eq!(s.rows_to_predict(), vec![1, 3, 4]);
+        assert_eq!(
+            s.unconditional_tokens(),
+            vec![MASK, MASK, MASK, MASK, MASK, MASK, MASK]
+        );
+        let r = s.commit(&[(50, 0.9), (51, 0.1), (52, 0.2)]).unwrap();
+        assert_eq!(r.committed, vec![(1, 50)]);
+        assert_eq!(s.rows_to_predict(), vec![3, 4]);
+        let r = s.commit(&[(51, 0.1), (52, 0.2)]).unwrap();
+        assert_eq!(r.committed, vec![(4, 52)]);
+        // Block 0's two steps are used up with position 3 still masked: it is predicted
+        // again in block 1 and competes there.
+        assert_eq!(s.block(), 5..7);
+        assert_eq!(s.rows_to_predict(), vec![3, 5, 6]);
+        // The unconditional input masks only the original prompt tokens.
+        let unconditional = s.unconditional_tokens();
+        assert_eq!(&unconditional[..3], &[MASK, 50, MASK]);
+        assert_eq!(unconditional[4], 52);
+        let r = s.commit(&[(60, 0.9), (61, 0.1), (62, 0.2)]).unwrap();
+        assert_eq!(r.committed, vec![(3, 60)]);
+        let r = s.commit(&[(61, 0.1), (62, 0.2)]).unwrap();
+        assert_eq!(r.committed, vec![(6, 62)]);
+        // As in the reference, quotas are spent and a mask is left in the output.
+        assert!(s.is_done());
+        assert_eq!(s.tokens(), &[7, 50, 8, 60, 52, MASK, 62]);
+    }
+
+    #[test]
+    fn random_remasking_is_seeded() {
+        let mut p = params(16, 16, 16);
+        p.remasking = Remasking::Random;
+        let positions = |seed: u64| {
+            let mut p = p.clone();
+            p.seed = seed;
+            let mut s = Sampler::new(&[1, 2], p, MASK, 64).unwrap();
+            // The model's confidences are ignored: a constant changes nothing.
+            let records = run(&mut s, |_| 1.0);
+            records
+                .iter()
+                .map(|r| r.committed[0].0)
+                .collect::<Vec<u32>>()
+        };
+        let a = positions(7);
+        assert_eq!(a, positions(7));
+        assert_ne!(a, positions(8));
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (2..18).collect::<Vec<u32>>());
+        assert_ne!(a, sorted, "a random order is not left to right");
+    }
+
+    #[test]
+    fn commit_with_confidences_uses_them_as_given() {
+        let mut p = params(4, 4, 4);
+        p.remasking = Remasking::Random;
+        p.round_confidence_bf16 = true;
+        let mut s = Sampler::new(&[1], p, MASK, 64).unwrap();
+        let high = 0.5 + 1.0 / 4096.0;
+        let r = s
+            .commit_with_confidences(&[10, 11, 12, 13], &[0.5, 0.1, high, 0.2])
+            .unwrap();
+        // Rounded to bf16, 0.5 at position 1 would have tied and won.
+        assert_eq!(r.committed, vec![(3, 12)]);
+        assert_eq!(
+            s.commit_with_confidences(&[10, 11, 13], &[0.1]),
+            Err(SamplerError::ConfidenceCount {
+                tokens: 3,
+                confidences: 1
+            })
+        );
+        assert_eq!(
+            s.commit_with_confidences(&[11], &[0.1]),
+            Err(SamplerError::PredictionCount {
+                expected: 3,
+                found: 1
+            })
+        );
+    }
+
+    #[test]
+    fn wrong_prediction_count_is_an_error() {
+        let mut s = Sampler::new(&[1], params(4, 4, 4), MASK, 64).unwrap();
+        assert_eq!(
+            s.commit(&[(1, 0.5)]),
+            Err(SamplerError::PredictionCount {
+                expected: 4,
+                found: 1
+            })
+        );
+        // Nothing changed.
+        assert_eq!(s.rows_to_predict().len(), 4);
+        assert_eq!(s.global_step(), 0);
+    }
+
+    #[test]
+    fn validation_errors() {
+        let ok = params(8, 4, 4);
+        let err = |p: GenerationParams, prompt: &[u32], max_len: usize| {
+            Sampler::new(prompt, p, MASK, max_len).unwrap_err()
+        };
+        assert!(Sampler::new(&[1], ok.clone(), MASK, 9).is_ok());
+        assert_eq!(err(params(0, 4, 4), &[1], 64), SamplerError::ZeroGenLength);
+        assert_eq!(
+            err(params(8, 4, 0), &[1], 64),
+            SamplerError::ZeroBlockLength
+        );
+        assert_eq!(
+            err(params(10, 4, 4), &[1], 64),
+            SamplerError::GenNotMultipleOfBlock {
+                gen_length: 10,
+                block_length: 4
+            }
+        );
+        assert_eq!(
+            err(params(8, 3, 4), &[1], 64),
+            SamplerError::StepsNotMultipleOfBlocks {
+                steps: 3,
+                num_blocks: 2
+            }
+        );
+        assert_eq!(
+            err(params(8, 1, 4), &[1], 64),
+            SamplerError::TooFewSteps {
+                steps: 1,
+                num_blocks: 2
+            }
+        );
+        assert_eq!(
+            err(params(8, 0, 4), &[1], 64),
+            SamplerError::TooFewSteps {
+                steps: 0,
+                num_blocks: 2
+            }
+        );
+        for threshold in [0.0, -0.5, 1.5, f32::NAN] {
+            let mut p = ok.clone();
+            p.threshold = Some(threshold);
+            assert!(matches!(
+                err(p, &[1], 64),
+                SamplerError::ThresholdOutOfRange { .. }
+            ));
+        }
+        // Threshold mode does not use steps.
+        let mut p = params(8, 1, 4);
+        p.threshold = Some(1.0);
+        assert!(Sampler::new(&[1], p, MASK, 64).is_ok());
+        for temperature in [-0.1, f32::INFINITY, f32::NAN] {
+            let mut p = ok.clone();
+            p.temperature = temperature;
+            assert!(matches!(
+                err(p, &[1], 64),
+                SamplerError::BadTemperature { .. }
+            ));
+        }
+        for cfg_scale in [-1.0, f32::NAN] {
+            let mut p = ok.clone();
+            p.cfg_scale = cfg_scale;
+            assert!(matches!(err(p, &[1], 64), SamplerError::BadCfgScale { .. }));
+        }
+        assert_eq!(err(ok.clone(), &[], 64), SamplerError::EmptyPrompt);
+        assert_eq!(
+            err(ok.clone(), &[1, 2], 9),
+            SamplerError::TooLong {
+                prompt_len: 2,
+                gen_length: 8,
+                total: 10,
+                max_len: 9
+            }
+        );
+        let text = err(ok, &[1, 2], 9).to_string();
+        assert!(text.contains("10") && text.contains('9'), "{text}");
+    }
+}

@@ -1,0 +1,183 @@
+//! The model's tokenizer: a Hugging Face `tokenizer.json` loaded with the `tokenizers`
+//! crate, encoding without automatically added special tokens (as the LLaDA scripts do)
+//! and decoding the way a user wants to read the answer.
+
+use std::path::Path;
+
+use crate::config::LladaConfig;
+use crate::error::TokenizerError;
+
+/// Token strings of LLaDA's special tokens.
+pub const MASK_TOKEN: &str = "<|mdm_mask|>";
+pub const EOS_TOKEN: &str = "<|endoftext|>";
+pub const BOS_TOKEN: &str = "<|startoftext|>";
+pub const EOT_TOKEN: &str = "<|eot_id|>";
+pub const START_HEADER_TOKEN: &str = "<|start_header_id|>";
+pub const END_HEADER_TOKEN: &str = "<|end_header_id|>";
+
+/// How generated ids become text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeMode {
+    /// The answer only: text up to the first end-of-turn or end-of-text token, without
+    /// special tokens.
+    Clean,
+    /// The reference's `batch_decode(skip_special_tokens=True)` over every id, which keeps
+    /// any ordinary text after an end-of-turn token.
+    Raw,
+}
+
+/// Ids of the special tokens the runtime uses, checked against the model config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub mask: u32,
+    pub eos: u32,
+    pub bos: u32,
+    pub eot: Option<u32>,
+    pub start_header: Option<u32>,
+    pub end_header: Option<u32>,
+}
+
+/// A loaded `tokenizer.json`.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Decoding in `DecodeMode::Clean` stops at these ids.
+    stop_ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("stop_ids", &self.stop_ids)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
+        let path = path.as_ref();
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|source| TokenizerError::Load {
+                source_name: path.display().to_string(),
+                source,
+            })?;
+        Ok(Self::wrap(inner))
+    }
+
+    /// Loads the contents of a `tokenizer.json` (for the browser, where there are no files).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
+        let inner =
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|source| TokenizerError::Load {
+                source_name: format!("tokenizer.json ({} bytes)", bytes.len()),
+                source,
+            })?;
+        Ok(Self::wrap(inner))
+    }
+
+    fn wrap(inner: tokenizers::Tokenizer) -> Self {
+        let stop_ids = [EOT_TOKEN, EOS_TOKEN]
+            .iter()
+            .filter_map(|t| inner.token_to_id(t))
+            .collect();
+        Self { inner, stop_ids }
+    }
+
+    /// Token ids of `text`, with no special tokens added around it. Special-token markup
+    /// inside the text (`<|eot_id|>`, ...) still becomes the special token.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let encoding =
+            self.inner
+                .encode_fast(text, false)
+                .map_err(|source| TokenizerError::Encode {
+                    chars: text.chars().count(),
+                    source,
+                })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Text of `ids`. Special tokens are left out in both modes. Ids the tokenizer does not
+    /// know (embedding rows past its vocabulary, which the model can still predict) decode
+    /// to nothing.
+    pub fn decode(&self, ids: &[u32], mode: DecodeMode) -> Result<String, TokenizerError> {
+        let end = match mode {
+            DecodeMode::Clean => ids
+                .iter()
+                .position(|id| self.stop_ids.contains(id))
+                .unwrap_or(ids.len()),
+            DecodeMode::Raw => ids.len(),
+        };
+        let known: Vec<u32> = ids[..end]
+            .iter()
+            .copied()
+            .filter(|&id| self.inner.id_to_token(id).is_some())
+            .collect();
+        self.inner
+            .decode(&known, true)
+            .map_err(|source| TokenizerError::Decode {
+                ids: known.len(),
+                source,
+            })
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Number of ids the tokenizer defines, added special tokens included. The model's
+    /// embedding may have more rows than this.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The special tokens, looked up by their LLaDA token strings. Where the config also
+    /// names an id (mask, EOS, BOS), the two must agree: a disagreement means the tokenizer
+    /// belongs to another model. A token the tokenizer lacks falls back to the config's id.
+    pub fn special_tokens(&self, config: &LladaConfig) -> Result<SpecialTokens, TokenizerError> {
+        let mask = self.agreeing_id(
+            "mask",
+            MASK_TOKEN,
+            "mask_token_id",
+            Some(config.mask_token_id),
+        )?;
+        let eos = self.agreeing_id("EOS", EOS_TOKEN, "eos_token_id", Some(config.eos_token_id))?;
+        let bos = self.agreeing_id("BOS", BOS_TOKEN, "bos_token_id", config.bos_token_id)?;
+        Ok(SpecialTokens {
+            mask,
+            eos,
+            bos,
+            eot: self.token_to_id(EOT_TOKEN),
+            start_header: self.token_to_id(START_HEADER_TOKEN),
+            end_header: self.token_to_id(END_HEADER_TOKEN),
+        })
+    }
+
+    fn agreeing_id(
+        &self,
+        role: &'static str,
+        token: &'static str,
+        config_field: &'static str,
+        config_id: Option<u32>,
+    ) -> Result<u32, TokenizerError> {
+        match (self.token_to_id(token), config_id) {
+            (Some(tokenizer_id), Some(config_id)) if tokenizer_id != config_id => {
+                Err(TokenizerError::SpecialTokenMismatch {
+                    token,
+                    config_field,
+                    config_id,
+                    tokenizer_id,
+                })
+            }
+            (Some(id), _) | (None, Some(id)) => Ok(id),
+            (None, None) => Err(TokenizerError::MissingSpecialToken {
+                role,
+                token,
+                config_field,
+            }),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The chat template and tokenizer against the fixture's reference renderings and ids
+//! (tests/fixtures/tiny/chat_template_cases.json, made by tools/make_fixture.py).
+
+use serde_json::Value;
+use unmask_core::chat::{Message, encode_chat, prefix_split, render_chat};
+use unmask_core::config::LladaConfig;
+use unmask_core::error::TokenizerError;
+use unmask_core::tokenizer::{DecodeMode, SpecialTokens, Tokenizer};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny");
+
+fn fixture(name: &str) -> String {
+    format!("{FIXTURE}/{name}")
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_file(fixture("tokenizer.json")).unwrap()
+}
+
+struct Case {
+    name: String,
+    messages: Vec<Message>,
+    rendered: String,
+    ids: Vec<u32>,
+    decoded: String,
+}
+
+fn cases() -> (String, Vec<Case>) {
+    let text = std::fs::read_to_string(fixture("chat_template_cases.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let bos = v["bos_token"].as_str().unwrap().to_string();
+    let cases = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            name: c["name"].as_str().unwrap().to_string(),
+            messages: serde_json::from_value(c["messages"].clone()).unwrap(),
+            rendered: c["rendered"].as_str().unwrap().to_string(),
+            ids: serde_json::from_value(c["ids"].clone()).unwrap(),
+            decoded: c["decoded_skip_special"].as_str().unwrap().to_string(),
+        })
+        .collect();
+    (bos, cases)
+}
+
+#[test]
+fn rendering_matches_the_reference() {
+    let (bos, cases) = cases();
+    assert!(cases.iter().any(|c| c.messages.len() == 2));
+    assert!(cases.iter().any(|c| c.messages.len() == 4));
+    for case in &cases {
+        assert_eq!(
+            render_chat(&case.messages, &bos),
+            case.rendered,
+            "case {}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn token_ids_match_the_reference() {
+    let tok = tokenizer();
+    let (_, cases) = cases();
+    for case in &cases {
+        assert_eq!(
+            encode_chat(&tok, &case.messages).unwrap(),
+            case.ids,
+            "case {}",
+            case.name
+        );
+        assert_eq!(
+            tok.encode(&case.rendered).unwrap(),
+            case.ids,
+            "case {}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn raw_decode_matches_skip_special_tokens() {
+    let tok = tokenizer();
+    let (_, cases) = cases();
+    for case in &cases {
+        assert_eq!(
+            tok.decode(&case.ids, DecodeMode::Raw).unwrap(),
+            case.decoded,
+            "case {}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn clean_decode_stops_at_end_of_turn_or_text() {
+    let tok = tokenizer();
+    let a = tok.encode("a").unwrap()[0];
+    let b = tok.encode("b").unwrap()[0];
+    let eot = tok.token_to_id("<|eot_id|>").unwrap();
+    let eos = tok.token_to_id("<|endoftext|>").unwrap();
+    let mask = tok.token_to_id("<|mdm_mask|>").unwrap();
+    assert_eq!(
+        tok.decode(&[a, mask, b, eot, a], DecodeMode::Clean)
+            .unwrap(),
+        "ab"
+    );
+    assert_eq!(tok.decode(&[a, eos, b], DecodeMode::Clean).unwrap(), "a");
+    assert_eq!(
+        tok.decode(&[a, eot, b, eos, eos], DecodeMode::Raw).unwrap(),
+        "ab"
+    );
+    assert_eq!(tok.decode(&[eot], DecodeMode::Clean).unwrap(), "");
+    assert_eq!(tok.decode(&[], DecodeMode::Raw).unwrap(), "");
+}
+
+#[test]
+fn ids_without_a_token_decode_as_nothing() {
+    let tok = tokenizer();
+    let config = LladaConfig::from_file(fixture("config.json")).unwrap();
+    assert_eq!(tok.vocab_size(), 306);
+    assert!(config.embedding_size > tok.vocab_size());
+    let a = tok.encode("a").unwrap()[0];
+    for id in [306, 319, 100_000, u32::MAX] {
+        assert_eq!(tok.id_to_token(id), None);
+        for mode in [DecodeMode::Clean, DecodeMode::Raw] {
+            assert_eq!(tok.decode(&[a, id, a], mode).unwrap(), "aa");
+        }
+    }
+}
+
+#[test]
+fn special_tokens_agree_with_the_config() {
+    let tok = tokenizer();
+    let config = LladaConfig::from_file(fixture("config.json")).unwrap();
+    assert_eq!(
+        tok.special_tokens(&config).unwrap(),
+        SpecialTokens {
+            mask: 305,
+            eos: 301,
+            bos: 300,
+            eot: Some(304),
+            start_header: Some(302),
+            end_header: Some(303),
+        }
+    );
+    assert_eq!(tok.encode("x<|mdm_mask|>").unwrap()[1], 305);
+
+    let mut wrong = config.clone();
+    wrong.mask_token_id = 306;
+    match tok.special_tokens(&wrong) {
+        Err(TokenizerError::SpecialTokenMismatch {
+            config_field,
+            config_id,
+            tokenizer_id,
+            ..
+        }) => assert_eq!(
+            (config_field, config_id, tokenizer_id),
+            ("mask_token_id", 306, 305)
+        ),
+        other => panic!("expected a mismatch, got {other:?}"),
+    }
+    let mut wrong = config.clone();
+    wrong.eos_token_id = 304;
+    let err = tok.special_tokens(&wrong).unwrap_err().to_string();
+    assert!(
+        err.contains("eos_token_id") && err.contains("304") && err.contains("301"),
+        "{err}"
+    );
+    let mut wrong = config;
+    wrong.bos_token_id = Some(1);
+    assert!(matches!(
+        tok.special_tokens(&wrong),
+        Err(TokenizerError::SpecialTokenMismatch {
+            config_field: "bos_token_id",
+            ..
+        })
+    ));
+}
+
+/// The fixture tokenizer with the given added tokens renamed, as a Base tokenizer lacks
+/// the chat tokens. (Removing them instead would renumber the ones after them.)
+fn tokenizer_without(tokens: &[&str]) -> Tokenizer {
+    let text = std::fs::read_to_string(fixture("tokenizer.json")).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    for t in v["added_tokens"].as_array_mut().unwrap() {
+        let content = t["content"].as_str().unwrap().to_string();
+        if tokens.contains(&content.as_str()) {
+            t["content"] = format!("<|renamed{}|>", t["id"]).into();
+        }
+    }
+    Tokenizer::from_bytes(v.to_string().as_bytes()).unwrap()
+}
+
+#[test]
+fn missing_tokens_are_reported() {
+    let base = tokenizer_without(&["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]);
+    assert!(matches!(
+        encode_chat(&base, &[Message::user("Hi")]),
+        Err(TokenizerError::MissingChatToken { .. })
+    ));
+
+    // Without <|mdm_mask|> in the tokenizer the config's id is used.
+    let no_mask = tokenizer_without(&["<|mdm_mask|>"]);
+    let config = LladaConfig::from_file(fixture("config.json")).unwrap();
+    assert_eq!(no_mask.special_tokens(&config).unwrap().mask, 305);
+
+    // BOS is neither in the tokenizer nor in the config.
+    let no_bos = tokenizer_without(&["<|startoftext|>"]);
+    let mut config = config;
+    config.bos_token_id = None;
+    assert!(matches!(
+        no_bos.special_tokens(&config),
+        Err(TokenizerError::MissingSpecialToken { role: "BOS", .. })
+    ));
+}
+
+#[test]
+fn load_errors_name_the_source() {
+    let err = Tokenizer::from_file("/nonexistent/tokenizer.json").unwrap_err();
+    assert!(
+        err.to_string().contains("/nonexistent/tokenizer.json"),
+        "{err}"
+    );
+    assert!(matches!(
+        Tokenizer::from_bytes(b"{ not json"),
+        Err(TokenizerError::Load { .. })
+    ));
+}
+
+#[test]
+fn chat_errors() {
+    let tok = tokenizer();
+    assert!(matches!(
+        encode_chat(&tok, &[]),
+        Err(TokenizerError::NoMessages)
+    ));
+    assert!(matches!(
+        prefix_split(&tok, &[]),
+        Err(TokenizerError::NoMessages)
+    ));
+    match prefix_split(&tok, &[Message::system("s"), Message::assistant("a")]) {
+        Err(TokenizerError::NoUserTurn { roles }) => assert_eq!(roles, "system, assistant"),
+        other => panic!("expected NoUserTurn, got {other:?}"),
+    }
+}
+
+#[test]
+fn prefix_split_cuts_before_the_last_user_turn() {
+    let tok = tokenizer();
+    let start_header = tok.token_to_id("<|start_header_id|>").unwrap();
+    let (_, cases) = cases();
+    for case in &cases {
+        let split = prefix_split(&tok, &case.messages).unwrap();
+        assert!(split.exact, "case {}", case.name);
+        assert_eq!(split.whole, case.ids, "case {}", case.name);
+        assert_eq!(
+            [split.prefix.clone(), split.rest.clone()].concat(),
+            case.ids,
+            "case {}",
+            case.name
+        );
+        // The last user turn is the second-to-last header: the last is the assistant's.
+        let headers: Vec<usize> = case
+            .ids
+            .iter()
+            .enumerate()
+            .filter(|&(_, &t)| t == start_header)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(
+            split.split_at(),
+            headers[headers.len() - 2],
+            "case {}",
+            case.name
+        );
+    }
+    // A single user turn shares only the BOS.
+    let split = prefix_split(&tok, &[Message::user("Hi")]).unwrap();
+    assert_eq!(split.prefix, vec![300]);
+}

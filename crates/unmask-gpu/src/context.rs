@@ -1,0 +1,222 @@
+//! Adapter choice, device creation and the features the kernels may use.
+
+use std::sync::Arc;
+
+use crate::error::{GpuError, Result};
+use crate::pipeline::PipelineCache;
+
+/// How to pick the adapter and what the device may use.
+#[derive(Clone, Debug)]
+pub struct ContextOptions {
+    /// Backends to consider. `None` honours `WGPU_BACKEND`, else all native backends.
+    pub backends: Option<wgpu::Backends>,
+    /// Use `shader-f16` when the adapter has it (native f16 weight kernels).
+    pub allow_shader_f16: bool,
+    /// Use subgroup operations when the adapter has them.
+    pub allow_subgroups: bool,
+    /// Cap on the largest storage binding the kernels may use, below the device's own limit.
+    /// Tests set it tiny to force the chunked-weight path.
+    pub max_binding_bytes: Option<u64>,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        Self {
+            backends: None,
+            allow_shader_f16: true,
+            allow_subgroups: true,
+            max_binding_bytes: None,
+        }
+    }
+}
+
+/// Parses a backend name as given on a command line or in `WGPU_BACKEND`.
+pub fn parse_backend(name: &str) -> Result<wgpu::Backends> {
+    match name.to_ascii_lowercase().as_str() {
+        "vulkan" | "vk" => Ok(wgpu::Backends::VULKAN),
+        "metal" | "mtl" => Ok(wgpu::Backends::METAL),
+        "dx12" | "d3d12" => Ok(wgpu::Backends::DX12),
+        "gl" | "gles" | "opengl" => Ok(wgpu::Backends::GL),
+        "webgpu" | "browser" => Ok(wgpu::Backends::BROWSER_WEBGPU),
+        "all" | "auto" => Ok(wgpu::Backends::all()),
+        other => Err(GpuError::UnknownBackend(other.to_string())),
+    }
+}
+
+/// What the kernels may rely on, decided once at device creation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelFeatures {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    /// Largest storage buffer binding a kernel may use, in bytes.
+    pub max_binding_bytes: u64,
+    pub max_buffer_bytes: u64,
+    pub max_workgroup_invocations: u32,
+    pub max_workgroups_per_dim: u32,
+}
+
+/// The device, its queue and everything derived from the adapter.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub features: KernelFeatures,
+    pub limits: wgpu::Limits,
+    pub(crate) pipelines: PipelineCache,
+    pub(crate) params: crate::step::ParamArena,
+}
+
+fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let device = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    };
+    // GL is the fallback of last resort: no f16, no subgroups, fewer bindings.
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        wgpu::Backend::BrowserWebGpu => 1,
+        _ => 2,
+    };
+    (device, backend)
+}
+
+impl GpuContext {
+    /// Blocking constructor for native targets.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(options: &ContextOptions) -> Result<Arc<Self>> {
+        pollster::block_on(Self::new_async(options))
+    }
+
+    pub async fn new_async(options: &ContextOptions) -> Result<Arc<Self>> {
+        let backends = match options.backends {
+            Some(b) => b,
+            None => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+        };
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = Self::pick_adapter(&instance, backends).await?;
+        Self::from_adapter(adapter, options).await
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    async fn pick_adapter(
+        instance: &wgpu::Instance,
+        backends: wgpu::Backends,
+    ) -> Result<wgpu::Adapter> {
+        let mut adapters = instance.enumerate_adapters(backends).await;
+        adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
+        adapters
+            .into_iter()
+            .next()
+            .ok_or_else(|| GpuError::NoAdapter {
+                backends: format!("{backends:?}"),
+            })
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    async fn pick_adapter(
+        instance: &wgpu::Instance,
+        backends: wgpu::Backends,
+    ) -> Result<wgpu::Adapter> {
+        instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|_| GpuError::NoAdapter {
+                backends: format!("{backends:?}"),
+            })
+    }
+
+    pub async fn from_adapter(
+        adapter: wgpu::Adapter,
+        options: &ContextOptions,
+    ) -> Result<Arc<Self>> {
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let mut required = wgpu::Features::empty();
+        let shader_f16 = options.allow_shader_f16 && available.contains(wgpu::Features::SHADER_F16);
+        if shader_f16 {
+            required |= wgpu::Features::SHADER_F16;
+        }
+        let subgroups = options.allow_subgroups && available.contains(wgpu::Features::SUBGROUP);
+        if subgroups {
+            required |= wgpu::Features::SUBGROUP;
+        }
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("unmask"),
+                required_features: required,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|source| GpuError::RequestDevice {
+                adapter: info.name.clone(),
+                source,
+            })?;
+        let device_binding =
+            u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
+        let max_binding_bytes = match options.max_binding_bytes {
+            Some(cap) => cap.min(device_binding),
+            None => device_binding,
+        };
+        let features = KernelFeatures {
+            shader_f16,
+            subgroups,
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            max_binding_bytes,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
+            max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+        };
+        let params =
+            crate::step::ParamArena::new(&device, limits.min_uniform_buffer_offset_alignment);
+        Ok(Arc::new(Self {
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            pipelines: PipelineCache::default(),
+            params,
+        }))
+    }
+
+    /// One line for logs and `--json` output: adapter, backend, driver and the features in use.
+    pub fn describe(&self) -> String {
+        format!(
+            "adapter=\"{}\" backend={:?} type={:?} driver=\"{} {}\" shader_f16={} subgroups={} max_binding={} MiB",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info,
+            self.features.shader_f16,
+            self.features.subgroups,
+            self.features.max_binding_bytes >> 20
+        )
+    }
+
+    /// Blocks until all submitted work has finished (native only; a no-op in browsers).
+    pub fn wait_idle(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| GpuError::Validation {
+                context: "device poll".into(),
+                message: e.to_string(),
+            })
+    }
+}

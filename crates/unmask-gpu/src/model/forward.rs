@@ -1,0 +1,494 @@
+//! The forward pass of one denoising step, recorded into one command encoder:
+//! embed rows → per layer: RMSNorm → fused QKV → RoPE → K/V rows into the arena →
+//! attention over [segment A | arena] → O-proj + residual → RMSNorm → gate|up → SwiGLU →
+//! down + residual → gather the rows to sample → final norm → LM head per vocabulary chunk →
+//! streaming argmax/confidence. Only (token, confidence) per sampled row is read back.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use unmask_core::config::LladaConfig;
+
+use super::ModelError;
+use super::checkpoint::Checkpoint;
+use super::weights::{LladaWeights, LoadProgress};
+use crate::context::GpuContext;
+use crate::ops::attention::{self, AttentionShape, KvSegment};
+use crate::ops::elementwise::{self as ew, RopeShape, RowWindow};
+use crate::ops::matmul::{self, MatmulKernel};
+use crate::ops::sampling::{self, SelectParams};
+use crate::step::StepEncoder;
+use crate::tensor::{DType, Tensor, WeightFormat};
+
+/// A loaded LLaDA model.
+pub struct LladaModel {
+    pub ctx: Arc<GpuContext>,
+    pub cfg: LladaConfig,
+    pub weights: LladaWeights,
+    rope_table: Tensor,
+    max_pos: usize,
+    pub matmul_kernel: MatmulKernel,
+}
+
+/// One layer's keys (after RoPE) and values for every position of a request.
+pub struct KvLayer {
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// Activations and the KV arena of one sequence, allocated once per request.
+pub struct ForwardState {
+    /// Rows that one step may compute.
+    pub capacity: usize,
+    /// Positions the arena holds (the whole sequence).
+    pub seq_len: usize,
+    pub ids: Tensor,
+    pub positions: Tensor,
+    pub x: Tensor,
+    h: Tensor,
+    qkv: Tensor,
+    attn: Tensor,
+    proj: Tensor,
+    gate_up: Tensor,
+    act: Tensor,
+    pub kv: Vec<KvLayer>,
+}
+
+/// Buffers for the LM head and token choice over up to `capacity` sampled rows.
+pub struct SelectBuffers {
+    pub capacity: usize,
+    /// Index of each sampled row within the step's computed rows.
+    pub row_index: Tensor,
+    /// Absolute position of each sampled row (the noise counter).
+    pub positions: Tensor,
+    hidden: Tensor,
+    normed: Tensor,
+    hidden_uncond: Tensor,
+    normed_uncond: Tensor,
+    logits: Tensor,
+    logits_uncond: Tensor,
+    state: Tensor,
+    pub out: Tensor,
+}
+
+/// The token chosen for one row and its confidence (softmax probability).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenChoice {
+    pub token: u32,
+    pub confidence: f32,
+}
+
+impl LladaModel {
+    /// Loads `dir/config.json` and the safetensors checkpoint beside it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load(
+        ctx: Arc<GpuContext>,
+        dir: &Path,
+        format: WeightFormat,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Self, ModelError> {
+        let cfg = LladaConfig::from_file(dir.join("config.json"))?;
+        let ckpt = Checkpoint::open(dir)?;
+        Self::from_checkpoint(ctx, cfg, &ckpt, format, progress)
+    }
+
+    pub fn from_checkpoint(
+        ctx: Arc<GpuContext>,
+        cfg: LladaConfig,
+        ckpt: &Checkpoint,
+        format: WeightFormat,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Self, ModelError> {
+        let weights = LladaWeights::load(&ctx, &cfg, ckpt, format, progress)?;
+        let max_pos = cfg.max_sequence_length.max(1);
+        let hd = cfg.head_dim();
+        let table = ew::rope_table(cfg.rope_theta as f32, hd, max_pos);
+        let rope_table = Tensor::from_f32(&ctx, &[max_pos, hd], &table, "rope table")?;
+        Ok(Self {
+            ctx,
+            cfg,
+            weights,
+            rope_table,
+            max_pos,
+            matmul_kernel: MatmulKernel::Auto,
+        })
+    }
+
+    fn qkv_width(&self) -> usize {
+        (self.cfg.n_heads + 2 * self.cfg.n_kv_heads) * self.cfg.head_dim()
+    }
+
+    /// Bytes one `ForwardState` needs for `capacity` rows over `seq_len` positions.
+    pub fn state_bytes(&self, capacity: usize, seq_len: usize) -> u64 {
+        let c = &self.cfg;
+        let per_row =
+            3 * c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + 3 * c.mlp_hidden_size + 2;
+        let kv = 2 * c.n_layers * seq_len * c.n_kv_heads * c.head_dim();
+        ((capacity * per_row + kv) * 4) as u64
+    }
+
+    pub fn new_state(&self, capacity: usize, seq_len: usize) -> Result<ForwardState, ModelError> {
+        if seq_len > self.max_pos {
+            return Err(ModelError::Input(format!(
+                "sequence of {seq_len} positions exceeds max_sequence_length {}",
+                self.max_pos
+            )));
+        }
+        let c = &self.cfg;
+        let ctx = &self.ctx;
+        let cap = capacity.max(1);
+        let f32t = |shape: &[usize], label: &str| Tensor::zeros(ctx, DType::F32, shape, label);
+        let kv_width = c.n_kv_heads * c.head_dim();
+        let mut kv = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            kv.push(KvLayer {
+                k: f32t(&[seq_len, kv_width], &format!("k{i}"))?,
+                v: f32t(&[seq_len, kv_width], &format!("v{i}"))?,
+            });
+        }
+        Ok(ForwardState {
+            capacity: cap,
+            seq_len,
+            ids: Tensor::zeros(ctx, DType::U32, &[cap], "ids")?,
+            positions: Tensor::zeros(ctx, DType::U32, &[cap], "positions")?,
+            x: f32t(&[cap, c.d_model], "x")?,
+            h: f32t(&[cap, c.d_model], "h")?,
+            qkv: f32t(&[cap, self.qkv_width()], "qkv")?,
+            attn: f32t(&[cap, c.n_heads * c.head_dim()], "attn")?,
+            proj: f32t(&[cap, c.d_model], "proj")?,
+            gate_up: f32t(&[cap, 2 * c.mlp_hidden_size], "gate_up")?,
+            act: f32t(&[cap, c.mlp_hidden_size], "act")?,
+            kv,
+        })
+    }
+
+    pub fn new_select(&self, capacity: usize) -> Result<SelectBuffers, ModelError> {
+        let ctx = &self.ctx;
+        let cap = capacity.max(1);
+        let d = self.cfg.d_model;
+        let chunk_cols = self
+            .weights
+            .lm_head
+            .chunks
+            .iter()
+            .map(|c| c.rows)
+            .max()
+            .unwrap_or(1);
+        let f32t = |shape: &[usize], label: &str| Tensor::zeros(ctx, DType::F32, shape, label);
+        Ok(SelectBuffers {
+            capacity: cap,
+            row_index: Tensor::zeros(ctx, DType::U32, &[cap], "select rows")?,
+            positions: Tensor::zeros(ctx, DType::U32, &[cap], "select positions")?,
+            hidden: f32t(&[cap, d], "select hidden")?,
+            normed: f32t(&[cap, d], "select normed")?,
+            hidden_uncond: f32t(&[cap, d], "select hidden uncond")?,
+            normed_uncond: f32t(&[cap, d], "select normed uncond")?,
+            logits: f32t(&[cap, chunk_cols], "logits")?,
+            logits_uncond: f32t(&[cap, chunk_cols], "logits uncond")?,
+            state: Tensor::zeros(ctx, DType::U32, &[sampling::state_len(cap)], "select state")?,
+            out: Tensor::zeros(ctx, DType::U32, &[cap, 2], "select out")?,
+        })
+    }
+
+    /// Writes the ids and absolute positions of the rows a step computes.
+    pub fn write_rows(
+        &self,
+        st: &ForwardState,
+        ids: &[u32],
+        positions: &[u32],
+    ) -> Result<(), ModelError> {
+        if ids.len() != positions.len() || ids.len() > st.capacity {
+            return Err(ModelError::Input(format!(
+                "{} ids and {} positions for a state of {} rows",
+                ids.len(),
+                positions.len(),
+                st.capacity
+            )));
+        }
+        let rows = self.cfg.embedding_size as u32;
+        if let Some(bad) = ids.iter().find(|&&id| id >= rows) {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the embedding table of {rows} rows"
+            )));
+        }
+        if let Some(bad) = positions.iter().find(|&&p| p as usize >= st.seq_len) {
+            return Err(ModelError::Input(format!(
+                "position {bad} is outside the sequence of {} positions",
+                st.seq_len
+            )));
+        }
+        st.ids.write_u32(&self.ctx, ids)?;
+        st.positions.write_u32(&self.ctx, positions)?;
+        Ok(())
+    }
+
+    /// Records the transformer over `rows` rows (ids/positions written by `write_rows`):
+    /// their K/V go into the arena at their positions, and every row attends to segment A
+    /// (if any) and the first `kv_len` arena rows. The final hidden states stay in `st.x`.
+    pub fn encode_layers(
+        &self,
+        step: &mut StepEncoder,
+        st: &ForwardState,
+        rows: usize,
+        kv_len: usize,
+        seg_a: Option<&[KvLayer]>,
+        seg_a_len: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let d = c.d_model;
+        let hd = c.head_dim();
+        let (h, hkv) = (c.n_heads, c.n_kv_heads);
+        let qkv_w = self.qkv_width();
+        let eps = c.rms_norm_eps as f32;
+        let k = self.matmul_kernel;
+        ew::embed(step, &st.ids, &self.weights.embedding, &st.x, rows)?;
+        for (li, lw) in self.weights.layers.iter().enumerate() {
+            ew::rms_norm(step, &st.x, &lw.attn_norm, &st.h, rows, d, eps)?;
+            matmul::matmul(step, &st.h, &lw.qkv, &st.qkv, rows, k)?;
+            // q and k heads are adjacent columns: one rotation covers both.
+            ew::rope(
+                step,
+                &st.qkv,
+                &st.positions,
+                &self.rope_table,
+                RopeShape {
+                    rows,
+                    n_heads: h + hkv,
+                    head_dim: hd,
+                    row_stride: qkv_w,
+                    col_offset: 0,
+                    max_pos: self.max_pos,
+                },
+            )?;
+            let arena = &st.kv[li];
+            let kv_w = hkv * hd;
+            let dst = RowWindow {
+                stride: kv_w,
+                col: 0,
+            };
+            let k_src = RowWindow {
+                stride: qkv_w,
+                col: h * hd,
+            };
+            let v_src = RowWindow {
+                stride: qkv_w,
+                col: (h + hkv) * hd,
+            };
+            ew::scatter_rows(
+                step,
+                &st.qkv,
+                k_src,
+                &st.positions,
+                &arena.k,
+                dst,
+                rows,
+                kv_w,
+            )?;
+            ew::scatter_rows(
+                step,
+                &st.qkv,
+                v_src,
+                &st.positions,
+                &arena.v,
+                dst,
+                rows,
+                kv_w,
+            )?;
+            let seg_a = seg_a.map(|layers| KvSegment {
+                k: &layers[li].k,
+                v: &layers[li].v,
+                len: seg_a_len,
+            });
+            attention::attention(
+                step,
+                &st.qkv,
+                qkv_w,
+                0,
+                rows,
+                seg_a,
+                KvSegment {
+                    k: &arena.k,
+                    v: &arena.v,
+                    len: kv_len,
+                },
+                &st.attn,
+                AttentionShape {
+                    n_heads: h,
+                    n_kv_heads: hkv,
+                    head_dim: hd,
+                },
+            )?;
+            matmul::matmul(step, &st.attn, &lw.attn_out, &st.proj, rows, k)?;
+            ew::add_in_place(step, &st.x, &st.proj, rows * d)?;
+            ew::rms_norm(step, &st.x, &lw.ff_norm, &st.h, rows, d, eps)?;
+            matmul::matmul(step, &st.h, &lw.gate_up, &st.gate_up, rows, k)?;
+            ew::swiglu(step, &st.gate_up, &st.act, rows, c.mlp_hidden_size)?;
+            matmul::matmul(step, &st.act, &lw.down, &st.proj, rows, k)?;
+            ew::add_in_place(step, &st.x, &st.proj, rows * d)?;
+        }
+        Ok(())
+    }
+
+    /// Writes which computed rows are sampled and their absolute positions.
+    pub fn write_select(
+        &self,
+        sel: &SelectBuffers,
+        row_index: &[u32],
+        positions: &[u32],
+    ) -> Result<(), ModelError> {
+        if row_index.len() != positions.len() || row_index.len() > sel.capacity {
+            return Err(ModelError::Input(format!(
+                "{} sampled rows for select buffers of {}",
+                row_index.len(),
+                sel.capacity
+            )));
+        }
+        sel.row_index.write_u32(&self.ctx, row_index)?;
+        sel.positions.write_u32(&self.ctx, positions)?;
+        Ok(())
+    }
+
+    /// Records the final norm and LM head of the sampled rows and the token choice,
+    /// combining with the unconditional pass for classifier-free guidance when given.
+    pub fn encode_select(
+        &self,
+        step: &mut StepEncoder,
+        cond: &ForwardState,
+        uncond: Option<&ForwardState>,
+        sel: &SelectBuffers,
+        n: usize,
+        params: &SelectParams,
+    ) -> Result<(), ModelError> {
+        let d = self.cfg.d_model;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let full = RowWindow { stride: d, col: 0 };
+        // Gather first: the final norm and LM head only run on the rows being sampled.
+        ew::gather_rows(step, &cond.x, full, &sel.row_index, &sel.hidden, full, n, d)?;
+        ew::rms_norm(
+            step,
+            &sel.hidden,
+            &self.weights.ln_f,
+            &sel.normed,
+            n,
+            d,
+            eps,
+        )?;
+        if let Some(u) = uncond {
+            ew::gather_rows(
+                step,
+                &u.x,
+                full,
+                &sel.row_index,
+                &sel.hidden_uncond,
+                full,
+                n,
+                d,
+            )?;
+            ew::rms_norm(
+                step,
+                &sel.hidden_uncond,
+                &self.weights.ln_f,
+                &sel.normed_uncond,
+                n,
+                d,
+                eps,
+            )?;
+        }
+        sampling::select_reset(step, &sel.state, n)?;
+        let head = &self.weights.lm_head;
+        for (ci, chunk) in head.chunks.iter().enumerate() {
+            let part = head.chunk_view(ci);
+            matmul::matmul(step, &sel.normed, &part, &sel.logits, n, self.matmul_kernel)?;
+            let uncond_logits = if uncond.is_some() {
+                matmul::matmul(
+                    step,
+                    &sel.normed_uncond,
+                    &part,
+                    &sel.logits_uncond,
+                    n,
+                    self.matmul_kernel,
+                )?;
+                Some(&sel.logits_uncond)
+            } else {
+                None
+            };
+            sampling::select_accumulate(
+                step,
+                &sel.logits,
+                uncond_logits,
+                n,
+                chunk.rows,
+                chunk.row_start,
+                &sel.positions,
+                &sel.state,
+                params,
+            )?;
+        }
+        sampling::select_finalize(step, &sel.state, &sel.out, n)?;
+        Ok(())
+    }
+
+    /// Reads back the choices of `n` sampled rows (8 bytes per row).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_choices(
+        &self,
+        sel: &SelectBuffers,
+        n: usize,
+    ) -> Result<Vec<TokenChoice>, ModelError> {
+        let bytes = self.ctx.read_bytes(&sel.out.buffer, 0, (n * 8) as u64)?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+        Ok(words
+            .chunks_exact(2)
+            .map(|w| TokenChoice {
+                token: w[0],
+                confidence: f32::from_bits(w[1]),
+            })
+            .collect())
+    }
+
+    /// The final hidden states (after the final norm) of the first `rows` computed rows,
+    /// then the full logits `[rows, embedding_size]` — for parity checks only; the
+    /// generation path never reads logits back.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let t = ids.len();
+        let positions: Vec<u32> = (0..t as u32).collect();
+        let st = self.new_state(t, t)?;
+        self.write_rows(&st, ids, &positions)?;
+        let d = self.cfg.d_model;
+        let vocab = self.cfg.embedding_size;
+        let mut step = StepEncoder::new(&self.ctx, "logits");
+        self.encode_layers(&mut step, &st, t, t, None, 0)?;
+        ew::rms_norm(
+            &mut step,
+            &st.x,
+            &self.weights.ln_f,
+            &st.h,
+            t,
+            d,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        step.submit()?;
+        let head = &self.weights.lm_head;
+        let mut out = vec![0f32; t * vocab];
+        for (ci, chunk) in head.chunks.iter().enumerate() {
+            let logits = Tensor::zeros(&self.ctx, DType::F32, &[t, chunk.rows], "logits chunk")?;
+            let mut step = StepEncoder::new(&self.ctx, "lm head");
+            matmul::matmul(
+                &mut step,
+                &st.h,
+                &head.chunk_view(ci),
+                &logits,
+                t,
+                self.matmul_kernel,
+            )?;
+            step.submit()?;
+            let part = logits.read_f32(&self.ctx)?;
+            for r in 0..t {
+                out[r * vocab + chunk.row_start..r * vocab + chunk.row_start + chunk.rows]
+                    .copy_from_slice(&part[r * chunk.rows..(r + 1) * chunk.rows]);
+            }
+        }
+        Ok(out)
+    }
+}

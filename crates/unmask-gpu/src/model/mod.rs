@@ -1,0 +1,25 @@
+//! The LLaDA model on the GPU: checkpoint loading, weights, and the forward pass over a
+//! set of rows against a request's KV arena.
+
+pub mod checkpoint;
+pub mod forward;
+pub mod weights;
+
+use thiserror::Error;
+use unmask_core::error::ConfigError;
+
+pub use checkpoint::{Checkpoint, CheckpointError};
+pub use forward::{ForwardState, LladaModel, SelectBuffers, TokenChoice};
+pub use weights::{LayerWeights, LladaWeights, LoadProgress};
+
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Gpu(#[from] crate::error::GpuError),
+    #[error("invalid input: {0}")]
+    Input(String),
+}

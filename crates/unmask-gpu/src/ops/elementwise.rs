@@ -1,0 +1,424 @@
+//! Row-wise kernels of the forward pass: embedding gather, RMSNorm, RoPE, row gather/scatter,
+//! SwiGLU and the residual add.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::ShaderVariant;
+use crate::error::{GpuError, Result};
+use crate::kernel_source;
+use crate::pipeline::{KernelSource, Spec};
+use crate::step::{StepEncoder, groups_2d};
+use crate::tensor::{DType, Tensor, Weight, WeightFormat};
+
+const EMBED: KernelSource = kernel_source!("embed");
+const RMSNORM: KernelSource = kernel_source!("rmsnorm");
+const ROPE: KernelSource = kernel_source!("rope");
+const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
+const SWIGLU: KernelSource = kernel_source!("swiglu");
+const ADD: KernelSource = kernel_source!("add");
+
+/// Spec flags that select how a kernel reads a weight of the given format.
+pub fn weight_spec(format: WeightFormat) -> Spec {
+    match format {
+        WeightFormat::F32 => Spec::new().flag("W_F32"),
+        WeightFormat::F16Packed => Spec::new().flag("W_PACKED"),
+        WeightFormat::F16Native => Spec::new().flag("F16"),
+    }
+}
+
+pub fn variants() -> Vec<ShaderVariant> {
+    let mut v: Vec<ShaderVariant> = [
+        WeightFormat::F32,
+        WeightFormat::F16Packed,
+        WeightFormat::F16Native,
+    ]
+    .into_iter()
+    .map(|f| ShaderVariant {
+        kernel: EMBED,
+        entry: "main",
+        spec: weight_spec(f),
+    })
+    .collect();
+    for (kernel, entry) in [
+        (RMSNORM, "main"),
+        (ROPE, "main"),
+        (COPY_ROWS, "gather"),
+        (COPY_ROWS, "scatter"),
+        (SWIGLU, "main"),
+        (ADD, "main"),
+    ] {
+        v.push(ShaderVariant {
+            kernel,
+            entry,
+            spec: Spec::new(),
+        });
+    }
+    v
+}
+
+fn check(
+    op: &'static str,
+    ok: bool,
+    expected: impl FnOnce() -> String,
+    found: impl FnOnce() -> String,
+) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(GpuError::Shape {
+            op,
+            expected: expected(),
+            found: found(),
+        })
+    }
+}
+
+fn check_f32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
+    check(
+        op,
+        t.dtype == DType::F32 && t.numel() >= min_elems,
+        || format!("f32 tensor with at least {min_elems} elements"),
+        || format!("{:?} {:?}", t.dtype, t.shape),
+    )
+}
+
+fn check_u32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
+    check(
+        op,
+        t.dtype == DType::U32 && t.numel() >= min_elems,
+        || format!("u32 tensor with at least {min_elems} elements"),
+        || format!("{:?} {:?}", t.dtype, t.shape),
+    )
+}
+
+fn u32_of(v: usize) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct EmbedParams {
+    rows: u32,
+    cols: u32,
+    row_stride: u32,
+    row_start: u32,
+    chunk_rows: u32,
+    _pad: [u32; 3],
+}
+
+/// out[r, :] = table[ids[r], :] for r < rows. Ids must be below `table.rows` (checked by callers
+/// that own the ids; an id outside every chunk leaves its row untouched).
+pub fn embed(
+    step: &mut StepEncoder,
+    ids: &Tensor,
+    table: &Weight,
+    out: &Tensor,
+    rows: usize,
+) -> Result<()> {
+    check_u32("embed ids", ids, rows)?;
+    check_f32("embed out", out, rows * table.cols)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&EMBED, "main", &weight_spec(table.format))?;
+    for chunk in &table.chunks {
+        let params = EmbedParams {
+            rows: u32_of(rows),
+            cols: u32_of(table.cols),
+            row_stride: u32_of(table.row_stride),
+            row_start: u32_of(chunk.row_start),
+            chunk_rows: u32_of(chunk.rows),
+            _pad: [0; 3],
+        };
+        step.dispatch(
+            &pipeline,
+            &params,
+            &[ids.into(), chunk.into(), out.into()],
+            groups_2d(ctx, u32_of(rows)),
+        );
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct NormParams {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+/// out = weight * x / sqrt(mean(x^2) + eps) over rows of `cols` values.
+pub fn rms_norm(
+    step: &mut StepEncoder,
+    x: &Tensor,
+    weight: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Result<()> {
+    check_f32("rms_norm x", x, rows * cols)?;
+    check_f32("rms_norm weight", weight, cols)?;
+    check_f32("rms_norm out", out, rows * cols)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&RMSNORM, "main", &Spec::new())?;
+    let params = NormParams {
+        rows: u32_of(rows),
+        cols: u32_of(cols),
+        eps,
+        _pad: 0,
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[x.into(), weight.into(), out.into()],
+        groups_2d(ctx, u32_of(rows)),
+    );
+    Ok(())
+}
+
+/// Host-side cos/sin table `[max_pos, head_dim / 2]` of (cos, sin) pairs, computed like the
+/// reference: inverse frequencies and angles in f32, sin/cos of the f32 angle.
+pub fn rope_table(theta: f32, head_dim: usize, max_pos: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32))
+        .collect();
+    let mut table = Vec::with_capacity(max_pos * half * 2);
+    for pos in 0..max_pos {
+        for f in &inv_freq {
+            let angle = (pos as f32 * f) as f64;
+            table.push(angle.cos() as f32);
+            table.push(angle.sin() as f32);
+        }
+    }
+    table
+}
+
+/// The geometry of a RoPE application: which heads of which column window.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeShape {
+    pub rows: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub row_stride: usize,
+    pub col_offset: usize,
+    pub max_pos: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RopeParams {
+    rows: u32,
+    n_heads: u32,
+    head_dim: u32,
+    row_stride: u32,
+    col_offset: u32,
+    max_pos: u32,
+    _pad: [u32; 2],
+}
+
+/// Rotates `n_heads` heads starting at `col_offset` of every row in place, at `positions[r]`.
+pub fn rope(
+    step: &mut StepEncoder,
+    x: &Tensor,
+    positions: &Tensor,
+    table: &Tensor,
+    s: RopeShape,
+) -> Result<()> {
+    check(
+        "rope",
+        s.head_dim % 2 == 0 && s.col_offset + s.n_heads * s.head_dim <= s.row_stride,
+        || "an even head_dim and heads within the row".into(),
+        || {
+            format!(
+                "head_dim {} heads {} at column {} of rows of {}",
+                s.head_dim, s.n_heads, s.col_offset, s.row_stride
+            )
+        },
+    )?;
+    check_f32("rope x", x, s.rows * s.row_stride)?;
+    check_u32("rope positions", positions, s.rows)?;
+    check_f32("rope table", table, s.max_pos * s.head_dim)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&ROPE, "main", &Spec::new())?;
+    let params = RopeParams {
+        rows: u32_of(s.rows),
+        n_heads: u32_of(s.n_heads),
+        head_dim: u32_of(s.head_dim),
+        row_stride: u32_of(s.row_stride),
+        col_offset: u32_of(s.col_offset),
+        max_pos: u32_of(s.max_pos),
+        _pad: [0; 2],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[x.into(), positions.into(), table.into()],
+        groups_2d(ctx, u32_of(s.rows)),
+    );
+    Ok(())
+}
+
+/// A column window of rows: `cols` values starting at `col` in rows of `stride` values.
+#[derive(Clone, Copy, Debug)]
+pub struct RowWindow {
+    pub stride: usize,
+    pub col: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CopyParams {
+    rows: u32,
+    cols: u32,
+    src_stride: u32,
+    src_col: u32,
+    dst_stride: u32,
+    dst_col: u32,
+    _pad: [u32; 2],
+}
+
+#[allow(clippy::too_many_arguments)]
+fn copy_rows(
+    step: &mut StepEncoder,
+    entry: &'static str,
+    src: &Tensor,
+    src_w: RowWindow,
+    idx: &Tensor,
+    dst: &Tensor,
+    dst_w: RowWindow,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    check_f32("copy_rows src", src, 0)?;
+    check_f32("copy_rows dst", dst, 0)?;
+    check_u32("copy_rows index", idx, rows)?;
+    check(
+        "copy_rows",
+        src_w.col + cols <= src_w.stride && dst_w.col + cols <= dst_w.stride,
+        || "column windows inside their rows".into(),
+        || {
+            format!(
+                "{cols} columns at {} of {} -> at {} of {}",
+                src_w.col, src_w.stride, dst_w.col, dst_w.stride
+            )
+        },
+    )?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&COPY_ROWS, entry, &Spec::new())?;
+    let params = CopyParams {
+        rows: u32_of(rows),
+        cols: u32_of(cols),
+        src_stride: u32_of(src_w.stride),
+        src_col: u32_of(src_w.col),
+        dst_stride: u32_of(dst_w.stride),
+        dst_col: u32_of(dst_w.col),
+        _pad: [0; 2],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[src.into(), idx.into(), dst.into()],
+        groups_2d(ctx, u32_of(rows)),
+    );
+    Ok(())
+}
+
+/// dst row r (window `dst_w`) = src row idx[r] (window `src_w`), for r < rows.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_rows(
+    step: &mut StepEncoder,
+    src: &Tensor,
+    src_w: RowWindow,
+    idx: &Tensor,
+    dst: &Tensor,
+    dst_w: RowWindow,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    copy_rows(step, "gather", src, src_w, idx, dst, dst_w, rows, cols)
+}
+
+/// dst row idx[r] (window `dst_w`) = src row r (window `src_w`), for r < rows.
+#[allow(clippy::too_many_arguments)]
+pub fn scatter_rows(
+    step: &mut StepEncoder,
+    src: &Tensor,
+    src_w: RowWindow,
+    idx: &Tensor,
+    dst: &Tensor,
+    dst_w: RowWindow,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    copy_rows(step, "scatter", src, src_w, idx, dst, dst_w, rows, cols)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SwigluParams {
+    rows: u32,
+    cols: u32,
+    in_stride: u32,
+    gate_col: u32,
+    up_col: u32,
+    out_stride: u32,
+    _pad: [u32; 2],
+}
+
+/// out[r, c] = silu(gate_up[r, c]) * gate_up[r, cols + c] for a fused `[rows, 2*cols]` input.
+pub fn swiglu(
+    step: &mut StepEncoder,
+    gate_up: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    check_f32("swiglu input", gate_up, rows * 2 * cols)?;
+    check_f32("swiglu out", out, rows * cols)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&SWIGLU, "main", &Spec::new())?;
+    let params = SwigluParams {
+        rows: u32_of(rows),
+        cols: u32_of(cols),
+        in_stride: u32_of(2 * cols),
+        gate_col: 0,
+        up_col: u32_of(cols),
+        out_stride: u32_of(cols),
+        _pad: [0; 2],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[gate_up.into(), out.into()],
+        groups_2d(ctx, u32_of(rows)),
+    );
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AddParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+
+/// x[i] += y[i] for i < n.
+pub fn add_in_place(step: &mut StepEncoder, x: &Tensor, y: &Tensor, n: usize) -> Result<()> {
+    check_f32("add x", x, n)?;
+    check_f32("add y", y, n)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&ADD, "main", &Spec::new())?;
+    let params = AddParams {
+        n: u32_of(n),
+        _pad: [0; 3],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[x.into(), y.into()],
+        groups_2d(ctx, u32_of(n.div_ceil(256))),
+    );
+    Ok(())
+}

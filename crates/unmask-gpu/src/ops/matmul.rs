@@ -1,0 +1,250 @@
+//! `y = x · Wᵀ`: activations `x` f32 `[M, K]` times an `nn.Linear` weight `W` `[N, K]` in any
+//! `WeightFormat`, into `y` f32 `[M, N]`, accumulating in f32. One dispatch per weight chunk,
+//! each writing the output columns that belong to its rows.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::ShaderVariant;
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::pipeline::{KernelSource, Spec};
+use crate::step::{Binding, StepEncoder, groups_2d};
+use crate::tensor::{DType, Tensor, Weight, WeightFormat};
+
+pub const KERNEL: KernelSource = crate::kernel_source!("matmul");
+
+/// Which matmul kernel to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulKernel {
+    /// One output per invocation, scalar loads; the baseline.
+    Naive,
+    /// Register tiles (4 x 8 outputs per invocation), vec4 loads, no workgroup memory.
+    Tiled,
+    /// 64 x 64 output tiles staged through workgroup memory, 4 x 4 outputs per invocation.
+    TiledShared,
+    /// The best measured kernel for the device and shape.
+    Auto,
+}
+
+impl MatmulKernel {
+    /// Every concrete kernel (not `Auto`).
+    pub const CONCRETE: [MatmulKernel; 3] = [
+        MatmulKernel::Naive,
+        MatmulKernel::Tiled,
+        MatmulKernel::TiledShared,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulKernel::Naive => "naive",
+            MatmulKernel::Tiled => "tiled",
+            MatmulKernel::TiledShared => "tiled-shared",
+            MatmulKernel::Auto => "auto",
+        }
+    }
+
+    /// The concrete kernel and the weight decoding that run for `m` rows of a weight stored
+    /// in `format` on this device. Explicit kernels run as asked (native f16 falls back to
+    /// packed without shader-f16); `Auto` picks what measured fastest.
+    pub fn plan(
+        self,
+        ctx: &GpuContext,
+        m: usize,
+        format: WeightFormat,
+    ) -> (MatmulKernel, WeightFormat) {
+        let format = format.resolve(ctx);
+        if self != MatmulKernel::Auto {
+            return (self, format);
+        }
+        if ctx.info.device_type == wgpu::DeviceType::Cpu {
+            // On lavapipe/llvmpipe register tiling beat shared tiles on every shape, and
+            // unpacking the same f16 bytes with integer ops beat native f16 loads by ~1.3x.
+            let format = match format {
+                WeightFormat::F16Native => WeightFormat::F16Packed,
+                other => other,
+            };
+            (MatmulKernel::Tiled, format)
+        } else if m >= 64 {
+            // Hardware GPUs (not measured yet): shared tiles give coalesced loads once a
+            // 64-row tile is mostly full.
+            (MatmulKernel::TiledShared, format)
+        } else {
+            (MatmulKernel::Tiled, format)
+        }
+    }
+
+    fn entry(self) -> &'static str {
+        match self {
+            MatmulKernel::Naive => "naive",
+            MatmulKernel::Tiled | MatmulKernel::Auto => "tiled",
+            MatmulKernel::TiledShared => "tiled_shared",
+        }
+    }
+
+    /// Output tile of one workgroup: (rows, columns).
+    fn tile(self) -> (u32, u32) {
+        match self {
+            MatmulKernel::Naive => (16, 16),
+            MatmulKernel::Tiled | MatmulKernel::Auto => (TILED_WGY * 4, TILED_WGX * TILED_TN),
+            MatmulKernel::TiledShared => (64, 64),
+        }
+    }
+}
+
+// Shape of `Tiled`: WGX x WGY invocations of 4 rows x (8 if wide else 4) columns.
+const TILED_WIDE: bool = true;
+const TILED_WGX: u32 = 8;
+const TILED_WGY: u32 = 8;
+const TILED_TN: u32 = if TILED_WIDE { 8 } else { 4 };
+
+/// Kernel parameters; mirrors `struct Params` in `shaders/matmul.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct MatmulParams {
+    m: u32,
+    k: u32,
+    rows: u32,
+    col0: u32,
+    n: u32,
+    w_stride4: u32,
+    tiles_n: u32,
+    tiles: u32,
+}
+
+/// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format and whether x
+/// rows can be read as vec4 (K % 4 == 0).
+fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool) -> Spec {
+    let spec = match kernel {
+        MatmulKernel::Naive => Spec::new().flag("NAIVE"),
+        MatmulKernel::Tiled | MatmulKernel::Auto => Spec::new()
+            .flag("TILED")
+            .flag_if(TILED_WIDE, "WIDE")
+            .constant("WGX", TILED_WGX)
+            .constant("WGY", TILED_WGY),
+        MatmulKernel::TiledShared => Spec::new().flag("SHARED"),
+    };
+    let spec = match format {
+        WeightFormat::F32 => spec.flag("WF32"),
+        WeightFormat::F16Packed => spec.flag("WPACKED"),
+        WeightFormat::F16Native => spec.flag("F16"),
+    };
+    // The naive kernel reads x one element at a time.
+    spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
+}
+
+/// Every (entry, spec) `matmul` can dispatch.
+pub fn variants() -> Vec<ShaderVariant> {
+    let mut out = Vec::new();
+    for kernel in MatmulKernel::CONCRETE {
+        for format in [
+            WeightFormat::F32,
+            WeightFormat::F16Packed,
+            WeightFormat::F16Native,
+        ] {
+            let x_vec4_options: &[bool] = if kernel == MatmulKernel::Naive {
+                &[false]
+            } else {
+                &[false, true]
+            };
+            for &x_vec4 in x_vec4_options {
+                out.push(ShaderVariant {
+                    kernel: KERNEL,
+                    entry: kernel.entry(),
+                    spec: spec(kernel, format, x_vec4),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn shape_error(expected: String, found: String) -> GpuError {
+    GpuError::Shape {
+        op: "matmul",
+        expected,
+        found,
+    }
+}
+
+/// Records `y[0..m] = x[0..m] · Wᵀ`. `x` is f32 `[.., K]` and `y` f32 `[.., N]` with at least
+/// `m` rows each (they may be allocated bigger); `W` is `[N, K]`.
+pub fn matmul(
+    step: &mut StepEncoder,
+    x: &Tensor,
+    w: &Weight,
+    y: &Tensor,
+    m: usize,
+    kernel: MatmulKernel,
+) -> Result<()> {
+    let ctx = step.ctx();
+    let (n, k) = (w.rows, w.cols);
+    if k == 0 || w.row_stride < k || !w.row_stride.is_multiple_of(4) {
+        return Err(shape_error(
+            "a weight with K > 0 columns and a row stride that is a multiple of 4 and >= K".into(),
+            format!("K = {k}, row stride {}", w.row_stride),
+        ));
+    }
+    if x.dtype != DType::F32 || x.shape.last() != Some(&k) || x.numel() < m * k {
+        return Err(shape_error(
+            format!("x f32 [>= {m}, {k}] (W is [{n}, {k}])"),
+            format!("x {:?} {:?}", x.dtype, x.shape),
+        ));
+    }
+    if y.dtype != DType::F32 || y.shape.last() != Some(&n) || y.numel() < m * n {
+        return Err(shape_error(
+            format!("y f32 [>= {m}, {n}] (W is [{n}, {k}])"),
+            format!("y {:?} {:?}", y.dtype, y.shape),
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let too_big = |what: &str, v: usize| GpuError::TooLarge {
+        what: format!("matmul {what}"),
+        needed: v as u64,
+        limit: u64::from(u32::MAX),
+    };
+    let m32 = u32::try_from(m).map_err(|_| too_big("rows", m))?;
+    let k32 = u32::try_from(k).map_err(|_| too_big("K", k))?;
+    let n32 = u32::try_from(n).map_err(|_| too_big("N", n))?;
+    if m.checked_mul(n.max(k))
+        .is_none_or(|e| e > u32::MAX as usize)
+    {
+        return Err(too_big("elements of x or y", m.saturating_mul(n.max(k))));
+    }
+
+    let (kernel, format) = kernel.plan(ctx, m, w.format);
+    let x_vec4 = k.is_multiple_of(4);
+    let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec(kernel, format, x_vec4))?;
+    let (tile_m, tile_n) = kernel.tile();
+    let tiles_m = m32.div_ceil(tile_m);
+    for chunk in &w.chunks {
+        // The last chunk of an empty weight holds a padding row; never write past N.
+        let rows = chunk.rows.min(n.saturating_sub(chunk.row_start));
+        if rows == 0 {
+            continue;
+        }
+        let rows32 = rows as u32;
+        let tiles_n = rows32.div_ceil(tile_n);
+        let tiles = tiles_m
+            .checked_mul(tiles_n)
+            .ok_or_else(|| too_big("workgroups", tiles_m as usize * tiles_n as usize))?;
+        let params = MatmulParams {
+            m: m32,
+            k: k32,
+            rows: rows32,
+            col0: chunk.row_start as u32,
+            n: n32,
+            w_stride4: (w.row_stride / 4) as u32,
+            tiles_n,
+            tiles,
+        };
+        step.dispatch(
+            &pipeline,
+            &params,
+            &[Binding::from(x), Binding::from(chunk), Binding::from(y)],
+            groups_2d(ctx, tiles),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! Token selection from LM-head logits (DESIGN.md §2): per row, the argmax of the
+//! CFG-combined logits (plus Gumbel noise when T > 0) and its untempered softmax
+//! probability. Logits stay on the GPU; a row reads back 8 bytes.
+//!
+//! The LM head may produce the logits one vocabulary chunk at a time, so selection is a
+//! streaming reduction: `select_reset`, then `select_accumulate` once per chunk (any order
+//! of chunks gives the same answer), then `select_finalize`.
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+use super::ShaderVariant;
+use crate::error::{GpuError, Result};
+use crate::kernel_source;
+use crate::pipeline::{KernelSource, Spec};
+use crate::step::{Binding, StepEncoder, groups_2d};
+use crate::tensor::{DType, Tensor};
+
+pub use unmask_core::oracle::sampling::SelectParams;
+
+const SELECT: KernelSource = kernel_source!("select");
+
+/// u32 words of selection state per row.
+pub const STATE_WORDS: usize = 5;
+
+/// Invocations of the per-row `reset` / `finalize` kernels.
+const ROW_WG: usize = 64;
+
+/// Words of state needed for `rows` rows.
+pub fn state_len(rows: usize) -> usize {
+    rows * STATE_WORDS
+}
+
+/// Id value the kernel reserves for "none".
+const NONE: u32 = u32::MAX;
+
+fn accumulate_spec(cfg: bool, noise: bool) -> Spec {
+    Spec::new()
+        .flag("ACCUMULATE")
+        .flag_if(cfg, "CFG")
+        .flag_if(noise, "NOISE")
+        .constant("POS_BINDING", if cfg { 4 } else { 3 })
+}
+
+pub fn variants() -> Vec<ShaderVariant> {
+    let mut v = vec![
+        ShaderVariant {
+            kernel: SELECT,
+            entry: "reset",
+            spec: Spec::new().flag("RESET"),
+        },
+        ShaderVariant {
+            kernel: SELECT,
+            entry: "finalize",
+            spec: Spec::new().flag("FINALIZE"),
+        },
+    ];
+    for cfg in [false, true] {
+        for noise in [false, true] {
+            v.push(ShaderVariant {
+                kernel: SELECT,
+                entry: "accumulate",
+                spec: accumulate_spec(cfg, noise),
+            });
+        }
+    }
+    v
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct RowParams {
+    rows: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct AccumulateParams {
+    rows: u32,
+    n: u32,
+    vocab_offset: u32,
+    step: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    suppress: u32,
+    exclude0: u32,
+    exclude1: u32,
+    temperature: f32,
+    cfg_scale: f32,
+    _pad: u32,
+}
+
+fn shape_error(op: &'static str, expected: String, found: String) -> GpuError {
+    GpuError::Shape {
+        op,
+        expected,
+        found,
+    }
+}
+
+fn check_tensor(
+    op: &'static str,
+    what: &str,
+    t: &Tensor,
+    dtype: DType,
+    min_elems: usize,
+) -> Result<()> {
+    if t.dtype == dtype && t.numel() >= min_elems {
+        Ok(())
+    } else {
+        Err(shape_error(
+            op,
+            format!("{what}: {dtype:?} tensor with at least {min_elems} elements"),
+            format!("{:?} {:?}", t.dtype, t.shape),
+        ))
+    }
+}
+
+fn rows_u32(op: &'static str, rows: usize) -> Result<u32> {
+    u32::try_from(rows).map_err(|_| shape_error(op, "rows below 2^32".into(), rows.to_string()))
+}
+
+fn row_groups(step: &StepEncoder, rows: u32) -> [u32; 3] {
+    groups_2d(step.ctx(), rows.div_ceil(ROW_WG as u32))
+}
+
+/// Clears the state of `rows` rows before the first chunk.
+pub fn select_reset(step: &mut StepEncoder, state: &Tensor, rows: usize) -> Result<()> {
+    const OP: &str = "select_reset";
+    check_tensor(OP, "state", state, DType::U32, state_len(rows))?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let n = rows_u32(OP, rows)?;
+    let pipeline = step
+        .ctx()
+        .pipeline(&SELECT, "reset", &Spec::new().flag("RESET"))?;
+    let params = RowParams {
+        rows: n,
+        _pad: [0; 3],
+    };
+    let groups = row_groups(step, n);
+    step.dispatch(&pipeline, &params, &[state.into()], groups);
+    Ok(())
+}
+
+fn id_param(what: &str, id: Option<u32>) -> Result<u32> {
+    match id {
+        Some(NONE) => Err(shape_error(
+            "select_accumulate",
+            format!("{what} below {NONE}"),
+            NONE.to_string(),
+        )),
+        Some(id) => Ok(id),
+        None => Ok(NONE),
+    }
+}
+
+/// Folds one vocabulary chunk of logits into the state: `logits` (and `uncond` with CFG)
+/// hold f32 `[rows, n]` for vocabulary ids `[vocab_offset, vocab_offset + n)`;
+/// `positions` (u32 `[rows]`) are the rows' sequence positions, a counter of the noise.
+#[allow(clippy::too_many_arguments)]
+pub fn select_accumulate(
+    step: &mut StepEncoder,
+    logits: &Tensor,
+    uncond: Option<&Tensor>,
+    rows: usize,
+    n: usize,
+    vocab_offset: usize,
+    positions: &Tensor,
+    state: &Tensor,
+    params: &SelectParams,
+) -> Result<()> {
+    const OP: &str = "select_accumulate";
+    if n == 0
+        || vocab_offset
+            .checked_add(n)
+            .is_none_or(|end| end > NONE as usize)
+    {
+        return Err(shape_error(
+            OP,
+            format!("a non-empty chunk ending below {NONE}"),
+            format!("{n} ids at offset {vocab_offset}"),
+        ));
+    }
+    if !(params.temperature.is_finite()
+        && params.temperature >= 0.0
+        && params.cfg_scale.is_finite())
+    {
+        return Err(shape_error(
+            OP,
+            "a finite temperature >= 0 and a finite cfg_scale".into(),
+            format!(
+                "temperature {}, cfg_scale {}",
+                params.temperature, params.cfg_scale
+            ),
+        ));
+    }
+    let suppress = id_param("suppress_token", params.suppress_token)?;
+    let exclude0 = id_param("conf_exclude[0]", params.conf_exclude[0])?;
+    let exclude1 = id_param("conf_exclude[1]", params.conf_exclude[1])?;
+    let elems = rows
+        .checked_mul(n)
+        .ok_or_else(|| shape_error(OP, "rows * n below 2^32".into(), format!("{rows} x {n}")))?;
+    check_tensor(OP, "logits", logits, DType::F32, elems)?;
+    if let Some(u) = uncond {
+        check_tensor(OP, "uncond logits", u, DType::F32, elems)?;
+    }
+    check_tensor(OP, "positions", positions, DType::U32, rows)?;
+    check_tensor(OP, "state", state, DType::U32, state_len(rows))?;
+    let mut inputs = vec![("logits", logits), ("positions", positions)];
+    inputs.extend(uncond.map(|u| ("uncond logits", u)));
+    if let Some((name, _)) = inputs
+        .iter()
+        .find(|(_, t)| Arc::ptr_eq(&t.buffer, &state.buffer))
+    {
+        return Err(shape_error(
+            OP,
+            "state in a buffer of its own".into(),
+            format!("state shares its buffer with {name}"),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let rows32 = rows_u32(OP, rows)?;
+    let noise = params.temperature > 0.0;
+    let spec = accumulate_spec(uncond.is_some(), noise);
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&SELECT, "accumulate", &spec)?;
+    let p = AccumulateParams {
+        rows: rows32,
+        n: n as u32,
+        vocab_offset: vocab_offset as u32,
+        step: params.step,
+        seed_lo: params.seed as u32,
+        seed_hi: (params.seed >> 32) as u32,
+        suppress,
+        exclude0,
+        exclude1,
+        temperature: params.temperature,
+        cfg_scale: params.cfg_scale,
+        _pad: 0,
+    };
+    let mut bindings: Vec<Binding> = vec![logits.into(), state.into()];
+    if let Some(u) = uncond {
+        bindings.push(u.into());
+    }
+    if noise {
+        bindings.push(positions.into());
+    }
+    let groups = groups_2d(ctx, rows32);
+    step.dispatch(&pipeline, &p, &bindings, groups);
+    Ok(())
+}
+
+/// Writes `out` as u32 `[rows, 2]`: the chosen token id and the bits of its f32
+/// confidence.
+pub fn select_finalize(
+    step: &mut StepEncoder,
+    state: &Tensor,
+    out: &Tensor,
+    rows: usize,
+) -> Result<()> {
+    const OP: &str = "select_finalize";
+    check_tensor(OP, "state", state, DType::U32, state_len(rows))?;
+    check_tensor(OP, "out", out, DType::U32, 2 * rows)?;
+    if Arc::ptr_eq(&state.buffer, &out.buffer) {
+        return Err(shape_error(
+            OP,
+            "out in a buffer of its own".into(),
+            "out shares its buffer with state".into(),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let n = rows_u32(OP, rows)?;
+    let pipeline = step
+        .ctx()
+        .pipeline(&SELECT, "finalize", &Spec::new().flag("FINALIZE"))?;
+    let params = RowParams {
+        rows: n,
+        _pad: [0; 3],
+    };
+    let groups = row_groups(step, n);
+    step.dispatch(&pipeline, &params, &[state.into(), out.into()], groups);
+    Ok(())
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command: sets up a fresh machine, then runs every test of the workspace on the
+# best adapter found (lavapipe on a machine without a GPU), the cross-target checks for
+# Windows (DX12) and macOS (Metal), and the lints.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+chmod 700 "$XDG_RUNTIME_DIR"
+
+echo "== format and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== tests (native)"
+cargo test --workspace --quiet
+
+echo "== cross-target checks: Windows (DX12) and macOS (Metal)"
+for target in x86_64-pc-windows-msvc aarch64-apple-darwin; do
+  rustup target add "$target" >/dev/null 2>&1
+  cargo check --workspace --lib --bins --quiet --target "$target"
+done
+echo "== all green"

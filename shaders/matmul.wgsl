@@ -1,0 +1,306 @@
+// y = x · Wᵀ for one row chunk of a weight matrix W [N, K] (an nn.Linear weight [out, in]).
+//
+// x is f32 [M, K] with row stride K, y is f32 [M, N] with row stride N; this dispatch writes
+// the output columns [col0, col0 + rows) that belong to the chunk. Accumulation is f32.
+//
+// Flags pick the variant:
+//   NAIVE / TILED / SHARED  which entry point the file holds (one per spec)
+//   WF32 / WPACKED / F16    weight storage: f32, f16 pairs in u32 words, native f16
+//   XVEC4                   K % 4 == 0, so x rows are 16-byte aligned and read as vec4
+//   WIDE                    (TILED) 4 x 8 outputs per invocation instead of 4 x 4
+// Constants (TILED): WGX x WGY invocations per workgroup.
+
+struct Params {
+    m: u32,         // rows of x and y in use
+    k: u32,         // inner dimension, also the row stride of x
+    rows: u32,      // rows of this weight chunk = output columns written
+    col0: u32,      // first output column of this chunk
+    n: u32,         // row stride of y
+    w_stride4: u32, // weight row stride in groups of 4 elements (zero padded past k)
+    tiles_n: u32,   // output tiles along the columns
+    tiles: u32,     // output tiles in all; workgroup ids are linearised over x and y
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+//#if XVEC4
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+//#else
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+//#endif
+
+//#if WF32
+@group(0) @binding(2) var<storage, read> w: array<vec4<f32>>;
+
+fn load_w4(i: u32) -> vec4<f32> {
+    return w[i];
+}
+
+fn load_w1(i: u32) -> f32 {
+    return w[i >> 2u][i & 3u];
+}
+//#endif
+
+//#if WPACKED
+// Four halves per vec2<u32>: element 2i sits in the low 16 bits of word i.
+@group(0) @binding(2) var<storage, read> w: array<vec2<u32>>;
+
+fn load_w4(i: u32) -> vec4<f32> {
+    let v = w[i];
+    return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
+}
+
+fn load_w1(i: u32) -> f32 {
+    let word = w[i >> 2u][(i >> 1u) & 1u];
+    return unpack2x16float(word)[i & 1u];
+}
+//#endif
+
+//#if F16
+@group(0) @binding(2) var<storage, read> w: array<vec4<f16>>;
+
+fn load_w4(i: u32) -> vec4<f32> {
+    return vec4<f32>(w[i]);
+}
+
+fn load_w1(i: u32) -> f32 {
+    return f32(w[i >> 2u][i & 3u]);
+}
+//#endif
+
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+fn tile_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x;
+}
+
+//#if !XVEC4
+// One x element of a row starting at element `base`; zero past the end of the row.
+fn x_at(base: u32, e: u32) -> f32 {
+    return select(0.0, x[base + min(e, p.k - 1u)], e < p.k);
+}
+//#endif
+
+//#if NAIVE
+// One output per invocation, scalar loads: the baseline every other variant is measured against.
+@compute @workgroup_size(16, 16)
+fn naive(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let tile = tile_index(wid, nwg);
+    let row = (tile / p.tiles_n) * 16u + lid.y;
+    let col = (tile % p.tiles_n) * 16u + lid.x;
+    if tile >= p.tiles || row >= p.m || col >= p.rows {
+        return;
+    }
+    let xb = row * p.k;
+    let wb = col * p.w_stride4 * 4u;
+    var acc = 0.0;
+    for (var e = 0u; e < p.k; e++) {
+        acc += x[xb + e] * load_w1(wb + e);
+    }
+    y[row * p.n + p.col0 + col] = acc;
+}
+//#endif
+
+//#if TILED
+// Register tiling without workgroup memory: each invocation keeps 4 rows x 4 columns of sums
+// (4 x 8 with WIDE) and reads its rows of x and W straight from global memory, four elements
+// per load. Software rasterisers run a workgroup on one CPU thread, where barriers cost more
+// than re-reading cached global memory. Written out by hand: loops over local arrays were
+// not unrolled by lavapipe and ran 1.3-1.5x slower.
+const WGX: u32 = {{WGX}}u;
+const WGY: u32 = {{WGY}}u;
+//#if WIDE
+const TN: u32 = 8u;
+//#else
+const TN: u32 = 4u;
+//#endif
+
+// Four consecutive elements of a row of x, starting at vec4 index q of the row at `b`.
+fn x_row4(b: u32, q: u32) -> vec4<f32> {
+//#if XVEC4
+    return x[b + q];
+//#else
+    let e = q * 4u;
+    if e + 4u <= p.k {
+        return vec4<f32>(x[b + e], x[b + e + 1u], x[b + e + 2u], x[b + e + 3u]);
+    }
+    // The last 1-3 elements of a row; W is zero padded there, x must be masked.
+    return vec4<f32>(x_at(b, e), x_at(b, e + 1u), x_at(b, e + 2u), 0.0);
+//#endif
+}
+
+fn dot4(r: vec4<f32>, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(r, a), dot(r, b), dot(r, c), dot(r, d));
+}
+
+@compute @workgroup_size(WGX, WGY)
+fn tiled(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let tile = tile_index(wid, nwg);
+    let row0 = (tile / p.tiles_n) * (WGY * 4u) + lid.y * 4u;
+    let c0 = (tile % p.tiles_n) * (WGX * TN) + lid.x * TN;
+    if tile >= p.tiles || row0 >= p.m || c0 >= p.rows {
+        return;
+    }
+    // Rows and columns past the edge are clamped onto the last one; their sums are not stored.
+//#if XVEC4
+    let xs = p.k >> 2u;
+//#else
+    let xs = p.k;
+//#endif
+    let x0 = min(row0, p.m - 1u) * xs;
+    let x1 = min(row0 + 1u, p.m - 1u) * xs;
+    let x2 = min(row0 + 2u, p.m - 1u) * xs;
+    let x3 = min(row0 + 3u, p.m - 1u) * xs;
+    let last = p.rows - 1u;
+    let w0 = min(c0, last) * p.w_stride4;
+    let w1 = min(c0 + 1u, last) * p.w_stride4;
+    let w2 = min(c0 + 2u, last) * p.w_stride4;
+    let w3 = min(c0 + 3u, last) * p.w_stride4;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+//#if WIDE
+    let w4 = min(c0 + 4u, last) * p.w_stride4;
+    let w5 = min(c0 + 5u, last) * p.w_stride4;
+    let w6 = min(c0 + 6u, last) * p.w_stride4;
+    let w7 = min(c0 + 7u, last) * p.w_stride4;
+    var b0 = vec4<f32>(0.0);
+    var b1 = vec4<f32>(0.0);
+    var b2 = vec4<f32>(0.0);
+    var b3 = vec4<f32>(0.0);
+//#endif
+    let kq = (p.k + 3u) >> 2u;
+    for (var q = 0u; q < kq; q++) {
+        let v0 = load_w4(w0 + q);
+        let v1 = load_w4(w1 + q);
+        let v2 = load_w4(w2 + q);
+        let v3 = load_w4(w3 + q);
+//#if WIDE
+        let v4 = load_w4(w4 + q);
+        let v5 = load_w4(w5 + q);
+        let v6 = load_w4(w6 + q);
+        let v7 = load_w4(w7 + q);
+//#endif
+        let r0 = x_row4(x0, q);
+        a0 += dot4(r0, v0, v1, v2, v3);
+        let r1 = x_row4(x1, q);
+        a1 += dot4(r1, v0, v1, v2, v3);
+        let r2 = x_row4(x2, q);
+        a2 += dot4(r2, v0, v1, v2, v3);
+        let r3 = x_row4(x3, q);
+        a3 += dot4(r3, v0, v1, v2, v3);
+//#if WIDE
+        b0 += dot4(r0, v4, v5, v6, v7);
+        b1 += dot4(r1, v4, v5, v6, v7);
+        b2 += dot4(r2, v4, v5, v6, v7);
+        b3 += dot4(r3, v4, v5, v6, v7);
+//#endif
+    }
+    store4(row0, c0, a0);
+    store4(row0 + 1u, c0, a1);
+    store4(row0 + 2u, c0, a2);
+    store4(row0 + 3u, c0, a3);
+//#if WIDE
+    store4(row0, c0 + 4u, b0);
+    store4(row0 + 1u, c0 + 4u, b1);
+    store4(row0 + 2u, c0 + 4u, b2);
+    store4(row0 + 3u, c0 + 4u, b3);
+//#endif
+}
+//#endif
+
+//#if !NAIVE
+// Stores the sums of output columns c .. c + 3 of a row, skipping those past the edge.
+fn store4(row: u32, c: u32, v: vec4<f32>) {
+    if row >= p.m {
+        return;
+    }
+    let base = row * p.n + p.col0;
+    for (var j = 0u; j < 4u; j++) {
+        if c + j < p.rows {
+            y[base + c + j] = v[j];
+        }
+    }
+}
+//#endif
+
+//#if SHARED
+// Classic shared-memory tiling: 256 invocations stage a 64-row tile of x and a 64-row tile of
+// W, 16 elements deep, in workgroup memory (8 KiB), then each computes a 4 x 4 block from it.
+// The tiles are stored k-major so one vec4 read gives four consecutive rows.
+const BM: u32 = 64u;
+const BK: u32 = 16u;
+var<workgroup> xs: array<vec4<f32>, 256>; // [BK][BM / 4]
+var<workgroup> ws: array<vec4<f32>, 256>; // [BK][BN / 4]
+
+@compute @workgroup_size(16, 16)
+fn tiled_shared(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    // Out-of-range workgroups still take part in the barriers; only their stores are skipped.
+    let tile = min(tile_index(wid, nwg), p.tiles - 1u);
+    let tile_row0 = (tile / p.tiles_n) * BM;
+    let tile_col0 = (tile % p.tiles_n) * BM;
+    // Loader role: invocation t fetches 4 consecutive k of row t / 4 for both tiles.
+    let lr = t >> 2u;
+    let lq = t & 3u;
+    let x_row = min(tile_row0 + lr, p.m - 1u);
+    let w_row = min(tile_col0 + lr, p.rows - 1u);
+    let slot = lr >> 2u;
+    let lane = lr & 3u;
+
+    var acc: array<vec4<f32>, 4>;
+    let k_tiles = (p.k + BK - 1u) / BK;
+    for (var kt = 0u; kt < k_tiles; kt++) {
+        let q = kt * (BK / 4u) + lq; // vec4 index along k
+//#if XVEC4
+        let xv = select(vec4<f32>(0.0), x[x_row * (p.k >> 2u) + min(q, (p.k >> 2u) - 1u)], q < (p.k >> 2u));
+//#else
+        let xb = x_row * p.k;
+        let e = q * 4u;
+        let xv = vec4<f32>(x_at(xb, e), x_at(xb, e + 1u), x_at(xb, e + 2u), x_at(xb, e + 3u));
+//#endif
+        let wv = select(vec4<f32>(0.0), load_w4(w_row * p.w_stride4 + min(q, p.w_stride4 - 1u)), q < p.w_stride4);
+        let at = lq * BM + slot; // row lq * 4 of the k-major tile
+        xs[at][lane] = xv.x;
+        ws[at][lane] = wv.x;
+        xs[at + BM / 4u][lane] = xv.y;
+        ws[at + BM / 4u][lane] = wv.y;
+        xs[at + BM / 2u][lane] = xv.z;
+        ws[at + BM / 2u][lane] = wv.z;
+        xs[at + 3u * BM / 4u][lane] = xv.w;
+        ws[at + 3u * BM / 4u][lane] = wv.w;
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            let a = xs[kk * (BM / 4u) + lid.y];
+            let b = ws[kk * (BM / 4u) + lid.x];
+            acc[0] += a.x * b;
+            acc[1] += a.y * b;
+            acc[2] += a.z * b;
+            acc[3] += a.w * b;
+        }
+        workgroupBarrier();
+    }
+    if tile_index(wid, nwg) >= p.tiles {
+        return;
+    }
+    let c = tile_col0 + lid.x * 4u;
+    let r = tile_row0 + lid.y * 4u;
+    store4(r, c, acc[0]);
+    store4(r + 1u, c, acc[1]);
+    store4(r + 2u, c, acc[2]);
+    store4(r + 3u, c, acc[3]);
+}
+//#endif

@@ -1,0 +1,73 @@
+//! Shared helpers of the integration tests: one GPU context per test binary, seeded random
+//! inputs (never zeros), and error measures that are printed next to their tolerance.
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use unmask_core::rng::SplitMix64;
+use unmask_gpu::{ContextOptions, GpuContext};
+
+/// The test binary's GPU context; prints which adapter and precision paths are in use.
+pub fn ctx() -> Arc<GpuContext> {
+    static CTX: OnceLock<Arc<GpuContext>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let ctx = GpuContext::new(&ContextOptions::default())
+            .unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe in CI): {e}"));
+        eprintln!("[gpu] {}", ctx.describe());
+        ctx
+    })
+    .clone()
+}
+
+/// A context whose kernels may bind at most `bytes`, to force the chunked-weight path.
+pub fn ctx_with_binding_limit(bytes: u64) -> Arc<GpuContext> {
+    GpuContext::new(&ContextOptions {
+        max_binding_bytes: Some(bytes),
+        ..ContextOptions::default()
+    })
+    .expect("GPU adapter")
+}
+
+/// `n` values uniform in [-scale, scale), none exactly zero.
+pub fn random_vec(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = SplitMix64(seed);
+    (0..n)
+        .map(|_| {
+            let v = ((rng.next_f64() * 2.0 - 1.0) as f32) * scale;
+            if v == 0.0 { scale * 1e-3 } else { v }
+        })
+        .collect()
+}
+
+/// max |got - want| / max |want|: a norm-wise relative error that does not blow up on
+/// entries near zero.
+pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    let scale = want
+        .iter()
+        .map(|w| w.abs() as f64)
+        .fold(0.0, f64::max)
+        .max(1e-30);
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() || w.is_nan() {
+                f64::INFINITY
+            } else {
+                (*g as f64 - *w as f64).abs()
+            }
+        })
+        .fold(0.0, f64::max);
+    diff / scale
+}
+
+/// Asserts the relative error is within `tol` and prints the measurement either way.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let err = relative_error(got, want);
+    eprintln!("[check] {what}: relative error {err:.3e} (tolerance {tol:.0e})");
+    assert!(
+        err <= tol,
+        "{what}: relative error {err:.3e} exceeds {tol:.0e}"
+    );
+}

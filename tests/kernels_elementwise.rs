@@ -1,0 +1,253 @@
+//! Row-wise kernels against the CPU oracle: embedding (every weight format, chunked),
+//! RMSNorm, RoPE, row gather/scatter, SwiGLU, residual add.
+
+mod common;
+
+use common::{assert_close, ctx, ctx_with_binding_limit, random_vec};
+use unmask_core::oracle;
+use unmask_gpu::ops::elementwise::{self as ew, RopeShape, RowWindow};
+use unmask_gpu::{DType, StepEncoder, Tensor, Weight, WeightFormat};
+
+const F32_TOL: f64 = 1e-4;
+// Weights stored as f16 (11-bit mantissa): relative rounding error ~5e-4 per value.
+const F16_TOL: f64 = 1e-2;
+
+fn formats(ctx: &unmask_gpu::GpuContext) -> Vec<(WeightFormat, f64)> {
+    let mut v = vec![
+        (WeightFormat::F32, F32_TOL),
+        (WeightFormat::F16Packed, F16_TOL),
+    ];
+    if ctx.features.shader_f16 {
+        v.push((WeightFormat::F16Native, F16_TOL));
+    } else {
+        eprintln!("[path] shader-f16 absent: native f16 embedding not run, packed f16 covers it");
+    }
+    v
+}
+
+fn run_embed(
+    ctx: &unmask_gpu::GpuContext,
+    vocab: usize,
+    cols: usize,
+    n_ids: u32,
+    format: WeightFormat,
+    tol: f64,
+) -> usize {
+    let table = random_vec(11, vocab * cols, 1.0);
+    let ids: Vec<u32> = (0..n_ids).map(|i| (i * 7919 + 3) % vocab as u32).collect();
+    let w = Weight::from_f32(ctx, vocab, cols, &table, format, "embed").unwrap();
+    let ids_t = Tensor::from_u32(ctx, &[ids.len()], &ids, "ids").unwrap();
+    let out = Tensor::zeros(ctx, DType::F32, &[ids.len(), cols], "out").unwrap();
+    let mut step = StepEncoder::new(ctx, "embed");
+    ew::embed(&mut step, &ids_t, &w, &out, ids.len()).unwrap();
+    step.submit().unwrap();
+    let got = out.read_f32(ctx).unwrap();
+    let want = oracle::embed(&table, cols, &ids);
+    assert_close(
+        &format!(
+            "embed {}x{} {} chunks={}",
+            vocab,
+            cols,
+            w.format.name(),
+            w.chunks.len()
+        ),
+        &got,
+        &want,
+        tol,
+    );
+    w.chunks.len()
+}
+
+#[test]
+fn embedding_every_format() {
+    let ctx = ctx();
+    for (format, tol) in formats(&ctx) {
+        run_embed(&ctx, 300, 37, 37, format, tol);
+    }
+}
+
+#[test]
+fn embedding_split_over_vocabulary_chunks() {
+    // 4 KiB bindings: a 300 x 40 f32 table needs several chunks.
+    let ctx = ctx_with_binding_limit(4096);
+    for (format, tol) in formats(&ctx) {
+        // 20 ids x 40 columns of output still fit one 4 KiB binding.
+        let chunks = run_embed(&ctx, 300, 40, 20, format, tol);
+        assert!(chunks > 1, "expected a chunked table, got {chunks} chunk");
+    }
+}
+
+#[test]
+fn rms_norm_matches_oracle() {
+    let ctx = ctx();
+    for (rows, cols) in [(1, 1), (3, 64), (7, 100), (5, 4096)] {
+        let x = random_vec(1, rows * cols, 3.0);
+        let w = random_vec(2, cols, 1.5);
+        let xt = Tensor::from_f32(&ctx, &[rows, cols], &x, "x").unwrap();
+        let wt = Tensor::from_f32(&ctx, &[cols], &w, "w").unwrap();
+        let out = Tensor::zeros(&ctx, DType::F32, &[rows, cols], "out").unwrap();
+        let mut step = StepEncoder::new(&ctx, "rms");
+        ew::rms_norm(&mut step, &xt, &wt, &out, rows, cols, 1e-5).unwrap();
+        step.submit().unwrap();
+        let want = oracle::rms_norm(&x, &w, cols, 1e-5);
+        assert_close(
+            &format!("rms_norm {rows}x{cols}"),
+            &out.read_f32(&ctx).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
+}
+
+#[test]
+fn rope_matches_oracle_on_a_column_window() {
+    let ctx = ctx();
+    // q (3 heads) and k (2 heads) of head_dim 16 in a fused row of stride 5*16 + 32 (v after).
+    let (rows, heads, hd, theta) = (9, 5, 16, 500_000.0f32);
+    let stride = heads * hd + 32;
+    let max_pos = 4096;
+    let x = random_vec(3, rows * stride, 1.0);
+    let positions: Vec<u32> = (0..rows as u32).map(|i| i * 431 % 4000).collect();
+    let xt = Tensor::from_f32(&ctx, &[rows, stride], &x, "x").unwrap();
+    let pt = Tensor::from_u32(&ctx, &[rows], &positions, "pos").unwrap();
+    let table = ew::rope_table(theta, hd, max_pos);
+    let tt = Tensor::from_f32(&ctx, &[max_pos, hd], &table, "table").unwrap();
+    let mut step = StepEncoder::new(&ctx, "rope");
+    let shape = RopeShape {
+        rows,
+        n_heads: heads,
+        head_dim: hd,
+        row_stride: stride,
+        col_offset: 0,
+        max_pos,
+    };
+    ew::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
+    step.submit().unwrap();
+    let got = xt.read_f32(&ctx).unwrap();
+    let want = oracle::rope(&x, stride, 0, heads, hd, &positions, theta);
+    assert_close("rope theta=5e5 hd=16", &got, &want, F32_TOL);
+    // The columns after the rotated heads (v) are untouched.
+    for r in 0..rows {
+        assert_eq!(
+            &got[r * stride + heads * hd..(r + 1) * stride],
+            &x[r * stride + heads * hd..(r + 1) * stride]
+        );
+    }
+}
+
+#[test]
+fn rope_with_small_theta_and_offset() {
+    let ctx = ctx();
+    let (rows, heads, hd, theta) = (4, 2, 6, 10_000.0f32);
+    let stride = 20;
+    let x = random_vec(4, rows * stride, 2.0);
+    let positions = vec![0u32, 1, 17, 63];
+    let xt = Tensor::from_f32(&ctx, &[rows, stride], &x, "x").unwrap();
+    let pt = Tensor::from_u32(&ctx, &[rows], &positions, "pos").unwrap();
+    let table = ew::rope_table(theta, hd, 64);
+    let tt = Tensor::from_f32(&ctx, &[64, hd], &table, "table").unwrap();
+    let mut step = StepEncoder::new(&ctx, "rope");
+    let shape = RopeShape {
+        rows,
+        n_heads: heads,
+        head_dim: hd,
+        row_stride: stride,
+        col_offset: 8,
+        max_pos: 64,
+    };
+    ew::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
+    step.submit().unwrap();
+    let want = oracle::rope(&x, stride, 8, heads, hd, &positions, theta);
+    assert_close(
+        "rope theta=1e4 hd=6 offset=8",
+        &xt.read_f32(&ctx).unwrap(),
+        &want,
+        F32_TOL,
+    );
+}
+
+#[test]
+fn gather_and_scatter_rows() {
+    let ctx = ctx();
+    let (rows, stride) = (6, 24);
+    let src = random_vec(5, rows * stride, 1.0);
+    let st = Tensor::from_f32(&ctx, &[rows, stride], &src, "src").unwrap();
+    let idx = vec![4u32, 0, 5, 2];
+    let it = Tensor::from_u32(&ctx, &[idx.len()], &idx, "idx").unwrap();
+    // Gather columns 8..18 of rows idx into a [4, 10] tensor.
+    let g = Tensor::zeros(&ctx, DType::F32, &[idx.len(), 10], "g").unwrap();
+    // Scatter the same window of rows 0..4 into rows idx of a [6, 12] tensor at column 2.
+    let s = Tensor::from_f32(&ctx, &[rows, 12], &vec![-1.0; rows * 12], "s").unwrap();
+    let mut step = StepEncoder::new(&ctx, "copy");
+    ew::gather_rows(
+        &mut step,
+        &st,
+        RowWindow { stride, col: 8 },
+        &it,
+        &g,
+        RowWindow { stride: 10, col: 0 },
+        idx.len(),
+        10,
+    )
+    .unwrap();
+    ew::scatter_rows(
+        &mut step,
+        &st,
+        RowWindow { stride, col: 8 },
+        &it,
+        &s,
+        RowWindow { stride: 12, col: 2 },
+        idx.len(),
+        10,
+    )
+    .unwrap();
+    step.submit().unwrap();
+    let got_g = g.read_f32(&ctx).unwrap();
+    let got_s = s.read_f32(&ctx).unwrap();
+    for (r, &i) in idx.iter().enumerate() {
+        let i = i as usize;
+        assert_eq!(
+            &got_g[r * 10..r * 10 + 10],
+            &src[i * stride + 8..i * stride + 18]
+        );
+        assert_eq!(
+            &got_s[i * 12 + 2..i * 12 + 12],
+            &src[r * stride + 8..r * stride + 18]
+        );
+    }
+    // Rows not named by idx keep their contents.
+    for r in [1usize, 3] {
+        assert!(got_s[r * 12..r * 12 + 12].iter().all(|&v| v == -1.0));
+    }
+}
+
+#[test]
+fn swiglu_and_add() {
+    let ctx = ctx();
+    let (rows, cols) = (5, 77);
+    let gu = random_vec(6, rows * 2 * cols, 6.0);
+    let gut = Tensor::from_f32(&ctx, &[rows, 2 * cols], &gu, "gu").unwrap();
+    let out = Tensor::zeros(&ctx, DType::F32, &[rows, cols], "out").unwrap();
+    let y = random_vec(7, rows * cols, 1.0);
+    let yt = Tensor::from_f32(&ctx, &[rows, cols], &y, "y").unwrap();
+    let mut step = StepEncoder::new(&ctx, "swiglu");
+    ew::swiglu(&mut step, &gut, &out, rows, cols).unwrap();
+    ew::add_in_place(&mut step, &out, &yt, rows * cols).unwrap();
+    step.submit().unwrap();
+    let want = oracle::add(&oracle::swiglu(&gu, cols), &y);
+    assert_close("swiglu + add", &out.read_f32(&ctx).unwrap(), &want, F32_TOL);
+}
+
+#[test]
+fn shape_errors_name_the_op() {
+    let ctx = ctx();
+    let x = Tensor::zeros(&ctx, DType::F32, &[2, 8], "x").unwrap();
+    let w = Tensor::zeros(&ctx, DType::F32, &[4], "w").unwrap();
+    let mut step = StepEncoder::new(&ctx, "bad");
+    let err = ew::rms_norm(&mut step, &x, &w, &x, 2, 8, 1e-5).unwrap_err();
+    assert!(err.to_string().contains("rms_norm weight"), "{err}");
+    let ids = Tensor::zeros(&ctx, DType::F32, &[2], "ids").unwrap();
+    let table = Weight::zeros(&ctx, 4, 8, WeightFormat::F32, "t").unwrap();
+    let err = ew::embed(&mut step, &ids, &table, &x, 2).unwrap_err();
+    assert!(err.to_string().contains("u32"), "{err}");
+}

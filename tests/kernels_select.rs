@@ -1,0 +1,377 @@
+//! Token selection from LM-head logits against the f64 oracle: greedy and Gumbel-noised
+//! argmax, one or several vocabulary chunks, ties, CFG, suppressed and excluded ids, and the
+//! sampled frequencies at T > 0.
+
+mod common;
+
+use std::time::Instant;
+
+use common::{ctx, random_vec};
+use unmask_core::oracle::sampling::select_token;
+use unmask_gpu::ops::sampling::{self as sel, SelectParams};
+use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor};
+
+const CONF_TOL: f64 = 1e-5;
+
+/// Splits `0..n` into `parts` nearly equal, non-empty ranges.
+fn chunk_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
+    let parts = parts.min(n).max(1);
+    (0..parts)
+        .map(|i| (i * n / parts, (i + 1) * n / parts))
+        .collect()
+}
+
+/// Columns `[lo, hi)` of a row-major `[rows, n]` matrix.
+fn columns(data: &[f32], n: usize, lo: usize, hi: usize) -> Vec<f32> {
+    data.chunks(n).flat_map(|row| row[lo..hi].iter().copied()).collect()
+}
+
+/// Runs reset / accumulate per chunk (in the given order) / finalize in one step.
+fn run_gpu(
+    ctx: &GpuContext,
+    logits: &[f32],
+    uncond: Option<&[f32]>,
+    rows: usize,
+    n: usize,
+    positions: &[u32],
+    chunks: &[(usize, usize)],
+    params: &SelectParams,
+) -> Vec<(u32, f32)> {
+    let pos = Tensor::from_u32(ctx, &[rows], positions, "positions").unwrap();
+    let state = Tensor::zeros(ctx, DType::U32, &[sel::state_len(rows)], "state").unwrap();
+    let out = Tensor::zeros(ctx, DType::U32, &[rows, 2], "out").unwrap();
+    let mut tensors = Vec::new();
+    for &(lo, hi) in chunks {
+        let c = columns(logits, n, lo, hi);
+        let ct = Tensor::from_f32(ctx, &[rows, hi - lo], &c, "logits").unwrap();
+        let ut = uncond.map(|u| {
+            let c = columns(u, n, lo, hi);
+            Tensor::from_f32(ctx, &[rows, hi - lo], &c, "uncond").unwrap()
+        });
+        tensors.push((lo, hi, ct, ut));
+    }
+    let mut step = StepEncoder::new(ctx, "select");
+    sel::select_reset(&mut step, &state, rows).unwrap();
+    for (lo, hi, ct, ut) in &tensors {
+        sel::select_accumulate(&mut step, ct, ut.as_ref(), rows, hi - lo, *lo, &pos, &state, params).unwrap();
+    }
+    sel::select_finalize(&mut step, &state, &out, rows).unwrap();
+    step.submit().unwrap();
+    let words = out.read_u32(ctx).unwrap();
+    words.chunks(2).map(|w| (w[0], f32::from_bits(w[1]))).collect()
+}
+
+fn oracle_rows(
+    logits: &[f32],
+    uncond: Option<&[f32]>,
+    n: usize,
+    positions: &[u32],
+    params: &SelectParams,
+) -> Vec<(u32, f32)> {
+    positions
+        .iter()
+        .enumerate()
+        .map(|(r, &pos)| {
+            let row = &logits[r * n..(r + 1) * n];
+            select_token(row, uncond.map(|u| &u[r * n..(r + 1) * n]), pos, params)
+        })
+        .collect()
+}
+
+/// Asserts identical tokens and confidences within `CONF_TOL`; prints the worst error.
+fn assert_choices(what: &str, got: &[(u32, f32)], want: &[(u32, f32)]) {
+    assert_eq!(got.len(), want.len());
+    let mut worst = 0f64;
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.0, w.0, "{what}: row {r} token {} != oracle {}", g.0, w.0);
+        let err = if w.1 == 0.0 {
+            assert_eq!(g.1, 0.0, "{what}: row {r} confidence must be exactly 0");
+            0.0
+        } else {
+            ((g.1 as f64 - w.1 as f64) / w.1 as f64).abs()
+        };
+        worst = worst.max(err);
+    }
+    eprintln!(
+        "[check] {what}: {} rows, tokens equal, confidence relative error {worst:.3e} (tolerance {CONF_TOL:.0e})",
+        got.len()
+    );
+    assert!(worst <= CONF_TOL, "{what}: confidence error {worst:.3e}");
+}
+
+fn positions(rows: usize) -> Vec<u32> {
+    (0..rows as u32).map(|r| 17 + 5 * r).collect()
+}
+
+#[test]
+fn matches_oracle_one_and_three_chunks() {
+    let ctx = ctx();
+    let rows = 6;
+    for &n in &[1usize, 7, 1000, 5003] {
+        let logits = random_vec(n as u64, rows * n, 4.0);
+        let pos = positions(rows);
+        for temperature in [0.0f32, 1.0] {
+            let params = SelectParams {
+                temperature,
+                seed: 0x1234_5678_9abc_def0,
+                step: 3,
+                ..SelectParams::default()
+            };
+            let want = oracle_rows(&logits, None, n, &pos, &params);
+            let mut answers = Vec::new();
+            for parts in [1, 3] {
+                let chunks = chunk_ranges(n, parts);
+                let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+                assert_choices(&format!("n={n} T={temperature} chunks={}", chunks.len()), &got, &want);
+                answers.push(got);
+            }
+            assert_eq!(answers[0].iter().map(|c| c.0).collect::<Vec<_>>(), answers[1].iter().map(|c| c.0).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn noise_changes_with_step_and_seed() {
+    // Flat logits: the noise alone picks the token, so new counters must give new tokens.
+    let ctx = ctx();
+    let (rows, n) = (8, 257);
+    let logits = vec![0.5f32; rows * n];
+    let pos = positions(rows);
+    let chunks = chunk_ranges(n, 1);
+    let base = SelectParams {
+        temperature: 1.0,
+        seed: 9,
+        step: 1,
+        ..SelectParams::default()
+    };
+    let a = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &base);
+    let b = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &SelectParams { step: 2, ..base });
+    let c = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &SelectParams { seed: 10, ..base });
+    assert_choices("flat logits step 1", &a, &oracle_rows(&logits, None, n, &pos, &base));
+    let differ = |x: &[(u32, f32)], y: &[(u32, f32)]| x.iter().zip(y).filter(|(p, q)| p.0 != q.0).count();
+    eprintln!("[check] tokens changed: {}/{rows} with the step, {}/{rows} with the seed", differ(&a, &b), differ(&a, &c));
+    assert!(differ(&a, &b) >= rows / 2 && differ(&a, &c) >= rows / 2);
+}
+
+#[test]
+fn ties_go_to_the_lowest_id_in_any_chunk_order() {
+    let ctx = ctx();
+    let (rows, n) = (3, 1000);
+    let mut logits = random_vec(5, rows * n, 1.0);
+    // Row 0: the maximum at 3 ids in three different chunks; row 1: ids 600 and 601 in the
+    // same chunk; row 2: every id ties.
+    for id in [999, 3, 500] {
+        logits[id] = 7.0;
+    }
+    logits[n + 601] = 7.0;
+    logits[n + 600] = 7.0;
+    for x in &mut logits[2 * n..] {
+        *x = -1.25;
+    }
+    let pos = positions(rows);
+    let params = SelectParams::default();
+    let want = oracle_rows(&logits, None, n, &pos, &params);
+    assert_eq!(want.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 600, 0]);
+    let mut chunks = chunk_ranges(n, 3);
+    let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+    assert_choices("ties, chunks in order", &got, &want);
+    chunks.reverse();
+    let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+    assert_choices("ties, chunks in reverse order", &got, &want);
+}
+
+#[test]
+fn classifier_free_guidance() {
+    let ctx = ctx();
+    let (rows, n) = (5, 1234);
+    let cond = random_vec(21, rows * n, 3.0);
+    let uncond = random_vec(22, rows * n, 3.0);
+    let pos = positions(rows);
+    for temperature in [0.0f32, 1.0] {
+        let params = SelectParams {
+            temperature,
+            cfg_scale: 1.5,
+            seed: 77,
+            step: 11,
+            ..SelectParams::default()
+        };
+        let want = oracle_rows(&cond, Some(&uncond), n, &pos, &params);
+        let plain = oracle_rows(&cond, None, n, &pos, &params);
+        assert_ne!(want, plain, "CFG must change the answer for this test to mean anything");
+        for parts in [1, 3] {
+            let got = run_gpu(&ctx, &cond, Some(&uncond), rows, n, &pos, &chunk_ranges(n, parts), &params);
+            assert_choices(&format!("CFG w=1.5 T={temperature} chunks={parts}"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn suppressed_token_is_never_chosen() {
+    let ctx = ctx();
+    let (rows, n) = (4, 700);
+    let mut logits = random_vec(31, rows * n, 2.0);
+    let eos = 450u32;
+    for r in 0..rows {
+        logits[r * n + eos as usize] = 50.0;
+    }
+    let pos = positions(rows);
+    for temperature in [0.0f32, 1.0] {
+        let params = SelectParams {
+            temperature,
+            suppress_token: Some(eos),
+            ..SelectParams::default()
+        };
+        let want = oracle_rows(&logits, None, n, &pos, &params);
+        assert!(want.iter().all(|c| c.0 != eos));
+        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunk_ranges(n, 3), &params);
+        assert_choices(&format!("suppress {eos} T={temperature}"), &got, &want);
+    }
+}
+
+#[test]
+fn confidence_exclusions() {
+    let ctx = ctx();
+    let (rows, n) = (4, 600);
+    let mut logits = random_vec(41, rows * n, 2.0);
+    // Rows 0, 1: id 10 is the argmax and excluded -> confidence 0. Rows 2, 3: id 20 is the
+    // argmax, ids 10 and 30 are excluded but not chosen -> larger confidence.
+    for r in 0..rows {
+        let top = if r < 2 { 10 } else { 20 };
+        logits[r * n + top] = 9.0;
+        if r >= 2 {
+            logits[r * n + 10] = 8.5;
+            logits[r * n + 30] = 8.0;
+        }
+    }
+    let pos = positions(rows);
+    let params = SelectParams {
+        conf_exclude: [Some(10), Some(30)],
+        ..SelectParams::default()
+    };
+    let want = oracle_rows(&logits, None, n, &pos, &params);
+    let unexcluded = oracle_rows(&logits, None, n, &pos, &SelectParams::default());
+    assert_eq!(want[0], (10, 0.0));
+    assert!(want[2].0 == 20 && want[2].1 > unexcluded[2].1 * 1.5);
+    for parts in [1, 3] {
+        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunk_ranges(n, parts), &params);
+        assert_choices(&format!("conf_exclude chunks={parts}"), &got, &want);
+    }
+}
+
+/// Sampled frequencies over many positions follow softmax(l / T): Pearson chi-square with
+/// 7 degrees of freedom against its 0.1% critical value (24.32).
+#[test]
+fn gumbel_frequencies_follow_softmax() {
+    let ctx = ctx();
+    let base = [0.0f32, 0.5, 1.0, 1.5, -1.0, 2.0, 0.2, -0.5];
+    let n = base.len();
+    let rows = 4000;
+    let logits: Vec<f32> = (0..rows).flat_map(|_| base).collect();
+    let pos: Vec<u32> = (0..rows as u32).collect();
+    for temperature in [1.0f32, 0.5] {
+        let params = SelectParams {
+            temperature,
+            seed: 2024,
+            step: 7,
+            ..SelectParams::default()
+        };
+        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunk_ranges(n, 2), &params);
+        let mut counts = vec![0usize; n];
+        for c in &got {
+            counts[c.0 as usize] += 1;
+        }
+        let z: f64 = base.iter().map(|&l| (l as f64 / temperature as f64).exp()).sum();
+        let chi2: f64 = base
+            .iter()
+            .zip(&counts)
+            .map(|(&l, &c)| {
+                let expected = rows as f64 * (l as f64 / temperature as f64).exp() / z;
+                (c as f64 - expected).powi(2) / expected
+            })
+            .sum();
+        eprintln!("[check] T={temperature}: counts {counts:?}, chi-square {chi2:.2} (limit 24.32, 7 dof)");
+        assert!(chi2 < 24.32, "frequencies do not follow softmax(l/T): chi2 {chi2:.2}");
+        // The confidence stays the untempered softmax probability of the chosen token.
+        let want = oracle_rows(&logits, None, n, &pos, &params);
+        assert_choices(&format!("frequency rows T={temperature}"), &got, &want);
+    }
+}
+
+fn expect_shape_error(result: unmask_gpu::Result<()>, what: &str) {
+    match result {
+        Err(GpuError::Shape { .. }) => eprintln!("[check] {what}: rejected"),
+        other => panic!("{what}: expected a shape error, got {other:?}"),
+    }
+}
+
+#[test]
+fn rejects_bad_arguments() {
+    let ctx = ctx();
+    let logits = Tensor::zeros(&ctx, DType::F32, &[4, 10], "logits").unwrap();
+    let pos = Tensor::zeros(&ctx, DType::U32, &[4], "pos").unwrap();
+    let state = Tensor::zeros(&ctx, DType::U32, &[sel::state_len(4)], "state").unwrap();
+    let small = Tensor::zeros(&ctx, DType::U32, &[sel::state_len(4) - 1], "small").unwrap();
+    let p = SelectParams::default();
+    let mut step = StepEncoder::new(&ctx, "errors");
+    expect_shape_error(sel::select_reset(&mut step, &small, 4), "state too small for reset");
+    expect_shape_error(
+        sel::select_accumulate(&mut step, &logits, None, 4, 0, 0, &pos, &state, &p),
+        "empty chunk",
+    );
+    expect_shape_error(
+        sel::select_accumulate(&mut step, &logits, None, 4, 11, 0, &pos, &state, &p),
+        "logits shorter than rows * n",
+    );
+    expect_shape_error(
+        sel::select_accumulate(&mut step, &logits, None, 4, 10, 0, &pos, &small, &p),
+        "state too small",
+    );
+    let bad = SelectParams {
+        temperature: -1.0,
+        ..p
+    };
+    expect_shape_error(
+        sel::select_accumulate(&mut step, &logits, None, 4, 10, 0, &pos, &state, &bad),
+        "negative temperature",
+    );
+    let bad = SelectParams {
+        suppress_token: Some(u32::MAX),
+        ..p
+    };
+    expect_shape_error(
+        sel::select_accumulate(&mut step, &logits, None, 4, 10, 0, &pos, &state, &bad),
+        "reserved id",
+    );
+    expect_shape_error(
+        sel::select_accumulate(&mut step, &logits, Some(&logits), 4, 10, 0, &pos, &pos, &p),
+        "state aliasing positions",
+    );
+    expect_shape_error(sel::select_finalize(&mut step, &state, &state, 4), "out aliasing state");
+    assert_eq!(step.dispatch_count(), 0, "rejected calls must record nothing");
+}
+
+/// A LLaDA-sized vocabulary (126464) for a block of rows, with noise, timed.
+#[test]
+fn timed_full_vocabulary() {
+    let ctx = ctx();
+    let (rows, n) = (16, 126_464);
+    let logits = random_vec(99, rows * n, 5.0);
+    let pos = positions(rows);
+    let params = SelectParams {
+        temperature: 1.0,
+        seed: 5,
+        step: 2,
+        conf_exclude: [Some(126_081), Some(126_348)],
+        ..SelectParams::default()
+    };
+    let chunks = chunk_ranges(n, 1);
+    let _ = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+    let start = Instant::now();
+    let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+    eprintln!(
+        "[time] select {rows} rows x {n} ids, T=1: {:.1} ms including the logits upload and readback",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    let want = oracle_rows(&logits, None, n, &pos, &params);
+    assert_choices("full vocabulary T=1", &got, &want);
+}

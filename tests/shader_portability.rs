@@ -1,0 +1,208 @@
+//! Every WGSL variant the runtime can build is parsed and validated by naga, then translated
+//! to SPIR-V (Vulkan), MSL (Metal), HLSL (DX12) and GLSL (GL) — the portability check for the
+//! backends this machine cannot run. Needs no GPU.
+
+use naga::back::{glsl, hlsl, msl, spv};
+use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator};
+use unmask_gpu::ops::all_variants;
+use unmask_gpu::pipeline::render;
+
+struct Outcome {
+    name: String,
+    targets: Vec<&'static str>,
+}
+
+fn translate(variant: &unmask_gpu::ops::ShaderVariant) -> Result<Outcome, String> {
+    let name = format!(
+        "{}:{}[{}]",
+        variant.kernel.name,
+        variant.entry,
+        variant.spec.key()
+    );
+    let source = render(&variant.kernel, &variant.spec).map_err(|e| format!("{name}: {e}"))?;
+    let module = naga::front::wgsl::parse_str(&source)
+        .map_err(|e| format!("{name}: parse: {}", e.emit_to_string(&source)))?;
+    let uses_f16 = variant.spec.has("F16");
+    let uses_subgroups = source.contains("subgroup");
+    let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    if uses_f16 {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
+    if uses_subgroups {
+        caps |= Capabilities::SUBGROUP;
+    }
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .subgroup_stages(ShaderStages::COMPUTE)
+        .subgroup_operations(SubgroupOperationSet::all())
+        .validate(&module)
+        .map_err(|e| format!("{name}: validate: {}", e.emit_to_string(&source)))?;
+    let entry = variant.entry.to_string();
+    let stage = naga::ShaderStage::Compute;
+    let mut targets = Vec::new();
+
+    let spv_options = spv::Options {
+        lang_version: (1, 3),
+        ..spv::Options::default()
+    };
+    let words = spv::write_vec(
+        &module,
+        &info,
+        &spv_options,
+        Some(&spv::PipelineOptions {
+            shader_stage: stage,
+            entry_point: entry.clone(),
+        }),
+    )
+    .map_err(|e| format!("{name}: spir-v: {e}"))?;
+    assert!(
+        words.len() > 5 && words[0] == 0x0723_0203,
+        "{name}: not a SPIR-V module"
+    );
+    targets.push("spirv");
+
+    let msl_options = msl::Options {
+        lang_version: (2, 4),
+        ..msl::Options::default()
+    };
+    let (msl_text, _) = msl::write_string(
+        &module,
+        &info,
+        &msl_options,
+        &msl::PipelineOptions {
+            entry_point: Some((stage, entry.clone())),
+            ..msl::PipelineOptions::default()
+        },
+    )
+    .map_err(|e| format!("{name}: msl: {e}"))?;
+    assert!(
+        msl_text.contains("kernel"),
+        "{name}: MSL has no kernel function"
+    );
+    targets.push("msl");
+
+    let hlsl_options = hlsl::Options {
+        shader_model: hlsl::ShaderModel::V6_2,
+        ..hlsl::Options::default()
+    };
+    let mut hlsl_text = String::new();
+    hlsl::Writer::new(
+        &mut hlsl_text,
+        &hlsl_options,
+        &hlsl::PipelineOptions {
+            entry_point: Some((stage, entry.clone())),
+        },
+    )
+    .write(&module, &info, None)
+    .map_err(|e| format!("{name}: hlsl: {e}"))?;
+    assert!(
+        hlsl_text.contains("numthreads"),
+        "{name}: HLSL has no compute entry"
+    );
+    targets.push("hlsl");
+
+    // GL has no f16 and no subgroups: wgpu never builds those variants there.
+    if !uses_f16 && !uses_subgroups {
+        let glsl_options = glsl::Options {
+            version: glsl::Version::new_gles(310),
+            ..glsl::Options::default()
+        };
+        let mut glsl_text = String::new();
+        let glsl_pipeline = glsl::PipelineOptions {
+            shader_stage: stage,
+            entry_point: entry.clone(),
+            multiview: None,
+        };
+        let mut writer = glsl::Writer::new(
+            &mut glsl_text,
+            &module,
+            &info,
+            &glsl_options,
+            &glsl_pipeline,
+            naga::proc::BoundsCheckPolicies::default(),
+        )
+        .map_err(|e| format!("{name}: glsl: {e}"))?;
+        writer.write().map_err(|e| format!("{name}: glsl: {e}"))?;
+        assert!(
+            glsl_text.contains("local_size_x"),
+            "{name}: GLSL has no compute layout"
+        );
+        targets.push("glsl");
+    }
+    Ok(Outcome { name, targets })
+}
+
+#[test]
+fn every_shader_variant_validates_and_translates() {
+    let variants = all_variants();
+    let mut failures = Vec::new();
+    for v in &variants {
+        match translate(v) {
+            Ok(o) => eprintln!("[naga] {} -> {}", o.name, o.targets.join(", ")),
+            Err(e) => failures.push(e),
+        }
+    }
+    eprintln!("[naga] {} variants checked", variants.len());
+    assert!(
+        variants.len() >= 9,
+        "expected the whole kernel library, found {}",
+        variants.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} variant(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn kernels_stay_within_browser_limits() {
+    // Browsers allow 256 invocations per workgroup and (portably) 16 KiB of workgroup memory.
+    for v in all_variants() {
+        let source = render(&v.kernel, &v.spec).unwrap();
+        let module = naga::front::wgsl::parse_str(&source).unwrap();
+        let mut caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        if v.spec.has("F16") {
+            caps |= Capabilities::SHADER_FLOAT16;
+        }
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .subgroup_stages(ShaderStages::COMPUTE)
+            .subgroup_operations(SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap();
+        let ep = module
+            .entry_points
+            .iter()
+            .find(|e| e.name == v.entry)
+            .expect("entry point exists");
+        let invocations: u32 = ep.workgroup_size.iter().product();
+        assert!(
+            invocations <= 256,
+            "{}:{} uses {invocations} invocations",
+            v.kernel.name,
+            v.entry
+        );
+        let mut shared = 0u64;
+        for (handle, var) in module.global_variables.iter() {
+            if var.space == naga::AddressSpace::WorkGroup
+                && !info.get_entry_point(ep_index(&module, v.entry))[handle].is_empty()
+            {
+                shared += u64::from(module.types[var.ty].inner.size(module.to_ctx()));
+            }
+        }
+        assert!(
+            shared <= 16 * 1024,
+            "{}:{} uses {shared} bytes of workgroup memory",
+            v.kernel.name,
+            v.entry
+        );
+    }
+}
+
+fn ep_index(module: &naga::Module, entry: &str) -> usize {
+    module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry)
+        .unwrap()
+}
