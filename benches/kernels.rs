@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
 use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
 use unmask_gpu::{ContextOptions, DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
@@ -171,14 +172,91 @@ fn round3(v: f64) -> f64 {
     (v * 1e3).round() / 1e3
 }
 
-/// The attention part of the benchmark. The attention kernels are not in the kernel library
-/// yet, so this only says so; it is the one place to fill in when they land.
-fn attention_section(_ctx: &GpuContext, _adapter: &Adapter, small: bool) -> BenchResult<()> {
+/// Attention of Lq query rows over Lkv keys (head_dim 128, as many KV heads as query heads,
+/// like LLaDA-8B), once with all keys in segment B and once split evenly over segments A and
+/// B (the BiCache layout). FLOPs: 4 * heads * Lq * Lkv * head_dim.
+fn attention_section(ctx: &GpuContext, adapter: &Adapter, small: bool) -> BenchResult<()> {
     let heads = if small { 8 } else { 32 };
-    eprintln!(
-        "attention: skipped, unmask_gpu::ops::attention::attention is not available yet \
-         (planned: head_dim 128, {heads} heads, Lq in {{32, 256}}, KV 256/512)"
-    );
+    let head_dim = 128;
+    let width = heads * head_dim;
+    let shape = AttentionShape {
+        n_heads: heads,
+        n_kv_heads: heads,
+        head_dim,
+    };
+    let max_q = 256;
+    let max_kv = 512;
+    let q = Tensor::from_f32(
+        ctx,
+        &[max_q, width],
+        &pseudo_random(3, max_q * width, 1.0),
+        "q",
+    )?;
+    let out = Tensor::zeros(ctx, DType::F32, &[max_q, width], "out")?;
+    let k = Tensor::from_f32(
+        ctx,
+        &[max_kv, width],
+        &pseudo_random(4, max_kv * width, 1.0),
+        "k",
+    )?;
+    let v = Tensor::from_f32(
+        ctx,
+        &[max_kv, width],
+        &pseudo_random(5, max_kv * width, 1.0),
+        "v",
+    )?;
+    // Segment A gets its own buffers: the kernel reads each segment from row 0.
+    let half = max_kv / 2;
+    let ka = Tensor::from_f32(
+        ctx,
+        &[half, width],
+        &pseudo_random(6, half * width, 1.0),
+        "ka",
+    )?;
+    let va = Tensor::from_f32(
+        ctx,
+        &[half, width],
+        &pseudo_random(7, half * width, 1.0),
+        "va",
+    )?;
+    for lq in [32usize, 256] {
+        for lkv in [256usize, 512] {
+            for split in [false, true] {
+                let ms = time_step(ctx, |step| {
+                    let (seg_a, len_b) = if split {
+                        let a = KvSegment {
+                            k: &ka,
+                            v: &va,
+                            len: lkv / 2,
+                        };
+                        (Some(a), lkv - lkv / 2)
+                    } else {
+                        (None, lkv)
+                    };
+                    let seg_b = KvSegment {
+                        k: &k,
+                        v: &v,
+                        len: len_b,
+                    };
+                    attention(step, &q, width, 0, lq, seg_a, seg_b, &out, shape)
+                })?;
+                let flops = 4.0 * (heads * lq * lkv * head_dim) as f64;
+                println!(
+                    "{}",
+                    json!({
+                        "adapter": adapter.name,
+                        "backend": adapter.backend,
+                        "kernel": "attention",
+                        "variant": if split { "two-segments" } else { "one-segment" },
+                        "format": "f32",
+                        "heads": heads, "head_dim": head_dim, "lq": lq, "lkv": lkv,
+                        "ms": round3(ms),
+                        "gflops": round3(flops / (ms * 1e6)),
+                    })
+                );
+            }
+        }
+    }
     Ok(())
 }
 

@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `generate_with` calls back after every denoising step; `generate` just returns the result.
     let out = engine.generate_with(&request, &mut |step| {
         let masked = step.canvas.iter().filter(|&&t| t == step.mask_id).count();
-        eprint!("\rstep {:>3}: {masked:>3} masked", step.record.step + 1);
+        eprint!("\r{masked:>4} tokens still masked");
     })?;
     eprintln!();
 

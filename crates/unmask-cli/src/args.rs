@@ -115,7 +115,10 @@ pub fn parse(spec: &CommandSpec, args: &[String]) -> Result<Parsed, CliError> {
             let what = if arg.starts_with('-') && arg.len() > 1 {
                 format!("unknown flag `{arg}` (flags are spelled --name)")
             } else {
-                format!("unexpected argument `{arg}`: `unmask {}` takes only flags", spec.name)
+                format!(
+                    "unexpected argument `{arg}`: `unmask {}` takes only flags",
+                    spec.name
+                )
             };
             return Err(CliError::usage(format!(
                 "{what}; see `unmask {} --help`",
@@ -254,7 +257,11 @@ impl Matches {
     }
 
     /// A value that must be one of `choices`.
-    pub fn choice(&self, name: &str, choices: &[&'static str]) -> Result<Option<&'static str>, CliError> {
+    pub fn choice(
+        &self,
+        name: &str,
+        choices: &[&'static str],
+    ) -> Result<Option<&'static str>, CliError> {
         match self.value(name) {
             None => Ok(None),
             Some(text) => choices

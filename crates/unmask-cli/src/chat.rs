@@ -15,7 +15,11 @@ use crate::output;
 pub fn spec() -> CommandSpec {
     let mut flags = vec![
         MODEL,
-        Flag::value("system", "TEXT", "a system message at the start of the conversation"),
+        Flag::value(
+            "system",
+            "TEXT",
+            "a system message at the start of the conversation",
+        ),
     ];
     flags.extend(options::generation_flags());
     flags.extend([
@@ -118,7 +122,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
                 failed += 1;
                 eprintln!("{}", e.report());
                 if json {
-                    output::line(&json!({ "turn": turn, "user": text, "error": e.message }).to_string())?;
+                    output::line(
+                        &json!({ "turn": turn, "user": text, "error": e.message }).to_string(),
+                    )?;
                 }
             }
         }

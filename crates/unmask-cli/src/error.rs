@@ -126,7 +126,10 @@ mod tests {
     #[test]
     fn chain_is_printed_once() {
         let e = CliError::context("cannot write out.npy", Leaf);
-        assert_eq!(e.report(), "error: cannot write out.npy\n  caused by: disk full");
+        assert_eq!(
+            e.report(),
+            "error: cannot write out.npy\n  caused by: disk full"
+        );
         let e = CliError::context("cannot write out.npy: disk full", Leaf);
         assert_eq!(e.report(), "error: cannot write out.npy: disk full");
         assert_eq!(CliError::usage("x").exit_code(), 2);

@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 
 use serde_json::{Value, json};
-use unmask::{Engine, GenerationParams, Generation, Prompt, Remasking, Request};
+use unmask::{Engine, Generation, GenerationParams, Prompt, Remasking, Request};
 use unmask_core::chat::Message;
 
 use crate::args::{CommandSpec, Flag, Matches};
@@ -15,7 +15,11 @@ use crate::output;
 pub fn spec() -> CommandSpec {
     let mut flags = vec![
         MODEL,
-        Flag::value("prompt", "TEXT", "the user message (rendered with the chat template)"),
+        Flag::value(
+            "prompt",
+            "TEXT",
+            "the user message (rendered with the chat template)",
+        ),
         Flag::value("system", "TEXT", "a system message before the prompt"),
         Flag::value(
             "prompt-ids",

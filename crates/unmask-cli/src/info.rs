@@ -43,7 +43,10 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let f = &ctx.features;
     let l = &ctx.limits;
     let subgroups = if f.subgroups {
-        format!("yes (sizes {}..{})", f.subgroup_min_size, f.subgroup_max_size)
+        format!(
+            "yes (sizes {}..{})",
+            f.subgroup_min_size, f.subgroup_max_size
+        )
     } else {
         "no".to_string()
     };
@@ -99,7 +102,11 @@ fn model_lines(engine: &Engine) -> Vec<String> {
             c.rope_theta,
             c.weight_tying
         ),
-        format!("  parameters: {} ({})", group_digits(params), short_count(params)),
+        format!(
+            "  parameters: {} ({})",
+            group_digits(params),
+            short_count(params)
+        ),
         format!(
             "  weights on the GPU: {} ({})",
             mib(engine.model.weights.size_bytes()),

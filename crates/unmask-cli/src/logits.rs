@@ -17,7 +17,11 @@ pub fn spec() -> CommandSpec {
         flags: vec![
             MODEL,
             Flag::value("prompt-ids", "IDS", "the input token ids, e.g. 1,2,3"),
-            Flag::value("out", "FILE", "where to write the float32 array [tokens, vocabulary]"),
+            Flag::value(
+                "out",
+                "FILE",
+                "where to write the float32 array [tokens, vocabulary]",
+            ),
             BACKEND,
             DTYPE,
         ],

@@ -38,7 +38,10 @@ fn overview(commands: &[(CommandSpec, Runner)]) -> String {
     for (spec, _) in commands {
         out.push_str(&format!("  {:<10} {}\n", spec.name, spec.summary));
     }
-    out.push_str(&format!("  {:<10} {}\n", "help", "show this help, or a command's: unmask help <command>"));
+    out.push_str(&format!(
+        "  {:<10} {}\n",
+        "help", "show this help, or a command's: unmask help <command>"
+    ));
     out.push_str(
         "\nFlags take a value as `--flag value` or `--flag=value`. \
          See `unmask <command> --help` for each command's flags.\n",
@@ -86,7 +89,10 @@ fn unknown_command(commands: &[(CommandSpec, Runner)], name: &str) -> CliError {
 }
 
 fn main() {
-    let argv: Result<Vec<String>, _> = std::env::args_os().skip(1).map(|a| a.into_string()).collect();
+    let argv: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
     let result = match argv {
         Ok(argv) => run(&argv),
         Err(bad) => Err(CliError::usage(format!(

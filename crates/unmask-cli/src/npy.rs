@@ -12,8 +12,7 @@ pub fn header(shape: &[usize]) -> Vec<u8> {
         1 => format!("({},)", dims[0]),
         _ => format!("({})", dims.join(", ")),
     };
-    let mut dict =
-        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}");
+    let mut dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}");
     let fixed = MAGIC.len() + 2 + 2;
     let unpadded = fixed + dict.len() + 1;
     let padding = unpadded.next_multiple_of(64) - unpadded;

@@ -39,7 +39,11 @@ pub const DTYPE: Flag = Flag::value(
 pub fn generation_flags() -> Vec<Flag> {
     vec![
         Flag::value("gen-length", "N", "tokens to generate (default 64)"),
-        Flag::value("steps", "N", "denoising steps over all blocks (default: gen-length)"),
+        Flag::value(
+            "steps",
+            "N",
+            "denoising steps over all blocks (default: gen-length)",
+        ),
         Flag::value(
             "block-length",
             "N",
@@ -47,19 +51,30 @@ pub fn generation_flags() -> Vec<Flag> {
         ),
         Flag::value("temperature", "T", "0 is greedy (default 0)"),
         Flag::value("remasking", "R", "low_confidence (default) or random"),
-        Flag::value("cfg-scale", "W", "classifier-free guidance weight (default 0: off)"),
+        Flag::value(
+            "cfg-scale",
+            "W",
+            "classifier-free guidance weight (default 0: off)",
+        ),
         Flag::value(
             "threshold",
             "T",
             "commit every prediction at least this confident, in (0, 1] (Fast-dLLM)",
         ),
-        Flag::value("seed", "S", "random seed for temperature > 0 and random remasking (default 0)"),
+        Flag::value(
+            "seed",
+            "S",
+            "random seed for temperature > 0 and random remasking (default 0)",
+        ),
         Flag::switch("logits-eos-inf", "never predict the end-of-text token"),
         Flag::switch(
             "confidence-eos-eot-inf",
             "commit end-of-text / end-of-turn predictions last",
         ),
-        Flag::switch("raw", "decode every generated token (default: stop at end of turn)"),
+        Flag::switch(
+            "raw",
+            "decode every generated token (default: stop at end of turn)",
+        ),
     ]
 }
 
@@ -78,14 +93,18 @@ pub fn generation_params(m: &Matches) -> Result<(GenerationParams, DecodeMode), 
     };
     let steps = m.checked("steps", WHOLE, positive)?.unwrap_or(gen_length);
     let temperature = m
-        .checked("temperature", "a number >= 0", |t: f32| t.is_finite() && t >= 0.0)?
+        .checked("temperature", "a number >= 0", |t: f32| {
+            t.is_finite() && t >= 0.0
+        })?
         .unwrap_or(0.0);
     let remasking = match m.choice("remasking", &["low_confidence", "random"])? {
         Some("random") => Remasking::Random,
         _ => Remasking::LowConfidence,
     };
     let cfg_scale = m
-        .checked("cfg-scale", "a number >= 0", |w: f32| w.is_finite() && w >= 0.0)?
+        .checked("cfg-scale", "a number >= 0", |w: f32| {
+            w.is_finite() && w >= 0.0
+        })?
         .unwrap_or(0.0);
     let threshold = m.checked("threshold", "a number in (0, 1]", |t: f32| {
         t > 0.0 && t <= 1.0
@@ -165,7 +184,10 @@ pub fn model_dir(m: &Matches) -> Result<PathBuf, CliError> {
                 .unwrap_or_else(|_| "the current directory".into())
         ))
     })?;
-    eprintln!("model: {} (default; choose another with --model DIR)", dir.display());
+    eprintln!(
+        "model: {} (default; choose another with --model DIR)",
+        dir.display()
+    );
     Ok(dir)
 }
 
@@ -181,7 +203,11 @@ pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
     let backend = match m.value("backend") {
         Some(name) => {
             unmask_gpu::parse_backend(name).map_err(|_| {
-                invalid("backend", "one of vulkan, metal, dx12, gl, webgpu, all", name)
+                invalid(
+                    "backend",
+                    "one of vulkan, metal, dx12, gl, webgpu, all",
+                    name,
+                )
             })?;
             Some(name.to_string())
         }

@@ -29,7 +29,9 @@ pub fn spec() -> CommandSpec {
 
 fn random(seed: u64, n: usize) -> Vec<f32> {
     let mut rng = SplitMix64(seed);
-    (0..n).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect()
+    (0..n)
+        .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+        .collect()
 }
 
 /// Largest absolute error relative to the largest reference value (at least 1); infinite
@@ -38,9 +40,7 @@ fn max_error(got: &[f32], want: &[f32]) -> f64 {
     if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }
-    let scale = want
-        .iter()
-        .fold(1.0f64, |m, v| m.max(f64::from(v.abs())));
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(f64::from(v.abs())));
     got.iter()
         .zip(want)
         .map(|(g, w)| f64::from((g - w).abs()))
@@ -106,7 +106,10 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
                 }
                 Err(e) => {
                     failed += 1;
-                    format!("{label}: FAIL ({})", e.report().trim_start_matches("error: "))
+                    format!(
+                        "{label}: FAIL ({})",
+                        e.report().trim_start_matches("error: ")
+                    )
                 }
             };
             output::line(&line)?;

@@ -17,7 +17,10 @@ fn workspace() -> PathBuf {
 }
 
 fn fixture() -> String {
-    workspace().join("tests/fixtures/tiny").display().to_string()
+    workspace()
+        .join("tests/fixtures/tiny")
+        .display()
+        .to_string()
 }
 
 fn unmask() -> Command {
@@ -74,13 +77,17 @@ fn assert_fails(args: &[&str], code: i32, needle: &str) {
     let o = run(args);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(code), "{args:?}\nstderr:\n{err}");
-    assert!(err.contains("error: "), "{args:?}: no `error:` line in\n{err}");
+    assert!(
+        err.contains("error: "),
+        "{args:?}: no `error:` line in\n{err}"
+    );
     assert!(err.contains(needle), "{args:?}: `{needle}` not in\n{err}");
     assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
 }
 
 fn json(o: &Output) -> Value {
-    serde_json::from_str(stdout(o).trim()).unwrap_or_else(|e| panic!("bad JSON ({e}):\n{}", stdout(o)))
+    serde_json::from_str(stdout(o).trim())
+        .unwrap_or_else(|e| panic!("bad JSON ({e}):\n{}", stdout(o)))
 }
 
 fn u64s(v: &Value) -> Vec<u64> {
@@ -132,11 +139,22 @@ fn generate_from_ids_prints_one_json_object() {
     assert_eq!(t["steps"], 16);
     assert_eq!(t["forward_passes"], 16);
     for key in ["setup_s", "first_step_s", "total_s", "tokens_per_s"] {
-        assert!(t[key].as_f64().is_some_and(|x| x >= 0.0), "timings.{key}: {t}");
+        assert!(
+            t[key].as_f64().is_some_and(|x| x >= 0.0),
+            "timings.{key}: {t}"
+        );
     }
 
     // Without --json (stdout is not a terminal): the same ids, comma-separated.
-    let o = run(&["generate", "--model", &fix, "--prompt-ids", "1,2,3", "--gen-length", "16"]);
+    let o = run(&[
+        "generate",
+        "--model",
+        &fix,
+        "--prompt-ids",
+        "1,2,3",
+        "--gen-length",
+        "16",
+    ]);
     assert_ok(&o);
     let plain: Vec<u64> = stdout(&o)
         .trim()
@@ -167,14 +185,26 @@ fn generate_from_text_uses_the_chat_template() {
     let v = json(&o);
     let prompt = u64s(&v["prompt_ids"]);
     assert_eq!(prompt[0], BOS);
-    assert_eq!(prompt.iter().filter(|&&t| t == 302).count(), 3, "system, user, assistant headers");
+    assert_eq!(
+        prompt.iter().filter(|&&t| t == 302).count(),
+        3,
+        "system, user, assistant headers"
+    );
     let ids = u64s(&v["ids"]);
     assert_eq!(ids.len(), 8);
     assert!(!ids.contains(&MASK));
     assert_eq!(v["steps"].as_array().map(Vec::len), Some(4));
     assert!(v["text"].is_string());
 
-    let o = run(&["generate", "--model", &fix, "--prompt", "Hello", "--gen-length", "8"]);
+    let o = run(&[
+        "generate",
+        "--model",
+        &fix,
+        "--prompt",
+        "Hello",
+        "--gen-length",
+        "8",
+    ]);
     assert_ok(&o);
     assert!(stdout(&o).ends_with('\n'));
 }
@@ -214,7 +244,11 @@ fn logits_writes_npy_matching_the_goldens() {
     .expect("golden JSON");
     let case = &golden["cases"][0];
     let ids = u64s(&case["ids"]);
-    let ids_arg = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let ids_arg = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let out = std::env::temp_dir().join(format!("unmask-cli-logits-{}.npy", std::process::id()));
     let out_arg = out.display().to_string();
     let o = run(&[
@@ -239,7 +273,10 @@ fn logits_writes_npy_matching_the_goldens() {
     let header = std::str::from_utf8(&bytes[10..data_start]).expect("ASCII header");
     let t = ids.len();
     assert!(header.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': ("));
-    assert!(header.contains(&format!("'shape': ({t}, {VOCAB}), }}")), "{header}");
+    assert!(
+        header.contains(&format!("'shape': ({t}, {VOCAB}), }}")),
+        "{header}"
+    );
     assert!(header.ends_with('\n'));
     assert_eq!(bytes.len(), data_start + t * VOCAB * 4);
 
@@ -251,7 +288,12 @@ fn logits_writes_npy_matching_the_goldens() {
         .as_array()
         .expect("rows")
         .iter()
-        .flat_map(|row| row.as_array().expect("row").iter().map(|x| x.as_f64().expect("f64")))
+        .flat_map(|row| {
+            row.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_f64().expect("f64"))
+        })
         .collect();
     assert_eq!(got.len(), want.len());
     let max_err = got
@@ -299,7 +341,10 @@ fn chat_answers_every_piped_line() {
     assert_eq!(turns[0]["ids"], turns[1]["ids"]);
 
     // Plain text: one answer per turn.
-    let o = run_with_stdin(&["chat", "--model", &fix, "--gen-length", "8"], "one\ntwo\n");
+    let o = run_with_stdin(
+        &["chat", "--model", &fix, "--gen-length", "8"],
+        "one\ntwo\n",
+    );
     assert_ok(&o);
     assert!(!stdout(&o).trim_start().starts_with('{'));
 }
@@ -309,30 +354,82 @@ fn bad_command_lines_exit_2_and_name_the_flag() {
     let fix = fixture();
     let f = fix.as_str();
     assert_fails(&["generate", "--stepz", "3", "--prompt", "x"], 2, "--stepz");
-    assert_fails(&["generate", "--prompt-ids", "1", "--gen-length", "abc"], 2, "--gen-length");
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--gen-length", "abc"],
+        2,
+        "--gen-length",
+    );
     assert_fails(&["generate", "--prompt-ids", "1,x"], 2, "--prompt-ids");
     assert_fails(&["generate", "--prompt"], 2, "--prompt");
-    assert_fails(&["generate", "--prompt-ids", "1", "--temperature", "-1"], 2, "--temperature");
-    assert_fails(&["generate", "--prompt-ids", "1", "--remasking", "best"], 2, "--remasking");
-    assert_fails(&["generate", "--prompt-ids", "1", "--backend", "cuda"], 2, "--backend");
-    assert_fails(&["generate", "--prompt-ids", "1", "--dtype", "bf16"], 2, "--dtype");
-    assert_fails(&["generate", "--prompt-ids", "1", "--json=maybe"], 2, "--json");
     assert_fails(
-        &["generate", "--prompt-ids", "1", "--gen-length", "48", "--block-length", "32"],
+        &["generate", "--prompt-ids", "1", "--temperature", "-1"],
+        2,
+        "--temperature",
+    );
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--remasking", "best"],
+        2,
+        "--remasking",
+    );
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--backend", "cuda"],
+        2,
+        "--backend",
+    );
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--dtype", "bf16"],
+        2,
+        "--dtype",
+    );
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--json=maybe"],
+        2,
+        "--json",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--prompt-ids",
+            "1",
+            "--gen-length",
+            "48",
+            "--block-length",
+            "32",
+        ],
         2,
         "--block-length",
     );
-    assert_fails(&["generate", "--prompt-ids", "1", "--steps", "3"], 2, "--steps");
-    assert_fails(&["generate", "--prompt", "a", "--prompt-ids", "1"], 2, "--prompt-ids");
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--steps", "3"],
+        2,
+        "--steps",
+    );
+    assert_fails(
+        &["generate", "--prompt", "a", "--prompt-ids", "1"],
+        2,
+        "--prompt-ids",
+    );
     assert_fails(&["generate"], 2, "--prompt");
     assert_fails(&["generate", "stray"], 2, "stray");
     assert_fails(&["logits", "--prompt-ids", "1"], 2, "--out");
     assert_fails(&["frobnicate"], 2, "frobnicate");
     assert_fails(&[], 2, "no command");
     // Checked against the model once it is loaded.
-    assert_fails(&["generate", "--model", f, "--prompt-ids", "1,320"], 2, "320");
     assert_fails(
-        &["generate", "--model", f, "--prompt-ids", "1,2", "--gen-length", "300"],
+        &["generate", "--model", f, "--prompt-ids", "1,320"],
+        2,
+        "320",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            f,
+            "--prompt-ids",
+            "1,2",
+            "--gen-length",
+            "300",
+        ],
         2,
         "--gen-length",
     );
@@ -342,13 +439,33 @@ fn bad_command_lines_exit_2_and_name_the_flag() {
 fn missing_model_exits_1_with_the_path() {
     let missing = std::env::temp_dir().join("unmask-cli-no-such-model");
     let missing = missing.display().to_string();
-    assert_fails(&["generate", "--model", &missing, "--prompt-ids", "1"], 1, &missing);
-    assert_fails(&["logits", "--model", &missing, "--prompt-ids", "1", "--out", "x.npy"], 1, &missing);
+    assert_fails(
+        &["generate", "--model", &missing, "--prompt-ids", "1"],
+        1,
+        &missing,
+    );
+    assert_fails(
+        &[
+            "logits",
+            "--model",
+            &missing,
+            "--prompt-ids",
+            "1",
+            "--out",
+            "x.npy",
+        ],
+        1,
+        &missing,
+    );
     // A folder that is not a model names the file it lacks.
     let empty = std::env::temp_dir().join(format!("unmask-cli-empty-{}", std::process::id()));
     std::fs::create_dir_all(&empty).expect("mkdir");
     let empty_arg = empty.display().to_string();
-    assert_fails(&["generate", "--model", &empty_arg, "--prompt-ids", "1"], 1, "config.json");
+    assert_fails(
+        &["generate", "--model", &empty_arg, "--prompt-ids", "1"],
+        1,
+        "config.json",
+    );
     let _ = std::fs::remove_dir(&empty);
 }
 
@@ -368,7 +485,13 @@ fn help_info_and_selfcheck() {
     let o = run(&["info", "--model", &fixture()]);
     assert_ok(&o);
     let text = stdout(&o);
-    for needle in ["adapter:", "limits:", "parameters:", "weights on the GPU:", "tokenizer: 306"] {
+    for needle in [
+        "adapter:",
+        "limits:",
+        "parameters:",
+        "weights on the GPU:",
+        "tokenizer: 306",
+    ] {
         assert!(text.contains(needle), "`{needle}` not in\n{text}");
     }
 
