@@ -2,24 +2,23 @@
 // online softmax across both (flash-attention style).
 //
 // A workgroup owns one kv head and BQ "query units"; a unit is a (query row, query head)
-// pair of that kv head's GQA group, so grouped heads share every K/V tile. Keys are walked
-// in tiles of BK over the concatenation A ++ B (a tile may straddle the two segments).
+// pair of that kv head's GQA group, so grouped heads share every K/V read. Keys are walked
+// in tiles of BK = WG over the concatenation A ++ B (a tile may straddle the two segments).
 //
-// Per tile, two barriers:
-//   phase 1: scores S = Q·Kᵀ (one or more (unit, key) pairs per invocation) -> ss
+// Invocations map to keys (scores) and to head dims (P·V); the loops over query units are
+// the same for every invocation, so the Q and P reads from workgroup memory are broadcasts
+// (one load for all lanes on SIMD CPU implementations, conflict-free on GPUs), while each
+// K and V element is read once per workgroup. Per tile, two barriers:
+//   phase 1: invocation j: scores of key j against every unit -> ss
 //   -- barrier --
-//   phase 2: row max, probabilities -> ps, rescale factor -> alpha;
-//            load the NEXT K tile and THIS V tile (ks is free, vs was last read before
-//            the previous barrier)
+//   phase 2: invocation u < BQ: running max, probabilities -> ps, rescale factor -> alpha
 //   -- barrier --
-//   phase 3: O = O·alpha + P·V, each invocation owning DPT dims of one unit
-// Phase 3 writes no workgroup memory, and every buffer it reads is next written in phase 2
-// of the next tile, after that tile's first barrier; so no third barrier is needed.
+//   phase 3: invocation d: O[u][d] = O[u][d] * alpha[u] + sum_j ps[u][j] V[j][d]
+// Phase 3 writes no workgroup memory, and what it reads is next written in phase 2 of the
+// next tile, after that tile's first barrier; so no third barrier is needed.
 //
 // Scores are in the log2 domain (Q is pre-scaled by log2(e)/sqrt(HD)) so exp2 can be used.
-//
-// Specialisation: HD (head dim), BQ, BK, WG (invocations). Memory, in f32:
-// BQ*HD + BK*(HD+1) + BK*HD + 2*BQ*BK + BQ, kept under 16 KiB by the host.
+// Specialisation: HD (head dim), BQ, WG. Workgroup memory: BQ*HD + 2*BQ*WG + 2*BQ floats.
 
 struct Params {
     units: u32,        // m * group
@@ -46,54 +45,18 @@ struct Params {
 
 const HD: u32 = {{HD}}u;
 const BQ: u32 = {{BQ}}u;
-const BK: u32 = {{BK}}u;
 const WG: u32 = {{WG}}u;
-// Invocations per unit in phase 3, and the dims each owns (d = lane + e * TD).
-const TD: u32 = WG / BQ;
-const DPT: u32 = (HD + TD - 1u) / TD;
-// (unit, key) pairs per invocation in phases 1 and 2.
-const SPT: u32 = (BQ * BK + WG - 1u) / WG;
-// Odd K row stride: keys read by neighbouring invocations fall in different banks.
-const KS: u32 = HD + 1u;
-// Finite "minus infinity": WGSL has no infinity literal and exp2 of it is exactly 0.
+const BK: u32 = WG;
+// Head dims owned by one invocation in phase 3: d = lid + e * WG.
+const DPT: u32 = (HD + WG - 1u) / WG;
+// Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
 const NEG: f32 = -1.0e30;
 
 var<workgroup> qs: array<f32, {{QS_LEN}}>;
-var<workgroup> ks: array<f32, {{KS_LEN}}>;
-var<workgroup> vs: array<f32, {{VS_LEN}}>;
 var<workgroup> ss: array<f32, {{PS_LEN}}>;
 var<workgroup> ps: array<f32, {{PS_LEN}}>;
 var<workgroup> alpha: array<f32, BQ>;
-
-fn load_k(lid: u32, t0: u32, kv_col: u32, n_keys: u32) {
-    for (var i = lid; i < BK * HD; i += WG) {
-        let j = i / HD;
-        let d = i % HD;
-        let key = t0 + j;
-        var x = 0.0;
-        if (key < p.len_a) {
-            x = ka[key * p.kv_stride + kv_col + d];
-        } else if (key < n_keys) {
-            x = kb[(key - p.len_a) * p.kv_stride + kv_col + d];
-        }
-        ks[j * KS + d] = x;
-    }
-}
-
-fn load_v(lid: u32, t0: u32, kv_col: u32, n_keys: u32) {
-    for (var i = lid; i < BK * HD; i += WG) {
-        let j = i / HD;
-        let d = i % HD;
-        let key = t0 + j;
-        var x = 0.0;
-        if (key < p.len_a) {
-            x = va[key * p.kv_stride + kv_col + d];
-        } else if (key < n_keys) {
-            x = vb[(key - p.len_a) * p.kv_stride + kv_col + d];
-        }
-        vs[i] = x;
-    }
-}
+var<workgroup> total: array<f32, BQ>;
 
 @compute @workgroup_size({{WG}})
 fn main(
@@ -122,89 +85,104 @@ fn main(
         }
         qs[i] = x;
     }
-    load_k(lid, 0u, kv_col, n_keys);
     workgroupBarrier();
 
-    var run_max: array<f32, SPT>;
-    for (var s = 0u; s < SPT; s++) {
-        run_max[s] = NEG;
-    }
-    let unit = lid / TD;
-    let lane = lid % TD;
-    var acc: array<f32, DPT>;
-    for (var e = 0u; e < DPT; e++) {
-        acc[e] = 0.0;
-    }
+    // Phase 2 state of unit `lid` (lid < BQ).
+    var run_max = NEG;
     var run_sum = 0.0;
+    // Phase 3 accumulators: acc[e * BQ + u] for dim lid + e * WG of unit u.
+    var acc: array<f32, {{ACC_LEN}}>;
+    for (var i = 0u; i < DPT * BQ; i++) {
+        acc[i] = 0.0;
+    }
 
     let n_tiles = (n_keys + BK - 1u) / BK;
     for (var t = 0u; t < n_tiles; t++) {
         let t0 = t * BK;
-        // Phase 1: scores.
-        for (var s = 0u; s < SPT; s++) {
-            let pair = lid + s * WG;
-            if (BQ * BK % WG == 0u || pair < BQ * BK) {
-                let qi = pair / BK;
-                let j = pair % BK;
-                var score = NEG;
-                if (t0 + j < n_keys) {
-                    var dot = 0.0;
-                    for (var d = 0u; d < HD; d++) {
-                        dot += qs[qi * HD + d] * ks[j * KS + d];
-                    }
-                    score = dot;
+        // Phase 1: scores of key t0 + lid.
+        var s: array<f32, BQ>;
+        for (var u = 0u; u < BQ; u++) {
+            s[u] = 0.0;
+        }
+        let key = t0 + lid;
+        if (key < p.len_a) {
+            let base = key * p.kv_stride + kv_col;
+            for (var d = 0u; d < HD; d++) {
+                let kd = ka[base + d];
+                for (var u = 0u; u < BQ; u++) {
+                    s[u] += qs[u * HD + d] * kd;
                 }
-                ss[pair] = score;
+            }
+        } else if (key < n_keys) {
+            let base = (key - p.len_a) * p.kv_stride + kv_col;
+            for (var d = 0u; d < HD; d++) {
+                let kd = kb[base + d];
+                for (var u = 0u; u < BQ; u++) {
+                    s[u] += qs[u * HD + d] * kd;
+                }
             }
         }
-        workgroupBarrier();
-        // Phase 2: probabilities against the updated running max of each unit.
-        for (var s = 0u; s < SPT; s++) {
-            let pair = lid + s * WG;
-            if (BQ * BK % WG == 0u || pair < BQ * BK) {
-                let qi = pair / BK;
-                var mx = run_max[s];
-                for (var j = 0u; j < BK; j++) {
-                    mx = max(mx, ss[qi * BK + j]);
-                }
-                ps[pair] = exp2(ss[pair] - mx);
-                if (pair % BK == 0u) {
-                    alpha[qi] = exp2(run_max[s] - mx);
-                }
-                run_max[s] = mx;
-            }
+        let valid = key < n_keys;
+        for (var u = 0u; u < BQ; u++) {
+            ss[u * BK + lid] = select(NEG, s[u], valid);
         }
-        load_k(lid, t0 + BK, kv_col, n_keys);
-        load_v(lid, t0, kv_col, n_keys);
         workgroupBarrier();
-        // Phase 3: rescale and accumulate P·V.
-        let a = alpha[unit];
-        var psum = 0.0;
+        // Phase 2: probabilities of unit lid against its updated running max.
+        if (lid < BQ) {
+            var mx = run_max;
+            for (var j = 0u; j < BK; j++) {
+                mx = max(mx, ss[lid * BK + j]);
+            }
+            var sum = 0.0;
+            for (var j = 0u; j < BK; j++) {
+                let pj = exp2(ss[lid * BK + j] - mx);
+                ps[lid * BK + j] = pj;
+                sum += pj;
+            }
+            let a = exp2(run_max - mx);
+            alpha[lid] = a;
+            run_sum = run_sum * a + sum;
+            run_max = mx;
+        }
+        workgroupBarrier();
+        // Phase 3: rescale and accumulate P·V for dims lid + e * WG.
+        let keys_here = min(BK, n_keys - t0);
         for (var e = 0u; e < DPT; e++) {
-            acc[e] *= a;
-        }
-        for (var j = 0u; j < BK; j++) {
-            let pj = ps[unit * BK + j];
-            psum += pj;
-            for (var e = 0u; e < DPT; e++) {
-                let d = lane + e * TD;
-                if (HD % TD == 0u || d < HD) {
-                    acc[e] += pj * vs[j * HD + d];
+            let d = lid + e * WG;
+            if (d < HD) {
+                for (var u = 0u; u < BQ; u++) {
+                    acc[e * BQ + u] *= alpha[u];
+                }
+                for (var j = 0u; j < keys_here; j++) {
+                    let key_j = t0 + j;
+                    var vd: f32;
+                    if (key_j < p.len_a) {
+                        vd = va[key_j * p.kv_stride + kv_col + d];
+                    } else {
+                        vd = vb[(key_j - p.len_a) * p.kv_stride + kv_col + d];
+                    }
+                    for (var u = 0u; u < BQ; u++) {
+                        acc[e * BQ + u] += ps[u * BK + j] * vd;
+                    }
                 }
             }
         }
-        run_sum = run_sum * a + psum;
     }
 
-    let u = u0 + unit;
-    if (u < p.units) {
-        let row = u / p.group;
-        let head = kvh * p.group + u % p.group;
-        let inv = 1.0 / run_sum;
-        for (var e = 0u; e < DPT; e++) {
-            let d = lane + e * TD;
-            if (HD % TD == 0u || d < HD) {
-                out[row * p.out_stride + head * HD + d] = acc[e] * inv;
+    if (lid < BQ) {
+        total[lid] = run_sum;
+    }
+    workgroupBarrier();
+    for (var e = 0u; e < DPT; e++) {
+        let d = lid + e * WG;
+        if (d < HD) {
+            for (var u = 0u; u < BQ; u++) {
+                let unit = u0 + u;
+                if (unit < p.units) {
+                    let row = unit / p.group;
+                    let head = kvh * p.group + unit % p.group;
+                    out[row * p.out_stride + head * HD + d] = acc[e * BQ + u] / total[u];
+                }
             }
         }
     }

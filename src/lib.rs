@@ -17,18 +17,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use thiserror::Error;
-use unmask_core::chat::{Message, encode_chat};
+use unmask_core::chat::encode_chat;
 use unmask_core::config::LladaConfig;
 use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
-use unmask_core::sampler::{Sampler, StepRecord};
-use unmask_core::tokenizer::{DecodeMode, SpecialTokens, Tokenizer};
-use unmask_gpu::model::{LladaModel, LoadProgress, ModelError};
+use unmask_core::sampler::Sampler;
+use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
+use unmask_gpu::model::{LladaModel, ModelError};
 use unmask_gpu::ops::sampling::SelectParams;
-use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder, WeightFormat};
+use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder};
 
-pub use unmask_core::chat::Role;
-pub use unmask_core::sampler::{GenerationParams, Remasking};
-pub use unmask_core::tokenizer::DecodeMode as Decode;
+pub use unmask_core::chat::{Message, Role};
+pub use unmask_core::sampler::{GenerationParams, Remasking, StepRecord};
+pub use unmask_core::tokenizer::DecodeMode;
+pub use unmask_gpu::WeightFormat;
+pub use unmask_gpu::model::LoadProgress;
 
 /// Anything that can stop a load or a generation.
 #[derive(Debug, Error)]
@@ -115,6 +117,8 @@ impl Request {
 #[derive(Clone, Debug)]
 pub struct StepEvent<'a> {
     pub record: &'a StepRecord,
+    /// Steps run so far in this request, counting from 1 (the record's step restarts per block).
+    pub global_step: usize,
     /// The whole sequence after the step (prompt, committed tokens, masks).
     pub canvas: &'a [u32],
     pub prompt_len: usize,
@@ -326,6 +330,7 @@ impl Engine {
             }
             on_step(&StepEvent {
                 record: &record,
+                global_step: timings.steps,
                 canvas: sampler.tokens(),
                 prompt_len: prompt.len(),
                 mask_id: self.special.mask,

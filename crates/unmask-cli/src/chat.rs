@@ -121,6 +121,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
                 history.pop();
                 failed += 1;
                 eprintln!("{}", e.report());
+                if interactive {
+                    eprintln!("(the turn was dropped; /reset clears the conversation)");
+                }
                 if json {
                     output::line(
                         &json!({ "turn": turn, "user": text, "error": e.message }).to_string(),

@@ -113,7 +113,11 @@ pub fn generate(engine: &Engine, request: &Request, live: bool) -> Result<Genera
         Some(_) => None,
         None => Some(request.params.steps),
     };
-    let mut view = CanvasView::new(engine.tokenizer.as_ref(), total);
+    let end_ids = [Some(engine.special.eos), engine.special.eot]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut view = CanvasView::new(engine.tokenizer.as_ref(), end_ids, total);
     let result = engine.generate_with(request, &mut |event| view.step(event));
     view.clear();
     Ok(result?)
@@ -207,6 +211,7 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "adapter": engine.ctx.describe(),
         "model": engine.dir.display().to_string(),
         "weight_format": engine.model.weights.embedding.format.name(),
+        "mask_id": engine.special.mask,
         "load_s": engine.load_s,
         "params": params_json(params),
         "prompt_ids": g.prompt_ids,

@@ -12,6 +12,8 @@ const DIM: &str = "\x1b[2m";
 const FRESH: &str = "\x1b[1;32m";
 const RESET: &str = "\x1b[0m";
 const MASK_CELL: &str = "░";
+/// End-of-text and end-of-turn tokens decode to nothing; a dot keeps their place visible.
+const END_CELL: &str = "·";
 const REDRAW_EVERY: Duration = Duration::from_millis(40);
 
 /// Terminal width from `COLUMNS`, else 80. One column is left free so a full line never
@@ -88,13 +90,15 @@ enum Style {
     Plain,
     Dim,
     Fresh,
+    /// An end-of-text / end-of-turn token.
+    End,
 }
 
 impl Style {
     fn code(self) -> &'static str {
         match self {
             Style::Plain => RESET,
-            Style::Dim => DIM,
+            Style::Dim | Style::End => DIM,
             Style::Fresh => FRESH,
         }
     }
@@ -104,6 +108,7 @@ impl Style {
 /// are dim cells, the tokens committed by the latest step are highlighted.
 pub struct CanvasView<'a> {
     tokenizer: Option<&'a Tokenizer>,
+    end_ids: Vec<u32>,
     total_steps: Option<usize>,
     steps_seen: usize,
     drawn_lines: usize,
@@ -111,11 +116,17 @@ pub struct CanvasView<'a> {
 }
 
 impl<'a> CanvasView<'a> {
-    /// `tokenizer` turns ids into text (ids are shown without one); `total_steps` is shown
-    /// in the header when the schedule is fixed.
-    pub fn new(tokenizer: Option<&'a Tokenizer>, total_steps: Option<usize>) -> Self {
+    /// `tokenizer` turns ids into text (ids are shown without one); with a tokenizer,
+    /// `end_ids` are shown as dots; `total_steps` is shown in the header when the schedule
+    /// is fixed.
+    pub fn new(
+        tokenizer: Option<&'a Tokenizer>,
+        end_ids: Vec<u32>,
+        total_steps: Option<usize>,
+    ) -> Self {
         Self {
             tokenizer,
+            end_ids,
             total_steps,
             steps_seen: 0,
             drawn_lines: 0,
@@ -166,6 +177,8 @@ impl<'a> CanvasView<'a> {
             let style_of = |j: usize| {
                 if generated[j] == event.mask_id {
                     Style::Dim
+                } else if self.tokenizer.is_some() && self.end_ids.contains(&generated[j]) {
+                    Style::End
                 } else if fresh.contains(&((event.prompt_len + j) as u32)) {
                     Style::Fresh
                 } else {
@@ -180,6 +193,7 @@ impl<'a> CanvasView<'a> {
             let run = &generated[i..end];
             let text = match style {
                 Style::Dim => MASK_CELL.repeat(run.len()),
+                Style::End => END_CELL.repeat(run.len()),
                 _ => self.render_tokens(run),
             };
             pieces.push((style, text));

@@ -120,6 +120,7 @@ fn generate_from_ids_prints_one_json_object() {
     assert!(ids.iter().all(|&id| (id as usize) < VOCAB));
     assert!(v["adapter"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(v["model"].as_str().is_some_and(|s| s.contains("tiny")));
+    assert_eq!(v["mask_id"], MASK);
 
     // gen-length 16 < 32: one block of 16 steps, one token per step, every position once.
     let steps = v["steps"].as_array().expect("steps");
@@ -222,7 +223,8 @@ fn generate_defaults_to_the_fixture_and_two_blocks() {
     let v = json(&o);
     let ids = u64s(&v["ids"]);
     assert_eq!(ids.len(), 64);
-    assert!(!ids.contains(&MASK));
+    let mask = v["mask_id"].as_u64().expect("mask_id");
+    assert!(!ids.contains(&mask));
     assert_eq!(v["params"]["block_length"], 32);
     assert_eq!(v["params"]["steps"], 64);
     let blocks: Vec<u64> = v["steps"]

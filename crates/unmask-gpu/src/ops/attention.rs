@@ -39,53 +39,40 @@ pub struct KvSegment<'a> {
     pub len: usize,
 }
 
-/// Tile sizes of one head dimension: query units per workgroup, keys per tile, invocations.
+/// Tile sizes of one head dimension: query units per workgroup (each K/V read is shared
+/// by all of them) and invocations (= keys per tile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     head_dim: usize,
     bq: usize,
-    bk: usize,
     wg: usize,
 }
 
 impl Tile {
     fn for_head_dim(head_dim: usize) -> Self {
-        // Largest K/V reuse (bq) first; every candidate keeps wg % bq == 0 and bq * bk a
-        // multiple of wg (or at most wg) as the kernel assumes.
-        const CANDIDATES: [(usize, usize, usize); 4] =
-            [(32, 16, 256), (16, 16, 256), (12, 8, 96), (8, 8, 64)];
-        CANDIDATES
-            .iter()
-            .map(|&(bq, bk, wg)| Tile {
-                head_dim,
-                bq,
-                bk,
-                wg,
-            })
-            .find(|t| t.workgroup_bytes() <= WORKGROUP_BYTES)
-            .unwrap_or(Tile {
-                head_dim,
-                bq: 8,
-                bk: 8,
-                wg: 64,
-            })
+        let wg: usize = std::env::var("ATTN_WG").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
+        let bq_max: usize = std::env::var("ATTN_BQ").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
+        // The most query units that fit the workgroup memory.
+        let mut bq = bq_max;
+        while bq > 1 && (Tile { head_dim, bq, wg }).workgroup_bytes() > WORKGROUP_BYTES {
+            bq -= 1;
+        }
+        Tile { head_dim, bq, wg }
     }
 
     fn workgroup_bytes(&self) -> usize {
-        let (hd, bq, bk) = (self.head_dim, self.bq, self.bk);
-        4 * (bq * hd + bk * (hd + 1) + bk * hd + 2 * bq * bk + bq)
+        let (hd, bq, wg) = (self.head_dim, self.bq, self.wg);
+        4 * (bq * hd + 2 * bq * wg + 2 * bq)
     }
 
     fn spec(&self) -> Spec {
         Spec::new()
             .constant("HD", self.head_dim)
             .constant("BQ", self.bq)
-            .constant("BK", self.bk)
             .constant("WG", self.wg)
             .constant("QS_LEN", self.bq * self.head_dim)
-            .constant("KS_LEN", self.bk * (self.head_dim + 1))
-            .constant("VS_LEN", self.bk * self.head_dim)
-            .constant("PS_LEN", self.bq * self.bk)
+            .constant("PS_LEN", self.bq * self.wg)
+            .constant("ACC_LEN", self.bq * self.head_dim.div_ceil(self.wg))
     }
 }
 
@@ -268,8 +255,7 @@ mod tests {
         for hd in 1..=MAX_HEAD_DIM {
             let t = Tile::for_head_dim(hd);
             assert!(t.workgroup_bytes() <= WORKGROUP_BYTES, "{t:?}");
-            assert!(t.wg <= 256 && t.wg % t.bq == 0, "{t:?}");
-            assert!(t.bq * t.bk <= t.wg || (t.bq * t.bk) % t.wg == 0, "{t:?}");
+            assert!(t.wg <= 256 && t.bq >= 1, "{t:?}");
         }
     }
 }
