@@ -96,33 +96,38 @@ fn main(
         acc[i] = 0.0;
     }
 
-    let n_tiles = (n_keys + BK - 1u) / BK;
+    // Segment A's tiles, then segment B's: the segment is the same for the whole workgroup,
+    // so no loop below sits in divergent control flow (SIMD CPU implementations then turn
+    // the Q and P reads into one scalar load each).
+    let tiles_a = (p.len_a + BK - 1u) / BK;
+    let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
     for (var t = 0u; t < n_tiles; t++) {
-        let t0 = t * BK;
-        // Phase 1: scores of key t0 + lid.
+        let in_a = t < tiles_a;
+        let t0 = select(t - tiles_a, t, in_a) * BK;
+        let seg_len = select(p.len_b, p.len_a, in_a);
+        // Phase 1: scores of key t0 + lid (lanes past the segment read its last key).
         var s: array<f32, BQ>;
         for (var u = 0u; u < BQ; u++) {
             s[u] = 0.0;
         }
         let key = t0 + lid;
-        if (key < p.len_a) {
-            let base = key * p.kv_stride + kv_col;
-            for (var d = 0u; d < HD; d++) {
-                let kd = ka[base + d];
+        let kbase = min(key, seg_len - 1u) * p.kv_stride + kv_col;
+        if (in_a) {
+            for (var d = 0u; d < {{P1HD}}u; d++) {
+                let kd = ka[kbase + d];
                 for (var u = 0u; u < BQ; u++) {
                     s[u] += qs[u * HD + d] * kd;
                 }
             }
-        } else if (key < n_keys) {
-            let base = (key - p.len_a) * p.kv_stride + kv_col;
-            for (var d = 0u; d < HD; d++) {
-                let kd = kb[base + d];
+        } else {
+            for (var d = 0u; d < {{P1HD}}u; d++) {
+                let kd = kb[kbase + d];
                 for (var u = 0u; u < BQ; u++) {
                     s[u] += qs[u * HD + d] * kd;
                 }
             }
         }
-        let valid = key < n_keys;
+        let valid = key < seg_len;
         for (var u = 0u; u < BQ; u++) {
             ss[u * BK + lid] = select(NEG, s[u], valid);
         }
@@ -145,22 +150,24 @@ fn main(
             run_max = mx;
         }
         workgroupBarrier();
-        // Phase 3: rescale and accumulate P·V for dims lid + e * WG.
-        let keys_here = min(BK, n_keys - t0);
+        // Phase 3: rescale and accumulate P·V for dims lid + e * WG (lanes past the head
+        // dim work on its last column and write nothing).
+        let keys_here = min(BK, seg_len - t0);
         for (var e = 0u; e < DPT; e++) {
-            let d = lid + e * WG;
-            if (d < HD) {
-                for (var u = 0u; u < BQ; u++) {
-                    acc[e * BQ + u] *= alpha[u];
-                }
-                for (var j = 0u; j < keys_here; j++) {
-                    let key_j = t0 + j;
-                    var vd: f32;
-                    if (key_j < p.len_a) {
-                        vd = va[key_j * p.kv_stride + kv_col + d];
-                    } else {
-                        vd = vb[(key_j - p.len_a) * p.kv_stride + kv_col + d];
+            let col = kv_col + min(lid + e * WG, HD - 1u);
+            for (var u = 0u; u < BQ; u++) {
+                acc[e * BQ + u] *= alpha[u];
+            }
+            if (in_a) {
+                for (var j = 0u; j < min(keys_here, {{P3J}}u); j++) {
+                    let vd = va[(t0 + j) * p.kv_stride + col];
+                    for (var u = 0u; u < BQ; u++) {
+                        acc[e * BQ + u] += ps[u * BK + j] * vd;
                     }
+                }
+            } else {
+                for (var j = 0u; j < min(keys_here, {{P3J}}u); j++) {
+                    let vd = vb[(t0 + j) * p.kv_stride + col];
                     for (var u = 0u; u < BQ; u++) {
                         acc[e * BQ + u] += ps[u * BK + j] * vd;
                     }

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use thiserror::Error;
-use unmask_core::chat::encode_chat;
+use unmask_core::cache::{PlanInput, plan_step};
+use unmask_core::chat::{encode_chat, prefix_split};
 use unmask_core::config::LladaConfig;
 use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
 use unmask_core::sampler::Sampler;
@@ -26,6 +27,7 @@ use unmask_gpu::model::{LladaModel, ModelError};
 use unmask_gpu::ops::sampling::SelectParams;
 use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder};
 
+pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{Message, Role};
 pub use unmask_core::sampler::{GenerationParams, Remasking, StepRecord};
 pub use unmask_core::tokenizer::DecodeMode;
@@ -82,6 +84,13 @@ pub struct Request {
     pub prompt: Prompt,
     pub params: GenerationParams,
     pub decode: DecodeMode,
+    /// How K/V are reused between steps.
+    pub cache: CacheMode,
+    /// Tokens of the shared prefix; `None` takes everything before the last user turn of a
+    /// chat prompt (the whole prompt for token ids).
+    pub prefix_len: Option<usize>,
+    /// Recompute every row at every step whatever the cache mode (a check of the plumbing).
+    pub recompute_all: bool,
 }
 
 impl Request {
@@ -96,6 +105,9 @@ impl Request {
             prompt: Prompt::Chat(messages),
             params: GenerationParams::default(),
             decode: DecodeMode::Clean,
+            cache: CacheMode::None,
+            prefix_len: None,
+            recompute_all: false,
         }
     }
 
@@ -104,11 +116,19 @@ impl Request {
             prompt: Prompt::Ids(ids),
             params: GenerationParams::default(),
             decode: DecodeMode::Clean,
+            cache: CacheMode::None,
+            prefix_len: None,
+            recompute_all: false,
         }
     }
 
     pub fn with_params(mut self, params: GenerationParams) -> Self {
         self.params = params;
+        self
+    }
+
+    pub fn with_cache(mut self, cache: CacheMode) -> Self {
+        self.cache = cache;
         self
     }
 }
@@ -136,13 +156,24 @@ pub struct Timings {
     pub total_s: f64,
     /// Forward passes (NFE); a CFG step counts two.
     pub forward_passes: usize,
+    /// Rows × layers computed over all passes (the work a cache saves).
+    pub token_layer_passes: usize,
     pub steps: usize,
+    /// Generated canvas tokens per second (gen_length / total).
+    pub throughput_canvas: f64,
+    /// Tokens up to the end of the answer (first EOS/EoT) per second.
+    pub throughput_answer: f64,
+    /// Generated tokens before the first EOS/EoT.
+    pub answer_tokens: usize,
 }
 
 /// The result of one generation.
 #[derive(Clone, Debug)]
 pub struct Generation {
     pub prompt_ids: Vec<u32>,
+    /// Tokens of the shared prefix used by prefix caches.
+    pub prefix_len: usize,
+    pub cache: CacheMode,
     /// The generated canvas (gen_length ids, after the prompt).
     pub ids: Vec<u32>,
     /// Decoded text, when the model has a tokenizer.
@@ -234,16 +265,41 @@ impl Engine {
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
             Prompt::Ids(ids) => Ok(ids.clone()),
-            Prompt::Chat(messages) => {
-                let tok = self.tokenizer.as_ref().ok_or_else(|| {
-                    EngineError::Request(format!(
-                        "{} has no tokenizer.json: give token ids instead of text",
-                        self.dir.display()
-                    ))
-                })?;
-                Ok(encode_chat(tok, messages)?)
-            }
+            Prompt::Chat(messages) => Ok(encode_chat(self.require_tokenizer()?, messages)?),
         }
+    }
+
+    fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            EngineError::Request(format!(
+                "{} has no tokenizer.json: give token ids instead of text",
+                self.dir.display()
+            ))
+        })
+    }
+
+    /// The prompt's ids and the length of its shared prefix: an explicit `prefix_len`, else
+    /// everything before the last user turn of a chat (when that split tokenizes exactly),
+    /// else the whole prompt.
+    pub fn encode_with_prefix(&self, request: &Request) -> Result<(Vec<u32>, usize), EngineError> {
+        let ids = self.encode_prompt(&request.prompt)?;
+        if let Some(p) = request.prefix_len {
+            if p > ids.len() {
+                return Err(EngineError::Request(format!(
+                    "prefix_len {p} exceeds the prompt's {} tokens",
+                    ids.len()
+                )));
+            }
+            return Ok((ids, p));
+        }
+        let prefix = match &request.prompt {
+            Prompt::Chat(messages) => {
+                let split = prefix_split(self.require_tokenizer()?, messages)?;
+                if split.exact && split.whole == ids { split.split_at() } else { 0 }
+            }
+            Prompt::Ids(ids) => ids.len(),
+        };
+        Ok((ids, prefix))
     }
 
     pub fn generate(&self, request: &Request) -> Result<Generation, EngineError> {
@@ -257,15 +313,17 @@ impl Engine {
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
         let start = Instant::now();
-        let prompt = self.encode_prompt(&request.prompt)?;
+        let (prompt, prefix_len) = self.encode_with_prefix(request)?;
         let p = &request.params;
         let cfg = &self.model.cfg;
-        let mut sampler = Sampler::new(
-            &prompt,
-            p.clone(),
-            self.special.mask,
-            cfg.max_sequence_length,
-        )?;
+        let mut sampler = Sampler::new(&prompt, p.clone(), self.special.mask, cfg.max_sequence_length)?;
+        let cached = request.cache != CacheMode::None && !request.recompute_all;
+        if cached && prompt.contains(&self.special.mask) {
+            return Err(EngineError::Request(format!(
+                "cache mode {} predicts only the current block: masks inside the prompt (infilling) need --cache none",
+                request.cache
+            )));
+        }
         let seq_len = sampler.tokens().len();
         let positions: Vec<u32> = (0..seq_len as u32).collect();
         let cond = self.model.new_state(seq_len, seq_len)?;
@@ -286,23 +344,50 @@ impl Engine {
             setup_s: start.elapsed().as_secs_f64(),
             ..Timings::default()
         };
+        let n_layers = cfg.n_layers;
         let mut records = Vec::new();
+        let mut last_block = None;
         while !sampler.is_done() {
             let rows = sampler.rows_to_predict();
-            self.model.write_rows(&cond, sampler.tokens(), &positions)?;
+            let plan = plan_step(&PlanInput {
+                mode: request.cache,
+                seq_len,
+                prefix_len,
+                block: sampler.block(),
+                block_start: last_block != Some(sampler.block_index()),
+                first_step: last_block.is_none(),
+                recompute_all: request.recompute_all,
+            });
+            last_block = Some(sampler.block_index());
+            let states: Vec<(&unmask_gpu::model::ForwardState, Vec<u32>)> = std::iter::once((&cond, sampler.tokens().to_vec()))
+                .chain(uncond.iter().map(|u| (u, sampler.unconditional_tokens())))
+                .collect();
+            if let Some(w) = &plan.warmup {
+                // Its own submit: the main pass rewrites the same ids buffer.
+                let mut step = StepEncoder::new(&self.ctx, "prefix pass");
+                for (st, tokens) in &states {
+                    self.model.write_rows(st, &tokens[w.rows.clone()], &positions[w.rows.clone()])?;
+                    self.model.encode_layers(&mut step, st, w.rows.len(), w.kv_len, None, 0)?;
+                    timings.forward_passes += 1;
+                }
+                step.submit()?;
+            }
+            let r = plan.pass.rows.clone();
+            if let Some(bad) = rows.iter().find(|&&pos| !r.contains(&(pos as usize))) {
+                return Err(EngineError::Request(format!(
+                    "position {bad} must be predicted but cache mode {} computes rows {}..{} this step",
+                    request.cache, r.start, r.end
+                )));
+            }
             let mut step = StepEncoder::new(&self.ctx, "denoise step");
-            self.model
-                .encode_layers(&mut step, &cond, seq_len, seq_len, None, 0)?;
-            timings.forward_passes += 1;
-            if let Some(u) = &uncond {
-                self.model
-                    .write_rows(u, &sampler.unconditional_tokens(), &positions)?;
-                self.model
-                    .encode_layers(&mut step, u, seq_len, seq_len, None, 0)?;
+            for (st, tokens) in &states {
+                self.model.write_rows(st, &tokens[r.clone()], &positions[r.clone()])?;
+                self.model.encode_layers(&mut step, st, r.len(), plan.pass.kv_len, None, 0)?;
                 timings.forward_passes += 1;
             }
-            // Every position is computed, so a sampled row's index is its position.
-            self.model.write_select(&sel, &rows, &rows)?;
+            timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
+            let row_index: Vec<u32> = rows.iter().map(|&pos| pos - r.start as u32).collect();
+            self.model.write_select(&sel, &row_index, &rows)?;
             let params = SelectParams {
                 temperature: p.temperature,
                 cfg_scale: p.cfg_scale,
@@ -311,18 +396,10 @@ impl Engine {
                 suppress_token: p.logits_eos_inf.then_some(self.special.eos),
                 conf_exclude,
             };
-            self.model.encode_select(
-                &mut step,
-                &cond,
-                uncond.as_ref(),
-                &sel,
-                rows.len(),
-                &params,
-            )?;
+            self.model.encode_select(&mut step, &cond, uncond.as_ref(), &sel, rows.len(), &params)?;
             step.submit()?;
             let choices = self.model.read_choices(&sel, rows.len())?;
-            let predictions: Vec<(u32, f32)> =
-                choices.iter().map(|c| (c.token, c.confidence)).collect();
+            let predictions: Vec<(u32, f32)> = choices.iter().map(|c| (c.token, c.confidence)).collect();
             let record = sampler.commit(&predictions)?;
             timings.steps += 1;
             if timings.steps == 1 {
@@ -340,12 +417,20 @@ impl Engine {
         }
         timings.total_s = start.elapsed().as_secs_f64();
         let ids = sampler.generated().to_vec();
+        let stop = |t: &u32| *t == self.special.eos || Some(*t) == self.special.eot;
+        timings.answer_tokens = ids.iter().position(stop).unwrap_or(ids.len());
+        if timings.total_s > 0.0 {
+            timings.throughput_canvas = ids.len() as f64 / timings.total_s;
+            timings.throughput_answer = timings.answer_tokens as f64 / timings.total_s;
+        }
         let text = match &self.tokenizer {
             Some(t) => Some(t.decode(&ids, request.decode)?),
             None => None,
         };
         Ok(Generation {
             prompt_ids: prompt,
+            prefix_len,
+            cache: request.cache,
             ids,
             text,
             steps: records,

@@ -1,6 +1,7 @@
 //! Unmask without a GPU: model config, tokenizer and chat template, the diffusion sampler,
 //! cache policy, and the CPU oracle the GPU kernels are tested against.
 
+pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod error;

@@ -73,6 +73,8 @@ impl Tile {
             .constant("QS_LEN", self.bq * self.head_dim)
             .constant("PS_LEN", self.bq * self.wg)
             .constant("ACC_LEN", self.bq * self.head_dim.div_ceil(self.wg))
+            .constant("P1HD", if std::env::var("SKIP1").is_ok() { 1 } else { self.head_dim })
+            .constant("P3J", if std::env::var("SKIP3").is_ok() { 1 } else { 100000 })
     }
 }
 
