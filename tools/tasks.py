@@ -129,9 +129,9 @@ class Group:
 
     def __init__(self, rng: random.Random, group_id: str):
         self.id = group_id
-        n_rows = rng.randint(7, 9)
+        n_rows = rng.randint(6, 8)
         self.names = rng.sample(NAMES, n_rows)
-        self.text_cols = rng.sample(sorted(TEXT_ATTRS), 3)
+        self.text_cols = rng.sample(sorted(TEXT_ATTRS), 2)
         self.num_cols = rng.sample(sorted(NUM_ATTRS), 2)
         cols = self.text_cols + self.num_cols
         rng.shuffle(cols)

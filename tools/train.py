@@ -204,8 +204,12 @@ class LLaDA(nn.Module):
         self.register_buffer("cos", ang.cos(), persistent=False)
         self.register_buffer("sin", ang.sin(), persistent=False)
 
-    def forward(self, ids, key_valid=None):
-        """ids [B, T]; key_valid [B, T] bool (False = padding, masked as keys)."""
+    def forward(self, ids, key_valid=None, select=None):
+        """ids [B, T]; key_valid [B, T] bool (False = padding, masked as keys).
+
+        With select (a bool [B, T] mask) only the logits of the selected positions are
+        computed, as a [N, V] tensor.
+        """
         T = ids.shape[1]
         cos, sin = self.cos[:T], self.sin[:T]
         bias = None
@@ -215,6 +219,8 @@ class LLaDA(nn.Module):
         x = self.transformer.wte(ids)
         for blk in self.transformer.blocks:
             x = blk(x, cos, sin, bias)
+        if select is not None:
+            x = x[select]
         return self.transformer.ff_out(self.transformer.ln_f(x))
 
 
@@ -310,8 +316,8 @@ def sft_loss(model, batch, ids, gen):
     p_mask = (1 - EPS) * t + EPS
     masked = (torch.rand(x.shape, generator=gen) < p_mask) & resp
     noisy = torch.where(masked, torch.full_like(x, ids.mask), x)
-    logits = model(noisy, valid)
-    ce = F.cross_entropy(logits[masked], x[masked], reduction="none")
+    logits = model(noisy, valid, select=masked)
+    ce = F.cross_entropy(logits, x[masked], reduction="none")
     w = (1.0 / p_mask).expand(B, x.shape[1])[masked]
     return (ce * w).sum() / (B * GEN_LEN), int(masked.sum())
 
@@ -333,12 +339,9 @@ def generate(model, prompt, ids, steps=32, gen_length=GEN_LEN):
         x0 = logits.argmax(-1)
         p = torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
         conf = torch.where(mask_index, p, torch.full_like(p, -math.inf))
-        pos = torch.arange(conf.shape[0], dtype=torch.float64)
         # stable top-k: highest confidence first, ties to the lowest position
-        order = sorted(range(conf.shape[0]), key=lambda j: (-conf[j].item(), j))[:k]
-        for j in order:
-            x[0, j] = x0[j]
-        del pos
+        order = torch.sort(-conf, stable=True).indices[:k]
+        x[0, order] = x0[order]
     return x[0, Lp:].tolist()
 
 
@@ -395,13 +398,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--steps", type=int, default=0, help="total optimiser steps (0: estimate from --minutes)")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--d-model", type=int, default=192)
     ap.add_argument("--n-heads", type=int, default=4)
     ap.add_argument("--n-layers", type=int, default=4)
-    ap.add_argument("--mlp", type=int, default=768)
+    ap.add_argument("--mlp", type=int, default=512)
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
@@ -478,7 +481,7 @@ def main():
             say(f"step {step}/{total or '?'} loss {lv:.4f} ema {loss_ema:.4f} lr {lr:.2e} "
                 f"elapsed {(time.time() - t_start) / 60:.1f} min")
         if time.time() - last_ckpt >= args.ckpt_minutes * 60:
-            acc, per = evaluate(model, tok, ids, vitems[:12])
+            acc, per = evaluate(model, tok, ids, vitems[:8])
             say(f"step {step}: validation exact match {acc:.3f} {per}")
             save_checkpoint(ckpt_path, model, opt, cfg, {
                 "step": step, "total_steps": total, "loss_ema": loss_ema, "seed": args.seed,

@@ -9,7 +9,7 @@ use unmask_core::chat::Message;
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::generate::{self, summary, timings_json};
-use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::options::{self, BACKEND, CACHE, DTYPE, MODEL};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
@@ -23,6 +23,7 @@ pub fn spec() -> CommandSpec {
     ];
     flags.extend(options::generation_flags());
     flags.extend([
+        CACHE,
         BACKEND,
         DTYPE,
         Flag::switch(
@@ -33,7 +34,7 @@ pub fn spec() -> CommandSpec {
     CommandSpec {
         name: "chat",
         summary: "Chat with the model: each line read from stdin is a user turn.",
-        usage: "unmask chat [--model DIR] [--system TEXT] [generation flags]",
+        usage: "unmask chat [--model DIR] [--system TEXT] [--cache MODE] [generation flags]",
         flags,
         notes: "Commands: /reset clears the conversation (the system message stays), /quit or\n\
                 end of input ends it. Every answer becomes an assistant turn of the history.\n\
@@ -43,6 +44,7 @@ pub fn spec() -> CommandSpec {
 
 pub fn run(m: &Matches) -> Result<(), CliError> {
     let (params, decode) = options::generation_params(m)?;
+    let cache = options::cache_mode(m)?;
     let engine_options = options::engine_options(m)?;
     let json = m.switch("json");
     let system = m.value("system").map(Message::system);
@@ -93,6 +95,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             prompt: Prompt::Chat(history.clone()),
             params: params.clone(),
             decode,
+            cache,
+            prefix_len: None,
+            recompute_all: false,
         };
         turn += 1;
         match generate::generate(&engine, &request, live) {
@@ -103,6 +108,8 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
                         "turn": turn,
                         "user": text,
                         "prompt_tokens": g.prompt_ids.len(),
+                        "cache": g.cache.name(),
+                        "prefix_len": g.prefix_len,
                         "ids": g.ids,
                         "text": answer,
                         "timings": timings_json(&g),

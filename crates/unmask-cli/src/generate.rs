@@ -3,13 +3,13 @@
 use std::io::IsTerminal;
 
 use serde_json::{Value, json};
-use unmask::{Engine, Generation, GenerationParams, Prompt, Remasking, Request};
+use unmask::{CacheMode, Engine, Generation, GenerationParams, Prompt, Remasking, Request};
 use unmask_core::chat::Message;
 
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::live::CanvasView;
-use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::options::{self, BACKEND, CACHE, DTYPE, MODEL};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
@@ -29,11 +29,18 @@ pub fn spec() -> CommandSpec {
     ];
     flags.extend(options::generation_flags());
     flags.extend([
+        CACHE,
+        Flag::value(
+            "prefix-len",
+            "N",
+            "tokens of the shared prefix for --cache prefix-arm (default: the turns before the \
+             last user message; every token with --prompt-ids)",
+        ),
         BACKEND,
         DTYPE,
         Flag::switch(
             "json",
-            "print one JSON object: ids, text, per-step commits, timings",
+            "print one JSON object: ids, text, cache mode, per-step commits, timings",
         ),
     ]);
     CommandSpec {
@@ -49,20 +56,40 @@ pub fn spec() -> CommandSpec {
 pub fn run(m: &Matches) -> Result<(), CliError> {
     let prompt = prompt(m)?;
     let (params, decode) = options::generation_params(m)?;
+    let cache = options::cache_mode(m)?;
+    let prefix_len = m.parsed::<usize>("prefix-len", "a whole number >= 0")?;
+    if prefix_len.is_some() && cache != CacheMode::PrefixArm {
+        eprintln!("note: --prefix-len is used only by --cache prefix-arm (the cache is {cache})");
+    }
     let engine_options = options::engine_options(m)?;
     let json = m.switch("json");
     let dir = options::model_dir(m)?;
     let engine = options::load_engine(&dir, &engine_options)?;
     if let Prompt::Ids(ids) = &prompt {
         options::check_ids(&engine, "prompt-ids", ids)?;
+        if cache != CacheMode::None && ids.contains(&engine.special.mask) {
+            return Err(CliError::usage(format!(
+                "--prompt-ids holds the mask token {}: infilling needs --cache none \
+                 (--cache {cache} predicts only the current block)",
+                engine.special.mask
+            )));
+        }
     }
     let prompt_len = engine.encode_prompt(&prompt)?.len();
     options::check_length(&engine, prompt_len, &params)?;
+    if let Some(p) = prefix_len.filter(|&p| p > prompt_len) {
+        return Err(CliError::usage(format!(
+            "--prefix-len {p} exceeds the prompt's {prompt_len} tokens"
+        )));
+    }
     let by_ids = matches!(prompt, Prompt::Ids(_));
     let request = Request {
         prompt,
         params,
         decode,
+        cache,
+        prefix_len,
+        recompute_all: false,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
@@ -130,17 +157,21 @@ pub fn join_ids(ids: &[u32]) -> String {
         .join(",")
 }
 
-/// One line on stderr: how much was generated and how fast.
+/// One line on stderr: how much was generated, how fast, and with which cache.
 pub fn summary(g: &Generation) -> String {
     let t = &g.timings;
     format!(
-        "{} tokens, {} steps, {} forward passes in {:.2} s ({:.1} tokens/s; first step {:.2} s)",
+        "{} tokens ({} before the end of the answer), {} steps, {} forward passes, \
+         {} token-layer passes in {:.2} s ({:.1} tokens/s; first step {:.2} s; cache {})",
         g.ids.len(),
+        t.answer_tokens,
         t.steps,
         t.forward_passes,
+        t.token_layer_passes,
         t.total_s,
         tokens_per_s(g),
-        t.first_step_s
+        t.first_step_s,
+        g.cache
     )
 }
 
@@ -187,7 +218,11 @@ pub fn timings_json(g: &Generation) -> Value {
         "total_s": t.total_s,
         "steps": t.steps,
         "forward_passes": t.forward_passes,
+        "token_layer_passes": t.token_layer_passes,
         "tokens_per_s": tokens_per_s(g),
+        "throughput_canvas": t.throughput_canvas,
+        "throughput_answer": t.throughput_answer,
+        "answer_tokens": t.answer_tokens,
     })
 }
 
@@ -214,6 +249,8 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "mask_id": engine.special.mask,
         "load_s": engine.load_s,
         "params": params_json(params),
+        "cache": g.cache.name(),
+        "prefix_len": g.prefix_len,
         "prompt_ids": g.prompt_ids,
         "ids": g.ids,
         "text": g.text,

@@ -3,6 +3,7 @@
 mod args;
 mod chat;
 mod error;
+mod eval;
 mod generate;
 mod info;
 mod live;
@@ -23,6 +24,7 @@ fn commands() -> Vec<(CommandSpec, Runner)> {
     vec![
         (generate::spec(), generate::run as Runner),
         (chat::spec(), chat::run),
+        (eval::spec(), eval::run),
         (logits::spec(), logits::run),
         (info::spec(), info::run),
         (selfcheck::spec(), selfcheck::run),

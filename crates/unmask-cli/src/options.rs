@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use unmask::{Engine, EngineOptions, GenerationParams, Remasking};
+use unmask::{CacheMode, Engine, EngineOptions, GenerationParams, Remasking};
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::WeightFormat;
@@ -35,6 +35,58 @@ pub const DTYPE: Flag = Flag::value(
     "D",
     "weights on the GPU: f16 (default; native when the device has shader-f16), f16-packed, f32",
 );
+
+/// Every cache mode name, for help texts and error messages.
+const CACHE_MODES: &str = "none, fast-dllm-prefix, fast-dllm-dual, prefix-arm";
+
+pub const CACHE: Flag = Flag::value(
+    "cache",
+    "MODE",
+    "how K/V are reused between steps: none (default), fast-dllm-prefix, fast-dllm-dual, prefix-arm",
+);
+
+/// `--cache MODE`, `none` when absent.
+pub fn cache_mode(m: &Matches) -> Result<CacheMode, CliError> {
+    match m.value("cache") {
+        None => Ok(CacheMode::None),
+        Some(text) => parse_cache_mode(text.trim())
+            .ok_or_else(|| invalid("cache", &format!("one of {CACHE_MODES}"), text)),
+    }
+}
+
+/// `--cache MODE[,MODE...]` or `--cache all`, in the order given; `[none]` when absent.
+pub fn cache_modes(m: &Matches) -> Result<Vec<CacheMode>, CliError> {
+    let Some(text) = m.value("cache") else {
+        return Ok(vec![CacheMode::None]);
+    };
+    if text.trim() == "all" {
+        return Ok(CacheMode::ALL.to_vec());
+    }
+    let expected = format!("`all` or a comma-separated list of {CACHE_MODES}");
+    let mut modes = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let mode = parse_cache_mode(part).ok_or_else(|| {
+            if part.is_empty() {
+                invalid("cache", &expected, text)
+            } else {
+                CliError::usage(format!(
+                    "invalid value for --cache: `{part}` is not a cache mode (expected {expected})"
+                ))
+            }
+        })?;
+        if modes.contains(&mode) {
+            return Err(CliError::usage(format!(
+                "--cache lists {mode} more than once"
+            )));
+        }
+        modes.push(mode);
+    }
+    Ok(modes)
+}
+
+fn parse_cache_mode(name: &str) -> Option<CacheMode> {
+    name.parse().ok()
+}
 
 pub fn generation_flags() -> Vec<Flag> {
     vec![
@@ -78,17 +130,44 @@ pub fn generation_flags() -> Vec<Flag> {
     ]
 }
 
+/// Defaults of the generation flags that differ between commands.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerationDefaults {
+    pub gen_length: usize,
+    /// True: one block over the whole canvas. False: `DEFAULT_BLOCK_LENGTH` when it divides
+    /// the generation length, else the generation length.
+    pub single_block: bool,
+}
+
+impl GenerationDefaults {
+    /// `generate` and `chat`: 64 tokens in blocks of 32.
+    pub const STANDARD: Self = Self {
+        gen_length: DEFAULT_GEN_LENGTH,
+        single_block: false,
+    };
+}
+
 /// The generation parameters and decode mode given by `generation_flags`, checked as the
 /// sampler will check them, so a bad combination is reported before the model loads.
 pub fn generation_params(m: &Matches) -> Result<(GenerationParams, DecodeMode), CliError> {
+    generation_params_with(m, GenerationDefaults::STANDARD)
+}
+
+/// `generation_params` with other defaults for the flags that are not given.
+pub fn generation_params_with(
+    m: &Matches,
+    defaults: GenerationDefaults,
+) -> Result<(GenerationParams, DecodeMode), CliError> {
     const WHOLE: &str = "a whole number >= 1";
     let positive = |v: usize| v >= 1;
     let gen_length = m
         .checked("gen-length", WHOLE, positive)?
-        .unwrap_or(DEFAULT_GEN_LENGTH);
+        .unwrap_or(defaults.gen_length);
     let block_length = match m.checked("block-length", WHOLE, positive)? {
         Some(b) => b,
-        None if gen_length.is_multiple_of(DEFAULT_BLOCK_LENGTH) => DEFAULT_BLOCK_LENGTH,
+        None if !defaults.single_block && gen_length.is_multiple_of(DEFAULT_BLOCK_LENGTH) => {
+            DEFAULT_BLOCK_LENGTH
+        }
         None => gen_length,
     };
     let steps = m.checked("steps", WHOLE, positive)?.unwrap_or(gen_length);

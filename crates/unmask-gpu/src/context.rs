@@ -166,7 +166,7 @@ impl GpuContext {
                 source,
             })?;
         let device_binding =
-            u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
+            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let max_binding_bytes = match options.max_binding_bytes {
             Some(cap) => cap.min(device_binding),
             None => device_binding,

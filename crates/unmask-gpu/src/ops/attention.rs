@@ -39,42 +39,61 @@ pub struct KvSegment<'a> {
     pub len: usize,
 }
 
-/// Tile sizes of one head dimension: query units per workgroup (each K/V read is shared
-/// by all of them) and invocations (= keys per tile).
+/// Blocking of one head dimension: query units per workgroup, keys per tile, invocations,
+/// and the per-invocation register blocks of the two products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     head_dim: usize,
     bq: usize,
+    bk: usize,
     wg: usize,
+    rq: usize,
+    rk: usize,
+    ru: usize,
 }
 
 impl Tile {
     fn for_head_dim(head_dim: usize) -> Self {
-        let wg: usize = std::env::var("ATTN_WG").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
-        let bq_max: usize = std::env::var("ATTN_BQ").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
-        // The most query units that fit the workgroup memory.
-        let mut bq = bq_max;
-        while bq > 1 && (Tile { head_dim, bq, wg }).workgroup_bytes() > WORKGROUP_BYTES {
-            bq -= 1;
-        }
-        Tile { head_dim, bq, wg }
+        let cfg: Vec<usize> = std::env::var("ATTN_CFG")
+            .ok()
+            .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or_else(|| vec![16, 64, 32, 4, 8, 8]);
+        Tile { head_dim, bq: cfg[0], bk: cfg[1], wg: cfg[2], rq: cfg[3], rk: cfg[4], ru: cfg[5] }
+    }
+
+    /// Output dims per invocation in phase 3.
+    fn rd(&self) -> usize {
+        let ndb = self.wg / (self.bq / self.ru);
+        self.head_dim.div_ceil(ndb)
+    }
+
+    fn is_consistent(&self) -> bool {
+        self.bq % self.rq == 0
+            && self.bk % self.rk == 0
+            && (self.bq / self.rq) * (self.bk / self.rk) == self.wg
+            && self.bq % self.ru == 0
+            && self.wg % (self.bq / self.ru) == 0
+            && self.bq <= self.wg
+            && self.wg <= 256
+            && self.workgroup_bytes() <= WORKGROUP_BYTES
     }
 
     fn workgroup_bytes(&self) -> usize {
-        let (hd, bq, wg) = (self.head_dim, self.bq, self.wg);
-        4 * (bq * hd + 2 * bq * wg + 2 * bq)
+        4 * (2 * self.bq * self.bk + 2 * self.bq)
     }
 
     fn spec(&self) -> Spec {
         Spec::new()
             .constant("HD", self.head_dim)
             .constant("BQ", self.bq)
+            .constant("BK", self.bk)
             .constant("WG", self.wg)
-            .constant("QS_LEN", self.bq * self.head_dim)
-            .constant("PS_LEN", self.bq * self.wg)
-            .constant("ACC_LEN", self.bq * self.head_dim.div_ceil(self.wg))
-            .constant("P1HD", if std::env::var("SKIP1").is_ok() { 1 } else { self.head_dim })
-            .constant("P3J", if std::env::var("SKIP3").is_ok() { 1 } else { 100000 })
+            .constant("RQ", self.rq)
+            .constant("RK", self.rk)
+            .constant("RU", self.ru)
+            .constant("PS_LEN", self.bq * self.bk)
+            .constant("S_LEN", self.rq * self.rk)
+            .constant("ACC_LEN", self.ru * self.rd())
     }
 }
 
@@ -256,8 +275,7 @@ mod tests {
     fn tiles_fit_browser_limits() {
         for hd in 1..=MAX_HEAD_DIM {
             let t = Tile::for_head_dim(hd);
-            assert!(t.workgroup_bytes() <= WORKGROUP_BYTES, "{t:?}");
-            assert!(t.wg <= 256 && t.bq >= 1, "{t:?}");
+            assert!(t.is_consistent(), "{t:?}");
         }
     }
 }

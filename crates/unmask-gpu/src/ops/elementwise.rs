@@ -228,7 +228,7 @@ pub fn rope(
 ) -> Result<()> {
     check(
         "rope",
-        s.head_dim % 2 == 0 && s.col_offset + s.n_heads * s.head_dim <= s.row_stride,
+        s.head_dim.is_multiple_of(2) && s.col_offset + s.n_heads * s.head_dim <= s.row_stride,
         || "an even head_dim and heads within the row".into(),
         || {
             format!(
