@@ -3,24 +3,24 @@
 //
 // A workgroup owns one kv head and BQ "query units"; a unit is a (query row, query head)
 // pair of that kv head's GQA group, so grouped heads share every K/V read. Keys are walked
-// in tiles of BK, segment A's tiles first, then B's; the segment of a tile is the same for
-// the whole workgroup, so no hot loop sits in divergent control flow.
+// in tiles of BK = WG * RK, segment A's tiles first, then B's; the segment of a tile is the
+// same for the whole workgroup, so no hot loop sits in divergent control flow.
 //
-// Both products are register-blocked: an invocation computes an RQ x RK block of scores
-// and an RU x RD block of the output, so every value it loads feeds several FMAs. (On SIMD
-// CPU implementations such as lavapipe each invocation's load is a separate scalar access;
-// the loads per FMA decide the speed. On GPUs the blocks keep the loads in L1.)
-// Per tile, two barriers:
-//   phase 1: scores S = Q Kᵀ * scale, block (RQ units x RK keys) per invocation -> ss
+// Invocations map to keys (scores: RK keys each) and to head dims (P·V: RD dims each); the
+// loops over query units are the same for every invocation, so Q and P come from workgroup
+// memory as broadcast vec4 reads (four units each), while every K and V element is read
+// once per workgroup and feeds BQ FMAs. Per tile, two barriers:
+//   phase 1: scores S = Q Kᵀ of keys lid * RK + k -> ss
 //   -- barrier --
 //   phase 2: invocation u < BQ: running max, probabilities -> ps, rescale factor -> alpha
 //   -- barrier --
-//   phase 3: O = O * alpha + P V, block (RU units x RD dims) per invocation
+//   phase 3: O = O * alpha + P V for dims lid * RD + r
 // Phase 3 writes no workgroup memory, and what it reads is next written in phase 2 of the
 // next tile, after that tile's first barrier; so no third barrier is needed.
 //
-// Scores are in the log2 domain (scale = log2(e)/sqrt(HD)) so exp2 can be used.
-// Workgroup memory: 2 * BQ * BK + 2 * BQ floats.
+// Scores are in the log2 domain (Q is pre-scaled by log2(e)/sqrt(HD)) so exp2 can be used.
+// Layouts, with units in groups of four (g): qs[d * BQ4 + g], ss / ps[j * BQ4 + g].
+// Workgroup memory: (HD + 2 * BK + 2) * BQ floats.
 
 struct Params {
     units: u32,        // m * group
@@ -47,30 +47,24 @@ struct Params {
 
 const HD: u32 = {{HD}}u;
 const BQ: u32 = {{BQ}}u;
-const BK: u32 = {{BK}}u;
+const BQ4: u32 = BQ / 4u;
 const WG: u32 = {{WG}}u;
-// Phase 1: invocation lid owns units (lid / NKB) * RQ + i and keys (lid % NKB) * RK + k.
-const RQ: u32 = {{RQ}}u;
 const RK: u32 = {{RK}}u;
-const NKB: u32 = BK / RK;
-// Phase 3: invocation lid owns units (lid / NDB) * RU + i and dims lid % NDB + NDB * r.
-const RU: u32 = {{RU}}u;
-const NDB: u32 = WG / (BQ / RU);
-const RD: u32 = (HD + NDB - 1u) / NDB;
+const BK: u32 = WG * RK;
+const RD: u32 = (HD + WG - 1u) / WG;
 // Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
 const NEG: f32 = -1.0e30;
 
-var<workgroup> ss: array<f32, {{PS_LEN}}>;
-var<workgroup> ps: array<f32, {{PS_LEN}}>;
-var<workgroup> alpha: array<f32, BQ>;
-var<workgroup> total: array<f32, BQ>;
+var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;
+var<workgroup> ss: array<vec4<f32>, {{PS_LEN}}>;
+var<workgroup> ps: array<vec4<f32>, {{PS_LEN}}>;
+var<workgroup> alpha: array<vec4<f32>, BQ4>;
+var<workgroup> total: array<vec4<f32>, BQ4>;
 
-// Row offset of unit u's query / output head; units past the end stand in for unit u0
-// (their results are never stored).
-fn unit_offset(u: u32, u0: u32, kvh: u32, stride: u32, col: u32) -> u32 {
-    let uc = select(u0, u, u < p.units);
-    let row = uc / p.group;
-    let head = kvh * p.group + uc % p.group;
+// Row offset of unit u's head in a [rows, stride] matrix at column col.
+fn unit_offset(u: u32, kvh: u32, stride: u32, col: u32) -> u32 {
+    let row = u / p.group;
+    let head = kvh * p.group + u % p.group;
     return row * stride + col + head * HD;
 }
 
@@ -90,23 +84,26 @@ fn main(
     let u0 = ublock * BQ;
     let kv_col = kvh * HD;
 
-    // Phase 1 ownership.
-    let q_unit0 = (lid / NKB) * RQ;
-    let key0 = (lid % NKB) * RK;
-    var qbase: array<u32, RQ>;
-    for (var i = 0u; i < RQ; i++) {
-        qbase[i] = unit_offset(u0 + q_unit0 + i, u0, kvh, p.q_stride, p.q_col);
+    for (var i = lid; i < BQ * HD; i += WG) {
+        let ui = i / HD;
+        let d = i % HD;
+        var x = 0.0;
+        if (u0 + ui < p.units) {
+            x = q[unit_offset(u0 + ui, kvh, p.q_stride, p.q_col) + d] * p.scale_log2;
+        }
+        qs[d * BQ4 + ui / 4u][ui % 4u] = x;
     }
-    // Phase 3 ownership and accumulators acc[i * RD + r].
-    let o_unit0 = (lid / NDB) * RU;
-    let dim0 = lid % NDB;
+    workgroupBarrier();
+
+    // Phase 3 ownership (dims past the head read its last column and are not stored) and
+    // accumulators acc[r * BQ4 + g].
     var dcol: array<u32, RD>;
     for (var r = 0u; r < RD; r++) {
-        dcol[r] = kv_col + min(dim0 + NDB * r, HD - 1u);
+        dcol[r] = kv_col + min(lid * RD + r, HD - 1u);
     }
-    var acc: array<f32, {{ACC_LEN}}>;
-    for (var x = 0u; x < RU * RD; x++) {
-        acc[x] = 0.0;
+    var acc: array<vec4<f32>, {{ACC_LEN}}>;
+    for (var x = 0u; x < RD * BQ4; x++) {
+        acc[x] = vec4<f32>(0.0);
     }
     // Phase 2 state of unit lid (lid < BQ).
     var run_max = NEG;
@@ -120,107 +117,120 @@ fn main(
         let seg_len = select(p.len_b, p.len_a, in_a);
 
         // Phase 1. Keys past the segment read its last row; their scores are masked.
+        let key0 = t0 + lid * RK;
         var kbase: array<u32, RK>;
         for (var k = 0u; k < RK; k++) {
-            kbase[k] = min(t0 + key0 + k, seg_len - 1u) * p.kv_stride + kv_col;
+            kbase[k] = min(key0 + k, seg_len - 1u) * p.kv_stride + kv_col;
         }
-        var s: array<f32, {{S_LEN}}>;
-        for (var x = 0u; x < RQ * RK; x++) {
-            s[x] = 0.0;
+        var s: array<vec4<f32>, {{S_LEN}}>;
+        for (var x = 0u; x < RK * BQ4; x++) {
+            s[x] = vec4<f32>(0.0);
         }
-        var qv: array<f32, RQ>;
         var kv: array<f32, RK>;
-        for (var d = 0u; d < HD; d++) {
-            for (var i = 0u; i < RQ; i++) {
-                qv[i] = q[qbase[i] + d];
-            }
-            if (in_a) {
+        if (in_a) {
+            for (var d = 0u; d < HD; d++) {
                 for (var k = 0u; k < RK; k++) {
                     kv[k] = ka[kbase[k] + d];
                 }
-            } else {
+                for (var g = 0u; g < BQ4; g++) {
+                    let qg = qs[d * BQ4 + g];
+                    for (var k = 0u; k < RK; k++) {
+                        s[k * BQ4 + g] += qg * kv[k];
+                    }
+                }
+            }
+        } else {
+            for (var d = 0u; d < HD; d++) {
                 for (var k = 0u; k < RK; k++) {
                     kv[k] = kb[kbase[k] + d];
                 }
-            }
-            for (var i = 0u; i < RQ; i++) {
-                for (var k = 0u; k < RK; k++) {
-                    s[i * RK + k] += qv[i] * kv[k];
+                for (var g = 0u; g < BQ4; g++) {
+                    let qg = qs[d * BQ4 + g];
+                    for (var k = 0u; k < RK; k++) {
+                        s[k * BQ4 + g] += qg * kv[k];
+                    }
                 }
             }
         }
-        for (var i = 0u; i < RQ; i++) {
-            for (var k = 0u; k < RK; k++) {
-                let valid = t0 + key0 + k < seg_len;
-                ss[(q_unit0 + i) * BK + key0 + k] = select(NEG, s[i * RK + k] * p.scale_log2, valid);
+        for (var k = 0u; k < RK; k++) {
+            let valid = key0 + k < seg_len;
+            for (var g = 0u; g < BQ4; g++) {
+                ss[(lid * RK + k) * BQ4 + g] = select(vec4<f32>(NEG), s[k * BQ4 + g], valid);
             }
         }
         workgroupBarrier();
 
         // Phase 2: probabilities of unit lid against its updated running max.
         if (lid < BQ) {
+            let g = lid / 4u;
+            let c = lid % 4u;
             var mx = run_max;
             for (var j = 0u; j < BK; j++) {
-                mx = max(mx, ss[lid * BK + j]);
+                mx = max(mx, ss[j * BQ4 + g][c]);
             }
             var sum = 0.0;
             for (var j = 0u; j < BK; j++) {
-                let pj = exp2(ss[lid * BK + j] - mx);
-                ps[lid * BK + j] = pj;
+                let pj = exp2(ss[j * BQ4 + g][c] - mx);
+                ps[j * BQ4 + g][c] = pj;
                 sum += pj;
             }
             let a = exp2(run_max - mx);
-            alpha[lid] = a;
+            alpha[g][c] = a;
             run_sum = run_sum * a + sum;
             run_max = mx;
         }
         workgroupBarrier();
 
         // Phase 3: rescale, then accumulate P V over the keys of this tile.
-        for (var i = 0u; i < RU; i++) {
-            let a = alpha[o_unit0 + i];
+        for (var g = 0u; g < BQ4; g++) {
+            let a = alpha[g];
             for (var r = 0u; r < RD; r++) {
-                acc[i * RD + r] *= a;
+                acc[r * BQ4 + g] *= a;
             }
         }
         let keys_here = min(BK, seg_len - t0);
-        var pv: array<f32, RU>;
         var vv: array<f32, RD>;
-        for (var j = 0u; j < keys_here; j++) {
-            for (var i = 0u; i < RU; i++) {
-                pv[i] = ps[(o_unit0 + i) * BK + j];
-            }
-            let vrow = (t0 + j) * p.kv_stride;
-            if (in_a) {
+        if (in_a) {
+            for (var j = 0u; j < keys_here; j++) {
+                let vrow = (t0 + j) * p.kv_stride;
                 for (var r = 0u; r < RD; r++) {
                     vv[r] = va[vrow + dcol[r]];
                 }
-            } else {
+                for (var g = 0u; g < BQ4; g++) {
+                    let pg = ps[j * BQ4 + g];
+                    for (var r = 0u; r < RD; r++) {
+                        acc[r * BQ4 + g] += pg * vv[r];
+                    }
+                }
+            }
+        } else {
+            for (var j = 0u; j < keys_here; j++) {
+                let vrow = (t0 + j) * p.kv_stride;
                 for (var r = 0u; r < RD; r++) {
                     vv[r] = vb[vrow + dcol[r]];
                 }
-            }
-            for (var i = 0u; i < RU; i++) {
-                for (var r = 0u; r < RD; r++) {
-                    acc[i * RD + r] += pv[i] * vv[r];
+                for (var g = 0u; g < BQ4; g++) {
+                    let pg = ps[j * BQ4 + g];
+                    for (var r = 0u; r < RD; r++) {
+                        acc[r * BQ4 + g] += pg * vv[r];
+                    }
                 }
             }
         }
     }
 
     if (lid < BQ) {
-        total[lid] = run_sum;
+        total[lid / 4u][lid % 4u] = run_sum;
     }
     workgroupBarrier();
-    for (var i = 0u; i < RU; i++) {
-        let u = u0 + o_unit0 + i;
-        if (u < p.units) {
-            let base = unit_offset(u, u0, kvh, p.out_stride, 0u);
-            let inv = 1.0 / total[o_unit0 + i];
-            for (var r = 0u; r < RD; r++) {
-                let d = dim0 + NDB * r;
-                if (d < HD) {
-                    out[base + d] = acc[i * RD + r] * inv;
+    for (var r = 0u; r < RD; r++) {
+        let d = lid * RD + r;
+        if (d < HD) {
+            for (var ui = 0u; ui < BQ; ui++) {
+                if (u0 + ui < p.units) {
+                    let g = ui / 4u;
+                    let c = ui % 4u;
+                    out[unit_offset(u0 + ui, kvh, p.out_stride, 0u) + d] = acc[r * BQ4 + g][c] / total[g][c];
                 }
             }
         }

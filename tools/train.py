@@ -481,7 +481,7 @@ def main():
             say(f"step {step}/{total or '?'} loss {lv:.4f} ema {loss_ema:.4f} lr {lr:.2e} "
                 f"elapsed {(time.time() - t_start) / 60:.1f} min")
         if time.time() - last_ckpt >= args.ckpt_minutes * 60:
-            acc, per = evaluate(model, tok, ids, vitems[:8])
+            acc, per = evaluate(model, tok, ids, vitems[:6])
             say(f"step {step}: validation exact match {acc:.3f} {per}")
             save_checkpoint(ckpt_path, model, opt, cfg, {
                 "step": step, "total_steps": total, "loss_ema": loss_ema, "seed": args.seed,

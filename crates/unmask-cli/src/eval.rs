@@ -321,7 +321,11 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         "evaluating {} of {set_items} items of {} with cache {}",
         items.len(),
         set_path.display(),
-        modes.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+        modes
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     let runs = modes
@@ -472,7 +476,9 @@ fn summarize(
                 .iter()
                 .zip(r)
                 .filter(|(item, _)| &item.task == task)
-                .fold((0, 0), |(c, k), (_, res)| (c + 1, k + usize::from(res.correct)));
+                .fold((0, 0), |(c, k), (_, res)| {
+                    (c + 1, k + usize::from(res.correct))
+                });
             (task.clone(), count, correct)
         })
         .collect();
@@ -499,8 +505,7 @@ fn summarize(
         mean_steps: mean(&|x| x.steps as f64),
         mean_ttft_s: mean(&|x| x.first_step_s),
         agreement_with_none,
-        kv_arena_bytes: mean(&|x| (x.prompt_tokens + gen_length) as f64)
-            * arena_bytes_per_position,
+        kv_arena_bytes: mean(&|x| (x.prompt_tokens + gen_length) as f64) * arena_bytes_per_position,
     }
 }
 
@@ -679,10 +684,7 @@ fn markdown(cx: &Context<'_>, items: &[Item], tasks: &[String], summaries: &[Sum
     rule.extend(std::iter::repeat_n("---:".to_string(), header.len() - 1));
     out.push_str(&table_row(&rule));
     for s in summaries {
-        let mut cells = vec![
-            s.cache.name().to_string(),
-            fraction(s.correct, s.items),
-        ];
+        let mut cells = vec![s.cache.name().to_string(), fraction(s.correct, s.items)];
         cells.extend(s.per_task.iter().map(|(_, count, correct)| {
             if *count > 0 {
                 fraction(*correct, *count)
@@ -761,9 +763,8 @@ fn check_output(flag: &str, path: Option<&Path>) -> Result<(), CliError> {
 }
 
 fn write_file(flag: &str, path: &Path, text: &str) -> Result<(), CliError> {
-    std::fs::write(path, text).map_err(|e| {
-        CliError::context(format!("cannot write --{flag} {}", path.display()), e)
-    })?;
+    std::fs::write(path, text)
+        .map_err(|e| CliError::context(format!("cannot write --{flag} {}", path.display()), e))?;
     eprintln!("wrote {}", path.display());
     Ok(())
 }
@@ -781,7 +782,8 @@ mod tests {
         assert_eq!(extract_answer("ends with ####"), "");
         assert_eq!(extract_answer("###  7"), "###  7");
         assert_eq!(extract_answer(""), "");
-        assert_eq!(extract_answer("x #####5"), "#5");
+        // The last marker is the one that ends last, as Python's `rsplit("####", 1)`.
+        assert_eq!(extract_answer("x #####5"), "5");
     }
 
     #[test]
@@ -800,8 +802,13 @@ mod tests {
         assert!(err("{oops").contains("not a valid JSON"));
         assert!(err("[1]").contains("found an array"));
         assert!(err(r#"{"id":"a","task":"t","answer":"x"}"#).contains("missing field \"user\""));
-        assert!(err(r#"{"id":1,"task":"t","user":"u","answer":"x"}"#).contains("\"id\" must be a string"));
-        assert!(err(r#"{"id":" ","task":"t","user":"u","answer":"x"}"#).contains("\"id\" is empty"));
+        assert!(
+            err(r#"{"id":1,"task":"t","user":"u","answer":"x"}"#)
+                .contains("\"id\" must be a string")
+        );
+        assert!(
+            err(r#"{"id":" ","task":"t","user":"u","answer":"x"}"#).contains("\"id\" is empty")
+        );
     }
 
     #[test]
@@ -816,7 +823,10 @@ mod tests {
             prompt_group: None,
         };
         let cols = task_columns(&[item("format"), item("riddle"), item("lookup")]);
-        assert_eq!(cols, ["lookup", "combine", "arithmetic", "format", "riddle"]);
+        assert_eq!(
+            cols,
+            ["lookup", "combine", "arithmetic", "format", "riddle"]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `unmask` binary end to end on the tiny fixture model: generation (ids and text,
-//! JSON and plain), logits as .npy against the golden logits, piped chat, info, selfcheck,
-//! and the exit codes and messages of bad command lines.
+//! JSON and plain, every cache mode), logits as .npy against the golden logits, piped chat,
+//! eval over a small task set, info, selfcheck, and the exit codes and messages of bad
+//! command lines.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -475,7 +476,7 @@ fn missing_model_exits_1_with_the_path() {
 fn help_info_and_selfcheck() {
     let o = run(&["help"]);
     assert_ok(&o);
-    for command in ["generate", "chat", "logits", "info", "selfcheck"] {
+    for command in ["generate", "chat", "eval", "logits", "info", "selfcheck"] {
         assert!(stdout(&o).contains(command), "{}", stdout(&o));
     }
     for args in [["generate", "--help"], ["help", "generate"]] {
@@ -500,4 +501,508 @@ fn help_info_and_selfcheck() {
     let o = run(&["selfcheck"]);
     assert_ok(&o);
     assert!(stdout(&o).contains("selfcheck passed"), "{}", stdout(&o));
+}
+
+const CACHE_MODES: [&str; 4] = ["none", "fast-dllm-prefix", "fast-dllm-dual", "prefix-arm"];
+
+/// The four-item task set of the tests: one item of every task type.
+fn tiny_set() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/tiny-set.jsonl")
+        .display()
+        .to_string()
+}
+
+/// A path in the temporary folder, unique to this test process.
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("unmask-cli-{}-{name}", std::process::id()))
+}
+
+fn f64_of(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn generate_combines_threshold_and_prefix_len_with_every_cache_mode() {
+    let fix = fixture();
+    let mut passes = Vec::new();
+    for mode in CACHE_MODES {
+        // Threshold decoding: two blocks of 8, each taking as many steps as it needs.
+        let o = run(&[
+            "generate",
+            "--model",
+            &fix,
+            "--prompt",
+            "Hi there",
+            "--system",
+            "Be brief.",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--threshold",
+            "0.5",
+            "--cache",
+            mode,
+            "--json",
+        ]);
+        assert_ok(&o);
+        let v = json(&o);
+        assert_eq!(v["cache"], mode);
+        let ids = u64s(&v["ids"]);
+        assert_eq!(ids.len(), 16);
+        assert!(!ids.contains(&MASK), "{mode}: mask left in {ids:?}");
+        let prompt_len = u64s(&v["prompt_ids"]).len() as u64;
+        let prefix = v["prefix_len"].as_u64().expect("prefix_len");
+        assert!(prefix > 0 && prefix < prompt_len, "{mode}: prefix {prefix}");
+        let t = &v["timings"];
+        let steps = t["steps"].as_u64().expect("steps");
+        assert!((2..=16).contains(&steps), "{mode}: {steps} steps");
+        assert_eq!(v["steps"].as_array().map(Vec::len), Some(steps as usize));
+        for key in [
+            "token_layer_passes",
+            "throughput_canvas",
+            "throughput_answer",
+            "answer_tokens",
+        ] {
+            assert!(
+                t[key].as_f64().is_some_and(|x| x >= 0.0),
+                "{mode}: {key} in {t}"
+            );
+        }
+        assert!(t["answer_tokens"].as_u64().is_some_and(|n| n <= 16));
+
+        // A fixed schedule, for comparable work: 16 steps over two blocks.
+        let o = run(&[
+            "generate",
+            "--model",
+            &fix,
+            "--prompt-ids",
+            "1,2,3,4,5,6",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--cache",
+            mode,
+            "--prefix-len",
+            "4",
+            "--json",
+        ]);
+        assert_ok(&o);
+        let v = json(&o);
+        assert_eq!(v["prefix_len"], 4);
+        assert_eq!(v["timings"]["steps"], 16);
+        passes.push(v["timings"]["token_layer_passes"].as_u64().expect("passes"));
+    }
+    // 2 layers x 22 rows x 16 steps without a cache; the caches compute fewer rows.
+    assert_eq!(passes[0], 2 * 22 * 16);
+    assert!(passes[1..].iter().all(|&p| p < passes[0]), "{passes:?}");
+    assert!(
+        passes[2] < passes[1],
+        "dual computes less than prefix: {passes:?}"
+    );
+
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            &fix,
+            "--prompt-ids",
+            "1,2,3",
+            "--cache",
+            "prefix-arm",
+            "--prefix-len",
+            "4",
+        ],
+        2,
+        "--prefix-len 4",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            &fix,
+            "--prompt-ids",
+            "1,305,3",
+            "--cache",
+            "fast-dllm-dual",
+        ],
+        2,
+        "--cache none",
+    );
+}
+
+#[test]
+fn chat_takes_a_cache_mode() {
+    let fix = fixture();
+    let args = [
+        "chat",
+        "--model",
+        &fix,
+        "--system",
+        "Be brief.",
+        "--gen-length",
+        "8",
+        "--threshold",
+        "0.9",
+        "--cache",
+        "fast-dllm-dual",
+        "--json",
+    ];
+    let o = run_with_stdin(&args, "Hello\nAnd then?\n");
+    assert_ok(&o);
+    let turns: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(turns.len(), 2);
+    for t in &turns {
+        assert_eq!(t["cache"], "fast-dllm-dual");
+        assert_eq!(u64s(&t["ids"]).len(), 8);
+        assert!(t["prefix_len"].as_u64() < t["prompt_tokens"].as_u64());
+        assert!(t["timings"]["token_layer_passes"].as_u64().is_some());
+    }
+}
+
+#[test]
+fn eval_runs_every_cache_mode_over_the_set() {
+    let set = tiny_set();
+    let md = temp_path("eval.md");
+    let out = temp_path("eval.json");
+    let (md_arg, out_arg) = (md.display().to_string(), out.display().to_string());
+    let o = run(&[
+        "eval",
+        "--model",
+        &fixture(),
+        "--set",
+        &set,
+        "--cache",
+        "all",
+        "--gen-length",
+        "8",
+        "--json",
+        "--markdown",
+        &md_arg,
+        "--out",
+        &out_arg,
+    ]);
+    assert_ok(&o);
+    let v = json(&o);
+    assert!(v["adapter"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(v["backend"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(v["model"].as_str().is_some_and(|s| s.contains("tiny")));
+    assert_eq!(v["set"], set.as_str());
+    assert_eq!(v["n_items"], 4);
+    // Eval's defaults: steps and block length follow the generation length.
+    assert_eq!(v["params"]["gen_length"], 8);
+    assert_eq!(v["params"]["steps"], 8);
+    assert_eq!(v["params"]["block_length"], 8);
+    assert_eq!(v["params"]["temperature"], 0.0);
+
+    let modes = v["modes"].as_array().expect("modes");
+    let names: Vec<&str> = modes
+        .iter()
+        .map(|m| m["cache"].as_str().expect("cache"))
+        .collect();
+    assert_eq!(names, CACHE_MODES);
+    for m in modes {
+        let name = &m["cache"];
+        assert_eq!(m["n_items"], 4, "{name}");
+        let accuracy = f64_of(&m["accuracy"]);
+        assert!((0.0..=1.0).contains(&accuracy), "{name}: {accuracy}");
+        assert_eq!(
+            accuracy,
+            f64_of(&m["correct"]) / 4.0,
+            "{name}: accuracy is correct / items"
+        );
+        for task in ["lookup", "combine", "arithmetic", "format"] {
+            let a = f64_of(&m["accuracy_per_task"][task]);
+            assert!((0.0..=1.0).contains(&a), "{name}: {task}");
+            assert_eq!(m["items_per_task"][task], 1, "{name}: {task}");
+        }
+        for key in [
+            "total_s",
+            "mean_s",
+            "throughput_canvas",
+            "throughput_answer",
+            "mean_token_layer_passes",
+            "mean_forward_passes",
+            "mean_ttft_s",
+            "agreement_with_none",
+            "cache_bytes",
+            "kv_arena_bytes",
+        ] {
+            assert!(f64_of(&m[key]) >= 0.0, "{name}: {key}");
+        }
+        assert_eq!(m["canvas_tokens"], 32, "{name}");
+        assert!(f64_of(&m["throughput_canvas"]) > 0.0, "{name}");
+        assert!(f64_of(&m["agreement_with_none"]) <= 1.0, "{name}");
+        assert_eq!(m["cache_bytes"], m["kv_arena_bytes"]);
+        // Several modes: the per-item lists go only to --out.
+        assert!(m.get("items").is_none(), "{name}: items on stdout");
+    }
+    let passes = |i: usize| f64_of(&modes[i]["mean_token_layer_passes"]);
+    assert!(
+        passes(2) < passes(0),
+        "dual {} vs none {}",
+        passes(2),
+        passes(0)
+    );
+    assert_eq!(modes[0]["agreement_with_none"], 1.0);
+    assert_eq!(modes[0]["mean_forward_passes"], 8.0);
+    // K and V of 2 layers x 2 heads x 16 dims in f32 over every position: 512 bytes each.
+    let kv = modes[0]["kv_arena_bytes"].as_u64().expect("bytes");
+    assert_eq!(kv % 4, 0);
+    assert!(kv > 512 * 8, "{kv}");
+
+    let full: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("read --out")).expect("JSON");
+    let _ = std::fs::remove_file(&out);
+    let full_modes = full["modes"].as_array().expect("modes");
+    assert_eq!(full_modes.len(), 4);
+    for (m, full_m) in modes.iter().zip(full_modes) {
+        assert_eq!(m["accuracy"], full_m["accuracy"]);
+        let items = full_m["items"].as_array().expect("items in --out");
+        let ids: Vec<&str> = items
+            .iter()
+            .map(|i| i["id"].as_str().expect("id"))
+            .collect();
+        assert_eq!(
+            ids,
+            ["g1-lookup", "g1-combine", "g1-arithmetic", "g2-format"]
+        );
+        for item in items {
+            assert_eq!(u64s(&item["ids"]).len(), 8);
+            assert!(item["output"].is_string());
+            assert!(item["answer"].is_string());
+            assert!(item["correct"].is_boolean());
+            assert!(f64_of(&item["total_s"]) >= 0.0);
+            assert!(item["token_layer_passes"].as_u64().is_some_and(|n| n > 0));
+        }
+    }
+
+    let table = std::fs::read_to_string(&md).expect("read --markdown");
+    let _ = std::fs::remove_file(&md);
+    let header = table.lines().next().expect("header line");
+    for needle in [
+        "adapter:",
+        "model:",
+        "set:",
+        "gen_length=8",
+        "unmask eval",
+        "--cache all",
+    ] {
+        assert!(header.contains(needle), "`{needle}` not in {header}");
+    }
+    assert!(table.contains("| cache | accuracy | lookup | combine | arithmetic | format |"));
+    assert!(table.contains("| TTFT (s) | agreement with none |"));
+    for mode in CACHE_MODES {
+        let rows = table
+            .lines()
+            .filter(|l| l.starts_with(&format!("| {mode} |")))
+            .count();
+        assert_eq!(rows, 1, "{mode} rows in\n{table}");
+    }
+    assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 2 + 4);
+}
+
+#[test]
+fn eval_scores_exact_matches_and_limits_items() {
+    let fix = fixture();
+    // Defaults (32 tokens, 32 steps, one block) over the first two items.
+    let o = run(&[
+        "eval",
+        "--model",
+        &fix,
+        "--set",
+        &tiny_set(),
+        "--limit",
+        "2",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let v = json(&o);
+    assert_eq!(v["params"]["gen_length"], 32);
+    assert_eq!(v["params"]["steps"], 32);
+    assert_eq!(v["params"]["block_length"], 32);
+    assert_eq!(v["n_items"], 2);
+    assert_eq!(v["limit"], 2);
+    let modes = v["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 1);
+    assert_eq!(modes[0]["cache"], "none");
+    assert_eq!(modes[0]["n_items"], 2);
+    assert_eq!(modes[0]["items_per_task"]["lookup"], 1);
+    assert_eq!(modes[0]["items_per_task"]["arithmetic"], 0);
+    assert!(modes[0]["accuracy_per_task"]["arithmetic"].is_null());
+    let items = modes[0]["items"].as_array().expect("items with one mode");
+    assert_eq!(items.len(), 2);
+    for item in items {
+        assert_eq!(u64s(&item["ids"]).len(), 32);
+    }
+    let first_output = items[0]["output"].as_str().expect("output").to_string();
+
+    // The same items, the first expecting exactly what the model answered and the second
+    // garbage: half right. A set of garbage answers scores 0.
+    let line = |id: &str, task: &str, answer: &str, system: &str, user: &str| {
+        serde_json::json!({
+            "id": id, "task": task, "system": system, "user": user,
+            "answer": answer, "prompt_group": "g1",
+        })
+        .to_string()
+    };
+    let system = "Alice: Oslo, cat, 31. Bruno: Rome, dog, 27. Answer after ####.";
+    let scored = temp_path("scored.jsonl");
+    std::fs::write(
+        &scored,
+        format!(
+            "{}\n{}\n",
+            line(
+                "g1-lookup",
+                "lookup",
+                &first_output,
+                system,
+                "Which city is Alice from?"
+            ),
+            line(
+                "g1-combine",
+                "combine",
+                "§ no model says this §",
+                system,
+                "What pet has the person from Rome?"
+            ),
+        ),
+    )
+    .expect("write set");
+    let scored_arg = scored.display().to_string();
+    let o = run(&["eval", "--model", &fix, "--set", &scored_arg, "--json"]);
+    let _ = std::fs::remove_file(&scored);
+    assert_ok(&o);
+    let v = json(&o);
+    let m = &v["modes"][0];
+    assert_eq!(m["accuracy"], 0.5);
+    assert_eq!(m["accuracy_per_task"]["lookup"], 1.0);
+    assert_eq!(m["accuracy_per_task"]["combine"], 0.0);
+    assert_eq!(m["items"][0]["correct"], true);
+    assert_eq!(m["items"][1]["correct"], false);
+    assert_eq!(
+        m["items"][0]["ids"], items[0]["ids"],
+        "temperature 0 is deterministic"
+    );
+
+    // Without --json: a progress line per item on stderr and the table on stdout.
+    let garbage = temp_path("garbage.jsonl");
+    std::fs::write(
+        &garbage,
+        format!(
+            "{}\n",
+            line("x1", "arithmetic", "§§§ 1234567 §§§", system, "Sum?")
+        ),
+    )
+    .expect("write set");
+    let garbage_arg = garbage.display().to_string();
+    let o = run(&[
+        "eval",
+        "--model",
+        &fix,
+        "--set",
+        &garbage_arg,
+        "--gen-length",
+        "8",
+        "--cache",
+        "none,fast-dllm-dual",
+    ]);
+    let _ = std::fs::remove_file(&garbage);
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(err.contains("[none 1/1] x1 (arithmetic): wrong"), "{err}");
+    assert!(err.contains("[fast-dllm-dual 1/1] x1"), "{err}");
+    let table = stdout(&o);
+    assert!(table.contains("| none | 0.000 (0/1) |"), "{table}");
+    assert!(
+        table.contains("| fast-dllm-dual | 0.000 (0/1) |"),
+        "{table}"
+    );
+}
+
+#[test]
+fn eval_errors_name_the_value_the_file_and_the_line() {
+    let fix = fixture();
+    let f = fix.as_str();
+    let set = tiny_set();
+    let s = set.as_str();
+    assert_fails(
+        &["eval", "--model", f, "--set", s, "--cache", "all,none"],
+        2,
+        "`all`",
+    );
+    assert_fails(
+        &["eval", "--model", f, "--set", s, "--cache", "bicache"],
+        2,
+        "`bicache`",
+    );
+    assert_fails(
+        &["eval", "--model", f, "--set", s, "--cache", "none,bicache"],
+        2,
+        "`bicache`",
+    );
+    assert_fails(
+        &["eval", "--model", f, "--set", s, "--cache", "none,none"],
+        2,
+        "more than once",
+    );
+    assert_fails(
+        &["generate", "--prompt-ids", "1", "--cache", "bicache"],
+        2,
+        "`bicache`",
+    );
+    assert_fails(&["chat", "--cache", "dual"], 2, "`dual`");
+    assert_fails(&["eval", "--model", f], 2, "--set");
+    assert_fails(
+        &["eval", "--model", f, "--set", s, "--limit", "0"],
+        2,
+        "--limit",
+    );
+    assert_fails(&["eval", "--model", f, "--set", s, "--raw"], 2, "--raw");
+
+    let missing = temp_path("no-such-set.jsonl").display().to_string();
+    assert_fails(&["eval", "--model", f, "--set", &missing], 1, &missing);
+
+    let bad = temp_path("bad-set.jsonl");
+    let bad_arg = bad.display().to_string();
+    let good = r#"{"id": "a", "task": "lookup", "system": "S", "user": "U", "answer": "x", "prompt_group": "g"}"#;
+    for (second, why) in [
+        ("{\"id\": \"b\", \"task\": ", "not a valid JSON"),
+        (
+            r#"{"id": "b", "task": "lookup", "system": "S", "answer": "x"}"#,
+            "missing field \"user\"",
+        ),
+        (
+            r#"{"id": "b", "task": "lookup", "user": "U", "answer": 7}"#,
+            "\"answer\" must be a string",
+        ),
+        (good, "already used on line 1"),
+    ] {
+        std::fs::write(&bad, format!("{good}\n{second}\n")).expect("write set");
+        assert_fails(
+            &["eval", "--model", f, "--set", &bad_arg],
+            1,
+            &format!("{bad_arg}:2: "),
+        );
+        assert_fails(&["eval", "--model", f, "--set", &bad_arg], 1, why);
+    }
+    std::fs::write(&bad, "\n\n").expect("write set");
+    assert_fails(
+        &["eval", "--model", f, "--set", &bad_arg],
+        1,
+        "holds no items",
+    );
+    let _ = std::fs::remove_file(&bad);
+
+    let nowhere = temp_path("no-such-dir/table.md").display().to_string();
+    assert_fails(
+        &["eval", "--model", f, "--set", s, "--markdown", &nowhere],
+        2,
+        "does not exist",
+    );
 }

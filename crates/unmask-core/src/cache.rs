@@ -49,7 +49,9 @@ impl fmt::Display for CacheMode {
 
 /// An unknown cache mode name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm")]
+#[error(
+    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm"
+)]
 pub struct UnknownCacheMode {
     pub found: String,
 }
@@ -61,7 +63,9 @@ impl FromStr for CacheMode {
         CacheMode::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| UnknownCacheMode { found: s.to_string() })
+            .ok_or_else(|| UnknownCacheMode {
+                found: s.to_string(),
+            })
     }
 }
 
@@ -110,13 +114,25 @@ pub struct PlanInput {
 /// The plan of one step.
 pub fn plan_step(i: &PlanInput) -> StepPlan {
     let t = i.seq_len;
-    let full = PassPlan { rows: 0..t, kv_len: t };
+    let full = PassPlan {
+        rows: 0..t,
+        kv_len: t,
+    };
     if i.recompute_all {
-        return StepPlan { warmup: None, pass: full };
+        return StepPlan {
+            warmup: None,
+            pass: full,
+        };
     }
     match i.mode {
-        CacheMode::None => StepPlan { warmup: None, pass: full },
-        CacheMode::FastDllmPrefix if i.block_start => StepPlan { warmup: None, pass: full },
+        CacheMode::None => StepPlan {
+            warmup: None,
+            pass: full,
+        },
+        CacheMode::FastDllmPrefix if i.block_start => StepPlan {
+            warmup: None,
+            pass: full,
+        },
         CacheMode::FastDllmPrefix => StepPlan {
             warmup: None,
             pass: PassPlan {
@@ -124,7 +140,10 @@ pub fn plan_step(i: &PlanInput) -> StepPlan {
                 kv_len: t,
             },
         },
-        CacheMode::FastDllmDual if i.block_start => StepPlan { warmup: None, pass: full },
+        CacheMode::FastDllmDual if i.block_start => StepPlan {
+            warmup: None,
+            pass: full,
+        },
         CacheMode::FastDllmDual => StepPlan {
             warmup: None,
             pass: PassPlan {
@@ -136,8 +155,14 @@ pub fn plan_step(i: &PlanInput) -> StepPlan {
             let p = i.prefix_len.min(t);
             StepPlan {
                 // The prefix sees only itself, once, like an autoregressive prompt cache.
-                warmup: (i.first_step && p > 0).then_some(PassPlan { rows: 0..p, kv_len: p }),
-                pass: PassPlan { rows: p..t, kv_len: t },
+                warmup: (i.first_step && p > 0).then_some(PassPlan {
+                    rows: 0..p,
+                    kv_len: p,
+                }),
+                pass: PassPlan {
+                    rows: p..t,
+                    kv_len: t,
+                },
             }
         }
     }
@@ -171,16 +196,46 @@ mod tests {
     #[test]
     fn plans_follow_the_modes() {
         let none = plan_step(&input(CacheMode::None, 12..16, false, false));
-        assert_eq!(none.pass, PassPlan { rows: 0..20, kv_len: 20 });
+        assert_eq!(
+            none.pass,
+            PassPlan {
+                rows: 0..20,
+                kv_len: 20
+            }
+        );
         let p0 = plan_step(&input(CacheMode::FastDllmPrefix, 12..16, true, false));
         assert_eq!(p0.pass.rows, 0..20);
         let p1 = plan_step(&input(CacheMode::FastDllmPrefix, 12..16, false, false));
-        assert_eq!(p1.pass, PassPlan { rows: 12..20, kv_len: 20 });
+        assert_eq!(
+            p1.pass,
+            PassPlan {
+                rows: 12..20,
+                kv_len: 20
+            }
+        );
         let d1 = plan_step(&input(CacheMode::FastDllmDual, 12..16, false, false));
-        assert_eq!(d1.pass, PassPlan { rows: 12..16, kv_len: 20 });
+        assert_eq!(
+            d1.pass,
+            PassPlan {
+                rows: 12..16,
+                kv_len: 20
+            }
+        );
         let a0 = plan_step(&input(CacheMode::PrefixArm, 8..12, true, true));
-        assert_eq!(a0.warmup, Some(PassPlan { rows: 0..6, kv_len: 6 }));
-        assert_eq!(a0.pass, PassPlan { rows: 6..20, kv_len: 20 });
+        assert_eq!(
+            a0.warmup,
+            Some(PassPlan {
+                rows: 0..6,
+                kv_len: 6
+            })
+        );
+        assert_eq!(
+            a0.pass,
+            PassPlan {
+                rows: 6..20,
+                kv_len: 20
+            }
+        );
         let a1 = plan_step(&input(CacheMode::PrefixArm, 8..12, true, false));
         assert_eq!(a1.warmup, None);
         assert_eq!(a1.token_layer_passes(3), 14 * 3);
@@ -191,7 +246,16 @@ mod tests {
         for m in CacheMode::ALL {
             let mut i = input(m, 12..16, false, true);
             i.recompute_all = true;
-            assert_eq!(plan_step(&i), StepPlan { warmup: None, pass: PassPlan { rows: 0..20, kv_len: 20 } });
+            assert_eq!(
+                plan_step(&i),
+                StepPlan {
+                    warmup: None,
+                    pass: PassPlan {
+                        rows: 0..20,
+                        kv_len: 20
+                    }
+                }
+            );
         }
     }
 }

@@ -4,8 +4,10 @@
 pub mod cache;
 pub mod chat;
 pub mod config;
+pub mod depth_policy;
 pub mod error;
 pub mod oracle;
+pub mod prefix_store;
 pub mod rng;
 pub mod sampler;
 pub mod tokenizer;

@@ -39,17 +39,14 @@ pub struct KvSegment<'a> {
     pub len: usize,
 }
 
-/// Blocking of one head dimension: query units per workgroup, keys per tile, invocations,
-/// and the per-invocation register blocks of the two products.
+/// Blocking of one head dimension: query units per workgroup (a multiple of 4), invocations,
+/// and keys per invocation in the score phase (a tile holds `wg * rk` keys).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     head_dim: usize,
     bq: usize,
-    bk: usize,
     wg: usize,
-    rq: usize,
     rk: usize,
-    ru: usize,
 }
 
 impl Tile {
@@ -57,43 +54,41 @@ impl Tile {
         let cfg: Vec<usize> = std::env::var("ATTN_CFG")
             .ok()
             .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-            .unwrap_or_else(|| vec![16, 64, 32, 4, 8, 8]);
-        Tile { head_dim, bq: cfg[0], bk: cfg[1], wg: cfg[2], rq: cfg[3], rk: cfg[4], ru: cfg[5] }
+            .unwrap_or_else(|| vec![8, 32, 4]);
+        Tile { head_dim, bq: cfg[0], wg: cfg[1], rk: cfg[2] }
     }
 
-    /// Output dims per invocation in phase 3.
+    fn bk(&self) -> usize {
+        self.wg * self.rk
+    }
+
+    /// Head dims per invocation in the P·V phase.
     fn rd(&self) -> usize {
-        let ndb = self.wg / (self.bq / self.ru);
-        self.head_dim.div_ceil(ndb)
+        self.head_dim.div_ceil(self.wg)
     }
 
     fn is_consistent(&self) -> bool {
-        self.bq % self.rq == 0
-            && self.bk % self.rk == 0
-            && (self.bq / self.rq) * (self.bk / self.rk) == self.wg
-            && self.bq % self.ru == 0
-            && self.wg % (self.bq / self.ru) == 0
+        self.bq % 4 == 0
             && self.bq <= self.wg
             && self.wg <= 256
             && self.workgroup_bytes() <= WORKGROUP_BYTES
     }
 
     fn workgroup_bytes(&self) -> usize {
-        4 * (2 * self.bq * self.bk + 2 * self.bq)
+        4 * self.bq * (self.head_dim + 2 * self.bk() + 2)
     }
 
     fn spec(&self) -> Spec {
+        let bq4 = self.bq / 4;
         Spec::new()
             .constant("HD", self.head_dim)
             .constant("BQ", self.bq)
-            .constant("BK", self.bk)
             .constant("WG", self.wg)
-            .constant("RQ", self.rq)
             .constant("RK", self.rk)
-            .constant("RU", self.ru)
-            .constant("PS_LEN", self.bq * self.bk)
-            .constant("S_LEN", self.rq * self.rk)
-            .constant("ACC_LEN", self.ru * self.rd())
+            .constant("QS_LEN", bq4 * self.head_dim)
+            .constant("PS_LEN", bq4 * self.bk())
+            .constant("S_LEN", bq4 * self.rk)
+            .constant("ACC_LEN", bq4 * self.rd())
     }
 }
 
