@@ -13,21 +13,30 @@
 //! (`unmask_gpu::model`): one command encoder per step, 8 bytes read back per sampled row.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use thiserror::Error;
-use unmask_core::cache::{PlanInput, plan_step};
+use unmask_core::cache::{BicacheStep, PlanInput, bicache_step, plan_step};
 use unmask_core::chat::{encode_chat, prefix_split};
 use unmask_core::config::LladaConfig;
+use unmask_core::depth_policy::{DepthTable, prefix_ratio};
 use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
+use unmask_core::prefix_store::{EntryId, PrefixStore, StoreBudget, StoreStats};
 use unmask_core::sampler::Sampler;
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
-use unmask_gpu::model::{LladaModel, ModelError};
+use unmask_gpu::model::{ForwardState, LayerPass, LladaModel, ModelError};
 use unmask_gpu::ops::sampling::SelectParams;
 use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder};
 
+mod bicache;
+
+pub use bicache::PrefixEntry;
 pub use unmask_core::cache::CacheMode;
+pub use unmask_core::prefix_store::StoreBudget as CacheBudget;
+
+/// File in a model folder holding its BiCache depth table (r → b), made by `unmask profile`.
+pub const DEPTH_TABLE_FILE: &str = "bicache_depth.json";
 pub use unmask_core::chat::{Message, Role};
 pub use unmask_core::sampler::{GenerationParams, Remasking, StepRecord};
 pub use unmask_core::tokenizer::DecodeMode;
@@ -58,6 +67,8 @@ pub struct EngineOptions {
     pub backend: Option<String>,
     /// Weight storage on the GPU; f16 by default (native when the device has shader-f16).
     pub weight_format: WeightFormat,
+    /// What the BiCache prefix store may hold (tokens and bytes over all entries).
+    pub cache_budget: StoreBudget,
 }
 
 impl Default for EngineOptions {
@@ -65,6 +76,10 @@ impl Default for EngineOptions {
         Self {
             backend: None,
             weight_format: WeightFormat::F16Native,
+            cache_budget: StoreBudget {
+                max_tokens: 1 << 16,
+                max_bytes: 1 << 30,
+            },
         }
     }
 }
@@ -91,6 +106,11 @@ pub struct Request {
     pub prefix_len: Option<usize>,
     /// Recompute every row at every step whatever the cache mode (a check of the plumbing).
     pub recompute_all: bool,
+    /// BiCache depth b (shallow layers reusing the shared entry); `None` looks it up in
+    /// the model's depth table.
+    pub depth: Option<usize>,
+    /// BiCache: steps between deep-prefix refreshes when the request has one block.
+    pub refresh_every: usize,
 }
 
 impl Request {
@@ -108,6 +128,8 @@ impl Request {
             cache: CacheMode::None,
             prefix_len: None,
             recompute_all: false,
+            depth: None,
+            refresh_every: 16,
         }
     }
 
@@ -119,6 +141,8 @@ impl Request {
             cache: CacheMode::None,
             prefix_len: None,
             recompute_all: false,
+            depth: None,
+            refresh_every: 16,
         }
     }
 
@@ -180,6 +204,43 @@ pub struct Generation {
     pub text: Option<String>,
     pub steps: Vec<StepRecord>,
     pub timings: Timings,
+    /// What BiCache did, for BiCache modes.
+    pub bicache: Option<BicacheReport>,
+}
+
+/// How a BiCache request used the shared prefix store.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BicacheReport {
+    /// Shallow layers that read the shared entry.
+    pub depth: usize,
+    /// The prefix's share of the request, in percent.
+    pub ratio: u32,
+    /// The entry was already stored.
+    pub hit: bool,
+    pub entry_tokens: usize,
+    pub entry_bytes: u64,
+    /// Why the request ran without BiCache (and which mode it ran instead).
+    pub fallback: Option<String>,
+}
+
+impl BicacheReport {
+    fn fallback(mode: CacheMode, why: String) -> Self {
+        Self {
+            depth: 0,
+            ratio: 0,
+            hit: false,
+            entry_tokens: 0,
+            entry_bytes: 0,
+            fallback: Some(format!("ran as {mode}: {why}")),
+        }
+    }
+}
+
+/// A pinned shared entry in use by one request.
+struct PrefixRun {
+    id: EntryId,
+    entry: Arc<PrefixEntry>,
+    hit: bool,
 }
 
 /// A model loaded on a GPU, ready to generate.
@@ -190,6 +251,10 @@ pub struct Engine {
     pub special: SpecialTokens,
     pub dir: PathBuf,
     pub load_s: f64,
+    /// BiCache's shared prefix entries, shared by every request of this engine.
+    prefix_store: Mutex<PrefixStore<Arc<PrefixEntry>>>,
+    /// The model's r → b table, when its folder has one.
+    pub depth_table: Option<DepthTable>,
 }
 
 impl Engine {
@@ -246,6 +311,18 @@ impl Engine {
                 end_header: None,
             },
         };
+        let table_path = dir.join(DEPTH_TABLE_FILE);
+        let depth_table = if table_path.exists() {
+            let text = std::fs::read_to_string(&table_path).map_err(|e| {
+                EngineError::Request(format!("cannot read {}: {e}", table_path.display()))
+            })?;
+            Some(
+                DepthTable::from_json(&text, &table_path.display().to_string())
+                    .map_err(|e| EngineError::Request(e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let model = LladaModel::load(ctx.clone(), dir, options.weight_format, progress)?;
         Ok(Self {
             ctx,
@@ -254,6 +331,8 @@ impl Engine {
             special,
             dir: dir.to_path_buf(),
             load_s: start.elapsed().as_secs_f64(),
+            prefix_store: Mutex::new(PrefixStore::new(options.cache_budget)),
+            depth_table,
         })
     }
 
@@ -278,6 +357,22 @@ impl Engine {
         })
     }
 
+    /// Like `encode_with_prefix`, with the reason when a chat prompt yields no usable prefix.
+    fn prompt_and_prefix(
+        &self,
+        request: &Request,
+    ) -> Result<(Vec<u32>, usize, Option<String>), EngineError> {
+        let (ids, p) = self.encode_with_prefix(request)?;
+        let note = if p > 0 {
+            None
+        } else if matches!(request.prompt, Prompt::Chat(_)) && request.prefix_len.is_none() {
+            Some("the prompt has no turns before the last user turn, or they do not tokenize apart from it".to_string())
+        } else {
+            Some("the shared prefix is empty".to_string())
+        };
+        Ok((ids, p, note))
+    }
+
     /// The prompt's ids and the length of its shared prefix: an explicit `prefix_len`, else
     /// everything before the last user turn of a chat (when that split tokenizes exactly),
     /// else the whole prompt.
@@ -295,7 +390,11 @@ impl Engine {
         let prefix = match &request.prompt {
             Prompt::Chat(messages) => {
                 let split = prefix_split(self.require_tokenizer()?, messages)?;
-                if split.exact && split.whole == ids { split.split_at() } else { 0 }
+                if split.exact && split.whole == ids {
+                    split.split_at()
+                } else {
+                    0
+                }
             }
             Prompt::Ids(ids) => ids.len(),
         };
@@ -313,10 +412,15 @@ impl Engine {
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
         let start = Instant::now();
-        let (prompt, prefix_len) = self.encode_with_prefix(request)?;
+        let (prompt, prefix_len, prefix_note) = self.prompt_and_prefix(request)?;
         let p = &request.params;
         let cfg = &self.model.cfg;
-        let mut sampler = Sampler::new(&prompt, p.clone(), self.special.mask, cfg.max_sequence_length)?;
+        let mut sampler = Sampler::new(
+            &prompt,
+            p.clone(),
+            self.special.mask,
+            cfg.max_sequence_length,
+        )?;
         let cached = request.cache != CacheMode::None && !request.recompute_all;
         if cached && prompt.contains(&self.special.mask) {
             return Err(EngineError::Request(format!(
@@ -340,53 +444,140 @@ impl Engine {
             (true, false) => [self.special.eot, None],
             (false, _) => [None, None],
         };
-        let mut timings = Timings {
-            setup_s: start.elapsed().as_secs_f64(),
-            ..Timings::default()
-        };
+        let mut timings = Timings::default();
         let n_layers = cfg.n_layers;
+        // BiCache needs a shared prefix it can key on; otherwise the request runs with the
+        // mode's fallback and the report says why.
+        let mut mode = request.cache;
+        let mut report = None;
+        let mut bic = None;
+        if mode.is_bicache() && !request.recompute_all {
+            let fallback = if mode == CacheMode::BicacheDual {
+                CacheMode::FastDllmDual
+            } else {
+                CacheMode::None
+            };
+            let depth =
+                self.bicache_depth(request, prefix_len, prompt.len() - prefix_len, p.gen_length);
+            let blocker = if let Some(note) = prefix_note.clone() {
+                Some(note)
+            } else if uncond.is_some() {
+                Some(
+                    "classifier-free guidance masks the prefix, so it cannot be shared".to_string(),
+                )
+            } else {
+                None
+            };
+            match (blocker, depth) {
+                (Some(why), _) | (None, Err(why)) => {
+                    report = Some(BicacheReport::fallback(fallback, why));
+                    mode = fallback;
+                }
+                (None, Ok((depth, ratio))) => {
+                    match self.acquire_prefix(&cond, &prompt[..prefix_len], depth, &mut timings)? {
+                        Ok(run) => {
+                            report = Some(BicacheReport {
+                                depth,
+                                ratio,
+                                hit: run.hit,
+                                entry_tokens: prefix_len,
+                                entry_bytes: run.entry.kv_bytes() + run.entry.boundary_bytes(),
+                                fallback: None,
+                            });
+                            bic = Some((run, depth));
+                        }
+                        Err(why) => {
+                            report = Some(BicacheReport::fallback(fallback, why));
+                            mode = fallback;
+                        }
+                    }
+                }
+            }
+        }
+        timings.setup_s = start.elapsed().as_secs_f64();
+        let several_blocks = sampler.num_blocks() > 1;
         let mut records = Vec::new();
         let mut last_block = None;
         while !sampler.is_done() {
             let rows = sampler.rows_to_predict();
-            let plan = plan_step(&PlanInput {
-                mode: request.cache,
-                seq_len,
-                prefix_len,
-                block: sampler.block(),
-                block_start: last_block != Some(sampler.block_index()),
-                first_step: last_block.is_none(),
-                recompute_all: request.recompute_all,
-            });
+            let block_start = last_block != Some(sampler.block_index());
+            let first_step = last_block.is_none();
             last_block = Some(sampler.block_index());
-            let states: Vec<(&unmask_gpu::model::ForwardState, Vec<u32>)> = std::iter::once((&cond, sampler.tokens().to_vec()))
-                .chain(uncond.iter().map(|u| (u, sampler.unconditional_tokens())))
-                .collect();
-            if let Some(w) = &plan.warmup {
-                // Its own submit: the main pass rewrites the same ids buffer.
-                let mut step = StepEncoder::new(&self.ctx, "prefix pass");
+            let states: Vec<(&ForwardState, Vec<u32>)> =
+                std::iter::once((&cond, sampler.tokens().to_vec()))
+                    .chain(uncond.iter().map(|u| (u, sampler.unconditional_tokens())))
+                    .collect();
+            let mut step = StepEncoder::new(&self.ctx, "denoise step");
+            // The hidden rows to sample from, and the position of their first row.
+            let (sample_x, first_row) = if let Some((run, depth)) = &bic {
+                let plan = bicache_step(
+                    mode == CacheMode::BicacheDual,
+                    prefix_len,
+                    seq_len,
+                    sampler.block(),
+                    block_start,
+                    several_blocks,
+                    timings.steps,
+                    request.refresh_every,
+                );
+                timings.token_layer_passes += plan.token_layer_passes(*depth, n_layers, prefix_len);
+                timings.forward_passes += 1;
+                self.encode_bicache_step(
+                    &mut step,
+                    &cond,
+                    sampler.tokens(),
+                    &plan,
+                    prefix_len,
+                    *depth,
+                    run,
+                )?;
+                if plan.refresh {
+                    (&cond.x_full, 0)
+                } else {
+                    (&cond.x, plan.rows.start)
+                }
+            } else {
+                let plan = plan_step(&PlanInput {
+                    mode,
+                    seq_len,
+                    prefix_len,
+                    block: sampler.block(),
+                    block_start,
+                    first_step,
+                    recompute_all: request.recompute_all,
+                });
+                if let Some(w) = &plan.warmup {
+                    // Its own submit: the main pass rewrites the same ids buffer.
+                    let mut warm = StepEncoder::new(&self.ctx, "prefix pass");
+                    for (st, tokens) in &states {
+                        self.model.write_rows(
+                            st,
+                            &tokens[w.rows.clone()],
+                            &positions[w.rows.clone()],
+                        )?;
+                        self.model
+                            .encode_layers(&mut warm, st, w.rows.len(), w.kv_len, None, 0)?;
+                        timings.forward_passes += 1;
+                    }
+                    warm.submit()?;
+                }
+                let r = plan.pass.rows.clone();
                 for (st, tokens) in &states {
-                    self.model.write_rows(st, &tokens[w.rows.clone()], &positions[w.rows.clone()])?;
-                    self.model.encode_layers(&mut step, st, w.rows.len(), w.kv_len, None, 0)?;
+                    self.model
+                        .write_rows(st, &tokens[r.clone()], &positions[r.clone()])?;
+                    self.model
+                        .encode_layers(&mut step, st, r.len(), plan.pass.kv_len, None, 0)?;
                     timings.forward_passes += 1;
                 }
-                step.submit()?;
-            }
-            let r = plan.pass.rows.clone();
-            if let Some(bad) = rows.iter().find(|&&pos| !r.contains(&(pos as usize))) {
+                timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
+                (&cond.x, r.start)
+            };
+            if let Some(bad) = rows.iter().find(|&&pos| (pos as usize) < first_row) {
                 return Err(EngineError::Request(format!(
-                    "position {bad} must be predicted but cache mode {} computes rows {}..{} this step",
-                    request.cache, r.start, r.end
+                    "position {bad} must be predicted but cache mode {mode} computes rows from {first_row} this step"
                 )));
             }
-            let mut step = StepEncoder::new(&self.ctx, "denoise step");
-            for (st, tokens) in &states {
-                self.model.write_rows(st, &tokens[r.clone()], &positions[r.clone()])?;
-                self.model.encode_layers(&mut step, st, r.len(), plan.pass.kv_len, None, 0)?;
-                timings.forward_passes += 1;
-            }
-            timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
-            let row_index: Vec<u32> = rows.iter().map(|&pos| pos - r.start as u32).collect();
+            let row_index: Vec<u32> = rows.iter().map(|&pos| pos - first_row as u32).collect();
             self.model.write_select(&sel, &row_index, &rows)?;
             let params = SelectParams {
                 temperature: p.temperature,
@@ -396,10 +587,18 @@ impl Engine {
                 suppress_token: p.logits_eos_inf.then_some(self.special.eos),
                 conf_exclude,
             };
-            self.model.encode_select(&mut step, &cond, uncond.as_ref(), &sel, rows.len(), &params)?;
+            self.model.encode_select_from(
+                &mut step,
+                sample_x,
+                uncond.as_ref().map(|u| &u.x),
+                &sel,
+                rows.len(),
+                &params,
+            )?;
             step.submit()?;
             let choices = self.model.read_choices(&sel, rows.len())?;
-            let predictions: Vec<(u32, f32)> = choices.iter().map(|c| (c.token, c.confidence)).collect();
+            let predictions: Vec<(u32, f32)> =
+                choices.iter().map(|c| (c.token, c.confidence)).collect();
             let record = sampler.commit(&predictions)?;
             timings.steps += 1;
             if timings.steps == 1 {
@@ -414,6 +613,9 @@ impl Engine {
                 elapsed_s: start.elapsed().as_secs_f64(),
             });
             records.push(record);
+        }
+        if let Some((run, _)) = bic {
+            self.release_prefix(run.id);
         }
         timings.total_s = start.elapsed().as_secs_f64();
         let ids = sampler.generated().to_vec();
@@ -435,6 +637,203 @@ impl Engine {
             text,
             steps: records,
             timings,
+            bicache: report,
         })
+    }
+
+    /// b for a request: the request's own, else the model's depth table at
+    /// r = round(100·P/(P+U+G)); an error message when neither exists.
+    fn bicache_depth(
+        &self,
+        request: &Request,
+        p: usize,
+        u: usize,
+        g: usize,
+    ) -> Result<(usize, u32), String> {
+        let ratio = prefix_ratio(p, u, g);
+        let n_layers = self.model.cfg.n_layers;
+        if let Some(b) = request.depth {
+            return Ok((b.min(n_layers), ratio));
+        }
+        match &self.depth_table {
+            Some(t) => Ok((t.depth(ratio).min(n_layers), ratio)),
+            None => Err(format!(
+                "{} has no {DEPTH_TABLE_FILE}: profile the model (unmask profile) or give the depth explicitly",
+                self.dir.display()
+            )),
+        }
+    }
+
+    /// The shared entry for `prefix` (pinned), built on a miss; Ok(Err(why)) when it cannot
+    /// be stored and the request must run uncached.
+    fn acquire_prefix(
+        &self,
+        st: &ForwardState,
+        prefix: &[u32],
+        depth: usize,
+        timings: &mut Timings,
+    ) -> Result<Result<PrefixRun, String>, EngineError> {
+        let n_layers = self.model.cfg.n_layers;
+        let found = {
+            let mut store = self
+                .prefix_store
+                .lock()
+                .map_err(|_| EngineError::Request("prefix store poisoned".into()))?;
+            store
+                .acquire(prefix)
+                .map(|id| (id, store.payload(id).cloned()))
+        };
+        if let Some((id, Some(entry))) = found {
+            if entry.boundary(depth).is_none() {
+                timings.token_layer_passes += prefix.len() * depth;
+            }
+            bicache::ensure_boundary(&self.model, st, &entry, prefix, depth)?;
+            return Ok(Ok(PrefixRun {
+                id,
+                entry,
+                hit: true,
+            }));
+        }
+        let budget = self
+            .prefix_store
+            .lock()
+            .map(|s| s.budget())
+            .map_err(|_| EngineError::Request("prefix store poisoned".into()))?;
+        let bytes = bicache::entry_bytes(&self.model, prefix.len());
+        if prefix.len() > budget.max_tokens || bytes > budget.max_bytes {
+            return Ok(Err(format!(
+                "the prefix ({} tokens, {bytes} bytes) exceeds the cache budget ({} tokens, {} bytes)",
+                prefix.len(),
+                budget.max_tokens,
+                budget.max_bytes
+            )));
+        }
+        let entry = Arc::new(bicache::build_entry(&self.model, st, prefix, depth)?);
+        timings.token_layer_passes += prefix.len() * n_layers;
+        timings.forward_passes += 1;
+        let mut store = self
+            .prefix_store
+            .lock()
+            .map_err(|_| EngineError::Request("prefix store poisoned".into()))?;
+        match store.insert(prefix.to_vec(), bytes, entry.clone()) {
+            Ok(id) => Ok(Ok(PrefixRun {
+                id,
+                entry,
+                hit: false,
+            })),
+            Err((why, _)) => Ok(Err(why.to_string())),
+        }
+    }
+
+    fn release_prefix(&self, id: EntryId) {
+        if let Ok(mut store) = self.prefix_store.lock() {
+            store.release(id);
+        }
+    }
+
+    /// Counters of the shared prefix store.
+    pub fn prefix_store_stats(&self) -> StoreStats {
+        self.prefix_store
+            .lock()
+            .map(|s| s.stats())
+            .unwrap_or_default()
+    }
+
+    /// The shared entry of `prefix`, if stored (without counting a hit).
+    pub fn prefix_entry(&self, prefix: &[u32]) -> Option<Arc<PrefixEntry>> {
+        let store = self.prefix_store.lock().ok()?;
+        store.peek(prefix).and_then(|id| store.payload(id).cloned())
+    }
+
+    /// Records one BiCache step: shallow layers over the computed non-prefix rows against
+    /// the shared entry, then the deep layers — over the boundary state plus those rows on a
+    /// refresh, over those rows alone otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_bicache_step(
+        &self,
+        step: &mut StepEncoder,
+        st: &ForwardState,
+        tokens: &[u32],
+        plan: &BicacheStep,
+        p: usize,
+        depth: usize,
+        run: &PrefixRun,
+    ) -> Result<(), EngineError> {
+        let m = &self.model;
+        let t = tokens.len();
+        let r = plan.rows.clone();
+        let n = r.len();
+        let positions: Vec<u32> = (r.start as u32..r.end as u32).collect();
+        m.write_rows(st, &tokens[r.clone()], &positions)?;
+        let shallow_rows: Vec<u32> = positions.iter().map(|&pos| pos - p as u32).collect();
+        st.kv_shallow.write_u32(&self.ctx, &shallow_rows)?;
+        m.encode_embed(step, st, n)?;
+        m.encode_pass(
+            step,
+            st,
+            &LayerPass {
+                x: &st.x,
+                rows: n,
+                positions: &st.positions,
+                kv_index: &st.kv_shallow,
+                layers: 0..depth,
+                arena: &st.kv,
+                kv_len: t - p,
+                seg_a: Some((&run.entry.kv, p)),
+            },
+        )?;
+        let layers = depth..m.cfg.n_layers;
+        if plan.refresh {
+            let boundary = run.entry.boundary(depth).ok_or_else(|| {
+                EngineError::Request(format!(
+                    "the shared entry has no boundary state for depth {depth}"
+                ))
+            })?;
+            let row_bytes = (m.cfg.d_model * 4) as u64;
+            step.copy(
+                &boundary.buffer,
+                0,
+                &st.x_full.buffer,
+                0,
+                p as u64 * row_bytes,
+            );
+            step.copy(
+                &st.x.buffer,
+                0,
+                &st.x_full.buffer,
+                p as u64 * row_bytes,
+                n as u64 * row_bytes,
+            );
+            m.encode_pass(
+                step,
+                st,
+                &LayerPass {
+                    x: &st.x_full,
+                    rows: t,
+                    positions: &st.positions_full,
+                    kv_index: &st.positions_full,
+                    layers,
+                    arena: &st.kv,
+                    kv_len: t,
+                    seg_a: None,
+                },
+            )?;
+        } else {
+            m.encode_pass(
+                step,
+                st,
+                &LayerPass {
+                    x: &st.x,
+                    rows: n,
+                    positions: &st.positions,
+                    kv_index: &st.positions,
+                    layers,
+                    arena: &st.kv,
+                    kv_len: t,
+                    seg_a: None,
+                },
+            )?;
+        }
+        Ok(())
     }
 }

@@ -43,13 +43,23 @@ fn params(gen_len: usize, steps: usize, block: usize) -> GenerationParams {
 fn every_mode_recomputing_everything_equals_none() {
     let engine = engine();
     for (p, cfg) in [(params(16, 16, 4), 0.0), (params(12, 6, 6), 1.0)] {
-        let p = GenerationParams { cfg_scale: cfg, ..p };
-        let reference = engine.generate(&Request::ids(prompt()).with_params(p.clone())).unwrap();
+        let p = GenerationParams {
+            cfg_scale: cfg,
+            ..p
+        };
+        let reference = engine
+            .generate(&Request::ids(prompt()).with_params(p.clone()))
+            .unwrap();
         for mode in CacheMode::ALL {
-            let mut req = Request::ids(prompt()).with_params(p.clone()).with_cache(mode);
+            let mut req = Request::ids(prompt())
+                .with_params(p.clone())
+                .with_cache(mode);
             req.recompute_all = true;
             let out = engine.generate(&req).unwrap();
-            assert_eq!(out.ids, reference.ids, "{mode} with recompute_all (cfg {cfg})");
+            assert_eq!(
+                out.ids, reference.ids,
+                "{mode} with recompute_all (cfg {cfg})"
+            );
         }
         eprintln!("[plumbing] all modes equal none, cfg {cfg}");
     }
@@ -63,9 +73,13 @@ fn token_layer_passes_follow_each_modes_formula() {
     let p_len = prompt().len();
     let t = p_len + gen_len;
     let prefix = 10;
-    let reference = engine.generate(&Request::ids(prompt()).with_params(params(gen_len, steps, block))).unwrap();
+    let reference = engine
+        .generate(&Request::ids(prompt()).with_params(params(gen_len, steps, block)))
+        .unwrap();
     for mode in CacheMode::ALL {
-        let mut req = Request::ids(prompt()).with_params(params(gen_len, steps, block)).with_cache(mode);
+        let mut req = Request::ids(prompt())
+            .with_params(params(gen_len, steps, block))
+            .with_cache(mode);
         req.prefix_len = Some(prefix);
         let out = engine.generate(&req).unwrap();
         let s = out.timings.steps;
@@ -75,24 +89,38 @@ fn token_layer_passes_follow_each_modes_formula() {
         let expected = match mode {
             CacheMode::None => s * t * layers,
             // Per block: one full pass, then the block and everything after it.
-            CacheMode::FastDllmPrefix => (0..blocks)
-                .map(|b| t + (spb - 1) * (t - (p_len + b * block)))
-                .sum::<usize>()
-                * layers,
+            CacheMode::FastDllmPrefix => {
+                (0..blocks)
+                    .map(|b| t + (spb - 1) * (t - (p_len + b * block)))
+                    .sum::<usize>()
+                    * layers
+            }
             // Per block: one full pass, then only the block.
             CacheMode::FastDllmDual => blocks * (t + (spb - 1) * block) * layers,
             // The prefix once, alone; then every step computes all rows after it.
             CacheMode::PrefixArm => (prefix + s * (t - prefix)) * layers,
         };
         assert_eq!(out.timings.token_layer_passes, expected, "{mode}");
-        assert_eq!(out.timings.forward_passes, s + usize::from(mode == CacheMode::PrefixArm), "{mode}");
-        let agree = out.ids.iter().zip(&reference.ids).filter(|(a, b)| a == b).count();
+        assert_eq!(
+            out.timings.forward_passes,
+            s + usize::from(mode == CacheMode::PrefixArm),
+            "{mode}"
+        );
+        let agree = out
+            .ids
+            .iter()
+            .zip(&reference.ids)
+            .filter(|(a, b)| a == b)
+            .count();
         eprintln!(
             "[cache] {mode}: {} token-layer passes ({:.2}x fewer than none), {agree}/{gen_len} tokens equal none",
             out.timings.token_layer_passes,
             (s * t * layers) as f64 / out.timings.token_layer_passes as f64
         );
-        assert!(!out.ids.contains(&engine.special.mask), "{mode}: the canvas is complete");
+        assert!(
+            !out.ids.contains(&engine.special.mask),
+            "{mode}: the canvas is complete"
+        );
     }
 }
 
@@ -101,18 +129,24 @@ fn cached_modes_refuse_masks_in_the_prompt() {
     let engine = engine();
     let mut p = prompt();
     p[8] = engine.special.mask;
-    let req = Request::ids(p.clone()).with_params(params(8, 8, 8)).with_cache(CacheMode::FastDllmDual);
+    let req = Request::ids(p.clone())
+        .with_params(params(8, 8, 8))
+        .with_cache(CacheMode::FastDllmDual);
     let err = engine.generate(&req).unwrap_err().to_string();
     assert!(err.contains("infilling"), "{err}");
     // `none` handles infilling.
-    let out = engine.generate(&Request::ids(p).with_params(params(8, 8, 8))).unwrap();
+    let out = engine
+        .generate(&Request::ids(p).with_params(params(8, 8, 8)))
+        .unwrap();
     assert_eq!(out.ids.len(), 8);
 }
 
 #[test]
 fn prefix_longer_than_prompt_is_an_error() {
     let engine = engine();
-    let mut req = Request::ids(prompt()).with_params(params(8, 8, 8)).with_cache(CacheMode::PrefixArm);
+    let mut req = Request::ids(prompt())
+        .with_params(params(8, 8, 8))
+        .with_cache(CacheMode::PrefixArm);
     req.prefix_len = Some(1000);
     let err = engine.generate(&req).unwrap_err().to_string();
     assert!(err.contains("1000"), "{err}");

@@ -64,8 +64,10 @@ const SHARD1: &str = "model-00001-of-00002.safetensors";
 
 /// The shard of the index holding `name`.
 fn shard_of(dir: &Path, name: &str) -> String {
-    let index: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
+    let index: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
     index["weight_map"][name].as_str().unwrap().to_string()
 }
 
@@ -79,13 +81,20 @@ fn the_fixture_itself_loads() {
 fn missing_folder_names_the_path() {
     let dir = std::env::temp_dir().join("unmask-no-such-model");
     let err = load(&dir).err().expect("fails").to_string();
-    assert!(err.contains("unmask-no-such-model") && err.contains("config.json"), "{err}");
+    assert!(
+        err.contains("unmask-no-such-model") && err.contains("config.json"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_checkpoint_files_are_named() {
     let dir = copy_fixture("nofiles");
-    for f in ["model.safetensors.index.json", SHARD1, "model-00002-of-00002.safetensors"] {
+    for f in [
+        "model.safetensors.index.json",
+        SHARD1,
+        "model-00002-of-00002.safetensors",
+    ] {
         fs::remove_file(dir.join(f)).unwrap();
     }
     expect_error(&dir, &["model.safetensors", "model.safetensors.index.json"]);
@@ -122,7 +131,11 @@ fn corrupt_header_is_named() {
 #[test]
 fn corrupt_index_is_named() {
     let dir = copy_fixture("badindex");
-    fs::write(dir.join("model.safetensors.index.json"), "{\"weight_map\": 7}").unwrap();
+    fs::write(
+        dir.join("model.safetensors.index.json"),
+        "{\"weight_map\": 7}",
+    )
+    .unwrap();
     expect_error(&dir, &["model.safetensors.index.json", "weight_map"]);
 }
 
@@ -138,7 +151,8 @@ fn missing_tensor_is_named() {
         h[renamed] = t;
     });
     let index_path = dir.join("model.safetensors.index.json");
-    let mut index: serde_json::Value = serde_json::from_str(&fs::read_to_string(&index_path).unwrap()).unwrap();
+    let mut index: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&index_path).unwrap()).unwrap();
     let map = index["weight_map"].as_object_mut().unwrap();
     let file = map.remove(name).unwrap();
     map.insert(renamed.to_string(), file);
@@ -151,9 +165,14 @@ fn index_naming_the_wrong_shard_is_an_error() {
     let dir = copy_fixture("wrongshard");
     let name = "model.transformer.ln_f.weight";
     let shard = shard_of(&dir, name);
-    let other = if shard == SHARD1 { "model-00002-of-00002.safetensors" } else { SHARD1 };
+    let other = if shard == SHARD1 {
+        "model-00002-of-00002.safetensors"
+    } else {
+        SHARD1
+    };
     let index_path = dir.join("model.safetensors.index.json");
-    let mut index: serde_json::Value = serde_json::from_str(&fs::read_to_string(&index_path).unwrap()).unwrap();
+    let mut index: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&index_path).unwrap()).unwrap();
     index["weight_map"][name] = serde_json::Value::String(other.to_string());
     fs::write(&index_path, serde_json::to_string(&index).unwrap()).unwrap();
     expect_error(&dir, &[name, other]);
@@ -164,10 +183,18 @@ fn wrong_shape_names_tensor_expected_and_found() {
     let dir = copy_fixture("shape");
     // The config says d_model 64; claim 96 so the checkpoint no longer matches it.
     let cfg_path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["mlp_hidden_size"] = serde_json::json!(64);
     fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
-    expect_error(&dir, &["ff_proj.weight", "expected shape [64, 64]", "found [96, 64]"]);
+    expect_error(
+        &dir,
+        &[
+            "ff_proj.weight",
+            "expected shape [64, 64]",
+            "found [96, 64]",
+        ],
+    );
 }
 
 #[test]
@@ -186,7 +213,8 @@ fn wrong_dtype_names_the_tensor() {
 fn unsupported_config_value_is_named() {
     let dir = copy_fixture("config");
     let cfg_path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["block_type"] = serde_json::json!("sequential");
     fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
     expect_error(&dir, &["block_type", "sequential"]);

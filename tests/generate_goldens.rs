@@ -32,7 +32,11 @@ fn cases() -> Vec<Value> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn params(case: &Value) -> GenerationParams {
@@ -57,7 +61,12 @@ fn params(case: &Value) -> GenerationParams {
 }
 
 fn committed_positions(case: &Value) -> Vec<Vec<u32>> {
-    case["steps"].as_array().unwrap().iter().map(|s| ids(&s["committed"])).collect()
+    case["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| ids(&s["committed"]))
+        .collect()
 }
 
 #[test]
@@ -72,7 +81,9 @@ fn generation_matches_reference_goldens() {
         let prompt = ids(&case["prompt"]);
         let want = ids(&case["output"]);
         let request = Request::ids(prompt.clone()).with_params(params(&case));
-        let out = engine.generate(&request).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let out = engine
+            .generate(&request)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut got = prompt.clone();
         got.extend(&out.ids);
         assert_eq!(got, want, "{name}: tokens differ from the reference");
@@ -81,8 +92,16 @@ fn generation_matches_reference_goldens() {
             .iter()
             .map(|s| s.committed.iter().map(|(p, _)| *p).collect())
             .collect();
-        assert_eq!(got_steps, committed_positions(&case), "{name}: per-step commits differ");
-        eprintln!("[golden] {name}: {} steps, {} tokens equal", out.steps.len(), out.ids.len());
+        assert_eq!(
+            got_steps,
+            committed_positions(&case),
+            "{name}: per-step commits differ"
+        );
+        eprintln!(
+            "[golden] {name}: {} steps, {} tokens equal",
+            out.steps.len(),
+            out.ids.len()
+        );
         checked += 1;
     }
     assert_eq!(checked, 7, "every non-random golden case ran");
@@ -93,17 +112,32 @@ fn generation_matches_reference_goldens() {
 #[test]
 fn random_remasking_matches_with_the_reference_numbers() {
     let engine = engine();
-    let case = cases().into_iter().find(|c| c["params"]["remasking"] == "random").expect("a random case");
+    let case = cases()
+        .into_iter()
+        .find(|c| c["params"]["remasking"] == "random")
+        .expect("a random case");
     let prompt = ids(&case["prompt"]);
     let randoms: Vec<Vec<f32>> = case["random_confidences"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
         .collect();
     let p = params(&case);
     let model = &engine.model;
-    let mut sampler = Sampler::new(&prompt, p.clone(), engine.special.mask, model.cfg.max_sequence_length).unwrap();
+    let mut sampler = Sampler::new(
+        &prompt,
+        p.clone(),
+        engine.special.mask,
+        model.cfg.max_sequence_length,
+    )
+    .unwrap();
     let t = sampler.tokens().len();
     let positions: Vec<u32> = (0..t as u32).collect();
     let st = model.new_state(t, t).unwrap();
@@ -123,16 +157,25 @@ fn random_remasking_matches_with_the_reference_numbers() {
             suppress_token: None,
             conf_exclude: [None, None],
         };
-        model.encode_select(&mut step, &st, None, &sel, rows.len(), &params).unwrap();
+        model
+            .encode_select(&mut step, &st, None, &sel, rows.len(), &params)
+            .unwrap();
         step.submit().unwrap();
         let choices = model.read_choices(&sel, rows.len()).unwrap();
         let tokens: Vec<u32> = choices.iter().map(|c| c.token).collect();
         // The reference draws one number per position of the whole sequence.
-        let conf: Vec<f32> = rows.iter().map(|&r| randoms[step_index as usize][r as usize]).collect();
+        let conf: Vec<f32> = rows
+            .iter()
+            .map(|&r| randoms[step_index as usize][r as usize])
+            .collect();
         sampler.commit_with_confidences(&tokens, &conf).unwrap();
         step_index += 1;
     }
-    assert_eq!(sampler.tokens(), ids(&case["output"]).as_slice(), "random remasking output");
+    assert_eq!(
+        sampler.tokens(),
+        ids(&case["output"]).as_slice(),
+        "random remasking output"
+    );
     eprintln!("[golden] d_random: {step_index} steps equal");
 }
 
@@ -146,16 +189,43 @@ fn invalid_parameters_are_errors_that_say_why() {
         ..GenerationParams::default()
     };
     let bad = [
-        (GenerationParams { block_length: 5, ..base.clone() }, "16"),
-        (GenerationParams { block_length: 8, steps: 3, ..base.clone() }, "3"),
-        (GenerationParams { gen_length: 4096, block_length: 4096, steps: 4096, ..base.clone() }, "4096"),
+        (
+            GenerationParams {
+                block_length: 5,
+                ..base.clone()
+            },
+            "16",
+        ),
+        (
+            GenerationParams {
+                block_length: 8,
+                steps: 3,
+                ..base.clone()
+            },
+            "3",
+        ),
+        (
+            GenerationParams {
+                gen_length: 4096,
+                block_length: 4096,
+                steps: 4096,
+                ..base.clone()
+            },
+            "4096",
+        ),
     ];
     for (p, needle) in bad {
-        let err = engine.generate(&Request::ids(vec![300, 5, 6]).with_params(p)).unwrap_err().to_string();
+        let err = engine
+            .generate(&Request::ids(vec![300, 5, 6]).with_params(p))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(needle), "error should name the numbers: {err}");
         eprintln!("[error] {err}");
     }
-    let err = engine.generate(&Request::ids(vec![300, 9999])).unwrap_err().to_string();
+    let err = engine
+        .generate(&Request::ids(vec![300, 9999]))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("9999"), "{err}");
     eprintln!("[error] {err}");
 }
@@ -172,11 +242,22 @@ fn generation_matches_goldens_with_chunked_vocabulary() {
     };
     let engine = Engine::load_on(ctx, &fixture_dir(), &options, &mut |_| {}).unwrap();
     assert!(engine.model.weights.lm_head.chunks.len() > 1);
-    for case in cases().into_iter().filter(|c| c["params"]["remasking"] != "random").take(3) {
+    for case in cases()
+        .into_iter()
+        .filter(|c| c["params"]["remasking"] != "random")
+        .take(3)
+    {
         let prompt = ids(&case["prompt"]);
-        let out = engine.generate(&Request::ids(prompt.clone()).with_params(params(&case))).unwrap();
+        let out = engine
+            .generate(&Request::ids(prompt.clone()).with_params(params(&case)))
+            .unwrap();
         let mut got = prompt;
         got.extend(&out.ids);
-        assert_eq!(got, ids(&case["output"]), "{} with a chunked LM head", case["name"]);
+        assert_eq!(
+            got,
+            ids(&case["output"]),
+            "{} with a chunked LM head",
+            case["name"]
+        );
     }
 }

@@ -103,14 +103,26 @@ fn logits_match_reference_with_f16_weights() {
 #[test]
 fn logits_match_reference_with_chunked_vocabulary() {
     let ctx = common::ctx_with_binding_limit(32 * 1024);
-    let model = LladaModel::load(ctx, &fixture_dir(), WeightFormat::F32, &mut |_| {}).expect("tiny model loads");
-    assert!(model.weights.lm_head.chunks.len() > 1, "LM head should be chunked");
+    let model = LladaModel::load(ctx, &fixture_dir(), WeightFormat::F32, &mut |_| {})
+        .expect("tiny model loads");
+    assert!(
+        model.weights.lm_head.chunks.len() > 1,
+        "LM head should be chunked"
+    );
     let g = goldens();
     let case = &g["cases"][2];
-    let ids: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids: Vec<u32> = case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
     let got = model.logits(&ids).expect("forward");
     assert_close(
-        &format!("logits with the LM head in {} chunks", model.weights.lm_head.chunks.len()),
+        &format!(
+            "logits with the LM head in {} chunks",
+            model.weights.lm_head.chunks.len()
+        ),
         &got,
         &flat(&case["logits_f32"]),
         1e-4,

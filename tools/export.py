@@ -210,7 +210,7 @@ was used.
 ## Regenerate
 
     tools/.venv/bin/python tools/tasks.py heldout --seed 0
-    nice -n 5 tools/.venv/bin/python tools/train.py --out runs/tiny --seed {seed} --steps {total_steps} --minutes {minutes:g}
+    nice -n 5 tools/.venv/bin/python tools/train.py --out runs/tiny --seed {seed} --steps {total_steps} --stop-step {step} --minutes 90
     tools/.venv/bin/python tools/export.py --run runs/tiny --out models/tiny --scores models/tiny/eval_python.json
     tools/.venv/bin/python tools/py_eval.py --model models/tiny --set data/tasks/heldout.jsonl --out models/tiny/eval_python.json
 

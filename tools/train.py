@@ -17,8 +17,8 @@
 * Determinism: everything is derived from --seed; the number of optimiser steps is either
   --steps or estimated once from the measured speed of the first steps and --minutes.
   The run stops at the step count or at the wall-clock limit, whichever comes first, and
-  records the step reached.  Re-running with --steps N (N = the recorded total) repeats the
-  run's schedule.
+  records the step reached.  Re-running with --steps N (N = the recorded total) and
+  --stop-step S (S = the recorded step) repeats the run.
 
 Usage:
   tools/.venv/bin/python tools/train.py --out runs/tiny --minutes 60
@@ -398,6 +398,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--steps", type=int, default=0, help="total optimiser steps (0: estimate from --minutes)")
+    ap.add_argument("--stop-step", type=int, default=0,
+                    help="stop after this many steps while keeping the --steps schedule (repeats a time-limited run)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
@@ -453,6 +455,9 @@ def main():
     stopped_by = "steps"
     while True:
         if total and step >= total:
+            break
+        if args.stop_step and step >= args.stop_step:
+            stopped_by = "stop-step"
             break
         if time.time() >= deadline:
             stopped_by = "time"

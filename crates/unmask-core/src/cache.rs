@@ -21,15 +21,29 @@ pub enum CacheMode {
     /// Autoregressive-style prefix cache: the shared prefix's K/V come from a prefix-only
     /// pass and are reused in every layer, never refreshed (the baseline BiCache improves on).
     PrefixArm,
+    /// BiCache: the shared prefix's K/V come from a store shared across requests in the
+    /// shallow layers (below the depth b); the deep layers recompute the prefix rows from the
+    /// stored boundary state every R steps (at block starts in block mode).
+    Bicache,
+    /// BiCache composed with the Fast-dLLM dual cache: between refreshes only the current
+    /// block's rows are computed.
+    BicacheDual,
 }
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 4] = [
+    pub const ALL: [CacheMode; 6] = [
         CacheMode::None,
         CacheMode::FastDllmPrefix,
         CacheMode::FastDllmDual,
         CacheMode::PrefixArm,
+        CacheMode::Bicache,
+        CacheMode::BicacheDual,
     ];
+
+    /// Whether the mode reuses a shared prefix entry across requests.
+    pub fn is_bicache(self) -> bool {
+        matches!(self, CacheMode::Bicache | CacheMode::BicacheDual)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +51,8 @@ impl CacheMode {
             CacheMode::FastDllmPrefix => "fast-dllm-prefix",
             CacheMode::FastDllmDual => "fast-dllm-dual",
             CacheMode::PrefixArm => "prefix-arm",
+            CacheMode::Bicache => "bicache",
+            CacheMode::BicacheDual => "bicache-dual",
         }
     }
 }
@@ -125,7 +141,8 @@ pub fn plan_step(i: &PlanInput) -> StepPlan {
         };
     }
     match i.mode {
-        CacheMode::None => StepPlan {
+        // BiCache steps are planned by `bicache_step`; asked here, they get a full pass.
+        CacheMode::None | CacheMode::Bicache | CacheMode::BicacheDual => StepPlan {
             warmup: None,
             pass: full,
         },
@@ -165,6 +182,51 @@ pub fn plan_step(i: &PlanInput) -> StepPlan {
                 },
             }
         }
+    }
+}
+
+/// One BiCache step: the non-prefix rows computed in every layer, and whether the deep
+/// layers also recompute the prefix rows (a refresh).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BicacheStep {
+    pub refresh: bool,
+    pub rows: Range<usize>,
+}
+
+/// Plans a BiCache step. Refreshes happen on the first step and then every `refresh_every`
+/// steps, or at every block start when the request has several blocks; the dual variant
+/// computes only the current block between refreshes.
+pub fn bicache_step(
+    dual: bool,
+    prefix_len: usize,
+    seq_len: usize,
+    block: Range<usize>,
+    block_start: bool,
+    several_blocks: bool,
+    steps_done: usize,
+    refresh_every: usize,
+) -> BicacheStep {
+    let refresh = steps_done == 0
+        || if several_blocks {
+            block_start
+        } else {
+            steps_done.is_multiple_of(refresh_every.max(1))
+        };
+    let rows = if dual && !refresh {
+        block
+    } else {
+        prefix_len..seq_len
+    };
+    BicacheStep { refresh, rows }
+}
+
+impl BicacheStep {
+    /// Rows × layers: shallow layers see only the computed rows; deep layers see the prefix
+    /// rows too on a refresh.
+    pub fn token_layer_passes(&self, depth: usize, n_layers: usize, prefix_len: usize) -> usize {
+        let n = self.rows.len();
+        let deep_rows = if self.refresh { prefix_len + n } else { n };
+        n * depth + deep_rows * (n_layers - depth)
     }
 }
 
@@ -239,6 +301,43 @@ mod tests {
         let a1 = plan_step(&input(CacheMode::PrefixArm, 8..12, true, false));
         assert_eq!(a1.warmup, None);
         assert_eq!(a1.token_layer_passes(3), 14 * 3);
+    }
+
+    #[test]
+    fn bicache_refreshes_every_r_steps_or_at_block_starts() {
+        let s = |dual, start, several, done| {
+            bicache_step(dual, 10, 30, 20..24, start, several, done, 4)
+        };
+        assert_eq!(
+            s(false, false, false, 0),
+            BicacheStep {
+                refresh: true,
+                rows: 10..30
+            }
+        );
+        assert_eq!(
+            s(false, false, false, 3),
+            BicacheStep {
+                refresh: false,
+                rows: 10..30
+            }
+        );
+        assert!(s(false, false, false, 8).refresh);
+        assert_eq!(
+            s(true, false, false, 3),
+            BicacheStep {
+                refresh: false,
+                rows: 20..24
+            }
+        );
+        assert!(s(true, true, true, 5).refresh);
+        assert!(
+            !s(true, false, true, 4).refresh,
+            "block mode refreshes only at block starts"
+        );
+        let refresh = s(false, false, false, 0);
+        assert_eq!(refresh.token_layer_passes(2, 6, 10), 20 * 2 + 30 * 4);
+        assert_eq!(s(true, false, false, 3).token_layer_passes(2, 6, 10), 4 * 6);
     }
 
     #[test]

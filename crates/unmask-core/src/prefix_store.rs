@@ -135,6 +135,17 @@ impl<P> PrefixStore<P> {
         }
     }
 
+    /// The entry whose tokens equal `tokens`, without pinning it or counting a hit.
+    pub fn peek(&self, tokens: &[u32]) -> Option<EntryId> {
+        let hash = (self.hasher)(tokens);
+        self.by_hash.get(&hash).and_then(|ids| {
+            ids.iter()
+                .copied()
+                .find(|id| self.entries.get(id).is_some_and(|e| e.tokens == tokens))
+                .map(EntryId)
+        })
+    }
+
     /// Stores a new entry, evicting least-recently-used unpinned entries to make room, and
     /// returns it pinned. Refused (payload handed back) when it cannot fit.
     pub fn insert(

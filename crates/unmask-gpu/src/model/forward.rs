@@ -45,6 +45,12 @@ pub struct ForwardState {
     pub ids: Tensor,
     pub positions: Tensor,
     pub x: Tensor,
+    /// BiCache refresh: the boundary state of the prefix rows followed by the other rows.
+    pub x_full: Tensor,
+    /// 0..seq_len, the positions (and arena rows) of a full-sequence pass.
+    pub positions_full: Tensor,
+    /// Arena rows of the computed rows in layers that read a shared prefix (position - P).
+    pub kv_shallow: Tensor,
     h: Tensor,
     qkv: Tensor,
     attn: Tensor,
@@ -52,6 +58,23 @@ pub struct ForwardState {
     gate_up: Tensor,
     act: Tensor,
     pub kv: Vec<KvLayer>,
+}
+
+/// One run of a range of layers over a set of hidden rows.
+pub struct LayerPass<'a> {
+    /// Hidden rows, read and updated in place.
+    pub x: &'a Tensor,
+    pub rows: usize,
+    /// Absolute position of each row (RoPE).
+    pub positions: &'a Tensor,
+    /// Arena row receiving each row's K/V.
+    pub kv_index: &'a Tensor,
+    pub layers: std::ops::Range<usize>,
+    /// Segment B of every layer (indexed by absolute layer).
+    pub arena: &'a [KvLayer],
+    pub kv_len: usize,
+    /// Segment A of every layer and its length (a shared prefix's K/V).
+    pub seg_a: Option<(&'a [KvLayer], usize)>,
 }
 
 /// Buffers for the LM head and token choice over up to `capacity` sampled rows.
@@ -152,6 +175,14 @@ impl LladaModel {
             ids: Tensor::zeros(ctx, DType::U32, &[cap], "ids")?,
             positions: Tensor::zeros(ctx, DType::U32, &[cap], "positions")?,
             x: f32t(&[cap, c.d_model], "x")?,
+            x_full: f32t(&[cap, c.d_model], "x full")?,
+            positions_full: Tensor::from_u32(
+                ctx,
+                &[cap],
+                &(0..cap as u32).collect::<Vec<_>>(),
+                "positions full",
+            )?,
+            kv_shallow: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows shallow")?,
             h: f32t(&[cap, c.d_model], "h")?,
             qkv: f32t(&[cap, self.qkv_width()], "qkv")?,
             attn: f32t(&[cap, c.n_heads * c.head_dim()], "attn")?,
@@ -234,6 +265,44 @@ impl LladaModel {
         seg_a: Option<&[KvLayer]>,
         seg_a_len: usize,
     ) -> Result<(), ModelError> {
+        self.encode_embed(step, st, rows)?;
+        self.encode_pass(
+            step,
+            st,
+            &LayerPass {
+                x: &st.x,
+                rows,
+                positions: &st.positions,
+                kv_index: &st.positions,
+                layers: 0..self.cfg.n_layers,
+                arena: &st.kv,
+                kv_len,
+                seg_a: seg_a.map(|a| (a, seg_a_len)),
+            },
+        )
+    }
+
+    /// Embeds the ids written by `write_rows` into `st.x`.
+    pub fn encode_embed(
+        &self,
+        step: &mut StepEncoder,
+        st: &ForwardState,
+        rows: usize,
+    ) -> Result<(), ModelError> {
+        ew::embed(step, &st.ids, &self.weights.embedding, &st.x, rows)?;
+        Ok(())
+    }
+
+    /// Records the layers `pass.layers` over `pass.rows` hidden rows of `pass.x` (updated in
+    /// place), using `st` for scratch. Each computed row's K/V go to arena row
+    /// `kv_index[r]` of its layer; every row attends to segment A (when given) and the first
+    /// `kv_len` arena rows.
+    pub fn encode_pass(
+        &self,
+        step: &mut StepEncoder,
+        st: &ForwardState,
+        pass: &LayerPass<'_>,
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let d = c.d_model;
         let hd = c.head_dim();
@@ -241,15 +310,29 @@ impl LladaModel {
         let qkv_w = self.qkv_width();
         let eps = c.rms_norm_eps as f32;
         let k = self.matmul_kernel;
-        ew::embed(step, &st.ids, &self.weights.embedding, &st.x, rows)?;
-        for (li, lw) in self.weights.layers.iter().enumerate() {
-            ew::rms_norm(step, &st.x, &lw.attn_norm, &st.h, rows, d, eps)?;
+        let rows = pass.rows;
+        if rows > st.capacity || pass.layers.end > c.n_layers || pass.arena.len() < pass.layers.end
+        {
+            return Err(ModelError::Input(format!(
+                "a pass of {rows} rows over layers {:?} does not fit a state of {} rows and {} arena layers",
+                pass.layers,
+                st.capacity,
+                pass.arena.len()
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let x = pass.x;
+        for li in pass.layers.clone() {
+            let lw = &self.weights.layers[li];
+            ew::rms_norm(step, x, &lw.attn_norm, &st.h, rows, d, eps)?;
             matmul::matmul(step, &st.h, &lw.qkv, &st.qkv, rows, k)?;
             // q and k heads are adjacent columns: one rotation covers both.
             ew::rope(
                 step,
                 &st.qkv,
-                &st.positions,
+                pass.positions,
                 &self.rope_table,
                 RopeShape {
                     rows,
@@ -260,7 +343,7 @@ impl LladaModel {
                     max_pos: self.max_pos,
                 },
             )?;
-            let arena = &st.kv[li];
+            let arena = &pass.arena[li];
             let kv_w = hkv * hd;
             let dst = RowWindow {
                 stride: kv_w,
@@ -278,7 +361,7 @@ impl LladaModel {
                 step,
                 &st.qkv,
                 k_src,
-                &st.positions,
+                pass.kv_index,
                 &arena.k,
                 dst,
                 rows,
@@ -288,16 +371,16 @@ impl LladaModel {
                 step,
                 &st.qkv,
                 v_src,
-                &st.positions,
+                pass.kv_index,
                 &arena.v,
                 dst,
                 rows,
                 kv_w,
             )?;
-            let seg_a = seg_a.map(|layers| KvSegment {
+            let seg_a = pass.seg_a.map(|(layers, len)| KvSegment {
                 k: &layers[li].k,
                 v: &layers[li].v,
-                len: seg_a_len,
+                len,
             });
             attention::attention(
                 step,
@@ -309,7 +392,7 @@ impl LladaModel {
                 KvSegment {
                     k: &arena.k,
                     v: &arena.v,
-                    len: kv_len,
+                    len: pass.kv_len,
                 },
                 &st.attn,
                 AttentionShape {
@@ -319,12 +402,12 @@ impl LladaModel {
                 },
             )?;
             matmul::matmul(step, &st.attn, &lw.attn_out, &st.proj, rows, k)?;
-            ew::add_in_place(step, &st.x, &st.proj, rows * d)?;
-            ew::rms_norm(step, &st.x, &lw.ff_norm, &st.h, rows, d, eps)?;
+            ew::add_in_place(step, x, &st.proj, rows * d)?;
+            ew::rms_norm(step, x, &lw.ff_norm, &st.h, rows, d, eps)?;
             matmul::matmul(step, &st.h, &lw.gate_up, &st.gate_up, rows, k)?;
             ew::swiglu(step, &st.gate_up, &st.act, rows, c.mlp_hidden_size)?;
             matmul::matmul(step, &st.act, &lw.down, &st.proj, rows, k)?;
-            ew::add_in_place(step, &st.x, &st.proj, rows * d)?;
+            ew::add_in_place(step, x, &st.proj, rows * d)?;
         }
         Ok(())
     }
@@ -359,11 +442,25 @@ impl LladaModel {
         n: usize,
         params: &SelectParams,
     ) -> Result<(), ModelError> {
+        self.encode_select_from(step, &cond.x, uncond.map(|u| &u.x), sel, n, params)
+    }
+
+    /// `encode_select` over explicit hidden-state tensors (sampled rows index into them).
+    pub fn encode_select_from(
+        &self,
+        step: &mut StepEncoder,
+        cond_x: &Tensor,
+        uncond_x: Option<&Tensor>,
+        sel: &SelectBuffers,
+        n: usize,
+        params: &SelectParams,
+    ) -> Result<(), ModelError> {
+        let uncond = uncond_x;
         let d = self.cfg.d_model;
         let eps = self.cfg.rms_norm_eps as f32;
         let full = RowWindow { stride: d, col: 0 };
         // Gather first: the final norm and LM head only run on the rows being sampled.
-        ew::gather_rows(step, &cond.x, full, &sel.row_index, &sel.hidden, full, n, d)?;
+        ew::gather_rows(step, cond_x, full, &sel.row_index, &sel.hidden, full, n, d)?;
         ew::rms_norm(
             step,
             &sel.hidden,
@@ -376,7 +473,7 @@ impl LladaModel {
         if let Some(u) = uncond {
             ew::gather_rows(
                 step,
-                &u.x,
+                u,
                 full,
                 &sel.row_index,
                 &sel.hidden_uncond,

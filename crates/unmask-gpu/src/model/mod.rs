@@ -9,7 +9,7 @@ use thiserror::Error;
 use unmask_core::error::ConfigError;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
-pub use forward::{ForwardState, LladaModel, SelectBuffers, TokenChoice};
+pub use forward::{ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, TokenChoice};
 pub use weights::{LayerWeights, LladaWeights, LoadProgress};
 
 #[derive(Debug, Error)]

@@ -89,6 +89,8 @@ impl Tile {
             .constant("PS_LEN", bq4 * self.bk())
             .constant("S_LEN", bq4 * self.rk)
             .constant("ACC_LEN", bq4 * self.rd())
+            .flag_if(std::env::var("ALIAS").is_ok(), "ALIAS")
+            .constant("PS", if std::env::var("ALIAS").is_ok() { "ss" } else { "ps" })
     }
 }
 

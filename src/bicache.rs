@@ -1,0 +1,157 @@
+//! BiCache in the engine: shared-prefix entries as persistent GPU buffers, and the
+//! layer-partitioned denoising loop (DESIGN.md §3).
+//!
+//! Layers below the depth b compute only the non-prefix rows and read the prefix's K/V from
+//! the shared entry (segment A); their own K/V go to arena row `position - P`. Layers from b
+//! up compute the non-prefix rows against the request's arena, whose prefix rows hold the
+//! deep-prefix K/V of the last refresh; a refresh step recomputes those prefix rows from the
+//! entry's boundary state (the prefix-only hidden state after b layers).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use unmask_gpu::model::{ForwardState, KvLayer, LayerPass, LladaModel, ModelError};
+use unmask_gpu::{DType, StepEncoder, Tensor};
+
+/// A shared prefix's K/V (after RoPE) for every layer, from a prefix-only pass, and the
+/// boundary hidden states of the depths requests have used.
+pub struct PrefixEntry {
+    pub tokens: usize,
+    pub kv: Vec<KvLayer>,
+    boundaries: Mutex<HashMap<usize, Arc<Tensor>>>,
+}
+
+impl PrefixEntry {
+    /// GPU bytes of the K/V; boundary states are counted by `boundary_bytes`.
+    pub fn kv_bytes(&self) -> u64 {
+        self.kv
+            .iter()
+            .map(|l| l.k.size_bytes() + l.v.size_bytes())
+            .sum()
+    }
+
+    pub fn boundary_bytes(&self) -> u64 {
+        self.boundaries
+            .lock()
+            .map(|b| b.values().map(|t| t.size_bytes()).sum())
+            .unwrap_or(0)
+    }
+
+    pub fn boundary(&self, depth: usize) -> Option<Arc<Tensor>> {
+        self.boundaries.lock().ok()?.get(&depth).cloned()
+    }
+
+    /// A copy of the boundary state of `depth` (for tests and diagnostics).
+    pub fn read_boundary(
+        &self,
+        model: &LladaModel,
+        depth: usize,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        match self.boundary(depth) {
+            Some(t) => Ok(Some(t.read_f32(&model.ctx)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Bytes an entry of `tokens` prefix tokens takes for its K/V and one boundary state.
+pub fn entry_bytes(model: &LladaModel, tokens: usize) -> u64 {
+    let c = &model.cfg;
+    let kv = 2 * c.n_layers * tokens * c.n_kv_heads * c.head_dim();
+    ((kv + tokens * c.d_model) * 4) as u64
+}
+
+/// Records a prefix-only pass of the first `prefix.len()` rows (ids and positions already
+/// written to `st`), writing K/V into `arena` and the hidden state after `depth` layers into
+/// `boundary`. Layers above `depth` run only when `full` (building an entry's K/V).
+fn encode_prefix_pass(
+    model: &LladaModel,
+    step: &mut StepEncoder,
+    st: &ForwardState,
+    p: usize,
+    arena: &[KvLayer],
+    depth: usize,
+    boundary: &Tensor,
+    full: bool,
+) -> Result<(), ModelError> {
+    let pass = |layers: std::ops::Range<usize>| LayerPass {
+        x: &st.x,
+        rows: p,
+        positions: &st.positions,
+        kv_index: &st.positions,
+        layers,
+        arena,
+        kv_len: p,
+        seg_a: None,
+    };
+    model.encode_embed(step, st, p)?;
+    model.encode_pass(step, st, &pass(0..depth))?;
+    step.copy(&st.x.buffer, 0, &boundary.buffer, 0, boundary.size_bytes());
+    if full {
+        model.encode_pass(step, st, &pass(depth..model.cfg.n_layers))?;
+    }
+    Ok(())
+}
+
+/// Builds a new entry for `prefix`: its K/V for every layer and the boundary of `depth`.
+pub fn build_entry(
+    model: &LladaModel,
+    st: &ForwardState,
+    prefix: &[u32],
+    depth: usize,
+) -> Result<PrefixEntry, ModelError> {
+    let c = &model.cfg;
+    let p = prefix.len();
+    let kv_w = c.n_kv_heads * c.head_dim();
+    let mut kv = Vec::with_capacity(c.n_layers);
+    for i in 0..c.n_layers {
+        kv.push(KvLayer {
+            k: Tensor::zeros(&model.ctx, DType::F32, &[p, kv_w], &format!("prefix k{i}"))?,
+            v: Tensor::zeros(&model.ctx, DType::F32, &[p, kv_w], &format!("prefix v{i}"))?,
+        });
+    }
+    let boundary = Tensor::zeros(&model.ctx, DType::F32, &[p, c.d_model], "prefix boundary")?;
+    let positions: Vec<u32> = (0..p as u32).collect();
+    model.write_rows(st, prefix, &positions)?;
+    let mut step = StepEncoder::new(&model.ctx, "bicache entry");
+    encode_prefix_pass(model, &mut step, st, p, &kv, depth, &boundary, true)?;
+    step.submit()?;
+    let mut boundaries = HashMap::new();
+    boundaries.insert(depth, Arc::new(boundary));
+    Ok(PrefixEntry {
+        tokens: p,
+        kv,
+        boundaries: Mutex::new(boundaries),
+    })
+}
+
+/// Adds the boundary state of `depth` to an existing entry. The pass writes its K/V into the
+/// request's own arena, so the shared entry's K/V are never written after they are built.
+pub fn ensure_boundary(
+    model: &LladaModel,
+    st: &ForwardState,
+    entry: &PrefixEntry,
+    prefix: &[u32],
+    depth: usize,
+) -> Result<Arc<Tensor>, ModelError> {
+    if let Some(b) = entry.boundary(depth) {
+        return Ok(b);
+    }
+    let p = prefix.len();
+    let boundary = Tensor::zeros(
+        &model.ctx,
+        DType::F32,
+        &[p, model.cfg.d_model],
+        "prefix boundary",
+    )?;
+    let positions: Vec<u32> = (0..p as u32).collect();
+    model.write_rows(st, prefix, &positions)?;
+    let mut step = StepEncoder::new(&model.ctx, "bicache boundary");
+    encode_prefix_pass(model, &mut step, st, p, &st.kv, depth, &boundary, false)?;
+    step.submit()?;
+    let boundary = Arc::new(boundary);
+    if let Ok(mut map) = entry.boundaries.lock() {
+        map.entry(depth).or_insert_with(|| boundary.clone());
+    }
+    Ok(boundary)
+}
