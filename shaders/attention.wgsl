@@ -57,9 +57,7 @@ const NEG: f32 = -1.0e30;
 
 var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;
 var<workgroup> ss: array<vec4<f32>, {{PS_LEN}}>;
-//#if !ALIAS
 var<workgroup> ps: array<vec4<f32>, {{PS_LEN}}>;
-//#endif
 var<workgroup> alpha: array<vec4<f32>, BQ4>;
 var<workgroup> total: array<vec4<f32>, BQ4>;
 
@@ -173,7 +171,7 @@ fn main(
             var sum = 0.0;
             for (var j = 0u; j < BK; j++) {
                 let pj = exp2(ss[j * BQ4 + g][c] - mx);
-                {{PS}}[j * BQ4 + g][c] = pj;
+                ps[j * BQ4 + g][c] = pj;
                 sum += pj;
             }
             let a = exp2(run_max - mx);
@@ -199,7 +197,7 @@ fn main(
                     vv[r] = va[vrow + dcol[r]];
                 }
                 for (var g = 0u; g < BQ4; g++) {
-                    let pg = {{PS}}[j * BQ4 + g];
+                    let pg = ps[j * BQ4 + g];
                     for (var r = 0u; r < RD; r++) {
                         acc[r * BQ4 + g] += pg * vv[r];
                     }
@@ -212,16 +210,13 @@ fn main(
                     vv[r] = vb[vrow + dcol[r]];
                 }
                 for (var g = 0u; g < BQ4; g++) {
-                    let pg = {{PS}}[j * BQ4 + g];
+                    let pg = ps[j * BQ4 + g];
                     for (var r = 0u; r < RD; r++) {
                         acc[r * BQ4 + g] += pg * vv[r];
                     }
                 }
             }
         }
-//#if ALIAS
-        workgroupBarrier();
-//#endif
     }
 
     if (lid < BQ) {

@@ -30,6 +30,7 @@ use unmask_gpu::ops::sampling::SelectParams;
 use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder};
 
 mod bicache;
+pub mod profile;
 
 pub use bicache::PrefixEntry;
 pub use unmask_core::cache::CacheMode;

@@ -21,6 +21,7 @@ fn engine() -> Engine {
     let options = EngineOptions {
         backend: None,
         weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
     };
     Engine::load_on(common::ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
 }
@@ -239,6 +240,7 @@ fn generation_matches_goldens_with_chunked_vocabulary() {
     let options = EngineOptions {
         backend: None,
         weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
     };
     let engine = Engine::load_on(ctx, &fixture_dir(), &options, &mut |_| {}).unwrap();
     assert!(engine.model.weights.lm_head.chunks.len() > 1);

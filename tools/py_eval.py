@@ -59,25 +59,32 @@ def torch_model(params):
     return m
 
 
-def run(items, sampler, params, tok, ids, model, gen_length, steps, block_length):
+def run(items, sampler, params, tok, ids, model, gen_length, steps, block_length, batch=20):
     per, rows = {}, []
     t0 = time.time()
-    for it in items:
-        prompt = tok.encode(tasks.render_chat(it["system"], it["user"]), add_special_tokens=False).ids
-        if sampler == "ref":
+    prompts = [tok.encode(tasks.render_chat(it["system"], it["user"]), add_special_tokens=False).ids for it in items]
+    gens = [None] * len(items)
+    if sampler == "ref":
+        for i, prompt in enumerate(prompts):
             out, _ = llada_ref.generate(params, prompt, gen_length, steps, block_length, temperature=0.0,
                                         mask_id=ids.mask, eos_id=ids.eos)
-            gen = [int(t) for t in out[len(prompt):]]
-        else:
-            if block_length != gen_length:
-                raise NotImplementedError("the torch sampler runs one block")
-            gen = train.generate(model, prompt, ids, steps=steps, gen_length=gen_length)
+            gens[i] = [int(t) for t in out[len(prompt):]]
+    else:
+        if block_length != gen_length:
+            raise NotImplementedError("the torch sampler runs one block")
+        order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
+        for s in range(0, len(order), batch):
+            chunk = order[s : s + batch]
+            outs = train.generate_batch(model, [prompts[i] for i in chunk], ids, steps=steps, gen_length=gen_length)
+            for i, g in zip(chunk, outs):
+                gens[i] = g
+    for it, prompt, gen in zip(items, prompts, gens):
         got = extract(tok, ids, gen)
         ok = got == it["answer"]
         c, n = per.get(it["task"], (0, 0))
         per[it["task"]] = (c + int(ok), n + 1)
         rows.append({"id": it["id"], "task": it["task"], "answer": it["answer"], "got": got, "ok": ok,
-                     "prompt_tokens": len(prompt)})
+                     "prompt_tokens": len(prompt), "generated": gen})
     correct = sum(r["ok"] for r in rows)
     return {
         "sampler": sampler, "n": len(rows), "correct": correct, "accuracy": correct / max(1, len(rows)),

@@ -345,6 +345,34 @@ def generate(model, prompt, ids, steps=32, gen_length=GEN_LEN):
     return x[0, Lp:].tolist()
 
 
+@torch.no_grad()
+def generate_batch(model, prompts, ids, steps=32, gen_length=GEN_LEN):
+    """`generate` for several prompts at once (one block).
+
+    Rows are padded at the end with <|endoftext|> and the padding is masked as keys, so
+    every row computes what it computes alone.  Returns the generated ids of each row.
+    """
+    B = len(prompts)
+    T = max(len(p) for p in prompts) + gen_length
+    x = torch.full((B, T), ids.eos, dtype=torch.long)
+    valid = torch.zeros((B, T), dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        x[b, : len(p)] = torch.tensor(p)
+        x[b, len(p) : len(p) + gen_length] = ids.mask
+        valid[b, : len(p) + gen_length] = True
+    quotas = [gen_length // steps + (1 if i < gen_length % steps else 0) for i in range(steps)]
+    for k in quotas:
+        mask_index = x == ids.mask
+        logits = model(x, valid).double()
+        x0 = logits.argmax(-1)
+        p = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
+        conf = torch.where(mask_index, p, torch.full_like(p, -math.inf))
+        order = torch.sort(-conf, dim=-1, stable=True).indices[:, :k]
+        rows = torch.arange(B)[:, None].expand(B, k)
+        x[rows, order] = x0[rows, order]
+    return [x[b, len(p) : len(p) + gen_length].tolist() for b, p in enumerate(prompts)]
+
+
 def extract_answer(tok, ids, out_ids):
     cut = []
     for t in out_ids:

@@ -8,7 +8,7 @@ use unmask_core::chat::Message;
 
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
-use crate::generate::{self, summary, timings_json};
+use crate::generate::{self, bicache_json, summary, timings_json};
 use crate::options::{self, BACKEND, CACHE, DTYPE, MODEL};
 use crate::output;
 
@@ -22,8 +22,9 @@ pub fn spec() -> CommandSpec {
         ),
     ];
     flags.extend(options::generation_flags());
+    flags.push(CACHE);
+    flags.extend(options::bicache_flags());
     flags.extend([
-        CACHE,
         BACKEND,
         DTYPE,
         Flag::switch(
@@ -34,17 +35,20 @@ pub fn spec() -> CommandSpec {
     CommandSpec {
         name: "chat",
         summary: "Chat with the model: each line read from stdin is a user turn.",
-        usage: "unmask chat [--model DIR] [--system TEXT] [--cache MODE] [generation flags]",
+        usage: "unmask chat [--model DIR] [--system TEXT] [--cache MODE] [--depth B] [generation flags]",
         flags,
         notes: "Commands: /reset clears the conversation (the system message stays), /quit or\n\
                 end of input ends it. Every answer becomes an assistant turn of the history.\n\
-                Piped input works: `printf 'Hi\\nWhy?\\n' | unmask chat` prints two answers.",
+                Piped input works: `printf 'Hi\\nWhy?\\n' | unmask chat` prints two answers.\n\
+                With --cache bicache the shared prefix is everything before the last user turn\n\
+                (the system message and the earlier turns).",
     }
 }
 
 pub fn run(m: &Matches) -> Result<(), CliError> {
     let (params, decode) = options::generation_params(m)?;
     let cache = options::cache_mode(m)?;
+    let bicache = options::bicache_settings(m, &[cache])?;
     let engine_options = options::engine_options(m)?;
     let json = m.switch("json");
     let system = m.value("system").map(Message::system);
@@ -98,6 +102,8 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             cache,
             prefix_len: None,
             recompute_all: false,
+            depth: bicache.depth,
+            refresh_every: bicache.refresh_every,
         };
         turn += 1;
         match generate::generate(&engine, &request, live) {
@@ -110,6 +116,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
                         "prompt_tokens": g.prompt_ids.len(),
                         "cache": g.cache.name(),
                         "prefix_len": g.prefix_len,
+                        "bicache": bicache_json(&g),
                         "ids": g.ids,
                         "text": answer,
                         "timings": timings_json(&g),

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{Map, Value, json};
-use unmask::{CacheMode, DecodeMode, Engine, GenerationParams, Request};
+use unmask::{BicacheReport, CacheMode, DecodeMode, Engine, GenerationParams, Request};
 
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::{CliError, ErrorKind};
 use crate::generate::params_json;
-use crate::options::{self, BACKEND, DTYPE, GenerationDefaults, MODEL};
+use crate::options::{self, BACKEND, BicacheSettings, DTYPE, GenerationDefaults, MODEL};
 use crate::output;
 
 /// The task types of the set format, in the order of the report's columns. Other task names
@@ -41,11 +41,13 @@ pub fn spec() -> CommandSpec {
             "cache",
             "MODES",
             "cache modes to compare, in this order: MODE[,MODE...] or all \
-             (none, fast-dllm-prefix, fast-dllm-dual, prefix-arm; default none)",
+             (none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual; \
+             default none)",
         ),
         Flag::value("limit", "N", "evaluate only the first N items of the set"),
     ];
     flags.extend(generation_flags());
+    flags.extend(options::bicache_flags());
     flags.extend([
         BACKEND,
         DTYPE,
@@ -74,7 +76,9 @@ pub fn spec() -> CommandSpec {
                 output when there is none), trimmed; it counts when it equals the expected\n\
                 answer exactly. The model is loaded once and every mode runs over the same\n\
                 items. A progress line per item goes to stderr; the table (or, with --json,\n\
-                the JSON object) to stdout.",
+                the JSON object) to stdout. The shared prefix of an item is its system turn;\n\
+                BiCache modes share one prefix store over the whole run, and without a depth\n\
+                table (bicache_depth.json, or --depth) they fall back and report why.",
     }
 }
 
@@ -110,11 +114,20 @@ pub struct Item {
 }
 
 impl Item {
-    fn request(&self, params: &GenerationParams, cache: CacheMode) -> Request {
+    /// The item's chat request; the default split makes the system turn the shared prefix.
+    fn request(
+        &self,
+        params: &GenerationParams,
+        cache: CacheMode,
+        bicache: BicacheSettings,
+    ) -> Request {
         let mut request = Request::chat(self.system.as_deref(), &self.user)
             .with_params(params.clone())
             .with_cache(cache);
         request.decode = DecodeMode::Clean;
+        request.prefix_len = None;
+        request.depth = bicache.depth;
+        request.refresh_every = bicache.refresh_every;
         request
     }
 }
@@ -223,6 +236,7 @@ struct ItemResult {
     forward_passes: usize,
     token_layer_passes: usize,
     answer_tokens: usize,
+    bicache: Option<BicacheReport>,
 }
 
 /// Every item of one mode, in the order of the set.
@@ -230,6 +244,8 @@ struct ModeRun {
     cache: CacheMode,
     results: Vec<ItemResult>,
     wall_s: f64,
+    /// Bytes held by the shared prefix store after the mode's last item.
+    store_bytes: u64,
 }
 
 /// A mode's row of the report.
@@ -249,6 +265,14 @@ struct Summary {
     mean_ttft_s: f64,
     agreement_with_none: Option<f64>,
     kv_arena_bytes: f64,
+    /// BiCache requests that found their prefix stored / had to build it.
+    cache_hits: usize,
+    cache_misses: usize,
+    /// BiCache requests that ran another mode, and why the first did.
+    fallbacks: usize,
+    first_fallback: Option<String>,
+    /// KV arena plus the shared prefix store, for BiCache modes; the arena otherwise.
+    cache_bytes: f64,
 }
 
 impl Summary {
@@ -272,6 +296,7 @@ fn ratio(a: f64, b: f64) -> f64 {
 pub fn run(m: &Matches) -> Result<(), CliError> {
     let set_path = PathBuf::from(m.required("set", "FILE")?);
     let modes = options::cache_modes(m)?;
+    let bicache = options::bicache_settings(m, &modes)?;
     let limit = m.checked("limit", "a whole number >= 1", |n: usize| n >= 1)?;
     let (params, _) = options::generation_params_with(
         m,
@@ -304,7 +329,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let max = engine.config().max_sequence_length;
     for item in &items {
         let len = engine
-            .encode_prompt(&item.request(&params, CacheMode::None).prompt)?
+            .encode_prompt(&item.request(&params, CacheMode::None, bicache).prompt)?
             .len();
         if len + params.gen_length > max {
             return Err(CliError::usage(format!(
@@ -330,7 +355,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
 
     let runs = modes
         .iter()
-        .map(|&mode| run_mode(&engine, &items, &params, mode))
+        .map(|&mode| run_mode(&engine, &items, &params, mode, bicache))
         .collect::<Result<Vec<_>, _>>()?;
     let none = runs.iter().find(|r| r.cache == CacheMode::None);
     let tasks = task_columns(&items);
@@ -372,12 +397,13 @@ fn run_mode(
     items: &[Item],
     params: &GenerationParams,
     cache: CacheMode,
+    bicache: BicacheSettings,
 ) -> Result<ModeRun, CliError> {
     let start = Instant::now();
     let mut results = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let g = engine
-            .generate(&item.request(params, cache))
+            .generate(&item.request(params, cache, bicache))
             .map_err(|e| CliError {
                 kind: ErrorKind::Runtime,
                 message: format!(
@@ -399,8 +425,20 @@ fn run_mode(
                 shorten(&output, 40)
             )
         };
+        let reuse = match &g.bicache {
+            Some(b) => match &b.fallback {
+                Some(why) => format!(" ({why})"),
+                None => format!(
+                    " (BiCache depth {} at r = {}, {})",
+                    b.depth,
+                    b.ratio,
+                    if b.hit { "hit" } else { "miss" }
+                ),
+            },
+            None => String::new(),
+        };
         eprintln!(
-            "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s",
+            "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
             index + 1,
             items.len(),
             item.id,
@@ -420,12 +458,14 @@ fn run_mode(
             forward_passes: t.forward_passes,
             token_layer_passes: t.token_layer_passes,
             answer_tokens: t.answer_tokens,
+            bicache: g.bicache,
         });
     }
     Ok(ModeRun {
         cache,
         results,
         wall_s: start.elapsed().as_secs_f64(),
+        store_bytes: engine.prefix_store_stats().bytes,
     })
 }
 
@@ -491,6 +531,16 @@ fn summarize(
             .count();
         ratio(same as f64, n as f64)
     });
+    let reports: Vec<&BicacheReport> = r.iter().filter_map(|x| x.bicache.as_ref()).collect();
+    let used = || reports.iter().filter(|b| b.fallback.is_none());
+    let fallbacks: Vec<&String> = reports.iter().filter_map(|b| b.fallback.as_ref()).collect();
+    let kv_arena_bytes =
+        mean(&|x| (x.prompt_tokens + gen_length) as f64) * arena_bytes_per_position;
+    let cache_bytes = if run.cache.is_bicache() {
+        kv_arena_bytes + run.store_bytes as f64
+    } else {
+        kv_arena_bytes
+    };
     Summary {
         cache: run.cache,
         items: n,
@@ -505,7 +555,12 @@ fn summarize(
         mean_steps: mean(&|x| x.steps as f64),
         mean_ttft_s: mean(&|x| x.first_step_s),
         agreement_with_none,
-        kv_arena_bytes: mean(&|x| (x.prompt_tokens + gen_length) as f64) * arena_bytes_per_position,
+        kv_arena_bytes,
+        cache_hits: used().filter(|b| b.hit).count(),
+        cache_misses: used().filter(|b| !b.hit).count(),
+        fallbacks: fallbacks.len(),
+        first_fallback: fallbacks.first().map(|s| s.to_string()),
+        cache_bytes,
     }
 }
 
@@ -567,8 +622,12 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
         "mean_steps": s.mean_steps,
         "mean_ttft_s": s.mean_ttft_s,
         "agreement_with_none": s.agreement_with_none,
-        "cache_bytes": kv,
+        "cache_bytes": s.cache_bytes.round() as u64,
         "kv_arena_bytes": kv,
+        "cache_hits": s.cache_hits,
+        "cache_misses": s.cache_misses,
+        "fallbacks": s.fallbacks,
+        "first_fallback": s.first_fallback,
     });
     match row {
         Value::Object(map) => map,
@@ -598,6 +657,7 @@ fn items_json(items: &[Item], run: &ModeRun) -> Value {
                 "forward_passes": r.forward_passes,
                 "token_layer_passes": r.token_layer_passes,
                 "answer_tokens": r.answer_tokens,
+                "bicache": r.bicache,
             })
         })
         .collect()
@@ -676,6 +736,7 @@ fn markdown(cx: &Context<'_>, items: &[Item], tasks: &[String], summaries: &[Sum
             "NFE",
             "TTFT (s)",
             "agreement with none",
+            "BiCache hit/miss/fallback",
         ]
         .map(String::from),
     );
@@ -700,6 +761,11 @@ fn markdown(cx: &Context<'_>, items: &[Item], tasks: &[String], summaries: &[Sum
             format!("{:.3}", s.mean_ttft_s),
             s.agreement_with_none
                 .map_or_else(|| "–".to_string(), |a| format!("{a:.3}")),
+            if s.cache.is_bicache() {
+                format!("{}/{}/{}", s.cache_hits, s.cache_misses, s.fallbacks)
+            } else {
+                "–".to_string()
+            },
         ]);
         out.push_str(&table_row(&cells));
     }
@@ -720,7 +786,7 @@ fn fraction(correct: usize, count: usize) -> String {
 }
 
 /// The command line as typed, quoted for a POSIX shell where needed.
-fn command_line() -> String {
+pub fn command_line() -> String {
     std::iter::once("unmask".to_string())
         .chain(std::env::args().skip(1).map(|a| shell_quote(&a)))
         .collect::<Vec<_>>()

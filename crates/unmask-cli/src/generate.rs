@@ -3,7 +3,9 @@
 use std::io::IsTerminal;
 
 use serde_json::{Value, json};
-use unmask::{CacheMode, Engine, Generation, GenerationParams, Prompt, Remasking, Request};
+use unmask::{
+    BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Remasking, Request,
+};
 use unmask_core::chat::Message;
 
 use crate::args::{CommandSpec, Flag, Matches};
@@ -33,14 +35,17 @@ pub fn spec() -> CommandSpec {
         Flag::value(
             "prefix-len",
             "N",
-            "tokens of the shared prefix for --cache prefix-arm (default: the turns before the \
-             last user message; every token with --prompt-ids)",
+            "tokens of the shared prefix for --cache prefix-arm, bicache, bicache-dual (default: \
+             the turns before the last user message; every token with --prompt-ids)",
         ),
+    ]);
+    flags.extend(options::bicache_flags());
+    flags.extend([
         BACKEND,
         DTYPE,
         Flag::switch(
             "json",
-            "print one JSON object: ids, text, cache mode, per-step commits, timings",
+            "print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings",
         ),
     ]);
     CommandSpec {
@@ -58,9 +63,13 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let (params, decode) = options::generation_params(m)?;
     let cache = options::cache_mode(m)?;
     let prefix_len = m.parsed::<usize>("prefix-len", "a whole number >= 0")?;
-    if prefix_len.is_some() && cache != CacheMode::PrefixArm {
-        eprintln!("note: --prefix-len is used only by --cache prefix-arm (the cache is {cache})");
+    if prefix_len.is_some() && cache != CacheMode::PrefixArm && !cache.is_bicache() {
+        eprintln!(
+            "note: --prefix-len is used only by --cache prefix-arm, bicache and bicache-dual \
+             (the cache is {cache})"
+        );
     }
+    let bicache = options::bicache_settings(m, &[cache])?;
     let engine_options = options::engine_options(m)?;
     let json = m.switch("json");
     let dir = options::model_dir(m)?;
@@ -90,6 +99,8 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         cache,
         prefix_len,
         recompute_all: false,
+        depth: bicache.depth,
+        refresh_every: bicache.refresh_every,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
@@ -162,7 +173,7 @@ pub fn summary(g: &Generation) -> String {
     let t = &g.timings;
     format!(
         "{} tokens ({} before the end of the answer), {} steps, {} forward passes, \
-         {} token-layer passes in {:.2} s ({:.1} tokens/s; first step {:.2} s; cache {})",
+         {} token-layer passes in {:.2} s ({:.1} tokens/s; first step {:.2} s; cache {}{})",
         g.ids.len(),
         t.answer_tokens,
         t.steps,
@@ -171,8 +182,37 @@ pub fn summary(g: &Generation) -> String {
         t.total_s,
         tokens_per_s(g),
         t.first_step_s,
-        g.cache
+        g.cache,
+        g.bicache.as_ref().map(bicache_text).unwrap_or_default()
     )
+}
+
+/// `: depth 3 at r = 85, hit` or `: ran as none: <why>`, for the summary line.
+fn bicache_text(b: &BicacheReport) -> String {
+    match &b.fallback {
+        Some(why) => format!(": {why}"),
+        None => format!(
+            ": depth {} at r = {}, {}",
+            b.depth,
+            b.ratio,
+            if b.hit { "hit" } else { "miss" }
+        ),
+    }
+}
+
+/// What BiCache did, or null for other modes.
+pub fn bicache_json(g: &Generation) -> Value {
+    match &g.bicache {
+        Some(b) => json!({
+            "depth": b.depth,
+            "ratio": b.ratio,
+            "hit": b.hit,
+            "entry_tokens": b.entry_tokens,
+            "entry_bytes": b.entry_bytes,
+            "fallback": b.fallback,
+        }),
+        None => Value::Null,
+    }
 }
 
 fn tokens_per_s(g: &Generation) -> f64 {
@@ -251,6 +291,7 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "params": params_json(params),
         "cache": g.cache.name(),
         "prefix_len": g.prefix_len,
+        "bicache": bicache_json(g),
         "prompt_ids": g.prompt_ids,
         "ids": g.ids,
         "text": g.text,

@@ -11,6 +11,8 @@ mod logits;
 mod npy;
 mod options;
 mod output;
+mod png;
+mod profile;
 mod selfcheck;
 
 use std::io::Write;
@@ -25,6 +27,7 @@ fn commands() -> Vec<(CommandSpec, Runner)> {
         (generate::spec(), generate::run as Runner),
         (chat::spec(), chat::run),
         (eval::spec(), eval::run),
+        (profile::spec(), profile::run),
         (logits::spec(), logits::run),
         (info::spec(), info::run),
         (selfcheck::spec(), selfcheck::run),

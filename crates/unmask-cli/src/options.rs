@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use unmask::{CacheMode, Engine, EngineOptions, GenerationParams, Remasking};
+use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Remasking};
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::WeightFormat;
@@ -37,13 +37,114 @@ pub const DTYPE: Flag = Flag::value(
 );
 
 /// Every cache mode name, for help texts and error messages.
-const CACHE_MODES: &str = "none, fast-dllm-prefix, fast-dllm-dual, prefix-arm";
+const CACHE_MODES: &str =
+    "none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual";
 
 pub const CACHE: Flag = Flag::value(
     "cache",
     "MODE",
-    "how K/V are reused between steps: none (default), fast-dllm-prefix, fast-dllm-dual, prefix-arm",
+    "how K/V are reused: none (default), fast-dllm-prefix, fast-dllm-dual, prefix-arm, \
+     bicache, bicache-dual",
 );
+
+/// Used when `--refresh` is not given (the paper's R).
+pub const DEFAULT_REFRESH: usize = 16;
+
+/// BiCache's flags: the depth, the refresh interval and the store's budget.
+pub fn bicache_flags() -> Vec<Flag> {
+    vec![
+        Flag::value(
+            "depth",
+            "B",
+            "BiCache: shallow layers that reuse the shared prefix (default: the model's \
+             bicache_depth.json; without one BiCache falls back and says why)",
+        ),
+        Flag::value(
+            "refresh",
+            "R",
+            "BiCache: steps between deep-prefix refreshes in one-block requests (default 16)",
+        ),
+        Flag::value(
+            "cache-budget",
+            "TOKENS[,BYTES]",
+            "BiCache: what the shared prefix store may hold, e.g. 5000 or 5000,2G \
+             (BYTES takes K, M, G; default 65536 tokens, 1G)",
+        ),
+    ]
+}
+
+/// `--depth` and `--refresh` for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BicacheSettings {
+    pub depth: Option<usize>,
+    pub refresh_every: usize,
+}
+
+/// `--depth B` and `--refresh R`, checked; a note on stderr when no mode in `modes` uses them.
+pub fn bicache_settings(m: &Matches, modes: &[CacheMode]) -> Result<BicacheSettings, CliError> {
+    let depth = m.parsed::<usize>("depth", "a whole number >= 0")?;
+    let refresh_every = m
+        .checked("refresh", "a whole number >= 1", |r: usize| r >= 1)?
+        .unwrap_or(DEFAULT_REFRESH);
+    if !modes.iter().any(|c| c.is_bicache()) {
+        let given: Vec<&str> = ["depth", "refresh", "cache-budget"]
+            .into_iter()
+            .filter(|f| m.value(f).is_some())
+            .collect();
+        if !given.is_empty() {
+            eprintln!(
+                "note: --{} {} used only by --cache bicache and bicache-dual",
+                given.join(", --"),
+                if given.len() == 1 { "is" } else { "are" }
+            );
+        }
+    }
+    Ok(BicacheSettings {
+        depth,
+        refresh_every,
+    })
+}
+
+/// `TOKENS[,BYTES]`, BYTES with an optional K, M or G (powers of 1024); the bytes limit
+/// stays `default_bytes` when only tokens are given.
+pub fn parse_cache_budget(text: &str, default_bytes: u64) -> Option<CacheBudget> {
+    let (tokens, bytes) = match text.split_once(',') {
+        Some((t, b)) => (t, Some(b)),
+        None => (text, None),
+    };
+    let max_tokens = tokens.trim().parse::<usize>().ok()?;
+    let max_bytes = match bytes {
+        None => default_bytes,
+        Some(b) => parse_bytes(b.trim())?,
+    };
+    Some(CacheBudget {
+        max_tokens,
+        max_bytes,
+    })
+}
+
+/// `512`, `64K`, `1.5G`: bytes with an optional binary suffix (a trailing `B` or `iB` is
+/// accepted too).
+fn parse_bytes(text: &str) -> Option<u64> {
+    let upper = text.to_ascii_uppercase();
+    let body = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
+    let (number, scale) = match body.chars().last()? {
+        'K' => (&body[..body.len() - 1], 1u64 << 10),
+        'M' => (&body[..body.len() - 1], 1 << 20),
+        'G' => (&body[..body.len() - 1], 1 << 30),
+        _ => (body, 1),
+    };
+    let number = number.trim();
+    if let Ok(n) = number.parse::<u64>() {
+        return n.checked_mul(scale);
+    }
+    let f = number.parse::<f64>().ok()?;
+    let bytes = f * scale as f64;
+    (f.is_finite() && f >= 0.0 && bytes < u64::MAX as f64).then(|| bytes.round() as u64)
+}
 
 /// `--cache MODE`, `none` when absent.
 pub fn cache_mode(m: &Matches) -> Result<CacheMode, CliError> {
@@ -297,9 +398,21 @@ pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
         Some("f16-packed") => WeightFormat::F16Packed,
         _ => WeightFormat::F16Native,
     };
+    let defaults = EngineOptions::default().cache_budget;
+    let cache_budget = match m.value("cache-budget") {
+        None => defaults,
+        Some(text) => parse_cache_budget(text, defaults.max_bytes).ok_or_else(|| {
+            invalid(
+                "cache-budget",
+                "TOKENS or TOKENS,BYTES such as 5000 or 5000,2G (BYTES may end in K, M or G)",
+                text,
+            )
+        })?,
+    };
     Ok(EngineOptions {
         backend,
         weight_format,
+        cache_budget,
     })
 }
 
@@ -351,4 +464,24 @@ pub fn check_length(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_budgets_take_tokens_and_optional_bytes() {
+        let b = |t: &str| parse_cache_budget(t, 7).map(|b| (b.max_tokens, b.max_bytes));
+        assert_eq!(b("5000"), Some((5000, 7)));
+        assert_eq!(b("5000,2G"), Some((5000, 2 << 30)));
+        assert_eq!(b(" 4 , 512 "), Some((4, 512)));
+        assert_eq!(b("10,64K"), Some((10, 64 << 10)));
+        assert_eq!(b("10,1.5m"), Some((10, 3 << 19)));
+        assert_eq!(b("10,3MiB"), Some((10, 3 << 20)));
+        assert_eq!(b("10,100B"), Some((10, 100)));
+        for bad in ["", "x", "-1", "4,", "4,G", "4,-2K", "4,2T", "4,2,3"] {
+            assert_eq!(b(bad), None, "{bad}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The `unmask` binary end to end on the tiny fixture model: generation (ids and text,
 //! JSON and plain, every cache mode), logits as .npy against the golden logits, piped chat,
-//! eval over a small task set, info, selfcheck, and the exit codes and messages of bad
-//! command lines.
+//! eval over a small task set, BiCache's flags and reports, profiling, info, selfcheck, and
+//! the exit codes and messages of bad command lines.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -503,7 +503,18 @@ fn help_info_and_selfcheck() {
     assert!(stdout(&o).contains("selfcheck passed"), "{}", stdout(&o));
 }
 
+/// The modes that are step plans of one request (no shared store).
 const CACHE_MODES: [&str; 4] = ["none", "fast-dllm-prefix", "fast-dllm-dual", "prefix-arm"];
+
+/// What `--cache all` runs.
+const ALL_CACHE_MODES: [&str; 6] = [
+    "none",
+    "fast-dllm-prefix",
+    "fast-dllm-dual",
+    "prefix-arm",
+    "bicache",
+    "bicache-dual",
+];
 
 /// The four-item task set of the tests: one item of every task type.
 fn tiny_set() -> String {
@@ -705,7 +716,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
         .iter()
         .map(|m| m["cache"].as_str().expect("cache"))
         .collect();
-    assert_eq!(names, CACHE_MODES);
+    assert_eq!(names, ALL_CACHE_MODES);
     for m in modes {
         let name = &m["cache"];
         assert_eq!(m["n_items"], 4, "{name}");
@@ -738,7 +749,19 @@ fn eval_runs_every_cache_mode_over_the_set() {
         assert_eq!(m["canvas_tokens"], 32, "{name}");
         assert!(f64_of(&m["throughput_canvas"]) > 0.0, "{name}");
         assert!(f64_of(&m["agreement_with_none"]) <= 1.0, "{name}");
+        // The fixture has no depth table and no --depth is given: BiCache falls back on
+        // every item, says why, and holds nothing in the store.
         assert_eq!(m["cache_bytes"], m["kv_arena_bytes"]);
+        assert_eq!(m["cache_hits"], 0, "{name}");
+        assert_eq!(m["cache_misses"], 0, "{name}");
+        if name.as_str().is_some_and(|n| n.starts_with("bicache")) {
+            assert_eq!(m["fallbacks"], 4, "{name}");
+            let why = m["first_fallback"].as_str().expect("first_fallback");
+            assert!(why.contains("bicache_depth.json"), "{name}: {why}");
+        } else {
+            assert_eq!(m["fallbacks"], 0, "{name}");
+            assert!(m["first_fallback"].is_null(), "{name}");
+        }
         // Several modes: the per-item lists go only to --out.
         assert!(m.get("items").is_none(), "{name}: items on stdout");
     }
@@ -760,7 +783,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
         serde_json::from_str(&std::fs::read_to_string(&out).expect("read --out")).expect("JSON");
     let _ = std::fs::remove_file(&out);
     let full_modes = full["modes"].as_array().expect("modes");
-    assert_eq!(full_modes.len(), 4);
+    assert_eq!(full_modes.len(), 6);
     for (m, full_m) in modes.iter().zip(full_modes) {
         assert_eq!(m["accuracy"], full_m["accuracy"]);
         let items = full_m["items"].as_array().expect("items in --out");
@@ -779,6 +802,14 @@ fn eval_runs_every_cache_mode_over_the_set() {
             assert!(item["correct"].is_boolean());
             assert!(f64_of(&item["total_s"]) >= 0.0);
             assert!(item["token_layer_passes"].as_u64().is_some_and(|n| n > 0));
+            if m["cache"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("bicache"))
+            {
+                assert!(item["bicache"]["fallback"].is_string(), "{item}");
+            } else {
+                assert!(item["bicache"].is_null(), "{item}");
+            }
         }
     }
 
@@ -796,15 +827,15 @@ fn eval_runs_every_cache_mode_over_the_set() {
         assert!(header.contains(needle), "`{needle}` not in {header}");
     }
     assert!(table.contains("| cache | accuracy | lookup | combine | arithmetic | format |"));
-    assert!(table.contains("| TTFT (s) | agreement with none |"));
-    for mode in CACHE_MODES {
+    assert!(table.contains("| TTFT (s) | agreement with none | BiCache hit/miss/fallback |"));
+    for mode in ALL_CACHE_MODES {
         let rows = table
             .lines()
             .filter(|l| l.starts_with(&format!("| {mode} |")))
             .count();
         assert_eq!(rows, 1, "{mode} rows in\n{table}");
     }
-    assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 2 + 4);
+    assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 2 + 6);
 }
 
 #[test]
@@ -937,14 +968,22 @@ fn eval_errors_name_the_value_the_file_and_the_line() {
         "`all`",
     );
     assert_fails(
-        &["eval", "--model", f, "--set", s, "--cache", "bicache"],
+        &["eval", "--model", f, "--set", s, "--cache", "bicash"],
         2,
-        "`bicache`",
+        "`bicash`",
     );
     assert_fails(
-        &["eval", "--model", f, "--set", s, "--cache", "none,bicache"],
+        &[
+            "eval",
+            "--model",
+            f,
+            "--set",
+            s,
+            "--cache",
+            "none,bicache-triple",
+        ],
         2,
-        "`bicache`",
+        "`bicache-triple`",
     );
     assert_fails(
         &["eval", "--model", f, "--set", s, "--cache", "none,none"],
@@ -952,9 +991,9 @@ fn eval_errors_name_the_value_the_file_and_the_line() {
         "more than once",
     );
     assert_fails(
-        &["generate", "--prompt-ids", "1", "--cache", "bicache"],
+        &["generate", "--prompt-ids", "1", "--cache", "bicash"],
         2,
-        "`bicache`",
+        "`bicash`",
     );
     assert_fails(&["chat", "--cache", "dual"], 2, "`dual`");
     assert_fails(&["eval", "--model", f], 2, "--set");
@@ -1005,4 +1044,288 @@ fn eval_errors_name_the_value_the_file_and_the_line() {
         2,
         "does not exist",
     );
+}
+
+/// `a` followed by `b`.
+fn joined<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    [a, b].concat()
+}
+
+/// The three-item set of the profiling test: two items share a system prompt.
+fn profile_set() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/profile-set.jsonl")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn profile_writes_the_depth_table_the_matrix_and_the_heat_map() {
+    let out = temp_path("profile");
+    let out_arg = out.display().to_string();
+    let o = run(&[
+        "profile",
+        "--model",
+        &fixture(),
+        "--set",
+        &profile_set(),
+        "--out",
+        &out_arg,
+        "--user-repeat",
+        "2",
+    ]);
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(err.contains("[profile 6/6]"), "{err}");
+    assert!(stdout(&o).contains("table: r >= 0: b = "), "{}", stdout(&o));
+
+    let text = std::fs::read_to_string(out.join("bicache_depth.json")).expect("table");
+    let table = unmask_core::depth_policy::DepthTable::from_json(&text, "bicache_depth.json")
+        .expect("a valid depth table");
+    assert_eq!(table.model_id, "tiny");
+    assert_eq!(table.n_layers, 2);
+    assert_eq!(table.tau, 0.97);
+    assert_eq!(table.entries[0].0, 0);
+    assert!(table.samples_per_ratio >= 1);
+    assert!(table.ratio_definition.contains("P/(P+U)"));
+    assert!(table.source.contains("unmask profile"), "{}", table.source);
+
+    let matrix: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("similarity.json")).expect("matrix"),
+    )
+    .expect("JSON");
+    let ratios = u64s(&matrix["ratios"]);
+    assert!(
+        !ratios.is_empty() && ratios.windows(2).all(|w| w[0] < w[1]),
+        "{ratios:?}"
+    );
+    let samples = u64s(&matrix["samples"]);
+    assert_eq!(samples.len(), ratios.len());
+    assert_eq!(
+        samples.iter().sum::<u64>(),
+        6,
+        "three items, each also repeated twice"
+    );
+    let rows = matrix["similarity"].as_array().expect("similarity");
+    assert_eq!(rows.len(), ratios.len());
+    for row in rows {
+        let row = row.as_array().expect("row");
+        assert_eq!(row.len(), 2);
+        // Layer 0's K/V do not see the rest of the prompt; layer 1's do.
+        assert!((f64_of(&row[0]) - 1.0).abs() < 1e-6, "{row:?}");
+        assert!(f64_of(&row[1]) < 1.0, "{row:?}");
+    }
+
+    let png = std::fs::read(out.join("similarity.png")).expect("png");
+    assert!(png.starts_with(&[0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n']));
+    assert_eq!(&png[12..16], b"IHDR");
+    let height = u32::from_be_bytes(png[20..24].try_into().expect("4 bytes"));
+    assert!(height as usize >= 12 * ratios.len());
+    let _ = std::fs::remove_dir_all(&out);
+
+    // With a canvas the ratio counts it.
+    let o = run(&[
+        "profile",
+        "--model",
+        &fixture(),
+        "--set",
+        &profile_set(),
+        "--out",
+        &out_arg,
+        "--limit",
+        "1",
+        "--gen-length",
+        "32",
+        "--tau",
+        "0.5",
+    ]);
+    assert_ok(&o);
+    let text = std::fs::read_to_string(out.join("bicache_depth.json")).expect("table");
+    let table = unmask_core::depth_policy::DepthTable::from_json(&text, "t").expect("valid");
+    assert!(
+        table.ratio_definition.contains("G = 32"),
+        "{}",
+        table.ratio_definition
+    );
+    assert_eq!(table.tau, 0.5);
+    let _ = std::fs::remove_dir_all(&out);
+
+    let fix = fixture();
+    let set = profile_set();
+    let base = ["profile", "--model", fix.as_str(), "--set", set.as_str()];
+    assert_fails(&base, 2, "--out");
+    assert_fails(
+        &joined(&base, &["--out", &out_arg, "--tau", "0"]),
+        2,
+        "--tau",
+    );
+    assert_fails(
+        &joined(&base, &["--out", &out_arg, "--tau", "1.5"]),
+        2,
+        "--tau",
+    );
+    assert_fails(
+        &joined(&base, &["--out", &out_arg, "--user-repeat", "2,0"]),
+        2,
+        "--user-repeat",
+    );
+    assert_fails(
+        &joined(&base, &["--out", &out_arg, "--gen-length", "-1"]),
+        2,
+        "--gen-length",
+    );
+}
+
+/// `generate --json` with BiCache's flags on a prompt whose system turn is the prefix.
+fn bicache_generate(extra: &[&str]) -> Value {
+    let fix = fixture();
+    let mut args = vec![
+        "generate",
+        "--model",
+        fix.as_str(),
+        "--system",
+        "Alice: Oslo, cat, 31. Bruno: Rome, dog, 27. Answer after ####.",
+        "--prompt",
+        "Which city is Alice from?",
+        "--gen-length",
+        "16",
+        "--block-length",
+        "16",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert_ok(&o);
+    json(&o)
+}
+
+#[test]
+fn generate_reports_bicache_and_its_fallbacks() {
+    let v = bicache_generate(&["--cache", "bicache", "--depth", "1", "--refresh", "4"]);
+    assert_eq!(v["cache"], "bicache");
+    let b = &v["bicache"];
+    assert_eq!(b["depth"], 1, "{b}");
+    assert_eq!(b["hit"], false, "one process, one request: a miss");
+    assert!(b["fallback"].is_null(), "{b}");
+    assert_eq!(b["entry_tokens"], v["prefix_len"]);
+    assert!(b["entry_bytes"].as_u64().is_some_and(|n| n > 0), "{b}");
+    let prompt = u64s(&v["prompt_ids"]).len() as f64;
+    let p = f64_of(&v["prefix_len"]);
+    let r = (100.0 * p / (prompt + 16.0)).round();
+    assert_eq!(f64_of(&b["ratio"]), r, "{b}");
+    assert_eq!(u64s(&v["ids"]).len(), 16);
+
+    // A budget of 4 tokens cannot hold the prefix: the request runs uncached and says why.
+    let v = bicache_generate(&["--cache", "bicache", "--depth", "1", "--cache-budget", "4"]);
+    let why = v["bicache"]["fallback"].as_str().expect("fallback reason");
+    assert!(
+        why.contains("budget") && why.contains("ran as none"),
+        "{why}"
+    );
+    let v = bicache_generate(&[
+        "--cache",
+        "bicache-dual",
+        "--depth",
+        "1",
+        "--cache-budget",
+        "1000,1K",
+    ]);
+    let why = v["bicache"]["fallback"].as_str().expect("fallback reason");
+    assert!(
+        why.contains("fast-dllm-dual") && why.contains("1024 bytes"),
+        "{why}"
+    );
+    // Without a depth table or --depth.
+    let v = bicache_generate(&["--cache", "bicache"]);
+    let why = v["bicache"]["fallback"].as_str().expect("fallback reason");
+    assert!(why.contains("bicache_depth.json"), "{why}");
+    // Other modes have no report.
+    assert!(bicache_generate(&["--cache", "none"])["bicache"].is_null());
+
+    let fix = fixture();
+    let f = fix.as_str();
+    let base = [
+        "generate",
+        "--model",
+        f,
+        "--prompt-ids",
+        "1,2",
+        "--cache",
+        "bicache",
+    ];
+    assert_fails(&joined(&base, &["--depth", "-1"]), 2, "--depth");
+    assert_fails(&joined(&base, &["--refresh", "0"]), 2, "--refresh");
+    assert_fails(
+        &joined(&base, &["--cache-budget", "many"]),
+        2,
+        "--cache-budget",
+    );
+    assert_fails(
+        &joined(&base, &["--cache-budget", "4,2T"]),
+        2,
+        "--cache-budget",
+    );
+}
+
+#[test]
+fn eval_and_chat_share_the_system_prompt_through_bicache() {
+    let o = run(&[
+        "eval",
+        "--model",
+        &fixture(),
+        "--set",
+        &tiny_set(),
+        "--cache",
+        "none,bicache,bicache-dual",
+        "--depth",
+        "1",
+        "--gen-length",
+        "8",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let v = json(&o);
+    let modes = v["modes"].as_array().expect("modes");
+    // Three items share group g1's system prompt, the fourth has its own: two entries are
+    // built, then every later request of the run finds its prefix stored.
+    assert_eq!(modes[1]["cache"], "bicache");
+    assert_eq!(modes[1]["cache_misses"], 2);
+    assert_eq!(modes[1]["cache_hits"], 2);
+    assert_eq!(modes[2]["cache_misses"], 0);
+    assert_eq!(modes[2]["cache_hits"], 4);
+    for m in &modes[1..] {
+        assert_eq!(m["fallbacks"], 0, "{m}");
+        assert!(m["first_fallback"].is_null());
+        assert!(
+            f64_of(&m["cache_bytes"]) > f64_of(&m["kv_arena_bytes"]),
+            "the store's entries count: {m}"
+        );
+        assert!(
+            f64_of(&m["mean_token_layer_passes"]) < f64_of(&modes[0]["mean_token_layer_passes"]),
+            "{m}"
+        );
+    }
+    let err = stderr(&o);
+    assert!(err.contains("BiCache depth 1 at r = "), "{err}");
+    assert!(err.contains(", hit)"), "{err}");
+
+    let args = [
+        "chat",
+        "--model",
+        &fixture(),
+        "--system",
+        "Be brief.",
+        "--gen-length",
+        "8",
+        "--cache",
+        "bicache",
+        "--depth",
+        "1",
+        "--json",
+    ];
+    let o = run_with_stdin(&args, "Hello\n");
+    assert_ok(&o);
+    let turn: Value = serde_json::from_str(stdout(&o).trim()).expect("JSON line");
+    assert_eq!(turn["bicache"]["depth"], 1, "{turn}");
+    assert!(turn["bicache"]["fallback"].is_null(), "{turn}");
 }

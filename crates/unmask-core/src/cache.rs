@@ -66,7 +66,7 @@ impl fmt::Display for CacheMode {
 /// An unknown cache mode name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm"
+    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual"
 )]
 pub struct UnknownCacheMode {
     pub found: String,

@@ -51,11 +51,15 @@ struct Tile {
 
 impl Tile {
     fn for_head_dim(head_dim: usize) -> Self {
-        let cfg: Vec<usize> = std::env::var("ATTN_CFG")
-            .ok()
-            .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-            .unwrap_or_else(|| vec![8, 32, 4]);
-        Tile { head_dim, bq: cfg[0], wg: cfg[1], rk: cfg[2] }
+        // 128 keys per tile. Small heads use fewer, longer-running invocations so the P·V
+        // phase (one invocation per RD dims) leaves few lanes idle; measured on lavapipe.
+        let wg = if head_dim <= 32 { 16 } else { 32 };
+        Tile {
+            head_dim,
+            bq: 8,
+            wg,
+            rk: 128 / wg,
+        }
     }
 
     fn bk(&self) -> usize {
@@ -89,8 +93,6 @@ impl Tile {
             .constant("PS_LEN", bq4 * self.bk())
             .constant("S_LEN", bq4 * self.rk)
             .constant("ACC_LEN", bq4 * self.rd())
-            .flag_if(std::env::var("ALIAS").is_ok(), "ALIAS")
-            .constant("PS", if std::env::var("ALIAS").is_ok() { "ss" } else { "ps" })
     }
 }
 
