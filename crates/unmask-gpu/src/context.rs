@@ -165,8 +165,9 @@ impl GpuContext {
                 adapter: info.name.clone(),
                 source,
             })?;
-        let device_binding =
-            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let device_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
         let max_binding_bytes = match options.max_binding_bytes {
             Some(cap) => cap.min(device_binding),
             None => device_binding,

@@ -307,7 +307,10 @@ impl Weight {
         len: usize,
         mut fill: impl FnMut(usize, usize, RowOut<'_>),
     ) -> Result<()> {
-        if self.cols == 0 || !len.is_multiple_of(self.cols) || row_start + len / self.cols > self.rows {
+        if self.cols == 0
+            || !len.is_multiple_of(self.cols)
+            || row_start + len / self.cols > self.rows
+        {
             return Err(GpuError::Shape {
                 op: "weight write",
                 expected: format!(
