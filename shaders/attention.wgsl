@@ -1,26 +1,32 @@
 // Bidirectional attention of query rows over two key/value segments (A then B), with an
 // online softmax across both (flash-attention style).
 //
-// A workgroup owns one kv head and BQ "query units"; a unit is a (query row, query head)
+// A workgroup owns one kv head and 8 "query units"; a unit is a (query row, query head)
 // pair of that kv head's GQA group, so grouped heads share every K/V read. Keys are walked
-// in tiles of BK = WG * RK, segment A's tiles first, then B's; the segment of a tile is the
+// in tiles of BK = 8 * WG, segment A's tiles first, then B's; the segment of a tile is the
 // same for the whole workgroup, so no hot loop sits in divergent control flow.
 //
-// Invocations map to keys (scores: RK keys each) and to head dims (P·V: RD dims each); the
-// loops over query units are the same for every invocation, so Q and P come from workgroup
-// memory as broadcast vec4 reads (four units each), while every K and V element is read
-// once per workgroup and feeds BQ FMAs. Per tile, two barriers:
-//   phase 1: scores S = Q Kᵀ of keys lid * RK + k -> ss
+// Both products are register-blocked 8 x 8: in phase 1 an invocation scores 8 keys against
+// the 8 units, in phase 3 it accumulates 8 head dims of the 8 units; each value loaded
+// feeds 8 FMAs. (Every load of every lane costs a bounds check, and on SIMD CPU
+// implementations such as lavapipe a per-lane loop, so loads per FMA decide the speed.)
+// The blocks are spelled out as named vec4 variables: private arrays indexed in loops
+// become memory on such implementations.
+//
+// Per tile, two barriers:
+//   phase 1: scores S = Q Kᵀ of keys 8 * lid + k -> ss
 //   -- barrier --
-//   phase 2: invocation u < BQ: running max, probabilities -> ps, rescale factor -> alpha
+//   phase 2: invocation u < 8: running max, probabilities -> ps, rescale factor -> alpha
 //   -- barrier --
-//   phase 3: O = O * alpha + P V for dims lid * RD + r
+//   phase 3: O = O * alpha + P V for dims 8 * lid + r
 // Phase 3 writes no workgroup memory, and what it reads is next written in phase 2 of the
 // next tile, after that tile's first barrier; so no third barrier is needed.
 //
 // Scores are in the log2 domain (Q is pre-scaled by log2(e)/sqrt(HD)) so exp2 can be used.
-// Layouts, with units in groups of four (g): qs[d * BQ4 + g], ss / ps[j * BQ4 + g].
-// Workgroup memory: (HD + 2 * BK + 2) * BQ floats.
+// Layouts, units in two groups of four (g): qs[d * 2 + g], ss / ps[j * 2 + g].
+// Specialisation: HD (head dim, 1..=128), WG (>= 8 and >= HD / 8), VEC4 (HD % 4 == 0:
+// K and V rows are read four dims per load).
+// Workgroup memory: 8 * (HD + 2 * BK + 2) floats.
 
 struct Params {
     units: u32,        // m * group
@@ -31,7 +37,7 @@ struct Params {
     len_b: u32,
     kv_stride: u32,    // n_kv_heads * HD
     out_stride: u32,   // n_heads * HD
-    unit_blocks: u32,  // ceil(units / BQ)
+    unit_blocks: u32,  // ceil(units / 8)
     n_kv_heads: u32,
     scale_log2: f32,   // log2(e) / sqrt(HD)
     _pad: u32,
@@ -39,33 +45,55 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
+//#if VEC4
+@group(0) @binding(2) var<storage, read> ka: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> va: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> kb: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> vb: array<vec4<f32>>;
+//#else
 @group(0) @binding(2) var<storage, read> ka: array<f32>;
 @group(0) @binding(3) var<storage, read> va: array<f32>;
 @group(0) @binding(4) var<storage, read> kb: array<f32>;
 @group(0) @binding(5) var<storage, read> vb: array<f32>;
+//#endif
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 const HD: u32 = {{HD}}u;
-const BQ: u32 = {{BQ}}u;
-const BQ4: u32 = BQ / 4u;
 const WG: u32 = {{WG}}u;
-const RK: u32 = {{RK}}u;
-const BK: u32 = WG * RK;
-const RD: u32 = (HD + WG - 1u) / WG;
+const BQ: u32 = 8u;
+const BK: u32 = 8u * WG;
 // Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
 const NEG: f32 = -1.0e30;
 
 var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;
 var<workgroup> ss: array<vec4<f32>, {{PS_LEN}}>;
 var<workgroup> ps: array<vec4<f32>, {{PS_LEN}}>;
-var<workgroup> alpha: array<vec4<f32>, BQ4>;
-var<workgroup> total: array<vec4<f32>, BQ4>;
+var<workgroup> alpha: array<vec4<f32>, 2>;
+var<workgroup> total: array<vec4<f32>, 2>;
 
 // Row offset of unit u's head in a [rows, stride] matrix at column col.
 fn unit_offset(u: u32, kvh: u32, stride: u32, col: u32) -> u32 {
     let row = u / p.group;
     let head = kvh * p.group + u % p.group;
     return row * stride + col + head * HD;
+}
+
+// Writes dims d0..d0+7 (those below HD) of unit u0 + ui, if that unit exists.
+fn store_unit(u0: u32, ui: u32, kvh: u32, d0: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    let u = u0 + ui;
+    if (u >= p.units) {
+        return;
+    }
+    let base = unit_offset(u, kvh, p.out_stride, 0u) + d0;
+    let inv = 1.0 / total[ui / 4u][ui % 4u];
+    for (var r = 0u; r < 4u; r++) {
+        if (d0 + r < HD) {
+            out[base + r] = lo[r] * inv;
+        }
+        if (d0 + 4u + r < HD) {
+            out[base + 4u + r] = hi[r] * inv;
+        }
+    }
 }
 
 @compute @workgroup_size({{WG}})
@@ -91,21 +119,37 @@ fn main(
         if (u0 + ui < p.units) {
             x = q[unit_offset(u0 + ui, kvh, p.q_stride, p.q_col) + d] * p.scale_log2;
         }
-        qs[d * BQ4 + ui / 4u][ui % 4u] = x;
+        qs[d * 2u + ui / 4u][ui % 4u] = x;
     }
     workgroupBarrier();
 
-    // Phase 3 ownership (dims past the head read its last column and are not stored) and
-    // accumulators acc[r * BQ4 + g].
-    var dcol: array<u32, RD>;
-    for (var r = 0u; r < RD; r++) {
-        dcol[r] = kv_col + min(lid * RD + r, HD - 1u);
-    }
-    var acc: array<vec4<f32>, {{ACC_LEN}}>;
-    for (var x = 0u; x < RD * BQ4; x++) {
-        acc[x] = vec4<f32>(0.0);
-    }
-    // Phase 2 state of unit lid (lid < BQ).
+    // Phase 3 ownership: dims 8 * lid + r; past the head they read its last columns and
+    // are not stored. o<u>a / o<u>b hold the low / high four of those dims of unit u.
+    let d0 = 8u * lid;
+//#if VEC4
+    let dlo = kv_col + min(d0, HD - 4u);
+    let dhi = kv_col + min(d0 + 4u, HD - 4u);
+//#else
+    let dlo = vec4<u32>(kv_col) + min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(HD - 1u));
+    let dhi = vec4<u32>(kv_col) + min(vec4<u32>(d0) + vec4<u32>(4u, 5u, 6u, 7u), vec4<u32>(HD - 1u));
+//#endif
+    var o0a = vec4<f32>(0.0);
+    var o0b = vec4<f32>(0.0);
+    var o1a = vec4<f32>(0.0);
+    var o1b = vec4<f32>(0.0);
+    var o2a = vec4<f32>(0.0);
+    var o2b = vec4<f32>(0.0);
+    var o3a = vec4<f32>(0.0);
+    var o3b = vec4<f32>(0.0);
+    var o4a = vec4<f32>(0.0);
+    var o4b = vec4<f32>(0.0);
+    var o5a = vec4<f32>(0.0);
+    var o5b = vec4<f32>(0.0);
+    var o6a = vec4<f32>(0.0);
+    var o6b = vec4<f32>(0.0);
+    var o7a = vec4<f32>(0.0);
+    var o7b = vec4<f32>(0.0);
+    // Phase 2 state of unit lid (lid < 8).
     var run_max = NEG;
     var run_sum = 0.0;
 
@@ -116,48 +160,195 @@ fn main(
         let t0 = select(t - tiles_a, t, in_a) * BK;
         let seg_len = select(p.len_b, p.len_a, in_a);
 
-        // Phase 1. Keys past the segment read its last row; their scores are masked.
-        let key0 = t0 + lid * RK;
-        var kbase: array<u32, RK>;
-        for (var k = 0u; k < RK; k++) {
-            kbase[k] = min(key0 + k, seg_len - 1u) * p.kv_stride + kv_col;
-        }
-        var s: array<vec4<f32>, {{S_LEN}}>;
-        for (var x = 0u; x < RK * BQ4; x++) {
-            s[x] = vec4<f32>(0.0);
-        }
-        var kv: array<f32, RK>;
-        if (in_a) {
-            for (var d = 0u; d < HD; d++) {
-                for (var k = 0u; k < RK; k++) {
-                    kv[k] = ka[kbase[k] + d];
-                }
-                for (var g = 0u; g < BQ4; g++) {
-                    let qg = qs[d * BQ4 + g];
-                    for (var k = 0u; k < RK; k++) {
-                        s[k * BQ4 + g] += qg * kv[k];
-                    }
-                }
+        // Phase 1: keys key0 + k; past the segment they read its last row and are masked.
+        // s<k><g>: key k, units 4g..4g+3.
+        let key0 = t0 + 8u * lid;
+        let last = vec4<u32>(seg_len - 1u);
+        let rlo = min(vec4<u32>(key0) + vec4<u32>(0u, 1u, 2u, 3u), last) * p.kv_stride + vec4<u32>(kv_col);
+        let rhi = min(vec4<u32>(key0) + vec4<u32>(4u, 5u, 6u, 7u), last) * p.kv_stride + vec4<u32>(kv_col);
+        var s00 = vec4<f32>(0.0);
+        var s01 = vec4<f32>(0.0);
+        var s10 = vec4<f32>(0.0);
+        var s11 = vec4<f32>(0.0);
+        var s20 = vec4<f32>(0.0);
+        var s21 = vec4<f32>(0.0);
+        var s30 = vec4<f32>(0.0);
+        var s31 = vec4<f32>(0.0);
+        var s40 = vec4<f32>(0.0);
+        var s41 = vec4<f32>(0.0);
+        var s50 = vec4<f32>(0.0);
+        var s51 = vec4<f32>(0.0);
+        var s60 = vec4<f32>(0.0);
+        var s61 = vec4<f32>(0.0);
+        var s70 = vec4<f32>(0.0);
+        var s71 = vec4<f32>(0.0);
+//#if VEC4
+        let rlo4 = rlo / 4u;
+        let rhi4 = rhi / 4u;
+        for (var d = 0u; d < HD; d += 4u) {
+            // Dims d..d+3 of the eight keys, then one dim of all of them at a time.
+            let d4 = d / 4u;
+            var k0: vec4<f32>;
+            var k1: vec4<f32>;
+            var k2: vec4<f32>;
+            var k3: vec4<f32>;
+            var k4: vec4<f32>;
+            var k5: vec4<f32>;
+            var k6: vec4<f32>;
+            var k7: vec4<f32>;
+            if (in_a) {
+                k0 = ka[rlo4.x + d4];
+                k1 = ka[rlo4.y + d4];
+                k2 = ka[rlo4.z + d4];
+                k3 = ka[rlo4.w + d4];
+                k4 = ka[rhi4.x + d4];
+                k5 = ka[rhi4.y + d4];
+                k6 = ka[rhi4.z + d4];
+                k7 = ka[rhi4.w + d4];
+            } else {
+                k0 = kb[rlo4.x + d4];
+                k1 = kb[rlo4.y + d4];
+                k2 = kb[rlo4.z + d4];
+                k3 = kb[rlo4.w + d4];
+                k4 = kb[rhi4.x + d4];
+                k5 = kb[rhi4.y + d4];
+                k6 = kb[rhi4.z + d4];
+                k7 = kb[rhi4.w + d4];
             }
-        } else {
-            for (var d = 0u; d < HD; d++) {
-                for (var k = 0u; k < RK; k++) {
-                    kv[k] = kb[kbase[k] + d];
-                }
-                for (var g = 0u; g < BQ4; g++) {
-                    let qg = qs[d * BQ4 + g];
-                    for (var k = 0u; k < RK; k++) {
-                        s[k * BQ4 + g] += qg * kv[k];
-                    }
-                }
-            }
+            var q0: vec4<f32>;
+            var q1: vec4<f32>;
+            let c0lo = vec4<f32>(k0.x, k1.x, k2.x, k3.x);
+            let c0hi = vec4<f32>(k4.x, k5.x, k6.x, k7.x);
+            q0 = qs[2u * d + 0u];
+            q1 = qs[2u * d + 1u];
+            s00 += q0 * c0lo.x;
+            s01 += q1 * c0lo.x;
+            s10 += q0 * c0lo.y;
+            s11 += q1 * c0lo.y;
+            s20 += q0 * c0lo.z;
+            s21 += q1 * c0lo.z;
+            s30 += q0 * c0lo.w;
+            s31 += q1 * c0lo.w;
+            s40 += q0 * c0hi.x;
+            s41 += q1 * c0hi.x;
+            s50 += q0 * c0hi.y;
+            s51 += q1 * c0hi.y;
+            s60 += q0 * c0hi.z;
+            s61 += q1 * c0hi.z;
+            s70 += q0 * c0hi.w;
+            s71 += q1 * c0hi.w;
+            let c1lo = vec4<f32>(k0.y, k1.y, k2.y, k3.y);
+            let c1hi = vec4<f32>(k4.y, k5.y, k6.y, k7.y);
+            q0 = qs[2u * d + 2u];
+            q1 = qs[2u * d + 3u];
+            s00 += q0 * c1lo.x;
+            s01 += q1 * c1lo.x;
+            s10 += q0 * c1lo.y;
+            s11 += q1 * c1lo.y;
+            s20 += q0 * c1lo.z;
+            s21 += q1 * c1lo.z;
+            s30 += q0 * c1lo.w;
+            s31 += q1 * c1lo.w;
+            s40 += q0 * c1hi.x;
+            s41 += q1 * c1hi.x;
+            s50 += q0 * c1hi.y;
+            s51 += q1 * c1hi.y;
+            s60 += q0 * c1hi.z;
+            s61 += q1 * c1hi.z;
+            s70 += q0 * c1hi.w;
+            s71 += q1 * c1hi.w;
+            let c2lo = vec4<f32>(k0.z, k1.z, k2.z, k3.z);
+            let c2hi = vec4<f32>(k4.z, k5.z, k6.z, k7.z);
+            q0 = qs[2u * d + 4u];
+            q1 = qs[2u * d + 5u];
+            s00 += q0 * c2lo.x;
+            s01 += q1 * c2lo.x;
+            s10 += q0 * c2lo.y;
+            s11 += q1 * c2lo.y;
+            s20 += q0 * c2lo.z;
+            s21 += q1 * c2lo.z;
+            s30 += q0 * c2lo.w;
+            s31 += q1 * c2lo.w;
+            s40 += q0 * c2hi.x;
+            s41 += q1 * c2hi.x;
+            s50 += q0 * c2hi.y;
+            s51 += q1 * c2hi.y;
+            s60 += q0 * c2hi.z;
+            s61 += q1 * c2hi.z;
+            s70 += q0 * c2hi.w;
+            s71 += q1 * c2hi.w;
+            let c3lo = vec4<f32>(k0.w, k1.w, k2.w, k3.w);
+            let c3hi = vec4<f32>(k4.w, k5.w, k6.w, k7.w);
+            q0 = qs[2u * d + 6u];
+            q1 = qs[2u * d + 7u];
+            s00 += q0 * c3lo.x;
+            s01 += q1 * c3lo.x;
+            s10 += q0 * c3lo.y;
+            s11 += q1 * c3lo.y;
+            s20 += q0 * c3lo.z;
+            s21 += q1 * c3lo.z;
+            s30 += q0 * c3lo.w;
+            s31 += q1 * c3lo.w;
+            s40 += q0 * c3hi.x;
+            s41 += q1 * c3hi.x;
+            s50 += q0 * c3hi.y;
+            s51 += q1 * c3hi.y;
+            s60 += q0 * c3hi.z;
+            s61 += q1 * c3hi.z;
+            s70 += q0 * c3hi.w;
+            s71 += q1 * c3hi.w;
         }
-        for (var k = 0u; k < RK; k++) {
-            let valid = key0 + k < seg_len;
-            for (var g = 0u; g < BQ4; g++) {
-                ss[(lid * RK + k) * BQ4 + g] = select(vec4<f32>(NEG), s[k * BQ4 + g], valid);
+//#else
+        for (var d = 0u; d < HD; d++) {
+            var klo: vec4<f32>;
+            var khi: vec4<f32>;
+            if (in_a) {
+                klo = vec4<f32>(ka[rlo.x + d], ka[rlo.y + d], ka[rlo.z + d], ka[rlo.w + d]);
+                khi = vec4<f32>(ka[rhi.x + d], ka[rhi.y + d], ka[rhi.z + d], ka[rhi.w + d]);
+            } else {
+                klo = vec4<f32>(kb[rlo.x + d], kb[rlo.y + d], kb[rlo.z + d], kb[rlo.w + d]);
+                khi = vec4<f32>(kb[rhi.x + d], kb[rhi.y + d], kb[rhi.z + d], kb[rhi.w + d]);
             }
+            var q0: vec4<f32>;
+            var q1: vec4<f32>;
+            q0 = qs[2u * d + 0u];
+            q1 = qs[2u * d + 1u];
+            s00 += q0 * klo.x;
+            s01 += q1 * klo.x;
+            s10 += q0 * klo.y;
+            s11 += q1 * klo.y;
+            s20 += q0 * klo.z;
+            s21 += q1 * klo.z;
+            s30 += q0 * klo.w;
+            s31 += q1 * klo.w;
+            s40 += q0 * khi.x;
+            s41 += q1 * khi.x;
+            s50 += q0 * khi.y;
+            s51 += q1 * khi.y;
+            s60 += q0 * khi.z;
+            s61 += q1 * khi.z;
+            s70 += q0 * khi.w;
+            s71 += q1 * khi.w;
         }
+//#endif
+        let neg = vec4<f32>(NEG);
+        let j0 = 16u * lid;
+        ss[j0 + 0u] = select(neg, s00, key0 + 0u < seg_len);
+        ss[j0 + 1u] = select(neg, s01, key0 + 0u < seg_len);
+        ss[j0 + 2u] = select(neg, s10, key0 + 1u < seg_len);
+        ss[j0 + 3u] = select(neg, s11, key0 + 1u < seg_len);
+        ss[j0 + 4u] = select(neg, s20, key0 + 2u < seg_len);
+        ss[j0 + 5u] = select(neg, s21, key0 + 2u < seg_len);
+        ss[j0 + 6u] = select(neg, s30, key0 + 3u < seg_len);
+        ss[j0 + 7u] = select(neg, s31, key0 + 3u < seg_len);
+        ss[j0 + 8u] = select(neg, s40, key0 + 4u < seg_len);
+        ss[j0 + 9u] = select(neg, s41, key0 + 4u < seg_len);
+        ss[j0 + 10u] = select(neg, s50, key0 + 5u < seg_len);
+        ss[j0 + 11u] = select(neg, s51, key0 + 5u < seg_len);
+        ss[j0 + 12u] = select(neg, s60, key0 + 6u < seg_len);
+        ss[j0 + 13u] = select(neg, s61, key0 + 6u < seg_len);
+        ss[j0 + 14u] = select(neg, s70, key0 + 7u < seg_len);
+        ss[j0 + 15u] = select(neg, s71, key0 + 7u < seg_len);
         workgroupBarrier();
 
         // Phase 2: probabilities of unit lid against its updated running max.
@@ -166,12 +357,12 @@ fn main(
             let c = lid % 4u;
             var mx = run_max;
             for (var j = 0u; j < BK; j++) {
-                mx = max(mx, ss[j * BQ4 + g][c]);
+                mx = max(mx, ss[2u * j + g][c]);
             }
             var sum = 0.0;
             for (var j = 0u; j < BK; j++) {
-                let pj = exp2(ss[j * BQ4 + g][c] - mx);
-                ps[j * BQ4 + g][c] = pj;
+                let pj = exp2(ss[2u * j + g][c] - mx);
+                ps[2u * j + g][c] = pj;
                 sum += pj;
             }
             let a = exp2(run_max - mx);
@@ -182,40 +373,66 @@ fn main(
         workgroupBarrier();
 
         // Phase 3: rescale, then accumulate P V over the keys of this tile.
-        for (var g = 0u; g < BQ4; g++) {
-            let a = alpha[g];
-            for (var r = 0u; r < RD; r++) {
-                acc[r * BQ4 + g] *= a;
-            }
-        }
+        let a0 = alpha[0];
+        let a1 = alpha[1];
+        o0a *= a0.x;
+        o0b *= a0.x;
+        o1a *= a0.y;
+        o1b *= a0.y;
+        o2a *= a0.z;
+        o2b *= a0.z;
+        o3a *= a0.w;
+        o3b *= a0.w;
+        o4a *= a1.x;
+        o4b *= a1.x;
+        o5a *= a1.y;
+        o5b *= a1.y;
+        o6a *= a1.z;
+        o6b *= a1.z;
+        o7a *= a1.w;
+        o7b *= a1.w;
         let keys_here = min(BK, seg_len - t0);
-        var vv: array<f32, RD>;
-        if (in_a) {
-            for (var j = 0u; j < keys_here; j++) {
-                let vrow = (t0 + j) * p.kv_stride;
-                for (var r = 0u; r < RD; r++) {
-                    vv[r] = va[vrow + dcol[r]];
-                }
-                for (var g = 0u; g < BQ4; g++) {
-                    let pg = ps[j * BQ4 + g];
-                    for (var r = 0u; r < RD; r++) {
-                        acc[r * BQ4 + g] += pg * vv[r];
-                    }
-                }
+        for (var j = 0u; j < keys_here; j++) {
+            let vrow = (t0 + j) * p.kv_stride;
+            var vlo: vec4<f32>;
+            var vhi: vec4<f32>;
+//#if VEC4
+            if (in_a) {
+                vlo = va[(vrow + dlo) / 4u];
+                vhi = va[(vrow + dhi) / 4u];
+            } else {
+                vlo = vb[(vrow + dlo) / 4u];
+                vhi = vb[(vrow + dhi) / 4u];
             }
-        } else {
-            for (var j = 0u; j < keys_here; j++) {
-                let vrow = (t0 + j) * p.kv_stride;
-                for (var r = 0u; r < RD; r++) {
-                    vv[r] = vb[vrow + dcol[r]];
-                }
-                for (var g = 0u; g < BQ4; g++) {
-                    let pg = ps[j * BQ4 + g];
-                    for (var r = 0u; r < RD; r++) {
-                        acc[r * BQ4 + g] += pg * vv[r];
-                    }
-                }
+//#else
+            let rl = vec4<u32>(vrow) + dlo;
+            let rh = vec4<u32>(vrow) + dhi;
+            if (in_a) {
+                vlo = vec4<f32>(va[rl.x], va[rl.y], va[rl.z], va[rl.w]);
+                vhi = vec4<f32>(va[rh.x], va[rh.y], va[rh.z], va[rh.w]);
+            } else {
+                vlo = vec4<f32>(vb[rl.x], vb[rl.y], vb[rl.z], vb[rl.w]);
+                vhi = vec4<f32>(vb[rh.x], vb[rh.y], vb[rh.z], vb[rh.w]);
             }
+//#endif
+            let p0 = ps[2u * j];
+            let p1 = ps[2u * j + 1u];
+            o0a += p0.x * vlo;
+            o0b += p0.x * vhi;
+            o1a += p0.y * vlo;
+            o1b += p0.y * vhi;
+            o2a += p0.z * vlo;
+            o2b += p0.z * vhi;
+            o3a += p0.w * vlo;
+            o3b += p0.w * vhi;
+            o4a += p1.x * vlo;
+            o4b += p1.x * vhi;
+            o5a += p1.y * vlo;
+            o5b += p1.y * vhi;
+            o6a += p1.z * vlo;
+            o6b += p1.z * vhi;
+            o7a += p1.w * vlo;
+            o7b += p1.w * vhi;
         }
     }
 
@@ -223,16 +440,14 @@ fn main(
         total[lid / 4u][lid % 4u] = run_sum;
     }
     workgroupBarrier();
-    for (var r = 0u; r < RD; r++) {
-        let d = lid * RD + r;
-        if (d < HD) {
-            for (var ui = 0u; ui < BQ; ui++) {
-                if (u0 + ui < p.units) {
-                    let g = ui / 4u;
-                    let c = ui % 4u;
-                    out[unit_offset(u0 + ui, kvh, p.out_stride, 0u) + d] = acc[r * BQ4 + g][c] / total[g][c];
-                }
-            }
-        }
+    if (d0 < HD) {
+        store_unit(u0, 0u, kvh, d0, o0a, o0b);
+        store_unit(u0, 1u, kvh, d0, o1a, o1b);
+        store_unit(u0, 2u, kvh, d0, o2a, o2b);
+        store_unit(u0, 3u, kvh, d0, o3a, o3b);
+        store_unit(u0, 4u, kvh, d0, o4a, o4b);
+        store_unit(u0, 5u, kvh, d0, o5a, o5b);
+        store_unit(u0, 6u, kvh, d0, o6a, o6b);
+        store_unit(u0, 7u, kvh, d0, o7a, o7b);
     }
 }

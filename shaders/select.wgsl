@@ -100,10 +100,20 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 // Bindings exist only when used (the layout is derived from the entry point), so
 // positions come last, at POS_BINDING.
+// VEC4 (n a multiple of 4): logits are read four per load; each load of a lane costs a
+// bounds check and, on SIMD CPU implementations, a per-lane loop.
+//#if VEC4
+@group(0) @binding(1) var<storage, read> logits: array<vec4<f32>>;
+//#else
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
+//#endif
 @group(0) @binding(2) var<storage, read_write> state: array<u32>;
 //#if CFG
+//#if VEC4
+@group(0) @binding(3) var<storage, read> uncond: array<vec4<f32>>;
+//#else
 @group(0) @binding(3) var<storage, read> uncond: array<f32>;
+//#endif
 //#endif
 //#if NOISE
 @group(0) @binding({{POS_BINDING}}) var<storage, read> positions: array<u32>;
@@ -143,6 +153,9 @@ fn ln_precise(x: f32) -> f32 {
     return fe * 0.693145751953125 + (fe * 1.4286068203094172e-6 + 2.0 * s * series);
 }
 
+// Upper bound of `gumbel`: U <= 1 - 2^-24, so -ln(-ln U) <= -ln(2^-24) = 16.64.
+const GUMBEL_MAX: f32 = 17.0;
+
 // Standard Gumbel noise -ln(-ln U), U = `unmask_core::rng::uniform_open(bits)`.
 fn gumbel(bits: u32) -> f32 {
     let u = (f32(bits >> 9u) + 0.5) * (1.0 / 8388608.0);
@@ -168,6 +181,50 @@ fn merge_slots(i: u32, j: u32) {
     w_max[i] = mx;
 }
 
+// What one invocation has seen so far: the best candidate (score, id, its logit or NEG when
+// it has no confidence) and the online max / sum of exp over the confidence softmax.
+struct Partial {
+    best_score: f32,
+    best_id: u32,
+    best_logit: f32,
+    mx: f32,
+    sum: f32,
+}
+
+// Folds logit `l_in` of vocabulary id `id` into `a`. Ids only grow within an invocation, so
+// a strict > keeps the lowest id on ties.
+fn visit(a: Partial, l_in: f32, id: u32, h_row: u32) -> Partial {
+    var r = a;
+    var l = l_in;
+    let suppressed = id == p.suppress;
+    if (suppressed) {
+        l = NEG;
+    }
+    let member = !suppressed && id != p.exclude0 && id != p.exclude1;
+    var score = l;
+    //#if NOISE
+    // The noise is below GUMBEL_MAX: a token that cannot reach the best score even with it
+    // is lost anyway, and skipping its hash and logs changes nothing.
+    if (l + p.temperature * GUMBEL_MAX >= r.best_score) {
+        score = l + p.temperature * gumbel(pcg_hash(h_row ^ id));
+    }
+    //#endif
+    if (score > r.best_score || r.best_id == NONE) {
+        r.best_score = score;
+        r.best_id = id;
+        r.best_logit = select(NEG, l, member);
+    }
+    if (member) {
+        if (l > r.mx) {
+            r.sum = r.sum * exp(r.mx - l) + 1.0;
+            r.mx = l;
+        } else {
+            r.sum += exp(l - r.mx);
+        }
+    }
+    return r;
+}
+
 @compute @workgroup_size(256)
 fn accumulate(
     @builtin(local_invocation_index) lid: u32,
@@ -179,51 +236,41 @@ fn accumulate(
         return;
     }
     let base = row * p.n;
-    //#if NOISE
     // hash4(seed_lo, seed_hi, step, position, id) with the row-constant part hoisted.
-    let h_row = pcg_hash(pcg_hash(pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi)) ^ p.step) ^ positions[row]);
+    var h_row = 0u;
+    //#if NOISE
+    h_row = pcg_hash(pcg_hash(pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi)) ^ p.step) ^ positions[row]);
     //#endif
-    var best_score = NEG;
-    var best_id = NONE;
-    var best_logit = NEG;
-    var mx = NEG;
-    var sum = 0.0;
+    var part = Partial(NEG, NONE, NEG, NEG, 0.0);
+//#if VEC4
+    let base4 = base / 4u;
+    for (var v = 4u * lid; v < p.n; v += 4u * WG) {
+        var l = logits[base4 + v / 4u];
+        //#if CFG
+        let u = uncond[base4 + v / 4u];
+        l = u + (p.cfg_scale + 1.0) * (l - u);
+        //#endif
+        let id = p.vocab_offset + v;
+        part = visit(part, l.x, id, h_row);
+        part = visit(part, l.y, id + 1u, h_row);
+        part = visit(part, l.z, id + 2u, h_row);
+        part = visit(part, l.w, id + 3u, h_row);
+    }
+//#else
     for (var v = lid; v < p.n; v += WG) {
         var l = logits[base + v];
         //#if CFG
         let u = uncond[base + v];
         l = u + (p.cfg_scale + 1.0) * (l - u);
         //#endif
-        let id = p.vocab_offset + v;
-        let suppressed = id == p.suppress;
-        if (suppressed) {
-            l = NEG;
-        }
-        let member = !suppressed && id != p.exclude0 && id != p.exclude1;
-        var score = l;
-        //#if NOISE
-        score = l + p.temperature * gumbel(pcg_hash(h_row ^ id));
-        //#endif
-        // Ids only grow within an invocation: a strict > keeps the lowest on ties.
-        if (score > best_score || best_id == NONE) {
-            best_score = score;
-            best_id = id;
-            best_logit = select(NEG, l, member);
-        }
-        if (member) {
-            if (l > mx) {
-                sum = sum * exp(mx - l) + 1.0;
-                mx = l;
-            } else {
-                sum += exp(l - mx);
-            }
-        }
+        part = visit(part, l, p.vocab_offset + v, h_row);
     }
-    w_score[lid] = best_score;
-    w_id[lid] = best_id;
-    w_logit[lid] = best_logit;
-    w_max[lid] = mx;
-    w_sum[lid] = sum;
+//#endif
+    w_score[lid] = part.best_score;
+    w_id[lid] = part.best_id;
+    w_logit[lid] = part.best_logit;
+    w_max[lid] = part.mx;
+    w_sum[lid] = part.sum;
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         workgroupBarrier();
         if (lid < stride) {

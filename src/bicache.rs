@@ -64,6 +64,7 @@ pub fn entry_bytes(model: &LladaModel, tokens: usize) -> u64 {
 /// Records a prefix-only pass of the first `prefix.len()` rows (ids and positions already
 /// written to `st`), writing K/V into `arena` and the hidden state after `depth` layers into
 /// `boundary`. Layers above `depth` run only when `full` (building an entry's K/V).
+#[allow(clippy::too_many_arguments)] // internal; every argument is a distinct buffer or size
 fn encode_prefix_pass(
     model: &LladaModel,
     step: &mut StepEncoder,

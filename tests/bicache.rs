@@ -95,12 +95,11 @@ fn depth_zero_with_refresh_every_step_equals_none() {
     eprintln!("[bicache] b=0, R=1 equals none");
 }
 
+/// Per layer (K, V) as read back.
+type LayerKv = Vec<(Vec<f32>, Vec<f32>)>;
+
 /// K/V and hidden state of a fresh prefix-only pass: (K, V) per layer, and x after `depth` layers.
-fn fresh_prefix_pass(
-    model: &LladaModel,
-    prefix: &[u32],
-    depth: usize,
-) -> (Vec<(Vec<f32>, Vec<f32>)>, Vec<f32>) {
+fn fresh_prefix_pass(model: &LladaModel, prefix: &[u32], depth: usize) -> (LayerKv, Vec<f32>) {
     let p = prefix.len();
     let st = model.new_state(p, p).unwrap();
     let positions: Vec<u32> = (0..p as u32).collect();
@@ -155,7 +154,7 @@ fn shared_entry_equals_a_fresh_prefix_pass_and_is_never_written() {
     let entry = engine
         .prefix_entry(&prefix())
         .expect("the prefix is stored");
-    let read = |e: &unmask::PrefixEntry| -> Vec<(Vec<f32>, Vec<f32>)> {
+    let read = |e: &unmask::PrefixEntry| -> LayerKv {
         e.kv.iter()
             .map(|l| {
                 (

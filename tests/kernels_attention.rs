@@ -87,7 +87,14 @@ impl Case {
         let s = self.shape;
         format!(
             "attention hd={} heads={}/{} m={} q_stride={} q_col={} A={:?} B={}",
-            s.head_dim, s.n_heads, s.n_kv_heads, self.m, self.q_stride, self.q_col, self.len_a, self.len_b
+            s.head_dim,
+            s.n_heads,
+            s.n_kv_heads,
+            self.m,
+            self.q_stride,
+            self.q_col,
+            self.len_a,
+            self.len_b
         )
     }
 }
@@ -107,15 +114,28 @@ fn run_gpu(ctx: &GpuContext, c: &Case, d: &Data) -> Vec<f32> {
     let va = upload(ctx, &d.va, "va");
     let kb = upload(ctx, &d.kb, "kb");
     let vb = upload(ctx, &d.vb, "vb");
-    let out = Tensor::zeros(ctx, DType::F32, &[c.m, c.shape.n_heads * c.shape.head_dim], "out").unwrap();
+    let out = Tensor::zeros(
+        ctx,
+        DType::F32,
+        &[c.m, c.shape.n_heads * c.shape.head_dim],
+        "out",
+    )
+    .unwrap();
     let mut step = StepEncoder::new(ctx, "attention");
-    let seg_a = c.len_a.map(|len| KvSegment { k: &ka, v: &va, len });
+    let seg_a = c.len_a.map(|len| KvSegment {
+        k: &ka,
+        v: &va,
+        len,
+    });
     let seg_b = KvSegment {
         k: &kb,
         v: &vb,
         len: c.len_b,
     };
-    attn::attention(&mut step, &q, c.q_stride, c.q_col, c.m, seg_a, seg_b, &out, c.shape).unwrap();
+    attn::attention(
+        &mut step, &q, c.q_stride, c.q_col, c.m, seg_a, seg_b, &out, c.shape,
+    )
+    .unwrap();
     step.submit().unwrap();
     out.read_f32(ctx).unwrap()
 }
@@ -132,7 +152,13 @@ fn check(c: &Case) -> Vec<f32> {
 #[test]
 fn segment_b_only_head_dims() {
     // Head dims below, at and above the tile classes; m and lengths that divide no tile.
-    for (hd, heads, m, len) in [(16, 2, 5, 37), (20, 2, 33, 19), (64, 2, 17, 40), (128, 2, 9, 23), (7, 3, 3, 5)] {
+    for (hd, heads, m, len) in [
+        (16, 2, 5, 37),
+        (20, 2, 33, 19),
+        (64, 2, 17, 40),
+        (128, 2, 9, 23),
+        (7, 3, 3, 5),
+    ] {
         check(&Case::mha(hd, heads, m, None, len));
     }
 }
@@ -157,7 +183,14 @@ fn empty_segment_a_is_the_same_as_none() {
 
 #[test]
 fn both_segments_gqa_and_mha() {
-    for (hd, heads, kv) in [(16, 4, 2), (20, 4, 2), (128, 4, 2), (64, 4, 4), (32, 6, 1)] {
+    for (hd, heads, kv) in [
+        (16, 4, 2),
+        (20, 4, 2),
+        (128, 4, 2),
+        (64, 4, 4),
+        (32, 6, 1),
+        (30, 2, 1),
+    ] {
         let c = Case {
             shape: AttentionShape {
                 n_heads: heads,
@@ -179,6 +212,7 @@ fn several_key_tiles_per_segment() {
         (128, 2, 1, 11, Some(130), 141),
         (20, 4, 2, 9, Some(257), 1),
         (64, 2, 2, 5, None, 385),
+        (7, 3, 1, 10, Some(70), 90),
     ] {
         let c = Case {
             shape: AttentionShape {
@@ -244,10 +278,22 @@ fn split_equals_concatenation() {
         let got_split = run_gpu(&ctx, &split, &d);
         let got_joined = run_gpu(&ctx, &joined, &dj);
         let want = split.oracle(&d);
-        assert_close(&format!("{} (split)", split.label()), &got_split, &want, TOL);
-        assert_close(&format!("{} (joined)", joined.label()), &got_joined, &want, TOL);
+        assert_close(
+            &format!("{} (split)", split.label()),
+            &got_split,
+            &want,
+            TOL,
+        );
+        assert_close(
+            &format!("{} (joined)", joined.label()),
+            &got_joined,
+            &want,
+            TOL,
+        );
         let diff = relative_error(&got_split, &got_joined);
-        eprintln!("[check] split vs joined hd={hd}: relative difference {diff:.3e} (tolerance 1e-6)");
+        eprintln!(
+            "[check] split vs joined hd={hd}: relative difference {diff:.3e} (tolerance 1e-6)"
+        );
         assert!(diff <= 1e-6, "split and joined differ by {diff:.3e}");
     }
 }
@@ -272,7 +318,17 @@ fn rejects_bad_shapes() {
     };
     let mut step = StepEncoder::new(&ctx, "errors");
     expect_shape_error(
-        attn::attention(&mut step, &q, 129, 0, 1, None, seg(1), &out, shape(1, 1, 129)),
+        attn::attention(
+            &mut step,
+            &q,
+            129,
+            0,
+            1,
+            None,
+            seg(1),
+            &out,
+            shape(1, 1, 129),
+        ),
         "head_dim 129",
     );
     expect_shape_error(
@@ -280,7 +336,17 @@ fn rejects_bad_shapes() {
         "3 heads over 2 kv heads",
     );
     expect_shape_error(
-        attn::attention(&mut step, &q, 32, 0, 1, Some(seg(0)), seg(0), &out, shape(2, 2, 16)),
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            0,
+            1,
+            Some(seg(0)),
+            seg(0),
+            &out,
+            shape(2, 2, 16),
+        ),
         "no keys at all",
     );
     expect_shape_error(
@@ -288,11 +354,31 @@ fn rejects_bad_shapes() {
         "q_col past the row",
     );
     expect_shape_error(
-        attn::attention(&mut step, &q, 32, 0, 200, None, seg(1), &out, shape(2, 2, 16)),
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            0,
+            200,
+            None,
+            seg(1),
+            &out,
+            shape(2, 2, 16),
+        ),
         "q too short for m rows",
     );
     expect_shape_error(
-        attn::attention(&mut step, &q, 32, 0, 1, None, seg(300), &out, shape(2, 2, 16)),
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            0,
+            1,
+            None,
+            seg(300),
+            &out,
+            shape(2, 2, 16),
+        ),
         "segment longer than its tensor",
     );
     expect_shape_error(
@@ -304,7 +390,11 @@ fn rejects_bad_shapes() {
         attn::attention(&mut step, &u, 32, 0, 1, None, seg(1), &out, shape(2, 2, 16)),
         "u32 q",
     );
-    assert_eq!(step.dispatch_count(), 0, "rejected calls must record nothing");
+    assert_eq!(
+        step.dispatch_count(),
+        0,
+        "rejected calls must record nothing"
+    );
 }
 
 /// A LLaDA-like step (head dim 128, a block of query rows over a longer context), timed.
@@ -344,7 +434,14 @@ fn bench_attention() {
                 })
                 .collect()
         })
-        .unwrap_or_else(|| vec![(128, 4, 32, 1024), (64, 8, 32, 1024), (128, 4, 256, 256), (16, 8, 64, 512)]);
+        .unwrap_or_else(|| {
+            vec![
+                (128, 4, 32, 1024),
+                (64, 8, 32, 1024),
+                (128, 4, 256, 256),
+                (16, 8, 64, 512),
+            ]
+        });
     for (hd, heads, m, keys) in shapes {
         let c = Case::mha(hd, heads, m, Some(keys / 4), keys - keys / 4);
         let d = c.data();
@@ -355,9 +452,18 @@ fn bench_attention() {
         let record = |reps: usize| {
             let mut step = StepEncoder::new(&ctx, "bench");
             for _ in 0..reps {
-                let seg_a = Some(KvSegment { k: &ka, v: &va, len: c.len_a.unwrap() });
-                let seg_b = KvSegment { k: &kb, v: &vb, len: c.len_b };
-                attn::attention(&mut step, &q, c.q_stride, 0, m, seg_a, seg_b, &out, c.shape).unwrap();
+                let seg_a = Some(KvSegment {
+                    k: &ka,
+                    v: &va,
+                    len: c.len_a.unwrap(),
+                });
+                let seg_b = KvSegment {
+                    k: &kb,
+                    v: &vb,
+                    len: c.len_b,
+                };
+                attn::attention(&mut step, &q, c.q_stride, 0, m, seg_a, seg_b, &out, c.shape)
+                    .unwrap();
             }
             step.submit().unwrap();
             ctx.wait_idle().unwrap();
@@ -388,6 +494,9 @@ fn process_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
     let rest = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<f64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0.0)).collect();
+    let fields: Vec<f64> = rest
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
     (fields.get(11).unwrap_or(&0.0) + fields.get(12).unwrap_or(&0.0)) / 100.0
 }

@@ -23,10 +23,13 @@ fn chunk_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
 
 /// Columns `[lo, hi)` of a row-major `[rows, n]` matrix.
 fn columns(data: &[f32], n: usize, lo: usize, hi: usize) -> Vec<f32> {
-    data.chunks(n).flat_map(|row| row[lo..hi].iter().copied()).collect()
+    data.chunks(n)
+        .flat_map(|row| row[lo..hi].iter().copied())
+        .collect()
 }
 
 /// Runs reset / accumulate per chunk (in the given order) / finalize in one step.
+#[allow(clippy::too_many_arguments)]
 fn run_gpu(
     ctx: &GpuContext,
     logits: &[f32],
@@ -53,12 +56,26 @@ fn run_gpu(
     let mut step = StepEncoder::new(ctx, "select");
     sel::select_reset(&mut step, &state, rows).unwrap();
     for (lo, hi, ct, ut) in &tensors {
-        sel::select_accumulate(&mut step, ct, ut.as_ref(), rows, hi - lo, *lo, &pos, &state, params).unwrap();
+        sel::select_accumulate(
+            &mut step,
+            ct,
+            ut.as_ref(),
+            rows,
+            hi - lo,
+            *lo,
+            &pos,
+            &state,
+            params,
+        )
+        .unwrap();
     }
     sel::select_finalize(&mut step, &state, &out, rows).unwrap();
     step.submit().unwrap();
     let words = out.read_u32(ctx).unwrap();
-    words.chunks(2).map(|w| (w[0], f32::from_bits(w[1]))).collect()
+    words
+        .chunks(2)
+        .map(|w| (w[0], f32::from_bits(w[1])))
+        .collect()
 }
 
 fn oracle_rows(
@@ -99,6 +116,17 @@ fn assert_choices(what: &str, got: &[(u32, f32)], want: &[(u32, f32)]) {
     assert!(worst <= CONF_TOL, "{what}: confidence error {worst:.3e}");
 }
 
+/// Which accumulate variant the chunks take: vec4 loads when every chunk width is a
+/// multiple of 4.
+fn path(chunks: &[(usize, usize)]) -> String {
+    let vec4 = chunks.iter().all(|(lo, hi)| (hi - lo) % 4 == 0);
+    format!(
+        "chunks={} {}",
+        chunks.len(),
+        if vec4 { "vec4" } else { "scalar" }
+    )
+}
+
 fn positions(rows: usize) -> Vec<u32> {
     (0..rows as u32).map(|r| 17 + 5 * r).collect()
 }
@@ -122,10 +150,17 @@ fn matches_oracle_one_and_three_chunks() {
             for parts in [1, 3] {
                 let chunks = chunk_ranges(n, parts);
                 let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
-                assert_choices(&format!("n={n} T={temperature} chunks={}", chunks.len()), &got, &want);
+                assert_choices(
+                    &format!("n={n} T={temperature} {}", path(&chunks)),
+                    &got,
+                    &want,
+                );
                 answers.push(got);
             }
-            assert_eq!(answers[0].iter().map(|c| c.0).collect::<Vec<_>>(), answers[1].iter().map(|c| c.0).collect::<Vec<_>>());
+            assert_eq!(
+                answers[0].iter().map(|c| c.0).collect::<Vec<_>>(),
+                answers[1].iter().map(|c| c.0).collect::<Vec<_>>()
+            );
         }
     }
 }
@@ -145,11 +180,38 @@ fn noise_changes_with_step_and_seed() {
         ..SelectParams::default()
     };
     let a = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &base);
-    let b = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &SelectParams { step: 2, ..base });
-    let c = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &SelectParams { seed: 10, ..base });
-    assert_choices("flat logits step 1", &a, &oracle_rows(&logits, None, n, &pos, &base));
-    let differ = |x: &[(u32, f32)], y: &[(u32, f32)]| x.iter().zip(y).filter(|(p, q)| p.0 != q.0).count();
-    eprintln!("[check] tokens changed: {}/{rows} with the step, {}/{rows} with the seed", differ(&a, &b), differ(&a, &c));
+    let b = run_gpu(
+        &ctx,
+        &logits,
+        None,
+        rows,
+        n,
+        &pos,
+        &chunks,
+        &SelectParams { step: 2, ..base },
+    );
+    let c = run_gpu(
+        &ctx,
+        &logits,
+        None,
+        rows,
+        n,
+        &pos,
+        &chunks,
+        &SelectParams { seed: 10, ..base },
+    );
+    assert_choices(
+        "flat logits step 1",
+        &a,
+        &oracle_rows(&logits, None, n, &pos, &base),
+    );
+    let differ =
+        |x: &[(u32, f32)], y: &[(u32, f32)]| x.iter().zip(y).filter(|(p, q)| p.0 != q.0).count();
+    eprintln!(
+        "[check] tokens changed: {}/{rows} with the step, {}/{rows} with the seed",
+        differ(&a, &b),
+        differ(&a, &c)
+    );
     assert!(differ(&a, &b) >= rows / 2 && differ(&a, &c) >= rows / 2);
 }
 
@@ -171,19 +233,33 @@ fn ties_go_to_the_lowest_id_in_any_chunk_order() {
     let pos = positions(rows);
     let params = SelectParams::default();
     let want = oracle_rows(&logits, None, n, &pos, &params);
-    assert_eq!(want.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 600, 0]);
+    assert_eq!(
+        want.iter().map(|c| c.0).collect::<Vec<_>>(),
+        vec![3, 600, 0]
+    );
     let mut chunks = chunk_ranges(n, 3);
     let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
     assert_choices("ties, chunks in order", &got, &want);
     chunks.reverse();
     let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
     assert_choices("ties, chunks in reverse order", &got, &want);
+    let got = run_gpu(
+        &ctx,
+        &logits,
+        None,
+        rows,
+        n,
+        &pos,
+        &chunk_ranges(n, 1),
+        &params,
+    );
+    assert_choices("ties, one vec4 chunk", &got, &want);
 }
 
 #[test]
 fn classifier_free_guidance() {
     let ctx = ctx();
-    let (rows, n) = (5, 1234);
+    let (rows, n) = (5, 1236);
     let cond = random_vec(21, rows * n, 3.0);
     let uncond = random_vec(22, rows * n, 3.0);
     let pos = positions(rows);
@@ -197,10 +273,18 @@ fn classifier_free_guidance() {
         };
         let want = oracle_rows(&cond, Some(&uncond), n, &pos, &params);
         let plain = oracle_rows(&cond, None, n, &pos, &params);
-        assert_ne!(want, plain, "CFG must change the answer for this test to mean anything");
-        for parts in [1, 3] {
-            let got = run_gpu(&ctx, &cond, Some(&uncond), rows, n, &pos, &chunk_ranges(n, parts), &params);
-            assert_choices(&format!("CFG w=1.5 T={temperature} chunks={parts}"), &got, &want);
+        assert_ne!(
+            want, plain,
+            "CFG must change the answer for this test to mean anything"
+        );
+        for parts in [1, 5] {
+            let chunks = chunk_ranges(n, parts);
+            let got = run_gpu(&ctx, &cond, Some(&uncond), rows, n, &pos, &chunks, &params);
+            assert_choices(
+                &format!("CFG w=1.5 T={temperature} {}", path(&chunks)),
+                &got,
+                &want,
+            );
         }
     }
 }
@@ -223,8 +307,15 @@ fn suppressed_token_is_never_chosen() {
         };
         let want = oracle_rows(&logits, None, n, &pos, &params);
         assert!(want.iter().all(|c| c.0 != eos));
-        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunk_ranges(n, 3), &params);
-        assert_choices(&format!("suppress {eos} T={temperature}"), &got, &want);
+        for parts in [1, 3] {
+            let chunks = chunk_ranges(n, parts);
+            let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+            assert_choices(
+                &format!("suppress {eos} T={temperature} {}", path(&chunks)),
+                &got,
+                &want,
+            );
+        }
     }
 }
 
@@ -252,9 +343,10 @@ fn confidence_exclusions() {
     let unexcluded = oracle_rows(&logits, None, n, &pos, &SelectParams::default());
     assert_eq!(want[0], (10, 0.0));
     assert!(want[2].0 == 20 && want[2].1 > unexcluded[2].1 * 1.5);
-    for parts in [1, 3] {
-        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunk_ranges(n, parts), &params);
-        assert_choices(&format!("conf_exclude chunks={parts}"), &got, &want);
+    for parts in [1, 7] {
+        let chunks = chunk_ranges(n, parts);
+        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+        assert_choices(&format!("conf_exclude {}", path(&chunks)), &got, &want);
     }
 }
 
@@ -275,12 +367,24 @@ fn gumbel_frequencies_follow_softmax() {
             step: 7,
             ..SelectParams::default()
         };
-        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunk_ranges(n, 2), &params);
+        let got = run_gpu(
+            &ctx,
+            &logits,
+            None,
+            rows,
+            n,
+            &pos,
+            &chunk_ranges(n, 2),
+            &params,
+        );
         let mut counts = vec![0usize; n];
         for c in &got {
             counts[c.0 as usize] += 1;
         }
-        let z: f64 = base.iter().map(|&l| (l as f64 / temperature as f64).exp()).sum();
+        let z: f64 = base
+            .iter()
+            .map(|&l| (l as f64 / temperature as f64).exp())
+            .sum();
         let chi2: f64 = base
             .iter()
             .zip(&counts)
@@ -289,8 +393,13 @@ fn gumbel_frequencies_follow_softmax() {
                 (c as f64 - expected).powi(2) / expected
             })
             .sum();
-        eprintln!("[check] T={temperature}: counts {counts:?}, chi-square {chi2:.2} (limit 24.32, 7 dof)");
-        assert!(chi2 < 24.32, "frequencies do not follow softmax(l/T): chi2 {chi2:.2}");
+        eprintln!(
+            "[check] T={temperature}: counts {counts:?}, chi-square {chi2:.2} (limit 24.32, 7 dof)"
+        );
+        assert!(
+            chi2 < 24.32,
+            "frequencies do not follow softmax(l/T): chi2 {chi2:.2}"
+        );
         // The confidence stays the untempered softmax probability of the chosen token.
         let want = oracle_rows(&logits, None, n, &pos, &params);
         assert_choices(&format!("frequency rows T={temperature}"), &got, &want);
@@ -313,7 +422,10 @@ fn rejects_bad_arguments() {
     let small = Tensor::zeros(&ctx, DType::U32, &[sel::state_len(4) - 1], "small").unwrap();
     let p = SelectParams::default();
     let mut step = StepEncoder::new(&ctx, "errors");
-    expect_shape_error(sel::select_reset(&mut step, &small, 4), "state too small for reset");
+    expect_shape_error(
+        sel::select_reset(&mut step, &small, 4),
+        "state too small for reset",
+    );
     expect_shape_error(
         sel::select_accumulate(&mut step, &logits, None, 4, 0, 0, &pos, &state, &p),
         "empty chunk",
@@ -346,8 +458,15 @@ fn rejects_bad_arguments() {
         sel::select_accumulate(&mut step, &logits, Some(&logits), 4, 10, 0, &pos, &pos, &p),
         "state aliasing positions",
     );
-    expect_shape_error(sel::select_finalize(&mut step, &state, &state, 4), "out aliasing state");
-    assert_eq!(step.dispatch_count(), 0, "rejected calls must record nothing");
+    expect_shape_error(
+        sel::select_finalize(&mut step, &state, &state, 4),
+        "out aliasing state",
+    );
+    assert_eq!(
+        step.dispatch_count(),
+        0,
+        "rejected calls must record nothing"
+    );
 }
 
 /// A LLaDA-sized vocabulary (126464) for a block of rows, with noise, timed.
@@ -374,4 +493,48 @@ fn timed_full_vocabulary() {
     );
     let want = oracle_rows(&logits, None, n, &pos, &params);
     assert_choices("full vocabulary T=1", &got, &want);
+}
+
+/// Throughput of the accumulate kernel alone (`cargo test --release -- --ignored`).
+#[test]
+#[ignore]
+fn bench_select() {
+    let ctx = ctx();
+    for (rows, n, temperature) in [
+        (16usize, 126_464usize, 0.0f32),
+        (16, 126_464, 1.0),
+        (128, 32_768, 1.0),
+    ] {
+        let logits =
+            Tensor::from_f32(&ctx, &[rows, n], &random_vec(3, rows * n, 4.0), "logits").unwrap();
+        let pos = Tensor::from_u32(&ctx, &[rows], &positions(rows), "positions").unwrap();
+        let state = Tensor::zeros(&ctx, DType::U32, &[sel::state_len(rows)], "state").unwrap();
+        let params = SelectParams {
+            temperature,
+            ..SelectParams::default()
+        };
+        let run = |reps: usize| {
+            let mut step = StepEncoder::new(&ctx, "bench");
+            sel::select_reset(&mut step, &state, rows).unwrap();
+            for _ in 0..reps {
+                sel::select_accumulate(&mut step, &logits, None, rows, n, 0, &pos, &state, &params)
+                    .unwrap();
+            }
+            step.submit().unwrap();
+            ctx.wait_idle().unwrap();
+        };
+        run(1);
+        let best = (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                run(4);
+                t.elapsed().as_secs_f64() / 4.0
+            })
+            .fold(f64::INFINITY, f64::min);
+        eprintln!(
+            "[bench] select_accumulate {rows} x {n} T={temperature}: {:.2} ms, {:.0} M logits/s",
+            best * 1e3,
+            (rows * n) as f64 / best / 1e6
+        );
+    }
 }

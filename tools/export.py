@@ -94,6 +94,20 @@ def torch_logits(model, ids):
         return model(torch.tensor([ids], dtype=torch.long))[0].double().numpy()
 
 
+def sft_loss_on(model, tok, ids, path, batch=8):
+    """Mean SFT loss over a task set (fixed masking noise from seed 0), float32 weights."""
+    with open(path, encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    seqs = [train.encode_item(tok, ids, it) for it in items]
+    gen = torch.Generator().manual_seed(0)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(seqs), batch):
+            loss, _ = train.sft_loss(model, seqs[i : i + batch], ids, gen)
+            total += loss.item() * len(seqs[i : i + batch])
+    return total / len(seqs)
+
+
 def parity(out_dir, model_fp32, cfg, tok):
     """Max |numpy reference - PyTorch| logits on the exported weights, for two prompts."""
     params = llada_ref.load_checkpoint(out_dir)
@@ -167,9 +181,9 @@ chat template writes BOS itself).
 
 `tools/tasks.py` generates every item from a seed.  A prompt group is one system prompt:
 a role line, four formatting rules in random order (including "Put the final answer
-after ####" and the field separator to use for records) and a table of 6-8 members, each
-with two text attributes (from city, colour, pet, sport, fruit) and two numbers (from age,
-coins, score).  Names (40) and values (16 per attribute) come from fixed pools and are
+after ####" and the fields and separator to use for records) and a table of 6-8 members,
+each with two text attributes (from city, colour, pet, sport, fruit) and two numbers (from
+age, coins, score), written one fact per line (`- Alice city Paris`, `- Alice age 34`).  Names (40) and values (16 per attribute) come from fixed pools and are
 re-assigned at random in every group, so the model must read the table.  System prompts
 are about {sys_tokens:.0f} tokens, whole prompts (system + user, chat template) about
 {prompt_tokens:.0f} tokens: the shared system prompt is about {share:.0f} % of the prompt
@@ -194,28 +208,33 @@ LLaDA SFT: the prompt is never masked; the response region is exactly 32 tokens
 (`#### answer`, `<|eot_id|>`, then `<|endoftext|>` padding, which the model learns to
 predict).  Per sequence t ~ U(0, 1), p = (1 - 1e-3) t + 1e-3, each response token is
 replaced by `<|mdm_mask|>` with probability p, and the loss is the cross-entropy over
-masked tokens divided by p, summed and divided by 32 x batch.  No pretraining objective
-was used.
+masked tokens divided by p, summed and divided by 32 x batch.
+
+{phases}
 
 | | |
 |---|---|
-| optimiser | AdamW (beta 0.9/0.95, weight decay 0.1), peak lr {lr:g}, {warmup} warmup steps, cosine decay to 10 % over {total_steps} steps, gradient clipping 1.0 |
+| optimiser | AdamW (beta 0.9/0.95, weight decay 0.1), linear warmup, cosine decay to 10 % of the peak lr, gradient clipping 1.0 (fresh optimiser state in each phase) |
 | batch | {batch} sequences, grouped by similar length (shorter ones padded at the end, padding masked as keys) |
-| steps reached | {step} of {total_steps} (stopped by {stopped_by}) |
+| steps | {steps_total} in all |
 | sequences seen | {seqs_seen} |
-| wall time | {wall_min:.1f} min on 2 CPU cores (float32, `torch.set_num_threads(2)`, shared machine) |
-| final loss (EMA) | {loss_ema:.4f} |
+| wall time | {wall_min:.1f} min in all on a shared 2-core CPU (float32, `torch.set_num_threads(2)`, `nice -n 5`) |
+| final training loss (EMA over the last steps, objective mix of the last phase) | {loss_ema:.4f} |
+| SFT loss on the held-out set (fixed masking noise) | {heldout_loss:.4f} |
 | seed | {seed} |
 
 ## Regenerate
 
     tools/.venv/bin/python tools/tasks.py heldout --seed 0
-    nice -n 5 tools/.venv/bin/python tools/train.py --out runs/tiny --seed {seed} --steps {total_steps} --stop-step {step} --minutes 90
+{train_cmds}
+    tools/.venv/bin/python tools/export.py --run runs/tiny --out models/tiny
+    tools/.venv/bin/python tools/py_eval.py --model models/tiny --set data/tasks/heldout.jsonl \
+        --ref-set data/tasks/heldout-small.jsonl --ref-items 24 --out models/tiny/eval_python.json
     tools/.venv/bin/python tools/export.py --run runs/tiny --out models/tiny --scores models/tiny/eval_python.json
-    tools/.venv/bin/python tools/py_eval.py --model models/tiny --set data/tasks/heldout.jsonl --out models/tiny/eval_python.json
 
-Everything is derived from the seed; the run is repeated exactly by the same step count
-(on the same PyTorch build; CPU float32 kernels may differ between builds).
+Everything is derived from the seed; each phase is repeated exactly by its schedule
+length (`--steps`) and the step it reached (`--stop-step`); `--minutes` is only a safety
+limit (on the same PyTorch build; CPU float32 kernels may differ between builds).
 
 ## Export check
 
@@ -224,6 +243,10 @@ compares its logits with the PyTorch training forward on the same bf16 weights
 (prompt + 32 masks): max |difference| {parity_max:.2e} (logits range about {logit_span:.0f});
 the numpy reference with bf16 rounding at the reference points differs by at most
 {parity_bf16:.2e}.  Details in `export.json`.
+
+## Status
+
+{status}
 
 ## Scores (Python reference sampler)
 
@@ -246,6 +269,30 @@ low_confidence remasking, no cache; exact match of the text after the last `####
 A toy: it only knows this task format and its small name and value pools; it is not a
 general chat model.
 """
+
+
+def status_text(path):
+    """Whether the Python-side scores meet the targets (lookup >= 90 %, overall >= 70 %)."""
+    if not path or not os.path.exists(path):
+        return "Not evaluated yet."
+    with open(path, encoding="utf-8") as f:
+        s = json.load(f)
+    run = s["runs"][0]
+    c, n = run["per_task"].get("lookup", (0, 0))
+    look = c / n if n else 0.0
+    ok = look >= 0.9 and run["accuracy"] >= 0.7
+    verdict = "meets" if ok else "**does not meet**"
+    text = (f"On `{run['set']}` this checkpoint {verdict} the targets of at least 90 % exact match on "
+            f"lookups and at least 70 % overall (Python sampler: lookup {100 * look:.1f} %, overall "
+            f"{100 * run['accuracy']:.1f} %).")
+    if not ok:
+        text += (" The training budget (a shared 2-core CPU, about an hour, most of it with other jobs "
+                 "competing for the cores) gave only the number of steps listed above; the model learned "
+                 "the response format (`#### ...`, `<|eot_id|>`, EOS padding) and the answer type of some "
+                 "questions, but not yet to read the table. The files are complete and in the LLaDA layout, "
+                 "so the runtime can load and run them; a longer run of the same scripts (more steps) is "
+                 "what is missing.")
+    return text
 
 
 def scores_table(path):
@@ -312,6 +359,7 @@ def main():
     model.load_state_dict(ck["model"])
     model.eval()
     par = parity(args.out, model, cfg, tok)
+    heldout_loss = sft_loss_on(model, tok, ids, os.path.join(REPO_ROOT, "data", "tasks", "heldout.jsonl"))
     n_params = sum(v.size for v in weights.values())
 
     items = list(tasks.train_items(0, 0, 40))
@@ -320,11 +368,52 @@ def main():
     with open(os.path.join(REPO_ROOT, "data", "tasks", "heldout.jsonl"), encoding="utf-8") as f:
         n_heldout = sum(1 for _ in f)
     a = state["args"]
+    phases, chain = [], [(state, args.run)]
+    while chain[-1][0]["args"].get("init"):
+        prev_path = chain[-1][0]["args"]["init"]
+        prev = torch.load(prev_path, map_location="cpu", weights_only=False)["state"]
+        chain.append((prev, os.path.dirname(prev_path)))
+    chain.reverse()
+    cmds, steps_total, seqs_total, wall_total = [], 0, 0, 0.0
+    for k, (st, run_dir) in enumerate(chain):
+        pa = st["args"]
+        cmd = (f"    nice -n 5 tools/.venv/bin/python tools/train.py --out {os.path.relpath(run_dir, REPO_ROOT)} "
+               f"--seed {pa['seed']} --steps {st['total_steps']} --stop-step {st['step']} --batch {pa['batch']} "
+               f"--d-model {pa['d_model']} --n-heads {pa['n_heads']} --n-layers {pa['n_layers']} --mlp {pa['mlp']} "
+               f"--lr {pa['lr']:g} --warmup {pa['warmup']} --minutes 90")
+        if pa.get("init"):
+            cmd += f" --init {os.path.relpath(pa['init'], REPO_ROOT) if os.path.isabs(pa['init']) else pa['init']}"
+        if pa.get("first_pool"):
+            cmd += f" --first-pool {pa['first_pool']}"
+        if pa.get("pt_frac"):
+            cmd += f" --pt-frac {pa['pt_frac']:g}"
+        if k + 1 < len(chain):
+            nxt = chain[k + 1][0]["args"]["init"]
+            cmd += f"\n    cp {os.path.relpath(run_dir, REPO_ROOT)}/ckpt.pt {nxt}"
+        cmds.append(cmd)
+        steps_total += st["step"]
+        seqs_total += st["step"] * pa["batch"]
+        wall_total += st["elapsed_s"]
+        obj = "the SFT objective only"
+        if pa.get("pt_frac"):
+            obj = (f"per row, with probability {pa['pt_frac']:g} the masked-diffusion pretraining objective over "
+                   "the whole sequence (prompt and response masked alike, loss divided by p and the sequence "
+                   "length), otherwise the SFT objective")
+        phases.append(f"{k + 1}. {st['step']} steps (schedule of {st['total_steps']}, stopped by "
+                      f"{st.get('stopped_by', 'a periodic checkpoint')}), peak lr {pa['lr']:g}, {pa['warmup']} warmup steps, "
+                      f"{obj}" + (f", starting from the weights of phase {k}" if k else ", from a random initialisation")
+                      + f"; {st['elapsed_s'] / 60:.1f} min.")
+    phase_text = "Training ran in {} phase{}:\n\n".format(len(chain), "s" if len(chain) > 1 else "") + "\n".join(phases)
+    if len(chain) > 1:
+        phase_text += ("\n\nThe whole-sequence objective gives many more targets per sequence (the repeated "
+                       "fact lines teach the model to match a name and a field and copy what follows) than the "
+                       "32-token response alone; it was added when SFT alone was learning too slowly on this CPU.")
     info = {
         "step": state["step"],
         "total_steps": state["total_steps"],
         "stopped_by": state.get("stopped_by", "checkpoint (run still going)"),
         "loss_ema": state["loss_ema"],
+        "heldout_sft_loss": heldout_loss,
         "elapsed_s": state["elapsed_s"],
         "seed": state["seed"],
         "n_params": int(n_params),
@@ -341,14 +430,13 @@ def main():
         n_ord=ids.bos, bos=ids.bos, eos=ids.eos, shi=ids.shi, ehi=ids.ehi, eot=ids.eot, mask=ids.mask,
         sys_tokens=np.mean(s_lens), prompt_tokens=np.mean(p_lens), share=100 * np.mean(s_lens) / np.mean(p_lens),
         share_gen=100 * np.mean(s_lens) / (np.mean(p_lens) + train.GEN_LEN),
-        groups_seen=state["step"] * a["batch"] // 16, n_heldout=n_heldout,
-        lr=a["lr"], warmup=a["warmup"], total_steps=state["total_steps"], batch=a["batch"], step=state["step"],
-        stopped_by=info["stopped_by"], seqs_seen=state["step"] * a["batch"], wall_min=state["elapsed_s"] / 60,
-        loss_ema=state["loss_ema"], seed=state["seed"], minutes=a["minutes"],
+        groups_seen=seqs_total // 16, n_heldout=n_heldout,
+        batch=a["batch"], steps_total=steps_total, seqs_seen=seqs_total, wall_min=wall_total / 60,
+        loss_ema=state["loss_ema"], heldout_loss=heldout_loss, seed=state["seed"], phases=phase_text, train_cmds="\n".join(cmds),
         parity_max=max(r["max_abs_numpy_vs_torch_bf16_weights"] for r in par),
         parity_bf16=max(r["max_abs_numpy_bf16_rounding_vs_torch_bf16_weights"] for r in par),
         logit_span=max(r["logit_range"][1] - r["logit_range"][0] for r in par),
-        scores=scores_table(scores_path),
+        scores=scores_table(scores_path), status=status_text(scores_path),
     )
     make_fixture.write_text(os.path.join(args.out, "README.md"), card)
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))

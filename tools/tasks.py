@@ -159,9 +159,10 @@ class Group:
         ]
         rng.shuffle(rules)
         lines = [role, "Rules:"] + [f"- {r}" for r in rules]
-        lines.append("Table of members:")
+        lines.append("Table of members (name, field, value):")
         for name in self.names:
-            lines.append(name + ": " + ", ".join(f"{c} {self.rows[name][c]}" for c in cols))
+            for c in cols:
+                lines.append(f"- {name} {c} {self.rows[name][c]}")
         self.system = "\n".join(lines)
 
     # -- questions -------------------------------------------------------------------

@@ -266,10 +266,10 @@ def model_config(args, ids):
 class Stream:
     """Deterministic stream of length-grouped batches of training sequences."""
 
-    def __init__(self, tok, ids, seed, batch, pool_groups=64, per_group=16):
+    def __init__(self, tok, ids, seed, batch, pool_groups=64, per_group=16, first_pool=0):
         self.tok, self.ids, self.seed, self.batch = tok, ids, seed, batch
         self.pool_groups, self.per_group = pool_groups, per_group
-        self.pool_index = 0
+        self.pool_index = first_pool
         self.queue = []
 
     def _fill(self):
@@ -307,19 +307,32 @@ def collate(batch, ids):
     return x, target, valid
 
 
-def sft_loss(model, batch, ids, gen):
-    """LLaDA SFT loss on one batch; gen is the torch.Generator for the masking noise."""
+def sft_loss(model, batch, ids, gen, pt_frac=0.0):
+    """LLaDA SFT loss on one batch; gen is the torch.Generator for the masking noise.
+
+    With pt_frac > 0 each row is, with that probability, trained with the masked-diffusion
+    pretraining objective instead: every real token of the whole sequence (prompt and
+    response) is masked with probability p and the row's loss is divided by its length.
+    """
     x, target, valid = collate(batch, ids)
     B = x.shape[0]
     resp = target >= 0
     t = torch.rand((B, 1), generator=gen)
     p_mask = (1 - EPS) * t + EPS
-    masked = (torch.rand(x.shape, generator=gen) < p_mask) & resp
+    u = torch.rand(x.shape, generator=gen)
+    if pt_frac > 0:
+        pt_rows = torch.rand((B, 1), generator=gen) < pt_frac
+        region = torch.where(pt_rows, valid, resp)
+        norm = torch.where(pt_rows, valid.sum(1, keepdim=True).float(), torch.full((B, 1), float(GEN_LEN)))
+    else:
+        region = resp
+        norm = torch.full((B, 1), float(GEN_LEN))
+    masked = (u < p_mask) & region
     noisy = torch.where(masked, torch.full_like(x, ids.mask), x)
     logits = model(noisy, valid, select=masked)
     ce = F.cross_entropy(logits, x[masked], reduction="none")
-    w = (1.0 / p_mask).expand(B, x.shape[1])[masked]
-    return (ce * w).sum() / (B * GEN_LEN), int(masked.sum())
+    w = (1.0 / (p_mask * norm)).expand(B, x.shape[1])[masked]
+    return (ce * w).sum() / B, int(masked.sum())
 
 
 # ---------------------------------------------------------------------------
@@ -388,9 +401,9 @@ def extract_answer(tok, ids, out_ids):
 def evaluate(model, tok, ids, items):
     model.eval()
     per = {}
-    for it in items:
-        p, _ = encode_item(tok, ids, it)
-        got = extract_answer(tok, ids, generate(model, p, ids))
+    outs = generate_batch(model, [encode_item(tok, ids, it)[0] for it in items], ids)
+    for it, out in zip(items, outs):
+        got = extract_answer(tok, ids, out)
         ok, n = per.get(it["task"], (0, 0))
         per[it["task"]] = (ok + (got == it["answer"]), n + 1)
     model.train()
@@ -440,6 +453,11 @@ def main():
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
     ap.add_argument("--probe-steps", type=int, default=20, help="steps timed to estimate the total")
     ap.add_argument("--smoke", action="store_true", help="print sequence statistics and timing only")
+    ap.add_argument("--first-pool", type=int, default=0,
+                    help="index of the first data pool (64 prompt groups each); a continued run uses new data")
+    ap.add_argument("--init", default=None, help="start from the weights of this checkpoint (optimiser state is new)")
+    ap.add_argument("--pt-frac", type=float, default=0.0,
+                    help="fraction of rows trained with the whole-sequence masked-diffusion pretraining objective")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -462,10 +480,16 @@ def main():
 
     model = LLaDA(cfg)
     init_weights(model, args.seed)
+    if args.init:
+        init = torch.load(args.init, map_location="cpu", weights_only=False)
+        if init["config"] != cfg:
+            raise SystemExit("--init checkpoint has a different configuration")
+        model.load_state_dict(init["model"])
+        say(f"initialised from {args.init} (step {init['state']['step']})")
     n_params = sum(p.numel() for p in model.parameters())
     say(f"parameters: {n_params}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
-    stream = Stream(tok, ids, args.seed, args.batch)
+    stream = Stream(tok, ids, args.seed, args.batch, first_pool=args.first_pool)
     gen = torch.Generator().manual_seed(args.seed + 1)
     vitems = valid_items(args.seed)
 
@@ -495,7 +519,7 @@ def main():
         for gparam in opt.param_groups:
             gparam["lr"] = lr
         batch = stream.next()
-        loss, n_masked = sft_loss(model, batch, ids, gen)
+        loss, n_masked = sft_loss(model, batch, ids, gen, args.pt_frac)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -196,6 +196,7 @@ pub struct BicacheStep {
 /// Plans a BiCache step. Refreshes happen on the first step and then every `refresh_every`
 /// steps, or at every block start when the request has several blocks; the dual variant
 /// computes only the current block between refreshes.
+#[allow(clippy::too_many_arguments)] // the step's whole situation, each a plain number
 pub fn bicache_step(
     dual: bool,
     prefix_len: usize,

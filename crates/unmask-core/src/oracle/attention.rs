@@ -22,7 +22,7 @@ pub fn attention(
     head_dim: usize,
 ) -> Vec<f32> {
     assert!(
-        n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
         "heads {n_heads}/{n_kv_heads}"
     );
     let group = n_heads / n_kv_heads;

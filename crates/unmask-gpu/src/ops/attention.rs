@@ -1,6 +1,12 @@
 //! Bidirectional attention over two KV segments (DESIGN.md §3): every query row attends to
 //! all keys of segment A (a shared or per-request prefix, possibly empty) and of segment B
 //! (the request's KV arena), with one online softmax across both. No causal mask.
+//!
+//! One dispatch, one kernel (`shaders/attention.wgsl`, specialised per head dim): a
+//! workgroup takes 8 (query row, query head) pairs of one kv head and walks the keys in
+//! tiles, with 8 x 8 register blocks in both products. There is no subgroup variant: the
+//! invocations exchange data by broadcast through workgroup memory, not by reductions, and
+//! the one reduction (the row max, phase 2) is a few percent of the instructions on lavapipe.
 
 use std::sync::Arc;
 
@@ -39,60 +45,51 @@ pub struct KvSegment<'a> {
     pub len: usize,
 }
 
-/// Blocking of one head dimension: query units per workgroup (a multiple of 4), invocations,
-/// and keys per invocation in the score phase (a tile holds `wg * rk` keys).
+/// Query units per workgroup (fixed by the kernel's register blocks).
+const UNITS_PER_GROUP: usize = 8;
+
+/// Workgroup shape of one head dimension. The kernel gives every invocation 8 keys in the
+/// score phase and 8 head dims in the P·V phase, so `wg` covers the head dim 8 at a time
+/// (at least 8, the units of phase 2) and a key tile holds `8 * wg` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     head_dim: usize,
-    bq: usize,
     wg: usize,
-    rk: usize,
 }
 
 impl Tile {
     fn for_head_dim(head_dim: usize) -> Self {
-        // 128 keys per tile. Small heads use fewer, longer-running invocations so the P·V
-        // phase (one invocation per RD dims) leaves few lanes idle; measured on lavapipe.
-        let wg = if head_dim <= 32 { 16 } else { 32 };
-        Tile {
-            head_dim,
-            bq: 8,
-            wg,
-            rk: 128 / wg,
-        }
+        let wg = head_dim
+            .div_ceil(8)
+            .next_multiple_of(8)
+            .max(UNITS_PER_GROUP);
+        let tile = Tile { head_dim, wg };
+        debug_assert!(tile.is_consistent(), "{tile:?}");
+        tile
     }
 
     fn bk(&self) -> usize {
-        self.wg * self.rk
-    }
-
-    /// Head dims per invocation in the P·V phase.
-    fn rd(&self) -> usize {
-        self.head_dim.div_ceil(self.wg)
+        8 * self.wg
     }
 
     fn is_consistent(&self) -> bool {
-        self.bq % 4 == 0
-            && self.bq <= self.wg
+        8 * self.wg >= self.head_dim
+            && self.wg >= UNITS_PER_GROUP
             && self.wg <= 256
             && self.workgroup_bytes() <= WORKGROUP_BYTES
     }
 
     fn workgroup_bytes(&self) -> usize {
-        4 * self.bq * (self.head_dim + 2 * self.bk() + 2)
+        4 * UNITS_PER_GROUP * (self.head_dim + 2 * self.bk() + 2)
     }
 
     fn spec(&self) -> Spec {
-        let bq4 = self.bq / 4;
         Spec::new()
             .constant("HD", self.head_dim)
-            .constant("BQ", self.bq)
             .constant("WG", self.wg)
-            .constant("RK", self.rk)
-            .constant("QS_LEN", bq4 * self.head_dim)
-            .constant("PS_LEN", bq4 * self.bk())
-            .constant("S_LEN", bq4 * self.rk)
-            .constant("ACC_LEN", bq4 * self.rd())
+            .constant("QS_LEN", 2 * self.head_dim)
+            .constant("PS_LEN", 2 * self.bk())
+            .flag_if(self.head_dim.is_multiple_of(4), "VEC4")
     }
 }
 
@@ -176,7 +173,7 @@ pub fn attention(
             format!("head_dim {head_dim}"),
         ));
     }
-    if n_kv_heads == 0 || n_heads == 0 || n_heads % n_kv_heads != 0 {
+    if n_kv_heads == 0 || n_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return Err(shape_error(
             "n_heads a positive multiple of n_kv_heads".into(),
             format!("n_heads {n_heads}, n_kv_heads {n_kv_heads}"),
@@ -227,12 +224,22 @@ pub fn attention(
             format!("out shares its buffer with {name}"),
         ));
     }
+    // The vec4 kernel binds K and V as arrays of 16-byte elements (`Tensor` buffers are).
+    let misaligned = inputs[1..]
+        .iter()
+        .find(|(_, t)| !t.buffer.size().is_multiple_of(16));
+    if let (true, Some((name, t))) = (head_dim.is_multiple_of(4), misaligned) {
+        return Err(shape_error(
+            format!("{name}: a buffer size that is a multiple of 16 bytes"),
+            format!("{} bytes", t.buffer.size()),
+        ));
+    }
 
     let ctx = step.ctx();
     let tile = Tile::for_head_dim(head_dim);
     let group = n_heads / n_kv_heads;
     let units = m * group;
-    let unit_blocks = units.div_ceil(tile.bq);
+    let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
     let params = Params {
         units: to_u32("query units", units)?,
         group: group as u32,

@@ -35,11 +35,12 @@ pub fn state_len(rows: usize) -> usize {
 /// Id value the kernel reserves for "none".
 const NONE: u32 = u32::MAX;
 
-fn accumulate_spec(cfg: bool, noise: bool) -> Spec {
+fn accumulate_spec(cfg: bool, noise: bool, vec4: bool) -> Spec {
     Spec::new()
         .flag("ACCUMULATE")
         .flag_if(cfg, "CFG")
         .flag_if(noise, "NOISE")
+        .flag_if(vec4, "VEC4")
         .constant("POS_BINDING", if cfg { 4 } else { 3 })
 }
 
@@ -58,11 +59,13 @@ pub fn variants() -> Vec<ShaderVariant> {
     ];
     for cfg in [false, true] {
         for noise in [false, true] {
-            v.push(ShaderVariant {
-                kernel: SELECT,
-                entry: "accumulate",
-                spec: accumulate_spec(cfg, noise),
-            });
+            for vec4 in [false, true] {
+                v.push(ShaderVariant {
+                    kernel: SELECT,
+                    entry: "accumulate",
+                    spec: accumulate_spec(cfg, noise, vec4),
+                });
+            }
         }
     }
     v
@@ -227,7 +230,11 @@ pub fn select_accumulate(
     }
     let rows32 = rows_u32(OP, rows)?;
     let noise = params.temperature > 0.0;
-    let spec = accumulate_spec(uncond.is_some(), noise);
+    // Rows of a multiple of 4 logits are read as vec4 (tensor buffers are 16-byte sized).
+    let vec4 = n.is_multiple_of(4)
+        && logits.buffer.size().is_multiple_of(16)
+        && uncond.is_none_or(|u| u.buffer.size().is_multiple_of(16));
+    let spec = accumulate_spec(uncond.is_some(), noise, vec4);
     let ctx = step.ctx();
     let pipeline = ctx.pipeline(&SELECT, "accumulate", &spec)?;
     let p = AccumulateParams {
