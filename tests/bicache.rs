@@ -4,15 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::fixture_dir;
 
 use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Request};
 use unmask_gpu::model::{LayerPass, LladaModel};
 use unmask_gpu::{StepEncoder, WeightFormat};
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
 
 fn engine_with(budget: CacheBudget) -> Engine {
     let options = EngineOptions {

@@ -4,22 +4,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use unmask::{CacheMode, Engine, EngineOptions, GenerationParams, Request};
-use unmask_gpu::WeightFormat;
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
+use unmask::{CacheMode, Engine, GenerationParams, Request};
 
 fn engine() -> Engine {
-    let options = EngineOptions {
-        backend: None,
-        weight_format: WeightFormat::F32,
-        ..EngineOptions::default()
-    };
-    Engine::load_on(common::ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
+    common::tiny_engine()
 }
 
 /// A chat-shaped prompt of the fixture vocabulary: BOS, a header, 20 ordinary ids.

@@ -3,15 +3,13 @@
 
 mod common;
 
+use common::fixture_dir;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::{LladaModel, ModelError};
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
 
 /// A fresh copy of the fixture in a temporary folder unique to `name`.
 fn copy_fixture(name: &str) -> PathBuf {

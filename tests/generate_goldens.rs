@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::fixture_dir;
 
 use serde_json::Value;
 use unmask::{Engine, EngineOptions, GenerationParams, Remasking, Request};
@@ -13,17 +13,8 @@ use unmask_gpu::StepEncoder;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::ops::sampling::SelectParams;
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
-
 fn engine() -> Engine {
-    let options = EngineOptions {
-        backend: None,
-        weight_format: WeightFormat::F32,
-        ..EngineOptions::default()
-    };
-    Engine::load_on(common::ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
+    common::tiny_engine()
 }
 
 fn cases() -> Vec<Value> {

@@ -4,16 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::fixture_dir;
 
 use common::{assert_close, ctx, relative_error};
 use serde_json::Value;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::LladaModel;
-
-pub fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
 
 fn goldens() -> Value {
     let text =

@@ -4,15 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::fixture_dir;
 
 use unmask::profile::{ItemOutcome, ProfileItem, ProfileOptions, profile, profile_with};
 use unmask::{Engine, EngineOptions};
 use unmask_gpu::WeightFormat;
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
 
 fn engine() -> Engine {
     let options = EngineOptions {

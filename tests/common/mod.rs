@@ -2,6 +2,7 @@
 //! inputs (never zeros), and error measures that are printed next to their tolerance.
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use unmask_core::rng::SplitMix64;
@@ -70,4 +71,18 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
         err <= tol,
         "{what}: relative error {err:.3e} exceeds {tol:.0e}"
     );
+}
+
+/// The tiny random LLaDA checkpoint and its goldens (tools/make_fixture.py).
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
+}
+
+/// The tiny fixture loaded with f32 weights on the shared context.
+pub fn tiny_engine() -> unmask::Engine {
+    let options = unmask::EngineOptions {
+        weight_format: unmask_gpu::WeightFormat::F32,
+        ..unmask::EngineOptions::default()
+    };
+    unmask::Engine::load_on(ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
 }
