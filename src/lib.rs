@@ -676,10 +676,7 @@ impl Engine {
     ) -> Result<Result<PrefixRun, String>, EngineError> {
         let n_layers = self.model.cfg.n_layers;
         let found = {
-            let mut store = self
-                .prefix_store
-                .lock()
-                .map_err(|_| EngineError::Request("prefix store poisoned".into()))?;
+            let mut store = self.store()?;
             store
                 .acquire(prefix)
                 .map(|id| (id, store.payload(id).cloned()))
@@ -695,11 +692,8 @@ impl Engine {
                 hit: true,
             }));
         }
-        let budget = self
-            .prefix_store
-            .lock()
-            .map(|s| s.budget())
-            .map_err(|_| EngineError::Request("prefix store poisoned".into()))?;
+        // Checked before building, so an entry that can never fit costs no GPU work.
+        let budget = self.store()?.budget();
         let bytes = bicache::entry_bytes(&self.model, prefix.len());
         if prefix.len() > budget.max_tokens || bytes > budget.max_bytes {
             return Ok(Err(format!(
@@ -712,10 +706,7 @@ impl Engine {
         let entry = Arc::new(bicache::build_entry(&self.model, st, prefix, depth)?);
         timings.token_layer_passes += prefix.len() * n_layers;
         timings.forward_passes += 1;
-        let mut store = self
-            .prefix_store
-            .lock()
-            .map_err(|_| EngineError::Request("prefix store poisoned".into()))?;
+        let mut store = self.store()?;
         match store.insert(prefix.to_vec(), bytes, entry.clone()) {
             Ok(id) => Ok(Ok(PrefixRun {
                 id,
@@ -724,6 +715,15 @@ impl Engine {
             })),
             Err((why, _)) => Ok(Err(why.to_string())),
         }
+    }
+
+    /// The shared prefix store, locked.
+    fn store(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, PrefixStore<Arc<PrefixEntry>>>, EngineError> {
+        self.prefix_store
+            .lock()
+            .map_err(|_| EngineError::Request("prefix store poisoned".into()))
     }
 
     fn release_prefix(&self, id: EntryId) {
