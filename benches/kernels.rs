@@ -1,24 +1,19 @@
 //! Kernel benchmark: `cargo bench --bench kernels -- [--small] [--only matmul|attention]`.
 //!
-//! Prints one JSON object per line on stdout (adapter, backend, kernel, variant, format, shape,
-//! median milliseconds, GFLOP/s) and a short human summary on stderr. Each measurement is the
-//! wall clock around submit + device wait, median of several runs after one warm-up run.
-//! `--small` divides K and N by 8 (and uses 8 heads for attention); it is implied on CPU
-//! adapters (lavapipe, llvmpipe), where the full shapes would take far too long.
+//! Prints one JSON record per line on stdout (the environment, the kernel, variant, format,
+//! shape, median milliseconds, GFLOP/s and GB/s; the same records as `unmask bench`) and a
+//! short summary on stderr. Shapes are LLaDA-8B's layer matmuls at 32 and 256 rows and its
+//! attention (head_dim 128). `--small` divides K and N by 8 (and uses 8 heads for
+//! attention); it is implied on CPU adapters (lavapipe, llvmpipe), where the full shapes
+//! would take far too long. `unmask bench` runs the same measurements at any model's shapes
+//! and adds whole requests.
 
-use std::time::{Duration, Instant};
-
-use serde_json::json;
-use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
-use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
-use unmask_gpu::{ContextOptions, DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
+use serde_json::Value;
+use unmask::bench::{self, KernelBenchOptions, KernelCase, Repeats};
+use unmask_core::config::LladaConfig;
+use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// Fewest and most timed runs per measurement, and the time after which no more are started.
-const MIN_RUNS: usize = 3;
-const MAX_RUNS: usize = 15;
-const TIME_BUDGET: Duration = Duration::from_millis(1500);
 
 struct Options {
     small: bool,
@@ -51,221 +46,29 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
     })
 }
 
-/// Deterministic values in [-scale, scale), never zero (weights, activations).
-fn pseudo_random(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            let v = (u * 2.0 - 1.0) * scale;
-            if v == 0.0 { scale * 1e-3 } else { v }
-        })
-        .collect()
-}
-
-/// Median wall-clock milliseconds of `record` + submit + wait, after one warm-up run
-/// (which also compiles the pipelines).
-fn time_step(
-    ctx: &GpuContext,
-    mut record: impl FnMut(&mut StepEncoder) -> unmask_gpu::Result<()>,
-) -> BenchResult<f64> {
-    let mut run = || -> BenchResult<f64> {
-        let mut step = StepEncoder::new(ctx, "bench");
-        record(&mut step)?;
-        let start = Instant::now();
-        step.submit()?;
-        ctx.wait_idle()?;
-        Ok(start.elapsed().as_secs_f64() * 1e3)
-    };
-    run()?;
-    let mut times = Vec::new();
-    let began = Instant::now();
-    while times.len() < MIN_RUNS || (times.len() < MAX_RUNS && began.elapsed() < TIME_BUDGET) {
-        times.push(run()?);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
-}
-
-struct Adapter {
-    name: String,
-    backend: String,
-}
-
-fn matmul_section(ctx: &GpuContext, adapter: &Adapter, small: bool) -> BenchResult<()> {
-    let div = if small { 8 } else { 1 };
-    let mut formats = vec![WeightFormat::F32, WeightFormat::F16Packed];
-    if ctx.features.shader_f16 {
-        formats.push(WeightFormat::F16Native);
-    }
-    for &format in &formats {
-        for m in [32, 256] {
-            let (kernel, decode) = MatmulKernel::Auto.plan(ctx, m, format);
-            eprintln!(
-                "matmul: auto, {} weights, m={m}: {} kernel reading {}",
-                format.name(),
-                kernel.name(),
-                decode.name()
-            );
-        }
-    }
-    let mut summary = Vec::new();
-    for m in [32usize, 256] {
-        for (k, n) in [(4096usize, 4096usize), (4096, 12288), (12288, 4096)] {
-            let (k, n) = (k / div, n / div);
-            let x = Tensor::from_f32(ctx, &[m, k], &pseudo_random(1, m * k, 1.0), "x")?;
-            let y = Tensor::zeros(ctx, DType::F32, &[m, n], "y")?;
-            let w_data = pseudo_random(2, n * k, 0.05);
-            for &format in &formats {
-                let w = Weight::from_f32(ctx, n, k, &w_data, format, "w")?;
-                let flops = 2.0 * (m * n * k) as f64;
-                let mut naive_ms = None;
-                let mut best: Option<(&str, f64)> = None;
-                for kernel in MatmulKernel::CONCRETE
-                    .into_iter()
-                    .chain([MatmulKernel::Auto])
-                {
-                    let ms = time_step(ctx, |step| matmul(step, &x, &w, &y, m, kernel))?;
-                    let gflops = flops / (ms * 1e6);
-                    println!(
-                        "{}",
-                        json!({
-                            "adapter": adapter.name,
-                            "backend": adapter.backend,
-                            "kernel": "matmul",
-                            "variant": kernel.name(),
-                            "format": format.name(),
-                            "m": m, "n": n, "k": k,
-                            "ms": round3(ms),
-                            "gflops": round3(gflops),
-                        })
-                    );
-                    if kernel == MatmulKernel::Naive {
-                        naive_ms = Some(ms);
-                    }
-                    if best.is_none_or(|(_, b)| ms < b) {
-                        best = Some((kernel.name(), ms));
-                    }
-                }
-                if let (Some(naive), Some((name, ms))) = (naive_ms, best) {
-                    summary.push(format!(
-                        "  m={m:<4} n={n:<6} k={k:<6} {:<11} best {name:<12} {:>6.2} GFLOP/s, {:.2}x naive",
-                        format.name(),
-                        flops / (ms * 1e6),
-                        naive / ms
-                    ));
-                }
-            }
-        }
-    }
-    eprintln!("matmul summary (best variant, speed-up over naive):");
-    for line in summary {
-        eprintln!("{line}");
-    }
-    Ok(())
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1e3).round() / 1e3
-}
-
-/// Attention of Lq query rows over Lkv keys (head_dim 128, as many KV heads as query heads,
-/// like LLaDA-8B), once with all keys in segment B and once split evenly over segments A and
-/// B (the BiCache layout). FLOPs: 4 * heads * Lq * Lkv * head_dim.
-fn attention_section(ctx: &GpuContext, adapter: &Adapter, small: bool) -> BenchResult<()> {
-    let heads = if small { 8 } else { 32 };
-    let head_dim = 128;
-    let width = heads * head_dim;
-    let shape = AttentionShape {
+/// LLaDA-8B's shapes, with K and N divided by `div`.
+fn llada_8b_shapes(div: usize, heads: usize) -> LladaConfig {
+    LladaConfig {
+        d_model: 4096 / div,
         n_heads: heads,
         n_kv_heads: heads,
-        head_dim,
-    };
-    let max_q = 256;
-    let max_kv = 512;
-    let q = Tensor::from_f32(
-        ctx,
-        &[max_q, width],
-        &pseudo_random(3, max_q * width, 1.0),
-        "q",
-    )?;
-    let out = Tensor::zeros(ctx, DType::F32, &[max_q, width], "out")?;
-    let k = Tensor::from_f32(
-        ctx,
-        &[max_kv, width],
-        &pseudo_random(4, max_kv * width, 1.0),
-        "k",
-    )?;
-    let v = Tensor::from_f32(
-        ctx,
-        &[max_kv, width],
-        &pseudo_random(5, max_kv * width, 1.0),
-        "v",
-    )?;
-    // Segment A gets its own buffers: the kernel reads each segment from row 0.
-    let half = max_kv / 2;
-    let ka = Tensor::from_f32(
-        ctx,
-        &[half, width],
-        &pseudo_random(6, half * width, 1.0),
-        "ka",
-    )?;
-    let va = Tensor::from_f32(
-        ctx,
-        &[half, width],
-        &pseudo_random(7, half * width, 1.0),
-        "va",
-    )?;
-    for lq in [32usize, 256] {
-        for lkv in [256usize, 512] {
-            for split in [false, true] {
-                let ms = time_step(ctx, |step| {
-                    let (seg_a, len_b) = if split {
-                        let a = KvSegment {
-                            k: &ka,
-                            v: &va,
-                            len: lkv / 2,
-                        };
-                        (Some(a), lkv - lkv / 2)
-                    } else {
-                        (None, lkv)
-                    };
-                    let seg_b = KvSegment {
-                        k: &k,
-                        v: &v,
-                        len: len_b,
-                    };
-                    attention(step, &q, width, 0, lq, seg_a, seg_b, &out, shape)
-                })?;
-                let flops = 4.0 * (heads * lq * lkv * head_dim) as f64;
-                println!(
-                    "{}",
-                    json!({
-                        "adapter": adapter.name,
-                        "backend": adapter.backend,
-                        "kernel": "attention",
-                        "variant": if split { "two-segments" } else { "one-segment" },
-                        "format": "f32",
-                        "heads": heads, "head_dim": head_dim, "lq": lq, "lkv": lkv,
-                        "ms": round3(ms),
-                        "gflops": round3(flops / (ms * 1e6)),
-                    })
-                );
-            }
-        }
+        n_layers: 32,
+        mlp_hidden_size: 12288 / div,
+        vocab_size: 126464 / div,
+        embedding_size: 126464 / div,
+        max_sequence_length: 4096,
+        rope_theta: 500000.0,
+        rms_norm_eps: 1e-5,
+        weight_tying: false,
+        mask_token_id: 126336 / div as u32,
+        eos_token_id: 126081 / div as u32,
+        pad_token_id: 126081 / div as u32,
+        bos_token_id: Some(126080 / div as u32),
     }
-    Ok(())
 }
 
 fn main() -> BenchResult<()> {
     let ctx = GpuContext::new(&ContextOptions::default())?;
-    let adapter = Adapter {
-        name: ctx.info.name.clone(),
-        backend: format!("{:?}", ctx.info.backend),
-    };
     let is_cpu = format!("{:?}", ctx.info.device_type) == "Cpu";
     let options = parse_args(is_cpu)?;
     eprintln!(
@@ -277,11 +80,109 @@ fn main() -> BenchResult<()> {
             ""
         }
     );
-    if options.matmul {
-        matmul_section(&ctx, &adapter, options.small)?;
+    let (div, heads) = if options.small { (8, 8) } else { (1, 32) };
+    // Attention cases are listed by hand below so that head_dim stays 128 at both sizes.
+    let cfg = llada_8b_shapes(div, heads);
+    let name = if options.small {
+        "llada-8b/8"
+    } else {
+        "llada-8b"
+    };
+    let envelope = bench::envelope(&ctx, name, &cfg, "bench");
+    let mut formats = vec![WeightFormat::F32, WeightFormat::F16Packed];
+    if ctx.features.shader_f16 {
+        formats.push(WeightFormat::F16Native);
     }
-    if options.attention {
-        attention_section(&ctx, &adapter, options.small)?;
+    let kernel_options = KernelBenchOptions {
+        formats,
+        all_variants: true,
+        repeats: Repeats::default(),
+        peak: bench::known_peak(&ctx.info.name),
+    };
+    let mut cases = Vec::new();
+    for m in [32usize, 256] {
+        if options.matmul {
+            cases.extend(
+                bench::model_kernel_cases(&cfg, &[m], &[])
+                    .into_iter()
+                    .filter(|c| c.name() != "lm_head"),
+            );
+        }
+        if options.attention {
+            for lkv in [256usize, 512] {
+                for split in [false, true] {
+                    cases.push(KernelCase::Attention {
+                        lq: m,
+                        lkv,
+                        heads,
+                        kv_heads: heads,
+                        head_dim: 128,
+                        split,
+                    });
+                }
+            }
+        }
+    }
+    let mut summary = Vec::new();
+    for case in &cases {
+        let records = bench::run_kernel_case(&ctx, &envelope, case, &kernel_options, &mut |r| {
+            println!("{r}");
+        })?;
+        summary.extend(summarize(&records));
+    }
+    eprintln!("summary (best variant per shape and format, speed-up over naive):");
+    for line in summary {
+        eprintln!("{line}");
     }
     Ok(())
+}
+
+/// One line per (shape, format): the fastest variant and its speed-up over the naive one.
+fn summarize(records: &[Value]) -> Vec<String> {
+    let f = |r: &Value, k: &str| r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let s = |r: &Value, k: &str| r.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
+    let mut formats: Vec<String> = records.iter().map(|r| s(r, "format")).collect();
+    formats.dedup();
+    let mut out = Vec::new();
+    for format in formats {
+        let group: Vec<&Value> = records
+            .iter()
+            .filter(|r| s(r, "format") == format)
+            .collect();
+        let Some(best) = group
+            .iter()
+            .min_by(|a, b| f(a, "ms").total_cmp(&f(b, "ms")))
+        else {
+            continue;
+        };
+        let naive = group
+            .iter()
+            .find(|r| s(r, "variant") == "naive")
+            .map(|r| f(r, "ms"));
+        let shape = if s(best, "kernel") == "matmul" {
+            format!(
+                "{} m={} n={} k={}",
+                s(best, "case"),
+                f(best, "m"),
+                f(best, "n"),
+                f(best, "k")
+            )
+        } else {
+            format!(
+                "attention lq={} lkv={} {}",
+                f(best, "lq"),
+                f(best, "lkv"),
+                s(best, "variant")
+            )
+        };
+        out.push(format!(
+            "  {shape:<34} {format:<11} best {:<20} {:>8.2} GFLOP/s{}",
+            s(best, "variant"),
+            f(best, "gflops"),
+            naive
+                .map(|n| format!(", {:.2}x naive", n / f(best, "ms")))
+                .unwrap_or_default()
+        ));
+    }
+    out
 }

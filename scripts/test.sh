@@ -15,6 +15,10 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== tests (native)"
 cargo test --workspace --quiet
 
+# target/debug/unmask was built by the tests above (unmask-cli's integration tests run it)
+echo "== parity script against the numpy goldens"
+python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
+
 echo "== cross-target checks: Windows (DX12) and macOS (Metal)"
 for target in x86_64-pc-windows-msvc aarch64-apple-darwin; do
   rustup target add "$target" >/dev/null 2>&1

@@ -8,7 +8,7 @@ struct Params {
     row_stride: u32,
     row_start: u32,
     chunk_rows: u32,
-    _pad0: u32,
+    s_off: u32, // W_QUANT: word of the chunk where the scales start
     _pad1: u32,
     _pad2: u32,
 }
@@ -26,6 +26,24 @@ fn load(i: u32) -> f32 { return unpack2x16float(table[i >> 1u])[i & 1u]; }
 //#if F16
 @group(0) @binding(2) var<storage, read> table: array<f16>;
 fn load(i: u32) -> f32 { return f32(table[i]); }
+//#endif
+//#if W_QUANT
+// A quantized chunk (tensor.rs, `Weight`): codes of all rows, then the f16 scales from word
+// s_off; element i has scale i / 32.
+@group(0) @binding(2) var<storage, read> table: array<u32>;
+fn scale_of(block: u32) -> f32 { return unpack2x16float(table[p.s_off + (block >> 1u)])[block & 1u]; }
+//#endif
+//#if W_Q8
+fn load(i: u32) -> f32 {
+    let b = table[i >> 2u] << (24u - 8u * (i & 3u));
+    return f32(bitcast<i32>(b) >> 24u) * scale_of(i >> 5u);
+}
+//#endif
+//#if W_Q4
+fn load(i: u32) -> f32 {
+    let q = (table[i >> 3u] >> (4u * (i & 7u))) & 15u;
+    return (f32(q) - 8.0) * scale_of(i >> 5u);
+}
 //#endif
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 

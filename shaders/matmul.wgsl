@@ -6,6 +6,7 @@
 // Flags pick the variant:
 //   NAIVE / TILED / SHARED  which entry point the file holds (one per spec)
 //   WF32 / WPACKED / F16    weight storage: f32, f16 pairs in u32 words, native f16
+//   WQ8 / WQ4 (+ QUANT)     block-quantized weights, decoded as they are loaded
 //   XVEC4                   K % 4 == 0, so x rows are 16-byte aligned and read as vec4
 //   WIDE                    (TILED) 4 x 8 outputs per invocation instead of 4 x 4
 // Constants (TILED): WGX x WGY invocations per workgroup.
@@ -19,6 +20,10 @@ struct Params {
     w_stride4: u32, // weight row stride in groups of 4 elements (zero padded past k)
     tiles_n: u32,   // output tiles along the columns
     tiles: u32,     // output tiles in all; workgroup ids are linearised over x and y
+    s_off: u32,     // WQ8 / WQ4: word of the chunk where the scales start
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -65,6 +70,46 @@ fn load_w4(i: u32) -> vec4<f32> {
 
 fn load_w1(i: u32) -> f32 {
     return f32(w[i >> 2u][i & 3u]);
+}
+//#endif
+
+//#if QUANT
+// One chunk of a quantized weight (tensor.rs, `Weight`): the codes of all its rows, then from
+// word s_off its f16 scales, two per word. Rows are padded to whole blocks of 32, so element
+// i of the chunk (row * stride + column) has scale i / 32. Nothing is dequantized in memory;
+// scales are unpacked from u32 words, so no shader-f16 is needed.
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+
+fn scale_of(block: u32) -> f32 {
+    return unpack2x16float(w[p.s_off + (block >> 1u)])[block & 1u];
+}
+//#endif
+
+//#if WQ8
+// Elements 4i .. 4i + 3: the four signed bytes of word i, sign-extended by shifting each to
+// the top of an i32 and back.
+fn load_w4(i: u32) -> vec4<f32> {
+    let b = vec4<u32>(w[i]) << vec4<u32>(24u, 16u, 8u, 0u);
+    return vec4<f32>(bitcast<vec4<i32>>(b) >> vec4<u32>(24u)) * scale_of(i >> 3u);
+}
+
+fn load_w1(i: u32) -> f32 {
+    let b = w[i >> 2u] << (24u - 8u * (i & 3u));
+    return f32(bitcast<i32>(b) >> 24u) * scale_of(i >> 5u);
+}
+//#endif
+
+//#if WQ4
+// Elements 4i .. 4i + 3: four nibbles (code + 8) of word i / 2, low half for even i.
+fn load_w4(i: u32) -> vec4<f32> {
+    let half = w[i >> 1u] >> ((i & 1u) * 16u);
+    let q = (vec4<u32>(half) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
+    return (vec4<f32>(q) - 8.0) * scale_of(i >> 3u);
+}
+
+fn load_w1(i: u32) -> f32 {
+    let q = (w[i >> 3u] >> (4u * (i & 7u))) & 15u;
+    return (f32(q) - 8.0) * scale_of(i >> 5u);
 }
 //#endif
 

@@ -29,6 +29,7 @@ use unmask_gpu::model::{ForwardState, LayerPass, LladaModel, ModelError};
 use unmask_gpu::ops::sampling::SelectParams;
 use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder};
 
+pub mod bench;
 mod bicache;
 pub mod profile;
 
@@ -42,7 +43,7 @@ pub use unmask_core::chat::{Message, Role};
 pub use unmask_core::sampler::{GenerationParams, Remasking, StepRecord};
 pub use unmask_core::tokenizer::DecodeMode;
 pub use unmask_gpu::WeightFormat;
-pub use unmask_gpu::model::LoadProgress;
+pub use unmask_gpu::model::{LoadProgress, WeightFormats};
 
 /// Anything that can stop a load or a generation.
 #[derive(Debug, Error)]
@@ -67,7 +68,11 @@ pub struct EngineOptions {
     /// Backend name (`vulkan`, `metal`, `dx12`, `gl`); `None` honours `WGPU_BACKEND`.
     pub backend: Option<String>,
     /// Weight storage on the GPU; f16 by default (native when the device has shader-f16).
+    /// `Q8` / `Q4` quantize the matrices as they load. A checkpoint written by
+    /// `unmask quantize` keeps its own formats whatever is asked here.
     pub weight_format: WeightFormat,
+    /// Storage of the embedding table and LM head; `None` means `weight_format`.
+    pub embed_format: Option<WeightFormat>,
     /// What the BiCache prefix store may hold (tokens and bytes over all entries).
     pub cache_budget: StoreBudget,
 }
@@ -77,6 +82,7 @@ impl Default for EngineOptions {
         Self {
             backend: None,
             weight_format: WeightFormat::F16Native,
+            embed_format: None,
             cache_budget: StoreBudget {
                 max_tokens: 1 << 16,
                 max_bytes: 1 << 30,
@@ -324,7 +330,11 @@ impl Engine {
         } else {
             None
         };
-        let model = LladaModel::load(ctx.clone(), dir, options.weight_format, progress)?;
+        let formats = WeightFormats {
+            layers: options.weight_format,
+            embed: options.embed_format.unwrap_or(options.weight_format),
+        };
+        let model = LladaModel::load(ctx.clone(), dir, formats, progress)?;
         Ok(Self {
             ctx,
             model,
@@ -738,6 +748,15 @@ impl Engine {
             .lock()
             .map(|s| s.stats())
             .unwrap_or_default()
+    }
+
+    /// Frees every shared prefix entry not in use (their GPU buffers go with them), so a
+    /// benchmark can start each cache mode cold; returns how many entries were dropped.
+    pub fn clear_prefix_store(&self) -> usize {
+        self.prefix_store
+            .lock()
+            .map(|mut s| s.clear_unpinned())
+            .unwrap_or(0)
     }
 
     /// The shared entry of `prefix`, if stored (without counting a hit).

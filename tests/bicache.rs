@@ -15,6 +15,7 @@ fn engine_with(budget: CacheBudget) -> Engine {
         backend: None,
         weight_format: WeightFormat::F32,
         cache_budget: budget,
+        ..EngineOptions::default()
     };
     Engine::load_on(common::ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
 }

@@ -42,6 +42,7 @@ fn tolerance(format: WeightFormat) -> f64 {
         WeightFormat::F32 => 1e-4,
         // Error of storing the weights in f16, measured against the exact f32 weights.
         WeightFormat::F16Packed | WeightFormat::F16Native => 1e-2,
+        WeightFormat::Q8 | WeightFormat::Q4 => unreachable!("tested in kernels_quant.rs"),
     }
 }
 

@@ -206,3 +206,33 @@ fn ep_index(module: &naga::Module, entry: &str) -> usize {
         .position(|e| e.name == entry)
         .unwrap()
 }
+
+#[test]
+fn quantized_weight_kernels_need_no_shader_f16() {
+    // q8 / q4 scales are f16 packed in u32 words, unpacked with unpack2x16float, so every
+    // quantized variant must build where shader-f16 is missing (SwiftShader, many Chromes).
+    let quantized: Vec<_> = all_variants()
+        .into_iter()
+        .filter(|v| v.spec.has("QUANT") || v.spec.has("W_QUANT"))
+        .collect();
+    // naive, tiled (x scalar / vec4), tiled-shared (x scalar / vec4) and the embedding
+    // gather, for q8 and for q4.
+    assert_eq!(quantized.len(), 2 * (1 + 2 + 2 + 1), "quantized variants");
+    for v in quantized {
+        let source = render(&v.kernel, &v.spec).unwrap();
+        let name = format!("{}:{}[{}]", v.kernel.name, v.entry, v.spec.key());
+        assert!(!source.contains("enable f16"), "{name} enables f16");
+        assert!(
+            source.contains("unpack2x16float"),
+            "{name} reads no f16 scales"
+        );
+        let module = naga::front::wgsl::parse_str(&source).unwrap();
+        // The capability every packed-f16 kernel needs for unpack2x16float; not shader-f16.
+        Validator::new(
+            ValidationFlags::all(),
+            Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name} needs another capability: {e}"));
+    }
+}

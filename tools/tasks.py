@@ -92,7 +92,7 @@ NUM_ATTRS = {
         "diff": "How many years older is {a} than {b}?",
     },
     "coins": {
-        "range": (10, 99),
+        "range": (1, 9),
         "ask": ["How many coins does {who} have?", "What is the number of coins of {who}?"],
         "more": "Who has more coins, {a} or {b}?",
         "less": "Who has fewer coins, {a} or {b}?",
@@ -100,7 +100,7 @@ NUM_ATTRS = {
         "diff": "How many more coins does {a} have than {b}?",
     },
     "score": {
-        "range": (10, 99),
+        "range": (1, 9),
         "ask": ["What is the score of {who}?", "Which score did {who} get?"],
         "more": "Who has the higher score, {a} or {b}?",
         "less": "Who has the lower score, {a} or {b}?",
@@ -118,6 +118,19 @@ ROLES = [
     "You work at {org} and answer questions about its members.",
     "You are the member service bot of {org}.",
 ]
+# One of these opens every system prompt after the role line: text that the model reads
+# but never needs, as real system prompts carry (it brings the shared prefix to about
+# 85 % of a request).
+ABOUT = [
+    "{org} keeps a small table of its members. Staff and visitors ask short questions about "
+    "them, and you look the answers up so that nobody has to search the records by hand.",
+    "The members of {org} are listed below, one fact per line. People at the front desk ask "
+    "you about them all day, and they expect short answers that they can copy.",
+    "Every member of {org} has a line for each field in the table below. Questions come from "
+    "the staff, who need quick answers while they help the people waiting in line.",
+    "This assistant serves the office of {org}. The table below is the only source of truth; "
+    "it was checked this morning and it is complete for today.",
+]
 SEPARATORS = [" / ", " - ", "; ", ", ", " + "]
 SEP_NAMES = {" / ": "a slash", " - ": "a dash", "; ": "a semicolon", ", ": "a comma", " + ": "a plus sign"}
 
@@ -127,9 +140,9 @@ TASK_MIX = [("lookup", 0.4), ("combine", 0.2), ("arithmetic", 0.2), ("format", 0
 class Group:
     """One system prompt and the table behind it."""
 
-    def __init__(self, rng: random.Random, group_id: str):
+    def __init__(self, rng: random.Random, group_id: str, rows=(6, 8), bare=False):
         self.id = group_id
-        n_rows = rng.randint(6, 8)
+        n_rows = rng.randint(*rows)
         self.names = rng.sample(NAMES, n_rows)
         self.text_cols = rng.sample(sorted(TEXT_ATTRS), 2)
         self.num_cols = rng.sample(sorted(NUM_ATTRS), 2)
@@ -150,15 +163,20 @@ class Group:
         self.record_cols = rng.sample(cols, 2)
         org = rng.choice(ORGS)
         role = rng.choice(ROLES).format(org=org)
+        about = rng.choice(ABOUT).format(org=org)
         rules = [
             "Answer only from the table below.",
             "Put the final answer after ####.",
             "Write numbers as digits.",
             f"When asked for a record, write the name, {self.record_cols[0]} and {self.record_cols[1]} "
             f"separated by {SEP_NAMES[self.sep]}.",
+            "Keep the answer short: no greeting and no explanation.",
+            "Use the names and values exactly as the table spells them.",
         ]
         rng.shuffle(rules)
-        lines = [role, "Rules:"] + [f"- {r}" for r in rules]
+        # A bare prompt (early training only) keeps the role line and the table: short
+        # sequences with few distractors, where the lookup is learnt fastest.
+        lines = [role] if bare else [role, about, "Rules:"] + [f"- {r}" for r in rules]
         lines.append("Table of members (name, field, value):")
         for name in self.names:
             for c in cols:
@@ -193,7 +211,9 @@ class Group:
         return NUM_ATTRS[col]["less"].format(a=a, b=b), a if va < vb else b
 
     def arithmetic(self, rng):
-        col = rng.choice(self.num_cols)
+        # sums and differences of the small counts (coins, score); ages are for lookups and
+        # comparisons only
+        col = rng.choice([c for c in self.num_cols if c != "age"])
         a, b = rng.sample(self.names, 2)
         va, vb = int(self.rows[a][col]), int(self.rows[b][col])
         if rng.random() < 0.5:
@@ -208,6 +228,13 @@ class Group:
         q = rng.choice(["Give the record of {who}.", "Write the record of {who}.",
                         "Copy the record of {who} as the rules say."]).format(who=who)
         return q, self.sep.join(vals)
+
+    def recall(self, rng):
+        """A training-only drill: "<name> <field>?" answered by the table cell.  Many of
+        these in one conversation give dense practice at the lookup every task needs."""
+        who = rng.choice(self.names)
+        col = rng.choice(self.cols)
+        return f"{who} {col}?", self.rows[who][col]
 
     def item(self, rng, task, idx):
         user, answer = getattr(self, task)(rng)
@@ -224,10 +251,10 @@ def pick_task(rng):
     return TASK_MIX[-1][0]
 
 
-def group_items(seed_base, g, n_items, prefix):
-    """Items of prompt group number g: deterministic from (seed_base, g)."""
+def group_items(seed_base, g, n_items, prefix, rows=(6, 8), bare=False):
+    """Items of prompt group number g: deterministic from (seed_base, g, rows, bare)."""
     rng = random.Random(seed_base + g)
-    grp = Group(rng, f"{prefix}{g:05d}")
+    grp = Group(rng, f"{prefix}{g:05d}", rows, bare)
     seen, out = set(), []
     tries = 0
     while len(out) < n_items and tries < 50 * n_items:
@@ -241,10 +268,18 @@ def group_items(seed_base, g, n_items, prefix):
     return out
 
 
-def train_items(seed, start_group, n_groups, per_group=16):
+def recall_items(seed, g, n_items, rows=(6, 8), bare=False):
+    """n recall drills over training group g's table (the same table as `train_items`)."""
+    seed_base = TRAIN_SEED_BASE + seed * 100_000
+    grp = Group(random.Random(seed_base + g), f"train-{g:05d}", rows, bare)
+    rng = random.Random((seed_base + g) * 31 + 7)
+    return [grp.item(rng, "recall", i) for i in range(n_items)]
+
+
+def train_items(seed, start_group, n_groups, per_group=16, rows=(6, 8), bare=False):
     """Training items of groups [start_group, start_group + n_groups) (never held out)."""
     for g in range(start_group, start_group + n_groups):
-        yield from group_items(TRAIN_SEED_BASE + seed * 100_000, g, per_group, "train-")
+        yield from group_items(TRAIN_SEED_BASE + seed * 100_000, g, per_group, "train-", rows, bare)
 
 
 def heldout_items(seed, n_groups=8, per_group=25):

@@ -54,6 +54,7 @@ SPECIAL_TOKENS = [
 ]
 GEN_LEN = 32
 EPS = 1e-3
+MAX_SEQ = 512  # max_sequence_length of the model
 VALID_GROUP_START = 50_000_000  # training-stream groups used only for monitoring
 
 
@@ -247,7 +248,7 @@ def model_config(args, ids):
         "mlp_hidden_size": args.mlp,
         "vocab_size": ids.vocab,
         "embedding_size": ids.vocab,
-        "max_sequence_length": 512,
+        "max_sequence_length": MAX_SEQ,
         "rope_theta": args.rope_theta,
         "rms_norm_eps": 1e-5,
         "mask_token_id": ids.mask,
@@ -263,76 +264,145 @@ def model_config(args, ids):
 # ---------------------------------------------------------------------------
 
 
-class Stream:
-    """Deterministic stream of length-grouped batches of training sequences."""
+HEADER_USER = "<|start_header_id|>user<|end_header_id|>\n\n"
+HEADER_ASSISTANT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 
-    def __init__(self, tok, ids, seed, batch, pool_groups=64, per_group=16, first_pool=0):
+
+def encode_conversation(tok, ids, items):
+    """One conversation over the system prompt of items[0]: every item is a user turn and
+    its answer.  Returns (sequence ids, response flags): earlier answers are "#### a" and
+    <|eot_id|> as a chat history has them; the last one is the GEN_LEN response region of
+    `encode_item`, so a one-item conversation is exactly a single-turn request.
+    """
+    seq, resp = [], []
+
+    def put(tokens, is_resp):
+        seq.extend(tokens)
+        resp.extend([is_resp] * len(tokens))
+
+    for i, it in enumerate(items):
+        if i == 0:
+            prompt = tasks.render_chat(it["system"], it["user"])
+        else:
+            prompt = HEADER_USER + it["user"].strip() + "<|eot_id|>" + HEADER_ASSISTANT
+        put(tok.encode(prompt, add_special_tokens=False).ids, False)
+        if i + 1 < len(items):
+            put(tok.encode(tasks.answer_text(it["answer"]), add_special_tokens=False).ids + [ids.eot], True)
+        else:
+            put(encode_item(tok, ids, it)[1], True)
+    return seq, resp
+
+
+class Stream:
+    """Deterministic stream of length-grouped batches of training conversations.
+
+    Each prompt group's questions are packed into conversations of 1..max_turns user
+    turns over the group's system prompt: the long prompt is computed once for several
+    answers, which multiplies the supervised tokens per step.  `rows_at(step)` gives the
+    table size range of newly drawn groups (a curriculum from small to full tables).
+    """
+
+    def __init__(self, tok, ids, seed, batch, pool_groups=64, per_group=16, first_pool=0,
+                 max_turns=6, rows_at=lambda step: (6, 8), recall_frac=0.0, recall_turns=10,
+                 bare_at=lambda step: False):
         self.tok, self.ids, self.seed, self.batch = tok, ids, seed, batch
         self.pool_groups, self.per_group = pool_groups, per_group
         self.pool_index = first_pool
+        self.max_turns, self.rows_at = max_turns, rows_at
+        self.recall_frac, self.recall_turns = recall_frac, recall_turns
+        self.bare_at = bare_at
         self.queue = []
 
-    def _fill(self):
+    def _fill(self, step):
         start = self.pool_index * self.pool_groups
-        items = list(tasks.train_items(self.seed, start, self.pool_groups, self.per_group))
+        rows, bare = self.rows_at(step), self.bare_at(step)
+        items = list(tasks.train_items(self.seed, start, self.pool_groups, self.per_group, rows, bare))
         rng = random.Random(self.seed * 7919 + self.pool_index)
         self.pool_index += 1
-        seqs = []
+        by_group = {}
         for it in items:
-            p, r = encode_item(self.tok, self.ids, it)
-            seqs.append((p, r))
+            by_group.setdefault(it["prompt_group"], []).append(it)
+        seqs = []
+        for g in sorted(by_group):
+            its = by_group[g]
+            i = 0
+            while i < len(its):
+                k = rng.randint(1, self.max_turns)
+                conv = encode_conversation(self.tok, self.ids, its[i : i + k])
+                while len(conv[0]) > MAX_SEQ and k > 1:
+                    k -= 1
+                    conv = encode_conversation(self.tok, self.ids, its[i : i + k])
+                seqs.append(conv)
+                i += k
+            if rng.random() < self.recall_frac:
+                g_index = int(g.rsplit("-", 1)[1])
+                drills = tasks.recall_items(self.seed, g_index, self.recall_turns, rows, bare)
+                k = len(drills)
+                conv = encode_conversation(self.tok, self.ids, drills)
+                while len(conv[0]) > MAX_SEQ and k > 1:
+                    k -= 1
+                    conv = encode_conversation(self.tok, self.ids, drills[:k])
+                seqs.append(conv)
         rng.shuffle(seqs)
         seqs.sort(key=lambda s: len(s[0]))
         batches = [seqs[i : i + self.batch] for i in range(0, len(seqs) - self.batch + 1, self.batch)]
         rng.shuffle(batches)
         self.queue.extend(batches)
 
-    def next(self):
+    def next(self, step=0):
         if not self.queue:
-            self._fill()
+            self._fill(step)
         return self.queue.pop(0)
 
 
 def collate(batch, ids):
-    T = max(len(p) + GEN_LEN for p, _ in batch)
+    T = max(len(s) for s, _ in batch)
     x = torch.full((len(batch), T), ids.eos, dtype=torch.long)
-    target = torch.full((len(batch), T), -1, dtype=torch.long)
+    resp = torch.zeros((len(batch), T), dtype=torch.bool)
     valid = torch.zeros((len(batch), T), dtype=torch.bool)
-    for b, (p, r) in enumerate(batch):
-        L = len(p)
-        x[b, :L] = torch.tensor(p)
-        x[b, L : L + GEN_LEN] = torch.tensor(r)
-        target[b, L : L + GEN_LEN] = torch.tensor(r)
-        valid[b, : L + GEN_LEN] = True
-    return x, target, valid
+    for b, (s, r) in enumerate(batch):
+        x[b, : len(s)] = torch.tensor(s)
+        resp[b, : len(s)] = torch.tensor(r)
+        valid[b, : len(s)] = True
+    return x, resp, valid
 
 
 def sft_loss(model, batch, ids, gen, pt_frac=0.0):
     """LLaDA SFT loss on one batch; gen is the torch.Generator for the masking noise.
 
+    Every answer token of a conversation is masked with the row's probability p; the
+    row's loss is the sum of CE / p over masked tokens divided by its number of answer
+    tokens (for a single-turn row, GEN_LEN).
+
     With pt_frac > 0 each row is, with that probability, trained with the masked-diffusion
     pretraining objective instead: every real token of the whole sequence (prompt and
     response) is masked with probability p and the row's loss is divided by its length.
     """
-    x, target, valid = collate(batch, ids)
+    x, resp, valid = collate(batch, ids)
     B = x.shape[0]
-    resp = target >= 0
+    n_resp = resp.sum(1, keepdim=True).float()
     t = torch.rand((B, 1), generator=gen)
     p_mask = (1 - EPS) * t + EPS
     u = torch.rand(x.shape, generator=gen)
     if pt_frac > 0:
         pt_rows = torch.rand((B, 1), generator=gen) < pt_frac
         region = torch.where(pt_rows, valid, resp)
-        norm = torch.where(pt_rows, valid.sum(1, keepdim=True).float(), torch.full((B, 1), float(GEN_LEN)))
+        norm = torch.where(pt_rows, valid.sum(1, keepdim=True).float(), n_resp)
     else:
         region = resp
-        norm = torch.full((B, 1), float(GEN_LEN))
+        norm = n_resp
     masked = (u < p_mask) & region
     noisy = torch.where(masked, torch.full_like(x, ids.mask), x)
     logits = model(noisy, valid, select=masked)
-    ce = F.cross_entropy(logits, x[masked], reduction="none")
+    target = x[masked]
+    ce = F.cross_entropy(logits, target, reduction="none")
     w = (1.0 / (p_mask * norm)).expand(B, x.shape[1])[masked]
-    return (ce * w).sum() / B, int(masked.sum())
+    # Teacher-forced accuracy on masked answer tokens other than the EOS padding: a free
+    # progress signal (exact-match generation only moves once lookups work).
+    with torch.no_grad():
+        real = (target != ids.eos) & resp[masked]
+        hits = int((logits.argmax(-1) == target)[real].sum())
+    return (ce * w).sum() / B, (hits, int(real.sum()))
 
 
 # ---------------------------------------------------------------------------
@@ -444,10 +514,19 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--d-model", type=int, default=192)
+    ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--n-heads", type=int, default=4)
     ap.add_argument("--n-layers", type=int, default=4)
-    ap.add_argument("--mlp", type=int, default=512)
+    ap.add_argument("--mlp", type=int, default=384)
+    ap.add_argument("--max-turns", type=int, default=6, help="user turns per training conversation: 1..N")
+    ap.add_argument("--curriculum-steps", type=int, default=0,
+                    help="table sizes grow over these steps: 2-4 rows, then 4-6, then the full 6-8")
+    ap.add_argument("--valid-items", type=int, default=24, help="single-turn items checked at each checkpoint")
+    ap.add_argument("--recall-frac", type=float, default=0.0,
+                    help="per prompt group, the chance of one extra conversation of lookup drills")
+    ap.add_argument("--recall-turns", type=int, default=10, help="drills in such a conversation")
+    ap.add_argument("--bare-steps", type=int, default=0,
+                    help="groups drawn before this step have bare system prompts (role line and table)")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
@@ -489,7 +568,16 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     say(f"parameters: {n_params}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
-    stream = Stream(tok, ids, args.seed, args.batch, first_pool=args.first_pool)
+    def rows_at(step):
+        if step < args.curriculum_steps // 2:
+            return (2, 4)
+        if step < args.curriculum_steps:
+            return (4, 6)
+        return (6, 8)
+
+    stream = Stream(tok, ids, args.seed, args.batch, first_pool=args.first_pool,
+                    max_turns=args.max_turns, rows_at=rows_at, recall_frac=args.recall_frac,
+                    recall_turns=args.recall_turns, bare_at=lambda step: step < args.bare_steps)
     gen = torch.Generator().manual_seed(args.seed + 1)
     vitems = valid_items(args.seed)
 
@@ -503,6 +591,7 @@ def main():
 
     total = args.steps
     step, loss_ema, last_ckpt, t_train = 0, None, time.time(), time.time()
+    acc_hits = acc_n = 0
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     stopped_by = "steps"
     while True:
@@ -518,8 +607,8 @@ def main():
         lr = lr_at(step, cur_total, args.lr, args.warmup) if total else args.lr * (step + 1) / args.warmup
         for gparam in opt.param_groups:
             gparam["lr"] = lr
-        batch = stream.next()
-        loss, n_masked = sft_loss(model, batch, ids, gen, args.pt_frac)
+        batch = stream.next(step)
+        loss, (hits, n_real) = sft_loss(model, batch, ids, gen, args.pt_frac)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -527,6 +616,8 @@ def main():
         step += 1
         lv = loss.item()
         loss_ema = lv if loss_ema is None else 0.98 * loss_ema + 0.02 * lv
+        acc_hits += hits
+        acc_n += n_real
         if not total and step == args.probe_steps:
             per_step = (time.time() - t_train) / step
             remaining = deadline - time.time() - 60  # leave a minute for the last checkpoint
@@ -535,10 +626,12 @@ def main():
             if args.smoke:
                 break
         if step % 25 == 0:
-            say(f"step {step}/{total or '?'} loss {lv:.4f} ema {loss_ema:.4f} lr {lr:.2e} "
+            say(f"step {step}/{total or '?'} loss {lv:.4f} ema {loss_ema:.4f} "
+                f"answer-token acc {acc_hits / max(1, acc_n):.3f} lr {lr:.2e} "
                 f"elapsed {(time.time() - t_start) / 60:.1f} min")
+            acc_hits = acc_n = 0
         if time.time() - last_ckpt >= args.ckpt_minutes * 60:
-            acc, per = evaluate(model, tok, ids, vitems[:6])
+            acc, per = evaluate(model, tok, ids, vitems[: args.valid_items])
             say(f"step {step}: validation exact match {acc:.3f} {per}")
             save_checkpoint(ckpt_path, model, opt, cfg, {
                 "step": step, "total_steps": total, "loss_ema": loss_ema, "seed": args.seed,

@@ -14,6 +14,9 @@ pub enum Kind {
     Switch,
     /// Takes one value, shown in the help as this placeholder.
     Value(&'static str),
+    /// Not a `--flag`: the command's words that are not flags (such as input files), shown
+    /// in the help as this placeholder. A command without one takes only flags.
+    Words(&'static str),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +42,15 @@ impl Flag {
             help,
         }
     }
+
+    /// The words of the command line that are not flags; read them with `Matches::words`.
+    pub const fn words(name: &'static str, placeholder: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Words(placeholder),
+            help,
+        }
+    }
 }
 
 /// A subcommand: its name, one-line summary, usage line and flags.
@@ -53,8 +65,15 @@ pub struct CommandSpec {
 }
 
 impl CommandSpec {
+    /// The `--name` flag (never the words, which have no `--` spelling).
     fn find(&self, name: &str) -> Option<&Flag> {
-        self.flags.iter().find(|f| f.name == name)
+        self.flags
+            .iter()
+            .find(|f| f.name == name && !matches!(f.kind, Kind::Words(_)))
+    }
+
+    fn takes_words(&self) -> bool {
+        self.flags.iter().any(|f| matches!(f.kind, Kind::Words(_)))
     }
 
     /// The text of `unmask <command> --help`.
@@ -66,6 +85,7 @@ impl CommandSpec {
             .map(|f| match f.kind {
                 Kind::Switch => format!("--{}", f.name),
                 Kind::Value(p) => format!("--{} {p}", f.name),
+                Kind::Words(p) => p.to_string(),
             })
             .collect();
         let width = labels.iter().map(|l| l.len()).max().unwrap_or(0).max(10);
@@ -95,6 +115,7 @@ pub struct Matches {
     command: &'static str,
     values: HashMap<&'static str, String>,
     switches: HashMap<&'static str, bool>,
+    words: Vec<String>,
 }
 
 /// Parses `args` (the words after the command name) against `spec`.
@@ -103,6 +124,7 @@ pub fn parse(spec: &CommandSpec, args: &[String]) -> Result<Parsed, CliError> {
         command: spec.name,
         values: HashMap::new(),
         switches: HashMap::new(),
+        words: Vec::new(),
     };
     let mut i = 0;
     while i < args.len() {
@@ -112,6 +134,10 @@ pub fn parse(spec: &CommandSpec, args: &[String]) -> Result<Parsed, CliError> {
             return Ok(Parsed::Help);
         }
         let Some(body) = arg.strip_prefix("--").filter(|b| !b.is_empty()) else {
+            if spec.takes_words() && !(arg.starts_with('-') && arg.len() > 1) {
+                matches.words.push(arg.clone());
+                continue;
+            }
             let what = if arg.starts_with('-') && arg.len() > 1 {
                 format!("unknown flag `{arg}` (flags are spelled --name)")
             } else {
@@ -172,6 +198,8 @@ pub fn parse(spec: &CommandSpec, args: &[String]) -> Result<Parsed, CliError> {
                 };
                 matches.values.insert(flag.name, value);
             }
+            // `find` never returns the words.
+            Kind::Words(_) => unreachable!("words have no --flag spelling"),
         }
     }
     Ok(Parsed::Run(matches))
@@ -181,6 +209,7 @@ fn unknown_flag(spec: &CommandSpec, name: &str) -> CliError {
     let closest = spec
         .flags
         .iter()
+        .filter(|f| !matches!(f.kind, Kind::Words(_)))
         .map(|f| (edit_distance(name, f.name), f.name))
         .filter(|(d, _)| *d <= 2)
         .min();
@@ -219,6 +248,11 @@ impl Matches {
 
     pub fn switch(&self, name: &str) -> bool {
         self.switches.get(name).copied().unwrap_or(false)
+    }
+
+    /// The words that were not flags, in order (empty unless the spec has `Flag::words`).
+    pub fn words(&self) -> &[String] {
+        &self.words
     }
 
     /// The value of a required flag.
@@ -363,6 +397,30 @@ mod tests {
         assert_eq!(m.ids("prompt").unwrap(), Some(vec![1, 2, 3]));
         let m = run(&["--prompt", "1,,3"]).unwrap();
         assert!(m.ids("prompt").is_err());
+    }
+
+    #[test]
+    fn words_only_where_the_spec_takes_them() {
+        let mut with_words = spec();
+        with_words
+            .flags
+            .push(Flag::words("files", "FILE...", "input files"));
+        let parsed = parse(
+            &with_words,
+            &args(&["a.jsonl", "--steps", "2", "b.jsonl", "-"]),
+        )
+        .unwrap();
+        let Parsed::Run(m) = parsed else {
+            panic!("unexpected help")
+        };
+        assert_eq!(m.words(), ["a.jsonl", "b.jsonl", "-"]);
+        assert_eq!(m.value("steps"), Some("2"));
+        assert!(with_words.help().contains("FILE...  "));
+        // The words have no `--files` spelling, and single-dash words are still flags.
+        let err = |w: &[&str]| parse(&with_words, &args(w)).unwrap_err().to_string();
+        assert!(err(&["--files", "x"]).contains("unknown flag --files"));
+        assert!(err(&["-x"]).contains("unknown flag `-x`"));
+        assert!(run(&["--json"]).unwrap().words().is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use unmask_core::chat::Message;
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::generate::{self, bicache_json, summary, timings_json};
-use crate::options::{self, BACKEND, CACHE, DTYPE, MODEL};
+use crate::options::{self, BACKEND, CACHE, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
@@ -27,6 +27,8 @@ pub fn spec() -> CommandSpec {
     flags.extend([
         BACKEND,
         DTYPE,
+        WEIGHTS,
+        EMBED_WEIGHTS,
         Flag::switch(
             "json",
             "print one JSON object per answer (one per line) instead of the text",

@@ -16,7 +16,9 @@ use unmask::{BicacheReport, CacheMode, DecodeMode, Engine, GenerationParams, Req
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::{CliError, ErrorKind};
 use crate::generate::params_json;
-use crate::options::{self, BACKEND, BicacheSettings, DTYPE, GenerationDefaults, MODEL};
+use crate::options::{
+    self, BACKEND, BicacheSettings, DTYPE, EMBED_WEIGHTS, GenerationDefaults, MODEL, WEIGHTS,
+};
 use crate::output;
 
 /// The task types of the set format, in the order of the report's columns. Other task names
@@ -51,6 +53,8 @@ pub fn spec() -> CommandSpec {
     flags.extend([
         BACKEND,
         DTYPE,
+        WEIGHTS,
+        EMBED_WEIGHTS,
         Flag::switch(
             "json",
             "print one JSON object (with per-item results when a single mode runs)",

@@ -11,7 +11,7 @@ use unmask_core::chat::Message;
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::live::CanvasView;
-use crate::options::{self, BACKEND, CACHE, DTYPE, MODEL};
+use crate::options::{self, BACKEND, CACHE, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
@@ -43,6 +43,8 @@ pub fn spec() -> CommandSpec {
     flags.extend([
         BACKEND,
         DTYPE,
+        WEIGHTS,
+        EMBED_WEIGHTS,
         Flag::switch(
             "json",
             "print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings",

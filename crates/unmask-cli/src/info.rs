@@ -1,22 +1,40 @@
 //! `unmask info`: the GPU adapter, its features and limits, and optionally a model summary.
 
+use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 
-use unmask::Engine;
+use unmask::{Engine, EngineError};
+use unmask_core::config::LladaConfig;
+use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
+use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::{ContextOptions, GpuContext};
 
-use crate::args::{CommandSpec, Matches};
+use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
-use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::options::{self, BACKEND, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
     CommandSpec {
         name: "info",
         summary: "Show the GPU adapter, its features and limits, and (with --model) the model.",
-        usage: "unmask info [--model DIR] [--backend B] [--dtype D]",
-        flags: vec![MODEL, BACKEND, DTYPE],
-        notes: "Without --model only the device is described.",
+        usage: "unmask info [--model DIR] [--load] [--backend B] [--dtype D]",
+        flags: vec![
+            MODEL,
+            Flag::switch(
+                "load",
+                "also upload the weights to the GPU: checks they fit and reports their size \
+                 and the load time",
+            ),
+            BACKEND,
+            DTYPE,
+            WEIGHTS,
+            EMBED_WEIGHTS,
+        ],
+        notes: "Without --model only the device is described. With --model the model is described\n\
+                from its files (config.json, the safetensors headers, tokenizer.json when\n\
+                present), so even a 16 GB checkpoint takes a moment; --load uploads it too.",
     }
 }
 
@@ -37,7 +55,12 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let engine_options = options::engine_options(m)?;
     let model = match m.value("model") {
         Some(_) => Some(options::model_dir(m)?),
-        None => None,
+        None => {
+            if m.switch("load") {
+                return Err(CliError::usage("--load needs --model DIR"));
+            }
+            None
+        }
     };
     let ctx = context(engine_options.backend.as_deref())?;
     let f = &ctx.features;
@@ -70,61 +93,165 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         ),
     ];
     if let Some(dir) = model {
-        let engine = Engine::load_on(ctx.clone(), &dir, &engine_options, &mut |_| {})?;
-        lines.extend(model_lines(&engine));
+        let files = ModelFiles::read(&dir)?;
+        let gpu = if m.switch("load") {
+            let engine = Engine::load_on(ctx.clone(), &dir, &engine_options, &mut |_| {})?;
+            format!(
+                "{} ({}), loaded in {:.2} s",
+                mib(engine.model.weights.size_bytes()),
+                engine.model.weights.embedding.format.name(),
+                engine.load_s
+            )
+        } else {
+            let layers = engine_options.weight_format.resolve(&ctx);
+            let embed = engine_options.embed_format.unwrap_or(layers).resolve(&ctx);
+            let bytes = unmask_gpu::model::weight_bytes(
+                &files.config,
+                WeightFormats { layers, embed },
+                ctx.features.max_binding_bytes,
+            )?;
+            format!(
+                "not loaded (--load uploads them); {} as {} (embedding and LM head {})",
+                mib(bytes),
+                layers.name(),
+                embed.name()
+            )
+        };
+        lines.extend(files.lines(&gpu));
+        lines.push(format!(
+            "  {}",
+            crate::quantize::gpu_weight_sizes(&files.config, ctx.features.max_binding_bytes)?
+        ));
     }
     output::line(&lines.join("\n"))
 }
 
-fn model_lines(engine: &Engine) -> Vec<String> {
-    let c = engine.config();
-    let params: usize = c
-        .tensor_specs()
-        .iter()
-        .map(|(_, shape)| shape.iter().product::<usize>())
-        .sum();
-    let s = &engine.special;
-    let eot = s.eot.map(|id| id.to_string()).unwrap_or_else(|| "-".into());
-    vec![
-        format!("model: {}", engine.dir.display()),
-        format!(
-            "  config: d_model {}, {} layers, {} heads ({} key/value heads, head_dim {}), \
-             mlp hidden {}, vocab {} (embedding {}), max sequence {}, rope theta {}, tied embeddings {}",
-            c.d_model,
-            c.n_layers,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim(),
-            c.mlp_hidden_size,
-            c.vocab_size,
-            c.embedding_size,
-            c.max_sequence_length,
-            c.rope_theta,
-            c.weight_tying
-        ),
-        format!(
-            "  parameters: {} ({})",
-            group_digits(params),
-            short_count(params)
-        ),
-        format!(
-            "  weights on the GPU: {} ({})",
-            mib(engine.model.weights.size_bytes()),
-            engine.model.weights.embedding.format.name()
-        ),
-        match &engine.tokenizer {
-            Some(t) => format!("  tokenizer: {} tokens", t.vocab_size()),
-            None => "  tokenizer: none (token ids only)".to_string(),
-        },
-        format!(
-            "  special tokens: mask {}, eos {}, bos {}, eot {eot}",
-            s.mask, s.eos, s.bos
-        ),
-    ]
+/// A model folder as its files describe it, without uploading anything.
+struct ModelFiles<'a> {
+    dir: &'a Path,
+    config: LladaConfig,
+    params: u64,
+    /// Safetensors files holding the model's tensors.
+    files: usize,
+    /// Bytes of the model's tensors as stored.
+    stored_bytes: u64,
+    /// Stored element types, e.g. {"BF16"}.
+    dtypes: BTreeSet<String>,
+    /// Tensors in the files that the model does not use.
+    unused: usize,
+    tokenizer: Option<Tokenizer>,
+    special: SpecialTokens,
+}
+
+impl<'a> ModelFiles<'a> {
+    /// Reads config.json and tokenizer.json, and checks every tensor's name, shape and
+    /// dtype against the safetensors headers (mapped, not read).
+    fn read(dir: &'a Path) -> Result<Self, CliError> {
+        let model_error = |e: ModelError| CliError::from(EngineError::from(e));
+        let config =
+            LladaConfig::from_file(dir.join("config.json")).map_err(|e| model_error(e.into()))?;
+        let checkpoint = Checkpoint::open(dir).map_err(|e| model_error(e.into()))?;
+        let specs = config.tensor_specs();
+        let mut paths = BTreeSet::new();
+        let mut dtypes = BTreeSet::new();
+        let mut stored_bytes = 0u64;
+        let mut file_tensors = 0usize;
+        for (name, shape) in &specs {
+            // A quantized matrix is two file tensors (codes and scales) under one name.
+            let t = checkpoint
+                .stored_tensor(name, shape)
+                .map_err(|e| model_error(e.into()))?;
+            paths.insert(t.path.to_path_buf());
+            dtypes.insert(t.dtype.clone());
+            stored_bytes += t.bytes;
+            file_tensors += t.file_tensors;
+        }
+        let unused = checkpoint.names().count().saturating_sub(file_tensors);
+        let tokenizer_path = dir.join("tokenizer.json");
+        let tokenizer = if tokenizer_path.exists() {
+            Some(Tokenizer::from_file(&tokenizer_path)?)
+        } else {
+            None
+        };
+        let special = match &tokenizer {
+            Some(t) => t.special_tokens(&config)?,
+            // The ids Engine::load_on uses without a tokenizer.
+            None => SpecialTokens {
+                mask: config.mask_token_id,
+                eos: config.eos_token_id,
+                bos: config.bos_token_id.unwrap_or(config.eos_token_id),
+                eot: None,
+                start_header: None,
+                end_header: None,
+            },
+        };
+        Ok(Self {
+            dir,
+            params: config.parameter_count(),
+            config,
+            files: paths.len(),
+            stored_bytes,
+            dtypes,
+            unused,
+            tokenizer,
+            special,
+        })
+    }
+
+    fn lines(&self, gpu: &str) -> Vec<String> {
+        let c = &self.config;
+        let s = &self.special;
+        let eot = s.eot.map(|id| id.to_string()).unwrap_or_else(|| "-".into());
+        let unused = match self.unused {
+            0 => String::new(),
+            n => format!(", {n} unused tensors"),
+        };
+        vec![
+            format!("model: {}", self.dir.display()),
+            format!(
+                "  config: d_model {}, {} layers, {} heads ({} key/value heads, head_dim {}), \
+                 mlp hidden {}, vocab {} (embedding {}), max sequence {}, rope theta {}, tied embeddings {}",
+                c.d_model,
+                c.n_layers,
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim(),
+                c.mlp_hidden_size,
+                c.vocab_size,
+                c.embedding_size,
+                c.max_sequence_length,
+                c.rope_theta,
+                c.weight_tying
+            ),
+            format!(
+                "  parameters: {} ({})",
+                group_digits(self.params as usize),
+                short_count(self.params as usize)
+            ),
+            format!(
+                "  checkpoint: {} bytes of {} tensors in {} file{}{unused}",
+                group_digits(self.stored_bytes as usize),
+                self.dtypes.iter().cloned().collect::<Vec<_>>().join("/"),
+                self.files,
+                if self.files == 1 { "" } else { "s" }
+            ),
+            format!("  weights on the GPU: {gpu}"),
+            match &self.tokenizer {
+                Some(t) => format!("  tokenizer: {} tokens", t.vocab_size()),
+                None => "  tokenizer: none (no tokenizer.json): token ids only, e.g. \
+                         --prompt-ids; text prompts and decoding need one"
+                    .to_string(),
+            },
+            format!(
+                "  special tokens: mask {}, eos {}, bos {}, eot {eot}",
+                s.mask, s.eos, s.bos
+            ),
+        ]
+    }
 }
 
 /// 8015179776 -> "8,015,179,776".
-fn group_digits(n: usize) -> String {
+pub fn group_digits(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -137,7 +264,7 @@ fn group_digits(n: usize) -> String {
 }
 
 /// 8015179776 -> "8.02 B".
-fn short_count(n: usize) -> String {
+pub fn short_count(n: usize) -> String {
     let n = n as f64;
     if n >= 1e9 {
         format!("{:.2} B", n / 1e9)

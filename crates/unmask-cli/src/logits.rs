@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::npy;
-use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::options::{self, BACKEND, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
 
 pub fn spec() -> CommandSpec {
     CommandSpec {
@@ -24,6 +24,8 @@ pub fn spec() -> CommandSpec {
             ),
             BACKEND,
             DTYPE,
+            WEIGHTS,
+            EMBED_WEIGHTS,
         ],
         notes: "The vocabulary axis is the model's embedding_size (every row of the LM head),\n\
                 so ids past the tokenizer's vocabulary have logits too.",

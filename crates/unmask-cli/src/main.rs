@@ -1,6 +1,9 @@
 //! `unmask`: run LLaDA diffusion language models on the GPU from the command line.
 
 mod args;
+mod bench;
+mod bench_report;
+mod chart;
 mod chat;
 mod error;
 mod eval;
@@ -13,7 +16,9 @@ mod options;
 mod output;
 mod png;
 mod profile;
+mod quantize;
 mod selfcheck;
+mod synth;
 
 use std::io::Write;
 
@@ -29,8 +34,12 @@ fn commands() -> Vec<(CommandSpec, Runner)> {
         (eval::spec(), eval::run),
         (profile::spec(), profile::run),
         (logits::spec(), logits::run),
+        (quantize::spec(), quantize::run),
         (info::spec(), info::run),
+        (bench::spec(), bench::run),
+        (bench_report::spec(), bench_report::run),
         (selfcheck::spec(), selfcheck::run),
+        (synth::spec(), synth::run),
     ]
 }
 

@@ -23,7 +23,7 @@ const DEFAULT_MODELS: [&str; 2] = ["models/tiny", "tests/fixtures/tiny"];
 pub const MODEL: Flag = Flag::value(
     "model",
     "DIR",
-    "model folder (config.json, *.safetensors, tokenizer.json); default models/tiny, else tests/fixtures/tiny",
+    "model folder (config.json, *.safetensors, optional tokenizer.json); default models/tiny, else tests/fixtures/tiny",
 );
 pub const BACKEND: Flag = Flag::value(
     "backend",
@@ -35,6 +35,33 @@ pub const DTYPE: Flag = Flag::value(
     "D",
     "weights on the GPU: f16 (default; native when the device has shader-f16), f16-packed, f32",
 );
+pub const WEIGHTS: Flag = Flag::value(
+    "weights",
+    "W",
+    "matrices on the GPU: f16 (default), f16-packed, f32, or q8 / q4 (8- or 4-bit blocks \
+     quantized while loading); a checkpoint written by `unmask quantize` keeps its own format",
+);
+pub const EMBED_WEIGHTS: Flag = Flag::value(
+    "embed-weights",
+    "W",
+    "embedding table and LM head on the GPU: f16, f16-packed, f32, q8 or q4 \
+     (default: as --weights)",
+);
+
+/// Names `--weights`, `--embed-weights` and `--dtype` accept.
+const WEIGHT_FORMATS: [&str; 5] = ["f16", "f16-packed", "f32", "q8", "q4"];
+
+/// A weight format by its command-line name.
+pub fn parse_weight_format(name: &str) -> Option<WeightFormat> {
+    match name {
+        "f16" => Some(WeightFormat::F16Native),
+        "f16-packed" => Some(WeightFormat::F16Packed),
+        "f32" => Some(WeightFormat::F32),
+        "q8" => Some(WeightFormat::Q8),
+        "q4" => Some(WeightFormat::Q4),
+        _ => None,
+    }
+}
 
 /// Every cache mode name, for help texts and error messages.
 const CACHE_MODES: &str =
@@ -125,7 +152,7 @@ pub fn parse_cache_budget(text: &str, default_bytes: u64) -> Option<CacheBudget>
 
 /// `512`, `64K`, `1.5G`: bytes with an optional binary suffix (a trailing `B` or `iB` is
 /// accepted too).
-fn parse_bytes(text: &str) -> Option<u64> {
+pub fn parse_bytes(text: &str) -> Option<u64> {
     let upper = text.to_ascii_uppercase();
     let body = upper
         .strip_suffix("IB")
@@ -393,11 +420,20 @@ pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
         }
         None => None,
     };
-    let weight_format = match m.choice("dtype", &["f16", "f16-packed", "f32"])? {
-        Some("f32") => WeightFormat::F32,
-        Some("f16-packed") => WeightFormat::F16Packed,
-        _ => WeightFormat::F16Native,
+    let dtype = m.choice("dtype", &["f16", "f16-packed", "f32"])?;
+    let weights = m.choice("weights", &WEIGHT_FORMATS)?;
+    let name = match (dtype, weights) {
+        (Some(d), Some(w)) if d != w => {
+            return Err(CliError::usage(format!(
+                "--dtype {d} and --weights {w} disagree; give one of them"
+            )));
+        }
+        (d, w) => w.or(d).unwrap_or("f16"),
     };
+    let weight_format = parse_weight_format(name).expect("checked by choice");
+    let embed_format = m
+        .choice("embed-weights", &WEIGHT_FORMATS)?
+        .map(|n| parse_weight_format(n).expect("checked by choice"));
     let defaults = EngineOptions::default().cache_budget;
     let cache_budget = match m.value("cache-budget") {
         None => defaults,
@@ -412,6 +448,7 @@ pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
     Ok(EngineOptions {
         backend,
         weight_format,
+        embed_format,
         cache_budget,
     })
 }
@@ -427,13 +464,39 @@ pub fn load_engine(dir: &Path, options: &EngineOptions) -> Result<Engine, CliErr
     });
     bar.finish();
     let engine = result?;
+    let formats = engine.model.weights.formats();
+    let described = if formats.layers == formats.embed {
+        formats.layers.name().to_string()
+    } else {
+        format!(
+            "{}, embedding and LM head {}",
+            formats.layers.name(),
+            formats.embed.name()
+        )
+    };
     eprintln!(
-        "loaded in {:.2} s on {} ({} weights, {:.1} MiB)",
+        "loaded in {:.2} s on {} ({described} weights, {:.1} MiB)",
         engine.load_s,
         engine.ctx.info.name,
-        engine.model.weights.embedding.format.name(),
         engine.model.weights.size_bytes() as f64 / (1024.0 * 1024.0)
     );
+    let asked = (
+        options.weight_format.resolve(&engine.ctx),
+        options
+            .embed_format
+            .unwrap_or(options.weight_format)
+            .resolve(&engine.ctx),
+    );
+    let defaults = EngineOptions::default();
+    let explicit =
+        options.weight_format != defaults.weight_format || options.embed_format.is_some();
+    if explicit && asked != (formats.layers, formats.embed) {
+        // Only matrices stored quantized (`unmask quantize`) are loaded as they are.
+        eprintln!(
+            "note: {} holds quantized matrices, which keep their stored format",
+            dir.display()
+        );
+    }
     Ok(engine)
 }
 

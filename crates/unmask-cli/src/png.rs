@@ -1,8 +1,9 @@
-//! A minimal PNG writer (8-bit RGB, no compression) and an RGB canvas to draw on, with a
-//! 3×5 pixel font for digits.
+//! A minimal PNG writer (8-bit RGB) and an RGB canvas to draw on, with
+//! horizontal and vertical lines, outlines and a 3×5 pixel font for printable ASCII
+//! (lowercase drawn as uppercase).
 //!
-//! The image data goes into one zlib stream made of stored deflate blocks, so the encoder
-//! needs only CRC-32 (per chunk) and Adler-32 (per zlib stream), both computed here.
+//! The image data is one zlib stream compressed by `miniz_oxide` (charts are mostly flat
+//! colour and shrink about fiftyfold); the chunk CRC-32 is computed here.
 
 /// An RGB image, rows top to bottom, 3 bytes per pixel.
 #[derive(Clone, Debug)]
@@ -49,18 +50,71 @@ impl Canvas {
         }
     }
 
+    /// A horizontal line `w` pixels long starting at (x, y).
+    pub fn hline(&mut self, x: usize, y: usize, w: usize, c: Rgb) {
+        self.fill(x, y, w, 1, c);
+    }
+
+    /// A vertical line `h` pixels long starting at (x, y) and going down.
+    pub fn vline(&mut self, x: usize, y: usize, h: usize, c: Rgb) {
+        self.fill(x, y, 1, h, c);
+    }
+
+    /// The one-pixel outline of the `w` × `h` rectangle whose top-left corner is (x, y).
+    pub fn outline(&mut self, x: usize, y: usize, w: usize, h: usize, c: Rgb) {
+        if w == 0 || h == 0 {
+            return;
+        }
+        self.hline(x, y, w, c);
+        self.hline(x, y + h - 1, w, c);
+        self.vline(x, y, h, c);
+        self.vline(x + w - 1, y, h, c);
+    }
+
     /// Draws `text` with its top-left corner at (x, y), each font pixel `scale` pixels wide;
     /// characters without a glyph are left blank.
     pub fn text(&mut self, x: usize, y: usize, text: &str, scale: usize, c: Rgb) {
+        self.glyphs(
+            text,
+            scale,
+            |along, across| Some((x + along, y + across)),
+            c,
+        );
+    }
+
+    /// Draws `text` turned a quarter turn anticlockwise, reading from bottom to top: the
+    /// first character's lower-left corner is at (x, bottom), the tops of the glyphs face
+    /// left, and it covers `text_width(text, scale)` rows above `bottom`.
+    pub fn text_up(&mut self, x: usize, bottom: usize, text: &str, scale: usize, c: Rgb) {
+        self.glyphs(
+            text,
+            scale,
+            |along, across| Some((x + across, (bottom + 1).checked_sub(along + scale)?)),
+            c,
+        );
+    }
+
+    /// Fills one `scale`-sized square per lit font pixel, placed by `at`, which maps a
+    /// position along the text and across it (both in canvas pixels, from the text's
+    /// top-left corner) to the square's top-left corner, or to None above the canvas.
+    fn glyphs(
+        &mut self,
+        text: &str,
+        scale: usize,
+        at: impl Fn(usize, usize) -> Option<(usize, usize)>,
+        c: Rgb,
+    ) {
         for (i, ch) in text.chars().enumerate() {
             let Some(rows) = glyph(ch) else {
                 continue;
             };
-            let left = x + i * (GLYPH_W + 1) * scale;
+            let left = i * (GLYPH_W + 1) * scale;
             for (gy, bits) in rows.iter().enumerate() {
                 for gx in 0..GLYPH_W {
                     if bits & (1 << (GLYPH_W - 1 - gx)) != 0 {
-                        self.fill(left + gx * scale, y + gy * scale, scale, scale, c);
+                        if let Some((px, py)) = at(left + gx * scale, gy * scale) {
+                            self.fill(px, py, scale, scale, c);
+                        }
                     }
                 }
             }
@@ -86,9 +140,11 @@ pub fn text_width(text: &str, scale: usize) -> usize {
     }
 }
 
-/// Rows of a 3×5 glyph, the high bit of the three on the left.
+/// Rows of a 3×5 glyph, the high bit of the three on the left. Every printable ASCII
+/// character has one (the space's is blank); lowercase letters share the capitals' glyphs,
+/// and `×` has a small cross of its own.
 fn glyph(ch: char) -> Option<[u8; GLYPH_H]> {
-    Some(match ch {
+    Some(match ch.to_ascii_uppercase() {
         '0' => [0b111, 0b101, 0b101, 0b101, 0b111],
         '1' => [0b010, 0b110, 0b010, 0b010, 0b111],
         '2' => [0b111, 0b001, 0b111, 0b100, 0b111],
@@ -101,6 +157,64 @@ fn glyph(ch: char) -> Option<[u8; GLYPH_H]> {
         '9' => [0b111, 0b101, 0b111, 0b001, 0b111],
         '.' => [0b000, 0b000, 0b000, 0b000, 0b010],
         '-' => [0b000, 0b000, 0b111, 0b000, 0b000],
+        'A' => [0b010, 0b101, 0b111, 0b101, 0b101],
+        'B' => [0b110, 0b101, 0b110, 0b101, 0b110],
+        'C' => [0b011, 0b100, 0b100, 0b100, 0b011],
+        'D' => [0b110, 0b101, 0b101, 0b101, 0b110],
+        'E' => [0b111, 0b100, 0b110, 0b100, 0b111],
+        'F' => [0b111, 0b100, 0b110, 0b100, 0b100],
+        'G' => [0b011, 0b100, 0b101, 0b101, 0b011],
+        'H' => [0b101, 0b101, 0b111, 0b101, 0b101],
+        'I' => [0b111, 0b010, 0b010, 0b010, 0b111],
+        'J' => [0b001, 0b001, 0b001, 0b101, 0b010],
+        'K' => [0b101, 0b101, 0b110, 0b101, 0b101],
+        'L' => [0b100, 0b100, 0b100, 0b100, 0b111],
+        'M' => [0b101, 0b111, 0b111, 0b101, 0b101],
+        'N' => [0b110, 0b101, 0b101, 0b101, 0b101],
+        'O' => [0b010, 0b101, 0b101, 0b101, 0b010],
+        'P' => [0b110, 0b101, 0b110, 0b100, 0b100],
+        'Q' => [0b010, 0b101, 0b101, 0b110, 0b011],
+        'R' => [0b110, 0b101, 0b110, 0b101, 0b101],
+        'S' => [0b011, 0b100, 0b010, 0b001, 0b110],
+        'T' => [0b111, 0b010, 0b010, 0b010, 0b010],
+        'U' => [0b101, 0b101, 0b101, 0b101, 0b111],
+        'V' => [0b101, 0b101, 0b101, 0b101, 0b010],
+        'W' => [0b101, 0b101, 0b111, 0b111, 0b101],
+        'X' => [0b101, 0b101, 0b010, 0b101, 0b101],
+        'Y' => [0b101, 0b101, 0b010, 0b010, 0b010],
+        'Z' => [0b111, 0b001, 0b010, 0b100, 0b111],
+        ' ' => [0b000, 0b000, 0b000, 0b000, 0b000],
+        '_' => [0b000, 0b000, 0b000, 0b000, 0b111],
+        '/' => [0b001, 0b001, 0b010, 0b100, 0b100],
+        '\\' => [0b100, 0b100, 0b010, 0b001, 0b001],
+        ':' => [0b000, 0b010, 0b000, 0b010, 0b000],
+        ';' => [0b000, 0b010, 0b000, 0b010, 0b100],
+        ',' => [0b000, 0b000, 0b000, 0b010, 0b100],
+        '(' => [0b001, 0b010, 0b010, 0b010, 0b001],
+        ')' => [0b100, 0b010, 0b010, 0b010, 0b100],
+        '[' => [0b011, 0b010, 0b010, 0b010, 0b011],
+        ']' => [0b110, 0b010, 0b010, 0b010, 0b110],
+        '{' => [0b011, 0b010, 0b110, 0b010, 0b011],
+        '}' => [0b110, 0b010, 0b011, 0b010, 0b110],
+        '<' => [0b001, 0b010, 0b100, 0b010, 0b001],
+        '>' => [0b100, 0b010, 0b001, 0b010, 0b100],
+        '%' => [0b101, 0b001, 0b010, 0b100, 0b101],
+        '+' => [0b000, 0b010, 0b111, 0b010, 0b000],
+        '=' => [0b000, 0b111, 0b000, 0b111, 0b000],
+        '#' => [0b101, 0b111, 0b101, 0b111, 0b101],
+        '*' => [0b101, 0b010, 0b111, 0b010, 0b101],
+        '×' => [0b000, 0b101, 0b010, 0b101, 0b000],
+        '!' => [0b010, 0b010, 0b010, 0b000, 0b010],
+        '?' => [0b110, 0b001, 0b010, 0b000, 0b010],
+        '\'' => [0b010, 0b010, 0b000, 0b000, 0b000],
+        '"' => [0b101, 0b101, 0b000, 0b000, 0b000],
+        '`' => [0b100, 0b010, 0b000, 0b000, 0b000],
+        '^' => [0b010, 0b101, 0b000, 0b000, 0b000],
+        '~' => [0b000, 0b001, 0b111, 0b100, 0b000],
+        '|' => [0b010, 0b010, 0b010, 0b010, 0b010],
+        '&' => [0b010, 0b101, 0b010, 0b101, 0b011],
+        '@' => [0b010, 0b101, 0b111, 0b100, 0b011],
+        '$' => [0b011, 0b110, 0b010, 0b011, 0b110],
         _ => return None,
     })
 }
@@ -123,7 +237,11 @@ pub fn encode_png(width: usize, height: usize, rgb: &[u8]) -> Vec<u8> {
     }
     let mut out = PNG_SIGNATURE.to_vec();
     push_chunk(&mut out, b"IHDR", &ihdr);
-    push_chunk(&mut out, b"IDAT", &zlib_stored(&raw));
+    push_chunk(
+        &mut out,
+        b"IDAT",
+        &miniz_oxide::deflate::compress_to_vec_zlib(&raw, 6),
+    );
     push_chunk(&mut out, b"IEND", &[]);
     out
 }
@@ -136,29 +254,6 @@ fn push_chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
     out.extend_from_slice(data);
     let crc = crc32(&out[start..]);
     out.extend_from_slice(&crc.to_be_bytes());
-}
-
-/// A zlib stream holding `data` in stored deflate blocks (at most 65535 bytes each).
-pub fn zlib_stored(data: &[u8]) -> Vec<u8> {
-    const MAX_BLOCK: usize = 65535;
-    // CMF: deflate with a 32 KiB window; FLG: no dictionary, check bits so that
-    // (CMF * 256 + FLG) % 31 == 0.
-    let mut out = vec![0x78, 0x01];
-    let mut blocks = data.chunks(MAX_BLOCK).peekable();
-    if blocks.peek().is_none() {
-        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
-    }
-    while let Some(block) = blocks.next() {
-        let last = blocks.peek().is_none();
-        // BFINAL in bit 0, BTYPE = 00 (stored) in bits 1-2; the rest of the byte is padding.
-        out.push(u8::from(last));
-        let len = block.len() as u16;
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&(!len).to_le_bytes());
-        out.extend_from_slice(block);
-    }
-    out.extend_from_slice(&adler32(data).to_be_bytes());
-    out
 }
 
 /// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as PNG chunks use.
@@ -174,22 +269,6 @@ pub fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
-/// Adler-32, the checksum at the end of a zlib stream.
-pub fn adler32(bytes: &[u8]) -> u32 {
-    const MOD: u32 = 65521;
-    let (mut a, mut b) = (1u32, 0u32);
-    // 5552 bytes is the most that can be summed before b could overflow a u32.
-    for chunk in bytes.chunks(5552) {
-        for &x in chunk {
-            a += x as u32;
-            b += a;
-        }
-        a %= MOD;
-        b %= MOD;
-    }
-    (b << 16) | a
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,16 +278,6 @@ mod tests {
         assert_eq!(crc32(b""), 0);
         assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
         assert_eq!(crc32(b"IEND"), 0xae42_6082);
-        assert_eq!(adler32(b""), 1);
-        assert_eq!(adler32(b"Wikipedia"), 0x11e6_0398);
-        // Long input exercises the deferred modulo.
-        let long = vec![0xffu8; 100_000];
-        let (mut a, mut b) = (1u64, 0u64);
-        for &x in &long {
-            a = (a + x as u64) % 65521;
-            b = (b + a) % 65521;
-        }
-        assert_eq!(adler32(&long), ((b << 16) | a) as u32);
     }
 
     /// The chunks of a PNG file: (type, data), each CRC checked.
@@ -229,30 +298,6 @@ mod tests {
         out
     }
 
-    /// Inflates a zlib stream of stored blocks, checking the header and Adler-32.
-    fn unstore(z: &[u8]) -> Vec<u8> {
-        assert_eq!((z[0] as u16 * 256 + z[1] as u16) % 31, 0, "zlib check bits");
-        assert_eq!(z[0] & 0x0f, 8, "deflate");
-        let mut at = 2;
-        let mut out = Vec::new();
-        loop {
-            let header = z[at];
-            assert_eq!(header & 0b110, 0, "stored block");
-            let len = u16::from_le_bytes([z[at + 1], z[at + 2]]);
-            let nlen = u16::from_le_bytes([z[at + 3], z[at + 4]]);
-            assert_eq!(len, !nlen);
-            out.extend_from_slice(&z[at + 5..at + 5 + len as usize]);
-            at += 5 + len as usize;
-            if header & 1 == 1 {
-                break;
-            }
-        }
-        let adler = u32::from_be_bytes(z[at..at + 4].try_into().unwrap());
-        assert_eq!(adler, adler32(&out));
-        assert_eq!(at + 4, z.len());
-        out
-    }
-
     #[test]
     fn png_header_chunks_and_pixels_decode() {
         let (w, h) = (300, 250);
@@ -268,8 +313,9 @@ mod tests {
         assert_eq!(u32::from_be_bytes(ihdr[0..4].try_into().unwrap()), w as u32);
         assert_eq!(u32::from_be_bytes(ihdr[4..8].try_into().unwrap()), h as u32);
         assert_eq!(&ihdr[8..], &[8, 2, 0, 0, 0]);
-        // 250 rows of 901 bytes need four stored blocks.
-        let raw = unstore(&chunks[1].1);
+        // The zlib stream (its Adler-32 included) inflates back to the filtered rows.
+        let raw = miniz_oxide::inflate::decompress_to_vec_zlib(&chunks[1].1).expect("zlib stream");
+        assert!(chunks[1].1.len() < raw.len() / 10, "flat colour compresses");
         assert_eq!(raw.len(), h * (w * 3 + 1));
         for (y, row) in raw.chunks_exact(w * 3 + 1).enumerate() {
             assert_eq!(row[0], 0, "filter of row {y}");
@@ -281,10 +327,56 @@ mod tests {
     }
 
     #[test]
-    fn empty_streams_and_text_width() {
-        assert_eq!(unstore(&zlib_stored(&[])), Vec::<u8>::new());
-        let exact = vec![7u8; 65535];
-        assert_eq!(unstore(&zlib_stored(&exact)), exact);
+    fn every_printable_ascii_character_has_a_distinct_glyph() {
+        let mut seen = std::collections::HashMap::new();
+        for ch in ' '..='~' {
+            let rows = glyph(ch).unwrap_or_else(|| panic!("no glyph for {ch:?}"));
+            assert!(rows.iter().all(|r| *r < 8), "{ch:?} is 3 pixels wide");
+            if ch.is_ascii_lowercase() {
+                assert_eq!(Some(rows), glyph(ch.to_ascii_uppercase()));
+                continue;
+            }
+            if let Some(other) = seen.insert(rows, ch) {
+                panic!("{ch:?} and {other:?} look the same");
+            }
+        }
+        assert!(glyph('×').is_some());
+        assert!(glyph('é').is_none());
+        // The digits keep the glyphs other drawings were made with.
+        assert_eq!(glyph('0'), Some([0b111, 0b101, 0b101, 0b101, 0b111]));
+        assert_eq!(glyph('.'), Some([0, 0, 0, 0, 0b010]));
+    }
+
+    #[test]
+    fn upright_and_turned_text_light_the_same_pixels() {
+        let ink = [0, 0, 0];
+        let mut flat = Canvas::new(20, 8, [255; 3]);
+        flat.text(1, 1, "F1", 1, ink);
+        let mut up = Canvas::new(8, 20, [255; 3]);
+        up.text_up(1, 18, "F1", 1, ink);
+        // A quarter turn anticlockwise: upright (x, y) lands at (y, 19 - x) here.
+        for y in 0..8 {
+            for x in 0..20 {
+                assert_eq!(flat.get(x, y), up.get(y, 19 - x), "pixel ({x}, {y})");
+            }
+        }
+        // Text running off the top edge is clipped instead of wrapping around.
+        up.text_up(0, 3, "LONG TEXT", 2, ink);
+    }
+
+    #[test]
+    fn outlines() {
+        let ink = [9, 9, 9];
+        let mut o = Canvas::new(6, 6, [255; 3]);
+        o.outline(1, 1, 4, 3, ink);
+        assert_eq!(o.get(1, 1), ink);
+        assert_eq!(o.get(4, 3), ink);
+        assert_eq!(o.get(2, 2), [255; 3]);
+        assert_eq!(o.get(5, 4), [255; 3]);
+    }
+
+    #[test]
+    fn text_width_counts_glyphs_and_gaps() {
         assert_eq!(text_width("100", 2), 22);
         assert_eq!(text_width("", 2), 0);
     }

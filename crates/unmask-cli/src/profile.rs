@@ -13,7 +13,7 @@ use unmask_core::depth_policy::DepthTable;
 use crate::args::{CommandSpec, Flag, Matches, invalid};
 use crate::error::CliError;
 use crate::eval::{Item, command_line, load_set};
-use crate::options::{self, BACKEND, DTYPE, MODEL};
+use crate::options::{self, BACKEND, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
 use crate::output;
 use crate::png::{Canvas, Rgb, text_width};
 
@@ -59,6 +59,8 @@ pub fn spec() -> CommandSpec {
             ),
             BACKEND,
             DTYPE,
+            WEIGHTS,
+            EMBED_WEIGHTS,
         ],
         notes: "For every item the shared prefix is run alone and with the rest of the prompt,\n\
                 and each layer scores the cosine similarity of the prefix's K and V between\n\

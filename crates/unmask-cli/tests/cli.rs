@@ -1,7 +1,7 @@
 //! The `unmask` binary end to end on the tiny fixture model: generation (ids and text,
 //! JSON and plain, every cache mode), logits as .npy against the golden logits, piped chat,
-//! eval over a small task set, BiCache's flags and reports, profiling, info, selfcheck, and
-//! the exit codes and messages of bad command lines.
+//! eval over a small task set, BiCache's flags and reports, profiling, info, selfcheck,
+//! quantized copies of a model, and the exit codes and messages of bad command lines.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -1328,4 +1328,90 @@ fn eval_and_chat_share_the_system_prompt_through_bicache() {
     let turn: Value = serde_json::from_str(stdout(&o).trim()).expect("JSON line");
     assert_eq!(turn["bicache"]["depth"], 1, "{turn}");
     assert!(turn["bicache"]["fallback"].is_null(), "{turn}");
+}
+
+#[test]
+fn quantize_writes_a_folder_that_generates_like_load_time_quantization() {
+    let fix = fixture();
+    let out = temp_path("q4");
+    let _ = std::fs::remove_dir_all(&out);
+    let out_s = out.display().to_string();
+    let o = run(&[
+        "quantize",
+        "--model",
+        &fix,
+        "--weights",
+        "q4",
+        "--out",
+        &out_s,
+    ]);
+    assert_ok(&o);
+    assert!(stderr(&o).contains("model.safetensors"), "{}", stderr(&o));
+    for file in ["model.safetensors", "config.json", "tokenizer.json"] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    assert!(!out.join("model.safetensors.index.json").exists());
+    let ids = |model: &str, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "300,5,6,7",
+            "--gen-length",
+            "16",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert_ok(&o);
+        (u64s(&json(&o)["ids"]), stderr(&o))
+    };
+    let (saved, saved_log) = ids(&out_s, &[]);
+    assert!(saved_log.contains("q4 weights"), "{saved_log}");
+    let (at_load, _) = ids(&fix, &["--weights", "q4"]);
+    assert_eq!(
+        saved, at_load,
+        "saved q4 and load-time q4 generate differently"
+    );
+    let (_, mixed_log) = ids(&fix, &["--weights", "q8", "--embed-weights", "f16"]);
+    assert!(
+        mixed_log.contains("q8, embedding and LM head f16"),
+        "{mixed_log}"
+    );
+
+    assert_fails(
+        &[
+            "quantize",
+            "--model",
+            &fix,
+            "--weights",
+            "q4",
+            "--out",
+            &out_s,
+        ],
+        2,
+        "already holds a checkpoint",
+    );
+    assert_fails(
+        &["quantize", "--model", &fix, "--out", &out_s],
+        2,
+        "--weights",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            &fix,
+            "--prompt-ids",
+            "1",
+            "--dtype",
+            "f32",
+            "--weights",
+            "q8",
+        ],
+        2,
+        "disagree",
+    );
+    let _ = std::fs::remove_dir_all(&out);
 }

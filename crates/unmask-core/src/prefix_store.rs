@@ -242,6 +242,21 @@ impl<P> PrefixStore<P> {
         Some(e.payload)
     }
 
+    /// Drops every entry no request is using (pinned entries stay); returns how many went.
+    /// Counters other than the current sizes are kept.
+    pub fn clear_unpinned(&mut self) -> usize {
+        let victims: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.pins == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &victims {
+            self.remove(*id);
+        }
+        victims.len()
+    }
+
     /// Ends one use of a pinned entry.
     pub fn release(&mut self, id: EntryId) {
         if let Some(e) = self.entries.get_mut(&id.0) {
@@ -295,6 +310,19 @@ mod tests {
             (st.hits, st.misses, st.evictions, st.entries, st.tokens),
             (1, 1, 1, 2, 8)
         );
+    }
+
+    #[test]
+    fn clear_unpinned_keeps_entries_in_use() {
+        let mut s = PrefixStore::new(budget(100, 1000));
+        let a = s.insert(vec![1, 2], 10, "a").unwrap(); // stays pinned
+        let b = s.insert(vec![3, 4, 5], 20, "b").unwrap();
+        s.release(b);
+        assert_eq!(s.clear_unpinned(), 1);
+        assert!(s.contains(a) && !s.contains(b));
+        assert_eq!(s.acquire(&[3, 4, 5]), None);
+        let st = s.stats();
+        assert_eq!((st.entries, st.tokens, st.bytes), (1, 2, 10));
     }
 
     #[test]

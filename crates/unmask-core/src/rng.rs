@@ -26,13 +26,25 @@ pub fn uniform_open(bits: u32) -> f32 {
 #[derive(Clone, Debug)]
 pub struct SplitMix64(pub u64);
 
+const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn splitmix_mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl SplitMix64 {
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
+        splitmix_mix(self.0)
+    }
+
+    /// The `n`-th output (from 0) of `SplitMix64(seed)` without drawing the ones before:
+    /// the state only advances by a constant, so any element of a stream can be made alone
+    /// (counter-based use, e.g. synthetic weights written in any chunking).
+    pub fn nth(seed: u64, n: u64) -> u64 {
+        splitmix_mix(seed.wrapping_add(n.wrapping_add(1).wrapping_mul(SPLITMIX_GAMMA)))
     }
 
     /// Uniform in [0, 1) with 53 random bits.
@@ -65,5 +77,16 @@ mod tests {
         let mut b = SplitMix64(42);
         assert_eq!(a.next_u64(), b.next_u64());
         assert_ne!(a.next_u64(), SplitMix64(43).next_u64());
+    }
+
+    #[test]
+    fn splitmix_nth_matches_the_sequence() {
+        let mut s = SplitMix64(7);
+        for n in 0..100 {
+            assert_eq!(s.next_u64(), SplitMix64::nth(7, n));
+        }
+        let mut s = SplitMix64(u64::MAX - 3);
+        let seq: Vec<u64> = (0..10).map(|_| s.next_u64()).collect();
+        assert_eq!(SplitMix64::nth(u64::MAX - 3, 9), seq[9]);
     }
 }

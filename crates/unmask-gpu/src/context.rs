@@ -1,6 +1,7 @@
 //! Adapter choice, device creation and the features the kernels may use.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{GpuError, Result};
 use crate::pipeline::PipelineCache;
@@ -57,8 +58,42 @@ pub struct KernelFeatures {
     pub max_workgroups_per_dim: u32,
 }
 
+/// Bytes of storage buffers alive on the device (weights, activations, KV arenas, prefix
+/// entries), and the most ever alive at once.
+#[derive(Debug, Default)]
+pub struct MemoryCounter {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemoryCounter {
+    pub(crate) fn allocate(&self, bytes: u64) {
+        let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(live, Ordering::Relaxed);
+    }
+
+    pub(crate) fn release(&self, bytes: u64) {
+        self.live.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    pub fn live_bytes(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    pub fn peak_bytes(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Starts a new peak measurement from what is alive now.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.live_bytes(), Ordering::Relaxed);
+    }
+}
+
 /// The device, its queue and everything derived from the adapter.
 pub struct GpuContext {
+    /// Storage-buffer bytes alive on the device.
+    pub memory: Arc<MemoryCounter>,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
@@ -185,6 +220,7 @@ impl GpuContext {
         let params =
             crate::step::ParamArena::new(&device, limits.min_uniform_buffer_offset_alignment);
         Ok(Arc::new(Self {
+            memory: Arc::new(MemoryCounter::default()),
             device,
             queue,
             info,

@@ -36,6 +36,8 @@ pub enum GpuError {
         needed: u64,
         limit: u64,
     },
+    #[error("cannot quantize {what}: {message}")]
+    Quantize { what: String, message: String },
     #[error("reading back a GPU buffer failed: {0}")]
     Readback(String),
     #[error("GPU validation error in {context}: {message}")]

@@ -9,11 +9,11 @@ pub mod pipeline;
 pub mod step;
 pub mod tensor;
 
-pub use context::{ContextOptions, GpuContext, KernelFeatures, parse_backend};
+pub use context::{ContextOptions, GpuContext, KernelFeatures, MemoryCounter, parse_backend};
 pub use error::{GpuError, Result};
 pub use pipeline::{KernelSource, Spec};
 pub use step::{Binding, StepEncoder};
-pub use tensor::{DType, Tensor, Weight, WeightChunk, WeightFormat};
+pub use tensor::{DType, GpuBuffer, Tensor, Weight, WeightChunk, WeightFormat};
 
 /// Declares a `KernelSource` for a file of the workspace's `shaders/` directory.
 #[macro_export]

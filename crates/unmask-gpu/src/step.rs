@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
-use crate::tensor::{Tensor, WeightChunk};
+use crate::tensor::{GpuBuffer, Tensor, WeightChunk};
 
 /// A buffer range bound to one storage binding of a kernel.
 #[derive(Clone, Debug)]
 pub struct Binding {
-    pub buffer: Arc<wgpu::Buffer>,
+    pub buffer: Arc<GpuBuffer>,
     pub offset: u64,
     pub size: Option<NonZeroU64>,
 }
@@ -40,7 +40,7 @@ impl From<&WeightChunk> for Binding {
 
 impl Binding {
     /// A sub-range of a buffer; `offset` must respect the device's storage offset alignment.
-    pub fn range(buffer: &Arc<wgpu::Buffer>, offset: u64, size: u64) -> Self {
+    pub fn range(buffer: &Arc<GpuBuffer>, offset: u64, size: u64) -> Self {
         Binding {
             buffer: buffer.clone(),
             offset,
@@ -58,9 +58,9 @@ enum Command {
         groups: [u32; 3],
     },
     Copy {
-        src: Arc<wgpu::Buffer>,
+        src: Arc<GpuBuffer>,
         src_offset: u64,
-        dst: Arc<wgpu::Buffer>,
+        dst: Arc<GpuBuffer>,
         dst_offset: u64,
         size: u64,
     },
@@ -142,9 +142,9 @@ impl<'a> StepEncoder<'a> {
     /// Records a buffer-to-buffer copy (byte offsets and size multiples of 4).
     pub fn copy(
         &mut self,
-        src: &Arc<wgpu::Buffer>,
+        src: &Arc<GpuBuffer>,
         src_offset: u64,
-        dst: &Arc<wgpu::Buffer>,
+        dst: &Arc<GpuBuffer>,
         dst_offset: u64,
         size: u64,
     ) {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use half::f16;
 
-use crate::context::GpuContext;
+use unmask_core::quant::{self, QuantFormat};
+
+use crate::context::{GpuContext, MemoryCounter};
 use crate::error::{GpuError, Result};
 
 /// Element type of a `Tensor`.
@@ -26,10 +28,40 @@ impl DType {
     }
 }
 
+/// A storage buffer whose bytes count in the context's `MemoryCounter` while it lives, so
+/// benchmarks and `unmask info` report what the GPU holds (weights, activations, KV)
+/// rather than an estimate.
+#[derive(Debug)]
+pub struct GpuBuffer {
+    raw: wgpu::Buffer,
+    bytes: u64,
+    counter: Arc<MemoryCounter>,
+}
+
+impl GpuBuffer {
+    /// Allocated size in bytes (rounded up as the buffer was created).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl std::ops::Deref for GpuBuffer {
+    type Target = wgpu::Buffer;
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.raw
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        self.counter.release(self.bytes);
+    }
+}
+
 /// A dense GPU buffer with a shape; row-major.
 #[derive(Clone, Debug)]
 pub struct Tensor {
-    pub buffer: Arc<wgpu::Buffer>,
+    pub buffer: Arc<GpuBuffer>,
     pub dtype: DType,
     pub shape: Vec<usize>,
 }
@@ -38,9 +70,14 @@ fn round_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
 
-pub(crate) fn storage_buffer(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
-    // Bindings of size zero are invalid; keep every buffer a multiple of 16 bytes.
-    let size = round_up(bytes.max(16), 16);
+/// Bytes a storage buffer of `bytes` bytes really takes: bindings of size zero are
+/// invalid, and every buffer is kept a multiple of 16 bytes.
+pub fn buffer_size(bytes: u64) -> u64 {
+    round_up(bytes.max(16), 16)
+}
+
+pub(crate) fn storage_buffer(ctx: &GpuContext, label: &str, bytes: u64) -> Result<GpuBuffer> {
+    let size = buffer_size(bytes);
     if size > ctx.features.max_buffer_bytes {
         return Err(GpuError::TooLarge {
             what: format!("buffer {label}"),
@@ -48,14 +85,20 @@ pub(crate) fn storage_buffer(ctx: &GpuContext, label: &str, bytes: u64) -> Resul
             limit: ctx.features.max_buffer_bytes,
         });
     }
-    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    let raw = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
         usage: wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
-    }))
+    });
+    ctx.memory.allocate(size);
+    Ok(GpuBuffer {
+        raw,
+        bytes: size,
+        counter: ctx.memory.clone(),
+    })
 }
 
 impl Tensor {
@@ -157,13 +200,39 @@ pub enum WeightFormat {
     F16Packed,
     /// `array<f16>` with `enable f16;`; needs `shader-f16`. Same bytes as `F16Packed`.
     F16Native,
+    /// 8-bit blocks of 32 weights with an f16 scale (`unmask_core::quant`); works everywhere.
+    Q8,
+    /// 4-bit blocks of 32 weights with an f16 scale (`unmask_core::quant`); works everywhere.
+    Q4,
 }
 
 impl WeightFormat {
+    /// Every format, in the order reports list them.
+    pub const ALL: [WeightFormat; 5] = [
+        WeightFormat::F32,
+        WeightFormat::F16Packed,
+        WeightFormat::F16Native,
+        WeightFormat::Q8,
+        WeightFormat::Q4,
+    ];
+
+    /// Bytes per stored element of the float formats. Quantized formats store a byte (q8)
+    /// or half a byte (q4) per weight plus a scale per block and report 1 here; sizes of
+    /// quantized weights come from `Weight::size_bytes` or `WeightPlan`.
     pub fn element_bytes(self) -> usize {
         match self {
             WeightFormat::F32 => 4,
             WeightFormat::F16Packed | WeightFormat::F16Native => 2,
+            WeightFormat::Q8 | WeightFormat::Q4 => 1,
+        }
+    }
+
+    /// The block quantization of a quantized format.
+    pub fn quant(self) -> Option<QuantFormat> {
+        match self {
+            WeightFormat::Q8 => Some(QuantFormat::Q8),
+            WeightFormat::Q4 => Some(QuantFormat::Q4),
+            _ => None,
         }
     }
 
@@ -180,6 +249,34 @@ impl WeightFormat {
             WeightFormat::F32 => "f32",
             WeightFormat::F16Packed => "f16-packed",
             WeightFormat::F16Native => "f16-native",
+            WeightFormat::Q8 => "q8",
+            WeightFormat::Q4 => "q4",
+        }
+    }
+
+    /// Elements per row as stored: padded to 4 (vec4 loads) for float formats, to
+    /// `unmask_core::quant::ROW_ALIGN` for quantized ones.
+    pub fn row_stride(self, cols: usize) -> usize {
+        match self.quant() {
+            Some(_) => quant::padded_cols(cols),
+            None => cols.div_ceil(4) * 4,
+        }
+    }
+
+    /// Bytes of one stored row (codes and scales for quantized formats).
+    pub fn row_bytes(self, cols: usize) -> u64 {
+        match self.quant() {
+            Some(q) => q.row_bytes(cols) as u64,
+            None => (self.row_stride(cols) * self.element_bytes()) as u64,
+        }
+    }
+}
+
+impl From<QuantFormat> for WeightFormat {
+    fn from(q: QuantFormat) -> Self {
+        match q {
+            QuantFormat::Q8 => WeightFormat::Q8,
+            QuantFormat::Q4 => WeightFormat::Q4,
         }
     }
 }
@@ -187,14 +284,22 @@ impl WeightFormat {
 /// A contiguous range of rows of a `Weight`, in one buffer that fits one binding.
 #[derive(Clone, Debug)]
 pub struct WeightChunk {
-    pub buffer: Arc<wgpu::Buffer>,
+    pub buffer: Arc<GpuBuffer>,
     pub row_start: usize,
     pub rows: usize,
 }
 
 /// A `[rows, cols]` matrix (an `nn.Linear` weight `[out, in]`, or an embedding table).
-/// Rows are padded with zeros to `row_stride` (a multiple of 4) so kernels can use vec4
-/// loads; rows are split over chunks so no binding exceeds the device limit.
+/// Rows are padded with zeros to `row_stride` elements so kernels can use vec4 loads; rows
+/// are split over chunks so no binding exceeds the device limit.
+///
+/// Quantized formats (`Q8`, `Q4`) pad rows to `unmask_core::quant::ROW_ALIGN` elements and
+/// lay out each chunk as one `array<u32>`: first the codes of all its rows (row-major, row
+/// stride `row_stride` elements: 4 codes per word for q8, 8 for q4), then, starting at word
+/// `Weight::scales_word_offset(chunk rows)`, the f16 scales of all its rows, two per word
+/// (row-major, `row_stride / 32` per row). Element `i` of a chunk (`row * row_stride + col`)
+/// therefore has its scale at index `i / 32` of the scales. The bytes of both parts are
+/// those of `unmask_core::quant`, so a quantized checkpoint uploads without conversion.
 #[derive(Clone, Debug)]
 pub struct Weight {
     pub rows: usize,
@@ -207,6 +312,56 @@ pub struct Weight {
 /// Rows per chunk are a multiple of this, so matmul tiles never straddle chunks.
 pub const CHUNK_ROW_ALIGN: usize = 64;
 
+/// How a weight is laid out over chunks, computed without a device: what `Weight::zeros`
+/// allocates, so memory needs can be known before loading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightPlan {
+    pub row_stride: usize,
+    /// (first row, rows, bytes allocated) of each chunk.
+    pub chunks: Vec<(usize, usize, u64)>,
+}
+
+impl WeightPlan {
+    /// The chunks of a `[rows, cols]` weight in `format` (already resolved) when no binding
+    /// may exceed `max_binding_bytes`.
+    pub fn new(
+        rows: usize,
+        cols: usize,
+        format: WeightFormat,
+        max_binding_bytes: u64,
+        label: &str,
+    ) -> Result<Self> {
+        let row_stride = format.row_stride(cols);
+        let row_bytes = format.row_bytes(cols);
+        // Buffers are rounded up to 16 bytes; keep the rounded size within the limit.
+        let limit = max_binding_bytes - max_binding_bytes % 16;
+        let mut rows_per_chunk = (limit / row_bytes) as usize;
+        if rows_per_chunk == 0 {
+            return Err(GpuError::TooLarge {
+                what: format!("one row of weight {label} ({cols} columns)"),
+                needed: row_bytes,
+                limit: max_binding_bytes,
+            });
+        }
+        if rows_per_chunk >= CHUNK_ROW_ALIGN {
+            rows_per_chunk -= rows_per_chunk % CHUNK_ROW_ALIGN;
+        }
+        let mut chunks = Vec::new();
+        let mut row_start = 0;
+        while row_start < rows.max(1) {
+            let n = rows_per_chunk.min(rows.max(1) - row_start);
+            chunks.push((row_start, n, buffer_size(n as u64 * row_bytes)));
+            row_start += n;
+        }
+        Ok(Self { row_stride, chunks })
+    }
+
+    /// Bytes allocated over all chunks.
+    pub fn bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.2).sum()
+    }
+}
+
 impl Weight {
     /// Allocates the chunks; contents are zero until written.
     pub fn zeros(
@@ -217,40 +372,25 @@ impl Weight {
         label: &str,
     ) -> Result<Self> {
         let format = format.resolve(ctx);
-        let row_stride = cols.div_ceil(4) * 4;
-        let row_bytes = (row_stride * format.element_bytes()) as u64;
-        let limit = ctx.features.max_binding_bytes;
-        let mut rows_per_chunk = (limit / row_bytes) as usize;
-        if rows_per_chunk == 0 {
-            return Err(GpuError::TooLarge {
-                what: format!("one row of weight {label} ({cols} columns)"),
-                needed: row_bytes,
-                limit,
-            });
-        }
-        if rows_per_chunk >= CHUNK_ROW_ALIGN {
-            rows_per_chunk -= rows_per_chunk % CHUNK_ROW_ALIGN;
-        }
-        let mut chunks = Vec::new();
-        let mut row_start = 0;
-        while row_start < rows.max(1) {
-            let n = rows_per_chunk.min(rows.max(1) - row_start);
+        let plan = WeightPlan::new(rows, cols, format, ctx.features.max_binding_bytes, label)?;
+        let mut chunks = Vec::with_capacity(plan.chunks.len());
+        for &(row_start, n, _) in &plan.chunks {
             let buffer = storage_buffer(
                 ctx,
                 &format!("{label}[{row_start}..{}]", row_start + n),
-                n as u64 * row_bytes,
+                n as u64 * format.row_bytes(cols),
             )?;
             chunks.push(WeightChunk {
                 buffer: Arc::new(buffer),
                 row_start,
                 rows: n,
             });
-            row_start += n;
         }
+        // Zero-filled scales make unwritten rows and padding decode to 0 whatever the codes.
         Ok(Self {
             rows,
             cols,
-            row_stride,
+            row_stride: plan.row_stride,
             format,
             chunks,
         })
@@ -269,9 +409,37 @@ impl Weight {
         Ok(w)
     }
 
+    /// Bytes of codes per row (quantized formats).
+    fn row_code_bytes(&self) -> usize {
+        self.format
+            .quant()
+            .map_or(0, |q| q.row_code_bytes(self.cols))
+    }
+
+    /// Word of a quantized chunk of `chunk_rows` rows where its scales start.
+    pub fn scales_word_offset(&self, chunk_rows: usize) -> usize {
+        chunk_rows * self.row_code_bytes() / 4
+    }
+
     /// Writes whole rows starting at `row_start` from row-major `[n, cols]` data, converting
-    /// to the storage format. Callers stream big tensors through this in row blocks.
+    /// (or quantizing) to the storage format. Callers stream big tensors through this in
+    /// row blocks.
     pub fn write_rows_f32(&self, ctx: &GpuContext, row_start: usize, data: &[f32]) -> Result<()> {
+        if let Some(q) = self.format.quant() {
+            self.check_write(row_start, data.len())?;
+            let rows = data.len() / self.cols;
+            let mut codes = vec![0u8; rows * q.row_code_bytes(self.cols)];
+            let mut scales = vec![0u8; rows * quant::row_scale_bytes(self.cols)];
+            q.quantize_rows(data, self.cols, &mut codes, &mut scales)
+                .map_err(|e| GpuError::Quantize {
+                    what: format!(
+                        "rows {row_start}.. of a [{}, {}] weight",
+                        self.rows, self.cols
+                    ),
+                    message: e.to_string(),
+                })?;
+            return self.write_rows_quant(ctx, row_start, &codes, &scales);
+        }
         self.write_rows_with(ctx, row_start, data.len(), |_, src_offset, out| {
             let src = &data[src_offset..src_offset + self.cols];
             match out {
@@ -287,6 +455,10 @@ impl Weight {
 
     /// Like `write_rows_f32` for data already in f16.
     pub fn write_rows_f16(&self, ctx: &GpuContext, row_start: usize, data: &[f16]) -> Result<()> {
+        if self.format.quant().is_some() {
+            let wide: Vec<f32> = data.iter().map(|v| v.to_f32()).collect();
+            return self.write_rows_f32(ctx, row_start, &wide);
+        }
         self.write_rows_with(ctx, row_start, data.len(), |_, src_offset, out| {
             let src = &data[src_offset..src_offset + self.cols];
             match out {
@@ -300,13 +472,57 @@ impl Weight {
         })
     }
 
-    fn write_rows_with(
+    /// Writes whole rows of an already quantized weight: `codes` and `scales` hold the
+    /// same number of rows in the byte layout of `unmask_core::quant`.
+    pub fn write_rows_quant(
         &self,
         ctx: &GpuContext,
         row_start: usize,
-        len: usize,
-        mut fill: impl FnMut(usize, usize, RowOut<'_>),
+        codes: &[u8],
+        scales: &[u8],
     ) -> Result<()> {
+        let Some(q) = self.format.quant() else {
+            return Err(GpuError::Shape {
+                op: "weight write",
+                expected: "a quantized weight for quantized rows".into(),
+                found: format!("a {} weight", self.format.name()),
+            });
+        };
+        let code_row = q.row_code_bytes(self.cols);
+        let scale_row = quant::row_scale_bytes(self.cols);
+        let n_rows = codes.len() / code_row;
+        if codes.len() != n_rows * code_row
+            || scales.len() != n_rows * scale_row
+            || row_start + n_rows > self.rows
+        {
+            return Err(GpuError::Shape {
+                op: "weight write",
+                expected: format!(
+                    "whole rows of {code_row} code bytes and {scale_row} scale bytes within {} rows",
+                    self.rows
+                ),
+                found: format!(
+                    "{} code bytes and {} scale bytes at row {row_start}",
+                    codes.len(),
+                    scales.len()
+                ),
+            });
+        }
+        self.for_chunk_runs(row_start, n_rows, |chunk, row, count| {
+            let local = row - chunk.row_start;
+            let src = row - row_start;
+            let code_bytes = &codes[src * code_row..(src + count) * code_row];
+            let scale_bytes = &scales[src * scale_row..(src + count) * scale_row];
+            ctx.queue
+                .write_buffer(&chunk.buffer, (local * code_row) as u64, code_bytes);
+            let scales_at = self.scales_word_offset(chunk.rows) * 4 + local * scale_row;
+            ctx.queue
+                .write_buffer(&chunk.buffer, scales_at as u64, scale_bytes);
+        });
+        Ok(())
+    }
+
+    fn check_write(&self, row_start: usize, len: usize) -> Result<()> {
         if self.cols == 0
             || !len.is_multiple_of(self.cols)
             || row_start + len / self.cols > self.rows
@@ -320,16 +536,40 @@ impl Weight {
                 found: format!("{len} values at row {row_start}"),
             });
         }
-        let n_rows = len / self.cols;
+        Ok(())
+    }
+
+    /// Calls `f(chunk, first row, rows)` for each run of rows `[row_start, row_start + n)`
+    /// that lies in one chunk, in order.
+    fn for_chunk_runs(
+        &self,
+        row_start: usize,
+        n: usize,
+        mut f: impl FnMut(&WeightChunk, usize, usize),
+    ) {
         let mut row = row_start;
-        while row < row_start + n_rows {
+        while row < row_start + n {
             let chunk = self
                 .chunks
                 .iter()
                 .find(|c| row >= c.row_start && row < c.row_start + c.rows)
                 .expect("chunks cover all rows");
-            let end = (chunk.row_start + chunk.rows).min(row_start + n_rows);
-            let count = end - row;
+            let end = (chunk.row_start + chunk.rows).min(row_start + n);
+            f(chunk, row, end - row);
+            row = end;
+        }
+    }
+
+    fn write_rows_with(
+        &self,
+        ctx: &GpuContext,
+        row_start: usize,
+        len: usize,
+        mut fill: impl FnMut(usize, usize, RowOut<'_>),
+    ) -> Result<()> {
+        self.check_write(row_start, len)?;
+        let n_rows = len / self.cols;
+        self.for_chunk_runs(row_start, n_rows, |chunk, row, count| {
             let offset =
                 ((row - chunk.row_start) * self.row_stride * self.format.element_bytes()) as u64;
             match self.format {
@@ -351,9 +591,11 @@ impl Weight {
                     ctx.queue
                         .write_buffer(&chunk.buffer, offset, bytemuck::cast_slice(&buf));
                 }
+                WeightFormat::Q8 | WeightFormat::Q4 => {
+                    unreachable!("quantized rows are written by write_rows_quant")
+                }
             }
-            row = end;
-        }
+        });
         Ok(())
     }
 

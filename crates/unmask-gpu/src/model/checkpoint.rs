@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorInfo};
 use thiserror::Error;
+use unmask_core::quant::{self, QuantFormat};
 
 /// A checkpoint problem, naming the file and tensor involved.
 #[derive(Debug, Error)]
@@ -39,6 +40,13 @@ pub enum CheckpointError {
         path: PathBuf,
         found: String,
     },
+    /// A malformed quantized tensor, or a tensor that cannot be quantized.
+    #[error("tensor {name} in {path}: {message}")]
+    Quantized {
+        name: String,
+        path: PathBuf,
+        message: String,
+    },
     #[error(
         "tensor {name} in {path}: {count} values do not fit in f16 (largest magnitude {max}); load with f32 weights"
     )]
@@ -58,6 +66,16 @@ struct ShardFile {
     bytes: Vec<u8>,
     data_start: usize,
     tensors: HashMap<String, TensorInfo>,
+    /// The header's `__metadata__`.
+    metadata: HashMap<String, String>,
+}
+
+impl ShardFile {
+    /// The bytes of one of this file's tensors.
+    fn data(&self, info: &TensorInfo) -> &[u8] {
+        let (start, end) = info.data_offsets;
+        &self.bytes[self.data_start + start..self.data_start + end]
+    }
 }
 
 /// Element type of a tensor as stored in the file.
@@ -112,6 +130,71 @@ impl TensorBytes<'_> {
             }
         }
     }
+}
+
+/// Names and `__metadata__` keys of quantized checkpoints (`unmask quantize`).
+pub const QWEIGHT_SUFFIX: &str = ".qweight";
+pub const SCALES_SUFFIX: &str = ".scales";
+/// Weights per block; must be `unmask_core::quant::BLOCK`.
+pub const META_BLOCK: &str = "unmask.quant.block";
+/// Row padding; must be `unmask_core::quant::ROW_ALIGN`.
+pub const META_ROW_ALIGN: &str = "unmask.quant.row_align";
+/// Format of the transformer blocks' matrices (`q8`, `q4` or `none`), informative.
+pub const META_LAYERS: &str = "unmask.quant.layers";
+/// Format of the embedding table and LM head (`q8`, `q4` or `none`), informative.
+pub const META_EMBED: &str = "unmask.quant.embed";
+
+/// A quantized matrix inside a mapped file, in the byte layout of `unmask_core::quant`.
+pub struct QuantTensor<'a> {
+    pub path: &'a Path,
+    pub format: QuantFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub codes: &'a [u8],
+    pub scales: &'a [u8],
+}
+
+impl QuantTensor<'_> {
+    /// Bytes stored (codes and scales).
+    pub fn stored_bytes(&self) -> usize {
+        self.codes.len() + self.scales.len()
+    }
+
+    /// Dequantizes rows `[row, row + n)` into `out` (`n * cols` values).
+    pub fn read_f32(&self, row: usize, out: &mut [f32]) {
+        let n = out.len() / self.cols;
+        let code_row = self.format.row_code_bytes(self.cols);
+        let scale_row = quant::row_scale_bytes(self.cols);
+        let values = self.format.dequantize_rows(
+            &self.codes[row * code_row..(row + n) * code_row],
+            &self.scales[row * scale_row..(row + n) * scale_row],
+            n,
+            self.cols,
+        );
+        out.copy_from_slice(&values);
+    }
+
+    /// The stored bytes of rows `[row, row + n)`: (codes, scales).
+    pub fn rows(&self, row: usize, n: usize) -> (&[u8], &[u8]) {
+        let code_row = self.format.row_code_bytes(self.cols);
+        let scale_row = quant::row_scale_bytes(self.cols);
+        (
+            &self.codes[row * code_row..(row + n) * code_row],
+            &self.scales[row * scale_row..(row + n) * scale_row],
+        )
+    }
+}
+
+/// How a model tensor is stored, for reports: float or quantized alike.
+#[derive(Clone, Debug)]
+pub struct StoredTensor<'a> {
+    pub path: &'a Path,
+    /// `BF16`, `F16`, `F32`, or `q8` / `q4` for a quantized matrix.
+    pub dtype: String,
+    /// Bytes in the file (codes and scales for a quantized matrix).
+    pub bytes: u64,
+    /// Tensors of the file it takes: 1, or 2 for a quantized matrix (codes, scales).
+    pub file_tensors: usize,
 }
 
 /// All files of a checkpoint, mapped, with a name → file index.
@@ -242,30 +325,34 @@ impl Checkpoint {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn parse(path: &Path, bytes: memmap2::Mmap) -> Result<ShardFile, CheckpointError> {
-        let (n, meta) = Self::read_header(path, &bytes)?;
+        let (n, tensors, metadata) = Self::read_header(path, &bytes)?;
         Ok(ShardFile {
             path: path.to_path_buf(),
             bytes,
             data_start: 8 + n,
-            tensors: meta,
+            tensors,
+            metadata,
         })
     }
 
     #[cfg(target_arch = "wasm32")]
     fn parse(path: &Path, bytes: Vec<u8>) -> Result<ShardFile, CheckpointError> {
-        let (n, meta) = Self::read_header(path, &bytes)?;
+        let (n, tensors, metadata) = Self::read_header(path, &bytes)?;
         Ok(ShardFile {
             path: path.to_path_buf(),
             bytes,
             data_start: 8 + n,
-            tensors: meta,
+            tensors,
+            metadata,
         })
     }
 
+    #[allow(clippy::type_complexity)]
     fn read_header(
         path: &Path,
         bytes: &[u8],
-    ) -> Result<(usize, HashMap<String, TensorInfo>), CheckpointError> {
+    ) -> Result<(usize, HashMap<String, TensorInfo>, HashMap<String, String>), CheckpointError>
+    {
         // Validates the header and that the data section covers every tensor exactly, so a
         // truncated download is caught here rather than as garbage weights.
         let (n, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
@@ -279,7 +366,96 @@ impl Checkpoint {
             .into_iter()
             .map(|(k, v)| (k, v.clone()))
             .collect();
-        Ok((n, tensors))
+        let metadata = meta.metadata().clone().unwrap_or_default();
+        Ok((n, tensors, metadata))
+    }
+
+    /// A `__metadata__` value of the checkpoint's files (the first file that has the key).
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.files
+            .iter()
+            .find_map(|f| f.metadata.get(key).map(String::as_str))
+    }
+
+    /// The `[rows, cols]` matrix `name` (e.g. `...q_proj.weight`) when the checkpoint stores
+    /// it quantized, as `unmask quantize` writes it: `<prefix>.qweight` (I8 codes for q8,
+    /// U8 nibble pairs for q4, `unmask_core::quant` layout) and `<prefix>.scales` (F16),
+    /// where `<prefix>` is `name` without `.weight`. None when it is stored as floats.
+    pub fn quantized(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<QuantTensor<'_>>, CheckpointError> {
+        let prefix = name.strip_suffix(".weight").unwrap_or(name);
+        let code_name = format!("{prefix}{QWEIGHT_SUFFIX}");
+        let Some(&idx) = self.by_name.get(&code_name) else {
+            return Ok(None);
+        };
+        let file = &self.files[idx];
+        let fail = |message: String| CheckpointError::Quantized {
+            name: code_name.clone(),
+            path: file.path.clone(),
+            message,
+        };
+        for (key, want) in [
+            (META_BLOCK, quant::BLOCK),
+            (META_ROW_ALIGN, quant::ROW_ALIGN),
+        ] {
+            let found = self.metadata(key);
+            if found != Some(want.to_string().as_str()) {
+                return Err(fail(format!(
+                    "quantized tensors need __metadata__ {key} = \"{want}\", found {found:?}"
+                )));
+            }
+        }
+        let codes = &file.tensors[&code_name];
+        let format = match codes.dtype {
+            Dtype::I8 => QuantFormat::Q8,
+            Dtype::U8 => QuantFormat::Q4,
+            other => {
+                return Err(fail(format!(
+                    "expected dtype I8 (q8 codes) or U8 (q4 codes), found {other:?}"
+                )));
+            }
+        };
+        let code_shape = vec![rows, format.row_code_bytes(cols)];
+        if codes.shape != code_shape {
+            return Err(fail(format!(
+                "{} codes of a [{rows}, {cols}] matrix: expected shape {code_shape:?}, found {:?}",
+                format.name(),
+                codes.shape
+            )));
+        }
+        let scale_name = format!("{prefix}{SCALES_SUFFIX}");
+        let &sidx =
+            self.by_name
+                .get(&scale_name)
+                .ok_or_else(|| CheckpointError::MissingTensor {
+                    name: scale_name.clone(),
+                    looked_in: format!("{} (the scales of {code_name})", file.path.display()),
+                })?;
+        let sfile = &self.files[sidx];
+        let scales = &sfile.tensors[&scale_name];
+        let scale_shape = vec![rows, quant::row_blocks(cols)];
+        if scales.dtype != Dtype::F16 || scales.shape != scale_shape {
+            return Err(CheckpointError::Quantized {
+                name: scale_name,
+                path: sfile.path.clone(),
+                message: format!(
+                    "scales of a [{rows}, {cols}] matrix: expected F16 {scale_shape:?}, found {:?} {:?}",
+                    scales.dtype, scales.shape
+                ),
+            });
+        }
+        Ok(Some(QuantTensor {
+            path: &file.path,
+            format,
+            rows,
+            cols,
+            codes: file.data(codes),
+            scales: sfile.data(scales),
+        }))
     }
 
     pub fn dir(&self) -> &Path {
@@ -301,6 +477,32 @@ impl Checkpoint {
                     .sum::<u64>()
             })
             .sum()
+    }
+
+    /// How the tensor `name` of the given shape is stored, whether as floats or (for a
+    /// matrix) quantized, checked like `tensor` and `quantized` check it.
+    pub fn stored_tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<StoredTensor<'_>, CheckpointError> {
+        if let &[rows, cols] = shape
+            && let Some(q) = self.quantized(name, rows, cols)?
+        {
+            return Ok(StoredTensor {
+                path: q.path,
+                dtype: q.format.name().to_string(),
+                bytes: q.stored_bytes() as u64,
+                file_tensors: 2,
+            });
+        }
+        let t = self.tensor(name, shape)?;
+        Ok(StoredTensor {
+            path: t.path,
+            dtype: format!("{:?}", t.dtype),
+            bytes: t.data.len() as u64,
+            file_tensors: 1,
+        })
     }
 
     /// The tensor `name`, checked against the expected shape.

@@ -11,14 +11,14 @@ use unmask_core::config::LladaConfig;
 
 use super::ModelError;
 use super::checkpoint::Checkpoint;
-use super::weights::{LladaWeights, LoadProgress};
+use super::weights::{LladaWeights, LoadProgress, WeightFormats};
 use crate::context::GpuContext;
 use crate::ops::attention::{self, AttentionShape, KvSegment};
 use crate::ops::elementwise::{self as ew, RopeShape, RowWindow};
 use crate::ops::matmul::{self, MatmulKernel};
 use crate::ops::sampling::{self, SelectParams};
 use crate::step::StepEncoder;
-use crate::tensor::{DType, Tensor, WeightFormat};
+use crate::tensor::{DType, Tensor};
 
 /// A loaded LLaDA model.
 pub struct LladaModel {
@@ -107,22 +107,22 @@ impl LladaModel {
     pub fn load(
         ctx: Arc<GpuContext>,
         dir: &Path,
-        format: WeightFormat,
+        formats: impl Into<WeightFormats>,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
         let cfg = LladaConfig::from_file(dir.join("config.json"))?;
         let ckpt = Checkpoint::open(dir)?;
-        Self::from_checkpoint(ctx, cfg, &ckpt, format, progress)
+        Self::from_checkpoint(ctx, cfg, &ckpt, formats, progress)
     }
 
     pub fn from_checkpoint(
         ctx: Arc<GpuContext>,
         cfg: LladaConfig,
         ckpt: &Checkpoint,
-        format: WeightFormat,
+        formats: impl Into<WeightFormats>,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
-        let weights = LladaWeights::load(&ctx, &cfg, ckpt, format, progress)?;
+        let weights = LladaWeights::load(&ctx, &cfg, ckpt, formats, progress)?;
         let max_pos = cfg.max_sequence_length.max(1);
         let hd = cfg.head_dim();
         let table = ew::rope_table(cfg.rope_theta as f32, hd, max_pos);

@@ -3,14 +3,16 @@
 
 pub mod checkpoint;
 pub mod forward;
+pub mod quant_checkpoint;
 pub mod weights;
 
 use thiserror::Error;
 use unmask_core::error::ConfigError;
 
-pub use checkpoint::{Checkpoint, CheckpointError};
+pub use checkpoint::{Checkpoint, CheckpointError, QuantTensor, StoredTensor};
 pub use forward::{ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, TokenChoice};
-pub use weights::{LayerWeights, LladaWeights, LoadProgress};
+pub use quant_checkpoint::write_quantized;
+pub use weights::{LayerWeights, LladaWeights, LoadProgress, WeightFormats, weight_bytes};
 
 #[derive(Debug, Error)]
 pub enum ModelError {
@@ -20,6 +22,8 @@ pub enum ModelError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Gpu(#[from] crate::error::GpuError),
+    #[error("writing the checkpoint failed: {0}")]
+    Write(#[from] unmask_core::safetensors_writer::SafetensorsError),
     #[error("invalid input: {0}")]
     Input(String),
 }

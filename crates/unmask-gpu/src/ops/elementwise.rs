@@ -23,22 +23,20 @@ pub fn weight_spec(format: WeightFormat) -> Spec {
         WeightFormat::F32 => Spec::new().flag("W_F32"),
         WeightFormat::F16Packed => Spec::new().flag("W_PACKED"),
         WeightFormat::F16Native => Spec::new().flag("F16"),
+        WeightFormat::Q8 => Spec::new().flag("W_QUANT").flag("W_Q8"),
+        WeightFormat::Q4 => Spec::new().flag("W_QUANT").flag("W_Q4"),
     }
 }
 
 pub fn variants() -> Vec<ShaderVariant> {
-    let mut v: Vec<ShaderVariant> = [
-        WeightFormat::F32,
-        WeightFormat::F16Packed,
-        WeightFormat::F16Native,
-    ]
-    .into_iter()
-    .map(|f| ShaderVariant {
-        kernel: EMBED,
-        entry: "main",
-        spec: weight_spec(f),
-    })
-    .collect();
+    let mut v: Vec<ShaderVariant> = WeightFormat::ALL
+        .into_iter()
+        .map(|f| ShaderVariant {
+            kernel: EMBED,
+            entry: "main",
+            spec: weight_spec(f),
+        })
+        .collect();
     for (kernel, entry) in [
         (RMSNORM, "main"),
         (ROPE, "main"),
@@ -103,7 +101,8 @@ struct EmbedParams {
     row_stride: u32,
     row_start: u32,
     chunk_rows: u32,
-    _pad: [u32; 3],
+    s_off: u32,
+    _pad: [u32; 2],
 }
 
 /// out[r, :] = table[ids[r], :] for r < rows. Ids must be below `table.rows` (checked by callers
@@ -126,7 +125,8 @@ pub fn embed(
             row_stride: u32_of(table.row_stride),
             row_start: u32_of(chunk.row_start),
             chunk_rows: u32_of(chunk.rows),
-            _pad: [0; 3],
+            s_off: u32_of(table.scales_word_offset(chunk.rows)),
+            _pad: [0; 2],
         };
         step.dispatch(
             &pipeline,

@@ -1,6 +1,7 @@
 //! `y = x · Wᵀ`: activations `x` f32 `[M, K]` times an `nn.Linear` weight `W` `[N, K]` in any
 //! `WeightFormat`, into `y` f32 `[M, N]`, accumulating in f32. One dispatch per weight chunk,
-//! each writing the output columns that belong to its rows.
+//! each writing the output columns that belong to its rows. Quantized weights are decoded
+//! as each kernel loads them, so every kernel reads every format.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -109,6 +110,8 @@ struct MatmulParams {
     w_stride4: u32,
     tiles_n: u32,
     tiles: u32,
+    s_off: u32,
+    _pad: [u32; 3],
 }
 
 /// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format and whether x
@@ -127,6 +130,8 @@ fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool) -> Spec {
         WeightFormat::F32 => spec.flag("WF32"),
         WeightFormat::F16Packed => spec.flag("WPACKED"),
         WeightFormat::F16Native => spec.flag("F16"),
+        WeightFormat::Q8 => spec.flag("QUANT").flag("WQ8"),
+        WeightFormat::Q4 => spec.flag("QUANT").flag("WQ4"),
     };
     // The naive kernel reads x one element at a time.
     spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
@@ -136,11 +141,7 @@ fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool) -> Spec {
 pub fn variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
     for kernel in MatmulKernel::CONCRETE {
-        for format in [
-            WeightFormat::F32,
-            WeightFormat::F16Packed,
-            WeightFormat::F16Native,
-        ] {
+        for format in WeightFormat::ALL {
             let x_vec4_options: &[bool] = if kernel == MatmulKernel::Naive {
                 &[false]
             } else {
@@ -240,6 +241,8 @@ pub fn matmul(
             w_stride4: (w.row_stride / 4) as u32,
             tiles_n,
             tiles,
+            s_off: w.scales_word_offset(chunk.rows) as u32,
+            _pad: [0; 3],
         };
         step.dispatch(
             &pipeline,

@@ -1,0 +1,242 @@
+//! `unmask synth`: a checkpoint with random weights and the real LLaDA tensor names and
+//! shapes, in the Hugging Face layout, for load tests and benchmarks without real weights.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use unmask_core::synth::{
+    self, DEFAULT_SHARD_BYTES, PRESET_NAMES, SynthConfig, SynthError, SynthOptions, SynthProgress,
+    WeightDtype,
+};
+
+use crate::args::{CommandSpec, Flag, Matches, invalid};
+use crate::error::CliError;
+use crate::info::{group_digits, short_count};
+use crate::options::parse_bytes;
+use crate::output;
+
+/// Outputs at least this large report their progress on stderr.
+const PROGRESS_FROM_BYTES: u64 = 256 << 20;
+
+pub fn spec() -> CommandSpec {
+    CommandSpec {
+        name: "synth",
+        summary: "Write a LLaDA checkpoint with random weights (real names and shapes).",
+        usage: "unmask synth --config llada-8b|tiny|FILE --out DIR [--seed S] [--dtype D] \
+                [--shard-bytes N] [--force]",
+        flags: vec![
+            Flag::value(
+                "config",
+                "C",
+                "llada-8b (LLaDA-8B-Instruct's config.json), tiny (test size), or a LLaDA \
+                 config.json (or its folder)",
+            ),
+            Flag::value("out", "DIR", "folder to write (created when missing)"),
+            Flag::value("seed", "S", "random seed (default 0)"),
+            Flag::value(
+                "dtype",
+                "D",
+                "stored weight type: bf16 (default, as LLaDA ships), f16, f32",
+            ),
+            Flag::value(
+                "shard-bytes",
+                "N",
+                "most tensor bytes per file, e.g. 2G (K, M, G are powers of 1024); \
+                 default 5000000000 (Hugging Face's 5GB)",
+            ),
+            Flag::switch(
+                "force",
+                "write into a non-empty folder, replacing the checkpoint files there",
+            ),
+        ],
+        notes: "Writes config.json (and generation_config.json for the presets, or when one is\n\
+                beside FILE), model.safetensors or model-0000K-of-0000N.safetensors with\n\
+                model.safetensors.index.json. Matrices are approximately N(0, 0.02^2), norm\n\
+                weights are 1. Each tensor's values depend only on the seed and its name: the\n\
+                same seed gives the same bytes whatever the shard size. No tokenizer is\n\
+                written, so use token ids (e.g. `unmask logits --prompt-ids`).",
+    }
+}
+
+pub fn run(m: &Matches) -> Result<(), CliError> {
+    let config_spec = m.required("config", "llada-8b|tiny|FILE")?;
+    let out = PathBuf::from(m.required("out", "DIR")?);
+    let seed = m.parsed::<u64>("seed", "a whole number >= 0")?.unwrap_or(0);
+    let dtype = match m.choice("dtype", &WeightDtype::NAMES)? {
+        Some(name) => WeightDtype::parse(name).expect("a listed name"),
+        None => WeightDtype::BF16,
+    };
+    let shard_bytes = match m.value("shard-bytes") {
+        None => DEFAULT_SHARD_BYTES,
+        Some(text) => parse_bytes(text.trim())
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| {
+                invalid(
+                    "shard-bytes",
+                    "a byte count >= 1 such as 5000000000 or 2G (K, M, G are powers of 1024)",
+                    text,
+                )
+            })?,
+    };
+    let config = SynthConfig::resolve(config_spec).map_err(|e| synth_error(e, &out))?;
+    let options = SynthOptions {
+        seed,
+        dtype,
+        shard_bytes,
+        force: m.switch("force"),
+    };
+
+    let start = Instant::now();
+    let mut meter = ProgressMeter::new();
+    let result = synth::write_checkpoint(&out, &config, &options, &mut |p| meter.update(&p));
+    meter.finish();
+    let summary = result.map_err(|e| synth_error(e, &out))?;
+    let seconds = start.elapsed().as_secs_f64();
+    output::line(&format!(
+        "wrote {} ({}, seed {seed}): {} parameters ({}), {} bytes of {} tensors in {} {}, \
+         {} bytes on disk, in {seconds:.1} s ({:.0} MB/s)",
+        out.display(),
+        config.source,
+        group_digits(summary.params as usize),
+        short_count(summary.params as usize),
+        group_digits(summary.data_bytes as usize),
+        dtype.name(),
+        summary.shards.len(),
+        if summary.shards.len() == 1 {
+            "file"
+        } else {
+            "shards"
+        },
+        group_digits(summary.file_bytes as usize),
+        summary.file_bytes as f64 / 1e6 / seconds.max(1e-9),
+    ))
+}
+
+/// The library's errors in terms of the flags.
+fn synth_error(e: SynthError, out: &std::path::Path) -> CliError {
+    match e {
+        SynthError::UnknownConfig { given } => CliError::usage(format!(
+            "invalid value for --config: `{given}` is neither a preset ({}) nor an existing \
+             config.json or model folder",
+            PRESET_NAMES.join(", ")
+        )),
+        SynthError::NotEmpty { path, entry } => CliError::usage(format!(
+            "--out {} is not empty (it holds {entry}): choose an empty or new folder, or pass \
+             --force to write there (its checkpoint files are replaced)",
+            path.display()
+        )),
+        SynthError::NotADirectory { path } => CliError::usage(format!(
+            "--out {} exists and is not a directory",
+            path.display()
+        )),
+        other @ SynthError::Config { .. } => CliError::context(other.to_string(), other),
+        other => CliError::context(format!("cannot synthesize into {}", out.display()), other),
+    }
+}
+
+/// Bytes written so far, on stderr for large outputs: redrawn in place on a terminal, one
+/// line per tenth otherwise (logs).
+struct ProgressMeter {
+    terminal: bool,
+    last_draw: Option<Instant>,
+    last_tenth: u64,
+    started: Instant,
+    drawn: bool,
+}
+
+impl ProgressMeter {
+    fn new() -> Self {
+        Self {
+            terminal: std::io::stderr().is_terminal(),
+            last_draw: None,
+            last_tenth: 0,
+            started: Instant::now(),
+            drawn: false,
+        }
+    }
+
+    fn update(&mut self, p: &SynthProgress<'_>) {
+        if p.total_bytes < PROGRESS_FROM_BYTES {
+            return;
+        }
+        let fraction = p.done_bytes as f64 / p.total_bytes as f64;
+        let gb = |b: u64| b as f64 / 1e9;
+        let rate = p.done_bytes as f64 / 1e6 / self.started.elapsed().as_secs_f64().max(1e-9);
+        let text = format!(
+            "writing {:>3.0}%  {:.2} / {:.2} GB  {rate:.0} MB/s  {}",
+            fraction * 100.0,
+            gb(p.done_bytes),
+            gb(p.total_bytes),
+            p.file
+        );
+        let mut err = std::io::stderr().lock();
+        if self.terminal {
+            let done = p.done_bytes >= p.total_bytes;
+            if !done
+                && self
+                    .last_draw
+                    .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+            {
+                return;
+            }
+            self.last_draw = Some(Instant::now());
+            let _ = write!(err, "\r{text}\x1b[K");
+            self.drawn = true;
+        } else {
+            let tenth = p.done_bytes * 10 / p.total_bytes;
+            if tenth > self.last_tenth {
+                self.last_tenth = tenth;
+                let _ = writeln!(err, "{text}");
+            }
+        }
+        let _ = err.flush();
+    }
+
+    /// Ends the in-place line.
+    fn finish(&mut self) {
+        if self.drawn {
+            let _ = writeln!(std::io::stderr());
+            self.drawn = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_flags() {
+        let out = std::path::Path::new("/tmp/model");
+        let e = synth_error(
+            SynthError::UnknownConfig {
+                given: "llada-70b".into(),
+            },
+            out,
+        );
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("--config") && e.message.contains("llada-8b, tiny"));
+        let e = synth_error(
+            SynthError::NotEmpty {
+                path: out.into(),
+                entry: "notes.txt".into(),
+            },
+            out,
+        );
+        assert!(e.message.contains("/tmp/model") && e.message.contains("--force"));
+        let e = synth_error(
+            SynthError::Create {
+                path: out.join("config.json"),
+                source: std::io::ErrorKind::PermissionDenied.into(),
+            },
+            out,
+        );
+        assert_eq!(e.exit_code(), 1);
+        assert!(
+            e.report().contains("/tmp/model/config.json"),
+            "{}",
+            e.report()
+        );
+    }
+}

@@ -1,0 +1,637 @@
+"""Parity of the runtime (`unmask logits`, `unmask generate`) with a reference.
+
+For each id sequence it runs `unmask logits` and the reference over the same checkpoint
+and prints, per position, the max and mean absolute error, the cosine similarity and
+whether the argmax agrees; then a summary per sequence and whole temperature-0
+generations compared token for token (agreement and first differing position).
+
+References
+----------
+* `--against goldens` (standard library only: no numpy, no torch): the golden files of
+  the checkpoint folder, `goldens/logits.json` (logits of tools/llada_ref.py for a few
+  id sequences; `--golden-logits f32` (default) or `bf16` picks which path) and
+  `goldens/generate.json` (sampler cases with the whole output).  Cases with `random`
+  remasking are listed as not comparable: the runtime and numpy draw different random
+  numbers.
+* `--against torch`: tools/llada_torch.py on `--device` (default cuda when available)
+  in `--ref-dtype f32` (default) or `bf16`, over `--ids` (repeatable; default: a
+  pseudo-random prompt and the same prompt followed by masks, the shape of a generation
+  canvas) and one generation from `--gen-prompt-ids` (default: that prompt).  Without
+  PyTorch it prints "skipped: PyTorch is not installed" and exits 0, or 2 with
+  `--require-torch`.
+
+Tolerances
+----------
+Logit errors scale with the logits, so the bound is `atol + rtol * scale`, scale being
+the largest |logit| of the reference over the sequence.  Against a float32 reference
+(the goldens' f32 path, torch f32) the defaults are rtol 1e-4, atol 1e-5 and cosine
+>= 0.99999: the runtime computes in float32 (weights widened exactly from bf16), so
+only summation order and transcendental functions differ; the observed error on the
+tiny fixture is about 2e-6 of the scale.  Against a bf16 reference the defaults are
+rtol 0.06 and cosine >= 0.998: the reference rounds every intermediate to 8 mantissa
+bits while the runtime keeps float32, which moves the logits by a few percent of the
+scale (about 4% on the tiny fixture).
+A differing argmax fails only where the reference's top-2 gap exceeds twice the bound
+(elsewhere the tolerance itself allows the flip); raw agreement is reported too.
+Generations must agree on every token and every step's commits against a float32
+reference (`--gen-min-agreement 1.0`); against bf16 they are reported but not judged
+unless `--gen-min-agreement` is given, because one flipped near-tie changes the rest
+of the canvas.
+
+Exit status: 0 parity holds (or torch skipped), 1 parity fails, 2 setup or usage error.
+
+Examples (from the repository root):
+
+    python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
+    tools/.venv/bin/python tools/parity.py --against torch --device cpu --ref-dtype f32 --model models/tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import ast
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# default tolerances by reference numerics: (rtol, atol, min cosine, generation agreement)
+TOLERANCES = {
+    "f32": (1e-4, 1e-5, 0.99999, 1.0),
+    "bf16": (0.06, 1e-3, 0.998, None),
+}
+
+
+class SetupError(Exception):
+    """The comparison could not run (missing binary, bad files); exit status 2."""
+
+
+# ---------------------------------------------------------------------------
+# .npy reading (standard library)
+# ---------------------------------------------------------------------------
+
+
+def read_npy(path):
+    """(shape, flat array of floats) of a float32/float64 C-order .npy file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:6] != b"\x93NUMPY":
+        raise SetupError(f"{path}: not a .npy file")
+    major = raw[6]
+    if major == 1:
+        hlen, start = int.from_bytes(raw[8:10], "little"), 10
+    elif major in (2, 3):
+        hlen, start = int.from_bytes(raw[8:12], "little"), 12
+    else:
+        raise SetupError(f"{path}: .npy version {major} is not supported")
+    header = ast.literal_eval(raw[start : start + hlen].decode("latin1"))
+    descr, fortran, shape = header["descr"], header["fortran_order"], tuple(header["shape"])
+    codes = {"<f4": "f", "<f8": "d"}
+    if descr not in codes or fortran:
+        raise SetupError(f"{path}: expected a C-order <f4 or <f8 array, found {descr} fortran={fortran}")
+    data = array.array(codes[descr])
+    data.frombytes(raw[start + hlen :])
+    if sys.byteorder != "little":
+        data.byteswap()
+    if len(data) != math.prod(shape):
+        raise SetupError(f"{path}: {len(data)} values for shape {shape}")
+    return shape, data
+
+
+def rows_of(shape, flat):
+    """Split a flat [T, V] array into T row slices."""
+    if len(shape) != 2:
+        raise SetupError(f"expected logits [T, V], found shape {shape}")
+    T, V = shape
+    return [flat[i * V : (i + 1) * V] for i in range(T)]
+
+
+# ---------------------------------------------------------------------------
+# the runtime
+# ---------------------------------------------------------------------------
+
+
+def find_unmask(given):
+    """The runtime binary: --unmask, else target/release/unmask, else target/debug/unmask."""
+    if given:
+        if not os.path.isfile(given):
+            raise SetupError(f"--unmask {given}: no such file (build it with `cargo build -p unmask-cli`)")
+        return given
+    for kind in ("release", "debug"):
+        path = os.path.join(ROOT, "target", kind, "unmask")
+        if os.path.isfile(path):
+            return path
+    raise SetupError(
+        "no target/release/unmask or target/debug/unmask: "
+        "build with `cargo build -p unmask-cli` or pass --unmask PATH"
+    )
+
+
+class Runtime:
+    """Runs the `unmask` binary with the --backend / --dtype given to this script."""
+
+    def __init__(self, binary, model, backend, dtype):
+        self.binary, self.model, self.backend, self.dtype = binary, model, backend, dtype
+        self.env = dict(os.environ)
+        if not self.env.get("XDG_RUNTIME_DIR"):
+            # Vulkan loaders and Mesa look for it; without one they print warnings
+            self._xdg = tempfile.TemporaryDirectory(prefix="unmask-xdg-")
+            self.env["XDG_RUNTIME_DIR"] = self._xdg.name
+
+    def _run(self, args):
+        cmd = [self.binary, *args, "--model", self.model]
+        if self.backend:
+            cmd += ["--backend", self.backend]
+        if self.dtype:
+            cmd += ["--dtype", self.dtype]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        if proc.returncode != 0:
+            command = " ".join(cmd)
+            raise SetupError(f"`{command}` failed with status {proc.returncode}:\n{proc.stderr.strip()}")
+        return proc.stdout
+
+    def logits(self, ids):
+        """Rows of float32 logits [T][V]."""
+        with tempfile.TemporaryDirectory(prefix="unmask-parity-") as tmp:
+            out = os.path.join(tmp, "logits.npy")
+            self._run(["logits", "--prompt-ids", join_ids(ids), "--out", out])
+            shape, flat = read_npy(out)
+        if shape[0] != len(ids):
+            raise SetupError(f"unmask logits returned {shape[0]} rows for {len(ids)} ids")
+        return rows_of(shape, flat)
+
+    def generate(self, prompt, params):
+        """The `--json` object of one `unmask generate --prompt-ids` run."""
+        args = [
+            "generate",
+            "--prompt-ids",
+            join_ids(prompt),
+            "--gen-length",
+            str(params["gen_length"]),
+            "--steps",
+            str(params["steps"]),
+            "--block-length",
+            str(params["block_length"]),
+            "--json",
+        ]
+        if params.get("cfg_scale"):
+            args += ["--cfg-scale", repr(float(params["cfg_scale"]))]
+        if params.get("threshold") is not None:
+            args += ["--threshold", repr(float(params["threshold"]))]
+        if params.get("logits_eos_inf"):
+            args.append("--logits-eos-inf")
+        if params.get("confidence_eos_eot_inf"):
+            args.append("--confidence-eos-eot-inf")
+        out = self._run(args)
+        lines = [line for line in out.splitlines() if line.strip()]
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError) as e:
+            raise SetupError(f"unmask generate --json printed no JSON object: {e}") from None
+
+
+def join_ids(ids):
+    return ",".join(str(int(t)) for t in ids)
+
+
+# ---------------------------------------------------------------------------
+# comparison
+# ---------------------------------------------------------------------------
+
+
+def argmax_and_gap(row):
+    """(first index of the maximum, top-1 minus top-2 value)."""
+    best, best_i, second = -math.inf, 0, -math.inf
+    for i, v in enumerate(row):
+        if v > best:
+            best, best_i, second = v, i, best
+        elif v > second:
+            second = v
+    return best_i, best - second
+
+
+def compare_row(got, ref):
+    """Error figures of one position."""
+    max_abs = sum_abs = dot = n_got = n_ref = 0.0
+    for g, r in zip(got, ref):
+        d = abs(g - r)
+        if d > max_abs or d != d:  # NaN propagates as a failure
+            max_abs = d
+        sum_abs += d
+        dot += g * r
+        n_got += g * g
+        n_ref += r * r
+    if n_got == 0.0 and n_ref == 0.0:
+        cosine = 1.0
+    elif n_got == 0.0 or n_ref == 0.0:
+        cosine = 0.0
+    else:
+        cosine = dot / math.sqrt(n_got * n_ref)
+    a_got, _ = argmax_and_gap(got)
+    a_ref, gap = argmax_and_gap(ref)
+    return {
+        "max_abs": max_abs,
+        "mean_abs": sum_abs / max(1, len(ref)),
+        "cosine": cosine,
+        "argmax_runtime": a_got,
+        "argmax_reference": a_ref,
+        "argmax_agree": a_got == a_ref,
+        "top2_gap": gap,
+    }
+
+
+def compare_logits(name, ids, got, ref, tol):
+    """Per-position figures, the case summary and its verdict."""
+    if len(got) != len(ref) or any(len(g) != len(r) for g, r in zip(got, ref)):
+        raise SetupError(f"{name}: runtime logits and reference have different shapes")
+    scale = max((abs(v) for row in ref for v in row), default=0.0)
+    bound = tol["atol"] + tol["rtol"] * scale
+    positions = []
+    for p, (g, r) in enumerate(zip(got, ref)):
+        fig = compare_row(g, r)
+        fig["position"] = p
+        # a flip is an error only where the reference's own margin exceeds the tolerance
+        fig["argmax_decidable"] = fig["top2_gap"] > 2 * bound
+        positions.append(fig)
+    decidable = [f for f in positions if f["argmax_decidable"]]
+    summary = {
+        "name": name,
+        "ids": list(ids),
+        "tokens": len(ref),
+        "vocab": len(ref[0]) if ref else 0,
+        "scale": scale,
+        "bound": bound,
+        "max_abs": max(f["max_abs"] for f in positions),
+        "mean_abs": sum(f["mean_abs"] for f in positions) / len(positions),
+        "min_cosine": min(f["cosine"] for f in positions),
+        "argmax_agree": sum(f["argmax_agree"] for f in positions),
+        "argmax_decidable": len(decidable),
+        "argmax_decidable_agree": sum(f["argmax_agree"] for f in decidable),
+    }
+    failures = []
+    if not summary["max_abs"] <= bound:
+        failures.append(f"max abs error {summary['max_abs']:.3g} > bound {bound:.3g}")
+    if not summary["min_cosine"] >= tol["min_cosine"]:
+        failures.append(f"cosine {summary['min_cosine']:.7f} < {tol['min_cosine']}")
+    if summary["argmax_decidable_agree"] != summary["argmax_decidable"]:
+        bad = [f["position"] for f in decidable if not f["argmax_agree"]]
+        failures.append(f"argmax differs at positions {bad} (reference top-2 gap > 2 x bound)")
+    summary["failures"] = failures
+    summary["pass"] = not failures
+    summary["positions"] = positions
+    return summary
+
+
+def compare_generation(name, prompt, got_ids, got_steps, want_ids, want_steps, min_agreement):
+    """Token agreement of two generated canvases (after the prompt) and of their commits."""
+    n = len(want_ids)
+    agree = sum(1 for a, b in zip(got_ids, want_ids) if a == b)
+    if len(got_ids) != n:
+        agree = min(agree, n - 1)  # a length mismatch never counts as full agreement
+    first = next((i for i, (a, b) in enumerate(zip(got_ids, want_ids)) if a != b), None)
+    if first is None and len(got_ids) != n:
+        first = min(len(got_ids), n)
+    # a step with a zero quota commits nothing; the runtime skips it, numpy records it
+    steps_equal = [s for s in got_steps if s[0]] == [s for s in want_steps if s[0]]
+    result = {
+        "name": name,
+        "prompt_len": len(prompt),
+        "gen_length": n,
+        "tokens_agree": agree,
+        "agreement": agree / n if n else 1.0,
+        "first_diff": first,  # index into the generated canvas; None when equal
+        "first_diff_position": None if first is None else len(prompt) + first,
+        "steps_agree": steps_equal,
+        "runtime_ids": list(got_ids),
+        "reference_ids": list(want_ids),
+    }
+    failures = []
+    if min_agreement is not None:
+        if result["agreement"] < min_agreement:
+            failures.append(f"token agreement {result['agreement']:.3f} < {min_agreement}")
+        if min_agreement >= 1.0 and not steps_equal:
+            failures.append("per-step commits differ")
+    result["judged"] = min_agreement is not None
+    result["failures"] = failures
+    result["pass"] = not failures
+    return result
+
+
+def runtime_steps(gen_json):
+    """[(positions, tokens)] per step of `unmask generate --json`."""
+    return [(list(s["positions"]), list(s["tokens"])) for s in gen_json["steps"]]
+
+
+# ---------------------------------------------------------------------------
+# references
+# ---------------------------------------------------------------------------
+
+
+def goldens_cases(args, runtime, tol):
+    """Logit and generation comparisons against the checkpoint's golden files."""
+    gdir = os.path.join(args.model, "goldens")
+    try:
+        with open(os.path.join(gdir, "logits.json"), encoding="utf-8") as f:
+            logits_doc = json.load(f)
+        with open(os.path.join(gdir, "generate.json"), encoding="utf-8") as f:
+            gen_doc = json.load(f)
+    except OSError as e:
+        raise SetupError(f"goldens not found: {e}") from None
+    key = "logits_" + args.golden_logits
+    logit_results = []
+    for case in logits_doc["cases"]:
+        got = runtime.logits(case["ids"])
+        logit_results.append(compare_logits(case["name"], case["ids"], got, case[key], tol))
+    gen_results = []
+    if not args.no_generate:
+        for case in gen_doc["cases"]:
+            params = case["params"]
+            if params["remasking"] == "random" or params["temperature"] != 0:
+                gen_results.append(
+                    {
+                        "name": case["name"],
+                        "skipped": "random numbers differ between the runtime and numpy",
+                        "pass": True,
+                    }
+                )
+                continue
+            out = runtime.generate(case["prompt"], params)
+            Lp = len(case["prompt"])
+            if out["prompt_ids"] != case["prompt"]:
+                raise SetupError(f"{case['name']}: the runtime changed the prompt ids")
+            want_steps = [(list(s["committed"]), list(s["tokens"])) for s in case["steps"]]
+            gen_results.append(
+                compare_generation(
+                    case["name"],
+                    case["prompt"],
+                    out["ids"],
+                    runtime_steps(out),
+                    case["output"][Lp:],
+                    want_steps,
+                    tol["gen_min_agreement"],
+                )
+            )
+    return logit_results, gen_results
+
+
+def default_ids(cfg, n=12):
+    """A fixed pseudo-random prompt over the tokenizer's ids, avoiding the mask id."""
+    mask = cfg.get("mask_token_id")
+    vocab = min(cfg["vocab_size"], cfg.get("embedding_size") or cfg["vocab_size"])
+    ids, state = [], 20240531
+    while len(ids) < n:
+        state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)  # LCG
+        t = (state >> 33) % vocab
+        if t != mask:
+            ids.append(int(t))
+    return ids
+
+
+def torch_cases(args, runtime, tol):
+    """Logit and generation comparisons against tools/llada_torch.py."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch  # noqa: F401  (checked importable by the caller)
+    import llada_torch
+
+    device = args.device or llada_torch.default_device()
+    model = llada_torch.load(args.model, device, args.ref_dtype)
+    cfg = model.config
+    mask = cfg.get("mask_token_id")
+    if args.ids:
+        cases = [(f"ids{i}", ids) for i, ids in enumerate(args.ids)]
+    else:
+        prompt = default_ids(cfg)
+        cases = [("prompt", prompt)]
+        if mask is not None:
+            cases.append(("canvas", prompt + [mask] * 20))
+    logit_results = []
+    for name, ids in cases:
+        ref = model.forward(ids).cpu()
+        ref_rows = [array.array("f", row) for row in ref.tolist()]
+        got = runtime.logits(ids)
+        logit_results.append(compare_logits(name, ids, got, ref_rows, tol))
+    gen_results = []
+    if not args.no_generate:
+        prompt = args.gen_prompt_ids or [t for t in cases[0][1] if t != mask]
+        params = {
+            "gen_length": args.gen_length,
+            "steps": args.steps if args.steps is not None else args.gen_length,
+            "block_length": args.block_length if args.block_length is not None else args.gen_length,
+            "cfg_scale": args.cfg_scale,
+            "threshold": args.threshold,
+            "logits_eos_inf": args.logits_eos_inf,
+            "confidence_eos_eot_inf": args.confidence_eos_eot_inf,
+        }
+        ref = model.generate(
+            prompt,
+            steps=params["steps"],
+            gen_length=params["gen_length"],
+            block_length=params["block_length"],
+            cfg_scale=params["cfg_scale"],
+            threshold=params["threshold"],
+            logits_eos_inf=params["logits_eos_inf"],
+            confidence_eos_eot_inf=params["confidence_eos_eot_inf"],
+        )
+        out = runtime.generate(prompt, params)
+        want_steps = [(s["positions"], s["tokens"]) for s in ref["steps"]]
+        name = "generate gen_length={gen_length} steps={steps} block_length={block_length}".format(**params)
+        if params["cfg_scale"]:
+            name += f" cfg_scale={params['cfg_scale']:g}"
+        if params["threshold"] is not None:
+            name += f" threshold={params['threshold']:g}"
+        name += "".join(f" {k}" for k in ("logits_eos_inf", "confidence_eos_eot_inf") if params[k])
+        gen_results.append(
+            compare_generation(
+                name, prompt, out["ids"], runtime_steps(out), ref["ids"], want_steps, tol["gen_min_agreement"]
+            )
+        )
+    return logit_results, gen_results, {"device": str(model.device), "dtype": args.ref_dtype}
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+
+def print_report(logit_results, gen_results, quiet):
+    for r in logit_results:
+        print(
+            f"\n-- logits: {r['name']} ({r['tokens']} tokens x {r['vocab']}; "
+            f"scale {r['scale']:.4g}, bound {r['bound']:.3g})"
+        )
+        if not quiet:
+            head = ("pos", "max_abs", "mean_abs", "1 - cosine", "argmax rt/ref", "top2 gap")
+            print("  {:>4} {:>10} {:>10} {:>11} {:>15} {:>9}".format(*head))
+            for f in r["positions"]:
+                if f["argmax_agree"]:
+                    mark = ""
+                else:
+                    mark = "  DIFF" if f["argmax_decidable"] else "  diff (near tie)"
+                argmaxes = f"{f['argmax_runtime']}/{f['argmax_reference']}"
+                print(
+                    f"  {f['position']:>4} {f['max_abs']:>10.3e} {f['mean_abs']:>10.3e} {1 - f['cosine']:>11.3e}"
+                    f" {argmaxes:>15} {f['top2_gap']:>9.4f}{mark}"
+                )
+        verdict = "ok" if r["pass"] else "FAIL: " + "; ".join(r["failures"])
+        print(
+            f"  summary: max_abs {r['max_abs']:.3e}, mean_abs {r['mean_abs']:.3e}, "
+            f"min cosine 1 - {1 - r['min_cosine']:.3e}, argmax {r['argmax_agree']}/{r['tokens']} "
+            f"({r['argmax_decidable_agree']}/{r['argmax_decidable']} decidable) -> {verdict}"
+        )
+    if gen_results:
+        print("\n-- temperature-0 generations")
+    for g in gen_results:
+        if "skipped" in g:
+            print(f"  {g['name']}: not comparable ({g['skipped']})")
+            continue
+        if g["first_diff"] is None:
+            diff = "none"
+        else:
+            diff = f"canvas index {g['first_diff']} (position {g['first_diff_position']})"
+        if not g["judged"]:
+            verdict = "reported only"
+        else:
+            verdict = "ok" if g["pass"] else "FAIL: " + "; ".join(g["failures"])
+        print(
+            f"  {g['name']}: tokens {g['tokens_agree']}/{g['gen_length']} ({100 * g['agreement']:.1f}%), "
+            f"first difference {diff}, step commits {'equal' if g['steps_agree'] else 'differ'} -> {verdict}"
+        )
+        if g["first_diff"] is not None:
+            print(f"    runtime:   {join_ids(g['runtime_ids'])}")
+            print(f"    reference: {join_ids(g['reference_ids'])}")
+
+
+def parse_ids(text):
+    try:
+        ids = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, found {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("the id list is empty")
+    return ids
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description="Compare the runtime's logits and generations with a reference.",
+        epilog="Tolerances and exit status: see the docstring of tools/parity.py.",
+    )
+    add = ap.add_argument
+    add("--against", choices=["goldens", "torch"], required=True, help="the reference")
+    fixture = os.path.join("tests", "fixtures", "tiny")
+    add("--model", default=fixture, help="checkpoint folder (default tests/fixtures/tiny)")
+    add("--unmask", help="runtime binary (default target/release/unmask, else target/debug/unmask)")
+    add("--backend", help="passed to unmask as --backend")
+    add("--dtype", help="passed to unmask as --dtype (f16, f16-packed, f32)")
+    add("--golden-logits", choices=["f32", "bf16"], default="f32", help="goldens: which logits path (default f32)")
+    add("--device", help="torch: cpu or cuda (default cuda when available)")
+    add("--ref-dtype", choices=["f32", "bf16"], default="f32", help="torch: reference numerics (default f32)")
+    add("--require-torch", action="store_true", help="torch: exit 2 instead of skipping without PyTorch")
+    add("--ids", action="append", type=parse_ids, help="torch: an id sequence to compare (repeatable)")
+    add("--gen-prompt-ids", type=parse_ids, help="torch: prompt of the generation")
+    add("--gen-length", type=int, default=32, help="torch: generation length (default 32)")
+    add("--steps", type=int, help="torch: steps (default gen-length)")
+    add("--block-length", type=int, default=16, help="torch: block length (default 16)")
+    add("--cfg-scale", type=float, default=0.0, help="torch: CFG weight of the generation")
+    add("--threshold", type=float, help="torch: Fast-dLLM threshold of the generation")
+    add("--logits-eos-inf", action="store_true", help="torch: generation flag")
+    add("--confidence-eos-eot-inf", action="store_true", help="torch: generation flag")
+    add("--no-generate", action="store_true", help="compare logits only")
+    add("--rtol", type=float, help="bound = atol + rtol x max|reference logit| (default by reference numerics)")
+    add("--atol", type=float)
+    add("--min-cosine", type=float)
+    add("--gen-min-agreement", type=float, help="required token agreement of generations (0..1)")
+    add("--quiet", action="store_true", help="summaries only, no per-position table")
+    add("--json", metavar="OUT", help="also write every figure to this JSON file")
+    args = ap.parse_args(argv)
+
+    if args.against == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            if args.require_torch:
+                print("error: PyTorch is not installed (--require-torch)", file=sys.stderr)
+                return 2
+            print("skipped: PyTorch is not installed (use tools/.venv/bin/python, or --against goldens)")
+            return 0
+
+    numerics = args.golden_logits if args.against == "goldens" else args.ref_dtype
+    rtol, atol, min_cos, gen_agree = TOLERANCES[numerics]
+    tol = {
+        "rtol": rtol if args.rtol is None else args.rtol,
+        "atol": atol if args.atol is None else args.atol,
+        "min_cosine": min_cos if args.min_cosine is None else args.min_cosine,
+        # the goldens' generations were decided on the float32 path whatever the logits flag
+        "gen_min_agreement": (1.0 if args.against == "goldens" else gen_agree)
+        if args.gen_min_agreement is None
+        else args.gen_min_agreement,
+    }
+    try:
+        runtime = Runtime(find_unmask(args.unmask), args.model, args.backend, args.dtype)
+        reference = {"against": args.against}
+        if args.against == "goldens":
+            logit_results, gen_results = goldens_cases(args, runtime, tol)
+            reference["logits"] = args.golden_logits
+        else:
+            logit_results, gen_results, info = torch_cases(args, runtime, tol)
+            reference.update(info)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    ref_text = ", ".join(f"{k} {v}" for k, v in reference.items() if k != "against")
+    print(
+        f"parity: {runtime.binary} (backend {args.backend or 'default'}, dtype {args.dtype or 'default'}) "
+        f"against {args.against} ({ref_text}) on {args.model}"
+    )
+    agreement = "(not judged)" if tol["gen_min_agreement"] is None else tol["gen_min_agreement"]
+    print(
+        f"tolerance: bound = {tol['atol']:g} + {tol['rtol']:g} x scale, cosine >= {tol['min_cosine']}, "
+        f"generation agreement >= {agreement}"
+    )
+    print_report(logit_results, gen_results, args.quiet)
+    ok = all(r["pass"] for r in logit_results) and all(g["pass"] for g in gen_results)
+    judged = [g for g in gen_results if "skipped" not in g]
+    logit_ok = sum(r["pass"] for r in logit_results)
+    gen_ok = sum(g["pass"] for g in judged)
+    print(
+        f"\nparity {'OK' if ok else 'FAILED'}: {logit_ok}/{len(logit_results)} logit cases, "
+        f"{gen_ok}/{len(judged)} generations" + ("" if all(g["judged"] for g in judged) else " (reported only)")
+    )
+    if args.json:
+        doc = {
+            "model": args.model,
+            "unmask": runtime.binary,
+            "backend": args.backend,
+            "dtype": args.dtype,
+            "reference": reference,
+            "tolerance": tol,
+            "logits": logit_results,
+            "generation": gen_results,
+            "pass": ok,
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(strict_json(doc), f, indent=1, allow_nan=False)
+            f.write("\n")
+    return 0 if ok else 1
+
+
+def strict_json(obj):
+    """The structure with non-finite floats written as strings ("inf", "nan"), which
+    plain JSON cannot hold (a top-2 gap is infinite when a row has one finite logit)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+if __name__ == "__main__":
+    sys.exit(main())
