@@ -19,6 +19,8 @@ cargo test --workspace --quiet
 echo "== parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
 
+scripts/test-web.sh
+
 echo "== cross-target checks: Windows (DX12) and macOS (Metal)"
 for target in x86_64-pc-windows-msvc aarch64-apple-darwin; do
   rustup target add "$target" >/dev/null 2>&1

@@ -263,20 +263,40 @@ pub struct KernelBenchOptions {
     pub peak: Option<Peak>,
 }
 
-fn shares(peak: &Option<Peak>, gflops: f64, gbs: f64) -> Value {
-    let mut m = Map::new();
-    if let Some(p) = peak {
-        if let Some(g) = p.gflops {
-            m.insert(
-                "peak_gflops_share".into(),
-                json!(round3(gflops / g * 1e3) / 1e3),
-            );
-        }
-        if let Some(b) = p.gbs {
-            m.insert("peak_gbs_share".into(), json!(round3(gbs / b * 1e3) / 1e3));
+/// A kernel record: the case's own fields, then the timing figures shared by every kernel
+/// (median and fastest run, GFLOP/s and GB/s from the work done) and the shares of the
+/// adapter's peak when it is known.
+fn kernel_record(
+    envelope: &Value,
+    case_fields: Value,
+    sample: Sample,
+    flops: f64,
+    bytes: f64,
+    peak: &Option<Peak>,
+) -> Value {
+    let gflops = flops / (sample.median_ms * 1e6);
+    let gbs = bytes / (sample.median_ms * 1e6);
+    let mut fields = case_fields;
+    if let Value::Object(f) = &mut fields {
+        f.insert("record".into(), json!("kernel"));
+        f.insert("ms".into(), json!(round3(sample.median_ms)));
+        f.insert("ms_min".into(), json!(round3(sample.min_ms)));
+        f.insert("runs".into(), json!(sample.runs));
+        f.insert("gflops".into(), json!(round3(gflops)));
+        f.insert("gbs".into(), json!(round3(gbs)));
+        if let Some(p) = peak {
+            if let Some(g) = p.gflops {
+                f.insert(
+                    "peak_gflops_share".into(),
+                    json!(round3(gflops / g * 1e3) / 1e3),
+                );
+            }
+            if let Some(b) = p.gbs {
+                f.insert("peak_gbs_share".into(), json!(round3(gbs / b * 1e3) / 1e3));
+            }
         }
     }
-    Value::Object(m)
+    with_envelope(envelope, fields)
 }
 
 /// Runs one case; returns one record per (format, variant). `on_record` sees each record
@@ -320,32 +340,26 @@ pub fn run_kernel_case(
                     })?;
                     let flops = 2.0 * (m * n * k) as f64;
                     let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * n) as f64;
-                    let gflops = flops / (s.median_ms * 1e6);
-                    let gbs = bytes / (s.median_ms * 1e6);
                     let variant = if kernel == MatmulKernel::Auto {
                         format!("auto:{}", kernel.plan(ctx, m, format).0.name())
                     } else {
                         kernel.name().to_string()
                     };
-                    let mut fields = json!({
-                        "record": "kernel",
+                    let fields = json!({
                         "kernel": "matmul",
                         "case": case,
                         "variant": variant,
                         "format": format.name(),
                         "m": m, "n": n, "k": k,
-                        "ms": round3(s.median_ms),
-                        "ms_min": round3(s.min_ms),
-                        "runs": s.runs,
-                        "gflops": round3(gflops),
-                        "gbs": round3(gbs),
                     });
-                    if let (Value::Object(f), Value::Object(p)) =
-                        (&mut fields, shares(&options.peak, gflops, gbs))
-                    {
-                        f.extend(p);
-                    }
-                    emit(with_envelope(envelope, fields));
+                    emit(kernel_record(
+                        envelope,
+                        fields,
+                        s,
+                        flops,
+                        bytes,
+                        &options.peak,
+                    ));
                 }
             }
         }
@@ -398,27 +412,21 @@ pub fn run_kernel_case(
             })?;
             let flops = 4.0 * (heads * lq * lkv * head_dim) as f64;
             let bytes = 4.0 * (2 * lq * q_width + 2 * lkv * kv_width) as f64;
-            let gflops = flops / (s.median_ms * 1e6);
-            let gbs = bytes / (s.median_ms * 1e6);
-            let mut fields = json!({
-                "record": "kernel",
+            let fields = json!({
                 "kernel": "attention",
                 "case": "attention",
                 "variant": if split { "two-segments" } else { "one-segment" },
                 "format": "f32",
                 "lq": lq, "lkv": lkv, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-                "ms": round3(s.median_ms),
-                "ms_min": round3(s.min_ms),
-                "runs": s.runs,
-                "gflops": round3(gflops),
-                "gbs": round3(gbs),
             });
-            if let (Value::Object(f), Value::Object(p)) =
-                (&mut fields, shares(&options.peak, gflops, gbs))
-            {
-                f.extend(p);
-            }
-            emit(with_envelope(envelope, fields));
+            emit(kernel_record(
+                envelope,
+                fields,
+                s,
+                flops,
+                bytes,
+                &options.peak,
+            ));
         }
     }
     Ok(records)

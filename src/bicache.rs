@@ -42,13 +42,22 @@ impl PrefixEntry {
     }
 
     /// A copy of the boundary state of `depth` (for tests and diagnostics).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_boundary(
         &self,
         model: &LladaModel,
         depth: usize,
     ) -> Result<Option<Vec<f32>>, ModelError> {
+        pollster::block_on(self.read_boundary_async(model, depth))
+    }
+
+    pub async fn read_boundary_async(
+        &self,
+        model: &LladaModel,
+        depth: usize,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
         match self.boundary(depth) {
-            Some(t) => Ok(Some(t.read_f32(&model.ctx)?)),
+            Some(t) => Ok(Some(t.read_f32_async(&model.ctx).await?)),
             None => Ok(None),
         }
     }

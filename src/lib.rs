@@ -11,10 +11,20 @@
 //! The `Engine` loads a Hugging Face LLaDA folder onto the GPU and runs the reference
 //! sampler (`unmask_core::sampler`) with every forward pass on the GPU
 //! (`unmask_gpu::model`): one command encoder per step, 8 bytes read back per sampled row.
+//!
+//! Generation is one `async` implementation (`Engine::generate_async`): natively the
+//! blocking `generate` drives it with `pollster`, polling the device at each read-back; in a
+//! browser it is awaited and each read-back yields to the page's event loop. Models load
+//! from a directory (`Engine::load`, memory-mapped) or from any `ModelFiles` source that
+//! streams the checkpoint (`Engine::load_from`; the browser's fetch or picked files).
+
+// Prefix entries are shared through `Arc` so native callers can use an engine from any
+// thread; in a browser wgpu's handles are neither `Send` nor `Sync`, and the one thread
+// makes the `Arc` merely a reference count.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use thiserror::Error;
 use unmask_core::cache::{BicacheStep, PlanInput, bicache_step, plan_step};
@@ -25,15 +35,28 @@ use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
 use unmask_core::prefix_store::{EntryId, PrefixStore, StoreBudget, StoreStats};
 use unmask_core::sampler::Sampler;
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
-use unmask_gpu::model::{ForwardState, LayerPass, LladaModel, ModelError};
+#[cfg(not(target_arch = "wasm32"))]
+use unmask_gpu::ContextOptions;
+use unmask_gpu::model::{
+    BodyStream, CheckpointLayout, ForwardState, LayerPass, LladaModel, ModelError, ShardIndex,
+    WeightUpload,
+};
 use unmask_gpu::ops::sampling::SelectParams;
-use unmask_gpu::{ContextOptions, GpuContext, GpuError, StepEncoder};
+use unmask_gpu::{GpuContext, GpuError, StepEncoder};
 
+// Timing loops over blocking generations: a native tool.
+#[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 mod bicache;
+mod clock;
+mod files;
 pub mod profile;
 
 pub use bicache::PrefixEntry;
+pub use clock::Stopwatch;
+#[cfg(not(target_arch = "wasm32"))]
+pub use files::DirFiles;
+pub use files::ModelFiles;
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::prefix_store::StoreBudget as CacheBudget;
 
@@ -60,6 +83,8 @@ pub enum EngineError {
     Sampler(#[from] SamplerError),
     #[error("{0}")]
     Request(String),
+    #[error("cannot read {location}: {message}")]
+    File { location: String, message: String },
 }
 
 /// How to load a model.
@@ -75,6 +100,21 @@ pub struct EngineOptions {
     pub embed_format: Option<WeightFormat>,
     /// What the BiCache prefix store may hold (tokens and bytes over all entries).
     pub cache_budget: StoreBudget,
+}
+
+impl EngineOptions {
+    /// The storage formats asked for.
+    pub fn formats(&self) -> WeightFormats {
+        WeightFormats {
+            layers: self.weight_format,
+            embed: self.embed_format.unwrap_or(self.weight_format),
+        }
+    }
+}
+
+/// Parses a model folder's BiCache depth table (`file` names it in errors).
+fn parse_depth_table(text: &str, file: &str) -> Result<DepthTable, EngineError> {
+    DepthTable::from_json(text, file).map_err(|e| EngineError::Request(e.to_string()))
 }
 
 impl Default for EngineOptions {
@@ -175,6 +215,10 @@ pub struct StepEvent<'a> {
     pub prompt_len: usize,
     pub mask_id: u32,
     pub elapsed_s: f64,
+    /// The positions predicted at this step and each prediction (token, confidence), in
+    /// the same order; the committed ones are in `record`.
+    pub rows: &'a [u32],
+    pub predictions: &'a [(u32, f32)],
 }
 
 /// Wall-clock timings of one generation.
@@ -266,17 +310,19 @@ pub struct Engine {
 
 impl Engine {
     /// Loads `dir` (config.json, safetensors, optional tokenizer.json).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load(dir: impl AsRef<Path>, options: &EngineOptions) -> Result<Self, EngineError> {
         Self::load_with_progress(dir, options, &mut |_| {})
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load_with_progress(
         dir: impl AsRef<Path>,
         options: &EngineOptions,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, EngineError> {
         let dir = dir.as_ref();
-        let start = Instant::now();
+        let start = Stopwatch::start();
         let backends = options
             .backend
             .as_deref()
@@ -287,28 +333,118 @@ impl Engine {
             ..ContextOptions::default()
         })?;
         Self::load_on(ctx, dir, options, progress).map(|mut e| {
-            e.load_s = start.elapsed().as_secs_f64();
+            e.load_s = start.elapsed_s();
             e
         })
     }
 
-    /// Loads onto an existing context (several models, or tests sharing one device).
+    /// Loads onto an existing context (several models, or tests sharing one device); the
+    /// checkpoint is memory-mapped.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load_on(
         ctx: Arc<GpuContext>,
         dir: &Path,
         options: &EngineOptions,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, EngineError> {
-        let start = Instant::now();
-        let cfg = LladaConfig::from_file(dir.join("config.json"))?;
+        let start = Stopwatch::start();
+        // The model first: a missing or bad config.json is the error to report.
+        let model = LladaModel::load(ctx, dir, options.formats(), progress)?;
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer = if tokenizer_path.exists() {
             Some(Tokenizer::from_file(&tokenizer_path)?)
         } else {
             None
         };
+        let table_path = dir.join(DEPTH_TABLE_FILE);
+        let depth_table = if table_path.exists() {
+            let text = std::fs::read_to_string(&table_path).map_err(|e| {
+                EngineError::Request(format!("cannot read {}: {e}", table_path.display()))
+            })?;
+            Some(parse_depth_table(&text, &table_path.display().to_string())?)
+        } else {
+            None
+        };
+        Self::assemble(model, tokenizer, depth_table, dir, options, start)
+    }
+
+    /// Loads a model whose files come from `files` (a web server, files a person picked, a
+    /// directory): the small files whole, then every safetensors header, then each file's
+    /// tensors uploaded as their bytes arrive, so the checkpoint is never held in memory.
+    pub async fn load_from<F: ModelFiles>(
+        ctx: Arc<GpuContext>,
+        files: &mut F,
+        options: &EngineOptions,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Self, EngineError> {
+        let start = Stopwatch::start();
+        let dir = PathBuf::from(files.location(""));
+        let config_text = files::read_text(files, "config.json")
+            .await?
+            .ok_or_else(|| EngineError::File {
+                location: files.location("config.json"),
+                message: "not found".into(),
+            })?;
+        let mut cfg = LladaConfig::from_json_str(&config_text)?;
+        const GENERATION: &str = "generation_config.json";
+        if let Some(text) = files::read_text(files, GENERATION).await? {
+            cfg = cfg.with_generation_config(&text, &files.location(GENERATION))?;
+        }
+        let tokenizer = match files.read("tokenizer.json").await? {
+            Some(b) => Some(Tokenizer::from_bytes(&b)?),
+            None => None,
+        };
+        let depth_table = match files::read_text(files, DEPTH_TABLE_FILE).await? {
+            Some(text) => Some(parse_depth_table(&text, &files.location(DEPTH_TABLE_FILE))?),
+            None => None,
+        };
+        const INDEX: &str = "model.safetensors.index.json";
+        let index = match files::read_text(files, INDEX).await? {
+            Some(text) => Some(
+                ShardIndex::parse(Path::new(&files.location(INDEX)), &text)
+                    .map_err(ModelError::from)?,
+            ),
+            None => None,
+        };
+        let names = match &index {
+            Some(i) => i.shards.clone(),
+            None => vec!["model.safetensors".to_string()],
+        };
+        let mut headers = Vec::with_capacity(names.len());
+        for name in &names {
+            headers.push(files::read_header(files, name).await?);
+        }
+        let layout = match &index {
+            Some(i) => CheckpointLayout::sharded(&dir, i, headers).map_err(ModelError::from)?,
+            None => CheckpointLayout::single(&dir, headers.remove(0)),
+        };
+        let mut upload = WeightUpload::plan(&ctx, &cfg, &layout, options.formats(), progress)?;
+        for (name, header) in names.iter().zip(&layout.files) {
+            let mut body = BodyStream::new(header);
+            files
+                .stream(name, header.data_start as u64, &mut |piece| {
+                    body.push(&mut upload, piece).map_err(EngineError::from)
+                })
+                .await?;
+            body.finish()?;
+        }
+        let weights = upload.finish()?;
+        let model = LladaModel::from_weights(ctx, cfg, weights)?;
+        Self::assemble(model, tokenizer, depth_table, &dir, options, start)
+    }
+
+    /// The engine around a loaded model: special tokens from the tokenizer (or the config).
+    fn assemble(
+        model: LladaModel,
+        tokenizer: Option<Tokenizer>,
+        depth_table: Option<DepthTable>,
+        dir: &Path,
+        options: &EngineOptions,
+        start: Stopwatch,
+    ) -> Result<Self, EngineError> {
+        let cfg = &model.cfg;
         let special = match &tokenizer {
-            Some(t) => t.special_tokens(&cfg)?,
+            Some(t) => t.special_tokens(cfg)?,
             None => SpecialTokens {
                 mask: cfg.mask_token_id,
                 eos: cfg.eos_token_id,
@@ -318,30 +454,13 @@ impl Engine {
                 end_header: None,
             },
         };
-        let table_path = dir.join(DEPTH_TABLE_FILE);
-        let depth_table = if table_path.exists() {
-            let text = std::fs::read_to_string(&table_path).map_err(|e| {
-                EngineError::Request(format!("cannot read {}: {e}", table_path.display()))
-            })?;
-            Some(
-                DepthTable::from_json(&text, &table_path.display().to_string())
-                    .map_err(|e| EngineError::Request(e.to_string()))?,
-            )
-        } else {
-            None
-        };
-        let formats = WeightFormats {
-            layers: options.weight_format,
-            embed: options.embed_format.unwrap_or(options.weight_format),
-        };
-        let model = LladaModel::load(ctx.clone(), dir, formats, progress)?;
         Ok(Self {
-            ctx,
+            ctx: model.ctx.clone(),
             model,
             tokenizer,
             special,
             dir: dir.to_path_buf(),
-            load_s: start.elapsed().as_secs_f64(),
+            load_s: start.elapsed_s(),
             prefix_store: Mutex::new(PrefixStore::new(options.cache_budget)),
             depth_table,
         })
@@ -412,17 +531,29 @@ impl Engine {
         Ok((ids, prefix))
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn generate(&self, request: &Request) -> Result<Generation, EngineError> {
         self.generate_with(request, &mut |_| {})
     }
 
     /// Generates, calling `on_step` with the canvas after every step.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn generate_with(
         &self,
         request: &Request,
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
-        let start = Instant::now();
+        pollster::block_on(self.generate_async(request, on_step))
+    }
+
+    /// Generates, calling `on_step` with the canvas after every step; each step's read-back
+    /// is awaited (in a browser the page keeps running meanwhile).
+    pub async fn generate_async(
+        &self,
+        request: &Request,
+        on_step: &mut dyn FnMut(&StepEvent<'_>),
+    ) -> Result<Generation, EngineError> {
+        let start = Stopwatch::start();
         let (prompt, prefix_len, prefix_note) = self.prompt_and_prefix(request)?;
         let p = &request.params;
         let cfg = &self.model.cfg;
@@ -505,7 +636,7 @@ impl Engine {
                 }
             }
         }
-        timings.setup_s = start.elapsed().as_secs_f64();
+        timings.setup_s = start.elapsed_s();
         let several_blocks = sampler.num_blocks() > 1;
         let mut records = Vec::new();
         let mut last_block = None;
@@ -607,13 +738,13 @@ impl Engine {
                 &params,
             )?;
             step.submit()?;
-            let choices = self.model.read_choices(&sel, rows.len())?;
+            let choices = self.model.read_choices_async(&sel, rows.len()).await?;
             let predictions: Vec<(u32, f32)> =
                 choices.iter().map(|c| (c.token, c.confidence)).collect();
             let record = sampler.commit(&predictions)?;
             timings.steps += 1;
             if timings.steps == 1 {
-                timings.first_step_s = start.elapsed().as_secs_f64();
+                timings.first_step_s = start.elapsed_s();
             }
             on_step(&StepEvent {
                 record: &record,
@@ -621,14 +752,16 @@ impl Engine {
                 canvas: sampler.tokens(),
                 prompt_len: prompt.len(),
                 mask_id: self.special.mask,
-                elapsed_s: start.elapsed().as_secs_f64(),
+                elapsed_s: start.elapsed_s(),
+                rows: &rows,
+                predictions: &predictions,
             });
             records.push(record);
         }
         if let Some((run, _)) = bic {
             self.release_prefix(run.id);
         }
-        timings.total_s = start.elapsed().as_secs_f64();
+        timings.total_s = start.elapsed_s();
         let ids = sampler.generated().to_vec();
         let stop = |t: &u32| *t == self.special.eos || Some(*t) == self.special.eot;
         timings.answer_tokens = ids.iter().position(stop).unwrap_or(ids.len());

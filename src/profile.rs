@@ -108,6 +108,7 @@ impl Profile {
 }
 
 /// Profiles `items` (see the module comment).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn profile(
     engine: &Engine,
     items: &[ProfileItem],
@@ -117,7 +118,18 @@ pub fn profile(
 }
 
 /// `profile`, calling `progress` after every item.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn profile_with(
+    engine: &Engine,
+    items: &[ProfileItem],
+    opts: &ProfileOptions,
+    progress: &mut dyn FnMut(&ItemOutcome),
+) -> Result<Profile, EngineError> {
+    pollster::block_on(profile_async(engine, items, opts, progress))
+}
+
+/// `profile_with` for async callers (the only way in a browser).
+pub async fn profile_async(
     engine: &Engine,
     items: &[ProfileItem],
     opts: &ProfileOptions,
@@ -191,7 +203,7 @@ pub fn profile_with(
         ids.extend(std::iter::repeat_n(engine.special.mask, opts.gen_length));
         forward(engine, &alone, &prefix)?;
         forward(engine, &joint, &ids)?;
-        let similarity = layer_similarity(engine, &alone, &joint, prefix.len())?;
+        let similarity = layer_similarity(engine, &alone, &joint, prefix.len()).await?;
         let ratio = prefix_ratio(prefix.len(), rest.len(), opts.gen_length);
         let bucket = buckets
             .entry(ratio)
@@ -276,7 +288,7 @@ fn forward(engine: &Engine, st: &ForwardState, ids: &[u32]) -> Result<(), Engine
 
 /// s_l for every layer: the cosine of each of the first `p` rows of K (and of V) in the two
 /// arenas, averaged over rows and over K and V.
-fn layer_similarity(
+async fn layer_similarity(
     engine: &Engine,
     alone: &ForwardState,
     joint: &ForwardState,
@@ -285,8 +297,8 @@ fn layer_similarity(
     let c = &engine.model.cfg;
     let width = c.n_kv_heads * c.head_dim();
     let bytes = (p * width * 4) as u64;
-    let read = |t: &unmask_gpu::Tensor| -> Result<Vec<f32>, EngineError> {
-        let raw = engine.ctx.read_bytes(&t.buffer, 0, bytes)?;
+    let read = async |t: &unmask_gpu::Tensor| -> Result<Vec<f32>, EngineError> {
+        let raw = engine.ctx.read_bytes_async(&t.buffer, 0, bytes).await?;
         Ok(raw
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -294,8 +306,8 @@ fn layer_similarity(
     };
     let mut out = Vec::with_capacity(c.n_layers);
     for (a, j) in alone.kv.iter().zip(&joint.kv) {
-        let k = mean_row_cosine(&read(&a.k)?, &read(&j.k)?, width);
-        let v = mean_row_cosine(&read(&a.v)?, &read(&j.v)?, width);
+        let k = mean_row_cosine(&read(&a.k).await?, &read(&j.k).await?, width);
+        let v = mean_row_cosine(&read(&a.v).await?, &read(&j.v).await?, width);
         out.push((k + v) / 2.0);
     }
     Ok(out)

@@ -33,12 +33,14 @@ Sampler conventions (what a second implementation must do to match the goldens)
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import struct
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llada_common  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # bf16 helpers
@@ -70,34 +72,12 @@ def bf16_round(a):
 # checkpoint loading
 # ---------------------------------------------------------------------------
 
-# Defaults of the reference `ModelConfig` dataclass for fields a config.json may leave
-# out (llada.md section 1).  Only fields that the forward pass depends on are listed.
-CONFIG_DEFAULTS = {
-    "rope": False,
-    "weight_tying": True,
-    "embedding_size": 50304,
-    "block_type": "sequential",
-    "activation_type": "swiglu",
-    "layer_norm_type": "default",
-    "rope_theta": 10000.0,
-    "max_sequence_length": 1024,
-    "n_kv_heads": None,
-    "multi_query_attention": None,
-    "mlp_ratio": 4,
-    "mlp_hidden_size": None,
-    "rms_norm_eps": 1e-5,
-    "alibi": False,
-    "attention_layer_norm": False,
-    "scale_logits": False,
-    "input_emb_norm": False,
-    "include_qkv_bias": False,
-}
-
-_ST_DTYPES = {
-    "BF16": (np.uint16, 2),
-    "F16": (np.float16, 2),
-    "F32": (np.float32, 4),
-    "F64": (np.float64, 8),
+# safetensors dtype name -> numpy dtype of the stored values (BF16 as its bit patterns)
+_NP_DTYPES = {
+    "BF16": np.uint16,
+    "F16": np.float16,
+    "F32": np.float32,
+    "F64": np.float64,
 }
 
 
@@ -107,58 +87,16 @@ def read_safetensors(path):
     Returns (tensors, dtypes): name -> float32 array, name -> dtype string of the file.
     """
     with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n].decode("utf-8"))
-    data = memoryview(raw)[8 + n :]
+        header, _ = llada_common.read_safetensors_header(f)
+        data = memoryview(f.read())
     tensors, dtypes = {}, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt = info["dtype"]
-        if dt not in _ST_DTYPES:
-            raise NotImplementedError(f"{path}: tensor {name} has unsupported dtype {dt}")
-        np_dt, width = _ST_DTYPES[dt]
-        begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        count = int(np.prod(shape)) if shape else 1
-        if end - begin != count * width:
-            raise ValueError(f"{path}: tensor {name} byte range does not match its shape")
-        arr = np.frombuffer(data[begin:end], dtype=np.dtype(np_dt).newbyteorder("<")).reshape(shape)
+    for name, dt, shape, begin, end in llada_common.safetensors_entries(path, header):
+        arr = np.frombuffer(data[begin:end], dtype=np.dtype(_NP_DTYPES[dt]).newbyteorder("<")).reshape(shape)
         if dt == "BF16":
             arr = bf16_bits_to_f32(arr)
         tensors[name] = np.array(arr, dtype=np.float32)
         dtypes[name] = dt
     return tensors, dtypes
-
-
-def resolve_config(raw):
-    """Apply the reference defaults and derive the shape values used by `forward`."""
-    cfg = dict(CONFIG_DEFAULTS)
-    cfg.update(raw)
-    for key in ("d_model", "n_heads", "n_layers", "vocab_size"):
-        if key not in cfg:
-            raise ValueError(f"config.json lacks {key}")
-    if cfg["block_type"] != "llama":
-        raise NotImplementedError(f"block_type {cfg['block_type']!r} (only 'llama')")
-    if cfg["activation_type"] != "silu":
-        raise NotImplementedError(f"activation_type {cfg['activation_type']!r} (only 'silu')")
-    if cfg["layer_norm_type"] != "rms":
-        raise NotImplementedError(f"layer_norm_type {cfg['layer_norm_type']!r} (only 'rms')")
-    if not cfg["rope"] or cfg["alibi"]:
-        raise NotImplementedError("only RoPE position encoding is supported")
-    if cfg["attention_layer_norm"] or cfg["scale_logits"] or cfg["input_emb_norm"]:
-        raise NotImplementedError("attention_layer_norm / scale_logits / input_emb_norm")
-    if cfg["n_kv_heads"] is None:
-        cfg["n_kv_heads"] = 1 if cfg["multi_query_attention"] else cfg["n_heads"]
-    if cfg["mlp_hidden_size"] is None:
-        cfg["mlp_hidden_size"] = cfg["mlp_ratio"] * cfg["d_model"]
-    if cfg["embedding_size"] is None:
-        cfg["embedding_size"] = cfg["vocab_size"]
-    if cfg["d_model"] % cfg["n_heads"] or cfg["n_heads"] % cfg["n_kv_heads"]:
-        raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
-    cfg["head_dim"] = cfg["d_model"] // cfg["n_heads"]
-    return cfg
 
 
 def load_checkpoint(directory):
@@ -167,25 +105,12 @@ def load_checkpoint(directory):
     Returns {"config": resolved config dict, "tensors": name -> float32 array,
     "dtypes": name -> dtype string as stored}.
     """
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        cfg = resolve_config(json.load(f))
-    index_path = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            index = json.load(f)
-        files = sorted(set(index["weight_map"].values()))
-    elif os.path.exists(os.path.join(directory, "model.safetensors")):
-        index, files = None, ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"no model.safetensors(.index.json) in {directory}")
+    cfg = llada_common.load_config(directory)
+    files, index = llada_common.checkpoint_files(directory)
     tensors, dtypes = {}, {}
     for name in files:
         t, d = read_safetensors(os.path.join(directory, name))
-        for key in t:
-            if key in tensors:
-                raise ValueError(f"tensor {key} appears in more than one shard")
-            if index is not None and index["weight_map"].get(key) != name:
-                raise ValueError(f"tensor {key} found in {name}, index says {index['weight_map'].get(key)}")
+        llada_common.check_shard(tensors, t, name, index)
         tensors.update(t)
         dtypes.update(d)
     if index is not None:
@@ -194,36 +119,8 @@ def load_checkpoint(directory):
             raise ValueError(f"tensors listed in the index but absent: {sorted(missing)}")
     if any(k.endswith(".bias") for k in tensors):
         raise NotImplementedError("checkpoints with bias tensors are not supported")
-    _check_shapes(cfg, tensors)
+    llada_common.check_shapes(llada_common.expected_shapes(cfg), tensors)
     return {"config": cfg, "tensors": tensors, "dtypes": dtypes}
-
-
-def _check_shapes(cfg, tensors):
-    D, V, F = cfg["d_model"], cfg["embedding_size"], cfg["mlp_hidden_size"]
-    kv = cfg["n_kv_heads"] * cfg["head_dim"]
-    expect = {"model.transformer.wte.weight": (V, D), "model.transformer.ln_f.weight": (D,)}
-    if not cfg["weight_tying"]:
-        expect["model.transformer.ff_out.weight"] = (V, D)
-    for i in range(cfg["n_layers"]):
-        p = f"model.transformer.blocks.{i}."
-        expect.update(
-            {
-                p + "attn_norm.weight": (D,),
-                p + "q_proj.weight": (D, D),
-                p + "k_proj.weight": (kv, D),
-                p + "v_proj.weight": (kv, D),
-                p + "attn_out.weight": (D, D),
-                p + "ff_norm.weight": (D,),
-                p + "ff_proj.weight": (F, D),
-                p + "up_proj.weight": (F, D),
-                p + "ff_out.weight": (D, F),
-            }
-        )
-    for name, shape in expect.items():
-        if name not in tensors:
-            raise ValueError(f"missing tensor {name}")
-        if tuple(tensors[name].shape) != shape:
-            raise ValueError(f"{name}: shape {tensors[name].shape}, expected {shape}")
 
 
 # ---------------------------------------------------------------------------

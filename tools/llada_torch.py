@@ -55,78 +55,23 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# Defaults of the reference `ModelConfig` for fields a config.json may leave out
-# (llada.md section 1); only fields the forward pass depends on are listed.
-CONFIG_DEFAULTS = {
-    "rope": False,
-    "weight_tying": True,
-    "embedding_size": 50304,
-    "block_type": "sequential",
-    "activation_type": "swiglu",
-    "layer_norm_type": "default",
-    "rope_theta": 10000.0,
-    "max_sequence_length": 1024,
-    "n_kv_heads": None,
-    "multi_query_attention": None,
-    "mlp_ratio": 4,
-    "mlp_hidden_size": None,
-    "rms_norm_eps": 1e-5,
-    "alibi": False,
-    "attention_layer_norm": False,
-    "scale_logits": False,
-    "input_emb_norm": False,
-    "include_qkv_bias": False,
-    "include_bias": False,
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llada_common  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
-# safetensors dtype name -> (torch dtype, bytes per element)
+# safetensors dtype name -> torch dtype of the stored values
 _ST_DTYPES = {
-    "BF16": (torch.bfloat16, 2),
-    "F16": (torch.float16, 2),
-    "F32": (torch.float32, 4),
-    "F64": (torch.float64, 8),
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
 }
 
 
 # ---------------------------------------------------------------------------
 # checkpoint
 # ---------------------------------------------------------------------------
-
-
-def resolve_config(raw):
-    """The config with the reference defaults applied and the derived sizes added."""
-    cfg = dict(CONFIG_DEFAULTS)
-    cfg.update(raw)
-    for key in ("d_model", "n_heads", "n_layers", "vocab_size"):
-        if key not in cfg:
-            raise ValueError(f"config.json lacks {key}")
-    unsupported = []
-    if cfg["block_type"] != "llama":
-        unsupported.append(f"block_type {cfg['block_type']!r}")
-    if cfg["activation_type"] != "silu":
-        unsupported.append(f"activation_type {cfg['activation_type']!r}")
-    if cfg["layer_norm_type"] != "rms":
-        unsupported.append(f"layer_norm_type {cfg['layer_norm_type']!r}")
-    if not cfg["rope"] or cfg["alibi"]:
-        unsupported.append("a position encoding other than RoPE")
-    absent = ("attention_layer_norm", "scale_logits", "input_emb_norm", "include_qkv_bias", "include_bias")
-    for flag in absent:
-        if cfg[flag]:
-            unsupported.append(flag)
-    if unsupported:
-        raise NotImplementedError("unsupported config: " + ", ".join(unsupported))
-    if cfg["n_kv_heads"] is None:
-        cfg["n_kv_heads"] = 1 if cfg["multi_query_attention"] else cfg["n_heads"]
-    if cfg["mlp_hidden_size"] is None:
-        cfg["mlp_hidden_size"] = cfg["mlp_ratio"] * cfg["d_model"]
-    if cfg["embedding_size"] is None:
-        cfg["embedding_size"] = cfg["vocab_size"]
-    if cfg["d_model"] % cfg["n_heads"] or cfg["n_heads"] % cfg["n_kv_heads"]:
-        raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
-    cfg["head_dim"] = cfg["d_model"] // cfg["n_heads"]
-    return cfg
 
 
 def read_safetensors(path, device, dtype, wanted=None):
@@ -140,21 +85,10 @@ def read_safetensors(path, device, dtype, wanted=None):
         raise NotImplementedError("safetensors data is little-endian; this host is not")
     out = {}
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n).decode("utf-8"))
+        header, base = llada_common.read_safetensors_header(f)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-            base = 8 + n
-            for name, info in header.items():
-                if name == "__metadata__" or (wanted is not None and name not in wanted):
-                    continue
-                if info["dtype"] not in _ST_DTYPES:
-                    raise NotImplementedError(f"{path}: tensor {name} has dtype {info['dtype']}")
-                st_dtype, width = _ST_DTYPES[info["dtype"]]
-                begin, end = info["data_offsets"]
-                shape = tuple(info["shape"])
-                count = math.prod(shape)
-                if end - begin != count * width:
-                    raise ValueError(f"{path}: tensor {name}: byte range does not match its shape")
+            for name, stored, shape, begin, end in llada_common.safetensors_entries(path, header, wanted):
+                st_dtype, count = _ST_DTYPES[stored], math.prod(shape)
                 # one copy per tensor into a writable buffer (torch.frombuffer wants one)
                 raw = bytearray(view[base + begin : base + end])
                 if count:
@@ -163,44 +97,6 @@ def read_safetensors(path, device, dtype, wanted=None):
                     t = torch.empty(0, dtype=st_dtype)
                 out[name] = t.reshape(shape).to(device=device, dtype=dtype)
     return out
-
-
-def checkpoint_files(directory):
-    """The safetensors files of a checkpoint and its index (None for a single file)."""
-    index_path = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            index = json.load(f)
-        # always by the index: shard maps differ between releases (llada.md 1)
-        return sorted(set(index["weight_map"].values())), index
-    if os.path.exists(os.path.join(directory, "model.safetensors")):
-        return ["model.safetensors"], None
-    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {directory}")
-
-
-def expected_shapes(cfg):
-    """Every tensor the forward pass reads, with its shape."""
-    D, V, Fh = cfg["d_model"], cfg["embedding_size"], cfg["mlp_hidden_size"]
-    kv = cfg["n_kv_heads"] * cfg["head_dim"]
-    shapes = {"model.transformer.wte.weight": (V, D), "model.transformer.ln_f.weight": (D,)}
-    if not cfg["weight_tying"]:
-        shapes["model.transformer.ff_out.weight"] = (V, D)  # the LM head
-    for i in range(cfg["n_layers"]):
-        p = f"model.transformer.blocks.{i}."
-        shapes.update(
-            {
-                p + "attn_norm.weight": (D,),
-                p + "q_proj.weight": (D, D),
-                p + "k_proj.weight": (kv, D),
-                p + "v_proj.weight": (kv, D),
-                p + "attn_out.weight": (D, D),
-                p + "ff_norm.weight": (D,),
-                p + "ff_proj.weight": (Fh, D),  # gate (SiLU is applied to it)
-                p + "up_proj.weight": (Fh, D),
-                p + "ff_out.weight": (D, Fh),  # down projection, not the LM head
-            }
-        )
-    return shapes
 
 
 def special_id(directory, content):
@@ -487,24 +383,15 @@ def load(directory, device="cpu", dtype="f32"):
             # as the official LLaDAModel.__init__ does
             torch.backends.cuda.enable_flash_sdp(True)
             torch.backends.cuda.enable_mem_efficient_sdp(False)
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        cfg = resolve_config(json.load(f))
-    shapes = expected_shapes(cfg)
-    files, index = checkpoint_files(directory)
+    cfg = llada_common.load_config(directory)
+    shapes = llada_common.expected_shapes(cfg)
+    files, index = llada_common.checkpoint_files(directory)
     weights = {}
     for name in files:
         part = read_safetensors(os.path.join(directory, name), device, torch_dtype, set(shapes))
-        for key in part:
-            if key in weights:
-                raise ValueError(f"tensor {key} appears in more than one shard")
-            if index is not None and index["weight_map"].get(key) != name:
-                raise ValueError(f"tensor {key} is in {name}, the index says {index['weight_map'].get(key)}")
+        llada_common.check_shard(weights, part, name, index)
         weights.update(part)
-    for name, shape in shapes.items():
-        if name not in weights:
-            raise ValueError(f"missing tensor {name}")
-        if tuple(weights[name].shape) != shape:
-            raise ValueError(f"{name}: shape {tuple(weights[name].shape)}, expected {shape}")
+    llada_common.check_shapes(shapes, weights)
     return LLaDA(cfg, weights, device, torch_dtype, directory)
 
 
@@ -541,16 +428,6 @@ def _float32_bytes(t):
 # ---------------------------------------------------------------------------
 
 
-def parse_ids(text):
-    try:
-        ids = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, found {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("the id list is empty")
-    return ids
-
-
 def default_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -561,7 +438,7 @@ def main(argv=None):
 
     def common(p):
         p.add_argument("--model", required=True, help="checkpoint folder (config.json, *.safetensors)")
-        p.add_argument("--ids", required=True, type=parse_ids, help="token ids, e.g. 1,2,3")
+        p.add_argument("--ids", required=True, type=llada_common.parse_ids, help="token ids, e.g. 1,2,3")
         p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
         p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and compute (default f32)")
 
@@ -600,22 +477,16 @@ def main(argv=None):
         print(f"wrote {args.out}: float32 logits {shape}", file=sys.stderr)
         return 0
     steps = args.steps if args.steps is not None else args.gen_length
+    # the sampler options whose flag has the parameter's name, passed through as given
+    same_name = (
+        "gen_length", "block_length", "temperature", "cfg_scale", "remasking", "mask_id",
+        "logits_eos_inf", "confidence_eos_eot_inf", "eos_id", "eot_id", "threshold", "seed"
+    )
     result = model.generate(
         args.ids,
         steps=steps,
-        gen_length=args.gen_length,
-        block_length=args.block_length,
-        temperature=args.temperature,
-        cfg_scale=args.cfg_scale,
-        remasking=args.remasking,
-        mask_id=args.mask_id,
-        logits_eos_inf=args.logits_eos_inf,
-        confidence_eos_eot_inf=args.confidence_eos_eot_inf,
-        eos_id=args.eos_id,
-        eot_id=args.eot_id,
-        threshold=args.threshold,
-        seed=args.seed,
         round_confidence_bf16=not args.exact_confidence,
+        **{key: getattr(args, key) for key in same_name},
     )
     if args.json:
         result["device"], result["dtype"] = str(model.device), args.dtype

@@ -58,6 +58,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llada_common  # noqa: E402  (standard library only, like this script's goldens mode)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # default tolerances by reference numerics: (rtol, atol, min cosine, generation agreement)
@@ -394,7 +397,6 @@ def default_ids(cfg, n=12):
 
 def torch_cases(args, runtime, tol):
     """Logit and generation comparisons against tools/llada_torch.py."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch  # noqa: F401  (checked importable by the caller)
     import llada_torch
 
@@ -427,16 +429,8 @@ def torch_cases(args, runtime, tol):
             "logits_eos_inf": args.logits_eos_inf,
             "confidence_eos_eot_inf": args.confidence_eos_eot_inf,
         }
-        ref = model.generate(
-            prompt,
-            steps=params["steps"],
-            gen_length=params["gen_length"],
-            block_length=params["block_length"],
-            cfg_scale=params["cfg_scale"],
-            threshold=params["threshold"],
-            logits_eos_inf=params["logits_eos_inf"],
-            confidence_eos_eot_inf=params["confidence_eos_eot_inf"],
-        )
+        # every key of params is a sampler option of the same name in llada_torch
+        ref = model.generate(prompt, **params)
         out = runtime.generate(prompt, params)
         want_steps = [(s["positions"], s["tokens"]) for s in ref["steps"]]
         name = "generate gen_length={gen_length} steps={steps} block_length={block_length}".format(**params)
@@ -506,16 +500,6 @@ def print_report(logit_results, gen_results, quiet):
             print(f"    reference: {join_ids(g['reference_ids'])}")
 
 
-def parse_ids(text):
-    try:
-        ids = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, found {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("the id list is empty")
-    return ids
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Compare the runtime's logits and generations with a reference.",
@@ -532,8 +516,8 @@ def main(argv=None):
     add("--device", help="torch: cpu or cuda (default cuda when available)")
     add("--ref-dtype", choices=["f32", "bf16"], default="f32", help="torch: reference numerics (default f32)")
     add("--require-torch", action="store_true", help="torch: exit 2 instead of skipping without PyTorch")
-    add("--ids", action="append", type=parse_ids, help="torch: an id sequence to compare (repeatable)")
-    add("--gen-prompt-ids", type=parse_ids, help="torch: prompt of the generation")
+    add("--ids", action="append", type=llada_common.parse_ids, help="torch: an id sequence to compare (repeatable)")
+    add("--gen-prompt-ids", type=llada_common.parse_ids, help="torch: prompt of the generation")
     add("--gen-length", type=int, default=32, help="torch: generation length (default 32)")
     add("--steps", type=int, help="torch: steps (default gen-length)")
     add("--block-length", type=int, default=16, help="torch: block length (default 16)")

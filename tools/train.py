@@ -55,6 +55,9 @@ SPECIAL_TOKENS = [
 GEN_LEN = 32
 EPS = 1e-3
 MAX_SEQ = 512  # max_sequence_length of the model
+# Where the model and batches live (--device). Random draws stay on the CPU generator so a
+# run gives the same masks on every device.
+DEVICE = torch.device("cpu")
 VALID_GROUP_START = 50_000_000  # training-stream groups used only for monitoring
 
 
@@ -364,7 +367,7 @@ def collate(batch, ids):
         x[b, : len(s)] = torch.tensor(s)
         resp[b, : len(s)] = torch.tensor(r)
         valid[b, : len(s)] = True
-    return x, resp, valid
+    return x.to(DEVICE), resp.to(DEVICE), valid.to(DEVICE)
 
 
 def sft_loss(model, batch, ids, gen, pt_frac=0.0):
@@ -381,11 +384,11 @@ def sft_loss(model, batch, ids, gen, pt_frac=0.0):
     x, resp, valid = collate(batch, ids)
     B = x.shape[0]
     n_resp = resp.sum(1, keepdim=True).float()
-    t = torch.rand((B, 1), generator=gen)
+    t = torch.rand((B, 1), generator=gen).to(DEVICE)
     p_mask = (1 - EPS) * t + EPS
-    u = torch.rand(x.shape, generator=gen)
+    u = torch.rand(x.shape, generator=gen).to(DEVICE)
     if pt_frac > 0:
-        pt_rows = torch.rand((B, 1), generator=gen) < pt_frac
+        pt_rows = torch.rand((B, 1), generator=gen).to(DEVICE) < pt_frac
         region = torch.where(pt_rows, valid, resp)
         norm = torch.where(pt_rows, valid.sum(1, keepdim=True).float(), n_resp)
     else:
@@ -415,6 +418,7 @@ def generate(model, prompt, ids, steps=32, gen_length=GEN_LEN):
     Lp = len(prompt)
     x = torch.full((1, Lp + gen_length), ids.mask, dtype=torch.long)
     x[0, :Lp] = torch.tensor(prompt)
+    x = x.to(DEVICE)
     quotas = [gen_length // steps + (1 if i < gen_length % steps else 0) for i in range(steps)]
     for k in quotas:
         mask_index = x[0] == ids.mask
@@ -443,6 +447,7 @@ def generate_batch(model, prompts, ids, steps=32, gen_length=GEN_LEN):
         x[b, : len(p)] = torch.tensor(p)
         x[b, len(p) : len(p) + gen_length] = ids.mask
         valid[b, : len(p) + gen_length] = True
+    x, valid = x.to(DEVICE), valid.to(DEVICE)
     quotas = [gen_length // steps + (1 if i < gen_length % steps else 0) for i in range(steps)]
     for k in quotas:
         mask_index = x == ids.mask
@@ -451,7 +456,7 @@ def generate_batch(model, prompts, ids, steps=32, gen_length=GEN_LEN):
         p = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
         conf = torch.where(mask_index, p, torch.full_like(p, -math.inf))
         order = torch.sort(-conf, dim=-1, stable=True).indices[:, :k]
-        rows = torch.arange(B)[:, None].expand(B, k)
+        rows = torch.arange(B, device=DEVICE)[:, None].expand(B, k)
         x[rows, order] = x0[rows, order]
     return [x[b, len(p) : len(p) + gen_length].tolist() for b, p in enumerate(prompts)]
 
@@ -529,6 +534,7 @@ def main():
                     help="groups drawn before this step have bare system prompts (role line and table)")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU trains the model in minutes)")
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
     ap.add_argument("--probe-steps", type=int, default=20, help="steps timed to estimate the total")
     ap.add_argument("--smoke", action="store_true", help="print sequence statistics and timing only")
@@ -539,6 +545,8 @@ def main():
                     help="fraction of rows trained with the whole-sequence masked-diffusion pretraining objective")
     args = ap.parse_args()
 
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t_start = time.time()
@@ -565,6 +573,7 @@ def main():
             raise SystemExit("--init checkpoint has a different configuration")
         model.load_state_dict(init["model"])
         say(f"initialised from {args.init} (step {init['state']['step']})")
+    model.to(DEVICE)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"parameters: {n_params}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)

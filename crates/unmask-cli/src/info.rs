@@ -173,18 +173,7 @@ impl<'a> ModelFiles<'a> {
         } else {
             None
         };
-        let special = match &tokenizer {
-            Some(t) => t.special_tokens(&config)?,
-            // The ids Engine::load_on uses without a tokenizer.
-            None => SpecialTokens {
-                mask: config.mask_token_id,
-                eos: config.eos_token_id,
-                bos: config.bos_token_id.unwrap_or(config.eos_token_id),
-                eot: None,
-                start_header: None,
-                end_header: None,
-            },
-        };
+        let special = SpecialTokens::resolve(tokenizer.as_ref(), &config)?;
         Ok(Self {
             dir,
             params: config.parameter_count(),

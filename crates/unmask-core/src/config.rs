@@ -157,26 +157,28 @@ impl LladaConfig {
             path: config_path.clone(),
             source,
         })?;
-        let mut config = Self::parse(&text, &config_path.display().to_string())?;
-
+        let config = Self::parse(&text, &config_path.display().to_string())?;
         let generation_path = config_path.with_file_name("generation_config.json");
-        if generation_path.is_file() {
-            let text =
-                std::fs::read_to_string(&generation_path).map_err(|source| ConfigError::Io {
-                    path: generation_path.clone(),
-                    source,
-                })?;
-            let file = generation_path.display().to_string();
-            let map = parse_object(&text, &file)?;
-            let fields = Fields { map: &map };
-            if let Some(bos) =
-                fields.opt_token_id("generation_config.bos_token_id", "bos_token_id")?
-            {
-                check_token_in_range("generation_config.bos_token_id", bos, config.embedding_size)?;
-                config.bos_token_id = Some(bos);
-            }
+        if !generation_path.is_file() {
+            return Ok(config);
         }
-        Ok(config)
+        let text = std::fs::read_to_string(&generation_path).map_err(|source| ConfigError::Io {
+            path: generation_path.clone(),
+            source,
+        })?;
+        config.with_generation_config(&text, &generation_path.display().to_string())
+    }
+
+    /// Takes the BOS id from the text of a `generation_config.json` (named `file` in errors)
+    /// when it has one.
+    pub fn with_generation_config(mut self, text: &str, file: &str) -> Result<Self, ConfigError> {
+        let map = parse_object(text, file)?;
+        let fields = Fields { map: &map };
+        if let Some(bos) = fields.opt_token_id("generation_config.bos_token_id", "bos_token_id")? {
+            check_token_in_range("generation_config.bos_token_id", bos, self.embedding_size)?;
+            self.bos_token_id = Some(bos);
+        }
+        Ok(self)
     }
 
     /// Parses the text of a `config.json`.

@@ -37,6 +37,32 @@ pub struct SpecialTokens {
     pub end_header: Option<u32>,
 }
 
+impl SpecialTokens {
+    /// The ids a model without `tokenizer.json` uses: mask and EOS from the config, BOS
+    /// from `generation_config.json` (else EOS); no chat-template tokens.
+    pub fn from_config(config: &LladaConfig) -> Self {
+        Self {
+            mask: config.mask_token_id,
+            eos: config.eos_token_id,
+            bos: config.bos_token_id.unwrap_or(config.eos_token_id),
+            eot: None,
+            start_header: None,
+            end_header: None,
+        }
+    }
+
+    /// Ids from the tokenizer when there is one, else from the config.
+    pub fn resolve(
+        tokenizer: Option<&Tokenizer>,
+        config: &LladaConfig,
+    ) -> Result<Self, TokenizerError> {
+        match tokenizer {
+            Some(t) => t.special_tokens(config),
+            None => Ok(Self::from_config(config)),
+        }
+    }
+}
+
 /// A loaded `tokenizer.json`.
 #[derive(Clone)]
 pub struct Tokenizer {

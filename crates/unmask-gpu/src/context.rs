@@ -103,6 +103,7 @@ pub struct GpuContext {
     pub(crate) params: crate::step::ParamArena,
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
     let device = match info.device_type {
         wgpu::DeviceType::DiscreteGpu => 0,

@@ -1,9 +1,15 @@
 //! Unmask on wgpu: the device context, typed buffers, the WGSL kernel library and
 //! (with the model issue) the LLaDA forward pass.
 
+// Buffers and the context are shared through `Arc` so native callers can use them from any
+// thread; in a browser wgpu's handles are neither `Send` nor `Sync`, and the one thread
+// makes the `Arc` merely a reference count.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+
 pub mod context;
 pub mod error;
 pub mod model;
+mod oneshot;
 pub mod ops;
 pub mod pipeline;
 pub mod step;

@@ -261,6 +261,18 @@ impl GpuContext {
     /// Copies `size` bytes at `offset` of `buffer` back to the host and waits for them.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_bytes_async(buffer, offset, size))
+    }
+
+    /// Copies `size` bytes at `offset` of `buffer` back to the host. Natively the device is
+    /// polled until the copy is mapped; in a browser the future resolves when the page's
+    /// event loop delivers the mapping, so it must be awaited, never blocked on.
+    pub async fn read_bytes_async(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>> {
         let padded = size.div_ceil(4) * 4;
         if padded == 0 {
             return Ok(Vec::new());
@@ -278,13 +290,13 @@ impl GpuContext {
             });
         encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded);
         self.queue.submit([encoder.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
+        let (tx, rx) = crate::oneshot::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| tx.send(r));
+        // Natively nothing drives the device but a poll; it runs the callback above.
+        #[cfg(not(target_arch = "wasm32"))]
         self.wait_idle()?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
+        rx.await
+            .ok_or_else(|| GpuError::Readback("the mapping callback was dropped".into()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         let view = staging
             .get_mapped_range(..)

@@ -181,13 +181,25 @@ impl Tensor {
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_f32(&self, ctx: &GpuContext) -> Result<Vec<f32>> {
-        let bytes = ctx.read_bytes(&self.buffer, 0, self.size_bytes())?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        pollster::block_on(self.read_f32_async(ctx))
     }
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_u32(&self, ctx: &GpuContext) -> Result<Vec<u32>> {
-        let bytes = ctx.read_bytes(&self.buffer, 0, self.size_bytes())?;
+        pollster::block_on(self.read_u32_async(ctx))
+    }
+
+    pub async fn read_f32_async(&self, ctx: &GpuContext) -> Result<Vec<f32>> {
+        let bytes = ctx
+            .read_bytes_async(&self.buffer, 0, self.size_bytes())
+            .await?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    pub async fn read_u32_async(&self, ctx: &GpuContext) -> Result<Vec<u32>> {
+        let bytes = ctx
+            .read_bytes_async(&self.buffer, 0, self.size_bytes())
+            .await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 }
@@ -481,15 +493,7 @@ impl Weight {
         codes: &[u8],
         scales: &[u8],
     ) -> Result<()> {
-        let Some(q) = self.format.quant() else {
-            return Err(GpuError::Shape {
-                op: "weight write",
-                expected: "a quantized weight for quantized rows".into(),
-                found: format!("a {} weight", self.format.name()),
-            });
-        };
-        let code_row = q.row_code_bytes(self.cols);
-        let scale_row = quant::row_scale_bytes(self.cols);
+        let (code_row, scale_row) = self.quant_row_bytes()?;
         let n_rows = codes.len() / code_row;
         if codes.len() != n_rows * code_row
             || scales.len() != n_rows * scale_row
@@ -508,16 +512,72 @@ impl Weight {
                 ),
             });
         }
+        self.write_rows_codes(ctx, row_start, codes)?;
+        self.write_rows_scales(ctx, row_start, scales)
+    }
+
+    /// Writes the codes alone of whole rows of a quantized weight (a streamed checkpoint
+    /// delivers a matrix's codes and its scales as separate tensors).
+    pub fn write_rows_codes(&self, ctx: &GpuContext, row_start: usize, codes: &[u8]) -> Result<()> {
+        let (code_row, _) = self.quant_row_bytes()?;
+        self.write_quant_part(ctx, row_start, codes, code_row, |_| 0)
+    }
+
+    /// Writes the scales alone of whole rows of a quantized weight.
+    pub fn write_rows_scales(
+        &self,
+        ctx: &GpuContext,
+        row_start: usize,
+        scales: &[u8],
+    ) -> Result<()> {
+        let (_, scale_row) = self.quant_row_bytes()?;
+        self.write_quant_part(ctx, row_start, scales, scale_row, |chunk_rows| {
+            self.scales_word_offset(chunk_rows) * 4
+        })
+    }
+
+    /// Bytes of codes and of scales per row; an error for a float weight.
+    fn quant_row_bytes(&self) -> Result<(usize, usize)> {
+        match self.format.quant() {
+            Some(q) => Ok((
+                q.row_code_bytes(self.cols),
+                quant::row_scale_bytes(self.cols),
+            )),
+            None => Err(GpuError::Shape {
+                op: "weight write",
+                expected: "a quantized weight for quantized rows".into(),
+                found: format!("a {} weight", self.format.name()),
+            }),
+        }
+    }
+
+    /// Writes rows of `row_bytes` bytes each into every chunk's part that starts at
+    /// `base(chunk rows)` bytes.
+    fn write_quant_part(
+        &self,
+        ctx: &GpuContext,
+        row_start: usize,
+        bytes: &[u8],
+        row_bytes: usize,
+        base: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        let n_rows = bytes.len() / row_bytes.max(1);
+        if bytes.len() != n_rows * row_bytes || row_start + n_rows > self.rows {
+            return Err(GpuError::Shape {
+                op: "weight write",
+                expected: format!("whole rows of {row_bytes} bytes within {} rows", self.rows),
+                found: format!("{} bytes at row {row_start}", bytes.len()),
+            });
+        }
         self.for_chunk_runs(row_start, n_rows, |chunk, row, count| {
             let local = row - chunk.row_start;
             let src = row - row_start;
-            let code_bytes = &codes[src * code_row..(src + count) * code_row];
-            let scale_bytes = &scales[src * scale_row..(src + count) * scale_row];
-            ctx.queue
-                .write_buffer(&chunk.buffer, (local * code_row) as u64, code_bytes);
-            let scales_at = self.scales_word_offset(chunk.rows) * 4 + local * scale_row;
-            ctx.queue
-                .write_buffer(&chunk.buffer, scales_at as u64, scale_bytes);
+            let at = base(chunk.rows) + local * row_bytes;
+            ctx.queue.write_buffer(
+                &chunk.buffer,
+                at as u64,
+                &bytes[src * row_bytes..(src + count) * row_bytes],
+            );
         });
         Ok(())
     }

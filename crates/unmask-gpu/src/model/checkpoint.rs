@@ -1,8 +1,12 @@
 //! Hugging Face safetensors checkpoints: one `model.safetensors`, or shards listed by
-//! `model.safetensors.index.json`. Files are memory-mapped; tensors are located by name and
-//! validated (dtype, shape, bounds) before any byte is converted.
+//! `model.safetensors.index.json`. A `CheckpointLayout` holds only the files' headers, so a
+//! checkpoint can be checked and its upload planned before any tensor byte is read (a
+//! browser streams the bodies afterwards); a `Checkpoint` adds the files' bytes, memory-mapped
+//! natively. Tensors are located by name and validated (dtype, shape, bounds) before any byte
+//! is converted.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -58,23 +62,114 @@ pub enum CheckpointError {
     },
 }
 
-struct ShardFile {
-    path: PathBuf,
-    #[cfg(not(target_arch = "wasm32"))]
-    bytes: memmap2::Mmap,
-    #[cfg(target_arch = "wasm32")]
-    bytes: Vec<u8>,
-    data_start: usize,
+/// The header of one safetensors file: where each of its tensors lies.
+pub struct FileHeader {
+    pub path: PathBuf,
+    /// Offset of the data section in the file (8 + the header's length).
+    pub data_start: usize,
     tensors: HashMap<String, TensorInfo>,
     /// The header's `__metadata__`.
     metadata: HashMap<String, String>,
 }
 
-impl ShardFile {
-    /// The bytes of one of this file's tensors.
-    fn data(&self, info: &TensorInfo) -> &[u8] {
-        let (start, end) = info.data_offsets;
-        &self.bytes[self.data_start + start..self.data_start + end]
+/// Largest header accepted from a stream (the safetensors crate's own limit).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+impl FileHeader {
+    /// Bytes at the start of a file taken by its header, from the file's first 8 bytes.
+    pub fn header_len(path: &Path, first8: &[u8]) -> Result<usize, CheckpointError> {
+        let corrupt = |message: String| CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            message,
+        };
+        let word: [u8; 8] = first8
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| corrupt(format!("{} bytes, fewer than 8", first8.len())))?;
+        let n = u64::from_le_bytes(word);
+        if n > MAX_HEADER_BYTES {
+            return Err(corrupt(format!("a header of {n} bytes")));
+        }
+        Ok(8 + n as usize)
+    }
+
+    /// Parses a header from the first `header_len` bytes of a file whose length is
+    /// `file_len` when known (a stream without a length is checked when it ends).
+    pub fn parse(path: &Path, head: &[u8], file_len: Option<u64>) -> Result<Self, CheckpointError> {
+        let corrupt = |message: String| CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            message,
+        };
+        let len = Self::header_len(path, head)?;
+        let json = head.get(8..len).ok_or_else(|| {
+            corrupt(format!(
+                "the header needs {len} bytes, found {}",
+                head.len()
+            ))
+        })?;
+        // Deserializing validates that the tensors tile the data section in order.
+        let meta: safetensors::tensor::Metadata =
+            serde_json::from_slice(json).map_err(|e| corrupt(e.to_string()))?;
+        if let Some(file_len) = file_len
+            && file_len != (len + meta.data_len()) as u64
+        {
+            return Err(corrupt(format!(
+                "the header describes {} bytes of data, the file holds {} (truncated?)",
+                meta.data_len(),
+                file_len.saturating_sub(len as u64)
+            )));
+        }
+        Ok(Self::from_metadata(path, len, &meta))
+    }
+
+    fn from_metadata(path: &Path, data_start: usize, meta: &safetensors::tensor::Metadata) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            data_start,
+            tensors: meta
+                .tensors()
+                .into_iter()
+                .map(|(k, v)| (k, v.clone()))
+                .collect(),
+            metadata: meta.metadata().clone().unwrap_or_default(),
+        }
+    }
+
+    /// Bytes of the data section.
+    pub fn data_len(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|t| t.data_offsets.1 as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every tensor as (name, byte range within the data section), in file order.
+    pub fn tensors_in_order(&self) -> Vec<(&str, Range<usize>)> {
+        let mut out: Vec<(&str, Range<usize>)> = self
+            .tensors
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.data_offsets.0..v.data_offsets.1))
+            .collect();
+        out.sort_by_key(|(_, r)| (r.start, r.end));
+        out
+    }
+}
+
+/// The bytes of one file.
+enum FileBytes {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl FileBytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            FileBytes::Mapped(m) => m,
+            FileBytes::Owned(v) => v,
+        }
     }
 }
 
@@ -197,90 +292,119 @@ pub struct StoredTensor<'a> {
     pub file_tensors: usize,
 }
 
-/// All files of a checkpoint, mapped, with a name → file index.
-pub struct Checkpoint {
+/// Where a tensor's bytes lie: file index and byte range within that file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub file: usize,
+    pub bytes: Range<usize>,
+}
+
+/// A float tensor located and checked in a layout.
+pub struct TensorEntry<'a> {
+    pub name: &'a str,
+    pub path: &'a Path,
+    pub dtype: StoredDType,
+    pub shape: &'a [usize],
+    pub span: Span,
+}
+
+/// A quantized matrix located and checked in a layout: its codes and scales tensors.
+pub struct QuantEntry<'a> {
+    pub path: &'a Path,
+    pub format: QuantFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub code_name: String,
+    pub scale_name: String,
+    pub codes: Span,
+    pub scales: Span,
+}
+
+impl QuantEntry<'_> {
+    pub fn stored_bytes(&self) -> usize {
+        self.codes.bytes.len() + self.scales.bytes.len()
+    }
+}
+
+/// The shards an index names, sorted, and which shard holds each tensor.
+pub struct ShardIndex {
+    path: PathBuf,
+    pub shards: Vec<String>,
+    wanted: Vec<(String, String)>,
+}
+
+impl ShardIndex {
+    /// Parses the text of `model.safetensors.index.json` read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, CheckpointError> {
+        let index_err = |message: String| CheckpointError::Index {
+            path: path.to_path_buf(),
+            message,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| index_err(e.to_string()))?;
+        let map = value
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| index_err("expected an object `weight_map`".into()))?;
+        let mut shards: Vec<String> = Vec::new();
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        for (name, file) in map {
+            let file = file
+                .as_str()
+                .ok_or_else(|| index_err(format!("weight_map[{name}] is not a file name")))?;
+            if file.contains('/') || file.contains('\\') || file.contains("..") {
+                return Err(index_err(format!(
+                    "weight_map[{name}] = {file:?} is not a file in the checkpoint folder"
+                )));
+            }
+            if !shards.iter().any(|s| s == file) {
+                shards.push(file.to_string());
+            }
+            wanted.push((name.clone(), file.to_string()));
+        }
+        shards.sort();
+        Ok(Self {
+            path: path.to_path_buf(),
+            shards,
+            wanted,
+        })
+    }
+}
+
+/// The headers of every file of a checkpoint and a tensor name → file index: enough to
+/// check the checkpoint against a config and plan its upload without its data.
+pub struct CheckpointLayout {
     dir: PathBuf,
-    files: Vec<ShardFile>,
+    pub files: Vec<FileHeader>,
     by_name: HashMap<String, usize>,
 }
 
-impl Checkpoint {
-    /// Opens `dir/model.safetensors.index.json` and its shards, or `dir/model.safetensors`.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
-        let index_path = dir.join("model.safetensors.index.json");
-        let single_path = dir.join("model.safetensors");
+impl CheckpointLayout {
+    /// The layout of a sharded checkpoint: `files` are the headers of `index.shards`, in
+    /// that order. Every tensor the index names must be in the shard it names.
+    pub fn sharded(
+        dir: &Path,
+        index: &ShardIndex,
+        files: Vec<FileHeader>,
+    ) -> Result<Self, CheckpointError> {
         let mut by_name = HashMap::new();
-        let mut files = Vec::new();
-        if index_path.exists() {
-            let text =
-                std::fs::read_to_string(&index_path).map_err(|source| CheckpointError::Io {
-                    path: index_path.clone(),
-                    source,
-                })?;
-            let value: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| CheckpointError::Index {
-                    path: index_path.clone(),
-                    message: e.to_string(),
-                })?;
-            let map = value
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| CheckpointError::Index {
-                    path: index_path.clone(),
-                    message: "expected an object `weight_map`".into(),
-                })?;
-            let mut shard_names: Vec<String> = Vec::new();
-            let mut wanted: Vec<(String, String)> = Vec::new();
-            for (name, file) in map {
-                let file = file.as_str().ok_or_else(|| CheckpointError::Index {
-                    path: index_path.clone(),
-                    message: format!("weight_map[{name}] is not a file name"),
-                })?;
-                if file.contains('/') || file.contains('\\') || file.contains("..") {
-                    return Err(CheckpointError::Index {
-                        path: index_path.clone(),
-                        message: format!(
-                            "weight_map[{name}] = {file:?} is not a file in the checkpoint folder"
-                        ),
-                    });
-                }
-                if !shard_names.iter().any(|s| s == file) {
-                    shard_names.push(file.to_string());
-                }
-                wanted.push((name.clone(), file.to_string()));
+        for (name, file) in &index.wanted {
+            let idx = index
+                .shards
+                .iter()
+                .position(|s| s == file)
+                .expect("every named shard is listed");
+            if !files[idx].tensors.contains_key(name) {
+                return Err(CheckpointError::MissingTensor {
+                    name: name.clone(),
+                    looked_in: format!(
+                        "{} (named by {})",
+                        files[idx].path.display(),
+                        index.path.display()
+                    ),
+                });
             }
-            shard_names.sort();
-            for shard in &shard_names {
-                files.push(Self::map_file(&dir.join(shard))?);
-            }
-            for (name, file) in wanted {
-                let idx = shard_names
-                    .iter()
-                    .position(|s| *s == file)
-                    .expect("listed above");
-                if !files[idx].tensors.contains_key(&name) {
-                    return Err(CheckpointError::MissingTensor {
-                        name,
-                        looked_in: format!(
-                            "{} (named by {})",
-                            files[idx].path.display(),
-                            index_path.display()
-                        ),
-                    });
-                }
-                by_name.insert(name, idx);
-            }
-        } else if single_path.exists() {
-            let file = Self::map_file(&single_path)?;
-            for name in file.tensors.keys() {
-                by_name.insert(name.clone(), 0);
-            }
-            files.push(file);
-        } else {
-            return Err(CheckpointError::NotFound {
-                dir: dir.to_path_buf(),
-            });
+            by_name.insert(name.clone(), idx);
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -289,85 +413,27 @@ impl Checkpoint {
         })
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
-    fn map_file(path: &Path) -> Result<ShardFile, CheckpointError> {
-        let file = std::fs::File::open(path).map_err(|source| CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        // SAFETY: the file is opened read-only; a checkpoint modified while mapped is a user
-        // error that can at worst produce wrong weights, which validation of shapes bounds.
-        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(path, bytes)
-    }
-
-    /// Builds a checkpoint from in-memory files (browsers, tests): (file name, bytes).
-    #[cfg(target_arch = "wasm32")]
-    pub fn from_bytes(files_in: Vec<(String, Vec<u8>)>) -> Result<Self, CheckpointError> {
-        let mut files = Vec::new();
-        let mut by_name = HashMap::new();
-        for (i, (name, bytes)) in files_in.into_iter().enumerate() {
-            let f = Self::parse(Path::new(&name), bytes)?;
-            for t in f.tensors.keys() {
-                by_name.insert(t.clone(), i);
-            }
-            files.push(f);
-        }
-        Ok(Self {
-            dir: PathBuf::from("(memory)"),
-            files,
+    /// The layout of a checkpoint of one file.
+    pub fn single(dir: &Path, file: FileHeader) -> Self {
+        let by_name = file.tensors.keys().map(|n| (n.clone(), 0)).collect();
+        Self {
+            dir: dir.to_path_buf(),
+            files: vec![file],
             by_name,
-        })
+        }
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
-    fn parse(path: &Path, bytes: memmap2::Mmap) -> Result<ShardFile, CheckpointError> {
-        let (n, tensors, metadata) = Self::read_header(path, &bytes)?;
-        Ok(ShardFile {
-            path: path.to_path_buf(),
-            bytes,
-            data_start: 8 + n,
-            tensors,
-            metadata,
-        })
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    #[cfg(target_arch = "wasm32")]
-    fn parse(path: &Path, bytes: Vec<u8>) -> Result<ShardFile, CheckpointError> {
-        let (n, tensors, metadata) = Self::read_header(path, &bytes)?;
-        Ok(ShardFile {
-            path: path.to_path_buf(),
-            bytes,
-            data_start: 8 + n,
-            tensors,
-            metadata,
-        })
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
     }
 
-    #[allow(clippy::type_complexity)]
-    fn read_header(
-        path: &Path,
-        bytes: &[u8],
-    ) -> Result<(usize, HashMap<String, TensorInfo>, HashMap<String, String>), CheckpointError>
-    {
-        // Validates the header and that the data section covers every tensor exactly, so a
-        // truncated download is caught here rather than as garbage weights.
-        let (n, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
-            CheckpointError::Corrupt {
-                path: path.to_path_buf(),
-                message: format!("{e:?}"),
-            }
-        })?;
-        let tensors = meta
-            .tensors()
-            .into_iter()
-            .map(|(k, v)| (k, v.clone()))
-            .collect();
-        let metadata = meta.metadata().clone().unwrap_or_default();
-        Ok((n, tensors, metadata))
+    /// The file holding tensor `name`, if any.
+    pub fn file_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
     }
 
     /// A `__metadata__` value of the checkpoint's files (the first file that has the key).
@@ -377,16 +443,37 @@ impl Checkpoint {
             .find_map(|f| f.metadata.get(key).map(String::as_str))
     }
 
+    /// Total bytes of tensor data over all files.
+    pub fn data_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|f| {
+                f.tensors
+                    .values()
+                    .map(|t| (t.data_offsets.1 - t.data_offsets.0) as u64)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    fn span(&self, file: usize, info: &TensorInfo) -> Span {
+        let start = self.files[file].data_start;
+        Span {
+            file,
+            bytes: start + info.data_offsets.0..start + info.data_offsets.1,
+        }
+    }
+
     /// The `[rows, cols]` matrix `name` (e.g. `...q_proj.weight`) when the checkpoint stores
     /// it quantized, as `unmask quantize` writes it: `<prefix>.qweight` (I8 codes for q8,
     /// U8 nibble pairs for q4, `unmask_core::quant` layout) and `<prefix>.scales` (F16),
     /// where `<prefix>` is `name` without `.weight`. None when it is stored as floats.
-    pub fn quantized(
+    pub fn quantized_entry(
         &self,
         name: &str,
         rows: usize,
         cols: usize,
-    ) -> Result<Option<QuantTensor<'_>>, CheckpointError> {
+    ) -> Result<Option<QuantEntry<'_>>, CheckpointError> {
         let prefix = name.strip_suffix(".weight").unwrap_or(name);
         let code_name = format!("{prefix}{QWEIGHT_SUFFIX}");
         let Some(&idx) = self.by_name.get(&code_name) else {
@@ -448,35 +535,228 @@ impl Checkpoint {
                 ),
             });
         }
-        Ok(Some(QuantTensor {
+        Ok(Some(QuantEntry {
             path: &file.path,
             format,
             rows,
             cols,
-            codes: file.data(codes),
-            scales: sfile.data(scales),
+            codes: self.span(idx, codes),
+            scales: self.span(sidx, scales),
+            code_name,
+            scale_name,
         }))
     }
 
+    /// The float tensor `name`, checked against the expected shape.
+    pub fn tensor_entry(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+    ) -> Result<TensorEntry<'_>, CheckpointError> {
+        let (key, &idx) =
+            self.by_name
+                .get_key_value(name)
+                .ok_or_else(|| CheckpointError::MissingTensor {
+                    name: name.to_string(),
+                    looked_in: self
+                        .files
+                        .iter()
+                        .map(|f| f.path.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+        let file = &self.files[idx];
+        let info = &file.tensors[name];
+        let dtype = match info.dtype {
+            Dtype::BF16 => StoredDType::BF16,
+            Dtype::F16 => StoredDType::F16,
+            Dtype::F32 => StoredDType::F32,
+            other => {
+                return Err(CheckpointError::DType {
+                    name: name.to_string(),
+                    path: file.path.clone(),
+                    found: format!("{other:?}"),
+                });
+            }
+        };
+        if info.shape != expected_shape {
+            return Err(CheckpointError::Shape {
+                name: name.to_string(),
+                path: file.path.clone(),
+                expected: expected_shape.to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        Ok(TensorEntry {
+            name: key,
+            path: &file.path,
+            dtype,
+            shape: &info.shape,
+            span: self.span(idx, info),
+        })
+    }
+}
+
+/// All files of a checkpoint with their bytes (memory-mapped natively).
+pub struct Checkpoint {
+    layout: CheckpointLayout,
+    bytes: Vec<FileBytes>,
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors.index.json` and its shards, or `dir/model.safetensors`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single_path = dir.join("model.safetensors");
+        if index_path.exists() {
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|source| CheckpointError::Io {
+                    path: index_path.clone(),
+                    source,
+                })?;
+            let index = ShardIndex::parse(&index_path, &text)?;
+            let mut headers = Vec::new();
+            let mut bytes = Vec::new();
+            for shard in &index.shards {
+                let (h, b) = Self::map_file(&dir.join(shard))?;
+                headers.push(h);
+                bytes.push(b);
+            }
+            Ok(Self {
+                layout: CheckpointLayout::sharded(dir, &index, headers)?,
+                bytes,
+            })
+        } else if single_path.exists() {
+            let (h, b) = Self::map_file(&single_path)?;
+            Ok(Self {
+                layout: CheckpointLayout::single(dir, h),
+                bytes: vec![b],
+            })
+        } else {
+            Err(CheckpointError::NotFound {
+                dir: dir.to_path_buf(),
+            })
+        }
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn map_file(path: &Path) -> Result<(FileHeader, FileBytes), CheckpointError> {
+        let file = std::fs::File::open(path).map_err(|source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: the file is opened read-only; a checkpoint modified while mapped is a user
+        // error that can at worst produce wrong weights, which validation of shapes bounds.
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let header = Self::read_header(path, &bytes)?;
+        Ok((header, FileBytes::Mapped(bytes)))
+    }
+
+    /// Builds a checkpoint from whole files held in memory: (file name, bytes), one file or
+    /// the shards of an index given as (index file name, its text).
+    pub fn from_bytes(
+        files_in: Vec<(String, Vec<u8>)>,
+        index: Option<(&str, &str)>,
+    ) -> Result<Self, CheckpointError> {
+        let dir = Path::new("(memory)");
+        let mut headers = Vec::new();
+        let mut bytes = Vec::new();
+        let index = index
+            .map(|(name, text)| ShardIndex::parse(Path::new(name), text))
+            .transpose()?;
+        let order: Vec<String> = match &index {
+            Some(i) => i.shards.clone(),
+            None => files_in.iter().map(|(n, _)| n.clone()).collect(),
+        };
+        let mut files_in = files_in;
+        for name in &order {
+            let at = files_in
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| CheckpointError::NotFound {
+                    dir: PathBuf::from(name),
+                })?;
+            let (name, data) = files_in.swap_remove(at);
+            headers.push(Self::read_header(Path::new(&name), &data)?);
+            bytes.push(FileBytes::Owned(data));
+        }
+        let layout = match &index {
+            Some(i) => CheckpointLayout::sharded(dir, i, headers)?,
+            None if headers.len() == 1 => {
+                CheckpointLayout::single(dir, headers.pop().expect("one file"))
+            }
+            None => {
+                return Err(CheckpointError::Index {
+                    path: dir.to_path_buf(),
+                    message: format!("{} files without an index", headers.len()),
+                });
+            }
+        };
+        Ok(Self { layout, bytes })
+    }
+
+    fn read_header(path: &Path, bytes: &[u8]) -> Result<FileHeader, CheckpointError> {
+        // Validates the header and that the data section covers every tensor exactly, so a
+        // truncated download is caught here rather than as garbage weights.
+        let (n, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
+            CheckpointError::Corrupt {
+                path: path.to_path_buf(),
+                message: format!("{e:?}"),
+            }
+        })?;
+        Ok(FileHeader::from_metadata(path, 8 + n, &meta))
+    }
+
+    /// The headers alone.
+    pub fn layout(&self) -> &CheckpointLayout {
+        &self.layout
+    }
+
+    /// The bytes a span covers.
+    pub fn span_bytes(&self, span: &Span) -> &[u8] {
+        &self.bytes[span.file].as_slice()[span.bytes.clone()]
+    }
+
+    /// A `__metadata__` value of the checkpoint's files (the first file that has the key).
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.layout.metadata(key)
+    }
+
+    /// `CheckpointLayout::quantized_entry` with the codes' and scales' bytes.
+    pub fn quantized(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<QuantTensor<'_>>, CheckpointError> {
+        Ok(self
+            .layout
+            .quantized_entry(name, rows, cols)?
+            .map(|q| QuantTensor {
+                path: q.path,
+                format: q.format,
+                rows,
+                cols,
+                codes: self.span_bytes(&q.codes),
+                scales: self.span_bytes(&q.scales),
+            }))
+    }
+
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.layout.dir()
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(String::as_str)
+        self.layout.names()
     }
 
     /// Total bytes of tensor data over all files.
     pub fn data_bytes(&self) -> u64 {
-        self.files
-            .iter()
-            .map(|f| {
-                f.tensors
-                    .values()
-                    .map(|t| (t.data_offsets.1 - t.data_offsets.0) as u64)
-                    .sum::<u64>()
-            })
-            .sum()
+        self.layout.data_bytes()
     }
 
     /// How the tensor `name` of the given shape is stored, whether as floats or (for a
@@ -511,52 +791,13 @@ impl Checkpoint {
         name: &str,
         expected_shape: &[usize],
     ) -> Result<TensorBytes<'_>, CheckpointError> {
-        let &idx = self
-            .by_name
-            .get(name)
-            .ok_or_else(|| CheckpointError::MissingTensor {
-                name: name.to_string(),
-                looked_in: self
-                    .files
-                    .iter()
-                    .map(|f| f.path.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        let file = &self.files[idx];
-        let info = &file.tensors[name];
-        let dtype = match info.dtype {
-            Dtype::BF16 => StoredDType::BF16,
-            Dtype::F16 => StoredDType::F16,
-            Dtype::F32 => StoredDType::F32,
-            other => {
-                return Err(CheckpointError::DType {
-                    name: name.to_string(),
-                    path: file.path.clone(),
-                    found: format!("{other:?}"),
-                });
-            }
-        };
-        if info.shape != expected_shape {
-            return Err(CheckpointError::Shape {
-                name: name.to_string(),
-                path: file.path.clone(),
-                expected: expected_shape.to_vec(),
-                found: info.shape.clone(),
-            });
-        }
-        let (start, end) = info.data_offsets;
-        let data = &file.bytes[file.data_start + start..file.data_start + end];
+        let e = self.layout.tensor_entry(name, expected_shape)?;
         Ok(TensorBytes {
-            name: self
-                .by_name
-                .get_key_value(name)
-                .map(|(k, _)| k.as_str())
-                .unwrap_or(""),
-            path: &file.path,
-            dtype,
-            shape: &info.shape,
-            data,
+            name: e.name,
+            path: e.path,
+            dtype: e.dtype,
+            shape: e.shape,
+            data: self.span_bytes(&e.span),
         })
     }
 }

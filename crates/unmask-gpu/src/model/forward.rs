@@ -4,6 +4,7 @@
 //! down + residual → gather the rows to sample → final norm → LM head per vocabulary chunk →
 //! streaming argmax/confidence. Only (token, confidence) per sampled row is read back.
 
+#[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 use std::sync::Arc;
 
@@ -123,6 +124,15 @@ impl LladaModel {
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
         let weights = LladaWeights::load(&ctx, &cfg, ckpt, formats, progress)?;
+        Self::from_weights(ctx, cfg, weights)
+    }
+
+    /// The model over weights already on the GPU (e.g. uploaded from a stream).
+    pub fn from_weights(
+        ctx: Arc<GpuContext>,
+        cfg: LladaConfig,
+        weights: LladaWeights,
+    ) -> Result<Self, ModelError> {
         let max_pos = cfg.max_sequence_length.max(1);
         let hd = cfg.head_dim();
         let table = ew::rope_table(cfg.rope_theta as f32, hd, max_pos);
@@ -532,7 +542,19 @@ impl LladaModel {
         sel: &SelectBuffers,
         n: usize,
     ) -> Result<Vec<TokenChoice>, ModelError> {
-        let bytes = self.ctx.read_bytes(&sel.out.buffer, 0, (n * 8) as u64)?;
+        pollster::block_on(self.read_choices_async(sel, n))
+    }
+
+    /// `read_choices` for async callers (the only way in a browser).
+    pub async fn read_choices_async(
+        &self,
+        sel: &SelectBuffers,
+        n: usize,
+    ) -> Result<Vec<TokenChoice>, ModelError> {
+        let bytes = self
+            .ctx
+            .read_bytes_async(&sel.out.buffer, 0, (n * 8) as u64)
+            .await?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         Ok(words
             .chunks_exact(2)

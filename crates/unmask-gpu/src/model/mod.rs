@@ -4,15 +4,22 @@
 pub mod checkpoint;
 pub mod forward;
 pub mod quant_checkpoint;
+pub mod stream;
 pub mod weights;
 
 use thiserror::Error;
 use unmask_core::error::ConfigError;
 
-pub use checkpoint::{Checkpoint, CheckpointError, QuantTensor, StoredTensor};
+pub use checkpoint::{
+    Checkpoint, CheckpointError, CheckpointLayout, FileHeader, QuantTensor, ShardIndex,
+    StoredTensor,
+};
 pub use forward::{ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, TokenChoice};
 pub use quant_checkpoint::write_quantized;
-pub use weights::{LayerWeights, LladaWeights, LoadProgress, WeightFormats, weight_bytes};
+pub use stream::BodyStream;
+pub use weights::{
+    LayerWeights, LladaWeights, LoadProgress, WeightFormats, WeightUpload, weight_bytes,
+};
 
 #[derive(Debug, Error)]
 pub enum ModelError {

@@ -1,21 +1,27 @@
-//! LLaDA weights on the GPU. Tensors are streamed from the mapped checkpoint in row blocks
-//! (a few MiB of host memory at a time) and converted to the storage format (quantized on
-//! the CPU for q8 / q4; a quantized checkpoint's codes are uploaded as stored). Q/K/V are
-//! fused into one `[q; k; v]` matrix and gate/up into one `[gate; up]` matrix so each
-//! projection is a single matmul.
+//! LLaDA weights on the GPU. A `WeightUpload` is planned from the checkpoint's headers
+//! alone (every name, shape and dtype checked, every buffer allocated), then fed each
+//! tensor's bytes in whole rows, in any order and in pieces of any size: all of a mapped
+//! file at once natively, or a browser download as it arrives. Rows are converted to the
+//! storage format in blocks (a few MiB of host memory at a time; quantized on the CPU for
+//! q8 / q4; a quantized checkpoint's codes are uploaded as stored). Q/K/V are fused into one
+//! `[q; k; v]` matrix and gate/up into one `[gate; up]` matrix so each projection is a
+//! single matmul.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::f16;
 use unmask_core::config::LladaConfig;
-use unmask_core::quant::{self, QuantError};
+use unmask_core::quant::{self, QuantError, QuantFormat};
 
 use super::ModelError;
-use super::checkpoint::{Checkpoint, CheckpointError, QuantTensor, TensorBytes};
+use super::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointLayout, QuantTensor, Span, StoredDType, TensorBytes,
+};
 use crate::context::GpuContext;
 use crate::error::GpuError;
-use crate::tensor::{Tensor, Weight, WeightFormat, WeightPlan, buffer_size};
+use crate::tensor::{DType, Tensor, Weight, WeightFormat, WeightPlan, buffer_size};
 
 /// One transformer block.
 pub struct LayerWeights {
@@ -118,29 +124,70 @@ pub(crate) fn matrix_source<'a>(
     }
 }
 
-struct Loader<'a> {
+/// Where one checkpoint tensor goes.
+enum Part {
+    /// Float rows of a matrix, written from row `row_offset` of `dst`.
+    Float {
+        dst: Weight,
+        row_offset: usize,
+        dtype: StoredDType,
+    },
+    /// The codes (or, when `scales`, the scales) of a quantized matrix; `partner` names
+    /// the other tensor of the pair.
+    Quant {
+        dst: Weight,
+        row_offset: usize,
+        format: QuantFormat,
+        scales: bool,
+        partner: String,
+    },
+    /// A norm weight, kept in f32 (tiny, and read by every row): one row of `cols` values.
+    Vector { dst: Tensor, dtype: StoredDType },
+}
+
+struct Target {
+    part: Part,
+    path: PathBuf,
+    span: Span,
+    /// Rows and values per row of the matrix (1 row for a vector).
+    rows: usize,
+    cols: usize,
+    /// Stored bytes per row.
+    row_bytes: usize,
+    /// Rows uploaded so far (rows arrive in order).
+    received: usize,
+}
+
+/// `queue.write_buffer` stages its bytes until the next submit; flushing this often keeps
+/// the staging memory of a 16 GB checkpoint to a few hundred MiB instead of a second copy.
+const FLUSH_BYTES: u64 = 256 << 20;
+
+/// An upload of a checkpoint's weights in progress: buffers allocated, tensors arriving.
+pub struct WeightUpload<'a> {
     ctx: &'a GpuContext,
-    ckpt: &'a Checkpoint,
-    formats: WeightFormats,
+    weights: LladaWeights,
+    targets: HashMap<String, Target>,
+    /// Tensor names in model order.
+    order: Vec<String>,
+    /// Codes or scales of a quantized matrix that must be converted, kept until the other
+    /// half arrives (only a stacked matrix mixing formats needs this).
+    pending: HashMap<String, Vec<u8>>,
     done: u64,
     total: u64,
+    /// Bytes read since the last flush of the upload queue.
+    unflushed: u64,
     progress: &'a mut dyn FnMut(LoadProgress<'_>),
 }
 
-impl Loader<'_> {
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorBytes<'_>, CheckpointError> {
-        self.ckpt.tensor(name, shape)
-    }
+/// Allocates the model's buffers and records where each checkpoint tensor goes.
+struct Planner<'a> {
+    ctx: &'a GpuContext,
+    layout: &'a CheckpointLayout,
+    targets: HashMap<String, Target>,
+    order: Vec<String>,
+}
 
-    fn report(&mut self, name: &str, bytes: usize) {
-        self.done += bytes as u64;
-        (self.progress)(LoadProgress {
-            tensor: name,
-            done_bytes: self.done,
-            total_bytes: self.total,
-        });
-    }
-
+impl Planner<'_> {
     /// The format to allocate a matrix in: a quantized checkpoint's own format (it is not
     /// converted), else the one asked for.
     fn format_of(
@@ -150,90 +197,68 @@ impl Loader<'_> {
         cols: usize,
         wanted: WeightFormat,
     ) -> Result<WeightFormat, CheckpointError> {
-        Ok(match self.ckpt.quantized(name, rows, cols)? {
+        Ok(match self.layout.quantized_entry(name, rows, cols)? {
             Some(q) => q.format.into(),
             None => wanted,
         })
     }
 
-    /// Streams `name` ([rows, cols]) into `dst` starting at row `row_offset`.
-    fn stream_into(
+    fn add(&mut self, name: String, target: Target) {
+        self.order.push(name.clone());
+        self.targets.insert(name, target);
+    }
+
+    /// Routes the `[rows, cols]` matrix `name` into `dst` from row `row_offset`.
+    fn route(
         &mut self,
         dst: &Weight,
         name: &str,
         rows: usize,
         cols: usize,
         row_offset: usize,
-    ) -> Result<(), ModelError> {
-        let src = matrix_source(self.ckpt, name, rows, cols)?;
-        let rows_per_block = (BLOCK_VALUES / cols.max(1)).max(1);
-        if let (Source::Quant(q), Some(wanted)) = (&src, dst.format.quant())
-            && q.format == wanted
-        {
-            // Already in the GPU's layout: upload the stored bytes as they are.
-            let mut row = 0;
-            while row < rows {
-                let n = rows_per_block.min(rows - row);
-                let (codes, scales) = q.rows(row, n);
-                dst.write_rows_quant(self.ctx, row_offset + row, codes, scales)?;
-                row += n;
+    ) -> Result<(), CheckpointError> {
+        if let Some(q) = self.layout.quantized_entry(name, rows, cols)? {
+            let path = q.path.to_path_buf();
+            let halves = [
+                (&q.code_name, &q.scale_name, q.codes.clone(), false),
+                (&q.scale_name, &q.code_name, q.scales.clone(), true),
+            ];
+            for (own, partner, span, scales) in halves {
+                let row_bytes = span.bytes.len() / rows.max(1);
+                let target = Target {
+                    part: Part::Quant {
+                        dst: dst.clone(),
+                        row_offset,
+                        format: q.format,
+                        scales,
+                        partner: partner.clone(),
+                    },
+                    path: path.clone(),
+                    span,
+                    rows,
+                    cols,
+                    row_bytes,
+                    received: 0,
+                };
+                self.add(own.clone(), target);
             }
-            let bytes = src.stored_bytes();
-            self.report(name, bytes);
             return Ok(());
         }
-        let mut buf = vec![0f32; rows_per_block.min(rows) * cols];
-        let mut half_buf: Vec<f16> = Vec::new();
-        let mut codes: Vec<u8> = Vec::new();
-        let mut scales: Vec<u8> = Vec::new();
-        let mut row = 0;
-        while row < rows {
-            let n = rows_per_block.min(rows - row);
-            let block = &mut buf[..n * cols];
-            src.read_f32(row, cols, block);
-            match dst.format {
-                WeightFormat::F32 => dst.write_rows_f32(self.ctx, row_offset + row, block)?,
-                WeightFormat::F16Packed | WeightFormat::F16Native => {
-                    half_buf.clear();
-                    half_buf.extend(block.iter().map(|&v| f16::from_f32(v)));
-                    let bad: Vec<f32> = block
-                        .iter()
-                        .zip(&half_buf)
-                        .filter(|(v, h)| v.is_finite() && !h.is_finite())
-                        .map(|(v, _)| v.abs())
-                        .collect();
-                    if !bad.is_empty() {
-                        return Err(CheckpointError::F16Range {
-                            name: name.to_string(),
-                            path: src.path().to_path_buf(),
-                            count: bad.len(),
-                            max: bad.iter().copied().fold(0.0, f32::max),
-                        }
-                        .into());
-                    }
-                    dst.write_rows_f16(self.ctx, row_offset + row, &half_buf)?
-                }
-                WeightFormat::Q8 | WeightFormat::Q4 => {
-                    let q = dst.format.quant().expect("quantized format");
-                    codes.resize(n * q.row_code_bytes(cols), 0);
-                    scales.resize(n * quant::row_scale_bytes(cols), 0);
-                    q.quantize_rows(block, cols, &mut codes, &mut scales)
-                        .map_err(|e| CheckpointError::Quantized {
-                            name: name.to_string(),
-                            path: src.path().to_path_buf(),
-                            message: format!(
-                                "cannot quantize to {} (row {}): {e}",
-                                q.name(),
-                                row + index_row(&e, cols)
-                            ),
-                        })?;
-                    dst.write_rows_quant(self.ctx, row_offset + row, &codes, &scales)?;
-                }
-            }
-            row += n;
-        }
-        let bytes = src.stored_bytes();
-        self.report(name, bytes);
+        let t = self.layout.tensor_entry(name, &[rows, cols])?;
+        let target = Target {
+            part: Part::Float {
+                dst: dst.clone(),
+                row_offset,
+                dtype: t.dtype,
+            },
+            path: t.path.to_path_buf(),
+            row_bytes: t.span.bytes.len() / rows.max(1),
+            span: t.span,
+            rows,
+            cols,
+            received: 0,
+        };
+        self.add(name.to_string(), target);
         Ok(())
     }
 
@@ -246,7 +271,7 @@ impl Loader<'_> {
     ) -> Result<Weight, ModelError> {
         let format = self.format_of(name, rows, cols, wanted)?;
         let w = Weight::zeros(self.ctx, rows, cols, format, name)?;
-        self.stream_into(&w, name, rows, cols, 0)?;
+        self.route(&w, name, rows, cols, 0)?;
         Ok(w)
     }
 
@@ -264,22 +289,383 @@ impl Loader<'_> {
         let w = Weight::zeros(self.ctx, rows, cols, format, label)?;
         let mut offset = 0;
         for (name, r) in parts {
-            self.stream_into(&w, name, *r, cols, offset)?;
+            self.route(&w, name, *r, cols, offset)?;
             offset += r;
         }
         Ok(w)
     }
 
-    /// A norm weight, kept in f32 (tiny, and read by every row).
     fn vector(&mut self, name: &str, len: usize) -> Result<Tensor, ModelError> {
-        let t = self.tensor(name, &[len])?;
-        let mut v = vec![0f32; len];
-        t.read_f32(0, &mut v);
-        let bytes = t.data.len();
-        let out = Tensor::from_f32(self.ctx, &[len], &v, name)?;
-        self.report(name, bytes);
-        Ok(out)
+        let t = self.layout.tensor_entry(name, &[len])?;
+        let dst = Tensor::zeros(self.ctx, DType::F32, &[len], name)?;
+        let target = Target {
+            part: Part::Vector {
+                dst: dst.clone(),
+                dtype: t.dtype,
+            },
+            path: t.path.to_path_buf(),
+            row_bytes: t.span.bytes.len(),
+            span: t.span,
+            rows: 1,
+            cols: len,
+            received: 0,
+        };
+        self.add(name.to_string(), target);
+        Ok(dst)
     }
+}
+
+impl<'a> WeightUpload<'a> {
+    /// Checks every tensor `cfg` names against the checkpoint's headers (names, shapes,
+    /// dtypes; before any buffer exists, so a bad checkpoint fails fast), then allocates
+    /// every weight. Matrices stored quantized (a checkpoint written by `unmask quantize`)
+    /// keep their format; the others are converted to `formats`.
+    pub fn plan(
+        ctx: &'a GpuContext,
+        cfg: &LladaConfig,
+        layout: &CheckpointLayout,
+        formats: impl Into<WeightFormats>,
+        progress: &'a mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Self, ModelError> {
+        let formats = formats.into();
+        let mut total = 0u64;
+        for (name, shape) in cfg.tensor_specs() {
+            total += match shape[..] {
+                [rows, cols] => match layout.quantized_entry(&name, rows, cols)? {
+                    Some(q) => q.stored_bytes(),
+                    None => layout.tensor_entry(&name, &shape)?.span.bytes.len(),
+                },
+                _ => layout.tensor_entry(&name, &shape)?.span.bytes.len(),
+            } as u64;
+        }
+        let mut p = Planner {
+            ctx,
+            layout,
+            targets: HashMap::new(),
+            order: Vec::new(),
+        };
+        let (layers_format, embed_format) =
+            (formats.layers.resolve(ctx), formats.embed.resolve(ctx));
+        let d = cfg.d_model;
+        let hd = cfg.head_dim();
+        let q_rows = cfg.n_heads * hd;
+        let kv_rows = cfg.n_kv_heads * hd;
+        let hidden = cfg.mlp_hidden_size;
+        let embedding = p.matrix(
+            "model.transformer.wte.weight",
+            cfg.embedding_size,
+            d,
+            embed_format,
+        )?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let name = |n: &str| format!("model.transformer.blocks.{i}.{n}.weight");
+            let attn_norm = p.vector(&name("attn_norm"), d)?;
+            let qkv = p.stacked(
+                &format!("blocks.{i}.qkv"),
+                &[
+                    (name("q_proj"), q_rows),
+                    (name("k_proj"), kv_rows),
+                    (name("v_proj"), kv_rows),
+                ],
+                d,
+                layers_format,
+            )?;
+            let attn_out = p.matrix(&name("attn_out"), d, q_rows, layers_format)?;
+            let ff_norm = p.vector(&name("ff_norm"), d)?;
+            let gate_up = p.stacked(
+                &format!("blocks.{i}.gate_up"),
+                &[(name("ff_proj"), hidden), (name("up_proj"), hidden)],
+                d,
+                layers_format,
+            )?;
+            let down = p.matrix(&name("ff_out"), d, hidden, layers_format)?;
+            layers.push(LayerWeights {
+                attn_norm,
+                qkv,
+                attn_out,
+                ff_norm,
+                gate_up,
+                down,
+            });
+        }
+        let ln_f = p.vector("model.transformer.ln_f.weight", d)?;
+        let lm_head = if cfg.weight_tying {
+            embedding.clone()
+        } else {
+            p.matrix(
+                "model.transformer.ff_out.weight",
+                cfg.embedding_size,
+                d,
+                embed_format,
+            )?
+        };
+        Ok(Self {
+            ctx,
+            weights: LladaWeights {
+                embedding,
+                layers,
+                ln_f,
+                lm_head,
+            },
+            targets: p.targets,
+            order: p.order,
+            pending: HashMap::new(),
+            done: 0,
+            total,
+            unflushed: 0,
+            progress,
+        })
+    }
+
+    /// Bytes per stored row of checkpoint tensor `name` (a vector is one row); `None` for
+    /// a tensor the model does not use, whose bytes may be skipped.
+    pub fn row_bytes(&self, name: &str) -> Option<usize> {
+        self.targets.get(name).map(|t| t.row_bytes)
+    }
+
+    /// Every tensor the model uses and where its bytes lie, in model order.
+    pub fn spans(&self) -> Vec<(String, Span)> {
+        self.order
+            .iter()
+            .map(|n| (n.clone(), self.targets[n].span.clone()))
+            .collect()
+    }
+
+    /// Bytes of tensor data the model uses.
+    pub fn total_bytes(&self) -> u64 {
+        self.total
+    }
+
+    /// Uploads whole rows `first_row..` of checkpoint tensor `name` from its stored bytes.
+    /// Rows of a tensor must arrive in order; a tensor the model does not use is ignored.
+    pub fn rows(&mut self, name: &str, first_row: usize, data: &[u8]) -> Result<(), ModelError> {
+        let Some(t) = self.targets.get(name) else {
+            return Ok(());
+        };
+        let n = data.len() / t.row_bytes.max(1);
+        if n * t.row_bytes != data.len() || first_row != t.received || first_row + n > t.rows {
+            return Err(CheckpointError::Corrupt {
+                path: t.path.clone(),
+                message: format!(
+                    "tensor {name}: {} bytes at row {first_row} are not whole rows of {} bytes \
+                     following row {} of {}",
+                    data.len(),
+                    t.row_bytes,
+                    t.received,
+                    t.rows
+                ),
+            }
+            .into());
+        }
+        let (path, cols) = (t.path.clone(), t.cols);
+        match &t.part {
+            Part::Float {
+                dst,
+                row_offset,
+                dtype,
+            } => {
+                let shape = [n, cols];
+                let src = Source::Float(TensorBytes {
+                    name,
+                    path: &path,
+                    dtype: *dtype,
+                    shape: &shape,
+                    data,
+                });
+                convert_rows(self.ctx, dst, name, &src, n, cols, row_offset + first_row)?;
+            }
+            Part::Vector { dst, dtype } => {
+                let shape = [cols];
+                let src = TensorBytes {
+                    name,
+                    path: &path,
+                    dtype: *dtype,
+                    shape: &shape,
+                    data,
+                };
+                let mut v = vec![0f32; cols];
+                src.read_f32(0, &mut v);
+                dst.write_f32(self.ctx, &v)?;
+            }
+            Part::Quant {
+                dst,
+                row_offset,
+                format,
+                scales,
+                partner,
+            } => {
+                let row = row_offset + first_row;
+                if dst.format.quant() == Some(*format) {
+                    // Already in the GPU's layout: upload the stored bytes as they are.
+                    if *scales {
+                        dst.write_rows_scales(self.ctx, row, data)?;
+                    } else {
+                        dst.write_rows_codes(self.ctx, row, data)?;
+                    }
+                } else {
+                    let (dst, format, scales, partner) =
+                        (dst.clone(), *format, *scales, partner.clone());
+                    let rows = t.rows;
+                    let row_offset = *row_offset;
+                    self.pending
+                        .entry(name.to_string())
+                        .or_default()
+                        .extend_from_slice(data);
+                    self.convert_pair(
+                        &dst, name, &partner, scales, format, rows, cols, row_offset, &path,
+                    )?;
+                }
+            }
+        }
+        if let Some(t) = self.targets.get_mut(name) {
+            t.received += n;
+        }
+        self.report(name, data.len());
+        Ok(())
+    }
+
+    /// Converts a quantized matrix of another format than its destination once both its
+    /// codes and its scales have arrived whole.
+    #[allow(clippy::too_many_arguments)] // internal; the fields of one routing entry
+    fn convert_pair(
+        &mut self,
+        dst: &Weight,
+        name: &str,
+        partner: &str,
+        scales: bool,
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        row_offset: usize,
+        path: &Path,
+    ) -> Result<(), ModelError> {
+        let whole = |n: &str, per_row: usize| {
+            self.pending
+                .get(n)
+                .is_some_and(|b| b.len() == rows * per_row)
+        };
+        let (code_name, scale_name) = if scales {
+            (partner, name)
+        } else {
+            (name, partner)
+        };
+        if !(whole(code_name, format.row_code_bytes(cols))
+            && whole(scale_name, quant::row_scale_bytes(cols)))
+        {
+            return Ok(());
+        }
+        let codes = self.pending.remove(code_name).unwrap_or_default();
+        let scale_bytes = self.pending.remove(scale_name).unwrap_or_default();
+        let src = Source::Quant(QuantTensor {
+            path,
+            format,
+            rows,
+            cols,
+            codes: &codes,
+            scales: &scale_bytes,
+        });
+        convert_rows(self.ctx, dst, code_name, &src, rows, cols, row_offset)
+    }
+
+    fn report(&mut self, name: &str, bytes: usize) {
+        self.done += bytes as u64;
+        self.unflushed += bytes as u64;
+        if self.unflushed >= FLUSH_BYTES {
+            self.unflushed = 0;
+            self.ctx.queue.submit([]);
+            // A failed wait only delays freeing the staging buffers; loading goes on.
+            let _ = self.ctx.wait_idle();
+        }
+        (self.progress)(LoadProgress {
+            tensor: name,
+            done_bytes: self.done,
+            total_bytes: self.total,
+        });
+    }
+
+    /// The weights, once every row of every tensor has arrived.
+    pub fn finish(self) -> Result<LladaWeights, ModelError> {
+        for name in &self.order {
+            let t = &self.targets[name];
+            if t.received < t.rows {
+                return Err(CheckpointError::Corrupt {
+                    path: t.path.clone(),
+                    message: format!(
+                        "tensor {name}: {} of its {} rows arrived (truncated?)",
+                        t.received, t.rows
+                    ),
+                }
+                .into());
+            }
+        }
+        Ok(self.weights)
+    }
+}
+
+/// Converts `rows` rows of `src` to `dst`'s storage format, block by block, and writes them
+/// from row `row_offset`.
+fn convert_rows(
+    ctx: &GpuContext,
+    dst: &Weight,
+    name: &str,
+    src: &Source<'_>,
+    rows: usize,
+    cols: usize,
+    row_offset: usize,
+) -> Result<(), ModelError> {
+    let rows_per_block = (BLOCK_VALUES / cols.max(1)).max(1);
+    let mut buf = vec![0f32; rows_per_block.min(rows) * cols];
+    let mut half_buf: Vec<f16> = Vec::new();
+    let mut codes: Vec<u8> = Vec::new();
+    let mut scales: Vec<u8> = Vec::new();
+    let mut row = 0;
+    while row < rows {
+        let n = rows_per_block.min(rows - row);
+        let block = &mut buf[..n * cols];
+        src.read_f32(row, cols, block);
+        match dst.format {
+            WeightFormat::F32 => dst.write_rows_f32(ctx, row_offset + row, block)?,
+            WeightFormat::F16Packed | WeightFormat::F16Native => {
+                half_buf.clear();
+                half_buf.extend(block.iter().map(|&v| f16::from_f32(v)));
+                let bad: Vec<f32> = block
+                    .iter()
+                    .zip(&half_buf)
+                    .filter(|(v, h)| v.is_finite() && !h.is_finite())
+                    .map(|(v, _)| v.abs())
+                    .collect();
+                if !bad.is_empty() {
+                    return Err(CheckpointError::F16Range {
+                        name: name.to_string(),
+                        path: src.path().to_path_buf(),
+                        count: bad.len(),
+                        max: bad.iter().copied().fold(0.0, f32::max),
+                    }
+                    .into());
+                }
+                dst.write_rows_f16(ctx, row_offset + row, &half_buf)?
+            }
+            WeightFormat::Q8 | WeightFormat::Q4 => {
+                let q = dst.format.quant().expect("quantized format");
+                codes.resize(n * q.row_code_bytes(cols), 0);
+                scales.resize(n * quant::row_scale_bytes(cols), 0);
+                q.quantize_rows(block, cols, &mut codes, &mut scales)
+                    .map_err(|e| CheckpointError::Quantized {
+                        name: name.to_string(),
+                        path: src.path().to_path_buf(),
+                        message: format!(
+                            "cannot quantize to {} (row {}): {e}",
+                            q.name(),
+                            row + index_row(&e, cols)
+                        ),
+                    })?;
+                dst.write_rows_quant(ctx, row_offset + row, &codes, &scales)?;
+            }
+        }
+        row += n;
+    }
+    Ok(())
 }
 
 /// The row (within a quantized block of rows) of the weight a quantization error names.
@@ -319,9 +705,8 @@ pub fn weight_bytes(
 }
 
 impl LladaWeights {
-    /// Loads every tensor the config names, checking names, shapes and dtypes. Matrices
-    /// stored quantized (a checkpoint written by `unmask quantize`) keep their format;
-    /// the others are converted to `formats`.
+    /// Loads every tensor the config names from a checkpoint in memory (mapped natively),
+    /// checking names, shapes and dtypes first (see `WeightUpload::plan`).
     pub fn load(
         ctx: &GpuContext,
         cfg: &LladaConfig,
@@ -329,87 +714,11 @@ impl LladaWeights {
         formats: impl Into<WeightFormats>,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
-        let formats = formats.into();
-        // Check every name and shape before the first upload, so a bad checkpoint fails fast.
-        let mut total = 0u64;
-        for (name, shape) in cfg.tensor_specs() {
-            total += match shape[..] {
-                [rows, cols] => matrix_source(ckpt, &name, rows, cols)?.stored_bytes() as u64,
-                _ => ckpt.tensor(&name, &shape)?.data.len() as u64,
-            };
+        let mut upload = WeightUpload::plan(ctx, cfg, ckpt.layout(), formats, progress)?;
+        for (name, span) in upload.spans() {
+            upload.rows(&name, 0, ckpt.span_bytes(&span))?;
         }
-        let mut l = Loader {
-            ctx,
-            ckpt,
-            formats: WeightFormats {
-                layers: formats.layers.resolve(ctx),
-                embed: formats.embed.resolve(ctx),
-            },
-            done: 0,
-            total,
-            progress,
-        };
-        let d = cfg.d_model;
-        let hd = cfg.head_dim();
-        let q_rows = cfg.n_heads * hd;
-        let kv_rows = cfg.n_kv_heads * hd;
-        let hidden = cfg.mlp_hidden_size;
-        let (layers_format, embed_format) = (l.formats.layers, l.formats.embed);
-        let embedding = l.matrix(
-            "model.transformer.wte.weight",
-            cfg.embedding_size,
-            d,
-            embed_format,
-        )?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let name = |n: &str| format!("model.transformer.blocks.{i}.{n}.weight");
-            let attn_norm = l.vector(&name("attn_norm"), d)?;
-            let qkv = l.stacked(
-                &format!("blocks.{i}.qkv"),
-                &[
-                    (name("q_proj"), q_rows),
-                    (name("k_proj"), kv_rows),
-                    (name("v_proj"), kv_rows),
-                ],
-                d,
-                layers_format,
-            )?;
-            let attn_out = l.matrix(&name("attn_out"), d, q_rows, layers_format)?;
-            let ff_norm = l.vector(&name("ff_norm"), d)?;
-            let gate_up = l.stacked(
-                &format!("blocks.{i}.gate_up"),
-                &[(name("ff_proj"), hidden), (name("up_proj"), hidden)],
-                d,
-                layers_format,
-            )?;
-            let down = l.matrix(&name("ff_out"), d, hidden, layers_format)?;
-            layers.push(LayerWeights {
-                attn_norm,
-                qkv,
-                attn_out,
-                ff_norm,
-                gate_up,
-                down,
-            });
-        }
-        let ln_f = l.vector("model.transformer.ln_f.weight", d)?;
-        let lm_head = if cfg.weight_tying {
-            embedding.clone()
-        } else {
-            l.matrix(
-                "model.transformer.ff_out.weight",
-                cfg.embedding_size,
-                d,
-                embed_format,
-            )?
-        };
-        Ok(Self {
-            embedding,
-            layers,
-            ln_f,
-            lm_head,
-        })
+        upload.finish()
     }
 
     /// The formats the matrices were loaded in (a quantized checkpoint's own formats).

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""The demo page in headless Chromium, driven over W3C WebDriver (standard library only).
+
+Serves web/ (built by scripts/build-web.sh), opens the page, which loads the bundled model
+(models/tiny), asks it the first question of data/tasks/heldout-small.jsonl with that
+item's system prompt and waits for the answer: the answer (text and token ids) must equal
+what `unmask generate` prints for the same question with the same parameters. Then, in a
+new chat, it asks the second question (same system prompt, so BiCache must hit) and saves a
+screenshot while the canvas is half denoised.
+
+    python3 crates/unmask-wasm/tests/page.py --unmask target/debug/unmask \
+        --screenshot /tmp/web-demo.png
+"""
+
+import argparse
+import base64
+import functools
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# The page's parameters; the CLI gets the same ones.
+GEN_LENGTH, STEPS, BLOCK_LENGTH, CACHE = 32, 32, 32, "bicache"
+
+CHROME_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan,WebGPU",
+    "--use-angle=swiftshader",
+    "--use-webgpu-adapter=swiftshader",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--window-size=1280,1140",
+    "--hide-scrollbars",
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def serve(directory):
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class WebDriver:
+    def __init__(self, url):
+        self.url = url
+        self.session = None
+
+    def call(self, method, path, body=None, timeout=60):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method,
+            headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read() or b"{}").get("value")
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"WebDriver {method} {path}: {e.read().decode()[:2000]}") from e
+
+    def start(self, binary):
+        caps = {"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": binary, "args": CHROME_ARGS},
+        }}}
+        self.session = self.call("POST", "/session", caps, timeout=120)["sessionId"]
+
+    def s(self, method, path, body=None, timeout=60):
+        return self.call(method, f"/session/{self.session}{path}", body, timeout)
+
+    def js(self, script, *args):
+        return self.s("POST", "/execute/sync", {"script": script, "args": list(args)})
+
+    def element(self, css):
+        found = self.s("POST", "/element", {"using": "css selector", "value": css})
+        return next(iter(found.values()))
+
+    def wait_state(self, want, timeout):
+        deadline = time.time() + timeout
+        state = None
+        while time.time() < deadline:
+            state = self.js("return document.body.dataset.state || null;")
+            if state in want:
+                return state
+            if state == "error":
+                raise RuntimeError("the page failed: " + str(self.js("return window.unmask.error;")))
+            time.sleep(0.25)
+        raise RuntimeError(f"timed out after {timeout} s waiting for {want}; the page is {state!r}")
+
+
+def cli_answer(unmask, model, system, question):
+    cmd = [unmask, "generate", "--model", str(model), "--system", system, "--prompt", question,
+           "--gen-length", str(GEN_LENGTH), "--steps", str(STEPS),
+           "--block-length", str(BLOCK_LENGTH), "--cache", CACHE, "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--unmask", default=str(ROOT / "target/debug/unmask"))
+    ap.add_argument("--chromedriver", default=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+    ap.add_argument("--chromium", default=os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+    ap.add_argument("--screenshot", default=str(ROOT / "target/web-demo.png"))
+    ap.add_argument("--timeout", type=float, default=240)
+    args = ap.parse_args()
+
+    web = ROOT / "web"
+    if not (web / "pkg" / "unmask_wasm.js").exists():
+        sys.exit("web/pkg is missing: run scripts/build-web.sh first")
+    tasks = (ROOT / "data/tasks/heldout-small.jsonl").read_text().splitlines()
+    item = json.loads(tasks[0])
+    system, question = item["system"], item["user"]
+
+    began = time.time()
+    want = cli_answer(args.unmask, ROOT / "models/tiny", system, question)
+    print(f"[cli] {want['text']!r} ({time.time() - began:.1f} s)")
+
+    server = serve(web)
+    port = free_port()
+    # Its own process group, so stopping it also stops the Chromium it started.
+    driver = subprocess.Popen([args.chromedriver, f"--port={port}"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    wd = WebDriver(f"http://127.0.0.1:{port}")
+    try:
+        for _ in range(100):
+            try:
+                if wd.call("GET", "/status", timeout=2).get("ready"):
+                    break
+            except (OSError, RuntimeError):
+                pass
+            time.sleep(0.1)
+        wd.start(args.chromium)
+        page = f"http://127.0.0.1:{server.server_address[1]}/index.html"
+        began = time.time()
+        wd.s("POST", "/url", {"url": page}, timeout=120)
+        wd.wait_state({"ready"}, args.timeout)
+        print(f"[page] model loaded ({time.time() - began:.1f} s): "
+              + wd.js("return document.getElementById('model-status').textContent;"))
+        # The settings the CLI gets; the system prompt is set whole (it is long), the
+        # question is typed.
+        wd.js("""
+            const [system, cache, gen, steps, block] = arguments;
+            document.getElementById('system').value = system;
+            document.getElementById('cache').value = cache;
+            document.getElementById('gen-length').value = gen;
+            document.getElementById('steps').value = steps;
+            document.getElementById('block-length').value = block;
+            document.getElementById('threshold').value = '';
+            document.getElementById('temperature').value = '0';
+        """, system, CACHE, GEN_LENGTH, STEPS, BLOCK_LENGTH)
+        box = wd.element("#question")
+        wd.s("POST", f"/element/{box}/value", {"text": question})
+        began = time.time()
+        wd.s("POST", f"/element/{wd.element('#send')}/click", {})
+        wd.wait_state({"done"}, args.timeout)
+        got_text = wd.js("const m = document.querySelectorAll('.msg.assistant'); "
+                         "return m[m.length - 1].textContent;")
+        result = wd.js("return window.unmask.last;")
+        print(f"[page] {got_text!r} ({time.time() - began:.1f} s, "
+              f"{result['timings']['throughput_canvas']:.1f} tokens/s, BiCache {result['bicache']})")
+        failures = []
+        if got_text != want["text"]:
+            failures.append(f"answer text: page {got_text!r}, CLI {want['text']!r}")
+        if result["ids"] != want["ids"]:
+            failures.append(f"token ids: page {result['ids']}, CLI {want['ids']}")
+        if failures:
+            sys.exit("the page and `unmask generate` differ:\n  " + "\n  ".join(failures))
+        print("[page] the page's answer equals `unmask generate`'s")
+
+        # A new chat with the same system prompt: the shared prefix entry is reused.
+        second = json.loads(tasks[1])
+        assert second["system"] == system, "the first two items share a system prompt"
+        wd.s("POST", f"/element/{wd.element('#new-chat')}/click", {})
+        wd.s("POST", f"/element/{wd.element('#question')}/value", {"text": second["user"]})
+        wd.s("POST", f"/element/{wd.element('#send')}/click", {})
+        deadline = time.time() + args.timeout
+        shot = None
+        while time.time() < deadline and shot is None:
+            # Half the canvas committed: masks and committed tokens side by side.
+            left = wd.js("return document.querySelectorAll('#canvas .cell.masked').length;")
+            if wd.js("return document.body.dataset.state;") != "generating" or 0 < left <= GEN_LENGTH // 2:
+                shot = base64.b64decode(wd.s("GET", "/screenshot"))
+            else:
+                time.sleep(0.05)
+        wd.wait_state({"done"}, args.timeout)
+        Path(args.screenshot).write_bytes(shot)
+        print(f"[page] screenshot: {args.screenshot}")
+        again = wd.js("return window.unmask.last;")
+        print(f"[page] second question {second['user']!r}: "
+              f"{wd.js('return window.unmask.last.text;')!r}, BiCache {again['bicache']}")
+        if not (again["bicache"] and again["bicache"]["hit"]):
+            sys.exit(f"the second request should reuse the shared prefix: {again['bicache']}")
+    finally:
+        try:
+            if wd.session:
+                wd.s("DELETE", "", timeout=20)
+        except (OSError, RuntimeError):
+            pass
+        try:
+            os.killpg(driver.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        driver.wait(timeout=20)
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

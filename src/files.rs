@@ -1,0 +1,142 @@
+//! Where a model's files come from. `Engine::load_from` reads them through `ModelFiles`: a
+//! directory natively (`DirFiles`), a web server or files a person picked in a browser
+//! (the `unmask-wasm` crate), or anything else that can hand over bytes in order.
+
+use std::path::Path;
+
+use unmask_gpu::model::{FileHeader, ModelError};
+
+use crate::EngineError;
+
+/// The files of one model folder.
+///
+/// `async fn` in a public trait: implementations are used through generics only, and in a
+/// browser their futures are not `Send` (they hold JavaScript objects).
+#[allow(async_fn_in_trait)]
+pub trait ModelFiles {
+    /// How file `name` is named in messages (its path or URL); `""` names the folder.
+    fn location(&self, name: &str) -> String;
+
+    /// The whole of a small file (config, tokenizer, index, depth table); `None` when the
+    /// folder has no such file.
+    async fn read(&mut self, name: &str) -> Result<Option<Vec<u8>>, EngineError>;
+
+    /// The first `len` bytes of a file (fewer when it is shorter) and its length when known.
+    async fn read_head(
+        &mut self,
+        name: &str,
+        len: usize,
+    ) -> Result<(Vec<u8>, Option<u64>), EngineError>;
+
+    /// Hands the bytes of a file from byte `start` to its end to `sink`, in order, in
+    /// pieces of any size; stops at the first error `sink` returns.
+    async fn stream(
+        &mut self,
+        name: &str,
+        start: u64,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError>;
+}
+
+/// A small file as UTF-8 text.
+pub(crate) async fn read_text<F: ModelFiles>(
+    files: &mut F,
+    name: &str,
+) -> Result<Option<String>, EngineError> {
+    match files.read(name).await? {
+        Some(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|e| EngineError::File {
+                location: files.location(name),
+                message: e.to_string(),
+            }),
+        None => Ok(None),
+    }
+}
+
+/// The header of safetensors file `name`: its first bytes, and more when the header is
+/// longer than a first guess.
+pub(crate) async fn read_header<F: ModelFiles>(
+    files: &mut F,
+    name: &str,
+) -> Result<FileHeader, EngineError> {
+    // Headers of published checkpoints are a few KiB to a few hundred KiB.
+    const GUESS: usize = 256 << 10;
+    let path = files.location(name);
+    let path = Path::new(&path);
+    let (mut head, file_len) = files.read_head(name, GUESS).await?;
+    let len = FileHeader::header_len(path, &head).map_err(ModelError::from)?;
+    if head.len() < len {
+        head = files.read_head(name, len).await?.0;
+    }
+    Ok(FileHeader::parse(path, &head, file_len).map_err(ModelError::from)?)
+}
+
+/// The files of a directory; safetensors files are memory-mapped and handed over whole.
+#[cfg(not(target_arch = "wasm32"))]
+pub struct DirFiles {
+    dir: std::path::PathBuf,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl DirFiles {
+    pub fn new(dir: impl AsRef<Path>) -> Self {
+        Self {
+            dir: dir.as_ref().to_path_buf(),
+        }
+    }
+
+    fn error(&self, name: &str, e: std::io::Error) -> EngineError {
+        EngineError::File {
+            location: self.location(name),
+            message: e.to_string(),
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<std::fs::File, EngineError> {
+        std::fs::File::open(self.dir.join(name)).map_err(|e| self.error(name, e))
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl ModelFiles for DirFiles {
+    fn location(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    async fn read(&mut self, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
+        match std::fs::read(self.dir.join(name)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.error(name, e)),
+        }
+    }
+
+    async fn read_head(
+        &mut self,
+        name: &str,
+        len: usize,
+    ) -> Result<(Vec<u8>, Option<u64>), EngineError> {
+        use std::io::Read;
+        let file = self.open(name)?;
+        let file_len = file.metadata().map_err(|e| self.error(name, e))?.len();
+        let mut head = Vec::with_capacity(len.min(file_len as usize));
+        file.take(len as u64)
+            .read_to_end(&mut head)
+            .map_err(|e| self.error(name, e))?;
+        Ok((head, Some(file_len)))
+    }
+
+    async fn stream(
+        &mut self,
+        name: &str,
+        start: u64,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let file = self.open(name)?;
+        // SAFETY: read-only mapping of a checkpoint; see `Checkpoint::open`.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| self.error(name, e))?;
+        let from = (start as usize).min(map.len());
+        sink(&map[from..])
+    }
+}

@@ -1,0 +1,282 @@
+// The demo page: loads a model with the unmask wasm runtime, chats with it, and draws the
+// denoising canvas after every step. State the page test reads is mirrored on
+// `document.body.dataset.state` and `window.unmask`.
+import init, { Engine } from "./pkg/unmask_wasm.js";
+
+const $ = (id) => document.getElementById(id);
+
+// A system prompt in the format the bundled model was trained on (data/tasks/).
+const DEFAULT_SYSTEM = [
+  "You are a helpful desk clerk at North Station.",
+  "Rules:",
+  "- Put the final answer after ####.",
+  "- When asked for a record, write the name, age and colour separated by a dash.",
+  "- Write numbers as digits.",
+  "- Answer only from the table below.",
+  "Table of members (name, field, value):",
+  "- Karen score 96", "- Karen city Prague", "- Karen colour red", "- Karen age 36",
+  "- George score 74", "- George city Dublin", "- George colour cyan", "- George age 79",
+  "- Helen score 88", "- Helen city Madrid", "- Helen colour purple", "- Helen age 56",
+  "- Tara score 64", "- Tara city Cairo", "- Tara colour beige", "- Tara age 54",
+  "- Nina score 42", "- Nina city Athens", "- Nina colour gold", "- Nina age 76",
+  "- Victor score 59", "- Victor city Rome", "- Victor colour black", "- Victor age 70",
+  "- Julia score 22", "- Julia city Berlin", "- Julia colour grey", "- Julia age 53",
+  "- Wendy score 10", "- Wendy city Lima", "- Wendy colour brown", "- Wendy age 45",
+].join("\n");
+
+const state = {
+  engine: null,
+  /** Earlier turns of this chat: {role, content}. */
+  history: [],
+  last: null,
+  error: null,
+};
+window.unmask = state;
+
+function setState(s) {
+  document.body.dataset.state = s;
+}
+
+function mib(bytes) {
+  return (bytes / (1 << 20)).toFixed(1);
+}
+
+function addMessage(role, text) {
+  const div = document.createElement("div");
+  div.className = `msg ${role}`;
+  div.textContent = text;
+  $("log").append(div);
+  $("log").scrollTop = $("log").scrollHeight;
+  return div;
+}
+
+function showStats(pairs) {
+  const dl = $("stats");
+  dl.replaceChildren();
+  for (const [name, value] of pairs) {
+    const div = document.createElement("div");
+    const dt = document.createElement("dt");
+    const dd = document.createElement("dd");
+    dt.textContent = name;
+    dd.textContent = value;
+    div.append(dt, dd);
+    dl.append(div);
+  }
+}
+
+// One cell per generated position: masked (with a faint current guess) or committed,
+// shaded by the confidence it was committed with.
+function drawCanvas(step) {
+  const canvas = $("canvas");
+  const fresh = new Set(step.committed.map(([pos]) => pos));
+  const cells = step.canvas.map((_, i) => {
+    const cell = document.createElement("span");
+    cell.className = "cell";
+    const piece = step.pieces[i];
+    const conf = step.confidence[i];
+    if (piece === null) {
+      cell.classList.add("masked");
+      const guess = step.predicted[i];
+      if (guess !== null) {
+        const g = document.createElement("span");
+        g.className = "guess";
+        g.textContent = label(guess);
+        cell.append(g);
+      } else {
+        cell.textContent = "░";
+      }
+    } else {
+      if (piece.startsWith("<|")) cell.classList.add("special");
+      cell.textContent = label(piece);
+      const alpha = 0.1 + 0.65 * (conf ?? 0);
+      cell.style.background = `rgba(47, 111, 79, ${alpha.toFixed(3)})`;
+      if (alpha > 0.55) cell.style.color = "#fff";
+      if (fresh.has(i)) cell.classList.add("fresh");
+    }
+    cell.title = conf === null ? "masked" : `confidence ${conf.toFixed(3)}`;
+    return cell;
+  });
+  canvas.replaceChildren(...cells);
+  const left = step.masked.length;
+  const rate = step.elapsed > 0 ? (step.canvas.length - left) / step.elapsed : 0;
+  $("step-label").textContent =
+    `step ${step.step} · ${left} masked · ${rate.toFixed(1)} tokens/s`;
+}
+
+// Special tokens decode to nothing; they are drawn by a short name.
+const SPECIAL_LABELS = {
+  "<|endoftext|>": "EOS",
+  "<|eot_id|>": "EoT",
+  "<|start_header_id|>": "hdr",
+  "<|end_header_id|>": "/hdr",
+};
+
+function label(piece) {
+  if (piece.startsWith("<|")) return SPECIAL_LABELS[piece] ?? piece.replace(/^<\||\|>$/g, "");
+  return printable(piece);
+}
+
+function printable(piece) {
+  if (piece.trim() === "") return piece.replace(/\n/g, "↵").replace(/ /g, "␣") || "∅";
+  return piece.replace(/\n/g, "↵").replace(/\t/g, "→");
+}
+
+function describeAdapter(info) {
+  const name = info.adapterName || "unnamed adapter";
+  const f16 = info.shaderF16 ? "shader-f16" : "no shader-f16 (packed f16)";
+  return `WebGPU: ${name} (${info.deviceType}) · ${f16} · ` +
+    `subgroups ${info.subgroups ? "on" : "off"} · largest binding ${mib(info.maxBindingBytes)} MiB`;
+}
+
+function numberOr(id, fallback) {
+  const v = $(id).value.trim();
+  return v === "" ? fallback : Number(v);
+}
+
+function request(question) {
+  const messages = [];
+  const system = $("system").value;
+  if (system.trim() !== "") messages.push({ role: "system", content: system });
+  messages.push(...state.history, { role: "user", content: question });
+  return {
+    messages,
+    genLength: numberOr("gen-length", 32),
+    steps: numberOr("steps", 32),
+    blockLength: numberOr("block-length", 32),
+    threshold: numberOr("threshold", null),
+    temperature: numberOr("temperature", 0),
+    cache: $("cache").value,
+  };
+}
+
+function report(result) {
+  const t = result.timings;
+  const pairs = [
+    ["tokens/s (canvas)", t.throughput_canvas.toFixed(1)],
+    ["tokens/s (answer)", t.throughput_answer.toFixed(1)],
+    ["time", `${t.total_s.toFixed(2)} s`],
+    ["steps · forward passes", `${t.steps} · ${t.forward_passes}`],
+    ["cache mode", result.cache],
+    [
+      "layer work vs. no cache",
+      `${((100 * result.tokenLayersComputed) / Math.max(1, result.tokenLayersFull)).toFixed(0)} %`,
+    ],
+  ];
+  const b = result.bicache;
+  if (b) {
+    if (b.fallback) {
+      pairs.push(["BiCache", b.fallback]);
+    } else {
+      pairs.push(
+        ["BiCache", b.hit ? "hit" : "miss (entry built)"],
+        ["depth b", `${b.depth} shallow layers`],
+        ["prefix rows reused", `${b.rowsReused} per step`],
+        ["prefix share r", `${b.ratio} %`],
+      );
+    }
+  }
+  const s = result.store;
+  pairs.push(
+    ["store hits / misses", `${s.hits} / ${s.misses}`],
+    ["store entries", `${s.entries} (${s.tokens} tokens, ${mib(s.bytes)} MiB)`],
+  );
+  showStats(pairs);
+}
+
+async function load() {
+  $("load").disabled = true;
+  setState("loading");
+  const weights = $("weights").value;
+  const onProgress = (p) => {
+    $("load-progress").value = p.total ? p.done / p.total : 1;
+    $("model-status").textContent = `${mib(p.done)} / ${mib(p.total)} MiB · ${p.tensor}`;
+  };
+  try {
+    const source = document.querySelector("input[name=source]:checked").value;
+    state.engine = null;
+    if (source === "files") {
+      const files = Array.from($("files").files);
+      if (files.length === 0) throw new Error("pick the model's files first");
+      state.engine = await Engine.fromFiles(files, { weights }, onProgress);
+    } else {
+      const url = new URL("models/tiny/", window.location.href).href;
+      state.engine = await Engine.fromUrl(url, { weights }, onProgress);
+    }
+    const info = state.engine.info();
+    $("model-status").textContent =
+      `${(info.parameters / 1e6).toFixed(2)} M parameters, ${info.layers} layers, ` +
+      `${info.weights} weights (${mib(info.weightBytes)} MiB on the GPU), ` +
+      `loaded in ${info.loadSeconds.toFixed(2)} s` +
+      (info.hasDepthTable ? "" : " · no BiCache depth table: bicache runs as its fallback");
+    $("adapter").textContent = describeAdapter(info);
+    $("question").disabled = false;
+    $("send").disabled = false;
+    setState("ready");
+  } catch (e) {
+    state.error = String(e);
+    $("model-status").textContent = `Loading failed: ${e}`;
+    setState("error");
+  } finally {
+    $("load").disabled = false;
+  }
+}
+
+async function ask(event) {
+  event.preventDefault();
+  const question = $("question").value.trim();
+  if (!question || !state.engine) return;
+  $("question").value = "";
+  $("send").disabled = true;
+  setState("generating");
+  addMessage("user", question);
+  const pending = addMessage("assistant", "…");
+  try {
+    const req = request(question);
+    const result = await state.engine.generate(req, (step) => {
+      drawCanvas(step);
+      pending.textContent = step.text || "…";
+    });
+    pending.textContent = result.text;
+    state.history.push({ role: "user", content: question }, { role: "assistant", content: result.text });
+    state.last = result;
+    report(result);
+    setState("done");
+  } catch (e) {
+    pending.className = "msg error";
+    pending.textContent = String(e);
+    state.error = String(e);
+    setState("error");
+  } finally {
+    $("send").disabled = false;
+  }
+}
+
+async function main() {
+  $("system").value = DEFAULT_SYSTEM;
+  for (const radio of document.querySelectorAll("input[name=source]")) {
+    radio.addEventListener("change", () => {
+      $("files").disabled = radio.value !== "files" || !radio.checked;
+    });
+  }
+  $("load").addEventListener("click", load);
+  $("ask").addEventListener("submit", ask);
+  $("new-chat").addEventListener("click", () => {
+    state.history = [];
+    $("log").replaceChildren();
+  });
+  if (!navigator.gpu) {
+    $("adapter").textContent =
+      "This browser has no WebGPU (navigator.gpu). Use a recent Chrome or Edge, or Firefox/Safari with WebGPU enabled.";
+    setState("error");
+    return;
+  }
+  await init();
+  $("adapter").textContent = "WebGPU available. Loading the bundled model…";
+  await load();
+}
+
+main().catch((e) => {
+  state.error = String(e);
+  $("adapter").textContent = `Failed to start: ${e}`;
+  setState("error");
+});
