@@ -1,7 +1,9 @@
 //! Where a model's files come from. `Engine::load_from` reads them through `ModelFiles`: a
-//! directory natively (`DirFiles`), a web server or files a person picked in a browser
-//! (the `unmask-wasm` crate), or anything else that can hand over bytes in order.
+//! directory natively (`DirFiles`), bytes already in memory (`MemoryFiles`), a web server or
+//! files a person picked in a browser (the `unmask-wasm` crate), or anything else that can
+//! hand over bytes in order.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use unmask_gpu::model::{FileHeader, ModelError};
@@ -138,5 +140,82 @@ impl ModelFiles for DirFiles {
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| self.error(name, e))?;
         let from = (start as usize).min(map.len());
         sink(&map[from..])
+    }
+}
+
+/// Files held in memory (tests, and pages that already have the bytes), streamed in
+/// pieces of `piece` bytes as a download would arrive.
+pub struct MemoryFiles {
+    files: HashMap<String, Vec<u8>>,
+    piece: usize,
+    lengths: bool,
+    withheld: usize,
+}
+
+impl MemoryFiles {
+    pub fn new(files: impl IntoIterator<Item = (String, Vec<u8>)>, piece: usize) -> Self {
+        Self {
+            files: files.into_iter().collect(),
+            piece: piece.max(1),
+            lengths: true,
+            withheld: 0,
+        }
+    }
+
+    /// Reports no file lengths, as a server that sends none: a load then relies on the
+    /// stream's end to find a short file.
+    pub fn without_lengths(mut self) -> Self {
+        self.lengths = false;
+        self
+    }
+
+    /// Ends every stream `bytes` before the end of its file, as a cut-off download does.
+    pub fn withholding(mut self, bytes: usize) -> Self {
+        self.withheld = bytes;
+        self
+    }
+
+    fn file(&self, name: &str) -> Result<&[u8], EngineError> {
+        self.files
+            .get(name)
+            .map(Vec::as_slice)
+            .ok_or_else(|| EngineError::File {
+                location: name.to_string(),
+                message: "not found".into(),
+            })
+    }
+}
+
+impl ModelFiles for MemoryFiles {
+    fn location(&self, name: &str) -> String {
+        name.to_string()
+    }
+
+    async fn read(&mut self, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
+        Ok(self.files.get(name).cloned())
+    }
+
+    async fn read_head(
+        &mut self,
+        name: &str,
+        len: usize,
+    ) -> Result<(Vec<u8>, Option<u64>), EngineError> {
+        let f = self.file(name)?;
+        let length = self.lengths.then_some(f.len() as u64);
+        Ok((f[..len.min(f.len())].to_vec(), length))
+    }
+
+    async fn stream(
+        &mut self,
+        name: &str,
+        start: u64,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let f = self.file(name)?;
+        let end = f.len().saturating_sub(self.withheld);
+        for piece in f[(start as usize).min(end)..end].chunks(self.piece) {
+            sink(piece)?;
+        }
+        Ok(())
     }
 }

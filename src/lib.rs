@@ -56,7 +56,7 @@ pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
 #[cfg(not(target_arch = "wasm32"))]
 pub use files::DirFiles;
-pub use files::ModelFiles;
+pub use files::{MemoryFiles, ModelFiles};
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::prefix_store::StoreBudget as CacheBudget;
 

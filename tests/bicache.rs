@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::fixture_dir;
+use common::{fixture_dir, params, same_tokens};
 
 use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Request};
 use unmask_gpu::model::{LayerPass, LladaModel};
@@ -46,16 +46,6 @@ fn prompt(question: u32) -> Vec<u32> {
         303,
     ]);
     p
-}
-
-fn params(gen_len: usize, steps: usize, block: usize) -> GenerationParams {
-    GenerationParams {
-        gen_length: gen_len,
-        steps,
-        block_length: block,
-        round_confidence_bf16: false,
-        ..GenerationParams::default()
-    }
 }
 
 fn bicache_request(
@@ -259,12 +249,7 @@ fn token_layer_passes_follow_the_layer_partition() {
     let none = engine
         .generate(&Request::ids(prompt(0)).with_params(params(gen_len, steps, gen_len)))
         .unwrap();
-    let agree = out
-        .ids
-        .iter()
-        .zip(&none.ids)
-        .filter(|(a, b)| a == b)
-        .count();
+    let agree = same_tokens(&out.ids, &none.ids);
     eprintln!(
         "[bicache] b={depth} R={refresh}: {} token-layer passes vs {} for none; {agree}/{gen_len} tokens equal none",
         out.timings.token_layer_passes, none.timings.token_layer_passes

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::{params, same_tokens};
 use unmask::{CacheMode, Engine, GenerationParams, Request};
 
 fn engine() -> Engine {
@@ -16,16 +17,6 @@ fn prompt() -> Vec<u32> {
     p.extend((0..20u32).map(|i| 50 + (i * 37) % 200));
     p.extend([304, 302, 42, 303]);
     p
-}
-
-fn params(gen_len: usize, steps: usize, block: usize) -> GenerationParams {
-    GenerationParams {
-        gen_length: gen_len,
-        steps,
-        block_length: block,
-        round_confidence_bf16: false,
-        ..GenerationParams::default()
-    }
 }
 
 #[test]
@@ -103,12 +94,7 @@ fn token_layer_passes_follow_each_modes_formula() {
             s + usize::from(mode == CacheMode::PrefixArm),
             "{mode}"
         );
-        let agree = out
-            .ids
-            .iter()
-            .zip(&reference.ids)
-            .filter(|(a, b)| a == b)
-            .count();
+        let agree = same_tokens(&out.ids, &reference.ids);
         eprintln!(
             "[cache] {mode}: {} token-layer passes ({:.2}x fewer than none), {agree}/{gen_len} tokens equal none",
             out.timings.token_layer_passes,

@@ -7,7 +7,8 @@ mod common;
 use common::fixture_dir;
 
 use serde_json::Value;
-use unmask::{Engine, EngineOptions, GenerationParams, Remasking, Request};
+use unmask::{Engine, EngineOptions, GenerationParams, Request};
+use unmask_core::goldens::{ids, params};
 use unmask_core::sampler::Sampler;
 use unmask_gpu::StepEncoder;
 use unmask_gpu::WeightFormat;
@@ -15,41 +16,6 @@ use unmask_gpu::ops::sampling::SelectParams;
 
 fn engine() -> Engine {
     common::tiny_engine()
-}
-
-fn cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(fixture_dir().join("goldens/generate.json")).unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["cases"].as_array().unwrap().clone()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn params(case: &Value) -> GenerationParams {
-    let p = &case["params"];
-    GenerationParams {
-        gen_length: p["gen_length"].as_u64().unwrap() as usize,
-        steps: p["steps"].as_u64().unwrap() as usize,
-        block_length: p["block_length"].as_u64().unwrap() as usize,
-        temperature: p["temperature"].as_f64().unwrap() as f32,
-        remasking: match p["remasking"].as_str().unwrap() {
-            "random" => Remasking::Random,
-            _ => Remasking::LowConfidence,
-        },
-        cfg_scale: p["cfg_scale"].as_f64().unwrap() as f32,
-        threshold: p["threshold"].as_f64().map(|t| t as f32),
-        logits_eos_inf: p["logits_eos_inf"].as_bool().unwrap(),
-        confidence_eos_eot_inf: p["confidence_eos_eot_inf"].as_bool().unwrap(),
-        seed: p["seed"].as_u64().unwrap(),
-        // The numpy reference ranks f32 confidences; keep ours unrounded to compare.
-        round_confidence_bf16: false,
-    }
 }
 
 fn committed_positions(case: &Value) -> Vec<Vec<u32>> {
@@ -65,7 +31,7 @@ fn committed_positions(case: &Value) -> Vec<Vec<u32>> {
 fn generation_matches_reference_goldens() {
     let engine = engine();
     let mut checked = 0;
-    for case in cases() {
+    for case in common::golden_cases() {
         let name = case["name"].as_str().unwrap().to_string();
         if case["params"]["remasking"] == "random" {
             continue; // covered by random_remasking_matches_with_the_reference_numbers
@@ -104,7 +70,7 @@ fn generation_matches_reference_goldens() {
 #[test]
 fn random_remasking_matches_with_the_reference_numbers() {
     let engine = engine();
-    let case = cases()
+    let case = common::golden_cases()
         .into_iter()
         .find(|c| c["params"]["remasking"] == "random")
         .expect("a random case");
@@ -235,7 +201,7 @@ fn generation_matches_goldens_with_chunked_vocabulary() {
     };
     let engine = Engine::load_on(ctx, &fixture_dir(), &options, &mut |_| {}).unwrap();
     assert!(engine.model.weights.lm_head.chunks.len() > 1);
-    for case in cases()
+    for case in common::golden_cases()
         .into_iter()
         .filter(|c| c["params"]["remasking"] != "random")
         .take(3)

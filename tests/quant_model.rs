@@ -168,7 +168,7 @@ fn q8_model_generates() {
         .unwrap();
     assert_eq!(q8.ids, reference.ids, "q8 vs f32 on dequantized weights");
     let f16 = engine(WeightFormat::F16Packed).generate(&request).unwrap();
-    let same = q8.ids.iter().zip(&f16.ids).filter(|(a, b)| a == b).count();
+    let same = common::same_tokens(&q8.ids, &f16.ids);
     eprintln!(
         "[check] tiny model q8 generation: 32 tokens equal to the dequantized f32 model's, {same} of 32 equal to f16's"
     );

@@ -97,7 +97,8 @@ def sft_loss_on(model, tok, ids, path, batch=8):
     """Mean SFT loss over a task set (fixed masking noise from seed 0), float32 weights."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
-    seqs = [train.encode_item(tok, ids, it) for it in items]
+    # single-turn conversations: the prompt, then the GEN_LEN response region
+    seqs = [train.encode_conversation(tok, ids, [it]) for it in items]
     gen = torch.Generator().manual_seed(0)
     total = 0.0
     with torch.no_grad():

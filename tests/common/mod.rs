@@ -86,3 +86,27 @@ pub fn tiny_engine() -> unmask::Engine {
     };
     unmask::Engine::load_on(ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
 }
+
+/// The reference sampler's golden cases on the tiny fixture (read with
+/// `unmask_core::goldens`).
+pub fn golden_cases() -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(fixture_dir().join("goldens/generate.json")).unwrap();
+    unmask_core::goldens::cases(&text)
+}
+
+/// Default parameters with this schedule, ranking unrounded confidences so that cache
+/// modes can be compared token for token.
+pub fn params(gen_len: usize, steps: usize, block: usize) -> unmask::GenerationParams {
+    unmask::GenerationParams {
+        gen_length: gen_len,
+        steps,
+        block_length: block,
+        round_confidence_bf16: false,
+        ..unmask::GenerationParams::default()
+    }
+}
+
+/// How many positions of two generations hold the same token.
+pub fn same_tokens(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x == y).count()
+}

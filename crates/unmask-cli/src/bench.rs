@@ -172,17 +172,6 @@ fn model_name(path: &Path) -> String {
         .unwrap_or_else(|| dir.display().to_string())
 }
 
-fn parse_format(name: &str) -> Option<WeightFormat> {
-    match name {
-        "f32" => Some(WeightFormat::F32),
-        "f16-packed" => Some(WeightFormat::F16Packed),
-        "f16" | "f16-native" => Some(WeightFormat::F16Native),
-        "q8" => Some(WeightFormat::Q8),
-        "q4" => Some(WeightFormat::Q4),
-        _ => None,
-    }
-}
-
 /// Where records go: a file or standard output, one JSON object per line, flushed per
 /// record so a long run can be watched and a killed one keeps what it measured.
 struct Sink {
@@ -333,7 +322,12 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         m,
         "formats",
         "a list of f32, f16-packed, f16, q8, q4",
-        parse_format,
+        // Also the name records give `f16` (`WeightFormat::name`), so a record's format can
+        // be asked for again.
+        |s| match s {
+            "f16-native" => Some(WeightFormat::F16Native),
+            s => options::parse_weight_format(s),
+        },
     )?
     .unwrap_or(vec![
         WeightFormat::F32,

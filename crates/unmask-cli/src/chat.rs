@@ -9,7 +9,7 @@ use unmask_core::chat::Message;
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::generate::{self, bicache_json, summary, timings_json};
-use crate::options::{self, BACKEND, CACHE, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
+use crate::options::{self, CACHE, MODEL};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
@@ -23,17 +23,9 @@ pub fn spec() -> CommandSpec {
     ];
     flags.extend(options::generation_flags());
     flags.push(CACHE);
-    flags.extend(options::bicache_flags());
-    flags.extend([
-        BACKEND,
-        DTYPE,
-        WEIGHTS,
-        EMBED_WEIGHTS,
-        Flag::switch(
-            "json",
-            "print one JSON object per answer (one per line) instead of the text",
-        ),
-    ]);
+    flags.extend(options::generation_run_flags(
+        "print one JSON object per answer (one per line) instead of the text",
+    ));
     CommandSpec {
         name: "chat",
         summary: "Chat with the model: each line read from stdin is a user turn.",

@@ -16,9 +16,7 @@ use unmask::{BicacheReport, CacheMode, DecodeMode, Engine, GenerationParams, Req
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::{CliError, ErrorKind};
 use crate::generate::params_json;
-use crate::options::{
-    self, BACKEND, BicacheSettings, DTYPE, EMBED_WEIGHTS, GenerationDefaults, MODEL, WEIGHTS,
-};
+use crate::options::{self, BicacheSettings, GenerationDefaults, MODEL};
 use crate::output;
 
 /// The task types of the set format, in the order of the report's columns. Other task names
@@ -49,16 +47,10 @@ pub fn spec() -> CommandSpec {
         Flag::value("limit", "N", "evaluate only the first N items of the set"),
     ];
     flags.extend(generation_flags());
-    flags.extend(options::bicache_flags());
+    flags.extend(options::generation_run_flags(
+        "print one JSON object (with per-item results when a single mode runs)",
+    ));
     flags.extend([
-        BACKEND,
-        DTYPE,
-        WEIGHTS,
-        EMBED_WEIGHTS,
-        Flag::switch(
-            "json",
-            "print one JSON object (with per-item results when a single mode runs)",
-        ),
         Flag::value(
             "markdown",
             "FILE",

@@ -11,7 +11,7 @@ use unmask_core::chat::Message;
 use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::live::CanvasView;
-use crate::options::{self, BACKEND, CACHE, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
+use crate::options::{self, CACHE, MODEL};
 use crate::output;
 
 pub fn spec() -> CommandSpec {
@@ -39,17 +39,9 @@ pub fn spec() -> CommandSpec {
              the turns before the last user message; every token with --prompt-ids)",
         ),
     ]);
-    flags.extend(options::bicache_flags());
-    flags.extend([
-        BACKEND,
-        DTYPE,
-        WEIGHTS,
-        EMBED_WEIGHTS,
-        Flag::switch(
-            "json",
-            "print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings",
-        ),
-    ]);
+    flags.extend(options::generation_run_flags(
+        "print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings",
+    ));
     CommandSpec {
         name: "generate",
         summary: "Generate an answer by iterative unmasking.",

@@ -100,6 +100,15 @@ pub fn bicache_flags() -> Vec<Flag> {
     ]
 }
 
+/// The flags that end the lists of the generating commands (generate, chat, eval): BiCache's,
+/// the engine's (adapter and weight formats), and `--json` with the command's own help.
+pub fn generation_run_flags(json_help: &'static str) -> Vec<Flag> {
+    let mut flags = bicache_flags();
+    flags.extend([BACKEND, DTYPE, WEIGHTS, EMBED_WEIGHTS]);
+    flags.push(Flag::switch("json", json_help));
+    flags
+}
+
 /// `--depth` and `--refresh` for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BicacheSettings {

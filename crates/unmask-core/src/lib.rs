@@ -6,6 +6,9 @@ pub mod chat;
 pub mod config;
 pub mod depth_policy;
 pub mod error;
+// Shared by the tests of this crate, the engine and the browser build; not an API.
+#[doc(hidden)]
+pub mod goldens;
 pub mod oracle;
 pub mod prefix_store;
 pub mod quant;

@@ -1,5 +1,6 @@
 //! `ModelFiles` in a browser: a model folder on a web server (`fetch`, the body read as a
-//! stream), files a person picked (`File`, read in slices), or files already in memory.
+//! stream) or files a person picked (`File`, read in slices). Files already in memory are
+//! `unmask::MemoryFiles`, shared with native code.
 
 use std::collections::HashMap;
 
@@ -274,64 +275,6 @@ impl ModelFiles for PickedFiles {
             let bytes = self.slice(name, at, end).await?;
             sink(&bytes)?;
             at = end;
-        }
-        Ok(())
-    }
-}
-
-/// Files held in memory (tests, and pages that already have the bytes), streamed in
-/// pieces of `piece` bytes as a download would arrive.
-pub struct MemoryFiles {
-    files: HashMap<String, Vec<u8>>,
-    piece: usize,
-}
-
-impl MemoryFiles {
-    pub fn new(files: impl IntoIterator<Item = (String, Vec<u8>)>, piece: usize) -> Self {
-        Self {
-            files: files.into_iter().collect(),
-            piece: piece.max(1),
-        }
-    }
-
-    fn file(&self, name: &str) -> Result<&[u8], EngineError> {
-        self.files
-            .get(name)
-            .map(Vec::as_slice)
-            .ok_or_else(|| EngineError::File {
-                location: name.to_string(),
-                message: "not found".into(),
-            })
-    }
-}
-
-impl ModelFiles for MemoryFiles {
-    fn location(&self, name: &str) -> String {
-        name.to_string()
-    }
-
-    async fn read(&mut self, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
-        Ok(self.files.get(name).cloned())
-    }
-
-    async fn read_head(
-        &mut self,
-        name: &str,
-        len: usize,
-    ) -> Result<(Vec<u8>, Option<u64>), EngineError> {
-        let f = self.file(name)?;
-        Ok((f[..len.min(f.len())].to_vec(), Some(f.len() as u64)))
-    }
-
-    async fn stream(
-        &mut self,
-        name: &str,
-        start: u64,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), EngineError>,
-    ) -> Result<(), EngineError> {
-        let f = self.file(name)?;
-        for piece in f[(start as usize).min(f.len())..].chunks(self.piece) {
-            sink(piece)?;
         }
         Ok(())
     }

@@ -22,6 +22,8 @@ mod files;
 mod web;
 
 #[cfg(target_arch = "wasm32")]
-pub use files::{MemoryFiles, PickedFiles, UrlFiles};
+pub use files::{PickedFiles, UrlFiles};
+/// Files already in memory; the engine crate's, so native tests stream the same way.
+pub use unmask::MemoryFiles;
 #[cfg(target_arch = "wasm32")]
 pub use web::WebEngine;

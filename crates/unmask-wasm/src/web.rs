@@ -6,12 +6,12 @@ use std::sync::{Arc, Once};
 
 use js_sys::{Array, Function, Promise};
 use serde_json::{Value, json};
-use unmask::{Engine, EngineError, LoadProgress, ModelFiles, StepEvent};
+use unmask::{Engine, EngineError, LoadProgress, MemoryFiles, ModelFiles, StepEvent};
 use unmask_gpu::{ContextOptions, GpuContext};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::files::{MemoryFiles, PickedFiles, UrlFiles};
+use crate::files::{PickedFiles, UrlFiles};
 use crate::mapping::{self, CanvasTracker};
 
 /// A JSON value as a JavaScript object.

@@ -12,7 +12,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use serde_json::Value;
-use unmask::{GenerationParams, Remasking, Request};
+use unmask::{GenerationParams, Request};
+use unmask_core::goldens::{self, ids, params};
 use unmask_wasm::{MemoryFiles, WebEngine};
 use wasm_bindgen::JsCast;
 use wasm_bindgen::JsValue;
@@ -61,44 +62,14 @@ async fn load(options: &str, piece: usize) -> WebEngine {
     }
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// The non-random golden cases: (name, prompt, params, expected prompt + canvas).
 fn golden_cases() -> Vec<(String, Vec<u32>, GenerationParams, Vec<u32>)> {
-    let v: Value = serde_json::from_str(GOLDENS).unwrap();
-    v["cases"]
-        .as_array()
-        .unwrap()
+    goldens::cases(GOLDENS)
         .iter()
         .filter(|c| c["params"]["remasking"] == "low_confidence")
         .map(|c| {
-            let p = &c["params"];
-            let params = GenerationParams {
-                gen_length: p["gen_length"].as_u64().unwrap() as usize,
-                steps: p["steps"].as_u64().unwrap() as usize,
-                block_length: p["block_length"].as_u64().unwrap() as usize,
-                temperature: p["temperature"].as_f64().unwrap() as f32,
-                remasking: Remasking::LowConfidence,
-                cfg_scale: p["cfg_scale"].as_f64().unwrap() as f32,
-                threshold: p["threshold"].as_f64().map(|t| t as f32),
-                logits_eos_inf: p["logits_eos_inf"].as_bool().unwrap(),
-                confidence_eos_eot_inf: p["confidence_eos_eot_inf"].as_bool().unwrap(),
-                seed: p["seed"].as_u64().unwrap(),
-                // The numpy reference ranks f32 confidences, as the native test does.
-                round_confidence_bf16: false,
-            };
-            (
-                c["name"].as_str().unwrap().to_string(),
-                ids(&c["prompt"]),
-                params,
-                ids(&c["output"]),
-            )
+            let name = c["name"].as_str().unwrap().to_string();
+            (name, ids(&c["prompt"]), params(c), ids(&c["output"]))
         })
         .collect()
 }

@@ -1,0 +1,46 @@
+//! The reference sampler's goldens (tests/fixtures/tiny/goldens/generate.json, written by
+//! tools/llada_ref.py) as the engine's types, so that the sampler's, the engine's and the
+//! browser's tests read the same cases the same way. Goldens are test data: a malformed
+//! case panics.
+
+use serde_json::Value;
+
+use crate::sampler::{GenerationParams, Remasking};
+
+/// The cases of a goldens file, from its text.
+pub fn cases(text: &str) -> Vec<Value> {
+    let v: Value = serde_json::from_str(text).expect("goldens are JSON");
+    v["cases"].as_array().expect("goldens have cases").clone()
+}
+
+/// A case's generation parameters.
+pub fn params(case: &Value) -> GenerationParams {
+    let p = &case["params"];
+    GenerationParams {
+        gen_length: p["gen_length"].as_u64().unwrap() as usize,
+        steps: p["steps"].as_u64().unwrap() as usize,
+        block_length: p["block_length"].as_u64().unwrap() as usize,
+        temperature: p["temperature"].as_f64().unwrap() as f32,
+        remasking: match p["remasking"].as_str().unwrap() {
+            "low_confidence" => Remasking::LowConfidence,
+            "random" => Remasking::Random,
+            other => panic!("unknown remasking {other}"),
+        },
+        cfg_scale: p["cfg_scale"].as_f64().unwrap() as f32,
+        threshold: p["threshold"].as_f64().map(|t| t as f32),
+        logits_eos_inf: p["logits_eos_inf"].as_bool().unwrap(),
+        confidence_eos_eot_inf: p["confidence_eos_eot_inf"].as_bool().unwrap(),
+        seed: p["seed"].as_u64().unwrap(),
+        // The numpy reference ranks unrounded confidences; ours stay unrounded to compare.
+        round_confidence_bf16: false,
+    }
+}
+
+/// A JSON array of token ids (a prompt, an output, a step's committed positions).
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
