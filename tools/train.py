@@ -161,6 +161,9 @@ class Block(nn.Module):
         self.ff_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.ff_out = nn.Linear(f, d, bias=False)
+        # LLaDA attends both ways; tools/learnability.py sets this to compare with causal
+        # attention (then without a padding bias).
+        self.causal = False
 
     def forward(self, x, cos, sin, bias):
         B, T, D = x.shape
@@ -172,7 +175,7 @@ class Block(nn.Module):
         if self.n_kv < self.n_heads:
             rep = self.n_heads // self.n_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=False)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=self.causal)
         x = x + self.attn_out(a.transpose(1, 2).reshape(B, T, D))
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
