@@ -93,6 +93,8 @@ fn main() -> BenchResult<()> {
     if ctx.features.shader_f16 {
         formats.push(WeightFormat::F16Native);
     }
+    // the quantized formats LLaDA-8B needs to fit 8-12 GB GPUs and browsers
+    formats.extend([WeightFormat::Q8, WeightFormat::Q4]);
     let kernel_options = KernelBenchOptions {
         formats,
         all_variants: true,
