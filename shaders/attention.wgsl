@@ -24,6 +24,8 @@
 //
 // Scores are in the log2 domain (Q is pre-scaled by log2(e)/sqrt(HD)) so exp2 can be used.
 // Layouts, units in two groups of four (g): qs[d * 2 + g], ss / ps[j * 2 + g].
+// A batch runs one dispatch per sequence: row0 offsets the query and output rows, and
+// a_row0 / b_row0 the key rows of each segment within its buffer.
 // Specialisation: HD (head dim, 1..=128), WG (>= 8 and >= HD / 8), VEC4 (HD % 4 == 0:
 // K and V rows are read four dims per load).
 // Workgroup memory: 8 * (HD + 2 * BK + 2) floats.
@@ -40,6 +42,9 @@ struct Params {
     unit_blocks: u32,  // ceil(units / 8)
     n_kv_heads: u32,
     scale_log2: f32,   // log2(e) / sqrt(HD)
+    row0: u32,         // first query row of q and out (one sequence of a batch)
+    b_row0: u32,       // first key row of segment B in kb / vb
+    a_row0: u32,       // first key row of segment A in ka / va
     _pad: u32,
 }
 
@@ -73,7 +78,7 @@ var<workgroup> total: array<vec4<f32>, 2>;
 
 // Row offset of unit u's head in a [rows, stride] matrix at column col.
 fn unit_offset(u: u32, kvh: u32, stride: u32, col: u32) -> u32 {
-    let row = u / p.group;
+    let row = p.row0 + u / p.group;
     let head = kvh * p.group + u % p.group;
     return row * stride + col + head * HD;
 }
@@ -159,13 +164,16 @@ fn main(
         let in_a = t < tiles_a;
         let t0 = select(t - tiles_a, t, in_a) * BK;
         let seg_len = select(p.len_b, p.len_a, in_a);
+        // First buffer row of the segment: B may start inside a larger (batched) arena.
+        let seg_row0 = select(p.b_row0, p.a_row0, in_a);
 
         // Phase 1: keys key0 + k; past the segment they read its last row and are masked.
         // s<k><g>: key k, units 4g..4g+3.
         let key0 = t0 + 8u * lid;
         let last = vec4<u32>(seg_len - 1u);
-        let rlo = min(vec4<u32>(key0) + vec4<u32>(0u, 1u, 2u, 3u), last) * p.kv_stride + vec4<u32>(kv_col);
-        let rhi = min(vec4<u32>(key0) + vec4<u32>(4u, 5u, 6u, 7u), last) * p.kv_stride + vec4<u32>(kv_col);
+        let row0 = vec4<u32>(seg_row0);
+        let rlo = (row0 + min(vec4<u32>(key0) + vec4<u32>(0u, 1u, 2u, 3u), last)) * p.kv_stride + vec4<u32>(kv_col);
+        let rhi = (row0 + min(vec4<u32>(key0) + vec4<u32>(4u, 5u, 6u, 7u), last)) * p.kv_stride + vec4<u32>(kv_col);
         var s00 = vec4<f32>(0.0);
         var s01 = vec4<f32>(0.0);
         var s10 = vec4<f32>(0.0);
@@ -393,7 +401,7 @@ fn main(
         o7b *= a1.w;
         let keys_here = min(BK, seg_len - t0);
         for (var j = 0u; j < keys_here; j++) {
-            let vrow = (t0 + j) * p.kv_stride;
+            let vrow = (seg_row0 + t0 + j) * p.kv_stride;
             var vlo: vec4<f32>;
             var vhi: vec4<f32>;
 //#if VEC4

@@ -398,17 +398,9 @@ pub fn run_kernel_case(
             let (kb, vb) = (kv(4, len_b, "bench.kb")?, kv(5, len_b, "bench.vb")?);
             let (ka, va) = (kv(6, len_a, "bench.ka")?, kv(7, len_a, "bench.va")?);
             let s = time_step(ctx, options.repeats, |step| {
-                let seg_a = split.then_some(KvSegment {
-                    k: &ka,
-                    v: &va,
-                    len: len_a,
-                });
-                let seg_b = KvSegment {
-                    k: &kb,
-                    v: &vb,
-                    len: len_b,
-                };
-                attention(step, &q, q_width, 0, lq, seg_a, seg_b, &out, shape)
+                let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
+                let seg_b = KvSegment::first(&kb, &vb, len_b);
+                attention(step, &q, q_width, 0, 0..lq, seg_a, seg_b, &out, shape)
             })?;
             let flops = 4.0 * (heads * lq * lkv * head_dim) as f64;
             let bytes = 4.0 * (2 * lq * q_width + 2 * lkv * kv_width) as f64;
@@ -515,6 +507,10 @@ pub struct RequestBenchOptions {
     pub refresh_every: usize,
     /// BiCache depth; `None` uses the model's table, else half the layers.
     pub depth: Option<usize>,
+    /// Requests per `generate_batch` call: BiCache requests that share a prefix run in
+    /// the same forward passes. Sizes above 1 run only for BiCache modes (the others
+    /// would run one after another anyway).
+    pub batches: Vec<usize>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -562,65 +558,74 @@ pub fn run_request_bench(
                 req
             };
             engine.generate(&make(warmup))?;
-            engine.clear_prefix_store();
-            let before = engine.prefix_store_stats();
-            engine.ctx.memory.reset_peak();
-            let (mut totals, mut ttft, mut nfe, mut tlp) = (Vec::new(), Vec::new(), 0usize, 0usize);
-            let (mut canvas_tokens, mut answer_tokens) = (0usize, 0usize);
-            let mut depths = Vec::new();
-            let mut fallbacks = 0usize;
-            let began = Instant::now();
-            for r in requests {
-                let g = engine.generate(&make(r))?;
-                let t = &g.timings;
-                totals.push(t.total_s);
-                ttft.push(t.first_step_s);
-                nfe += t.forward_passes;
-                tlp += t.token_layer_passes;
-                canvas_tokens += g.ids.len();
-                answer_tokens += t.answer_tokens;
-                if let Some(b) = &g.bicache {
-                    if b.fallback.is_some() {
-                        fallbacks += 1;
-                    } else {
-                        depths.push(b.depth as f64);
+            for &batch in &options.batches {
+                if batch > 1 && !mode.is_bicache() {
+                    continue;
+                }
+                engine.clear_prefix_store();
+                let before = engine.prefix_store_stats();
+                engine.ctx.memory.reset_peak();
+                let (mut totals, mut ttft, mut nfe, mut tlp) =
+                    (Vec::new(), Vec::new(), 0usize, 0usize);
+                let (mut canvas_tokens, mut answer_tokens) = (0usize, 0usize);
+                let mut depths = Vec::new();
+                let mut fallbacks = 0usize;
+                let began = Instant::now();
+                for chunk in requests.chunks(batch.max(1)) {
+                    let batch_requests: Vec<Request> = chunk.iter().map(make).collect();
+                    for g in engine.generate_batch(&batch_requests) {
+                        let g = g?;
+                        let t = &g.timings;
+                        totals.push(t.total_s);
+                        ttft.push(t.first_step_s);
+                        nfe += t.forward_passes;
+                        tlp += t.token_layer_passes;
+                        canvas_tokens += g.ids.len();
+                        answer_tokens += t.answer_tokens;
+                        if let Some(b) = &g.bicache {
+                            if b.fallback.is_some() {
+                                fallbacks += 1;
+                            } else {
+                                depths.push(b.depth as f64);
+                            }
+                        }
                     }
                 }
+                let wall = began.elapsed().as_secs_f64();
+                let after = engine.prefix_store_stats();
+                let n = requests.len().max(1) as f64;
+                let bicache = mode.is_bicache();
+                let fields = json!({
+                    "record": "request",
+                    "cache": mode.name(),
+                    "decoding": decoding.name(),
+                    "threshold": params.threshold,
+                    "gen_length": params.gen_length,
+                    "steps": params.steps,
+                    "block_length": params.block_length,
+                    "requests": requests.len(),
+                    "groups": workload.groups,
+                    "prefix_tokens": workload.prefix_tokens,
+                    "user_tokens": workload.user_tokens,
+                    "wall_s": round3(wall),
+                    "throughput_canvas": round3(canvas_tokens as f64 / wall),
+                    "throughput_answer": round3(answer_tokens as f64 / wall),
+                    "request_s_median": round3(median(totals) * 1e3) / 1e3,
+                    "ttft_s": round3(median(ttft) * 1e3) / 1e3,
+                    "nfe": round3(nfe as f64 / n),
+                    "token_layer_passes": round3(tlp as f64 / n),
+                    "bicache_hits": bicache.then_some(after.hits - before.hits),
+                    "bicache_misses": bicache.then_some(after.misses - before.misses),
+                    "bicache_fallbacks": bicache.then_some(fallbacks),
+                    "bicache_depth": if bicache && !depths.is_empty() { Some(median(depths)) } else { None },
+                    "cache_bytes": after.bytes,
+                    "gpu_weights_bytes": engine.model.weights.size_bytes(),
+                    "gpu_peak_bytes": engine.ctx.memory.peak_bytes(),
+                });
+                let record = with_envelope(envelope, fields);
+                on_record(&record);
+                records.push(record);
             }
-            let wall = began.elapsed().as_secs_f64();
-            let after = engine.prefix_store_stats();
-            let n = requests.len().max(1) as f64;
-            let bicache = mode.is_bicache();
-            let fields = json!({
-                "record": "request",
-                "cache": mode.name(),
-                "decoding": decoding.name(),
-                "threshold": params.threshold,
-                "gen_length": params.gen_length,
-                "steps": params.steps,
-                "block_length": params.block_length,
-                "requests": requests.len(),
-                "groups": workload.groups,
-                "prefix_tokens": workload.prefix_tokens,
-                "user_tokens": workload.user_tokens,
-                "wall_s": round3(wall),
-                "throughput_canvas": round3(canvas_tokens as f64 / wall),
-                "throughput_answer": round3(answer_tokens as f64 / wall),
-                "request_s_median": round3(median(totals) * 1e3) / 1e3,
-                "ttft_s": round3(median(ttft) * 1e3) / 1e3,
-                "nfe": round3(nfe as f64 / n),
-                "token_layer_passes": round3(tlp as f64 / n),
-                "bicache_hits": bicache.then_some(after.hits - before.hits),
-                "bicache_misses": bicache.then_some(after.misses - before.misses),
-                "bicache_fallbacks": bicache.then_some(fallbacks),
-                "bicache_depth": if bicache && !depths.is_empty() { Some(median(depths)) } else { None },
-                "cache_bytes": after.bytes,
-                "gpu_weights_bytes": engine.model.weights.size_bytes(),
-                "gpu_peak_bytes": engine.ctx.memory.peak_bytes(),
-            });
-            let record = with_envelope(envelope, fields);
-            on_record(&record);
-            records.push(record);
         }
     }
     engine.clear_prefix_store();

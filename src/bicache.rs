@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use unmask_gpu::model::{ForwardState, KvLayer, LayerPass, LladaModel, ModelError};
+use unmask_gpu::model::{ForwardState, KvLayer, LayerPass, LladaModel, ModelError, SeqWindow};
 use unmask_gpu::{DType, StepEncoder, Tensor};
 
 /// A shared prefix's K/V (after RoPE) for every layer, from a prefix-only pass, and the
@@ -84,6 +84,7 @@ fn encode_prefix_pass(
     boundary: &Tensor,
     full: bool,
 ) -> Result<(), ModelError> {
+    let whole = SeqWindow::single(p, p);
     let pass = |layers: std::ops::Range<usize>| LayerPass {
         x: &st.x,
         rows: p,
@@ -91,7 +92,7 @@ fn encode_prefix_pass(
         kv_index: &st.positions,
         layers,
         arena,
-        kv_len: p,
+        seqs: &whole,
         seg_a: None,
     };
     model.encode_embed(step, st, p)?;

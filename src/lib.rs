@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
-use unmask_core::cache::{BicacheStep, PlanInput, bicache_step, plan_step};
+use unmask_core::cache::{PlanInput, plan_step};
 use unmask_core::chat::{encode_chat, prefix_split};
 use unmask_core::config::LladaConfig;
 use unmask_core::depth_policy::{DepthTable, prefix_ratio};
@@ -38,13 +38,13 @@ use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
 use unmask_gpu::ContextOptions;
 use unmask_gpu::model::{
-    BodyStream, CheckpointLayout, ForwardState, LayerPass, LladaModel, ModelError, ShardIndex,
-    WeightUpload,
+    BodyStream, CheckpointLayout, ForwardState, LladaModel, ModelError, ShardIndex, WeightUpload,
 };
 use unmask_gpu::ops::sampling::SelectParams;
 use unmask_gpu::{GpuContext, GpuError, StepEncoder};
 
 // Timing loops over blocking generations: a native tool.
+mod batch;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 mod bicache;
@@ -262,14 +262,19 @@ pub struct Generation {
 /// How a BiCache request used the shared prefix store.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BicacheReport {
-    /// Shallow layers that read the shared entry.
+    /// Shallow layers that read the shared entry (in a batch, the smallest depth of its
+    /// requests).
     pub depth: usize,
+    /// The depth this request alone would have used.
+    pub requested_depth: usize,
     /// The prefix's share of the request, in percent.
     pub ratio: u32,
     /// The entry was already stored.
     pub hit: bool,
     pub entry_tokens: usize,
     pub entry_bytes: u64,
+    /// Requests that ran their steps in the same forward passes (1: alone).
+    pub batch: usize,
     /// Why the request ran without BiCache (and which mode it ran instead).
     pub fallback: Option<String>,
 }
@@ -278,10 +283,12 @@ impl BicacheReport {
     fn fallback(mode: CacheMode, why: String) -> Self {
         Self {
             depth: 0,
+            requested_depth: 0,
             ratio: 0,
             hit: false,
             entry_tokens: 0,
             entry_bytes: 0,
+            batch: 1,
             fallback: Some(format!("ran as {mode}: {why}")),
         }
     }
@@ -292,6 +299,58 @@ struct PrefixRun {
     id: EntryId,
     entry: Arc<PrefixEntry>,
     hit: bool,
+}
+
+/// A request ready to run: its tokens, its sampler and how it will use the caches.
+struct Prepared<'r> {
+    request: &'r Request,
+    start: Stopwatch,
+    prompt: Vec<u32>,
+    prefix_len: usize,
+    sampler: Sampler,
+    conf_exclude: [Option<u32>; 2],
+    /// The mode that runs: a BiCache mode that cannot share its prefix falls back.
+    mode: CacheMode,
+    report: Option<BicacheReport>,
+    /// (depth, ratio) of a request that shares its prefix through the store.
+    shared: Option<(usize, u32)>,
+    timings: Timings,
+}
+
+impl Prepared<'_> {
+    /// Runs without BiCache: `bicache-dual` as `fast-dllm-dual`, `bicache` as `none`.
+    fn fall_back(&mut self, why: String) {
+        let mode = if self.mode == CacheMode::BicacheDual {
+            CacheMode::FastDllmDual
+        } else {
+            CacheMode::None
+        };
+        self.mode = mode;
+        self.shared = None;
+        self.report = Some(BicacheReport::fallback(mode, why));
+    }
+}
+
+/// The results of a set of requests, each of which ran.
+fn all_ran(
+    results: Vec<Option<Result<Generation, EngineError>>>,
+) -> Vec<Result<Generation, EngineError>> {
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(EngineError::Request("request did not run".into()))))
+        .collect()
+}
+
+/// A request whose sampler is done, to be turned into its `Generation`.
+struct Finished<'r> {
+    request: &'r Request,
+    start: Stopwatch,
+    prompt: Vec<u32>,
+    prefix_len: usize,
+    sampler: Sampler,
+    records: Vec<StepRecord>,
+    timings: Timings,
+    report: Option<BicacheReport>,
 }
 
 /// A model loaded on a GPU, ready to generate.
@@ -553,11 +612,78 @@ impl Engine {
         request: &Request,
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
+        let prepared = self.prepare(request)?;
+        if prepared.shared.is_some() {
+            let mut out = self
+                .run_shared_prefix(vec![prepared], &mut |_, event| on_step(event))
+                .await;
+            return out.pop().unwrap_or_else(|| {
+                Err(EngineError::Request(
+                    "the request produced no result".into(),
+                ))
+            });
+        }
+        self.run_alone(prepared, on_step).await
+    }
+
+    /// Runs several requests. BiCache requests with the same shared prefix run in the same
+    /// forward passes (one weight read per step for all of them; the depth b is the
+    /// smallest theirs ask for); the others run one after another. Results come in the
+    /// order given, each its own: one request's bad input does not stop the rest.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn generate_batch(&self, requests: &[Request]) -> Vec<Result<Generation, EngineError>> {
+        pollster::block_on(self.generate_batch_async(requests, &mut |_, _| {}))
+    }
+
+    /// `generate_batch`, calling `on_step` with the request's index and its step.
+    pub async fn generate_batch_async(
+        &self,
+        requests: &[Request],
+        on_step: &mut dyn FnMut(usize, &StepEvent<'_>),
+    ) -> Vec<Result<Generation, EngineError>> {
+        let mut results: Vec<Option<Result<Generation, EngineError>>> =
+            requests.iter().map(|_| None).collect();
+        // Requests grouped by their shared prefix, in the order the groups first appear.
+        let mut groups: Vec<Vec<(usize, Prepared<'_>)>> = Vec::new();
+        let mut alone = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            match self.prepare(request) {
+                Err(e) => results[i] = Some(Err(e)),
+                Ok(p) if p.shared.is_some() => {
+                    let prefix = &p.prompt[..p.prefix_len];
+                    match groups
+                        .iter_mut()
+                        .find(|g| g[0].1.prompt[..g[0].1.prefix_len] == *prefix)
+                    {
+                        Some(g) => g.push((i, p)),
+                        None => groups.push(vec![(i, p)]),
+                    }
+                }
+                Ok(p) => alone.push((i, p)),
+            }
+        }
+        for group in groups {
+            let (index, prepared): (Vec<usize>, Vec<Prepared<'_>>) = group.into_iter().unzip();
+            let out = self
+                .run_shared_prefix(prepared, &mut |k, event| on_step(index[k], event))
+                .await;
+            for (i, r) in index.into_iter().zip(out) {
+                results[i] = Some(r);
+            }
+        }
+        for (i, p) in alone {
+            results[i] = Some(self.run_alone(p, &mut |event| on_step(i, event)).await);
+        }
+        all_ran(results)
+    }
+
+    /// Tokens, sampler and cache decisions of a request, before any GPU work.
+    fn prepare<'r>(&self, request: &'r Request) -> Result<Prepared<'r>, EngineError> {
         let start = Stopwatch::start();
         let (prompt, prefix_len, prefix_note) = self.prompt_and_prefix(request)?;
         let p = &request.params;
         let cfg = &self.model.cfg;
-        let mut sampler = Sampler::new(
+        let sampler = Sampler::new(
             &prompt,
             p.clone(),
             self.special.mask,
@@ -570,6 +696,64 @@ impl Engine {
                 request.cache
             )));
         }
+        let conf_exclude = match (p.confidence_eos_eot_inf, p.temperature == 0.0) {
+            // The reference's chained assignment: at T = 0 both EOS and EoT drop out of the
+            // confidence softmax; at T > 0 only EoT does (see llada.md §3.1).
+            (true, true) => [Some(self.special.eos), self.special.eot],
+            (true, false) => [self.special.eot, None],
+            (false, _) => [None, None],
+        };
+        let mut prepared = Prepared {
+            request,
+            start,
+            prompt,
+            prefix_len,
+            sampler,
+            conf_exclude,
+            mode: request.cache,
+            report: None,
+            shared: None,
+            timings: Timings::default(),
+        };
+        // BiCache needs a shared prefix it can key on; otherwise the request runs with the
+        // mode's fallback and the report says why.
+        if request.cache.is_bicache() && !request.recompute_all {
+            let u = prepared.prompt.len() - prefix_len;
+            let blocker = if let Some(note) = prefix_note {
+                Err(note)
+            } else if p.cfg_scale > 0.0 {
+                Err("classifier-free guidance masks the prefix, so it cannot be shared".into())
+            } else {
+                self.bicache_depth(request, prefix_len, u, p.gen_length)
+            };
+            match blocker {
+                Ok(shared) => prepared.shared = Some(shared),
+                Err(why) => prepared.fall_back(why),
+            }
+        }
+        Ok(prepared)
+    }
+
+    /// Runs a request that shares no prefix entry: every cache mode but BiCache's.
+    async fn run_alone(
+        &self,
+        prepared: Prepared<'_>,
+        on_step: &mut dyn FnMut(&StepEvent<'_>),
+    ) -> Result<Generation, EngineError> {
+        let Prepared {
+            request,
+            start,
+            prompt,
+            prefix_len,
+            mut sampler,
+            conf_exclude,
+            mode,
+            report,
+            mut timings,
+            ..
+        } = prepared;
+        let p = &request.params;
+        let n_layers = self.model.cfg.n_layers;
         let seq_len = sampler.tokens().len();
         let positions: Vec<u32> = (0..seq_len as u32).collect();
         let cond = self.model.new_state(seq_len, seq_len)?;
@@ -579,65 +763,7 @@ impl Engine {
             None
         };
         let sel = self.model.new_select(seq_len)?;
-        let conf_exclude = match (p.confidence_eos_eot_inf, p.temperature == 0.0) {
-            // The reference's chained assignment: at T = 0 both EOS and EoT drop out of the
-            // confidence softmax; at T > 0 only EoT does (see llada.md §3.1).
-            (true, true) => [Some(self.special.eos), self.special.eot],
-            (true, false) => [self.special.eot, None],
-            (false, _) => [None, None],
-        };
-        let mut timings = Timings::default();
-        let n_layers = cfg.n_layers;
-        // BiCache needs a shared prefix it can key on; otherwise the request runs with the
-        // mode's fallback and the report says why.
-        let mut mode = request.cache;
-        let mut report = None;
-        let mut bic = None;
-        if mode.is_bicache() && !request.recompute_all {
-            let fallback = if mode == CacheMode::BicacheDual {
-                CacheMode::FastDllmDual
-            } else {
-                CacheMode::None
-            };
-            let depth =
-                self.bicache_depth(request, prefix_len, prompt.len() - prefix_len, p.gen_length);
-            let blocker = if let Some(note) = prefix_note.clone() {
-                Some(note)
-            } else if uncond.is_some() {
-                Some(
-                    "classifier-free guidance masks the prefix, so it cannot be shared".to_string(),
-                )
-            } else {
-                None
-            };
-            match (blocker, depth) {
-                (Some(why), _) | (None, Err(why)) => {
-                    report = Some(BicacheReport::fallback(fallback, why));
-                    mode = fallback;
-                }
-                (None, Ok((depth, ratio))) => {
-                    match self.acquire_prefix(&cond, &prompt[..prefix_len], depth, &mut timings)? {
-                        Ok(run) => {
-                            report = Some(BicacheReport {
-                                depth,
-                                ratio,
-                                hit: run.hit,
-                                entry_tokens: prefix_len,
-                                entry_bytes: run.entry.kv_bytes() + run.entry.boundary_bytes(),
-                                fallback: None,
-                            });
-                            bic = Some((run, depth));
-                        }
-                        Err(why) => {
-                            report = Some(BicacheReport::fallback(fallback, why));
-                            mode = fallback;
-                        }
-                    }
-                }
-            }
-        }
         timings.setup_s = start.elapsed_s();
-        let several_blocks = sampler.num_blocks() > 1;
         let mut records = Vec::new();
         let mut last_block = None;
         while !sampler.is_done() {
@@ -650,70 +776,40 @@ impl Engine {
                     .chain(uncond.iter().map(|u| (u, sampler.unconditional_tokens())))
                     .collect();
             let mut step = StepEncoder::new(&self.ctx, "denoise step");
-            // The hidden rows to sample from, and the position of their first row.
-            let (sample_x, first_row) = if let Some((run, depth)) = &bic {
-                let plan = bicache_step(
-                    mode == CacheMode::BicacheDual,
-                    prefix_len,
-                    seq_len,
-                    sampler.block(),
-                    block_start,
-                    several_blocks,
-                    timings.steps,
-                    request.refresh_every,
-                );
-                timings.token_layer_passes += plan.token_layer_passes(*depth, n_layers, prefix_len);
-                timings.forward_passes += 1;
-                self.encode_bicache_step(
-                    &mut step,
-                    &cond,
-                    sampler.tokens(),
-                    &plan,
-                    prefix_len,
-                    *depth,
-                    run,
-                )?;
-                if plan.refresh {
-                    (&cond.x_full, 0)
-                } else {
-                    (&cond.x, plan.rows.start)
-                }
-            } else {
-                let plan = plan_step(&PlanInput {
-                    mode,
-                    seq_len,
-                    prefix_len,
-                    block: sampler.block(),
-                    block_start,
-                    first_step,
-                    recompute_all: request.recompute_all,
-                });
-                if let Some(w) = &plan.warmup {
-                    // Its own submit: the main pass rewrites the same ids buffer.
-                    let mut warm = StepEncoder::new(&self.ctx, "prefix pass");
-                    for (st, tokens) in &states {
-                        self.model.write_rows(
-                            st,
-                            &tokens[w.rows.clone()],
-                            &positions[w.rows.clone()],
-                        )?;
-                        self.model
-                            .encode_layers(&mut warm, st, w.rows.len(), w.kv_len, None, 0)?;
-                        timings.forward_passes += 1;
-                    }
-                    warm.submit()?;
-                }
-                let r = plan.pass.rows.clone();
+            let plan = plan_step(&PlanInput {
+                mode,
+                seq_len,
+                prefix_len,
+                block: sampler.block(),
+                block_start,
+                first_step,
+                recompute_all: request.recompute_all,
+            });
+            if let Some(w) = &plan.warmup {
+                // Its own submit: the main pass rewrites the same ids buffer.
+                let mut warm = StepEncoder::new(&self.ctx, "prefix pass");
                 for (st, tokens) in &states {
+                    self.model.write_rows(
+                        st,
+                        &tokens[w.rows.clone()],
+                        &positions[w.rows.clone()],
+                    )?;
                     self.model
-                        .write_rows(st, &tokens[r.clone()], &positions[r.clone()])?;
-                    self.model
-                        .encode_layers(&mut step, st, r.len(), plan.pass.kv_len, None, 0)?;
+                        .encode_layers(&mut warm, st, w.rows.len(), w.kv_len, None, 0)?;
                     timings.forward_passes += 1;
                 }
-                timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
-                (&cond.x, r.start)
-            };
+                warm.submit()?;
+            }
+            let r = plan.pass.rows.clone();
+            for (st, tokens) in &states {
+                self.model
+                    .write_rows(st, &tokens[r.clone()], &positions[r.clone()])?;
+                self.model
+                    .encode_layers(&mut step, st, r.len(), plan.pass.kv_len, None, 0)?;
+                timings.forward_passes += 1;
+            }
+            timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
+            let first_row = r.start;
             if let Some(bad) = rows.iter().find(|&&pos| (pos as usize) < first_row) {
                 return Err(EngineError::Request(format!(
                     "position {bad} must be predicted but cache mode {mode} computes rows from {first_row} this step"
@@ -721,17 +817,10 @@ impl Engine {
             }
             let row_index: Vec<u32> = rows.iter().map(|&pos| pos - first_row as u32).collect();
             self.model.write_select(&sel, &row_index, &rows)?;
-            let params = SelectParams {
-                temperature: p.temperature,
-                cfg_scale: p.cfg_scale,
-                seed: p.seed,
-                step: sampler.global_step() as u32,
-                suppress_token: p.logits_eos_inf.then_some(self.special.eos),
-                conf_exclude,
-            };
+            let params = self.select_params(&sampler, conf_exclude);
             self.model.encode_select_from(
                 &mut step,
-                sample_x,
+                &cond.x,
                 uncond.as_ref().map(|u| &u.x),
                 &sel,
                 rows.len(),
@@ -758,11 +847,36 @@ impl Engine {
             });
             records.push(record);
         }
-        if let Some((run, _)) = bic {
-            self.release_prefix(run.id);
+        self.finish(Finished {
+            request,
+            start,
+            prompt,
+            prefix_len,
+            sampler,
+            records,
+            timings,
+            report,
+        })
+    }
+
+    /// What the sampler's request asks of the token choice at its current step.
+    fn select_params(&self, sampler: &Sampler, conf_exclude: [Option<u32>; 2]) -> SelectParams {
+        let p = sampler.params();
+        SelectParams {
+            temperature: p.temperature,
+            cfg_scale: p.cfg_scale,
+            seed: p.seed,
+            step: sampler.global_step() as u32,
+            suppress_token: p.logits_eos_inf.then_some(self.special.eos),
+            conf_exclude,
         }
-        timings.total_s = start.elapsed_s();
-        let ids = sampler.generated().to_vec();
+    }
+
+    /// The generation of a request whose sampler is done.
+    fn finish(&self, f: Finished<'_>) -> Result<Generation, EngineError> {
+        let mut timings = f.timings;
+        timings.total_s = f.start.elapsed_s();
+        let ids = f.sampler.generated().to_vec();
         let stop = |t: &u32| *t == self.special.eos || Some(*t) == self.special.eot;
         timings.answer_tokens = ids.iter().position(stop).unwrap_or(ids.len());
         if timings.total_s > 0.0 {
@@ -770,18 +884,18 @@ impl Engine {
             timings.throughput_answer = timings.answer_tokens as f64 / timings.total_s;
         }
         let text = match &self.tokenizer {
-            Some(t) => Some(t.decode(&ids, request.decode)?),
+            Some(t) => Some(t.decode(&ids, f.request.decode)?),
             None => None,
         };
         Ok(Generation {
-            prompt_ids: prompt,
-            prefix_len,
-            cache: request.cache,
+            prompt_ids: f.prompt,
+            prefix_len: f.prefix_len,
+            cache: f.request.cache,
             ids,
             text,
-            steps: records,
+            steps: f.records,
             timings,
-            bicache: report,
+            bicache: f.report,
         })
     }
 
@@ -896,97 +1010,5 @@ impl Engine {
     pub fn prefix_entry(&self, prefix: &[u32]) -> Option<Arc<PrefixEntry>> {
         let store = self.prefix_store.lock().ok()?;
         store.peek(prefix).and_then(|id| store.payload(id).cloned())
-    }
-
-    /// Records one BiCache step: shallow layers over the computed non-prefix rows against
-    /// the shared entry, then the deep layers — over the boundary state plus those rows on a
-    /// refresh, over those rows alone otherwise.
-    #[allow(clippy::too_many_arguments)]
-    fn encode_bicache_step(
-        &self,
-        step: &mut StepEncoder,
-        st: &ForwardState,
-        tokens: &[u32],
-        plan: &BicacheStep,
-        p: usize,
-        depth: usize,
-        run: &PrefixRun,
-    ) -> Result<(), EngineError> {
-        let m = &self.model;
-        let t = tokens.len();
-        let r = plan.rows.clone();
-        let n = r.len();
-        let positions: Vec<u32> = (r.start as u32..r.end as u32).collect();
-        m.write_rows(st, &tokens[r.clone()], &positions)?;
-        let shallow_rows: Vec<u32> = positions.iter().map(|&pos| pos - p as u32).collect();
-        st.kv_shallow.write_u32(&self.ctx, &shallow_rows)?;
-        m.encode_embed(step, st, n)?;
-        m.encode_pass(
-            step,
-            st,
-            &LayerPass {
-                x: &st.x,
-                rows: n,
-                positions: &st.positions,
-                kv_index: &st.kv_shallow,
-                layers: 0..depth,
-                arena: &st.kv,
-                kv_len: t - p,
-                seg_a: Some((&run.entry.kv, p)),
-            },
-        )?;
-        let layers = depth..m.cfg.n_layers;
-        if plan.refresh {
-            let boundary = run.entry.boundary(depth).ok_or_else(|| {
-                EngineError::Request(format!(
-                    "the shared entry has no boundary state for depth {depth}"
-                ))
-            })?;
-            let row_bytes = (m.cfg.d_model * 4) as u64;
-            step.copy(
-                &boundary.buffer,
-                0,
-                &st.x_full.buffer,
-                0,
-                p as u64 * row_bytes,
-            );
-            step.copy(
-                &st.x.buffer,
-                0,
-                &st.x_full.buffer,
-                p as u64 * row_bytes,
-                n as u64 * row_bytes,
-            );
-            m.encode_pass(
-                step,
-                st,
-                &LayerPass {
-                    x: &st.x_full,
-                    rows: t,
-                    positions: &st.positions_full,
-                    kv_index: &st.positions_full,
-                    layers,
-                    arena: &st.kv,
-                    kv_len: t,
-                    seg_a: None,
-                },
-            )?;
-        } else {
-            m.encode_pass(
-                step,
-                st,
-                &LayerPass {
-                    x: &st.x,
-                    rows: n,
-                    positions: &st.positions,
-                    kv_index: &st.positions,
-                    layers,
-                    arena: &st.kv,
-                    kv_len: t,
-                    seg_a: None,
-                },
-            )?;
-        }
-        Ok(())
     }
 }

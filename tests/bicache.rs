@@ -7,7 +7,8 @@ mod common;
 use common::{fixture_dir, params, same_tokens};
 
 use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Request};
-use unmask_gpu::model::{LayerPass, LladaModel};
+use unmask_gpu::model::{LayerPass, LladaModel, SeqWindow};
+use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::{StepEncoder, WeightFormat};
 
 fn engine_with(budget: CacheBudget) -> Engine {
@@ -93,6 +94,7 @@ fn fresh_prefix_pass(model: &LladaModel, prefix: &[u32], depth: usize) -> (Layer
     model.write_rows(&st, prefix, &positions).unwrap();
     let mut step = StepEncoder::new(&model.ctx, "fresh prefix");
     model.encode_embed(&mut step, &st, p).unwrap();
+    let whole = SeqWindow::single(p, p);
     let pass = |layers| LayerPass {
         x: &st.x,
         rows: p,
@@ -100,7 +102,7 @@ fn fresh_prefix_pass(model: &LladaModel, prefix: &[u32], depth: usize) -> (Layer
         kv_index: &st.positions,
         layers,
         arena: &st.kv,
-        kv_len: p,
+        seqs: &whole,
         seg_a: None,
     };
     model.encode_pass(&mut step, &st, &pass(0..depth)).unwrap();
@@ -297,4 +299,135 @@ fn requests_run_uncached_and_say_why() {
         .generate(&bicache_request(0, CacheMode::Bicache, 1, 4, p))
         .unwrap();
     assert!(out.bicache.unwrap().fallback.unwrap().contains("guidance"));
+}
+
+/// The same request with the depth a batch runs it at.
+fn at_depth(req: &Request, depth: usize) -> Request {
+    let mut r = req.clone();
+    r.depth = Some(depth);
+    r
+}
+
+#[test]
+fn a_batch_equals_each_request_alone_at_the_smallest_depth() {
+    // One matmul kernel whatever the row count, so batched rows round exactly as alone.
+    let mut engine = engine();
+    engine.model.matmul_kernel = MatmulKernel::Tiled;
+    // One block refreshing every 4 steps, four dual blocks, and a shorter request that
+    // finishes first and leaves the batch while the others go on.
+    let requests = [
+        bicache_request(0, CacheMode::Bicache, 2, 4, params(12, 6, 12)),
+        bicache_request(1, CacheMode::BicacheDual, 1, 4, params(16, 8, 4)),
+        bicache_request(2, CacheMode::BicacheDual, 2, 4, params(8, 4, 4)),
+    ];
+    let mut steps_seen = [0usize; 3];
+    let batch =
+        pollster::block_on(engine.generate_batch_async(&requests, &mut |i, _| steps_seen[i] += 1));
+    let p = prefix().len();
+    let n_layers = engine.config().n_layers;
+    for (i, (req, got)) in requests.iter().zip(batch).enumerate() {
+        let got = got.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let report = got.bicache.clone().expect("a BiCache report");
+        assert!(report.fallback.is_none(), "{report:?}");
+        assert_eq!((report.batch, report.depth), (3, 1), "{report:?}");
+        assert_eq!(Some(report.requested_depth), req.depth);
+        assert_eq!(steps_seen[i], got.steps.len(), "one callback per step");
+        let alone = engine.generate(&at_depth(req, 1)).unwrap();
+        assert_eq!(alone.bicache.as_ref().unwrap().batch, 1);
+        assert_eq!(got.ids, alone.ids, "request {i}: batched and alone differ");
+        assert_eq!(got.steps, alone.steps, "request {i}: step records differ");
+        // The batch's first request built the entry; every other run found it.
+        let build = if report.hit { 0 } else { p * n_layers };
+        assert_eq!(
+            got.timings.token_layer_passes - build,
+            alone.timings.token_layer_passes,
+            "request {i}"
+        );
+    }
+    let stats = engine.prefix_store_stats();
+    assert_eq!((stats.misses, stats.hits, stats.entries), (1, 5, 1));
+    assert_eq!(
+        engine.clear_prefix_store(),
+        1,
+        "a request left the entry pinned"
+    );
+    eprintln!("[bicache] batch of 3 at b = min(2, 1, 2): tokens and steps equal each run alone");
+}
+
+/// A prompt whose shared prefix differs from `prefix()` in its first token.
+fn other_prompt(question: u32) -> Vec<u32> {
+    let mut p = prompt(question);
+    p[1] = 301;
+    p
+}
+
+#[test]
+fn a_batch_groups_requests_by_prefix_and_keeps_their_order() {
+    let engine = engine();
+    let mut other = bicache_request(4, CacheMode::BicacheDual, 2, 4, params(8, 4, 4));
+    other.prompt = unmask::Prompt::Ids(other_prompt(4));
+    let mut too_long = bicache_request(5, CacheMode::Bicache, 1, 4, params(8, 8, 8));
+    too_long.prefix_len = Some(1000);
+    let noisy = |q, seed| {
+        let p = GenerationParams {
+            temperature: 0.8,
+            seed,
+            ..params(8, 4, 4)
+        };
+        bicache_request(q, CacheMode::BicacheDual, 2, 4, p)
+    };
+    let requests = [
+        noisy(0, 7),
+        Request::ids(prompt(1)).with_params(params(8, 8, 8)),
+        other,
+        too_long,
+        noisy(3, 8),
+    ];
+    let batch = engine.generate_batch(&requests);
+    let expect_batch = [Some(2), None, Some(1), None, Some(2)];
+    for (i, (req, got)) in requests.iter().zip(batch).enumerate() {
+        if i == 3 {
+            let err = got
+                .expect_err("a prefix longer than the prompt")
+                .to_string();
+            assert!(err.contains("prefix_len 1000"), "{err}");
+            continue;
+        }
+        let got = got.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(
+            got.bicache.as_ref().map(|r| r.batch),
+            expect_batch[i],
+            "request {i}"
+        );
+        let alone = engine.generate(req).unwrap();
+        assert_eq!(got.ids, alone.ids, "request {i}: batched and alone differ");
+    }
+    assert_eq!(engine.prefix_store_stats().entries, 2);
+    eprintln!(
+        "[bicache] 5 requests: two share a prefix (T > 0, different seeds), one has its own, one runs none, one is refused; each equals its run alone"
+    );
+}
+
+#[test]
+fn a_batch_over_the_budget_runs_each_request_uncached() {
+    let small = engine_with(CacheBudget {
+        max_tokens: 8,
+        max_bytes: 1 << 30,
+    });
+    let requests = [
+        bicache_request(0, CacheMode::BicacheDual, 1, 4, params(8, 4, 4)),
+        bicache_request(1, CacheMode::BicacheDual, 1, 4, params(8, 4, 4)),
+    ];
+    for (req, got) in requests.iter().zip(small.generate_batch(&requests)) {
+        let got = got.unwrap();
+        let why = got.bicache.as_ref().unwrap().fallback.clone().unwrap();
+        assert!(
+            why.contains("fast-dllm-dual") && why.contains("budget"),
+            "{why}"
+        );
+        let mut dual = req.clone();
+        dual.cache = CacheMode::FastDllmDual;
+        assert_eq!(got.ids, small.generate(&dual).unwrap().ids);
+    }
+    assert_eq!(small.prefix_store_stats().entries, 0);
 }

@@ -122,18 +122,18 @@ fn run_gpu(ctx: &GpuContext, c: &Case, d: &Data) -> Vec<f32> {
     )
     .unwrap();
     let mut step = StepEncoder::new(ctx, "attention");
-    let seg_a = c.len_a.map(|len| KvSegment {
-        k: &ka,
-        v: &va,
-        len,
-    });
-    let seg_b = KvSegment {
-        k: &kb,
-        v: &vb,
-        len: c.len_b,
-    };
+    let seg_a = c.len_a.map(|len| KvSegment::first(&ka, &va, len));
+    let seg_b = KvSegment::first(&kb, &vb, c.len_b);
     attn::attention(
-        &mut step, &q, c.q_stride, c.q_col, c.m, seg_a, seg_b, &out, c.shape,
+        &mut step,
+        &q,
+        c.q_stride,
+        c.q_col,
+        0..c.m,
+        seg_a,
+        seg_b,
+        &out,
+        c.shape,
     )
     .unwrap();
     step.submit().unwrap();
@@ -298,6 +298,96 @@ fn split_equals_concatenation() {
     }
 }
 
+#[test]
+fn batched_windows_equal_separate_problems() {
+    // A batch keeps the query rows of several sequences in one q / out and their arenas one
+    // after the other in one K/V buffer, all sharing segment A. Each sequence's dispatch
+    // (row window, segment B start) must give exactly what its own problem gives alone.
+    let ctx = ctx();
+    let (hd, heads, kv) = (20, 4, 2);
+    let shape = AttentionShape {
+        n_heads: heads,
+        n_kv_heads: kv,
+        head_dim: hd,
+    };
+    let sequences = [(5, 17), (3, 9), (8, 30)]; // (query rows, arena rows)
+    let cases: Vec<Case> = sequences
+        .iter()
+        .enumerate()
+        .map(|(i, &(m, lb))| Case {
+            shape,
+            q_stride: (heads + 2 * kv) * hd,
+            q_col: 0,
+            seed: 40 + i as u64,
+            ..Case::mha(hd, heads, m, Some(11), lb)
+        })
+        .collect();
+    let mut data: Vec<Data> = cases.iter().map(Case::data).collect();
+    // One shared segment A (from the first case) for all of them.
+    for i in 1..data.len() {
+        data[i].ka = data[0].ka.clone();
+        data[i].va = data[0].va.clone();
+    }
+    let q_all: Vec<f32> = data.iter().flat_map(|d| d.q.clone()).collect();
+    let kb_all: Vec<f32> = data.iter().flat_map(|d| d.kb.clone()).collect();
+    let vb_all: Vec<f32> = data.iter().flat_map(|d| d.vb.clone()).collect();
+    let (q, kb, vb) = (
+        upload(&ctx, &q_all, "q"),
+        upload(&ctx, &kb_all, "kb"),
+        upload(&ctx, &vb_all, "vb"),
+    );
+    let (ka, va) = (
+        upload(&ctx, &data[0].ka, "ka"),
+        upload(&ctx, &data[0].va, "va"),
+    );
+    let rows: usize = sequences.iter().map(|s| s.0).sum();
+    let width = heads * hd;
+    let out = Tensor::zeros(&ctx, DType::F32, &[rows, width], "out").unwrap();
+    let mut step = StepEncoder::new(&ctx, "batched attention");
+    let (mut row0, mut kv0) = (0, 0);
+    for c in &cases {
+        let seg_b = KvSegment {
+            k: &kb,
+            v: &vb,
+            start: kv0,
+            len: c.len_b,
+        };
+        let seg_a = Some(KvSegment::first(&ka, &va, 11));
+        attn::attention(
+            &mut step,
+            &q,
+            c.q_stride,
+            0,
+            row0..row0 + c.m,
+            seg_a,
+            seg_b,
+            &out,
+            shape,
+        )
+        .unwrap();
+        row0 += c.m;
+        kv0 += c.len_b;
+    }
+    step.submit().unwrap();
+    let got = out.read_f32(&ctx).unwrap();
+    let mut row0 = 0;
+    for (c, d) in cases.iter().zip(&data) {
+        let alone = run_gpu(&ctx, c, d);
+        let part = &got[row0 * width..(row0 + c.m) * width];
+        assert_close(
+            &format!("{} (in a batch)", c.label()),
+            part,
+            &c.oracle(d),
+            TOL,
+        );
+        assert_eq!(part, &alone[..], "{}: batched and alone differ", c.label());
+        row0 += c.m;
+    }
+    eprintln!(
+        "[check] 3 sequences in one buffer: each window equals its problem alone, bit for bit"
+    );
+}
+
 fn expect_shape_error(result: unmask_gpu::Result<()>, what: &str) {
     match result {
         Err(GpuError::Shape { .. }) => eprintln!("[check] {what}: rejected"),
@@ -310,7 +400,7 @@ fn rejects_bad_shapes() {
     let ctx = ctx();
     let t = |n: usize| Tensor::zeros(&ctx, DType::F32, &[n], "t").unwrap();
     let (q, k, v, out) = (t(4096), t(4096), t(4096), t(4096));
-    let seg = |len| KvSegment { k: &k, v: &v, len };
+    let seg = |len| KvSegment::first(&k, &v, len);
     let shape = |n_heads, n_kv_heads, head_dim| AttentionShape {
         n_heads,
         n_kv_heads,
@@ -323,7 +413,7 @@ fn rejects_bad_shapes() {
             &q,
             129,
             0,
-            1,
+            0..1,
             None,
             seg(1),
             &out,
@@ -332,7 +422,17 @@ fn rejects_bad_shapes() {
         "head_dim 129",
     );
     expect_shape_error(
-        attn::attention(&mut step, &q, 48, 0, 1, None, seg(1), &out, shape(3, 2, 16)),
+        attn::attention(
+            &mut step,
+            &q,
+            48,
+            0,
+            0..1,
+            None,
+            seg(1),
+            &out,
+            shape(3, 2, 16),
+        ),
         "3 heads over 2 kv heads",
     );
     expect_shape_error(
@@ -341,7 +441,7 @@ fn rejects_bad_shapes() {
             &q,
             32,
             0,
-            1,
+            0..1,
             Some(seg(0)),
             seg(0),
             &out,
@@ -350,7 +450,17 @@ fn rejects_bad_shapes() {
         "no keys at all",
     );
     expect_shape_error(
-        attn::attention(&mut step, &q, 32, 8, 1, None, seg(1), &out, shape(2, 2, 16)),
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            8,
+            0..1,
+            None,
+            seg(1),
+            &out,
+            shape(2, 2, 16),
+        ),
         "q_col past the row",
     );
     expect_shape_error(
@@ -359,7 +469,7 @@ fn rejects_bad_shapes() {
             &q,
             32,
             0,
-            200,
+            0..200,
             None,
             seg(1),
             &out,
@@ -373,7 +483,7 @@ fn rejects_bad_shapes() {
             &q,
             32,
             0,
-            1,
+            0..1,
             None,
             seg(300),
             &out,
@@ -381,13 +491,65 @@ fn rejects_bad_shapes() {
         ),
         "segment longer than its tensor",
     );
+    let late = KvSegment {
+        start: 200,
+        ..seg(100)
+    };
     expect_shape_error(
-        attn::attention(&mut step, &q, 32, 0, 1, None, seg(1), &k, shape(2, 2, 16)),
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            0,
+            0..1,
+            None,
+            late,
+            &out,
+            shape(2, 2, 16),
+        ),
+        "segment window past the end of its tensor",
+    );
+    expect_shape_error(
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            0,
+            127..129,
+            None,
+            seg(1),
+            &out,
+            shape(2, 2, 16),
+        ),
+        "query window past the end of q",
+    );
+    expect_shape_error(
+        attn::attention(
+            &mut step,
+            &q,
+            32,
+            0,
+            0..1,
+            None,
+            seg(1),
+            &k,
+            shape(2, 2, 16),
+        ),
         "out aliasing the keys",
     );
     let u = Tensor::zeros(&ctx, DType::U32, &[4096], "u").unwrap();
     expect_shape_error(
-        attn::attention(&mut step, &u, 32, 0, 1, None, seg(1), &out, shape(2, 2, 16)),
+        attn::attention(
+            &mut step,
+            &u,
+            32,
+            0,
+            0..1,
+            None,
+            seg(1),
+            &out,
+            shape(2, 2, 16),
+        ),
         "u32 q",
     );
     assert_eq!(

@@ -72,6 +72,12 @@ pub fn spec() -> CommandSpec {
         ),
         Flag::value("per-group", "N", "requests per system prompt (default 4)"),
         Flag::value(
+            "batch",
+            "LIST",
+            "requests per batched call, e.g. 1,4: BiCache requests sharing a prefix run in \
+             the same forward passes (default 1; sizes above 1 run BiCache modes only)",
+        ),
+        Flag::value(
             "prefix-tokens",
             "N",
             "tokens of each shared system prompt (default 1024)",
@@ -486,6 +492,10 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             decodings,
             refresh_every: bicache.refresh_every,
             depth: bicache.depth,
+            batches: list(m, "batch", "sizes >= 1, e.g. 1,2,4", |v| {
+                v.parse().ok().filter(|&n: &usize| n >= 1)
+            })?
+            .unwrap_or_else(|| vec![1]),
         };
         eprintln!(
             "requests: {} system prompts x {} requests, {} + {} tokens, gen {gen_length}, steps {steps}, block {block_length}",

@@ -46,11 +46,14 @@ pub struct ForwardState {
     pub ids: Tensor,
     pub positions: Tensor,
     pub x: Tensor,
-    /// BiCache refresh: the boundary state of the prefix rows followed by the other rows.
-    pub x_full: Tensor,
-    /// 0..seq_len, the positions (and arena rows) of a full-sequence pass.
-    pub positions_full: Tensor,
-    /// Arena rows of the computed rows in layers that read a shared prefix (position - P).
+    /// BiCache: the hidden rows of the deep layers (on a refresh, a sequence's boundary
+    /// state of the prefix rows followed by its other rows).
+    pub x_deep: Tensor,
+    /// Absolute positions of the rows of `x_deep`.
+    pub positions_deep: Tensor,
+    /// Arena rows of the rows of `x_deep`.
+    pub kv_deep: Tensor,
+    /// Arena rows of the computed rows in layers that read a shared prefix.
     pub kv_shallow: Tensor,
     h: Tensor,
     qkv: Tensor,
@@ -73,9 +76,32 @@ pub struct LayerPass<'a> {
     pub layers: std::ops::Range<usize>,
     /// Segment B of every layer (indexed by absolute layer).
     pub arena: &'a [KvLayer],
-    pub kv_len: usize,
-    /// Segment A of every layer and its length (a shared prefix's K/V).
+    /// The sequences of the pass: which rows attend to which arena rows.
+    pub seqs: &'a [SeqWindow],
+    /// Segment A of every layer and its length (a shared prefix's K/V, read by every
+    /// sequence of the pass).
     pub seg_a: Option<(&'a [KvLayer], usize)>,
+}
+
+/// One sequence of a pass: its hidden rows, and the arena rows its keys and values are in
+/// (segment B). A single request is one window over every row; a batch keeps its
+/// sequences' rows and arenas one after the other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqWindow {
+    pub rows: std::ops::Range<usize>,
+    pub kv_start: usize,
+    pub kv_len: usize,
+}
+
+impl SeqWindow {
+    /// All `rows` rows of a pass over the first `kv_len` arena rows.
+    pub fn single(rows: usize, kv_len: usize) -> [SeqWindow; 1] {
+        [SeqWindow {
+            rows: 0..rows,
+            kv_start: 0,
+            kv_len,
+        }]
+    }
 }
 
 /// Buffers for the LM head and token choice over up to `capacity` sampled rows.
@@ -167,6 +193,17 @@ impl LladaModel {
                 self.max_pos
             )));
         }
+        self.new_batch_state(capacity, seq_len)
+    }
+
+    /// A state for a batch: `capacity` rows per step over sequences whose arenas lie one
+    /// after the other in `arena_rows` rows (each sequence within max_sequence_length).
+    pub fn new_batch_state(
+        &self,
+        capacity: usize,
+        arena_rows: usize,
+    ) -> Result<ForwardState, ModelError> {
+        let seq_len = arena_rows;
         let c = &self.cfg;
         let ctx = &self.ctx;
         let cap = capacity.max(1);
@@ -185,13 +222,9 @@ impl LladaModel {
             ids: Tensor::zeros(ctx, DType::U32, &[cap], "ids")?,
             positions: Tensor::zeros(ctx, DType::U32, &[cap], "positions")?,
             x: f32t(&[cap, c.d_model], "x")?,
-            x_full: f32t(&[cap, c.d_model], "x full")?,
-            positions_full: Tensor::from_u32(
-                ctx,
-                &[cap],
-                &(0..cap as u32).collect::<Vec<_>>(),
-                "positions full",
-            )?,
+            x_deep: f32t(&[cap, c.d_model], "x deep")?,
+            positions_deep: Tensor::zeros(ctx, DType::U32, &[cap], "positions deep")?,
+            kv_deep: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows deep")?,
             kv_shallow: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows shallow")?,
             h: f32t(&[cap, c.d_model], "h")?,
             qkv: f32t(&[cap, self.qkv_width()], "qkv")?,
@@ -286,7 +319,7 @@ impl LladaModel {
                 kv_index: &st.positions,
                 layers: 0..self.cfg.n_layers,
                 arena: &st.kv,
-                kv_len,
+                seqs: &SeqWindow::single(rows, kv_len),
                 seg_a: seg_a.map(|a| (a, seg_a_len)),
             },
         )
@@ -305,8 +338,8 @@ impl LladaModel {
 
     /// Records the layers `pass.layers` over `pass.rows` hidden rows of `pass.x` (updated in
     /// place), using `st` for scratch. Each computed row's K/V go to arena row
-    /// `kv_index[r]` of its layer; every row attends to segment A (when given) and the first
-    /// `kv_len` arena rows.
+    /// `kv_index[r]` of its layer; the rows of each sequence window attend to segment A
+    /// (when given) and that window's arena rows.
     pub fn encode_pass(
         &self,
         step: &mut StepEncoder,
@@ -328,6 +361,12 @@ impl LladaModel {
                 pass.layers,
                 st.capacity,
                 pass.arena.len()
+            )));
+        }
+        if let Some(w) = pass.seqs.iter().find(|w| w.rows.end > rows) {
+            return Err(ModelError::Input(format!(
+                "a sequence window over rows {:?} in a pass of {rows} rows",
+                w.rows
             )));
         }
         if rows == 0 {
@@ -387,30 +426,33 @@ impl LladaModel {
                 rows,
                 kv_w,
             )?;
-            let seg_a = pass.seg_a.map(|(layers, len)| KvSegment {
-                k: &layers[li].k,
-                v: &layers[li].v,
-                len,
-            });
-            attention::attention(
-                step,
-                &st.qkv,
-                qkv_w,
-                0,
-                rows,
-                seg_a,
-                KvSegment {
+            let seg_a = pass
+                .seg_a
+                .map(|(layers, len)| KvSegment::first(&layers[li].k, &layers[li].v, len));
+            for w in pass.seqs {
+                let seg_b = KvSegment {
                     k: &arena.k,
                     v: &arena.v,
-                    len: pass.kv_len,
-                },
-                &st.attn,
-                AttentionShape {
+                    start: w.kv_start,
+                    len: w.kv_len,
+                };
+                let shape = AttentionShape {
                     n_heads: h,
                     n_kv_heads: hkv,
                     head_dim: hd,
-                },
-            )?;
+                };
+                attention::attention(
+                    step,
+                    &st.qkv,
+                    qkv_w,
+                    0,
+                    w.rows.clone(),
+                    seg_a,
+                    seg_b,
+                    &st.attn,
+                    shape,
+                )?;
+            }
             matmul::matmul(step, &st.attn, &lw.attn_out, &st.proj, rows, k)?;
             ew::add_in_place(step, x, &st.proj, rows * d)?;
             ew::rms_norm(step, x, &lw.ff_norm, &st.h, rows, d, eps)?;

@@ -14,7 +14,9 @@ pub use checkpoint::{
     Checkpoint, CheckpointError, CheckpointLayout, FileHeader, QuantTensor, ShardIndex,
     StoredTensor,
 };
-pub use forward::{ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, TokenChoice};
+pub use forward::{
+    ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, SeqWindow, TokenChoice,
+};
 pub use quant_checkpoint::write_quantized;
 pub use stream::BodyStream;
 pub use weights::{

@@ -35,14 +35,27 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// Keys and values of one segment: f32 rows `[len, n_kv_heads * head_dim]`, contiguous,
-/// keys already rotated (RoPE) at their absolute positions. The tensors may hold more rows
-/// than `len`; only the first `len` are read.
+/// Keys and values of one segment: f32 rows `[.., n_kv_heads * head_dim]`, contiguous,
+/// keys already rotated (RoPE) at their absolute positions. Rows `start..start + len` are
+/// read: a batch keeps every sequence's arena in one buffer, one after the other.
 #[derive(Clone, Copy, Debug)]
 pub struct KvSegment<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
+    pub start: usize,
     pub len: usize,
+}
+
+impl<'a> KvSegment<'a> {
+    /// The first `len` rows of `k` and `v`.
+    pub fn first(k: &'a Tensor, v: &'a Tensor, len: usize) -> Self {
+        Self {
+            k,
+            v,
+            start: 0,
+            len,
+        }
+    }
 }
 
 /// Query units per workgroup (fixed by the kernel's register blocks).
@@ -118,6 +131,9 @@ struct Params {
     unit_blocks: u32,
     n_kv_heads: u32,
     scale_log2: f32,
+    row0: u32,
+    b_row0: u32,
+    a_row0: u32,
     _pad: u32,
 }
 
@@ -144,19 +160,20 @@ fn to_u32(what: &str, x: usize) -> Result<u32> {
     u32::try_from(x).map_err(|_| shape_error(format!("{what} below 2^32"), x.to_string()))
 }
 
-/// Records attention of `m` query rows over `seg_a` (optional) and `seg_b`.
+/// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`.
 ///
 /// Query row `r`, head `h` is read at `q[r * q_stride + q_col + h * head_dim ..]` (q is
 /// usually a slice of the fused QKV projection output, RoPE applied). The result goes to
-/// `out` as f32 `[m, n_heads * head_dim]`. Scale `1/sqrt(head_dim)`; query head `h` uses
-/// kv head `h / (n_heads / n_kv_heads)`.
+/// rows `rows` of `out`, f32 `[.., n_heads * head_dim]`. Scale `1/sqrt(head_dim)`; query
+/// head `h` uses kv head `h / (n_heads / n_kv_heads)`. A batch calls this once per
+/// sequence, each with its own rows and arena window, into one shared `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     step: &mut StepEncoder,
     q: &Tensor,
     q_stride: usize,
     q_col: usize,
-    m: usize,
+    rows: std::ops::Range<usize>,
     seg_a: Option<KvSegment>,
     seg_b: KvSegment,
     out: &Tensor,
@@ -195,18 +212,20 @@ pub fn attention(
             "two empty segments".into(),
         ));
     }
+    let m = rows.len();
     if m == 0 {
         return Ok(());
     }
     let kv_stride = n_kv_heads * head_dim;
-    check_f32("q", q, (m - 1) * q_stride + q_col + q_width)?;
-    check_f32("out", out, m * q_width)?;
-    if let Some(a) = &seg_a {
-        check_f32("segment A keys", a.k, a.len * kv_stride)?;
-        check_f32("segment A values", a.v, a.len * kv_stride)?;
+    check_f32("q", q, (rows.end - 1) * q_stride + q_col + q_width)?;
+    check_f32("out", out, rows.end * q_width)?;
+    for (name, seg) in [("segment A", seg_a), ("segment B", Some(seg_b))] {
+        if let Some(s) = seg {
+            let end = (s.start + s.len) * kv_stride;
+            check_f32(&format!("{name} keys"), s.k, end)?;
+            check_f32(&format!("{name} values"), s.v, end)?;
+        }
     }
-    check_f32("segment B keys", seg_b.k, seg_b.len * kv_stride)?;
-    check_f32("segment B values", seg_b.v, seg_b.len * kv_stride)?;
     let mut inputs = vec![
         ("q", q),
         ("segment B keys", seg_b.k),
@@ -252,6 +271,9 @@ pub fn attention(
         unit_blocks: to_u32("query blocks", unit_blocks)?,
         n_kv_heads: n_kv_heads as u32,
         scale_log2: std::f32::consts::LOG2_E / (head_dim as f32).sqrt(),
+        row0: to_u32("first query row", rows.start)?,
+        b_row0: to_u32("segment B start", seg_b.start)?,
+        a_row0: to_u32("segment A start", seg_a.map_or(0, |s| s.start))?,
         _pad: 0,
     };
     let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
