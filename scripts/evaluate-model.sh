@@ -50,7 +50,7 @@ for step in $STEPS; do
       "$UNMASK" eval --model "$MODEL" --set data/tasks/heldout-small.jsonl --weights "$w" \
         "${LIMIT_ARGS[@]}" --out "$tmp/$w.json"
     done
-    python3 tools/quant_agreement.py "$tmp/f16.json" "$tmp/q8.json" "$tmp/q4.json" \
+    python3 tools/eval_agreement.py "$tmp/f16.json" "$tmp/q8.json" "$tmp/q4.json" \
       --json "$DIR/quant-heldout.json" --markdown "$DIR/quant-heldout.md"
     rm -rf "$tmp"
     ;;

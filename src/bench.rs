@@ -603,6 +603,7 @@ pub fn run_request_bench(
                     "gen_length": params.gen_length,
                     "steps": params.steps,
                     "block_length": params.block_length,
+                    "batch": batch,
                     "requests": requests.len(),
                     "groups": workload.groups,
                     "prefix_tokens": workload.prefix_tokens,

@@ -249,9 +249,10 @@ fn summary_line(r: &Value) -> String {
             f("gbs")
         ),
         _ => format!(
-            "  {:<16} {:<9} {:>9.2} canvas tok/s {:>9.2} answer tok/s  TTFT {:.3} s  {:>10.0} token-layer passes  peak {:.1} MiB",
+            "  {:<16} {:<9} batch {:<3} {:>9.2} canvas tok/s {:>9.2} answer tok/s  TTFT {:.3} s  {:>10.0} token-layer passes  peak {:.1} MiB",
             s("cache"),
             s("decoding"),
+            f("batch"),
             f("throughput_canvas"),
             f("throughput_answer"),
             f("ttft_s"),

@@ -180,6 +180,8 @@ struct RequestRow {
     gen_length: u64,
     steps: u64,
     block_length: u64,
+    /// Requests per batched call (1 in records that predate batching).
+    batch: u64,
 }
 
 type Figures = BTreeMap<&'static str, f64>;
@@ -403,6 +405,10 @@ impl Collected {
                 gen_length: r.count("gen_length")?,
                 steps: r.count("steps")?,
                 block_length: r.count("block_length")?,
+                batch: match r.object.get("batch") {
+                    None | Some(Value::Null) => 1,
+                    Some(_) => r.count("batch")?,
+                },
             };
             let figures = r.figures(&REQUEST_FIGURES, &REQUEST_OPTIONAL)?;
             self.requests
@@ -582,6 +588,7 @@ fn request_order(r: &RequestRow) -> impl Ord + '_ {
         threshold,
         rank(&CACHE_ORDER, &r.cache),
         &r.cache,
+        r.batch,
     )
 }
 
@@ -644,6 +651,7 @@ impl Merged {
     fn speed_up(&self, source: usize, row: &RequestRow) -> Option<f64> {
         let base = RequestRow {
             cache: "none".into(),
+            batch: 1,
             ..row.clone()
         };
         let get = |r: &RequestRow| {
@@ -882,7 +890,12 @@ fn request_label(row: &RequestRow) -> (String, String, String) {
         (_, d) => d.to_string(),
     };
     let shape = format!("{}/{}/{}", row.gen_length, row.steps, row.block_length);
-    (row.cache.clone(), decoding, shape)
+    let cache = if row.batch > 1 {
+        format!("{} (batch {})", row.cache, row.batch)
+    } else {
+        row.cache.clone()
+    };
+    (cache, decoding, shape)
 }
 
 /// A threshold as written (0.8999999761581421 from an f32) rounded for reading.
@@ -1167,6 +1180,28 @@ mod tests {
         let at = |s: &str| md.find(s).unwrap();
         assert!(at("| none | quota") < at("| prefix-arm | quota"));
         assert!(at("| prefix-arm | quota") < at("| bicache | quota"));
+    }
+
+    #[test]
+    fn batch_sizes_are_rows_of_their_own() {
+        let batched = |canvas: f64, batch: u64| {
+            let mut v: Value =
+                serde_json::from_str(&request("GPU A", "bicache-dual", canvas)).unwrap();
+            v["batch"] = json!(batch);
+            v.to_string()
+        };
+        let lines = [
+            request("GPU A", "none", 100.0),
+            batched(200.0, 1),
+            batched(300.0, 4),
+        ];
+        let r = build(&[input("a.jsonl", &lines)], "unmask bench-report").unwrap();
+        let md = &r.markdown;
+        let alone = row_of(md, "| bicache-dual | quota | 64/32/32 |");
+        assert!(alone.contains("| 200 | 50.0 | 2.00× |"), "{alone}");
+        let four = row_of(md, "| bicache-dual (batch 4) | quota | 64/32/32 |");
+        assert!(four.contains("| 300 | 75.0 | 3.00× |"), "{four}");
+        assert!(md.find("| bicache-dual |").unwrap() < md.find("(batch 4)").unwrap());
     }
 
     #[test]

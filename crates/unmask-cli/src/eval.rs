@@ -45,6 +45,12 @@ pub fn spec() -> CommandSpec {
              default none)",
         ),
         Flag::value("limit", "N", "evaluate only the first N items of the set"),
+        Flag::value(
+            "batch",
+            "N",
+            "run N consecutive items per batched call: BiCache items sharing a system \
+             prompt run in the same forward passes (default 1)",
+        ),
     ];
     flags.extend(generation_flags());
     flags.extend(options::generation_run_flags(
@@ -239,6 +245,8 @@ struct ItemResult {
 struct ModeRun {
     cache: CacheMode,
     results: Vec<ItemResult>,
+    /// Generation time: each batch's slowest request (every request's own time at batch 1).
+    busy_s: f64,
     wall_s: f64,
     /// Bytes held by the shared prefix store after the mode's last item.
     store_bytes: u64,
@@ -294,6 +302,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let modes = options::cache_modes(m)?;
     let bicache = options::bicache_settings(m, &modes)?;
     let limit = m.checked("limit", "a whole number >= 1", |n: usize| n >= 1)?;
+    let batch = m
+        .checked("batch", "a whole number >= 1", |n: usize| n >= 1)?
+        .unwrap_or(1);
     let (params, _) = options::generation_params_with(
         m,
         GenerationDefaults {
@@ -351,7 +362,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
 
     let runs = modes
         .iter()
-        .map(|&mode| run_mode(&engine, &items, &params, mode, bicache))
+        .map(|&mode| run_mode(&engine, &items, &params, mode, bicache, batch))
         .collect::<Result<Vec<_>, _>>()?;
     let none = runs.iter().find(|r| r.cache == CacheMode::None);
     let tasks = task_columns(&items);
@@ -366,6 +377,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         set: &set_path,
         set_items,
         limit,
+        batch,
         params: &params,
         command: command_line(),
     };
@@ -394,13 +406,26 @@ fn run_mode(
     params: &GenerationParams,
     cache: CacheMode,
     bicache: BicacheSettings,
+    batch: usize,
 ) -> Result<ModeRun, CliError> {
     let start = Instant::now();
     let mut results = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        let g = engine
-            .generate(&item.request(params, cache, bicache))
-            .map_err(|e| CliError {
+    let mut busy_s = 0.0;
+    for (chunk_index, chunk) in items.chunks(batch.max(1)).enumerate() {
+        let requests: Vec<Request> = chunk
+            .iter()
+            .map(|item| item.request(params, cache, bicache))
+            .collect();
+        let generations = engine.generate_batch(&requests);
+        // A batch's requests run together: its time is that of its slowest request.
+        busy_s += generations
+            .iter()
+            .flatten()
+            .map(|g| g.timings.total_s)
+            .fold(0.0, f64::max);
+        for (offset, (item, g)) in chunk.iter().zip(generations).enumerate() {
+            let index = chunk_index * batch.max(1) + offset;
+            let g = g.map_err(|e| CliError {
                 kind: ErrorKind::Runtime,
                 message: format!(
                     "item {:?} (line {}) with cache {cache}: {e}",
@@ -408,58 +433,60 @@ fn run_mode(
                 ),
                 source: Some(Box::new(e)),
             })?;
-        let text = g.text.unwrap_or_default();
-        let output = extract_answer(&text).to_string();
-        let correct = output == item.answer.trim();
-        let t = g.timings;
-        let verdict = if correct {
-            "correct".to_string()
-        } else {
-            format!(
-                "wrong (expected {:?}, got {:?})",
-                item.answer.trim(),
-                shorten(&output, 40)
-            )
-        };
-        let reuse = match &g.bicache {
-            Some(b) => match &b.fallback {
-                Some(why) => format!(" ({why})"),
-                None => format!(
-                    " (BiCache depth {} at r = {}, {})",
-                    b.depth,
-                    b.ratio,
-                    if b.hit { "hit" } else { "miss" }
-                ),
-            },
-            None => String::new(),
-        };
-        eprintln!(
-            "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
-            index + 1,
-            items.len(),
-            item.id,
-            item.task,
-            t.total_s
-        );
-        results.push(ItemResult {
-            output,
-            text,
-            correct,
-            ids: g.ids,
-            prompt_tokens: g.prompt_ids.len(),
-            prefix_len: g.prefix_len,
-            total_s: t.total_s,
-            first_step_s: t.first_step_s,
-            steps: t.steps,
-            forward_passes: t.forward_passes,
-            token_layer_passes: t.token_layer_passes,
-            answer_tokens: t.answer_tokens,
-            bicache: g.bicache,
-        });
+            let text = g.text.unwrap_or_default();
+            let output = extract_answer(&text).to_string();
+            let correct = output == item.answer.trim();
+            let t = g.timings;
+            let verdict = if correct {
+                "correct".to_string()
+            } else {
+                format!(
+                    "wrong (expected {:?}, got {:?})",
+                    item.answer.trim(),
+                    shorten(&output, 40)
+                )
+            };
+            let reuse = match &g.bicache {
+                Some(b) => match &b.fallback {
+                    Some(why) => format!(" ({why})"),
+                    None => format!(
+                        " (BiCache depth {} at r = {}, {})",
+                        b.depth,
+                        b.ratio,
+                        if b.hit { "hit" } else { "miss" }
+                    ),
+                },
+                None => String::new(),
+            };
+            eprintln!(
+                "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
+                index + 1,
+                items.len(),
+                item.id,
+                item.task,
+                t.total_s
+            );
+            results.push(ItemResult {
+                output,
+                text,
+                correct,
+                ids: g.ids,
+                prompt_tokens: g.prompt_ids.len(),
+                prefix_len: g.prefix_len,
+                total_s: t.total_s,
+                first_step_s: t.first_step_s,
+                steps: t.steps,
+                forward_passes: t.forward_passes,
+                token_layer_passes: t.token_layer_passes,
+                answer_tokens: t.answer_tokens,
+                bicache: g.bicache,
+            });
+        }
     }
     Ok(ModeRun {
         cache,
         results,
+        busy_s,
         wall_s: start.elapsed().as_secs_f64(),
         store_bytes: engine.prefix_store_stats().bytes,
     })
@@ -542,7 +569,7 @@ fn summarize(
         items: n,
         correct: r.iter().filter(|x| x.correct).count(),
         per_task,
-        total_s: r.iter().map(|x| x.total_s).sum(),
+        total_s: run.busy_s,
         wall_s: run.wall_s,
         canvas_tokens: r.iter().map(|x| x.ids.len()).sum(),
         answer_tokens: r.iter().map(|x| x.answer_tokens).sum(),
@@ -566,6 +593,7 @@ struct Context<'a> {
     set: &'a Path,
     set_items: usize,
     limit: Option<usize>,
+    batch: usize,
     params: &'a GenerationParams,
     command: String,
 }
@@ -687,6 +715,7 @@ fn report_json(
         "set_items": cx.set_items,
         "n_items": items.len(),
         "limit": cx.limit,
+        "batch": cx.batch,
         "params": params_json(cx.params),
         "command": cx.command,
         "modes": modes,
@@ -712,13 +741,14 @@ fn params_text(params: &GenerationParams) -> String {
 /// The header line and the table, one row per mode.
 fn markdown(cx: &Context<'_>, items: &[Item], tasks: &[String], summaries: &[Summary]) -> String {
     let mut out = format!(
-        "adapter: {} ({}) · model: {} · set: {} ({} of {} items) · params: {} · command: `{}`\n\n",
+        "adapter: {} ({}) · model: {} · set: {} ({} of {} items) · batch: {} · params: {} · command: `{}`\n\n",
         cx.adapter(),
         cx.backend(),
         cx.engine.dir.display(),
         cx.set.display(),
         items.len(),
         cx.set_items,
+        cx.batch,
         params_text(cx.params),
         cx.command.replace('`', "'")
     );

@@ -1,13 +1,16 @@
-"""Compare `unmask eval --out` runs of one task set under different weight formats.
+"""Compare `unmask eval --out` runs of one task set that differ in one setting.
 
-For each run after the first (the reference, e.g. f16): exact-match accuracy next to the
-reference's, the share of generated tokens equal to the reference's at the same position,
-and the share of items whose whole generation is identical.  Writes one JSON object and a
-markdown table.  Standard library only.
+The setting is a top-level field of the reports (`--by`): `weight_format` (f16 against q8
+and q4) or `batch` (one request per forward against batched BiCache). For each run, against
+the first (the reference): exact-match accuracy next to the reference's, canvas throughput,
+the share of generated tokens equal to the reference's at the same position, and the share
+of items whose whole generation is identical.  Writes one JSON object and a markdown table.
+Standard library only.
 
 Usage:
-  python3 tools/quant_agreement.py f16.json q8.json q4.json \\
+  python3 tools/eval_agreement.py f16.json q8.json q4.json \\
       --json docs/benchmarks/quant-heldout.json --markdown docs/benchmarks/quant-heldout.md
+  python3 tools/eval_agreement.py --by batch b1.json b5.json --markdown batch.md
 """
 
 from __future__ import annotations
@@ -49,15 +52,21 @@ def main(argv=None):
     ap.add_argument("runs", nargs="+", help="unmask eval --out files; the first is the reference")
     ap.add_argument("--json", dest="json_out", help="write the figures here")
     ap.add_argument("--markdown", help="write the table here")
+    ap.add_argument("--by", default="weight_format",
+                    help="the report field the runs differ in (weight_format, batch)")
     args = ap.parse_args(argv)
+    key = args.by
     ref_report, ref_mode = load_run(args.runs[0])
     rows = []
     for path in args.runs:
         report, mode = load_run(path)
         token_agreement, identical = compare(ref_mode["items"], mode["items"], path)
+        if key not in report:
+            raise SystemExit(f"{path}: the report has no field {key!r} (unmask eval --out)")
         rows.append({
             "file": path,
-            "weight_format": report["weight_format"],
+            key: report[key],
+            "throughput_canvas": mode["throughput_canvas"],
             "items": len(mode["items"]),
             "accuracy": accuracy(mode["items"]),
             "accuracy_delta_points": 100 * (accuracy(mode["items"]) - accuracy(ref_mode["items"])),
@@ -65,7 +74,8 @@ def main(argv=None):
             "identical_generations": identical,
         })
     out = {
-        "reference": ref_report["weight_format"],
+        "by": key,
+        "reference": ref_report[key],
         "set": ref_report["set"],
         "model": ref_report["model"],
         "adapter": ref_report["adapter"],
@@ -73,15 +83,16 @@ def main(argv=None):
         "rows": rows,
     }
     lines = [
-        f"Weight formats against {out['reference']} on `{out['set']}` ({rows[0]['items']} items), "
+        f"Runs by {key} against {out['reference']} on `{out['set']}` ({rows[0]['items']} items), "
         f"model `{out['model']}`, adapter {out['adapter']}.",
         "",
-        "| weights | accuracy | Δ accuracy (points) | token agreement | identical generations |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| {key} | accuracy | Δ accuracy (points) | canvas tok/s | token agreement | identical generations |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['weight_format']} | {100 * r['accuracy']:.1f} % | {r['accuracy_delta_points']:+.1f} | "
+            f"| {r[key]} | {100 * r['accuracy']:.1f} % | {r['accuracy_delta_points']:+.1f} | "
+            f"{r['throughput_canvas']:.1f} | "
             f"{100 * r['token_agreement']:.1f} % | {100 * r['identical_generations']:.1f} % |"
         )
     table = "\n".join(lines) + "\n"
