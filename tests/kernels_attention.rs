@@ -395,168 +395,137 @@ fn expect_shape_error(result: unmask_gpu::Result<()>, what: &str) {
     }
 }
 
+/// The arguments of one `attention` call, so each rejected call states only what it changes.
+#[derive(Clone)]
+struct Call<'a> {
+    q: &'a Tensor,
+    q_stride: usize,
+    q_col: usize,
+    rows: std::ops::Range<usize>,
+    seg_a: Option<KvSegment<'a>>,
+    seg_b: KvSegment<'a>,
+    out: &'a Tensor,
+    shape: AttentionShape,
+}
+
+fn call(step: &mut StepEncoder, c: Call) -> unmask_gpu::Result<()> {
+    attn::attention(
+        step, c.q, c.q_stride, c.q_col, c.rows, c.seg_a, c.seg_b, c.out, c.shape,
+    )
+}
+
 #[test]
 fn rejects_bad_shapes() {
     let ctx = ctx();
     let t = |n: usize| Tensor::zeros(&ctx, DType::F32, &[n], "t").unwrap();
     let (q, k, v, out) = (t(4096), t(4096), t(4096), t(4096));
+    let u = Tensor::zeros(&ctx, DType::U32, &[4096], "u").unwrap();
     let seg = |len| KvSegment::first(&k, &v, len);
     let shape = |n_heads, n_kv_heads, head_dim| AttentionShape {
         n_heads,
         n_kv_heads,
         head_dim,
     };
-    let mut step = StepEncoder::new(&ctx, "errors");
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            129,
-            0,
-            0..1,
-            None,
-            seg(1),
-            &out,
-            shape(1, 1, 129),
-        ),
-        "head_dim 129",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            48,
-            0,
-            0..1,
-            None,
-            seg(1),
-            &out,
-            shape(3, 2, 16),
-        ),
-        "3 heads over 2 kv heads",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            0,
-            0..1,
-            Some(seg(0)),
-            seg(0),
-            &out,
-            shape(2, 2, 16),
-        ),
-        "no keys at all",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            8,
-            0..1,
-            None,
-            seg(1),
-            &out,
-            shape(2, 2, 16),
-        ),
-        "q_col past the row",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            0,
-            0..200,
-            None,
-            seg(1),
-            &out,
-            shape(2, 2, 16),
-        ),
-        "q too short for m rows",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            0,
-            0..1,
-            None,
-            seg(300),
-            &out,
-            shape(2, 2, 16),
-        ),
-        "segment longer than its tensor",
-    );
-    let late = KvSegment {
-        start: 200,
-        ..seg(100)
+    // A valid call: 2 heads of 16 over one key; every case below breaks one thing.
+    let ok = Call {
+        q: &q,
+        q_stride: 32,
+        q_col: 0,
+        rows: 0..1,
+        seg_a: None,
+        seg_b: seg(1),
+        out: &out,
+        shape: shape(2, 2, 16),
     };
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            0,
-            0..1,
-            None,
-            late,
-            &out,
-            shape(2, 2, 16),
+    let cases = [
+        (
+            Call {
+                q_stride: 129,
+                shape: shape(1, 1, 129),
+                ..ok.clone()
+            },
+            "head_dim 129",
         ),
-        "segment window past the end of its tensor",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            0,
-            127..129,
-            None,
-            seg(1),
-            &out,
-            shape(2, 2, 16),
+        (
+            Call {
+                q_stride: 48,
+                shape: shape(3, 2, 16),
+                ..ok.clone()
+            },
+            "3 heads over 2 kv heads",
         ),
-        "query window past the end of q",
-    );
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &q,
-            32,
-            0,
-            0..1,
-            None,
-            seg(1),
-            &k,
-            shape(2, 2, 16),
+        (
+            Call {
+                seg_a: Some(seg(0)),
+                seg_b: seg(0),
+                ..ok.clone()
+            },
+            "no keys at all",
         ),
-        "out aliasing the keys",
-    );
-    let u = Tensor::zeros(&ctx, DType::U32, &[4096], "u").unwrap();
-    expect_shape_error(
-        attn::attention(
-            &mut step,
-            &u,
-            32,
-            0,
-            0..1,
-            None,
-            seg(1),
-            &out,
-            shape(2, 2, 16),
+        (
+            Call {
+                q_col: 8,
+                ..ok.clone()
+            },
+            "q_col past the row",
         ),
-        "u32 q",
-    );
+        (
+            Call {
+                rows: 0..200,
+                ..ok.clone()
+            },
+            "q too short for m rows",
+        ),
+        (
+            Call {
+                seg_b: seg(300),
+                ..ok.clone()
+            },
+            "segment longer than its tensor",
+        ),
+        (
+            Call {
+                seg_b: KvSegment {
+                    start: 200,
+                    ..seg(100)
+                },
+                ..ok.clone()
+            },
+            "segment window past the end of its tensor",
+        ),
+        (
+            Call {
+                rows: 127..129,
+                ..ok.clone()
+            },
+            "query window past the end of q",
+        ),
+        (
+            Call {
+                out: &k,
+                ..ok.clone()
+            },
+            "out aliasing the keys",
+        ),
+        (
+            Call {
+                q: &u,
+                ..ok.clone()
+            },
+            "u32 q",
+        ),
+    ];
+    let mut step = StepEncoder::new(&ctx, "errors");
+    for (c, what) in cases {
+        expect_shape_error(call(&mut step, c), what);
+    }
     assert_eq!(
         step.dispatch_count(),
         0,
         "rejected calls must record nothing"
     );
+    call(&mut step, ok).expect("the unchanged call is valid");
+    assert_eq!(step.dispatch_count(), 1);
 }
 
 /// A LLaDA-like step (head dim 128, a block of query rows over a longer context), timed.
