@@ -113,6 +113,25 @@ impl StepLayout {
     }
 }
 
+/// Splits requests of `lengths` positions, in order, into consecutive batches of at most
+/// `max_rows` positions in all (one state must fit the device); a request longer than that
+/// is a batch of its own (and reports the limit when it runs).
+pub(crate) fn split_by_rows(lengths: &[usize], max_rows: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (i, &len) in lengths.iter().enumerate() {
+        if i > start && rows + len > max_rows {
+            out.push(start..i);
+            (start, rows) = (i, 0);
+        }
+        rows += len;
+    }
+    if start < lengths.len() {
+        out.push(start..lengths.len());
+    }
+    out
+}
+
 /// The select parameters that decide whether two requests' rows can share one LM-head
 /// pass: without noise (T = 0) the seed and step change nothing.
 fn selection_key(mut p: SelectParams) -> SelectParams {
@@ -558,6 +577,18 @@ mod tests {
         }
         assert_eq!(l.deep[1].rows, 4..24);
         assert_eq!(l.copies.len(), 4);
+    }
+
+    #[test]
+    fn batches_are_split_to_fit_one_state() {
+        assert_eq!(split_by_rows(&[10, 10, 10], 30), vec![0..3]);
+        assert_eq!(split_by_rows(&[10, 10, 10], 25), vec![0..2, 2..3]);
+        assert_eq!(split_by_rows(&[40, 10, 10], 25), vec![0..1, 1..3]);
+        assert_eq!(split_by_rows(&[10, 40, 10], 25), vec![0..1, 1..2, 2..3]);
+        assert_eq!(split_by_rows(&[], 25), Vec::<Range<usize>>::new());
+        let parts = split_by_rows(&[7; 20], 30);
+        assert!(parts.iter().all(|r| r.len() == 4 || r.end == 20));
+        assert_eq!(parts.iter().map(|r| r.len()).sum::<usize>(), 20);
     }
 
     #[test]

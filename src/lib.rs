@@ -662,13 +662,24 @@ impl Engine {
                 Ok(p) => alone.push((i, p)),
             }
         }
+        // A batch's activations and arenas are single buffers: a group larger than one
+        // storage binding allows runs as several batches, one after another.
+        let max_rows = self.model.max_state_rows();
         for group in groups {
-            let (index, prepared): (Vec<usize>, Vec<Prepared<'_>>) = group.into_iter().unzip();
-            let out = self
-                .run_shared_prefix(prepared, &mut |k, event| on_step(index[k], event))
-                .await;
-            for (i, r) in index.into_iter().zip(out) {
-                results[i] = Some(r);
+            let lengths: Vec<usize> = group
+                .iter()
+                .map(|(_, p)| p.sampler.tokens().len())
+                .collect();
+            let mut rest = group.into_iter();
+            for part in batch::split_by_rows(&lengths, max_rows) {
+                let (index, prepared): (Vec<usize>, Vec<Prepared<'_>>) =
+                    rest.by_ref().take(part.len()).unzip();
+                let out = self
+                    .run_shared_prefix(prepared, &mut |k, event| on_step(index[k], event))
+                    .await;
+                for (i, r) in index.into_iter().zip(out) {
+                    results[i] = Some(r);
+                }
             }
         }
         for (i, p) in alone {

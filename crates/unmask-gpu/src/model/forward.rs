@@ -186,6 +186,24 @@ impl LladaModel {
         ((capacity * per_row + kv) * 4) as u64
     }
 
+    /// The most rows (and arena positions) one `ForwardState` can hold on this device: its
+    /// widest activation (or an arena layer) must fit one storage binding.
+    pub fn max_state_rows(&self) -> usize {
+        let c = &self.cfg;
+        let widest = [
+            c.d_model,
+            self.qkv_width(),
+            c.n_heads * c.head_dim(),
+            2 * c.mlp_hidden_size,
+            c.n_kv_heads * c.head_dim(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1)
+        .max(1);
+        (self.ctx.features.max_binding_bytes / (4 * widest as u64)) as usize
+    }
+
     pub fn new_state(&self, capacity: usize, seq_len: usize) -> Result<ForwardState, ModelError> {
         if seq_len > self.max_pos {
             return Err(ModelError::Input(format!(
