@@ -17,8 +17,8 @@ use unmask_gpu::model::{ForwardState, LayerPass, SelectBuffers, SeqWindow};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::{
-    BicacheReport, Engine, EngineError, Finished, Generation, PrefixRun, Prepared, StepEvent,
-    all_ran,
+    BicacheReport, Engine, EngineError, Finished, Generation, PrefixRun, Prepared, Request,
+    StepEvent, all_ran,
 };
 
 /// One sequence's part of a batched BiCache step.
@@ -151,6 +151,14 @@ struct Member<'r> {
     last_block: Option<usize>,
 }
 
+/// What became of a request offered to a batch.
+enum Admission<'r> {
+    Joined(Box<Member<'r>>),
+    /// It cannot share the prefix (or its entry does not fit): it runs alone.
+    Alone(Box<Prepared<'r>>),
+    Failed(EngineError),
+}
+
 /// One step of one running member: what it computes and which positions it samples.
 struct MemberStep {
     member: usize,
@@ -185,63 +193,37 @@ impl Engine {
             .filter_map(|r| r.shared.map(|s| s.0))
             .min()
             .unwrap_or(0);
-        let mut members = Vec::with_capacity(n);
+        let mut running = Vec::with_capacity(n);
         let mut alone = Vec::new();
         let mut kv_base = 0;
-        for (i, mut r) in requests.into_iter().enumerate() {
+        for (i, r) in requests.into_iter().enumerate() {
             let base = kv_base;
             kv_base += r.sampler.tokens().len();
-            let Some((requested_depth, ratio)) = r.shared else {
-                alone.push((i, r));
-                continue;
-            };
-            let prefix = &r.prompt[..r.prefix_len];
-            match self.acquire_prefix(&st, prefix, depth, &mut r.timings) {
-                Ok(Ok(run)) => {
-                    r.report = Some(BicacheReport {
-                        depth,
-                        requested_depth,
-                        ratio,
-                        hit: run.hit,
-                        entry_tokens: r.prefix_len,
-                        entry_bytes: run.entry.kv_bytes() + run.entry.boundary_bytes(),
-                        batch: 0,
-                        fallback: None,
-                    });
-                    members.push((
-                        i,
-                        Member {
-                            prepared: r,
-                            run,
-                            kv_base: base,
-                            records: Vec::new(),
-                            last_block: None,
-                        },
-                    ));
-                }
-                Ok(Err(why)) => {
-                    r.fall_back(why);
-                    alone.push((i, r));
-                }
-                Err(e) => results[i] = Some(Err(e)),
+            match self.admit(&st, depth, r, base) {
+                Admission::Joined(m) => running.push((i, *m)),
+                Admission::Alone(r) => alone.push((i, *r)),
+                Admission::Failed(e) => results[i] = Some(Err(e)),
             }
         }
-        let batch = members.len();
-        for (_, m) in &mut members {
-            if let Some(report) = &mut m.prepared.report {
-                report.batch = batch;
-            }
-        }
-        let mut running: Vec<(usize, Member)> = members;
-        if let Err(e) = self
-            .run_members(&st, depth, &mut running, &mut results, on_step)
-            .await
-        {
-            // A GPU or sampler error stops every request still running.
-            let why = e.to_string();
-            for (i, m) in running.drain(..) {
-                self.release_prefix(m.run.id);
-                results[i] = Some(Err(EngineError::Request(why.clone())));
+        let mut selects = Vec::new();
+        while !running.is_empty() {
+            match self
+                .batch_step(&st, depth, &mut running, &mut selects, on_step)
+                .await
+            {
+                Ok(done) => {
+                    for (i, g) in done {
+                        results[i] = Some(g);
+                    }
+                }
+                Err(e) => {
+                    // A GPU or sampler error stops every request still running.
+                    let why = e.to_string();
+                    for (i, m) in running.drain(..) {
+                        self.release_prefix(m.run.id);
+                        results[i] = Some(Err(EngineError::Request(why.clone())));
+                    }
+                }
             }
         }
         drop(st);
@@ -252,168 +234,219 @@ impl Engine {
         all_ran(results)
     }
 
-    /// The denoising loop of a batch: one forward and one read-back per step for every
-    /// request still running. Finished requests leave `running` with their result.
-    async fn run_members(
+    /// Pins the shared entry for a request whose arena starts at row `kv_base` of `st`
+    /// (building the entry on a miss). A request whose entry cannot be stored falls back
+    /// and runs alone.
+    fn admit<'r>(
         &self,
         st: &ForwardState,
         depth: usize,
-        running: &mut Vec<(usize, Member<'_>)>,
-        results: &mut [Option<Result<Generation, EngineError>>],
+        mut r: Prepared<'r>,
+        kv_base: usize,
+    ) -> Admission<'r> {
+        let Some((requested_depth, ratio)) = r.shared else {
+            return Admission::Alone(Box::new(r));
+        };
+        let prefix = &r.prompt[..r.prefix_len];
+        match self.acquire_prefix(st, prefix, depth, &mut r.timings) {
+            Ok(Ok(run)) => {
+                r.report = Some(BicacheReport {
+                    depth,
+                    requested_depth,
+                    ratio,
+                    hit: run.hit,
+                    entry_tokens: r.prefix_len,
+                    entry_bytes: run.entry.kv_bytes() + run.entry.boundary_bytes(),
+                    batch: 0,
+                    fallback: None,
+                });
+                r.timings.setup_s = r.start.elapsed_s();
+                Admission::Joined(Box::new(Member {
+                    prepared: r,
+                    run,
+                    kv_base,
+                    records: Vec::new(),
+                    last_block: None,
+                }))
+            }
+            Ok(Err(why)) => {
+                r.fall_back(why);
+                Admission::Alone(Box::new(r))
+            }
+            Err(e) => Admission::Failed(e),
+        }
+    }
+
+    /// One step of a batch: one forward and one read-back for every running request.
+    /// Requests that finish leave `running` (unpinning the entry) and are returned with
+    /// their generation.
+    async fn batch_step<'r>(
+        &self,
+        st: &ForwardState,
+        depth: usize,
+        running: &mut Vec<(usize, Member<'r>)>,
+        selects: &mut Vec<SelectBuffers>,
         on_step: &mut dyn FnMut(usize, &StepEvent<'_>),
-    ) -> Result<(), EngineError> {
+    ) -> Result<Vec<(usize, Result<Generation, EngineError>)>, EngineError> {
         let n_layers = self.model.cfg.n_layers;
-        let select_rows: usize = running
-            .iter()
-            .map(|(_, m)| m.prepared.request.params.gen_length)
-            .sum();
-        let mut selects: Vec<SelectBuffers> = Vec::new();
+        let batch = running.len();
         for (_, m) in running.iter_mut() {
-            m.prepared.timings.setup_s = m.prepared.start.elapsed_s();
+            if let Some(report) = &mut m.prepared.report {
+                report.batch = report.batch.max(batch);
+            }
         }
-        while !running.is_empty() {
-            let steps: Vec<MemberStep> = running
-                .iter_mut()
-                .enumerate()
-                .map(|(k, (_, m))| {
-                    let s = &m.prepared.sampler;
-                    let block_start = m.last_block != Some(s.block_index());
-                    m.last_block = Some(s.block_index());
-                    let r = m.prepared.request;
-                    let plan = bicache_step(
-                        m.prepared.mode == crate::CacheMode::BicacheDual,
-                        m.prepared.prefix_len,
-                        s.tokens().len(),
-                        s.block(),
-                        block_start,
-                        s.num_blocks() > 1,
-                        m.prepared.timings.steps,
-                        r.refresh_every,
-                    );
-                    let t = &mut m.prepared.timings;
-                    t.token_layer_passes +=
-                        plan.token_layer_passes(depth, n_layers, m.prepared.prefix_len);
-                    t.forward_passes += 1;
-                    MemberStep {
-                        member: k,
-                        seq: SeqStep {
-                            rows: plan.rows,
-                            refresh: plan.refresh,
-                            prefix_len: m.prepared.prefix_len,
-                            seq_len: s.tokens().len(),
-                            kv_base: m.kv_base,
-                        },
-                        predict: s.rows_to_predict(),
-                    }
-                })
-                .collect();
-            for s in &steps {
-                let first = s.seq.rows.start;
-                if let Some(bad) = s.predict.iter().find(|&&pos| (pos as usize) < first) {
-                    return Err(EngineError::Request(format!(
-                        "position {bad} must be predicted but BiCache computes rows from {first} this step"
-                    )));
-                }
-            }
-            let seqs: Vec<SeqStep> = steps.iter().map(|s| s.seq.clone()).collect();
-            let layout = StepLayout::build(&seqs);
-            let mut step = StepEncoder::new(&self.ctx, "bicache step");
-            self.encode_batch_step(&mut step, st, running, &steps, &layout, depth)?;
-
-            // Rows whose token choice is made the same way share one LM-head pass.
-            let mut groups: Vec<(SelectParams, Vec<usize>)> = Vec::new();
-            for (k, s) in steps.iter().enumerate() {
-                let m = &running[s.member].1;
-                let params = self.select_params(&m.prepared.sampler, m.prepared.conf_exclude);
-                let key = selection_key(params);
-                match groups.iter_mut().find(|(g, _)| selection_key(*g) == key) {
-                    Some((_, ks)) => ks.push(k),
-                    None => groups.push((params, vec![k])),
-                }
-            }
-            while selects.len() < groups.len() {
-                selects.push(self.model.new_select(select_rows)?);
-            }
-            for ((params, ks), sel) in groups.iter().zip(&selects) {
-                let mut row_index = Vec::new();
-                let mut positions = Vec::new();
-                for &k in ks {
-                    for &pos in &steps[k].predict {
-                        row_index.push(layout.deep_row(k, pos as usize) as u32);
-                        positions.push(pos);
-                    }
-                }
-                self.model.write_select(sel, &row_index, &positions)?;
-                self.model.encode_select_from(
-                    &mut step,
-                    &st.x_deep,
-                    None,
-                    sel,
-                    row_index.len(),
-                    params,
-                )?;
-            }
-            step.submit()?;
-
-            let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); steps.len()];
-            for ((_, ks), sel) in groups.iter().zip(&selects) {
-                let count = ks.iter().map(|&k| steps[k].predict.len()).sum();
-                let choices = self.model.read_choices_async(sel, count).await?;
-                let mut it = choices.into_iter();
-                for &k in ks {
-                    predictions[k] = it
-                        .by_ref()
-                        .take(steps[k].predict.len())
-                        .map(|c| (c.token, c.confidence))
-                        .collect();
-                }
-            }
-            for (s, preds) in steps.iter().zip(&predictions) {
-                let (index, m) = &mut running[s.member];
-                let p = &mut m.prepared;
-                let record = p.sampler.commit(preds)?;
-                p.timings.steps += 1;
-                if p.timings.steps == 1 {
-                    p.timings.first_step_s = p.start.elapsed_s();
-                }
-                on_step(
-                    *index,
-                    &StepEvent {
-                        record: &record,
-                        global_step: p.timings.steps,
-                        canvas: p.sampler.tokens(),
-                        prompt_len: p.prompt.len(),
-                        mask_id: self.special.mask,
-                        elapsed_s: p.start.elapsed_s(),
-                        rows: &s.predict,
-                        predictions: preds,
-                    },
+        let steps: Vec<MemberStep> = running
+            .iter_mut()
+            .enumerate()
+            .map(|(k, (_, m))| {
+                let s = &m.prepared.sampler;
+                let block_start = m.last_block != Some(s.block_index());
+                m.last_block = Some(s.block_index());
+                let r = &m.prepared.request;
+                let plan = bicache_step(
+                    m.prepared.mode == crate::CacheMode::BicacheDual,
+                    m.prepared.prefix_len,
+                    s.tokens().len(),
+                    s.block(),
+                    block_start,
+                    s.num_blocks() > 1,
+                    m.prepared.timings.steps,
+                    r.refresh_every,
                 );
-                m.records.push(record);
+                let t = &mut m.prepared.timings;
+                t.token_layer_passes +=
+                    plan.token_layer_passes(depth, n_layers, m.prepared.prefix_len);
+                t.forward_passes += 1;
+                MemberStep {
+                    member: k,
+                    seq: SeqStep {
+                        rows: plan.rows,
+                        refresh: plan.refresh,
+                        prefix_len: m.prepared.prefix_len,
+                        seq_len: s.tokens().len(),
+                        kv_base: m.kv_base,
+                    },
+                    predict: s.rows_to_predict(),
+                }
+            })
+            .collect();
+        for s in &steps {
+            let first = s.seq.rows.start;
+            if let Some(bad) = s.predict.iter().find(|&&pos| (pos as usize) < first) {
+                return Err(EngineError::Request(format!(
+                    "position {bad} must be predicted but BiCache computes rows from {first} this step"
+                )));
             }
-            // Finished requests leave the batch (and unpin the entry) as soon as they end.
-            let mut k = 0;
-            while k < running.len() {
-                if running[k].1.prepared.sampler.is_done() {
-                    let (index, m) = running.remove(k);
-                    self.release_prefix(m.run.id);
-                    let p = m.prepared;
-                    results[index] = Some(self.finish(Finished {
-                        request: p.request,
-                        start: p.start,
-                        prompt: p.prompt,
-                        prefix_len: p.prefix_len,
-                        sampler: p.sampler,
-                        records: m.records,
-                        timings: p.timings,
-                        report: p.report,
-                    }));
+        }
+        let seqs: Vec<SeqStep> = steps.iter().map(|s| s.seq.clone()).collect();
+        let layout = StepLayout::build(&seqs);
+        let mut step = StepEncoder::new(&self.ctx, "bicache step");
+        self.encode_batch_step(&mut step, st, running, &steps, &layout, depth)?;
+
+        // Rows whose token choice is made the same way share one LM-head pass.
+        let mut groups: Vec<(SelectParams, Vec<usize>)> = Vec::new();
+        for (k, s) in steps.iter().enumerate() {
+            let m = &running[s.member].1;
+            let params = self.select_params(&m.prepared.sampler, m.prepared.conf_exclude);
+            let key = selection_key(params);
+            match groups.iter_mut().find(|(g, _)| selection_key(*g) == key) {
+                Some((_, ks)) => ks.push(k),
+                None => groups.push((params, vec![k])),
+            }
+        }
+        // Select buffers are reused from step to step and grow when a step needs more.
+        for (g, (_, ks)) in groups.iter().enumerate() {
+            let rows: usize = ks.iter().map(|&k| steps[k].predict.len()).sum();
+            if selects.get(g).is_none_or(|sel| sel.capacity < rows) {
+                let sel = self.model.new_select(rows)?;
+                if g < selects.len() {
+                    selects[g] = sel;
                 } else {
-                    k += 1;
+                    selects.push(sel);
                 }
             }
         }
-        Ok(())
+        for ((params, ks), sel) in groups.iter().zip(selects.iter()) {
+            let mut row_index = Vec::new();
+            let mut positions = Vec::new();
+            for &k in ks {
+                for &pos in &steps[k].predict {
+                    row_index.push(layout.deep_row(k, pos as usize) as u32);
+                    positions.push(pos);
+                }
+            }
+            self.model.write_select(sel, &row_index, &positions)?;
+            self.model.encode_select_from(
+                &mut step,
+                &st.x_deep,
+                None,
+                sel,
+                row_index.len(),
+                params,
+            )?;
+        }
+        step.submit()?;
+
+        let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); steps.len()];
+        for ((_, ks), sel) in groups.iter().zip(selects.iter()) {
+            let count = ks.iter().map(|&k| steps[k].predict.len()).sum();
+            let choices = self.model.read_choices_async(sel, count).await?;
+            let mut it = choices.into_iter();
+            for &k in ks {
+                predictions[k] = it
+                    .by_ref()
+                    .take(steps[k].predict.len())
+                    .map(|c| (c.token, c.confidence))
+                    .collect();
+            }
+        }
+        for (s, preds) in steps.iter().zip(&predictions) {
+            let (index, m) = &mut running[s.member];
+            let p = &mut m.prepared;
+            let record = p.sampler.commit(preds)?;
+            p.timings.steps += 1;
+            if p.timings.steps == 1 {
+                p.timings.first_step_s = p.start.elapsed_s();
+            }
+            on_step(
+                *index,
+                &StepEvent {
+                    record: &record,
+                    global_step: p.timings.steps,
+                    canvas: p.sampler.tokens(),
+                    prompt_len: p.prompt.len(),
+                    mask_id: self.special.mask,
+                    elapsed_s: p.start.elapsed_s(),
+                    rows: &s.predict,
+                    predictions: preds,
+                },
+            );
+            m.records.push(record);
+        }
+        // Finished requests leave the batch (and unpin the entry) as soon as they end.
+        let mut done = Vec::new();
+        let mut k = 0;
+        while k < running.len() {
+            if running[k].1.prepared.sampler.is_done() {
+                let (index, m) = running.remove(k);
+                self.release_prefix(m.run.id);
+                let p = m.prepared;
+                let generation = self.finish(Finished {
+                    request: p.request,
+                    start: p.start,
+                    prompt: p.prompt,
+                    prefix_len: p.prefix_len,
+                    sampler: p.sampler,
+                    records: m.records,
+                    timings: p.timings,
+                    report: p.report,
+                });
+                done.push((index, generation));
+            } else {
+                k += 1;
+            }
+        }
+        Ok(done)
     }
 
     /// Records the layers of one batched step: the shallow layers over every computed row
@@ -505,6 +538,243 @@ impl Engine {
     }
 }
 
+/// The first row of a free window of `len` rows in an arena of `capacity` rows whose
+/// occupied windows are `(start, len)`, if there is one.
+pub(crate) fn first_fit(
+    occupied: &mut [(usize, usize)],
+    len: usize,
+    capacity: usize,
+) -> Option<usize> {
+    occupied.sort_unstable();
+    let mut free_from = 0;
+    for &(start, used) in occupied.iter() {
+        if start >= free_from + len {
+            break;
+        }
+        free_from = free_from.max(start + used);
+    }
+    (free_from + len <= capacity).then_some(free_from)
+}
+
+/// Continuous batching for one shared prefix: requests are submitted at any time and join
+/// the running batch at the next step once their arena fits, and each finished request is
+/// handed back as soon as it ends. Every step runs all running requests in one forward
+/// pass, as `Engine::generate_batch` does.
+///
+/// The session keeps its prefix entry pinned while it lives and runs every request at its
+/// depth b: a request whose own depth (`Request::depth`, else the model's table) is smaller
+/// is refused, so no request reuses more shallow layers than its policy allows.
+pub struct BatchSession<'e> {
+    engine: &'e Engine,
+    prefix: Vec<u32>,
+    depth: usize,
+    state: ForwardState,
+    pin: Option<PrefixRun>,
+    running: Vec<(usize, Member<'static>)>,
+    waiting: std::collections::VecDeque<(usize, Prepared<'static>)>,
+    selects: Vec<SelectBuffers>,
+    next_id: usize,
+}
+
+impl Engine {
+    /// A batch session for requests whose shared prefix is `prefix`, at BiCache depth
+    /// `depth`, holding up to `max_rows` positions of running requests at once (their
+    /// prompts and canvases together). Builds the prefix entry if it is not stored.
+    pub fn batch_session(
+        &self,
+        prefix: &[u32],
+        depth: usize,
+        max_rows: usize,
+    ) -> Result<BatchSession<'_>, EngineError> {
+        let n_layers = self.model.cfg.n_layers;
+        if prefix.is_empty() {
+            return Err(EngineError::Request(
+                "a batch session needs a non-empty shared prefix".into(),
+            ));
+        }
+        if depth > n_layers {
+            return Err(EngineError::Request(format!(
+                "depth {depth} exceeds the model's {n_layers} layers"
+            )));
+        }
+        let limit = self.model.max_state_rows();
+        if max_rows <= prefix.len() || max_rows > limit {
+            return Err(EngineError::Request(format!(
+                "max_rows {max_rows} must exceed the prefix's {} tokens and fit one storage \
+                 binding ({limit} rows on this device)",
+                prefix.len()
+            )));
+        }
+        let state = self.model.new_batch_state(max_rows, max_rows)?;
+        let mut timings = crate::Timings::default();
+        let pin = match self.acquire_prefix(&state, prefix, depth, &mut timings)? {
+            Ok(run) => run,
+            Err(why) => {
+                return Err(EngineError::Request(format!(
+                    "the shared prefix cannot be stored: {why}"
+                )));
+            }
+        };
+        Ok(BatchSession {
+            engine: self,
+            prefix: prefix.to_vec(),
+            depth,
+            state,
+            pin: Some(pin),
+            running: Vec::new(),
+            waiting: Default::default(),
+            selects: Vec::new(),
+            next_id: 0,
+        })
+    }
+}
+
+impl BatchSession<'_> {
+    /// Queues a request; it joins the batch at a coming step. Returns its id, which
+    /// `step` hands back with its generation. A request the session cannot run is refused
+    /// here, with the reason.
+    pub fn submit(&mut self, request: Request) -> Result<usize, EngineError> {
+        let p = self.engine.prepare(std::borrow::Cow::Owned(request))?;
+        let Some((own_depth, _)) = p.shared else {
+            let why = p
+                .report
+                .as_ref()
+                .and_then(|r| r.fallback.clone())
+                .unwrap_or_else(|| format!("cache mode {} is not a BiCache mode", p.mode));
+            return Err(EngineError::Request(format!(
+                "a batch session runs BiCache requests only: {why}"
+            )));
+        };
+        if p.prompt[..p.prefix_len] != self.prefix[..] {
+            return Err(EngineError::Request(format!(
+                "the request's shared prefix ({} tokens) is not the session's ({} tokens)",
+                p.prefix_len,
+                self.prefix.len()
+            )));
+        }
+        if own_depth < self.depth {
+            return Err(EngineError::Request(format!(
+                "the request's depth b = {own_depth} is below the session's b = {}: it would \
+                 reuse more shallow layers than its policy allows",
+                self.depth
+            )));
+        }
+        let len = p.sampler.tokens().len();
+        if len > self.state.seq_len {
+            return Err(EngineError::Request(format!(
+                "the request needs {len} positions; the session holds {}",
+                self.state.seq_len
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, p));
+        Ok(id)
+    }
+
+    /// Requests running in the batch.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests submitted and waiting for room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// BiCache depth of every request of the session.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Admits the waiting requests that fit (in the order submitted), then runs one step
+    /// of every running request. Returns the requests that finished.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self) -> Vec<(usize, Result<Generation, EngineError>)> {
+        pollster::block_on(self.step_async(&mut |_, _| {}))
+    }
+
+    /// `step`, calling `on_step` with each request's id and its step.
+    pub async fn step_async(
+        &mut self,
+        on_step: &mut dyn FnMut(usize, &StepEvent<'_>),
+    ) -> Vec<(usize, Result<Generation, EngineError>)> {
+        let engine = self.engine;
+        let mut done = Vec::new();
+        // First come, first served: a request that does not fit yet holds back later ones.
+        while let Some((_, p)) = self.waiting.front() {
+            let len = p.sampler.tokens().len();
+            let mut occupied: Vec<(usize, usize)> = self
+                .running
+                .iter()
+                .map(|(_, m)| (m.kv_base, m.prepared.sampler.tokens().len()))
+                .collect();
+            let Some(base) = first_fit(&mut occupied, len, self.state.seq_len) else {
+                break;
+            };
+            let Some((id, p)) = self.waiting.pop_front() else {
+                break;
+            };
+            match engine.admit(&self.state, self.depth, p, base) {
+                Admission::Joined(m) => self.running.push((id, *m)),
+                Admission::Alone(p) => {
+                    let why = p
+                        .report
+                        .as_ref()
+                        .and_then(|r| r.fallback.clone())
+                        .unwrap_or_default();
+                    done.push((
+                        id,
+                        Err(EngineError::Request(format!(
+                            "the request could not join the batch: {why}"
+                        ))),
+                    ));
+                }
+                Admission::Failed(e) => done.push((id, Err(e))),
+            }
+        }
+        if self.running.is_empty() {
+            return done;
+        }
+        let step = engine
+            .batch_step(
+                &self.state,
+                self.depth,
+                &mut self.running,
+                &mut self.selects,
+                on_step,
+            )
+            .await;
+        match step {
+            Ok(finished) => done.extend(finished),
+            Err(e) => {
+                // A GPU or sampler error stops every request still running.
+                let why = e.to_string();
+                for (id, m) in self.running.drain(..) {
+                    engine.release_prefix(m.run.id);
+                    done.push((id, Err(EngineError::Request(why.clone()))));
+                }
+            }
+        }
+        done
+    }
+}
+
+impl Drop for BatchSession<'_> {
+    fn drop(&mut self) {
+        for (_, m) in self.running.drain(..) {
+            self.engine.release_prefix(m.run.id);
+        }
+        if let Some(pin) = self.pin.take() {
+            self.engine.release_prefix(pin.id);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,6 +847,17 @@ mod tests {
         }
         assert_eq!(l.deep[1].rows, 4..24);
         assert_eq!(l.copies.len(), 4);
+    }
+
+    #[test]
+    fn first_fit_finds_the_lowest_free_window() {
+        assert_eq!(first_fit(&mut [], 10, 10), Some(0));
+        assert_eq!(first_fit(&mut [], 11, 10), None);
+        assert_eq!(first_fit(&mut [(0, 4), (10, 5)], 6, 20), Some(4));
+        assert_eq!(first_fit(&mut [(10, 5), (0, 4)], 7, 20), None);
+        assert_eq!(first_fit(&mut [(10, 5), (0, 4)], 5, 20), Some(4));
+        assert_eq!(first_fit(&mut [(0, 4), (4, 6)], 10, 20), Some(10));
+        assert_eq!(first_fit(&mut [(3, 4)], 3, 20), Some(0));
     }
 
     #[test]

@@ -52,6 +52,7 @@ mod clock;
 mod files;
 pub mod profile;
 
+pub use batch::BatchSession;
 pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
 #[cfg(not(target_arch = "wasm32"))]
@@ -303,7 +304,8 @@ struct PrefixRun {
 
 /// A request ready to run: its tokens, its sampler and how it will use the caches.
 struct Prepared<'r> {
-    request: &'r Request,
+    /// Borrowed from the caller, or owned by a `BatchSession`.
+    request: std::borrow::Cow<'r, Request>,
     start: Stopwatch,
     prompt: Vec<u32>,
     prefix_len: usize,
@@ -343,7 +345,7 @@ fn all_ran(
 
 /// A request whose sampler is done, to be turned into its `Generation`.
 struct Finished<'r> {
-    request: &'r Request,
+    request: std::borrow::Cow<'r, Request>,
     start: Stopwatch,
     prompt: Vec<u32>,
     prefix_len: usize,
@@ -612,7 +614,7 @@ impl Engine {
         request: &Request,
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
-        let prepared = self.prepare(request)?;
+        let prepared = self.prepare(std::borrow::Cow::Borrowed(request))?;
         if prepared.shared.is_some() {
             let mut out = self
                 .run_shared_prefix(vec![prepared], &mut |_, event| on_step(event))
@@ -647,7 +649,7 @@ impl Engine {
         let mut groups: Vec<Vec<(usize, Prepared<'_>)>> = Vec::new();
         let mut alone = Vec::new();
         for (i, request) in requests.iter().enumerate() {
-            match self.prepare(request) {
+            match self.prepare(std::borrow::Cow::Borrowed(request)) {
                 Err(e) => results[i] = Some(Err(e)),
                 Ok(p) if p.shared.is_some() => {
                     let prefix = &p.prompt[..p.prefix_len];
@@ -689,10 +691,14 @@ impl Engine {
     }
 
     /// Tokens, sampler and cache decisions of a request, before any GPU work.
-    fn prepare<'r>(&self, request: &'r Request) -> Result<Prepared<'r>, EngineError> {
+    fn prepare<'r>(
+        &self,
+        request: std::borrow::Cow<'r, Request>,
+    ) -> Result<Prepared<'r>, EngineError> {
         let start = Stopwatch::start();
-        let (prompt, prefix_len, prefix_note) = self.prompt_and_prefix(request)?;
-        let p = &request.params;
+        let req: &Request = &request;
+        let (prompt, prefix_len, prefix_note) = self.prompt_and_prefix(req)?;
+        let p = &req.params;
         let cfg = &self.model.cfg;
         let sampler = Sampler::new(
             &prompt,
@@ -700,11 +706,11 @@ impl Engine {
             self.special.mask,
             cfg.max_sequence_length,
         )?;
-        let cached = request.cache != CacheMode::None && !request.recompute_all;
+        let cached = req.cache != CacheMode::None && !req.recompute_all;
         if cached && prompt.contains(&self.special.mask) {
             return Err(EngineError::Request(format!(
                 "cache mode {} predicts only the current block: masks inside the prompt (infilling) need --cache none",
-                request.cache
+                req.cache
             )));
         }
         let conf_exclude = match (p.confidence_eos_eot_inf, p.temperature == 0.0) {
@@ -714,6 +720,21 @@ impl Engine {
             (true, false) => [self.special.eot, None],
             (false, _) => [None, None],
         };
+        // BiCache needs a shared prefix it can key on; otherwise the request runs with the
+        // mode's fallback and the report says why.
+        let sharing = if req.cache.is_bicache() && !req.recompute_all {
+            let u = prompt.len() - prefix_len;
+            Some(if let Some(note) = prefix_note {
+                Err(note)
+            } else if p.cfg_scale > 0.0 {
+                Err("classifier-free guidance masks the prefix, so it cannot be shared".into())
+            } else {
+                self.bicache_depth(req, prefix_len, u, p.gen_length)
+            })
+        } else {
+            None
+        };
+        let mode = req.cache;
         let mut prepared = Prepared {
             request,
             start,
@@ -721,26 +742,15 @@ impl Engine {
             prefix_len,
             sampler,
             conf_exclude,
-            mode: request.cache,
+            mode,
             report: None,
             shared: None,
             timings: Timings::default(),
         };
-        // BiCache needs a shared prefix it can key on; otherwise the request runs with the
-        // mode's fallback and the report says why.
-        if request.cache.is_bicache() && !request.recompute_all {
-            let u = prepared.prompt.len() - prefix_len;
-            let blocker = if let Some(note) = prefix_note {
-                Err(note)
-            } else if p.cfg_scale > 0.0 {
-                Err("classifier-free guidance masks the prefix, so it cannot be shared".into())
-            } else {
-                self.bicache_depth(request, prefix_len, u, p.gen_length)
-            };
-            match blocker {
-                Ok(shared) => prepared.shared = Some(shared),
-                Err(why) => prepared.fall_back(why),
-            }
+        match sharing {
+            Some(Ok(shared)) => prepared.shared = Some(shared),
+            Some(Err(why)) => prepared.fall_back(why),
+            None => {}
         }
         Ok(prepared)
     }

@@ -431,3 +431,69 @@ fn a_batch_over_the_budget_runs_each_request_uncached() {
     }
     assert_eq!(small.prefix_store_stats().entries, 0);
 }
+
+#[test]
+fn a_session_admits_requests_while_others_run() {
+    let mut engine = engine();
+    engine.model.matmul_kernel = MatmulKernel::Tiled;
+    let p = prefix().len();
+    let short = |q| bicache_request(q, CacheMode::BicacheDual, 1, 4, params(8, 4, 4));
+    let long = bicache_request(1, CacheMode::Bicache, 2, 4, params(16, 8, 16));
+    // Room for the first two requests only (prompt 33 + gen 8, prompt 33 + gen 16).
+    let rows = 2 * prompt(0).len() + 8 + 16 + 5;
+    let mut finished = std::collections::BTreeMap::new();
+    {
+        let mut session = engine.batch_session(&prefix(), 1, rows).unwrap();
+        let a = session.submit(short(0)).unwrap();
+        let b = session.submit(long.clone()).unwrap();
+        assert!(session.step().is_empty());
+        assert_eq!((session.running(), session.waiting()), (2, 0));
+        // Submitted while the others run: it waits for room, then joins the batch.
+        let c = session.submit(short(2)).unwrap();
+        let mut waited = 0;
+        while !session.is_idle() {
+            if session.waiting() > 0 {
+                waited += 1;
+            }
+            for (id, g) in session.step() {
+                finished.insert(id, g.unwrap_or_else(|e| panic!("request {id}: {e}")));
+            }
+        }
+        assert!(waited > 0, "the third request never had to wait");
+        assert_eq!(finished.keys().copied().collect::<Vec<_>>(), vec![a, b, c]);
+        assert_eq!(finished[&c].bicache.as_ref().unwrap().batch, 2);
+    }
+    for (id, req) in [short(0), long, short(2)].iter().enumerate() {
+        let got = &finished[&id];
+        assert_eq!(got.bicache.as_ref().unwrap().depth, 1);
+        let alone = engine.generate(&at_depth(req, 1)).unwrap();
+        assert_eq!(got.ids, alone.ids, "request {id}: in the session and alone differ");
+        assert_eq!(got.steps, alone.steps, "request {id}");
+    }
+    assert_eq!(engine.clear_prefix_store(), 1, "the session left the entry pinned");
+    eprintln!("[bicache] session of {rows} rows, prefix {p}: a request joined mid-run; each equals its run alone");
+}
+
+#[test]
+fn a_session_refuses_what_it_cannot_run() {
+    let engine = engine();
+    let too_small = engine.batch_session(&prefix(), 1, prefix().len());
+    assert!(too_small.err().unwrap().to_string().contains("max_rows"));
+    let mut session = engine.batch_session(&prefix(), 1, 200).unwrap();
+    let mut other = bicache_request(0, CacheMode::Bicache, 1, 4, params(8, 8, 8));
+    other.prompt = unmask::Prompt::Ids(other_prompt(0));
+    let mut shallower = bicache_request(0, CacheMode::Bicache, 0, 4, params(8, 8, 8));
+    shallower.depth = Some(0);
+    let plain = Request::ids(prompt(0)).with_params(params(8, 8, 8));
+    let huge = bicache_request(0, CacheMode::Bicache, 1, 4, params(200, 200, 200));
+    for (req, expect) in [
+        (other, "not the session's"),
+        (shallower, "below the session's b = 1"),
+        (plain, "BiCache requests only"),
+        (huge, "the session holds 200"),
+    ] {
+        let err = session.submit(req).expect_err(expect).to_string();
+        assert!(err.contains(expect), "{err}");
+    }
+    assert!(session.is_idle());
+}
