@@ -574,6 +574,8 @@ pub struct BatchSession<'e> {
     waiting: std::collections::VecDeque<(usize, Prepared<'static>)>,
     selects: Vec<SelectBuffers>,
     next_id: usize,
+    /// Rows × layers spent building the prefix entry (0 when it was stored).
+    entry_passes: usize,
 }
 
 impl Engine {
@@ -625,6 +627,7 @@ impl Engine {
             waiting: Default::default(),
             selects: Vec::new(),
             next_id: 0,
+            entry_passes: timings.token_layer_passes,
         })
     }
 }
@@ -689,6 +692,12 @@ impl BatchSession<'_> {
     /// BiCache depth of every request of the session.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// Rows × layers the session spent building its prefix entry (0 when it was stored);
+    /// the requests' own `token_layer_passes` do not include them.
+    pub fn entry_token_layer_passes(&self) -> usize {
+        self.entry_passes
     }
 
     /// Admits the waiting requests that fit (in the order submitted), then runs one step

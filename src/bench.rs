@@ -17,7 +17,7 @@ use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
 use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
-use crate::{CacheMode, Engine, EngineError, GenerationParams, Request};
+use crate::{CacheMode, Engine, EngineError, Generation, GenerationParams, Request};
 
 /// How long one measurement may take: at least `min_runs` timed runs, then more until
 /// `max_runs` or `budget` is reached.
@@ -507,9 +507,9 @@ pub struct RequestBenchOptions {
     pub refresh_every: usize,
     /// BiCache depth; `None` uses the model's table, else half the layers.
     pub depth: Option<usize>,
-    /// Requests per `generate_batch` call: BiCache requests that share a prefix run in
-    /// the same forward passes. Sizes above 1 run only for BiCache modes (the others
-    /// would run one after another anyway).
+    /// Requests in the batch at once: above 1, BiCache requests that share a prefix are
+    /// served by a `BatchSession` (`serve_continuously`). Sizes above 1 run only for
+    /// BiCache modes (the others would run one after another anyway).
     pub batches: Vec<usize>,
 }
 
@@ -519,6 +519,55 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Serves BiCache `requests` the way a server would: one `BatchSession` per run of
+/// consecutive requests with the same shared prefix, all submitted at once, at most
+/// `concurrent` of them in the batch at a time (a finished request's place goes to the next
+/// at once). The session's depth is the smallest its requests ask for. Also returns the
+/// token-layer passes the sessions spent building prefix entries.
+pub fn serve_continuously(
+    engine: &Engine,
+    requests: &[Request],
+    concurrent: usize,
+) -> Result<(Vec<Generation>, usize), EngineError> {
+    let mut entry_passes = 0;
+    let mut out: Vec<Option<Generation>> = requests.iter().map(|_| None).collect();
+    let mut start = 0;
+    while start < requests.len() {
+        let (prefix, mut depth) = engine.shared_prefix(&requests[start])?;
+        let mut end = start + 1;
+        let mut longest = 0;
+        for (i, r) in requests.iter().enumerate().skip(start) {
+            let (p, d) = engine.shared_prefix(r)?;
+            if p != prefix {
+                break;
+            }
+            depth = depth.min(d);
+            longest = longest.max(engine.encode_prompt(&r.prompt)?.len() + r.params.gen_length);
+            end = i + 1;
+        }
+        let rows = (concurrent * longest).min(engine.model.max_state_rows());
+        let mut session = engine.batch_session(&prefix, depth, rows)?;
+        entry_passes += session.entry_token_layer_passes();
+        let mut slot = std::collections::HashMap::new();
+        for (i, r) in requests.iter().enumerate().take(end).skip(start) {
+            slot.insert(session.submit(r.clone())?, i);
+        }
+        while !session.is_idle() {
+            for (id, g) in session.step() {
+                if let Some(&i) = slot.get(&id) {
+                    out[i] = Some(g?);
+                }
+            }
+        }
+        start = end;
+    }
+    let generations = out
+        .into_iter()
+        .map(|g| g.ok_or_else(|| EngineError::Request("a request did not finish".into())))
+        .collect::<Result<_, _>>()?;
+    Ok((generations, entry_passes))
 }
 
 /// Runs `requests` through every (mode, decoding): one warm-up request on a prefix of its
@@ -571,23 +620,31 @@ pub fn run_request_bench(
                 let mut depths = Vec::new();
                 let mut fallbacks = 0usize;
                 let began = Instant::now();
-                for chunk in requests.chunks(batch.max(1)) {
-                    let batch_requests: Vec<Request> = chunk.iter().map(make).collect();
-                    for g in engine.generate_batch(&batch_requests) {
-                        let g = g?;
-                        let t = &g.timings;
-                        totals.push(t.total_s);
-                        ttft.push(t.first_step_s);
-                        nfe += t.forward_passes;
-                        tlp += t.token_layer_passes;
-                        canvas_tokens += g.ids.len();
-                        answer_tokens += t.answer_tokens;
-                        if let Some(b) = &g.bicache {
-                            if b.fallback.is_some() {
-                                fallbacks += 1;
-                            } else {
-                                depths.push(b.depth as f64);
-                            }
+                let all: Vec<Request> = requests.iter().map(make).collect();
+                let generations = if batch > 1 {
+                    let (generations, entry_passes) = serve_continuously(engine, &all, batch)?;
+                    tlp += entry_passes;
+                    generations
+                } else {
+                    let mut out = Vec::with_capacity(all.len());
+                    for r in &all {
+                        out.push(engine.generate(r)?);
+                    }
+                    out
+                };
+                for g in generations {
+                    let t = &g.timings;
+                    totals.push(t.total_s);
+                    ttft.push(t.first_step_s);
+                    nfe += t.forward_passes;
+                    tlp += t.token_layer_passes;
+                    canvas_tokens += g.ids.len();
+                    answer_tokens += t.answer_tokens;
+                    if let Some(b) = &g.bicache {
+                        if b.fallback.is_some() {
+                            fallbacks += 1;
+                        } else {
+                            depths.push(b.depth as f64);
                         }
                     }
                 }

@@ -690,6 +690,20 @@ impl Engine {
         all_ran(results)
     }
 
+    /// The shared prefix a BiCache request would use and its depth b: what a
+    /// `BatchSession` for it needs. The error says why the request cannot share a prefix.
+    pub fn shared_prefix(&self, request: &Request) -> Result<(Vec<u32>, usize), EngineError> {
+        let p = self.prepare(std::borrow::Cow::Borrowed(request))?;
+        match p.shared {
+            Some((depth, _)) => Ok((p.prompt[..p.prefix_len].to_vec(), depth)),
+            None => Err(EngineError::Request(
+                p.report
+                    .and_then(|r| r.fallback)
+                    .unwrap_or_else(|| format!("cache mode {} is not a BiCache mode", p.mode)),
+            )),
+        }
+    }
+
     /// Tokens, sampler and cache decisions of a request, before any GPU work.
     fn prepare<'r>(
         &self,

@@ -467,11 +467,20 @@ fn a_session_admits_requests_while_others_run() {
         let got = &finished[&id];
         assert_eq!(got.bicache.as_ref().unwrap().depth, 1);
         let alone = engine.generate(&at_depth(req, 1)).unwrap();
-        assert_eq!(got.ids, alone.ids, "request {id}: in the session and alone differ");
+        assert_eq!(
+            got.ids, alone.ids,
+            "request {id}: in the session and alone differ"
+        );
         assert_eq!(got.steps, alone.steps, "request {id}");
     }
-    assert_eq!(engine.clear_prefix_store(), 1, "the session left the entry pinned");
-    eprintln!("[bicache] session of {rows} rows, prefix {p}: a request joined mid-run; each equals its run alone");
+    assert_eq!(
+        engine.clear_prefix_store(),
+        1,
+        "the session left the entry pinned"
+    );
+    eprintln!(
+        "[bicache] session of {rows} rows, prefix {p}: a request joined mid-run; each equals its run alone"
+    );
 }
 
 #[test]
@@ -496,4 +505,35 @@ fn a_session_refuses_what_it_cannot_run() {
         assert!(err.contains(expect), "{err}");
     }
     assert!(session.is_idle());
+}
+
+#[test]
+fn serving_continuously_equals_each_request_alone() {
+    let mut engine = engine();
+    engine.model.matmul_kernel = MatmulKernel::Tiled;
+    let mut other = bicache_request(3, CacheMode::BicacheDual, 2, 4, params(8, 4, 4));
+    other.prompt = unmask::Prompt::Ids(other_prompt(3));
+    let requests = [
+        bicache_request(0, CacheMode::BicacheDual, 2, 4, params(8, 4, 4)),
+        bicache_request(1, CacheMode::BicacheDual, 1, 4, params(16, 8, 4)),
+        bicache_request(2, CacheMode::Bicache, 2, 4, params(8, 8, 8)),
+        other,
+    ];
+    let (served, entry_passes) = unmask::bench::serve_continuously(&engine, &requests, 2).unwrap();
+    let n_layers = engine.config().n_layers;
+    assert_eq!(
+        entry_passes,
+        2 * prefix().len() * n_layers,
+        "two entries built"
+    );
+    // The first three share a prefix (session depth min(2, 1, 2) = 1); the last is alone.
+    for (i, (req, got)) in requests.iter().zip(&served).enumerate() {
+        let depth = if i < 3 { 1 } else { 2 };
+        let report = got.bicache.as_ref().unwrap();
+        assert_eq!(report.depth, depth, "request {i}");
+        let alone = engine.generate(&at_depth(req, depth)).unwrap();
+        assert_eq!(got.ids, alone.ids, "request {i}: served and alone differ");
+    }
+    assert_eq!(served[0].bicache.as_ref().unwrap().batch, 2);
+    assert_eq!(served[3].bicache.as_ref().unwrap().batch, 1);
 }

@@ -74,8 +74,9 @@ pub fn spec() -> CommandSpec {
         Flag::value(
             "batch",
             "LIST",
-            "requests per batched call, e.g. 1,4: BiCache requests sharing a prefix run in \
-             the same forward passes (default 1; sizes above 1 run BiCache modes only)",
+            "requests in the batch at once, e.g. 1,4: BiCache requests sharing a prefix are \
+             served by a batch session (continuous batching), up to N in the same forward \
+             passes (default 1; sizes above 1 run BiCache modes only)",
         ),
         Flag::value(
             "prefix-tokens",
