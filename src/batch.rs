@@ -17,8 +17,8 @@ use unmask_gpu::model::{ForwardState, LayerPass, SelectBuffers, SeqWindow};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::{
-    BicacheReport, Engine, EngineError, Finished, Generation, PrefixRun, Prepared, Request,
-    StepEvent, all_ran,
+    BicacheReport, Engine, EngineError, Generation, PrefixRun, Prepared, Request, StepEvent,
+    all_ran,
 };
 
 /// One sequence's part of a batched BiCache step.
@@ -62,7 +62,7 @@ pub(crate) struct StepLayout {
 }
 
 impl StepLayout {
-    pub fn build(seqs: &[SeqStep]) -> Self {
+    pub fn build<'a>(seqs: impl IntoIterator<Item = &'a SeqStep>) -> Self {
         let mut l = StepLayout::default();
         for s in seqs {
             let p = s.prefix_len;
@@ -159,6 +159,15 @@ enum Admission<'r> {
     Failed(EngineError),
 }
 
+/// Members whose rows share one LM-head and select pass this step.
+struct SelectGroup {
+    key: SelectParams,
+    params: SelectParams,
+    members: Vec<usize>,
+    /// Sampled rows of all its members.
+    rows: usize,
+}
+
 /// One step of one running member: what it computes and which positions it samples.
 struct MemberStep {
     member: usize,
@@ -217,11 +226,8 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    // A GPU or sampler error stops every request still running.
-                    let why = e.to_string();
-                    for (i, m) in running.drain(..) {
-                        self.release_prefix(m.run.id);
-                        results[i] = Some(Err(EngineError::Request(why.clone())));
+                    for (i, g) in self.stop_all(&mut running, e) {
+                        results[i] = Some(g);
                     }
                 }
             }
@@ -232,6 +238,23 @@ impl Engine {
             results[i] = Some(result);
         }
         all_ran(results)
+    }
+
+    /// A GPU or sampler error in a step stops every request still running: each gets the
+    /// error as its result and unpins the entry.
+    fn stop_all(
+        &self,
+        running: &mut Vec<(usize, Member<'_>)>,
+        error: EngineError,
+    ) -> Vec<(usize, Result<Generation, EngineError>)> {
+        let why = error.to_string();
+        running
+            .drain(..)
+            .map(|(i, m)| {
+                self.release_prefix(m.run.id);
+                (i, Err(EngineError::Request(why.clone())))
+            })
+            .collect()
     }
 
     /// Pins the shared entry for a request whose arena starts at row `kv_base` of `st`
@@ -247,6 +270,7 @@ impl Engine {
         let Some((requested_depth, ratio)) = r.shared else {
             return Admission::Alone(Box::new(r));
         };
+        // The prefix by its fields: the timings are borrowed mutably beside it.
         let prefix = &r.prompt[..r.prefix_len];
         match self.acquire_prefix(st, prefix, depth, &mut r.timings) {
             Ok(Ok(run)) => {
@@ -338,25 +362,34 @@ impl Engine {
                 )));
             }
         }
-        let seqs: Vec<SeqStep> = steps.iter().map(|s| s.seq.clone()).collect();
-        let layout = StepLayout::build(&seqs);
+        let layout = StepLayout::build(steps.iter().map(|s| &s.seq));
         let mut step = StepEncoder::new(&self.ctx, "bicache step");
         self.encode_batch_step(&mut step, st, running, &steps, &layout, depth)?;
 
         // Rows whose token choice is made the same way share one LM-head pass.
-        let mut groups: Vec<(SelectParams, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<SelectGroup> = Vec::new();
         for (k, s) in steps.iter().enumerate() {
             let m = &running[s.member].1;
             let params = self.select_params(&m.prepared.sampler, m.prepared.conf_exclude);
             let key = selection_key(params);
-            match groups.iter_mut().find(|(g, _)| selection_key(*g) == key) {
-                Some((_, ks)) => ks.push(k),
-                None => groups.push((params, vec![k])),
-            }
+            let group = match groups.iter_mut().find(|g| g.key == key) {
+                Some(g) => g,
+                None => {
+                    groups.push(SelectGroup {
+                        key,
+                        params,
+                        members: Vec::new(),
+                        rows: 0,
+                    });
+                    groups.last_mut().expect("just pushed")
+                }
+            };
+            group.members.push(k);
+            group.rows += s.predict.len();
         }
         // Select buffers are reused from step to step and grow when a step needs more.
-        for (g, (_, ks)) in groups.iter().enumerate() {
-            let rows: usize = ks.iter().map(|&k| steps[k].predict.len()).sum();
+        for (g, group) in groups.iter().enumerate() {
+            let rows = group.rows;
             if selects.get(g).is_none_or(|sel| sel.capacity < rows) {
                 let sel = self.model.new_select(rows)?;
                 if g < selects.len() {
@@ -366,10 +399,10 @@ impl Engine {
                 }
             }
         }
-        for ((params, ks), sel) in groups.iter().zip(selects.iter()) {
-            let mut row_index = Vec::new();
-            let mut positions = Vec::new();
-            for &k in ks {
+        for (group, sel) in groups.iter().zip(selects.iter()) {
+            let mut row_index = Vec::with_capacity(group.rows);
+            let mut positions = Vec::with_capacity(group.rows);
+            for &k in &group.members {
                 for &pos in &steps[k].predict {
                     row_index.push(layout.deep_row(k, pos as usize) as u32);
                     positions.push(pos);
@@ -381,18 +414,17 @@ impl Engine {
                 &st.x_deep,
                 None,
                 sel,
-                row_index.len(),
-                params,
+                group.rows,
+                &group.params,
             )?;
         }
         step.submit()?;
 
         let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); steps.len()];
-        for ((_, ks), sel) in groups.iter().zip(selects.iter()) {
-            let count = ks.iter().map(|&k| steps[k].predict.len()).sum();
-            let choices = self.model.read_choices_async(sel, count).await?;
+        for (group, sel) in groups.iter().zip(selects.iter()) {
+            let choices = self.model.read_choices_async(sel, group.rows).await?;
             let mut it = choices.into_iter();
-            for &k in ks {
+            for &k in &group.members {
                 predictions[k] = it
                     .by_ref()
                     .take(steps[k].predict.len())
@@ -430,18 +462,7 @@ impl Engine {
             if running[k].1.prepared.sampler.is_done() {
                 let (index, m) = running.remove(k);
                 self.release_prefix(m.run.id);
-                let p = m.prepared;
-                let generation = self.finish(Finished {
-                    request: p.request,
-                    start: p.start,
-                    prompt: p.prompt,
-                    prefix_len: p.prefix_len,
-                    sampler: p.sampler,
-                    records: m.records,
-                    timings: p.timings,
-                    report: p.report,
-                });
-                done.push((index, generation));
+                done.push((index, self.finish(m.prepared, m.records)));
             } else {
                 k += 1;
             }
@@ -639,16 +660,12 @@ impl BatchSession<'_> {
     pub fn submit(&mut self, request: Request) -> Result<usize, EngineError> {
         let p = self.engine.prepare(std::borrow::Cow::Owned(request))?;
         let Some((own_depth, _)) = p.shared else {
-            let why = p
-                .report
-                .as_ref()
-                .and_then(|r| r.fallback.clone())
-                .unwrap_or_else(|| format!("cache mode {} is not a BiCache mode", p.mode));
             return Err(EngineError::Request(format!(
-                "a batch session runs BiCache requests only: {why}"
+                "a batch session runs BiCache requests only: {}",
+                p.why_not_shared()
             )));
         };
-        if p.prompt[..p.prefix_len] != self.prefix[..] {
+        if p.prefix() != self.prefix {
             return Err(EngineError::Request(format!(
                 "the request's shared prefix ({} tokens) is not the session's ({} tokens)",
                 p.prefix_len,
@@ -730,19 +747,13 @@ impl BatchSession<'_> {
             };
             match engine.admit(&self.state, self.depth, p, base) {
                 Admission::Joined(m) => self.running.push((id, *m)),
-                Admission::Alone(p) => {
-                    let why = p
-                        .report
-                        .as_ref()
-                        .and_then(|r| r.fallback.clone())
-                        .unwrap_or_default();
-                    done.push((
-                        id,
-                        Err(EngineError::Request(format!(
-                            "the request could not join the batch: {why}"
-                        ))),
-                    ));
-                }
+                Admission::Alone(p) => done.push((
+                    id,
+                    Err(EngineError::Request(format!(
+                        "the request could not join the batch: {}",
+                        p.why_not_shared()
+                    ))),
+                )),
                 Admission::Failed(e) => done.push((id, Err(e))),
             }
         }
@@ -760,14 +771,7 @@ impl BatchSession<'_> {
             .await;
         match step {
             Ok(finished) => done.extend(finished),
-            Err(e) => {
-                // A GPU or sampler error stops every request still running.
-                let why = e.to_string();
-                for (id, m) in self.running.drain(..) {
-                    engine.release_prefix(m.run.id);
-                    done.push((id, Err(EngineError::Request(why.clone()))));
-                }
-            }
+            Err(e) => done.extend(engine.stop_all(&mut self.running, e)),
         }
         done
     }

@@ -531,24 +531,26 @@ pub fn serve_continuously(
     requests: &[Request],
     concurrent: usize,
 ) -> Result<(Vec<Generation>, usize), EngineError> {
+    // Each request's shared prefix, its depth and its positions, worked out once.
+    let plans = requests
+        .iter()
+        .map(|r| {
+            let (prefix, depth) = engine.shared_prefix(r)?;
+            let len = engine.encode_prompt(&r.prompt)?.len() + r.params.gen_length;
+            Ok((prefix, depth, len))
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
     let mut entry_passes = 0;
     let mut out: Vec<Option<Generation>> = requests.iter().map(|_| None).collect();
     let mut start = 0;
     while start < requests.len() {
-        let (prefix, mut depth) = engine.shared_prefix(&requests[start])?;
-        let mut end = start + 1;
-        let mut longest = 0;
-        for (i, r) in requests.iter().enumerate().skip(start) {
-            let (p, d) = engine.shared_prefix(r)?;
-            if p != prefix {
-                break;
-            }
-            depth = depth.min(d);
-            longest = longest.max(engine.encode_prompt(&r.prompt)?.len() + r.params.gen_length);
-            end = i + 1;
-        }
+        let prefix = &plans[start].0;
+        let end = start + plans[start..].iter().take_while(|p| &p.0 == prefix).count();
+        let group = &plans[start..end];
+        let depth = group.iter().map(|p| p.1).min().unwrap_or(0);
+        let longest = group.iter().map(|p| p.2).max().unwrap_or(0);
         let rows = (concurrent * longest).min(engine.model.max_state_rows());
-        let mut session = engine.batch_session(&prefix, depth, rows)?;
+        let mut session = engine.batch_session(prefix, depth, rows)?;
         entry_passes += session.entry_token_layer_passes();
         let mut slot = std::collections::HashMap::new();
         for (i, r) in requests.iter().enumerate().take(end).skip(start) {

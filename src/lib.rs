@@ -320,6 +320,19 @@ struct Prepared<'r> {
 }
 
 impl Prepared<'_> {
+    /// The prompt's shared prefix.
+    fn prefix(&self) -> &[u32] {
+        &self.prompt[..self.prefix_len]
+    }
+
+    /// Why the request does not share a prefix entry: its fallback, or its mode.
+    fn why_not_shared(&self) -> String {
+        self.report
+            .as_ref()
+            .and_then(|r| r.fallback.clone())
+            .unwrap_or_else(|| format!("cache mode {} is not a BiCache mode", self.mode))
+    }
+
     /// Runs without BiCache: `bicache-dual` as `fast-dllm-dual`, `bicache` as `none`.
     fn fall_back(&mut self, why: String) {
         let mode = if self.mode == CacheMode::BicacheDual {
@@ -341,18 +354,6 @@ fn all_ran(
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(EngineError::Request("request did not run".into()))))
         .collect()
-}
-
-/// A request whose sampler is done, to be turned into its `Generation`.
-struct Finished<'r> {
-    request: std::borrow::Cow<'r, Request>,
-    start: Stopwatch,
-    prompt: Vec<u32>,
-    prefix_len: usize,
-    sampler: Sampler,
-    records: Vec<StepRecord>,
-    timings: Timings,
-    report: Option<BicacheReport>,
 }
 
 /// A model loaded on a GPU, ready to generate.
@@ -652,11 +653,7 @@ impl Engine {
             match self.prepare(std::borrow::Cow::Borrowed(request)) {
                 Err(e) => results[i] = Some(Err(e)),
                 Ok(p) if p.shared.is_some() => {
-                    let prefix = &p.prompt[..p.prefix_len];
-                    match groups
-                        .iter_mut()
-                        .find(|g| g[0].1.prompt[..g[0].1.prefix_len] == *prefix)
-                    {
+                    match groups.iter_mut().find(|g| g[0].1.prefix() == p.prefix()) {
                         Some(g) => g.push((i, p)),
                         None => groups.push(vec![(i, p)]),
                     }
@@ -695,12 +692,8 @@ impl Engine {
     pub fn shared_prefix(&self, request: &Request) -> Result<(Vec<u32>, usize), EngineError> {
         let p = self.prepare(std::borrow::Cow::Borrowed(request))?;
         match p.shared {
-            Some((depth, _)) => Ok((p.prompt[..p.prefix_len].to_vec(), depth)),
-            None => Err(EngineError::Request(
-                p.report
-                    .and_then(|r| r.fallback)
-                    .unwrap_or_else(|| format!("cache mode {} is not a BiCache mode", p.mode)),
-            )),
+            Some((depth, _)) => Ok((p.prefix().to_vec(), depth)),
+            None => Err(EngineError::Request(p.why_not_shared())),
         }
     }
 
@@ -772,7 +765,7 @@ impl Engine {
     /// Runs a request that shares no prefix entry: every cache mode but BiCache's.
     async fn run_alone(
         &self,
-        prepared: Prepared<'_>,
+        mut prepared: Prepared<'_>,
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
         let Prepared {
@@ -780,13 +773,13 @@ impl Engine {
             start,
             prompt,
             prefix_len,
-            mut sampler,
+            sampler,
             conf_exclude,
             mode,
-            report,
-            mut timings,
+            timings,
             ..
-        } = prepared;
+        } = &mut prepared;
+        let (start, prefix_len, conf_exclude, mode) = (*start, *prefix_len, *conf_exclude, *mode);
         let p = &request.params;
         let n_layers = self.model.cfg.n_layers;
         let seq_len = sampler.tokens().len();
@@ -852,7 +845,7 @@ impl Engine {
             }
             let row_index: Vec<u32> = rows.iter().map(|&pos| pos - first_row as u32).collect();
             self.model.write_select(&sel, &row_index, &rows)?;
-            let params = self.select_params(&sampler, conf_exclude);
+            let params = self.select_params(sampler, conf_exclude);
             self.model.encode_select_from(
                 &mut step,
                 &cond.x,
@@ -882,16 +875,7 @@ impl Engine {
             });
             records.push(record);
         }
-        self.finish(Finished {
-            request,
-            start,
-            prompt,
-            prefix_len,
-            sampler,
-            records,
-            timings,
-            report,
-        })
+        self.finish(prepared, records)
     }
 
     /// What the sampler's request asks of the token choice at its current step.
@@ -908,7 +892,7 @@ impl Engine {
     }
 
     /// The generation of a request whose sampler is done.
-    fn finish(&self, f: Finished<'_>) -> Result<Generation, EngineError> {
+    fn finish(&self, f: Prepared<'_>, records: Vec<StepRecord>) -> Result<Generation, EngineError> {
         let mut timings = f.timings;
         timings.total_s = f.start.elapsed_s();
         let ids = f.sampler.generated().to_vec();
@@ -928,7 +912,7 @@ impl Engine {
             cache: f.request.cache,
             ids,
             text,
-            steps: f.records,
+            steps: records,
             timings,
             bicache: f.report,
         })

@@ -411,7 +411,7 @@ fn run_mode(
     let start = Instant::now();
     let mut results = Vec::with_capacity(items.len());
     let mut busy_s = 0.0;
-    for (chunk_index, chunk) in items.chunks(batch.max(1)).enumerate() {
+    for chunk in items.chunks(batch.max(1)) {
         let requests: Vec<Request> = chunk
             .iter()
             .map(|item| item.request(params, cache, bicache))
@@ -423,8 +423,8 @@ fn run_mode(
             .flatten()
             .map(|g| g.timings.total_s)
             .fold(0.0, f64::max);
-        for (offset, (item, g)) in chunk.iter().zip(generations).enumerate() {
-            let index = chunk_index * batch.max(1) + offset;
+        for (item, g) in chunk.iter().zip(generations) {
+            let index = results.len();
             let g = g.map_err(|e| CliError {
                 kind: ErrorKind::Runtime,
                 message: format!(
