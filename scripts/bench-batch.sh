@@ -10,9 +10,7 @@
 #   MODEL=/path/to/LLaDA-8B-Instruct scripts/bench-batch.sh --prefix-tokens 1024
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-chmod 700 "$XDG_RUNTIME_DIR"
+source scripts/env.sh
 MODEL="${MODEL:-models/tiny}"
 NAME="${NAME:-bicache-batch}"
 DIR="${DIR:-docs/benchmarks}"

@@ -8,9 +8,7 @@
 #   SET=data/tasks/heldout.jsonl scripts/bench-cache.sh --limit 100
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-chmod 700 "$XDG_RUNTIME_DIR"
+source scripts/env.sh
 SET="${SET:-data/tasks/heldout-small.jsonl}"
 NAME="${NAME:-cache-modes}"
 DIR="${DIR:-docs/benchmarks}"

@@ -15,9 +15,7 @@
 # LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-chmod 700 "$XDG_RUNTIME_DIR"
+source scripts/env.sh
 MODEL="${MODEL:-models/tiny}"
 STEPS="${STEPS:-1 2 3 4}"
 DIR="${DIR:-docs/benchmarks}"

@@ -3,9 +3,7 @@
 # Extra arguments go to `unmask generate` (e.g. --prompt "..." --model DIR --json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-chmod 700 "$XDG_RUNTIME_DIR"
+source scripts/env.sh
 if [ $# -eq 0 ]; then
   set -- --prompt "What is the capital of France?" --gen-length 32 --steps 32 --block-length 16
 fi

@@ -4,9 +4,7 @@
 # Windows (DX12) and macOS (Metal), and the lints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-chmod 700 "$XDG_RUNTIME_DIR"
+source scripts/env.sh
 
 echo "== format and lints"
 cargo fmt --all --check
