@@ -7,31 +7,24 @@
 //!     cargo run --release --example assistant -- [MODEL_DIR] [SYSTEM_FILE] [QUESTIONS_FILE] [--depth B]
 //!
 //! MODEL_DIR defaults to `models/tiny`, else the test fixture `tests/fixtures/tiny`.
-//! SYSTEM_FILE holds the system prompt (default: a built-in one); QUESTIONS_FILE one question
-//! per line (default: built-in ones). The BiCache depth is `--depth B`, else `UNMASK_DEPTH`,
+//! SYSTEM_FILE holds the system prompt (default: the bundled demo prompt, a table of members,
+//! data/tasks/demo-system.txt); QUESTIONS_FILE one question per line (default: five questions
+//! about that table, which the bundled model answers). The BiCache depth is `--depth B`, else `UNMASK_DEPTH`,
 //! else the model's `bicache_depth.json`, else half the layers.
 
 use std::path::Path;
 
 use unmask::{CacheMode, Engine, EngineOptions, Generation, GenerationParams, Request};
 
-const SYSTEM: &str = "You are Pico, the assistant of a small bicycle shop in Oslo. \
-Opening hours: Monday to Friday 9 to 18, Saturday 10 to 16, closed on Sunday. \
-The shop sells city bikes from 6000 kroner, electric bikes from 18000 kroner and children's bikes from 2500 kroner. \
-A standard service costs 899 kroner and takes two working days; a flat tyre is fixed while you wait for 250 kroner. \
-Rentals cost 300 kroner per day or 1200 kroner per week, helmet and lock included. \
-The shop is at Markveien 12, five minutes from the tram stop Schous plass. \
-Staff: Ingrid runs the workshop, Jonas handles rentals, Mira answers e-mail at post@pico.example. \
-Payment by card or Vipps; no cash. Orders above 5000 kroner may be paid in three monthly parts. \
-Always answer in one or two short sentences, quote prices in kroner, and never invent facts that are not stated here. \
-If a question is not about the shop, say politely that you can only help with the shop.";
+/// The bundled demo system prompt (a table of members), which models/tiny was trained to read.
+const SYSTEM: &str = include_str!("../data/tasks/demo-system.txt");
 
 const QUESTIONS: [&str; 5] = [
-    "When are you open on Saturday?",
-    "How much does it cost to rent a bike for a week?",
-    "Who should I talk to about a broken gear?",
-    "Can I pay with cash?",
-    "Where is the shop?",
+    "What is the city of Bella?",
+    "What is the pet of Martin?",
+    "Give the record of Peter.",
+    "What is the sport of Bella and of Martin?",
+    "What is the colour of Peter?",
 ];
 
 struct Args {

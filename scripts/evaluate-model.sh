@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Re-measures everything that depends on the bundled model, after the model changes:
+# Re-measures everything that depends on the bundled model, after the model changes. Every
+# generation uses the BiCache paper's request shape scaled to the model: 32 tokens in
+# 8 blocks of 4, 16 steps (2 tokens per step), temperature 0.
 #
-#   1. held-out accuracy with cache mode none at temperature 0 (data/tasks/heldout.jsonl)
-#      -> $MODEL/eval_unmask.json and .md
+#   1. accuracy with cache mode none on heldout-small.jsonl and on heldout-small-seed1.jsonl
+#      (the same kind of set from another seed) -> $MODEL/eval_unmask{,-seed1}.json and .md
 #   2. BiCache's depth table and similarity heat map (unmask profile on heldout-small)
 #      -> $MODEL/profile/, and $MODEL/bicache_depth.json
-#   3. every cache mode on heldout-small (scripts/bench-cache.sh)
+#   3. every cache mode on heldout-small.jsonl (scripts/bench-cache.sh)
 #      -> $DIR/cache-modes.json and .md
-#   4. f16, q8 and q4 weights on heldout-small and their token agreement
+#   4. f16, q8 and q4 weights on heldout-small.jsonl and their token agreement
 #      -> $DIR/quant-heldout.json and .md
+#   5. batched BiCache: the held-out set through bicache-dual one item at a time and
+#      5 at a time, compared token by token -> $DIR/bicache-batch-heldout.json and .md
 #
 # About 25 minutes on lavapipe. Run it on an otherwise idle machine: the throughput columns
 # are timings. Environment: MODEL (default models/tiny), DIR (default docs/benchmarks),
-# LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4").
+# LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4 5").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 MODEL="${MODEL:-models/tiny}"
-STEPS="${STEPS:-1 2 3 4}"
+STEPS="${STEPS:-1 2 3 4 5}"
 DIR="${DIR:-docs/benchmarks}"
 cargo build --release --quiet -p unmask-cli
 UNMASK=target/release/unmask
+SHAPE=(--gen-length 32 --block-length 4 --steps 16)
 LIMIT_ARGS=()
 [ -n "${LIMIT:-}" ] && LIMIT_ARGS=(--limit "$LIMIT")
 
@@ -28,8 +33,11 @@ for step in $STEPS; do
   case "$step" in
   1)
     echo "== held-out accuracy, cache none"
-    "$UNMASK" eval --model "$MODEL" --set data/tasks/heldout.jsonl --cache none "${LIMIT_ARGS[@]}" \
-      --out "$MODEL/eval_unmask.json" --markdown "$MODEL/eval_unmask.md"
+    for set in heldout-small heldout-small-seed1; do
+      suffix="${set#heldout-small}"
+      "$UNMASK" eval --model "$MODEL" --set "data/tasks/$set.jsonl" --cache none "${SHAPE[@]}" "${LIMIT_ARGS[@]}" \
+        --out "$MODEL/eval_unmask$suffix.json" --markdown "$MODEL/eval_unmask$suffix.md"
+    done
     ;;
   2)
     echo "== BiCache depth table"
@@ -45,15 +53,26 @@ for step in $STEPS; do
     echo "== quantized weights"
     tmp=$(mktemp -d)
     for w in f16 q8 q4; do
-      "$UNMASK" eval --model "$MODEL" --set data/tasks/heldout-small.jsonl --weights "$w" \
+      "$UNMASK" eval --model "$MODEL" --set data/tasks/heldout-small.jsonl --weights "$w" "${SHAPE[@]}" \
         "${LIMIT_ARGS[@]}" --out "$tmp/$w.json"
     done
     python3 tools/eval_agreement.py "$tmp/f16.json" "$tmp/q8.json" "$tmp/q4.json" \
       --json "$DIR/quant-heldout.json" --markdown "$DIR/quant-heldout.md"
     rm -rf "$tmp"
     ;;
+  5)
+    echo "== batched BiCache against one request at a time"
+    tmp=$(mktemp -d)
+    for b in 1 5; do
+      "$UNMASK" eval --model "$MODEL" --set data/tasks/heldout-small.jsonl --cache bicache-dual --batch "$b" \
+        "${SHAPE[@]}" "${LIMIT_ARGS[@]}" --out "$tmp/b$b.json" >/dev/null
+    done
+    python3 tools/eval_agreement.py --by batch "$tmp/b1.json" "$tmp/b5.json" \
+      --json "$DIR/bicache-batch-heldout.json" --markdown "$DIR/bicache-batch-heldout.md"
+    rm -rf "$tmp"
+    ;;
   *)
-    echo "unknown step $step (expected 1 to 4)" >&2
+    echo "unknown step $step (expected 1 to 5)" >&2
     exit 2
     ;;
   esac

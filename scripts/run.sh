@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 if [ $# -eq 0 ]; then
-  set -- --prompt "What is the capital of France?" --gen-length 32 --steps 32 --block-length 16
+  # A question about the bundled system prompt (a table of members); the bundled model
+  # answers "#### Bella city : Lima". Block-wise decoding: 8 blocks of 4, 16 steps.
+  set -- --system "$(cat data/tasks/demo-system.txt)" --prompt "What is the city of Bella?" \
+    --gen-length 32 --steps 16 --block-length 4
 fi
 exec cargo run --release --quiet -p unmask-cli -- generate "$@"

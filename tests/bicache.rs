@@ -537,3 +537,62 @@ fn serving_continuously_equals_each_request_alone() {
     assert_eq!(served[0].bicache.as_ref().unwrap().batch, 2);
     assert_eq!(served[3].bicache.as_ref().unwrap().batch, 1);
 }
+
+/// The first items of the bundled model's held-out set (models/tiny, data/tasks/).
+fn heldout_items(n: usize) -> Vec<serde_json::Value> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("data/tasks/heldout-small.jsonl"))
+        .expect("data/tasks/heldout-small.jsonl");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(n)
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// The bundled model reads its system prompt: it answers held-out questions (never seen in
+/// training) exactly, with no cache and with BiCache + dual cache at the paper's request
+/// shape (32 tokens, blocks of 4, 16 steps). A kernel or a cache that corrupts K/V fails here
+/// by behaviour, not only by a tolerance.
+#[test]
+fn bundled_model_answers_heldout_questions_with_and_without_bicache() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let options = EngineOptions {
+        backend: None,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_on(
+        common::ctx(),
+        &root.join("models/tiny"),
+        &options,
+        &mut |_| {},
+    )
+    .expect("models/tiny loads");
+    // The five questions of the first system prompt (every task type).
+    let items = heldout_items(5);
+    for mode in [CacheMode::None, CacheMode::BicacheDual] {
+        let mut hits = 0;
+        for item in &items {
+            let field = |k: &str| item[k].as_str().expect(k).to_string();
+            let request = Request::chat(Some(&field("system")), &field("user"))
+                .with_params(params(32, 16, 4))
+                .with_cache(mode);
+            let out = engine.generate(&request).expect("generation");
+            let text = out.text.clone().expect("the model has a tokenizer");
+            let answer = text.rsplit("####").next().unwrap_or("").trim();
+            assert_eq!(answer, field("answer"), "{mode}, {}: {text:?}", field("id"));
+            if let Some(report) = &out.bicache {
+                hits += usize::from(report.hit);
+            }
+        }
+        if mode == CacheMode::BicacheDual {
+            // One entry for the shared system prompt: every question after the first hits it.
+            assert_eq!(hits, items.len() - 1, "BiCache hits");
+        }
+        eprintln!(
+            "[bundled model] {mode}: {} of {} answered",
+            items.len(),
+            items.len()
+        );
+    }
+}

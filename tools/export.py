@@ -94,18 +94,17 @@ def torch_logits(model, ids):
 
 
 def sft_loss_on(model, tok, ids, path, batch=8):
-    """Mean SFT loss over a task set (fixed masking noise from seed 0), float32 weights."""
+    """Mean training loss over a task set (fixed masking noise from seed 0), float32 weights."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
-    # single-turn conversations: the prompt, then the GEN_LEN response region
-    seqs = [train.encode_conversation(tok, ids, [it]) for it in items]
+    rows = [(*train.encode_item(tok, ids, it), train.value_slots(tok, it)) for it in items]
     gen = torch.Generator().manual_seed(0)
     total = 0.0
     with torch.no_grad():
-        for i in range(0, len(seqs), batch):
-            loss, _ = train.sft_loss(model, seqs[i : i + batch], ids, gen)
-            total += loss.item() * len(seqs[i : i + batch])
-    return total / len(seqs)
+        for i in range(0, len(rows), batch):
+            loss, _ = train.sft_loss(model, rows[i : i + batch], ids, gen)
+            total += loss.item() * len(rows[i : i + batch])
+    return total / len(rows)
 
 
 def parity(out_dir, model_fp32, cfg, tok):
@@ -139,13 +138,13 @@ def parity(out_dir, model_fp32, cfg, tok):
 
 
 CARD = """\
-# unmask-tiny: a {n_params_m:.2f} M-parameter LLaDA model for shared-system-prompt QA
+# unmask-tiny: a {n_params_m:.2f} M-parameter LLaDA model that reads its system prompt
 
 A masked-diffusion language model with the **LLaDA architecture, tensor names, tokenizer
-layout, chat template and training objective**, small enough to run anywhere.  It answers
-questions whose answers are only in a long system prompt shared by many requests, so it
-can show whether a prefix/KV cache keeps answers right (a random-weight model can only
-show numerical parity).
+layout and chat template**, small enough to run anywhere and trained on a CPU in minutes.
+It answers questions whose answers are only in a long system prompt shared by many requests
+(a table of members), so it shows whether a prefix/KV cache keeps answers right: a wrong
+K/V shows as a wrong answer, not only as a numerical difference.
 
 ## Architecture
 
@@ -174,125 +173,138 @@ Special tokens (appended after the {n_ord} ordinary BPE tokens, in LLaDA's order
 | {mask} | `<|mdm_mask|>` (mask, `mask_token_id`) |
 
 The tokenizer is a byte-level BPE (HF `tokenizers`) trained on the task corpus, with digits
-split one per token; it has no post-processor, so nothing is added to encoded text (the
-chat template writes BOS itself).
+split one per token; every member name, field and value is one token.  It has no
+post-processor, so nothing is added to encoded text (the chat template writes BOS itself).
 
-## Data
+## Task
 
-`tools/tasks.py` generates every item from a seed.  A prompt group is one system prompt:
-a role line, four formatting rules in random order (including "Put the final answer
-after ####" and the fields and separator to use for records) and a table of 6-8 members,
-each with two text attributes (from city, colour, pet, sport, fruit) and two numbers (from
-age, coins, score), written one fact per line (`- Alice city Paris`, `- Alice age 34`).  Names (40) and values (16 per attribute) come from fixed pools and are
-re-assigned at random in every group, so the model must read the table.  System prompts
-are about {sys_tokens:.0f} tokens, whole prompts (system + user, chat template) about
-{prompt_tokens:.0f} tokens: the shared system prompt is about {share:.0f} % of the prompt
-tokens ({share_gen:.0f} % counting the 32 generated tokens).
+`tools/tasks.py` generates every item from a seed.  A system prompt is a role line, four
+rules and a table of 8 members x 4 fields (city, colour, pet, sport), one fact per line in
+random field order: `- Nina city : Athens`.  Names (40) and values (16 per field) come from
+fixed pools and are re-assigned at random in every table, so the model must read the table.
+System prompts are about {sys_tokens:.0f} tokens, whole prompts (system + user, chat
+template) about {prompt_tokens:.0f}: the shared system prompt is {share_gen:.0f} % of a
+request's tokens counting the 32 generated ones (the request shape of the BiCache paper).
 
-| task | example question | answer |
+| task | question | answer (after `####`) |
 |---|---|---|
-| lookup | Which city is Alice from? | `Paris` |
-| combine | What is the age of the person who plays golf? / Who is older, Alice or Bruno? | `34` / `Bruno` |
-| arithmetic | How many coins do Alice and Bruno have together? | `124` |
-| format | Give the record of Alice. | `Alice / Paris / 34` (separator and fields from the rules) |
+| lookup | What is the city of Nina? | `Nina city : Athens` |
+| pair (two facts) | What is the pet of Nina and of Tom? | `Nina pet : cat Tom pet : dog` |
+| record (a copied record) | Give the record of Nina. | `Nina city : Athens Nina colour : gold Nina pet : cat Nina sport : golf` |
 
-Training groups are streamed from the training seed (16 questions per group; about
-{groups_seen} different system prompts were seen).  The held-out set
-`data/tasks/heldout.jsonl` ({n_heldout} items, 8 system prompts from a separate seed,
-never seen in training) and `data/tasks/heldout-small.jsonl` (40 of them) are for
-evaluation.
+Each fact of an answer is written as the table writes it, so every value the model writes is
+three tokens after a name and two after a field, in the table and in the answer alike: the
+lookup is in-context key -> value recall, which a small model can learn.  With `####` first,
+each value starts a block of 4, so a block-wise sampler (blocks of 4) has committed the name
+and the field before it decodes the value.  Every training row is a new table drawn from
+the training seed stream; the held-out sets (`data/tasks/heldout.jsonl`, {n_heldout} items
+over 8 tables, and its 40-item subset `heldout-small.jsonl`; `heldout-seed1.jsonl` from
+another seed) come from a separate seed stream, never seen in training.
 
-## Objective and training
+## Recipe
 
-LLaDA SFT: the prompt is never masked; the response region is exactly 32 tokens
-(`#### answer`, `<|eot_id|>`, then `<|endoftext|>` padding, which the model learns to
-predict).  Per sequence t ~ U(0, 1), p = (1 - 1e-3) t + 1e-3, each response token is
-replaced by `<|mdm_mask|>` with probability p, and the loss is the cross-entropy over
-masked tokens divided by p, summed and divided by 32 x batch.
+`tools/train.py` (its docstring has the details):
 
-{phases}
+* **Structured initialisation.**  From a random start (or from planted positional heads
+  alone), gradient descent does not find in-context recall in the steps a CPU affords: each
+  value needs a head that brings its key next to it, and that head gets no gradient until a
+  matching head exists (such runs sat at "some value of the table" for thousands of steps).
+  So training starts from a planted recall circuit: layer 0's heads attend to fixed offsets
+  ({offsets}: the name and the field before a value; query/key rows of the fastest RoPE
+  planes, after a shared direction is added to every embedding) and write random codes of
+  those tokens into their half of the residual stream; layer 1's first head compares codes on
+  the slowest RoPE planes, stays off masked positions and copies the matching token's
+  embedding, which the LM head (started as the embeddings) reads out; the other layer-1
+  heads start as copies too, with random attention that training points at the question.  At initialisation
+  this answers about half of the lookups of a full table; every weight is then trained,
+  which makes the lookup exact and learns the rest (copying the asked names and fields into
+  the answer, the format, end of turn and padding, pairs and records).  Token embeddings
+  start at std {emb_std:g} and equal norms (the others 0.02); `rope_theta` is LLaDA-8B's
+  500000, which leaves enough slow planes for the comparison.
+* **Objective.**  Masked-diffusion SFT on the 32-token response (the prompt is never
+  masked), plain cross-entropy over masked tokens, trailing EOS padding weighted 0.1.  60 %
+  of rows mask every value and each other response token with probability 0.15, so values
+  are learned with their name and field shown (a value predicted with its key masked only
+  teaches a prior); 20 % use LLaDA's noise (each response token masked with one probability
+  t ~ U(0, 1)); 20 % mask everything from a random cut on, as a block-wise sampler leaves
+  it.{drills}
+* **Curriculum.**  Tables of 1, 2, 4, then 8 members with bare system prompts (role line
+  and table), then the full prompts with the rules paragraph; a stage ends when the running
+  accuracy on masked values whose name and field are shown reaches {grow_at:g}.
+  {stages}
+* **Optimiser.**  AdamW (0.9, 0.98), no weight decay, peak lr {lr:g}, {warmup} warmup steps,
+  constant until the full table size, then cosine decay to 10 % over {final_steps} steps (the
+  schedule of the last invocation; see Regenerate);
+  gradient clipping 1.0; batch {batch}; float32 on {threads} CPU thread{threads_s}.
+* **Run.**  {steps} steps, {wall_min:.1f} min of a shared 2-core CPU, stopped by {stopped_by};
+  final training loss (EMA) {loss_ema:.4f}; loss on the held-out set (fixed noise) {heldout_loss:.4f}; seed {seed}.
 
-| | |
-|---|---|
-| optimiser | AdamW (beta 0.9/0.95, weight decay 0.1), linear warmup, cosine decay to 10 % of the peak lr, gradient clipping 1.0 (fresh optimiser state in each phase) |
-| batch | {batch} sequences, grouped by similar length (shorter ones padded at the end, padding masked as keys) |
-| steps | {steps_total} in all |
-| sequences seen | {seqs_seen} |
-| wall time | {wall_min:.1f} min in all on a shared 2-core CPU (float32, `torch.set_num_threads(2)`, `nice -n 5`) |
-| final training loss (EMA over the last steps, objective mix of the last phase) | {loss_ema:.4f} |
-| SFT loss on the held-out set (fixed masking noise) | {heldout_loss:.4f} |
-| seed | {seed} |
+### Accuracy curve
+
+Exact match during training on {n_valid} monitoring questions (training-stream tables of 8
+members set aside for this, never trained on), decoded as `unmask` decodes by default for
+this model: 32 tokens, blocks of 4, 16 steps, temperature 0, low-confidence remasking.
+
+{curve}
 
 ## Regenerate
 
     tools/.venv/bin/python tools/tasks.py heldout --seed 0
-{train_cmds}
+    tools/.venv/bin/python tools/train.py --out runs/tiny --seed {seed}{resume_cmds}
     tools/.venv/bin/python tools/export.py --run runs/tiny --out models/tiny
-    tools/.venv/bin/python tools/py_eval.py --model models/tiny --set data/tasks/heldout.jsonl --ref-set data/tasks/heldout-small.jsonl --ref-items 12 --out models/tiny/eval_python.json
+    tools/.venv/bin/python tools/py_eval.py --model models/tiny --set data/tasks/heldout.jsonl --also-set data/tasks/heldout-seed1.jsonl --also-set data/tasks/heldout-small.jsonl --also-set data/tasks/heldout-small-seed1.jsonl --ref-set data/tasks/heldout-small.jsonl --ref-items 8 --out models/tiny/eval_python.json
     tools/.venv/bin/python tools/export.py --run runs/tiny --out models/tiny --scores models/tiny/eval_python.json
+    scripts/evaluate-model.sh     # unmask eval, BiCache depth table, cache modes, quantized weights
 
-Everything is derived from the seed; each phase is repeated exactly by its schedule
-length (`--steps`) and the step it reached (`--stop-step`); `--minutes` is only a safety
-limit (on the same PyTorch build; CPU float32 kernels may differ between builds).
+Every batch and mask is drawn from (seed, step), and `ckpt.pt` (every 5 minutes and at the
+end) holds the model, the optimiser and the curriculum state, so a stopped run continues
+exactly with `--resume` (on the same PyTorch build; CPU float32 kernels may differ between
+builds).
 
 ## Export check
 
 `tools/export.py` reloads this folder with the numpy reference (`tools/llada_ref.py`) and
 compares its logits with the PyTorch training forward on the same bf16 weights
 (prompt + 32 masks): max |difference| {parity_max:.2e} (logits range about {logit_span:.0f});
-the numpy reference with bf16 rounding at the reference points differs by at most
-{parity_bf16:.2e}.  Details in `export.json`.
-
-## Status
-
-{status}
+the numpy reference with bf16 rounding at the reference points (as a bf16 PyTorch run
+rounds activations) differs by at most {parity_bf16:.2e}: the recall head's attention scores
+are large (about 100), so a run with bf16 activations is not token-exact with this model.
+The runtime keeps activations in f32.  Details in `export.json`.
 
 ## Scores (Python reference sampler)
 
-`tools/py_eval.py`: gen_length 32, block_length 32, steps 32, temperature 0,
-low_confidence remasking, no cache; exact match of the text after the last `####`
-(special tokens skipped, cut at the first `<|eot_id|>`/`<|endoftext|>`).
+`tools/py_eval.py`: temperature 0, low_confidence remasking, no cache; exact match of the
+text after the last `####` (special tokens skipped, cut at the first
+`<|eot_id|>`/`<|endoftext|>`).
 
 {scores}
 
-## Scores (`unmask eval`, lavapipe)
+## Scores in the runtime
 
-<!-- UNMASK-EVAL: to be filled in from `unmask eval --model models/tiny --set data/tasks/heldout.jsonl --cache none --json` -->
+`unmask eval` on lavapipe, every cache mode, quantized weights and the BiCache depth table
+are measured by `scripts/evaluate-model.sh`: `eval_unmask*.md` here, and
+`docs/benchmarks/cache-modes.md`, `quant-heldout.md` and `bicache-batch-heldout.md`.
 
-| cache | lookup | combine | arithmetic | format | overall |
-|---|---|---|---|---|---|
-| none | | | | | |
+{runtime_scores}
 
 ## Limits
 
-A toy: it only knows this task format and its small name and value pools; it is not a
-general chat model.
+A toy: it only knows this task format and its name and value pools; it is not a general
+chat model.  Its questions have one wording each (the position of the asked name relative to
+the answer is fixed).
 """
 
 
-def status_text(path):
-    """Whether the Python-side scores meet the targets (lookup >= 90 %, overall >= 70 %)."""
-    if not path or not os.path.exists(path):
-        return "Not evaluated yet."
-    with open(path, encoding="utf-8") as f:
-        s = json.load(f)
-    run = s["runs"][0]
-    c, n = run["per_task"].get("lookup", (0, 0))
-    look = c / n if n else 0.0
-    ok = look >= 0.9 and run["accuracy"] >= 0.7
-    verdict = "meets" if ok else "**does not meet**"
-    text = (f"On `{run['set']}` this checkpoint {verdict} the targets of at least 90 % exact match on "
-            f"lookups and at least 70 % overall (Python sampler: lookup {100 * look:.1f} %, overall "
-            f"{100 * run['accuracy']:.1f} %).")
-    if not ok:
-        text += (" The training budget (a shared 2-core CPU, about an hour, most of it with other jobs "
-                 "competing for the cores) gave only the number of steps listed above; the model learned "
-                 "the response format (`#### ...`, `<|eot_id|>`, EOS padding) but its answers are still "
-                 "nearly constant (the same few numbers and names whatever the table says): it has not yet "
-                 "learned to read the table. The files are complete and in the LLaDA layout, "
-                 "so the runtime can load and run them; a longer run of the same scripts (more steps) is "
-                 "what is missing.")
-    return text
+def curve_table(curve):
+    if not curve:
+        return "(no evaluation recorded)"
+    tasks_seen = sorted({t for r in curve for t in r["per_task"]})
+    lines = ["| step | minutes | table members | exact | " + " | ".join(tasks_seen) + " |",
+             "|---|---|---|---|" + "---|" * len(tasks_seen)]
+    for r in curve:
+        cells = " | ".join(f"{100 * r['per_task'].get(t, 0):.0f} %" for t in tasks_seen)
+        lines.append(f"| {r['step']} | {r['min']:.1f} | {r['members']} | {100 * r['exact']:.1f} % | {cells} |")
+    return "\n".join(lines)
 
 
 def scores_table(path):
@@ -300,19 +312,30 @@ def scores_table(path):
         return "(not evaluated yet)"
     with open(path, encoding="utf-8") as f:
         s = json.load(f)
-    lines = []
+    lines = [f"gen_length {s['gen_length']}, block_length {s['block_length']}, steps {s['steps']}.", ""]
     for run in s["runs"]:
         lines.append(f"`{run['set']}` ({run['n']} items, {run['sampler']}):")
         lines.append("")
         lines.append("| task | correct | accuracy |")
         lines.append("|---|---|---|")
-        for t in ["lookup", "combine", "arithmetic", "format"]:
-            if t in run["per_task"]:
-                c, n = run["per_task"][t]
-                lines.append(f"| {t} | {c}/{n} | {100 * c / n:.1f} % |")
+        for t in tasks.TASK_MIX:
+            if t[0] in run["per_task"]:
+                c, n = run["per_task"][t[0]]
+                lines.append(f"| {t[0]} | {c}/{n} | {100 * c / n:.1f} % |")
         lines.append(f"| **overall** | {run['correct']}/{run['n']} | **{100 * run['accuracy']:.1f} %** |")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def runtime_scores(out_dir):
+    """The tables of the `unmask eval` runs in the folder (written by scripts/evaluate-model.sh)."""
+    parts = []
+    for name in ("eval_unmask.md", "eval_unmask-seed1.md"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                parts.append(f"`{name}`:\n\n" + f.read().strip())
+    return "\n\n".join(parts) or "(not measured yet)"
 
 
 def main():
@@ -362,56 +385,24 @@ def main():
     with open(os.path.join(REPO_ROOT, "data", "tasks", "heldout.jsonl"), encoding="utf-8") as f:
         n_heldout = sum(1 for _ in f)
     a = state["args"]
-    phases, chain = [], [(state, args.run)]
-    while chain[-1][0]["args"].get("init"):
-        prev_path = chain[-1][0]["args"]["init"]
-        prev = torch.load(prev_path, map_location="cpu", weights_only=False)["state"]
-        chain.append((prev, os.path.dirname(prev_path)))
-    chain.reverse()
-    cmds, steps_total, seqs_total, wall_total = [], 0, 0, 0.0
-    for k, (st, run_dir) in enumerate(chain):
-        pa = st["args"]
-        cmd = (f"    nice -n 5 tools/.venv/bin/python tools/train.py --out {os.path.relpath(run_dir, REPO_ROOT)} "
-               f"--seed {pa['seed']} --steps {st['total_steps']} --stop-step {st['step']} --batch {pa['batch']} "
-               f"--d-model {pa['d_model']} --n-heads {pa['n_heads']} --n-layers {pa['n_layers']} --mlp {pa['mlp']} "
-               f"--lr {pa['lr']:g} --warmup {pa['warmup']} --minutes 90")
-        if pa.get("init"):
-            cmd += f" --init {os.path.relpath(pa['init'], REPO_ROOT) if os.path.isabs(pa['init']) else pa['init']}"
-        if pa.get("first_pool"):
-            cmd += f" --first-pool {pa['first_pool']}"
-        if pa.get("pt_frac"):
-            cmd += f" --pt-frac {pa['pt_frac']:g}"
-        if k + 1 < len(chain):
-            nxt = chain[k + 1][0]["args"]["init"]
-            cmd += f"\n    cp {os.path.relpath(run_dir, REPO_ROOT)}/ckpt.pt {nxt}"
-        cmds.append(cmd)
-        steps_total += st["step"]
-        seqs_total += st["step"] * pa["batch"]
-        wall_total += st["elapsed_s"]
-        obj = "the SFT objective only"
-        if pa.get("pt_frac"):
-            obj = (f"per row, with probability {pa['pt_frac']:g} the masked-diffusion pretraining objective over "
-                   "the whole sequence (prompt and response masked alike, loss divided by p and the sequence "
-                   "length), otherwise the SFT objective")
-        phases.append(f"{k + 1}. {st['step']} steps (schedule of {st['total_steps']}, stopped by "
-                      f"{st.get('stopped_by', 'a periodic checkpoint')}), peak lr {pa['lr']:g}, {pa['warmup']} warmup steps, "
-                      f"{obj}" + (f", starting from the weights of phase {k}" if k else ", from a random initialisation")
-                      + f"; {st['elapsed_s'] / 60:.1f} min.")
-    phase_text = "Training ran in {} phase{}:\n\n".format(len(chain), "s" if len(chain) > 1 else "") + "\n".join(phases)
-    if len(chain) > 1:
-        phase_text += ("\n\nThe whole-sequence objective gives many more targets per sequence (the repeated "
-                       "fact lines teach the model to match a name and a field and copy what follows) than the "
-                       "32-token response alone; it was added when SFT alone was learning too slowly on this CPU.")
+    stages = "; ".join(f"{s['members']} member{'s' if s['members'] > 1 else ''}"
+                       f"{' (bare prompts)' if s.get('bare') else ''} until step {s['until_step']} ({s['min']:.1f} min)"
+                       for s in state.get("stages", []))
+    stopped = {"steps": "the end of its learning-rate schedule",
+               "target": "reaching the target (the first monitoring evaluation at or above "
+               f"{a.get('target', 0):g})"}.get(state.get("stopped_by"), state.get("stopped_by", "a checkpoint"))
+    drill = a.get("drill_frac", 0.0)
     info = {
         "step": state["step"],
-        "total_steps": state["total_steps"],
         "stopped_by": state.get("stopped_by", "checkpoint (run still going)"),
         "loss_ema": state["loss_ema"],
-        "heldout_sft_loss": heldout_loss,
+        "heldout_loss": heldout_loss,
         "elapsed_s": state["elapsed_s"],
         "seed": state["seed"],
         "n_params": int(n_params),
         "safetensors_bytes": int(st_bytes),
+        "stages": state.get("stages", []),
+        "curve": state.get("curve", []),
         "parity": par,
         "train_args": a,
     }
@@ -422,19 +413,29 @@ def main():
         vocab=cfg["vocab_size"], n_tok=tok.get_vocab_size(), first_empty=ids.mask + 1, last_row=cfg["vocab_size"] - 1,
         rope_theta=cfg["rope_theta"], max_seq=cfg["max_sequence_length"], st_bytes=st_bytes,
         n_ord=ids.bos, bos=ids.bos, eos=ids.eos, shi=ids.shi, ehi=ids.ehi, eot=ids.eot, mask=ids.mask,
-        sys_tokens=np.mean(s_lens), prompt_tokens=np.mean(p_lens), share=100 * np.mean(s_lens) / np.mean(p_lens),
-        share_gen=100 * np.mean(s_lens) / (np.mean(p_lens) + train.GEN_LEN),
-        groups_seen=seqs_total // 16, n_heldout=n_heldout,
-        batch=a["batch"], steps_total=steps_total, seqs_seen=seqs_total, wall_min=wall_total / 60,
-        loss_ema=state["loss_ema"], heldout_loss=heldout_loss, seed=state["seed"], phases=phase_text, train_cmds="\n".join(cmds),
+        sys_tokens=np.mean(s_lens), prompt_tokens=np.mean(p_lens),
+        share_gen=100 * (np.mean(s_lens) + 6) / (np.mean(p_lens) + train.GEN_LEN),
+        n_heldout=n_heldout, offsets=", ".join(a["plant"].split(",")), emb_std=a["emb_std"],
+        drills=(f"  A share {drill:g} of training rows are drills (seven cells asked at once)." if drill else ""),
+        grow_at=a["grow_at"], threads_s="s" if a["threads"] > 1 else "",
+        stages=("Stages: " + stages + ".") if stages else "",
+        lr=a["lr"], warmup=a["warmup"], final_steps=a["final_steps"], batch=a["batch"], threads=a["threads"],
+        steps=state["step"], wall_min=state["elapsed_s"] / 60, stopped_by=stopped,
+        loss_ema=state["loss_ema"], heldout_loss=heldout_loss, seed=state["seed"],
+        n_valid=len(train.valid_items(state["seed"])), curve=curve_table(state.get("curve", [])),
         parity_max=max(r["max_abs_numpy_vs_torch_bf16_weights"] for r in par),
         parity_bf16=max(r["max_abs_numpy_bf16_rounding_vs_torch_bf16_weights"] for r in par),
         logit_span=max(r["logit_range"][1] - r["logit_range"][0] for r in par),
-        scores=scores_table(scores_path), status=status_text(scores_path),
+        scores=scores_table(scores_path), runtime_scores=runtime_scores(args.out),
+        resume_cmds=("\n    # then, from the checkpoint it stopped at, on to the end of the learning-rate decay:\n"
+                     "    # (the first invocation ran on one thread with --final-steps 1500 and stopped at step 800,\n"
+                     "    # the first monitoring evaluation at 100 %)\n"
+                     "    tools/.venv/bin/python tools/train.py --out runs/tiny --resume --threads 2 --final-steps 1025 --target 0"
+                     if a.get("final_steps") == 1025 else "    # --resume continues a stopped run"),
     )
     make_fixture.write_text(os.path.join(args.out, "README.md"), card)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.out) for f in fs)
-    print(json.dumps({k: v for k, v in info.items() if k != "train_args"}, indent=1))
+    print(json.dumps({k: v for k, v in info.items() if k not in ("train_args", "curve")}, indent=1))
     print(f"wrote {args.out} ({size} bytes)")
     if size >= 20 * 1024 * 1024:
         raise SystemExit("model folder is larger than 20 MB")

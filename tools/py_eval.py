@@ -70,12 +70,11 @@ def run(items, sampler, params, tok, ids, model, gen_length, steps, block_length
                                         mask_id=ids.mask, eos_id=ids.eos)
             gens[i] = [int(t) for t in out[len(prompt):]]
     else:
-        if block_length != gen_length:
-            raise NotImplementedError("the torch sampler runs one block")
         order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
         for s in range(0, len(order), batch):
             chunk = order[s : s + batch]
-            outs = train.generate_batch(model, [prompts[i] for i in chunk], ids, steps=steps, gen_length=gen_length)
+            outs = train.generate_batch(model, [prompts[i] for i in chunk], ids, steps=steps, gen_length=gen_length,
+                                        block_length=block_length)
             for i, g in zip(chunk, outs):
                 gens[i] = g
     for it, prompt, gen in zip(items, prompts, gens):
@@ -100,9 +99,10 @@ def main():
     ap.add_argument("--sampler", choices=["torch", "ref", "both"], default="both")
     ap.add_argument("--ref-items", type=int, default=50, help="items (from the start of the set) for the numpy sampler")
     ap.add_argument("--ref-set", default=None, help="task set for the numpy sampler (default: --set)")
+    ap.add_argument("--also-set", action="append", default=[], help="more task sets for the torch sampler")
     ap.add_argument("--gen-length", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--block-length", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(2)
 
@@ -113,12 +113,14 @@ def main():
     result = {"model": args.model, "gen_length": args.gen_length, "steps": args.steps,
               "block_length": args.block_length, "temperature": 0.0, "remasking": "low_confidence", "runs": []}
     if args.sampler in ("torch", "both"):
-        items = load_items(args.set)
-        r = run(items, "torch", params, tok, ids, model, args.gen_length, args.steps, args.block_length)
-        r["set"] = os.path.relpath(args.set)
-        r["sampler"] = "PyTorch forward on the exported bf16 weights, float32 compute"
-        result["runs"].append(r)
-        print(f"torch: {r['correct']}/{r['n']} = {r['accuracy']:.3f} {r['per_task']} ({r['seconds']:.0f} s)", flush=True)
+        for path in [args.set] + args.also_set:
+            items = load_items(path)
+            r = run(items, "torch", params, tok, ids, model, args.gen_length, args.steps, args.block_length)
+            r["set"] = os.path.relpath(path)
+            r["sampler"] = "PyTorch forward on the exported bf16 weights, float32 compute"
+            result["runs"].append(r)
+            print(f"torch {path}: {r['correct']}/{r['n']} = {r['accuracy']:.3f} {r['per_task']} ({r['seconds']:.0f} s)",
+                  flush=True)
     if args.sampler in ("ref", "both"):
         ref_set = args.ref_set or args.set
         items = load_items(ref_set)[: args.ref_items]

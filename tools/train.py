@@ -1,28 +1,50 @@
-"""Train a tiny LLaDA-architecture model on the shared-system-prompt tasks (tools/tasks.py).
+"""Train the bundled model: a small LLaDA-architecture model that reads its system prompt.
 
-* Tokenizer: byte-level BPE trained on a corpus of generated training prompts, digits split
-  one per token, followed by LLaDA's special tokens in LLaDA's order (BOS, EOS = pad,
-  start/end header, end of turn, mask); no post-processor.
-* Model: the LLaDA forward (llada.md section 2.2) in float32: RMSNorm, rotate_half RoPE,
+The recipe (see models/tiny/README.md for the measured curve):
+
+* Task: tools/tasks.py.  A system prompt with a table of `NAME FIELD : VALUE` lines;
+  questions answered with the asked facts written the same way after `####`.  So each
+  value the model writes is three tokens after a name and two after a field, both in the
+  table and in its own answer: the lookup is in-context key -> value recall.
+* Tokenizer: byte-level BPE trained on generated prompts (digits one per token), then
+  LLaDA's special tokens in LLaDA's order (BOS, EOS = pad, start/end header, end of turn,
+  mask); no post-processor.  Every name, field and value must be one token (checked).
+* Model: the LLaDA forward (llada.md 2.2) in float32: RMSNorm, rotate_half RoPE,
   bidirectional attention, SwiGLU with ff_proj as the gate, separate LM head; parameter
   names follow the Hugging Face checkpoint (model.transformer.*).
-* Objective: LLaDA SFT.  The prompt (chat template with system + user turns) is never
-  masked; the response region is exactly GEN_LEN tokens ("#### answer", <|eot_id|>, then
-  <|endoftext|> padding).  t ~ U(0, 1), p = (1 - eps) t + eps, every response token is
-  masked with probability p, loss = sum over masked tokens of CE / p, divided by the
-  response length and the batch size.
-* Optimiser: AdamW, linear warmup then cosine decay to 10 %.  Batches group sequences of
-  similar length; shorter ones are padded at the end and the padding is masked out as
-  keys, so real tokens see exactly what they see unpadded.
-* Determinism: everything is derived from --seed; the number of optimiser steps is either
-  --steps or estimated once from the measured speed of the first steps and --minutes.
-  The run stops at the step count or at the wall-clock limit, whichever comes first, and
-  records the step reached.  Re-running with --steps N (N = the recorded total) and
-  --stop-step S (S = the recorded step) repeats the run.
+* Structured initialisation: gradient descent does not find in-context recall from a
+  random start in the steps a CPU affords (every value slot first needs a head that brings
+  its key next to it, and that head gets no gradient before the matching head exists; runs
+  from positional heads alone sat at "some value of the table" for thousands of steps).  So
+  training starts from a planted recall circuit (plant_recall_circuit): layer 0's heads
+  attend to fixed offsets (3 and 2: the name and the field before a value; q/k rows of the
+  fastest RoPE planes, after a shared direction u is added to every embedding) and write
+  random codes of those tokens into their own half of the residual stream; layer 1's first
+  head compares codes on the slowest RoPE planes (nearly position-blind), stays off masked
+  positions, and copies the matching token's embedding, which the LM head (started as the
+  embeddings) reads out; the other layer-1 heads start as copies too, with random (learned)
+  attention.  At initialisation this answers about half of the lookups of a full
+  table; training makes it exact and learns everything else (copying the asked names and
+  fields into the answer, the format, end of turn and padding, records and pairs).  The
+  checkpoint is a plain LLaDA checkpoint.
+* Objective: masked-diffusion SFT on the 32-token response (the prompt is never masked),
+  plain cross-entropy over the masked tokens (trailing EOS padding weighted 0.1).  Most rows
+  mask every value and few other tokens, so values are learned with their keys shown (a
+  value predicted with its key masked only teaches a prior); the rest use LLaDA's noise
+  (one probability t ~ U(0, 1) per row) or mask everything from a random cut on, as a
+  block-wise sampler leaves it.
+* Curriculum over the table size (members 1 -> 2 -> 4 -> 8, 4 fields each; system prompts
+  without the rules paragraph until the table is full, then with it): a stage ends when
+  the running accuracy on masked values whose name and field are shown reaches
+  --grow-at.  At the full size the learning rate decays to 10 % over --final-steps.
+* Determinism and resuming: every batch and every mask is drawn from (seed, step), and
+  ckpt.pt (written every --ckpt-minutes and at the end) holds the model, the optimiser and
+  the curriculum state, so `--resume` continues a stopped run exactly.
 
 Usage:
-  tools/.venv/bin/python tools/train.py --out runs/tiny --minutes 60
-  tools/.venv/bin/python tools/train.py --out runs/smoke --minutes 2 --smoke
+  tools/.venv/bin/python tools/train.py --out runs/tiny --seed 0
+  tools/.venv/bin/python tools/train.py --out runs/tiny --resume
+  touch runs/tiny/STOP     # ends the run at the next step, with a checkpoint
 """
 
 from __future__ import annotations
@@ -53,12 +75,12 @@ SPECIAL_TOKENS = [
     "<|mdm_mask|>",  # mask
 ]
 GEN_LEN = 32
-EPS = 1e-3
 MAX_SEQ = 512  # max_sequence_length of the model
-# Where the model and batches live (--device). Random draws stay on the CPU generator so a
-# run gives the same masks on every device.
 DEVICE = torch.device("cpu")
 VALID_GROUP_START = 50_000_000  # training-stream groups used only for monitoring
+# Curriculum stages: (members per table, bare system prompt).  One member: the field alone is
+# the key; bare prompts (role line and table, no rules) keep the first lookups short.
+STAGES = ((1, True), (2, True), (4, True), (8, True), (8, False))
 
 
 # ---------------------------------------------------------------------------
@@ -72,6 +94,7 @@ def tokenizer_corpus(seed, n_groups=400):
         lines.extend(it["system"].split("\n"))
         lines.append(it["user"])
         lines.append(tasks.answer_text(it["answer"]))
+    lines += ["system", "user", "assistant"] * 50  # the chat template's role names
     return lines
 
 
@@ -96,6 +119,12 @@ def build_tokenizer(seed, target_total=1024):
     for i, t in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(t) != n_ord + i:
             raise RuntimeError(f"{t} got id {tok.token_to_id(t)}")
+    words = tasks.NAMES + tasks.FIELD_NAMES + [v for vs in tasks.FIELDS.values() for v in vs] + [":"]
+    for w in words:
+        if len(tok.encode(" " + w, add_special_tokens=False).ids) != 1:
+            raise RuntimeError(f"' {w}' is not one token: raise target_total")
+    if len(tok.encode("####", add_special_tokens=False).ids) != 1:
+        raise RuntimeError("'####' is not one token")
     return tok
 
 
@@ -231,7 +260,9 @@ class LLaDA(nn.Module):
         return self.transformer.ff_out(self.transformer.ln_f(x))
 
 
-def init_weights(model, seed):
+
+
+def init_weights(model, seed, emb_std=0.02):
     g = torch.Generator().manual_seed(seed)
     n_layers = model.c["n_layers"]
     for name, p in model.named_parameters():
@@ -239,10 +270,115 @@ def init_weights(model, seed):
             nn.init.ones_(p)
             continue
         std = 0.02
-        if name.endswith("attn_out.weight") or (".blocks." in name and name.endswith("ff_out.weight")):
+        if name.endswith("wte.weight"):
+            std = emb_std
+        elif name.endswith("attn_out.weight") or (".blocks." in name and name.endswith("ff_out.weight")):
             std = 0.02 / math.sqrt(2 * n_layers)
         with torch.no_grad():
             p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+@torch.no_grad()
+def plant_positional_heads(model, offsets, seed, c=3.0, planes=4, shared=1.0, u=None):
+    """Layer-0 heads h (one per entry of offsets) attend from position m to m - offsets[h].
+
+    A shared unit direction u is added to every token embedding (scaled by the mean row
+    norm), so every position has a content-independent component after RMSNorm; then on
+    the `planes` fastest RoPE planes j the query reads c*u into dim j and the key reads
+    c*u rotated by offset*theta_j, so q.k after RoPE is sum_j c^2 (u.h)^2 cos((m-n-o) theta_j),
+    which peaks at n = m - o.
+    """
+    cfg = model.c
+    d, hd = cfg["d_model"], cfg["d_model"] // cfg["n_heads"]
+    if u is None:  # else the caller has added its own shared direction
+        g = torch.Generator().manual_seed(seed + 17)
+        u = torch.randn(d, generator=g)
+        u /= u.norm()
+        wte = model.transformer.wte.weight
+        wte += shared * wte.norm(dim=1).mean() * u
+    blk = model.transformer.blocks[0]
+    half = hd // 2
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    for h, o in enumerate(offsets):
+        for j in range(planes):
+            r = h * hd + j
+            blk.q_proj.weight[r] = c * u
+            blk.q_proj.weight[r + half] = 0.0
+            blk.k_proj.weight[r] = c * math.cos(o * inv[j]) * u
+            blk.k_proj.weight[r + half] = c * math.sin(o * inv[j]) * u
+
+
+@torch.no_grad()
+def plant_recall_circuit(model, offsets, mask_id, seed, code_scale=1.0, match_scale=3.0, mask_penalty=3.0,
+                         copy_scale=2.0, slow_from=None):
+    """A key -> value recall circuit as the starting point of training (a structured init).
+
+    The residual stream is split: token embeddings live in the first half of the
+    dimensions, and layer 0 writes *key codes* into the second half.
+    * Layer 0, head h (offset o_h, planted by plant_positional_heads): its value reads the
+      token embedding at m - o_h (minus the shared direction) and its output writes a random
+      projection of it into code block h.  A value in the table and the value slot of an
+      answer then both carry codes of the name (3 back) and the field (2 back).
+    * Layer 1, head 0: query and key read the code blocks through the same random map H on
+      the slowest RoPE planes (from slow_from up, nearly position-blind over the context),
+      so q.k is large where the codes agree; on the last plane a query constant times a key
+      that reads the mask token's embedding keeps the head off masked positions (a value
+      slot matches its own codes too).  Its value/output copy the attended token's embedding.
+    * The LM head starts as the token embeddings (the copied embedding reads out as its token).
+    Everything else keeps its random initialisation, and every weight is trained afterwards.
+    """
+    cfg = model.c
+    d, nh = cfg["d_model"], cfg["n_heads"]
+    hd, half = d // nh, d // nh // 2
+    E = d // 2  # embedding dims [0, E); code dims [E, d), one block per planted layer-0 head
+    C = (d - E) // len(offsets)
+    g = torch.Generator().manual_seed(seed + 29)
+    tr = model.transformer
+    wte = tr.wte.weight
+    wte[:, E:] = 0.0
+    wte *= wte.norm(dim=1).mean() / wte.norm(dim=1, keepdim=True)  # equal norms: codes compare by direction
+    u = torch.zeros(d)
+    u[:E] = torch.randn(E, generator=g)
+    u /= u.norm()
+    # the shared direction of plant_positional_heads, restricted to the embedding half
+    wte += wte[:, :E].norm(dim=1).mean() * u
+    plant_positional_heads(model, offsets, seed, c=5.0, u=u)
+    no_u = torch.eye(d)[:, :] - torch.outer(u, u)
+    b0 = tr.blocks[0]
+    for h in range(len(offsets)):
+        R = torch.randn(hd, E, generator=g) / math.sqrt(E)
+        v = torch.zeros(hd, d)
+        v[:, :E] = R
+        b0.v_proj.weight[h * hd : (h + 1) * hd] = code_scale * (v @ no_u)
+        G = torch.randn(C, hd, generator=g) / math.sqrt(hd)
+        b0.attn_out.weight[:, h * hd : (h + 1) * hd] = 0.0
+        b0.attn_out.weight[E + h * C : E + (h + 1) * C, h * hd : (h + 1) * hd] = G
+    b1 = tr.blocks[1]
+    if slow_from is None:  # planes turning less than ~0.6 rad over the longest context
+        inv = cfg["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        slow_from = int((inv * cfg["max_sequence_length"] > 0.6).sum())
+    planes = list(range(slow_from, half - 1))
+    H = torch.randn(len(planes) * 2, d - E, generator=g) / math.sqrt(d - E)
+    rows = planes + [j + half for j in planes]
+    b1.q_proj.weight[:hd] = 0.0
+    b1.k_proj.weight[:hd] = 0.0
+    for r, hrow in zip(rows, H):
+        b1.q_proj.weight[r, E:] = match_scale * hrow
+        b1.k_proj.weight[r, E:] = match_scale * hrow
+    e_mask = wte[mask_id].clone()
+    e_mask[:E] -= (e_mask[:E] @ u[:E]) * u[:E]
+    e_mask /= e_mask.norm()
+    b1.q_proj.weight[half - 1] = mask_penalty * u
+    b1.k_proj.weight[half - 1] = -mask_penalty * e_mask
+    # every layer-1 head copies what it attends to; only head 0 is told where to look (the
+    # others learn it: the asked names and fields are copied from the question this way)
+    for h in range(nh):
+        R1 = torch.randn(hd, E, generator=g) / math.sqrt(E)
+        b1.v_proj.weight[h * hd : (h + 1) * hd] = 0.0
+        b1.v_proj.weight[h * hd : (h + 1) * hd, :E] = R1
+        b1.attn_out.weight[:, h * hd : (h + 1) * hd] = 0.0
+        b1.attn_out.weight[:E, h * hd : (h + 1) * hd] = copy_scale * R1.T
+    tr.ff_out.weight.copy_(wte / wte[:, :E].norm(dim=1, keepdim=True).mean())
 
 
 def model_config(args, ids):
@@ -270,177 +406,102 @@ def model_config(args, ids):
 # ---------------------------------------------------------------------------
 
 
-HEADER_USER = "<|start_header_id|>user<|end_header_id|>\n\n"
-HEADER_ASSISTANT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+def value_slots(tok, item):
+    """Indices (in the GEN_LEN response) of the value tokens of an item's answer."""
+    resp = tok.encode(tasks.answer_text(item["answer"]), add_special_tokens=False).ids
+    colon = tok.token_to_id("Ġ:")
+    return [i + 1 for i, t in enumerate(resp[:-1]) if t == colon]
 
 
-def encode_conversation(tok, ids, items):
-    """One conversation over the system prompt of items[0]: every item is a user turn and
-    its answer.  Returns (sequence ids, response flags): earlier answers are "#### a" and
-    <|eot_id|> as a chat history has them; the last one is the GEN_LEN response region of
-    `encode_item`, so a one-item conversation is exactly a single-turn request.
+def training_batch(tok, ids, seed, step, batch, members, drill_frac=0.0, bare=False):
+    """Rows of (prompt, response, value slots) for one step, drawn from (seed, step).
+
+    A share drill_frac of the rows are drills (tasks.Group.drill: seven cells asked at once).
     """
-    seq, resp = [], []
-
-    def put(tokens, is_resp):
-        seq.extend(tokens)
-        resp.extend([is_resp] * len(tokens))
-
-    for i, it in enumerate(items):
-        if i == 0:
-            prompt = tasks.render_chat(it["system"], it["user"])
-        else:
-            prompt = HEADER_USER + it["user"].strip() + "<|eot_id|>" + HEADER_ASSISTANT
-        put(tok.encode(prompt, add_special_tokens=False).ids, False)
-        if i + 1 < len(items):
-            put(tok.encode(tasks.answer_text(it["answer"]), add_special_tokens=False).ids + [ids.eot], True)
-        else:
-            put(encode_item(tok, ids, it)[1], True)
-    return seq, resp
+    rng = random.Random(seed * 1_000_003 + step)
+    mix = [("drill", drill_frac)] + [(t, p * (1 - drill_frac)) for t, p in tasks.TASK_MIX]
+    rows = []
+    for b in range(batch):
+        g = step * batch + b  # a new table for every row: groups are never reused
+        grp = tasks.Group(random.Random(tasks.TRAIN_SEED_BASE + seed * 100_000 + g), f"train-{g}", members, bare)
+        it = grp.item(rng, tasks.pick_task(rng, mix), 0)
+        prompt, resp = encode_item(tok, ids, it)
+        rows.append((prompt, resp, value_slots(tok, it)))
+    return rows
 
 
-class Stream:
-    """Deterministic stream of length-grouped batches of training conversations.
+def collate(rows, ids):
+    T = max(len(p) for p, _, _ in rows) + GEN_LEN
+    B = len(rows)
+    x = torch.full((B, T), ids.eos, dtype=torch.long)
+    resp = torch.zeros((B, T), dtype=torch.bool)
+    valid = torch.zeros((B, T), dtype=torch.bool)
+    vals = torch.zeros((B, T), dtype=torch.bool)
+    for b, (p, r, vs) in enumerate(rows):
+        L = len(p)
+        x[b, :L] = torch.tensor(p)
+        x[b, L : L + GEN_LEN] = torch.tensor(r)
+        resp[b, L : L + GEN_LEN] = True
+        valid[b, : L + GEN_LEN] = True
+        for v in vs:
+            vals[b, L + v] = True
+    return x, resp, valid, vals
 
-    Each prompt group's questions are packed into conversations of 1..max_turns user
-    turns over the group's system prompt: the long prompt is computed once for several
-    answers, which multiplies the supervised tokens per step.  `rows_at(step)` gives the
-    table size range of newly drawn groups (a curriculum from small to full tables).
+
+def sft_loss(model, rows, ids, gen):
+    """Masked-diffusion SFT loss of one batch and the accuracy on keyed value slots.
+
+    Three masking modes, one per row:
+    * keyed (60 %): every value masked, every other response token with probability 0.15,
+      so most values are predicted with their name and field shown, as the sampler asks;
+    * noise (20 %): every response token masked with one probability t ~ U(0, 1) (LLaDA);
+    * cut (20 %): everything from a random cut c in [0, GEN_LEN] on masked, each earlier
+      token with probability 0.1 (what a block-wise sampler leaves).
+    Loss: mean CE over masked tokens, trailing EOS padding weighted 0.1.
     """
-
-    def __init__(self, tok, ids, seed, batch, pool_groups=64, per_group=16, first_pool=0,
-                 max_turns=6, rows_at=lambda step: (6, 8), recall_frac=0.0, recall_turns=10,
-                 bare_at=lambda step: False):
-        self.tok, self.ids, self.seed, self.batch = tok, ids, seed, batch
-        self.pool_groups, self.per_group = pool_groups, per_group
-        self.pool_index = first_pool
-        self.max_turns, self.rows_at = max_turns, rows_at
-        self.recall_frac, self.recall_turns = recall_frac, recall_turns
-        self.bare_at = bare_at
-        self.queue = []
-
-    def _fill(self, step):
-        start = self.pool_index * self.pool_groups
-        rows, bare = self.rows_at(step), self.bare_at(step)
-        items = list(tasks.train_items(self.seed, start, self.pool_groups, self.per_group, rows, bare))
-        rng = random.Random(self.seed * 7919 + self.pool_index)
-        self.pool_index += 1
-        by_group = {}
-        for it in items:
-            by_group.setdefault(it["prompt_group"], []).append(it)
-        seqs = []
-        for g in sorted(by_group):
-            its = by_group[g]
-            i = 0
-            while i < len(its):
-                k = rng.randint(1, self.max_turns)
-                conv = encode_conversation(self.tok, self.ids, its[i : i + k])
-                while len(conv[0]) > MAX_SEQ and k > 1:
-                    k -= 1
-                    conv = encode_conversation(self.tok, self.ids, its[i : i + k])
-                seqs.append(conv)
-                i += k
-            if rng.random() < self.recall_frac:
-                g_index = int(g.rsplit("-", 1)[1])
-                drills = tasks.recall_items(self.seed, g_index, self.recall_turns, rows, bare)
-                k = len(drills)
-                conv = encode_conversation(self.tok, self.ids, drills)
-                while len(conv[0]) > MAX_SEQ and k > 1:
-                    k -= 1
-                    conv = encode_conversation(self.tok, self.ids, drills[:k])
-                seqs.append(conv)
-        rng.shuffle(seqs)
-        seqs.sort(key=lambda s: len(s[0]))
-        batches = [seqs[i : i + self.batch] for i in range(0, len(seqs) - self.batch + 1, self.batch)]
-        rng.shuffle(batches)
-        self.queue.extend(batches)
-
-    def next(self, step=0):
-        if not self.queue:
-            self._fill(step)
-        return self.queue.pop(0)
-
-
-def collate(batch, ids):
-    T = max(len(s) for s, _ in batch)
-    x = torch.full((len(batch), T), ids.eos, dtype=torch.long)
-    resp = torch.zeros((len(batch), T), dtype=torch.bool)
-    valid = torch.zeros((len(batch), T), dtype=torch.bool)
-    for b, (s, r) in enumerate(batch):
-        x[b, : len(s)] = torch.tensor(s)
-        resp[b, : len(s)] = torch.tensor(r)
-        valid[b, : len(s)] = True
-    return x.to(DEVICE), resp.to(DEVICE), valid.to(DEVICE)
-
-
-def sft_loss(model, batch, ids, gen, pt_frac=0.0):
-    """LLaDA SFT loss on one batch; gen is the torch.Generator for the masking noise.
-
-    Every answer token of a conversation is masked with the row's probability p; the
-    row's loss is the sum of CE / p over masked tokens divided by its number of answer
-    tokens (for a single-turn row, GEN_LEN).
-
-    With pt_frac > 0 each row is, with that probability, trained with the masked-diffusion
-    pretraining objective instead: every real token of the whole sequence (prompt and
-    response) is masked with probability p and the row's loss is divided by its length.
-    """
-    x, resp, valid = collate(batch, ids)
-    B = x.shape[0]
-    n_resp = resp.sum(1, keepdim=True).float()
-    t = torch.rand((B, 1), generator=gen).to(DEVICE)
-    p_mask = (1 - EPS) * t + EPS
-    u = torch.rand(x.shape, generator=gen).to(DEVICE)
-    if pt_frac > 0:
-        pt_rows = torch.rand((B, 1), generator=gen).to(DEVICE) < pt_frac
-        region = torch.where(pt_rows, valid, resp)
-        norm = torch.where(pt_rows, valid.sum(1, keepdim=True).float(), n_resp)
-    else:
-        region = resp
-        norm = n_resp
-    masked = (u < p_mask) & region
+    x, resp, valid, vals = collate(rows, ids)
+    B, T = x.shape
+    L = torch.tensor([len(p) for p, _, _ in rows])
+    pos = torch.arange(T)[None, :] - L[:, None]  # position within the response
+    t = torch.rand((B, 1), generator=gen)
+    u = torch.rand((B, T), generator=gen)
+    mode = torch.rand((B, 1), generator=gen)
+    cut = torch.randint(0, GEN_LEN + 1, (B, 1), generator=gen)
+    m_keyed = vals | (u < 0.15)
+    m_noise = u < t
+    m_cut = (pos >= cut) | (u < 0.1)
+    masked = torch.where(mode < 0.6, m_keyed, torch.where(mode < 0.8, m_noise, m_cut)) & resp
     noisy = torch.where(masked, torch.full_like(x, ids.mask), x)
     logits = model(noisy, valid, select=masked)
     target = x[masked]
     ce = F.cross_entropy(logits, target, reduction="none")
-    w = (1.0 / (p_mask * norm)).expand(B, x.shape[1])[masked]
-    # Teacher-forced accuracy on masked answer tokens other than the EOS padding: a free
-    # progress signal (exact-match generation only moves once lookups work).
+    w = torch.where(target == ids.eos, 0.1, 1.0)
+    loss = (ce * w).sum() / w.sum()
+    # accuracy on masked value slots whose name (3 back) and field (2 back) are shown
     with torch.no_grad():
-        real = (target != ids.eos) & resp[masked]
-        hits = int((logits.argmax(-1) == target)[real].sum())
-    return (ce * w).sum() / B, (hits, int(real.sum()))
+        shown = torch.zeros_like(masked)
+        shown[:, 3:] = ~masked[:, :-3] & ~masked[:, 1:-2]
+        keyed = (vals & masked & shown)[masked]
+        hit = (logits.argmax(-1) == target)[keyed]
+    return loss, (int(hit.sum()), int(keyed.sum()))
 
 
 # ---------------------------------------------------------------------------
-# sampler (the reference low-confidence generate, temperature 0) for monitoring
+# sampler: the reference block-wise low-confidence generate at temperature 0
 # ---------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def generate(model, prompt, ids, steps=32, gen_length=GEN_LEN):
-    Lp = len(prompt)
-    x = torch.full((1, Lp + gen_length), ids.mask, dtype=torch.long)
-    x[0, :Lp] = torch.tensor(prompt)
-    x = x.to(DEVICE)
-    quotas = [gen_length // steps + (1 if i < gen_length % steps else 0) for i in range(steps)]
-    for k in quotas:
-        mask_index = x[0] == ids.mask
-        logits = model(x)[0].double()
-        x0 = logits.argmax(-1)
-        p = torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
-        conf = torch.where(mask_index, p, torch.full_like(p, -math.inf))
-        # stable top-k: highest confidence first, ties to the lowest position
-        order = torch.sort(-conf, stable=True).indices[:k]
-        x[0, order] = x0[order]
-    return x[0, Lp:].tolist()
+def transfer_counts(n_masked, steps):
+    base, rem = divmod(n_masked, steps)
+    return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
 @torch.no_grad()
-def generate_batch(model, prompts, ids, steps=32, gen_length=GEN_LEN):
-    """`generate` for several prompts at once (one block).
+def generate_batch(model, prompts, ids, steps=16, gen_length=GEN_LEN, block_length=4):
+    """LLaDA `generate` (llada.md 3.1) for several prompts at once.
 
     Rows are padded at the end with <|endoftext|> and the padding is masked as keys, so
-    every row computes what it computes alone.  Returns the generated ids of each row.
+    every row computes what it computes alone; ties in confidence go to the lowest position.
     """
     B = len(prompts)
     T = max(len(p) for p in prompts) + gen_length
@@ -450,17 +511,23 @@ def generate_batch(model, prompts, ids, steps=32, gen_length=GEN_LEN):
         x[b, : len(p)] = torch.tensor(p)
         x[b, len(p) : len(p) + gen_length] = ids.mask
         valid[b, : len(p) + gen_length] = True
-    x, valid = x.to(DEVICE), valid.to(DEVICE)
-    quotas = [gen_length // steps + (1 if i < gen_length % steps else 0) for i in range(steps)]
-    for k in quotas:
-        mask_index = x == ids.mask
-        logits = model(x, valid).double()
-        x0 = logits.argmax(-1)
-        p = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
-        conf = torch.where(mask_index, p, torch.full_like(p, -math.inf))
-        order = torch.sort(-conf, dim=-1, stable=True).indices[:, :k]
-        rows = torch.arange(B, device=DEVICE)[:, None].expand(B, k)
-        x[rows, order] = x0[rows, order]
+    n_blocks = gen_length // block_length
+    spb = steps // n_blocks
+    for blk in range(n_blocks):
+        lo = [len(p) + blk * block_length for p in prompts]
+        counts = [transfer_counts(block_length, spb) for _ in prompts]
+        for s in range(spb):
+            logits = model(x, valid).double()
+            x0 = logits.argmax(-1)
+            conf = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
+            for b in range(B):
+                seg = slice(lo[b], lo[b] + block_length)
+                c = torch.where(x[b, seg] == ids.mask, conf[b, seg], torch.full_like(conf[b, seg], -math.inf))
+                k = counts[b][s]
+                if k == 0:
+                    continue
+                order = torch.sort(-c, stable=True).indices[:k] + lo[b]
+                x[b, order] = x0[b, order]
     return [x[b, len(p) : len(p) + gen_length].tolist() for b, p in enumerate(prompts)]
 
 
@@ -476,10 +543,13 @@ def extract_answer(tok, ids, out_ids):
     return text.rsplit("####", 1)[1].strip()
 
 
-def evaluate(model, tok, ids, items):
+def evaluate(model, tok, ids, items, **sampler):
     model.eval()
     per = {}
-    outs = generate_batch(model, [encode_item(tok, ids, it)[0] for it in items], ids)
+    outs = []
+    for i in range(0, len(items), 32):
+        chunk = items[i : i + 32]
+        outs += generate_batch(model, [encode_item(tok, ids, it)[0] for it in chunk], ids, **sampler)
     for it, out in zip(items, outs):
         got = extract_answer(tok, ids, out)
         ok, n = per.get(it["task"], (0, 0))
@@ -489,7 +559,7 @@ def evaluate(model, tok, ids, items):
     return total[0] / max(1, total[1]), {k: v[0] / v[1] for k, v in per.items()}
 
 
-def valid_items(seed, n_groups=6, per_group=4):
+def valid_items(seed, n_groups=16, per_group=4):
     return list(tasks.train_items(seed, VALID_GROUP_START, n_groups, per_group))
 
 
@@ -498,11 +568,13 @@ def valid_items(seed, n_groups=6, per_group=4):
 # ---------------------------------------------------------------------------
 
 
-def lr_at(step, total, peak, warmup):
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+def lr_at(st, args):
+    if st["step"] < args.warmup:
+        return args.lr * (st["step"] + 1) / args.warmup
+    if st["stage"] + 1 < len(STAGES):
+        return args.lr
+    frac = min(1.0, (st["step"] - st["final_from"]) / max(1, args.final_steps))
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def save_checkpoint(path, model, opt, cfg, state):
@@ -515,147 +587,134 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--minutes", type=float, default=60.0)
-    ap.add_argument("--steps", type=int, default=0, help="total optimiser steps (0: estimate from --minutes)")
-    ap.add_argument("--stop-step", type=int, default=0,
-                    help="stop after this many steps while keeping the --steps schedule (repeats a time-limited run)")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its ckpt.pt")
+    ap.add_argument("--minutes", type=float, default=90.0, help="wall-clock limit of this invocation")
+    ap.add_argument("--final-steps", type=int, default=1500, help="steps at the full table size (lr decays over them)")
+    ap.add_argument("--target", type=float, default=0.99,
+                    help="stop early once the monitored exact match at the full size reaches this (0: never)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--n-heads", type=int, default=4)
-    ap.add_argument("--n-layers", type=int, default=4)
-    ap.add_argument("--mlp", type=int, default=384)
-    ap.add_argument("--max-turns", type=int, default=6, help="user turns per training conversation: 1..N")
-    ap.add_argument("--curriculum-steps", type=int, default=0,
-                    help="table sizes grow over these steps: 2-4 rows, then 4-6, then the full 6-8")
-    ap.add_argument("--valid-items", type=int, default=24, help="single-turn items checked at each checkpoint")
-    ap.add_argument("--recall-frac", type=float, default=0.0,
-                    help="per prompt group, the chance of one extra conversation of lookup drills")
-    ap.add_argument("--recall-turns", type=int, default=10, help="drills in such a conversation")
-    ap.add_argument("--bare-steps", type=int, default=0,
-                    help="groups drawn before this step have bare system prompts (role line and table)")
-    ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU trains the model in minutes)")
+    ap.add_argument("--n-heads", type=int, default=2)
+    ap.add_argument("--n-layers", type=int, default=2)
+    ap.add_argument("--mlp", type=int, default=256)
+    ap.add_argument("--emb-std", type=float, default=1.0)
+    ap.add_argument("--plant", default="3,2", help="layer-0 planted head offsets, one per head (empty: none)")
+    ap.add_argument("--plant-match", type=int, default=1,
+                    help="1: start from the planted recall circuit (plant_recall_circuit); 0: positional heads only")
+    ap.add_argument("--match-scale", type=float, default=6.0)
+    ap.add_argument("--copy-scale", type=float, default=4.0)
+    ap.add_argument("--grow-at", type=float, default=0.9)
+    ap.add_argument("--drill-frac", type=float, default=0.0, help="share of training rows that are drills")
+    ap.add_argument("--rope-theta", type=float, default=500000.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
-    ap.add_argument("--probe-steps", type=int, default=20, help="steps timed to estimate the total")
-    ap.add_argument("--smoke", action="store_true", help="print sequence statistics and timing only")
-    ap.add_argument("--first-pool", type=int, default=0,
-                    help="index of the first data pool (64 prompt groups each); a continued run uses new data")
-    ap.add_argument("--init", default=None, help="start from the weights of this checkpoint (optimiser state is new)")
-    ap.add_argument("--pt-frac", type=float, default=0.0,
-                    help="fraction of rows trained with the whole-sequence masked-diffusion pretraining objective")
     args = ap.parse_args()
-
-    global DEVICE
-    DEVICE = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    t_start = time.time()
-    deadline = t_start + args.minutes * 60
     os.makedirs(args.out, exist_ok=True)
-    log = open(os.path.join(args.out, "train.log"), "a", buffering=1)
+    ckpt_path = os.path.join(args.out, "ckpt.pt")
+    log_path = os.path.join(args.out, "log.jsonl")
 
     def say(msg):
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        log.write(line + "\n")
+        print(msg, flush=True)
 
-    tok = build_tokenizer(args.seed)
-    save_tokenizer(tok, os.path.join(args.out, "tokenizer.json"))
+    if args.resume:
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        saved = ck["state"]["args"]
+        # the run's own settings win, except flags given on this command line (e.g. a longer
+        # --final-steps, or --target 0 to train on past the target)
+        given = {a.dest for a in ap._actions if any(o in sys.argv[1:] for o in a.option_strings)}
+        for k, v in saved.items():
+            if k not in ("resume", "minutes", "threads", "out") and k not in given:
+                setattr(args, k, v)
+    tok_path = os.path.join(args.out, "tokenizer.json")
+    if args.resume:
+        tok = Tokenizer.from_file(tok_path)
+    else:
+        tok = build_tokenizer(args.seed)
+        save_tokenizer(tok, tok_path)
     ids = Ids(tok)
     cfg = model_config(args, ids)
-    say(f"tokenizer: {tok.get_vocab_size()} tokens, vocab/embedding {ids.vocab}; config {json.dumps(cfg)}")
-
+    torch.manual_seed(args.seed)
     model = LLaDA(cfg)
-    init_weights(model, args.seed)
-    if args.init:
-        init = torch.load(args.init, map_location="cpu", weights_only=False)
-        if init["config"] != cfg:
-            raise SystemExit("--init checkpoint has a different configuration")
-        model.load_state_dict(init["model"])
-        say(f"initialised from {args.init} (step {init['state']['step']})")
-    model.to(DEVICE)
+    init_weights(model, args.seed, args.emb_std)
+    offsets = [int(o) for o in args.plant.split(",") if o.strip()]
+    if offsets and args.plant_match:
+        plant_recall_circuit(model, offsets, ids.mask, args.seed, match_scale=args.match_scale,
+                             copy_scale=args.copy_scale)
+    elif offsets:
+        plant_positional_heads(model, offsets, args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    st = {"step": 0, "stage": 0, "final_from": 0, "acc_ema": 0.0, "loss_ema": None, "elapsed_s": 0.0,
+          "curve": [], "stages": [], "seed": args.seed}
+    if args.resume:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        st = ck["state"]
+        say(f"resumed at step {st['step']} (stage {st['stage']}, {st['elapsed_s'] / 60:.1f} min so far)")
+    st["args"] = {k: v for k, v in vars(args).items()}
     n_params = sum(p.numel() for p in model.parameters())
-    say(f"parameters: {n_params}")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
-    def rows_at(step):
-        if step < args.curriculum_steps // 2:
-            return (2, 4)
-        if step < args.curriculum_steps:
-            return (4, 6)
-        return (6, 8)
-
-    stream = Stream(tok, ids, args.seed, args.batch, first_pool=args.first_pool,
-                    max_turns=args.max_turns, rows_at=rows_at, recall_frac=args.recall_frac,
-                    recall_turns=args.recall_turns, bare_at=lambda step: step < args.bare_steps)
-    gen = torch.Generator().manual_seed(args.seed + 1)
+    say(f"{n_params} parameters, vocab {ids.vocab}, planted offsets {offsets}")
     vitems = valid_items(args.seed)
-
-    if args.smoke:
-        lens = [len(encode_item(tok, ids, it)[0]) for it in tasks.train_items(args.seed, 0, 50)]
-        sys_lens = []
-        for it in tasks.train_items(args.seed, 0, 50, 1):
-            sys_lens.append(len(tok.encode(it["system"], add_special_tokens=False).ids))
-        say(f"prompt tokens: min {min(lens)} mean {np.mean(lens):.1f} max {max(lens)}; "
-            f"system tokens mean {np.mean(sys_lens):.1f}; request mean {np.mean(lens) + GEN_LEN:.1f}")
-
-    total = args.steps
-    step, loss_ema, last_ckpt, t_train = 0, None, time.time(), time.time()
-    acc_hits = acc_n = 0
-    ckpt_path = os.path.join(args.out, "ckpt.pt")
-    stopped_by = "steps"
-    while True:
-        if total and step >= total:
-            break
-        if args.stop_step and step >= args.stop_step:
-            stopped_by = "stop-step"
-            break
-        if time.time() >= deadline:
-            stopped_by = "time"
-            break
-        cur_total = total or 10**9
-        lr = lr_at(step, cur_total, args.lr, args.warmup) if total else args.lr * (step + 1) / args.warmup
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr
-        batch = stream.next(step)
-        loss, (hits, n_real) = sft_loss(model, batch, ids, gen, args.pt_frac)
+    t0 = time.time()
+    elapsed0 = st["elapsed_s"]
+    last_ckpt = time.time()
+    model.train()
+    stop = None
+    while stop is None:
+        step = st["step"]
+        members, bare = STAGES[st["stage"]]
+        rows = training_batch(tok, ids, args.seed, step, args.batch, members, args.drill_frac, bare)
+        gen = torch.Generator().manual_seed(args.seed * 7_919 + step)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(st, args)
+        loss, (hit, n) = sft_loss(model, rows, ids, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
-        lv = loss.item()
-        loss_ema = lv if loss_ema is None else 0.98 * loss_ema + 0.02 * lv
-        acc_hits += hits
-        acc_n += n_real
-        if not total and step == args.probe_steps:
-            per_step = (time.time() - t_train) / step
-            remaining = deadline - time.time() - 60  # leave a minute for the last checkpoint
-            total = step + max(1, int(0.93 * remaining / per_step))
-            say(f"{per_step:.3f} s/step over the first {step} steps -> total steps {total}")
-            if args.smoke:
-                break
-        if step % 25 == 0:
-            say(f"step {step}/{total or '?'} loss {lv:.4f} ema {loss_ema:.4f} "
-                f"answer-token acc {acc_hits / max(1, acc_n):.3f} lr {lr:.2e} "
-                f"elapsed {(time.time() - t_start) / 60:.1f} min")
-            acc_hits = acc_n = 0
-        if time.time() - last_ckpt >= args.ckpt_minutes * 60:
-            acc, per = evaluate(model, tok, ids, vitems[: args.valid_items])
-            say(f"step {step}: validation exact match {acc:.3f} {per}")
-            save_checkpoint(ckpt_path, model, opt, cfg, {
-                "step": step, "total_steps": total, "loss_ema": loss_ema, "seed": args.seed,
-                "args": vars(args), "elapsed_s": time.time() - t_start, "n_params": n_params, "valid_acc": acc})
+        st["step"] = step + 1
+        lv = float(loss.detach())
+        st["loss_ema"] = lv if st["loss_ema"] is None else 0.98 * st["loss_ema"] + 0.02 * lv
+        if n:
+            st["acc_ema"] = 0.95 * st["acc_ema"] + 0.05 * (hit / n)
+        st["elapsed_s"] = elapsed0 + time.time() - t0
+        if st["stage"] + 1 < len(STAGES) and st["acc_ema"] >= args.grow_at and st["step"] >= args.warmup:
+            st["stages"].append({"members": members, "bare": bare, "until_step": st["step"],
+                                 "min": st["elapsed_s"] / 60})
+            st["stage"] += 1
+            st["acc_ema"] = 0.0
+            if st["stage"] + 1 == len(STAGES):
+                st["final_from"] = st["step"]
+            say(f"step {st['step']}: stage {STAGES[st['stage']]} (members, bare)")
+        if st["step"] % 20 == 0:
+            say(f"step {st['step']} members {members} loss {st['loss_ema']:.4f} keyed-value acc {st['acc_ema']:.3f} "
+                f"lr {lr_at(st, args):.2e} {st['elapsed_s'] / 60:.1f} min")
+        final = st["stage"] + 1 == len(STAGES)
+        if st["step"] % args.eval_every == 0 and members == STAGES[-1][0]:
+            acc, per = evaluate(model, tok, ids, vitems)
+            rec = {"step": st["step"], "min": round(st["elapsed_s"] / 60, 2), "members": members, "bare": bare,
+                   "exact": acc, "per_task": per, "loss_ema": st["loss_ema"], "keyed_value_acc": st["acc_ema"]}
+            st["curve"].append(rec)
+            with open(log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            say(f"  eval (block 4, 16 steps, {len(vitems)} items, {members} members): {acc:.3f} {per}")
+            if final and args.target and acc >= args.target:
+                stop = "target"
+        if final and st["step"] - st["final_from"] >= args.final_steps:
+            stop = "steps"
+        if time.time() - t0 > args.minutes * 60:
+            stop = "time limit"
+        if os.path.exists(os.path.join(args.out, "STOP")):  # `touch OUT/STOP` ends a run cleanly
+            os.remove(os.path.join(args.out, "STOP"))
+            stop = "STOP file"
+        if stop or time.time() - last_ckpt > args.ckpt_minutes * 60:
+            st["stopped_by"] = stop or "checkpoint (run still going)"
+            save_checkpoint(ckpt_path, model, opt, cfg, st)
             last_ckpt = time.time()
-    acc, per = evaluate(model, tok, ids, vitems)
-    say(f"final step {step} (stopped by {stopped_by}); loss ema {loss_ema:.4f}; validation {acc:.3f} {per}")
-    save_checkpoint(ckpt_path, model, opt, cfg, {
-        "step": step, "total_steps": total, "loss_ema": loss_ema, "seed": args.seed, "args": vars(args),
-        "elapsed_s": time.time() - t_start, "n_params": n_params, "valid_acc": acc, "valid_per_task": per,
-        "stopped_by": stopped_by, "final": True})
-    say("done")
+    say(f"stopped by {stop} at step {st['step']} ({st['elapsed_s'] / 60:.1f} min)")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ use crate::output;
 
 /// The task types of the set format, in the order of the report's columns. Other task names
 /// are accepted and get columns after these.
-pub const TASKS: [&str; 4] = ["lookup", "combine", "arithmetic", "format"];
+pub const TASKS: [&str; 3] = ["lookup", "pair", "record"];
 
 /// Used when `--gen-length` is not given; `--steps` and `--block-length` default to it.
 const DEFAULT_GEN_LENGTH: usize = 32;
@@ -915,10 +915,7 @@ mod tests {
             prompt_group: None,
         };
         let cols = task_columns(&[item("format"), item("riddle"), item("lookup")]);
-        assert_eq!(
-            cols,
-            ["lookup", "combine", "arithmetic", "format", "riddle"]
-        );
+        assert_eq!(cols, ["lookup", "pair", "record", "format", "riddle"]);
     }
 
     #[test]

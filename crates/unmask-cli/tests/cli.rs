@@ -727,7 +727,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
             f64_of(&m["correct"]) / 4.0,
             "{name}: accuracy is correct / items"
         );
-        for task in ["lookup", "combine", "arithmetic", "format"] {
+        for task in ["lookup", "pair", "record", "format"] {
             let a = f64_of(&m["accuracy_per_task"][task]);
             assert!((0.0..=1.0).contains(&a), "{name}: {task}");
             assert_eq!(m["items_per_task"][task], 1, "{name}: {task}");
@@ -791,10 +791,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
             .iter()
             .map(|i| i["id"].as_str().expect("id"))
             .collect();
-        assert_eq!(
-            ids,
-            ["g1-lookup", "g1-combine", "g1-arithmetic", "g2-format"]
-        );
+        assert_eq!(ids, ["g1-lookup", "g1-pair", "g1-record", "g2-format"]);
         for item in items {
             assert_eq!(u64s(&item["ids"]).len(), 8);
             assert!(item["output"].is_string());
@@ -826,7 +823,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
     ] {
         assert!(header.contains(needle), "`{needle}` not in {header}");
     }
-    assert!(table.contains("| cache | accuracy | lookup | combine | arithmetic | format |"));
+    assert!(table.contains("| cache | accuracy | lookup | pair | record | format |"));
     assert!(table.contains("| TTFT (s) | agreement with none | BiCache hit/miss/fallback |"));
     for mode in ALL_CACHE_MODES {
         let rows = table
@@ -864,8 +861,8 @@ fn eval_scores_exact_matches_and_limits_items() {
     assert_eq!(modes[0]["cache"], "none");
     assert_eq!(modes[0]["n_items"], 2);
     assert_eq!(modes[0]["items_per_task"]["lookup"], 1);
-    assert_eq!(modes[0]["items_per_task"]["arithmetic"], 0);
-    assert!(modes[0]["accuracy_per_task"]["arithmetic"].is_null());
+    assert_eq!(modes[0]["items_per_task"]["record"], 0);
+    assert!(modes[0]["accuracy_per_task"]["record"].is_null());
     let items = modes[0]["items"].as_array().expect("items with one mode");
     assert_eq!(items.len(), 2);
     for item in items {
@@ -896,7 +893,7 @@ fn eval_scores_exact_matches_and_limits_items() {
                 "Which city is Alice from?"
             ),
             line(
-                "g1-combine",
+                "g1-pair",
                 "combine",
                 "§ no model says this §",
                 system,

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 # The page's parameters; the CLI gets the same ones.
-GEN_LENGTH, STEPS, BLOCK_LENGTH, CACHE = 32, 32, 32, "bicache"
+GEN_LENGTH, STEPS, BLOCK_LENGTH, CACHE = 32, 16, 4, "bicache-dual"
 
 CHROME_ARGS = [
     "--headless=new",
@@ -195,6 +195,10 @@ def main():
         if failures:
             sys.exit("the page and `unmask generate` differ:\n  " + "\n  ".join(failures))
         print("[page] the page's answer equals `unmask generate`'s")
+        # ... and it is the right answer (the bundled model reads its system prompt)
+        if got_text.rsplit("####", 1)[-1].strip() != item["answer"]:
+            sys.exit(f"the bundled model's answer {got_text!r} is not {item['answer']!r}")
+        print(f"[page] the answer is right: {item['answer']!r}")
 
         # A new chat with the same system prompt: the shared prefix entry is reused.
         second = json.loads(tasks[1])
