@@ -97,7 +97,10 @@ def sft_loss_on(model, tok, ids, path, batch=8):
     """Mean training loss over a task set (fixed masking noise from seed 0), float32 weights."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
-    rows = [(*train.encode_item(tok, ids, it), train.value_slots(tok, it)) for it in items]
+    rows = []
+    for it in items:
+        prompt, resp = train.encode_item(tok, ids, it)
+        rows.append((prompt, resp, train.value_slots(tok, resp)))
     gen = torch.Generator().manual_seed(0)
     total = 0.0
     with torch.no_grad():
@@ -227,7 +230,7 @@ another seed) come from a separate seed stream, never seen in training.
   are learned with their name and field shown (a value predicted with its key masked only
   teaches a prior); 20 % use LLaDA's noise (each response token masked with one probability
   t ~ U(0, 1)); 20 % mask everything from a random cut on, as a block-wise sampler leaves
-  it.{drills}
+  it.
 * **Curriculum.**  Tables of 1, 2, 4, then 8 members with bare system prompts (role line
   and table), then the full prompts with the rules paragraph; a stage ends when the running
   accuracy on masked values whose name and field are shown reaches {grow_at:g}.
@@ -391,7 +394,6 @@ def main():
     stopped = {"steps": "the end of its learning-rate schedule",
                "target": "reaching the target (the first monitoring evaluation at or above "
                f"{a.get('target', 0):g})"}.get(state.get("stopped_by"), state.get("stopped_by", "a checkpoint"))
-    drill = a.get("drill_frac", 0.0)
     info = {
         "step": state["step"],
         "stopped_by": state.get("stopped_by", "checkpoint (run still going)"),
@@ -416,7 +418,6 @@ def main():
         sys_tokens=np.mean(s_lens), prompt_tokens=np.mean(p_lens),
         share_gen=100 * (np.mean(s_lens) + 6) / (np.mean(p_lens) + train.GEN_LEN),
         n_heldout=n_heldout, offsets=", ".join(a["plant"].split(",")), emb_std=a["emb_std"],
-        drills=(f"  A share {drill:g} of training rows are drills (seven cells asked at once)." if drill else ""),
         grow_at=a["grow_at"], threads_s="s" if a["threads"] > 1 else "",
         stages=("Stages: " + stages + ".") if stages else "",
         lr=a["lr"], warmup=a["warmup"], final_steps=a["final_steps"], batch=a["batch"], threads=a["threads"],

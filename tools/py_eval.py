@@ -39,16 +39,6 @@ def load_items(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def extract(tok, ids, out_ids):
-    cut = []
-    for t in out_ids:
-        if t in (ids.eot, ids.eos):
-            break
-        cut.append(int(t))
-    text = tok.decode(cut, skip_special_tokens=True)
-    return text.rsplit("####", 1)[1].strip() if "####" in text else None
-
-
 def torch_model(params):
     c = params["config"]
     cfg = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "vocab_size",
@@ -78,7 +68,7 @@ def run(items, sampler, params, tok, ids, model, gen_length, steps, block_length
             for i, g in zip(chunk, outs):
                 gens[i] = g
     for it, prompt, gen in zip(items, prompts, gens):
-        got = extract(tok, ids, gen)
+        got = train.extract_answer(tok, ids, gen)
         ok = got == it["answer"]
         c, n = per.get(it["task"], (0, 0))
         per[it["task"]] = (c + int(ok), n + 1)

@@ -88,9 +88,6 @@ ASK = {
     "record": "Give the record of {name}.",
 }
 TASK_MIX = [("lookup", 0.5), ("pair", 0.25), ("record", 0.25)]
-# Training only: a drill asks DRILL_FACTS random cells at once, so one row trains that many
-# lookups (the answer format is the same).
-DRILL_FACTS = 7
 MEMBERS = 8  # members per table (32 fact lines)
 
 
@@ -135,24 +132,19 @@ class Group:
         answer = " ".join(fact(name, f, self.rows[name][f]) for f in FIELD_NAMES)
         return ASK["record"].format(name=name), answer
 
-    def drill(self, rng):
-        cells = rng.sample([(n, f) for n in self.names for f in FIELD_NAMES], min(DRILL_FACTS, 4 * len(self.names)))
-        user = "Look up " + ", ".join(f"{f} of {n}" for n, f in cells) + "."
-        return user, " ".join(fact(n, f, self.rows[n][f]) for n, f in cells)
-
     def item(self, rng, task, idx):
         user, answer = getattr(self, task)(rng)
         return {"id": f"{self.id}-{idx:03d}", "task": task, "system": self.system, "user": user,
                 "answer": answer, "prompt_group": self.id}
 
 
-def pick_task(rng, mix=TASK_MIX):
+def pick_task(rng):
     r, acc = rng.random(), 0.0
-    for name, p in mix:
+    for name, p in TASK_MIX:
         acc += p
         if r < acc:
             return name
-    return mix[-1][0]
+    return TASK_MIX[-1][0]
 
 
 def group_items(seed_base, g, n_items, prefix, members=MEMBERS):

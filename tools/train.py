@@ -343,7 +343,7 @@ def plant_recall_circuit(model, offsets, mask_id, seed, code_scale=1.0, match_sc
     # the shared direction of plant_positional_heads, restricted to the embedding half
     wte += wte[:, :E].norm(dim=1).mean() * u
     plant_positional_heads(model, offsets, seed, c=5.0, u=u)
-    no_u = torch.eye(d)[:, :] - torch.outer(u, u)
+    no_u = torch.eye(d) - torch.outer(u, u)
     b0 = tr.blocks[0]
     for h in range(len(offsets)):
         R = torch.randn(hd, E, generator=g) / math.sqrt(E)
@@ -406,27 +406,21 @@ def model_config(args, ids):
 # ---------------------------------------------------------------------------
 
 
-def value_slots(tok, item):
-    """Indices (in the GEN_LEN response) of the value tokens of an item's answer."""
-    resp = tok.encode(tasks.answer_text(item["answer"]), add_special_tokens=False).ids
+def value_slots(tok, resp):
+    """Indices of the value tokens in a response (encode_item's): each follows a colon."""
     colon = tok.token_to_id("Ġ:")
     return [i + 1 for i, t in enumerate(resp[:-1]) if t == colon]
 
 
-def training_batch(tok, ids, seed, step, batch, members, drill_frac=0.0, bare=False):
-    """Rows of (prompt, response, value slots) for one step, drawn from (seed, step).
-
-    A share drill_frac of the rows are drills (tasks.Group.drill: seven cells asked at once).
-    """
+def training_batch(tok, ids, seed, step, batch, members, bare=False):
+    """Rows of (prompt, response, value slots) for one step, drawn from (seed, step)."""
     rng = random.Random(seed * 1_000_003 + step)
-    mix = [("drill", drill_frac)] + [(t, p * (1 - drill_frac)) for t, p in tasks.TASK_MIX]
     rows = []
     for b in range(batch):
         g = step * batch + b  # a new table for every row: groups are never reused
         grp = tasks.Group(random.Random(tasks.TRAIN_SEED_BASE + seed * 100_000 + g), f"train-{g}", members, bare)
-        it = grp.item(rng, tasks.pick_task(rng, mix), 0)
-        prompt, resp = encode_item(tok, ids, it)
-        rows.append((prompt, resp, value_slots(tok, it)))
+        prompt, resp = encode_item(tok, ids, grp.item(rng, tasks.pick_task(rng), 0))
+        rows.append((prompt, resp, value_slots(tok, resp)))
     return rows
 
 
@@ -606,7 +600,6 @@ def main():
     ap.add_argument("--match-scale", type=float, default=6.0)
     ap.add_argument("--copy-scale", type=float, default=4.0)
     ap.add_argument("--grow-at", type=float, default=0.9)
-    ap.add_argument("--drill-frac", type=float, default=0.0, help="share of training rows that are drills")
     ap.add_argument("--rope-theta", type=float, default=500000.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=200)
@@ -625,7 +618,8 @@ def main():
         saved = ck["state"]["args"]
         # the run's own settings win, except flags given on this command line (e.g. a longer
         # --final-steps, or --target 0 to train on past the target)
-        given = {a.dest for a in ap._actions if any(o in sys.argv[1:] for o in a.option_strings)}
+        given = {a.dest for a in ap._actions
+                 if any(w == o or w.startswith(o + "=") for w in sys.argv[1:] for o in a.option_strings)}
         for k, v in saved.items():
             if k not in ("resume", "minutes", "threads", "out") and k not in given:
                 setattr(args, k, v)
@@ -639,13 +633,14 @@ def main():
     cfg = model_config(args, ids)
     torch.manual_seed(args.seed)
     model = LLaDA(cfg)
-    init_weights(model, args.seed, args.emb_std)
     offsets = [int(o) for o in args.plant.split(",") if o.strip()]
-    if offsets and args.plant_match:
-        plant_recall_circuit(model, offsets, ids.mask, args.seed, match_scale=args.match_scale,
-                             copy_scale=args.copy_scale)
-    elif offsets:
-        plant_positional_heads(model, offsets, args.seed)
+    if not args.resume:  # else the weights come from the checkpoint
+        init_weights(model, args.seed, args.emb_std)
+        if offsets and args.plant_match:
+            plant_recall_circuit(model, offsets, ids.mask, args.seed, match_scale=args.match_scale,
+                                 copy_scale=args.copy_scale)
+        elif offsets:
+            plant_positional_heads(model, offsets, args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     st = {"step": 0, "stage": 0, "final_from": 0, "acc_ema": 0.0, "loss_ema": None, "elapsed_s": 0.0,
           "curve": [], "stages": [], "seed": args.seed}
@@ -654,7 +649,7 @@ def main():
         opt.load_state_dict(ck["opt"])
         st = ck["state"]
         say(f"resumed at step {st['step']} (stage {st['stage']}, {st['elapsed_s'] / 60:.1f} min so far)")
-    st["args"] = {k: v for k, v in vars(args).items()}
+    st["args"] = dict(vars(args))
     n_params = sum(p.numel() for p in model.parameters())
     say(f"{n_params} parameters, vocab {ids.vocab}, planted offsets {offsets}")
     vitems = valid_items(args.seed)
@@ -666,7 +661,7 @@ def main():
     while stop is None:
         step = st["step"]
         members, bare = STAGES[st["stage"]]
-        rows = training_batch(tok, ids, args.seed, step, args.batch, members, args.drill_frac, bare)
+        rows = training_batch(tok, ids, args.seed, step, args.batch, members, bare)
         gen = torch.Generator().manual_seed(args.seed * 7_919 + step)
         for group in opt.param_groups:
             group["lr"] = lr_at(st, args)
