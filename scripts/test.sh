@@ -17,6 +17,9 @@ cargo test --workspace --quiet
 echo "== parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
 
+echo "== bad inputs and faults against the CLI (docs/reliability.md)"
+scripts/bad-inputs.sh target/debug/unmask
+
 scripts/test-web.sh
 
 echo "== cross-target checks: Windows (DX12) and macOS (Metal)"

@@ -241,7 +241,7 @@ impl Engine {
     }
 
     /// A GPU or sampler error in a step stops every request still running: each gets the
-    /// error as its result and unpins the entry.
+    /// error as its result and unpins the entry (its pin goes with it).
     fn stop_all(
         &self,
         running: &mut Vec<(usize, Member<'_>)>,
@@ -250,10 +250,7 @@ impl Engine {
         let why = error.to_string();
         running
             .drain(..)
-            .map(|(i, m)| {
-                self.release_prefix(m.run.id);
-                (i, Err(EngineError::Request(why.clone())))
-            })
+            .map(|(i, _member)| (i, Err(EngineError::Request(why.clone()))))
             .collect()
     }
 
@@ -461,7 +458,6 @@ impl Engine {
         while k < running.len() {
             if running[k].1.prepared.sampler.is_done() {
                 let (index, m) = running.remove(k);
-                self.release_prefix(m.run.id);
                 done.push((index, self.finish(m.prepared, m.records)));
             } else {
                 k += 1;
@@ -493,12 +489,12 @@ impl Engine {
         st.positions_deep
             .write_u32(&self.ctx, &layout.deep_positions)?;
         st.kv_deep.write_u32(&self.ctx, &layout.deep_kv)?;
-        let entry = &running
+        let run = &running
             .first()
             .ok_or_else(|| EngineError::Request("an empty batch".into()))?
             .1
-            .run
-            .entry;
+            .run;
+        let entry = &run.entry;
         let rows = ids.len();
         m.encode_embed(step, st, rows)?;
         m.encode_pass(
@@ -519,13 +515,8 @@ impl Engine {
         for copy in &layout.copies {
             match *copy {
                 RowCopy::Boundary { dst, rows } => {
-                    let boundary = entry.boundary(depth).ok_or_else(|| {
-                        EngineError::Request(format!(
-                            "the shared entry has no boundary state for depth {depth}"
-                        ))
-                    })?;
                     step.copy(
-                        &boundary.buffer,
+                        &run.boundary.buffer,
                         0,
                         &st.x_deep.buffer,
                         dst as u64 * row_bytes,
@@ -590,7 +581,7 @@ pub struct BatchSession<'e> {
     prefix: Vec<u32>,
     depth: usize,
     state: ForwardState,
-    pin: Option<PrefixRun>,
+    _pin: PrefixRun,
     running: Vec<(usize, Member<'static>)>,
     waiting: std::collections::VecDeque<(usize, Prepared<'static>)>,
     selects: Vec<SelectBuffers>,
@@ -643,7 +634,7 @@ impl Engine {
             prefix: prefix.to_vec(),
             depth,
             state,
-            pin: Some(pin),
+            _pin: pin,
             running: Vec::new(),
             waiting: Default::default(),
             selects: Vec::new(),
@@ -690,6 +681,21 @@ impl BatchSession<'_> {
         self.next_id += 1;
         self.waiting.push_back((id, p));
         Ok(id)
+    }
+
+    /// Withdraws request `id` (its client went away): it leaves the queue, or the batch
+    /// before the next step, and its pin on the entry goes with it. False when the session
+    /// holds no such request (it finished, or never was).
+    pub fn cancel(&mut self, id: usize) -> bool {
+        if let Some(k) = self.waiting.iter().position(|(i, _)| *i == id) {
+            self.waiting.remove(k);
+            return true;
+        }
+        if let Some(k) = self.running.iter().position(|(i, _)| *i == id) {
+            self.running.remove(k);
+            return true;
+        }
+        false
     }
 
     /// Requests running in the batch.
@@ -774,17 +780,6 @@ impl BatchSession<'_> {
             Err(e) => done.extend(engine.stop_all(&mut self.running, e)),
         }
         done
-    }
-}
-
-impl Drop for BatchSession<'_> {
-    fn drop(&mut self) {
-        for (_, m) in self.running.drain(..) {
-            self.engine.release_prefix(m.run.id);
-        }
-        if let Some(pin) = self.pin.take() {
-            self.engine.release_prefix(pin.id);
-        }
     }
 }
 

@@ -41,6 +41,13 @@ impl PrefixEntry {
         self.boundaries.lock().ok()?.get(&depth).cloned()
     }
 
+    /// Keeps the boundary state of `depth` (its bytes already charged to the store).
+    pub fn add_boundary(&self, depth: usize, boundary: Arc<Tensor>) {
+        if let Ok(mut map) = self.boundaries.lock() {
+            map.entry(depth).or_insert(boundary);
+        }
+    }
+
     /// A copy of the boundary state of `depth` (for tests and diagnostics).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_boundary(
@@ -136,18 +143,16 @@ pub fn build_entry(
     })
 }
 
-/// Adds the boundary state of `depth` to an existing entry. The pass writes its K/V into the
-/// request's own arena, so the shared entry's K/V are never written after they are built.
-pub fn ensure_boundary(
+/// The boundary state of `depth` for a stored prefix, computed anew; the caller decides
+/// whether the entry keeps it (`PrefixEntry::add_boundary`). The pass writes its K/V into
+/// the request's own arena, so the shared entry's K/V are never written after they are
+/// built.
+pub fn compute_boundary(
     model: &LladaModel,
     st: &ForwardState,
-    entry: &PrefixEntry,
     prefix: &[u32],
     depth: usize,
 ) -> Result<Arc<Tensor>, ModelError> {
-    if let Some(b) = entry.boundary(depth) {
-        return Ok(b);
-    }
     let p = prefix.len();
     let boundary = Tensor::zeros(
         &model.ctx,
@@ -160,9 +165,5 @@ pub fn ensure_boundary(
     let mut step = StepEncoder::new(&model.ctx, "bicache boundary");
     encode_prefix_pass(model, &mut step, st, p, &st.kv, depth, &boundary, false)?;
     step.submit()?;
-    let boundary = Arc::new(boundary);
-    if let Ok(mut map) = entry.boundaries.lock() {
-        map.entry(depth).or_insert_with(|| boundary.clone());
-    }
-    Ok(boundary)
+    Ok(Arc::new(boundary))
 }

@@ -74,7 +74,9 @@ pub(crate) async fn read_header<F: ModelFiles>(
     Ok(FileHeader::parse(path, &head, file_len).map_err(ModelError::from)?)
 }
 
-/// The files of a directory; safetensors files are memory-mapped and handed over whole.
+/// The files of a directory, read in pieces. Not memory-mapped: a file truncated while it
+/// loads (an in-place copy over it) then ends the read early with a named error instead
+/// of killing the process with SIGBUS.
 #[cfg(not(target_arch = "wasm32"))]
 pub struct DirFiles {
     dir: std::path::PathBuf,
@@ -95,8 +97,43 @@ impl DirFiles {
         }
     }
 
+    /// Opens a regular file (symlinks followed, as the Hugging Face cache links snapshot
+    /// files to blobs); anything else is refused before `open`, which on a FIFO would wait
+    /// for a writer forever.
     fn open(&self, name: &str) -> Result<std::fs::File, EngineError> {
-        std::fs::File::open(self.dir.join(name)).map_err(|e| self.error(name, e))
+        let path = self.dir.join(name);
+        let meta = std::fs::metadata(&path).map_err(|e| self.error(name, e))?;
+        if !meta.is_file() {
+            return Err(EngineError::File {
+                location: self.location(name),
+                message: format!("expected a regular file, found {}", file_kind(&meta)),
+            });
+        }
+        std::fs::File::open(&path).map_err(|e| self.error(name, e))
+    }
+}
+
+/// What a path that is not a regular file is, for messages.
+#[cfg(not(target_arch = "wasm32"))]
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "a device";
+        }
+    }
+    if meta.is_dir() {
+        "a directory"
+    } else {
+        "something other than a file"
     }
 }
 
@@ -107,11 +144,26 @@ impl ModelFiles for DirFiles {
     }
 
     async fn read(&mut self, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
-        match std::fs::read(self.dir.join(name)) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.error(name, e)),
+        use std::io::Read;
+        if !self.dir.join(name).exists() {
+            return Ok(None);
         }
+        let mut file = self.open(name)?;
+        let mut bytes = Vec::new();
+        // Small files only (config, tokenizer, index): a bound keeps a wrong file (or a
+        // device) from filling memory.
+        const MAX_SMALL_FILE: u64 = 1 << 30;
+        (&mut file)
+            .take(MAX_SMALL_FILE + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.error(name, e))?;
+        if bytes.len() as u64 > MAX_SMALL_FILE {
+            return Err(EngineError::File {
+                location: self.location(name),
+                message: format!("expected at most {MAX_SMALL_FILE} bytes, found more"),
+            });
+        }
+        Ok(Some(bytes))
     }
 
     async fn read_head(
@@ -135,11 +187,21 @@ impl ModelFiles for DirFiles {
         start: u64,
         sink: &mut dyn FnMut(&[u8]) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
-        let file = self.open(name)?;
-        // SAFETY: read-only mapping of a checkpoint; see `Checkpoint::open`.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| self.error(name, e))?;
-        let from = (start as usize).min(map.len());
-        sink(&map[from..])
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = self.open(name)?;
+        file.seek(SeekFrom::Start(start))
+            .map_err(|e| self.error(name, e))?;
+        // Pieces large enough that the GPU upload, not the read, sets the pace.
+        let mut piece = vec![0u8; 16 << 20];
+        loop {
+            let n = match file.read(&mut piece) {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.error(name, e)),
+            };
+            sink(&piece[..n])?;
+        }
     }
 }
 

@@ -32,7 +32,8 @@ use unmask_core::chat::{encode_chat, prefix_split};
 use unmask_core::config::LladaConfig;
 use unmask_core::depth_policy::{DepthTable, prefix_ratio};
 use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
-use unmask_core::prefix_store::{EntryId, PrefixStore, StoreBudget, StoreStats};
+pub use unmask_core::prefix_store::Recount;
+use unmask_core::prefix_store::{Pin, PrefixStore, SharedStore, StoreBudget, StoreStats};
 use unmask_core::sampler::Sampler;
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
@@ -101,6 +102,10 @@ pub struct EngineOptions {
     pub embed_format: Option<WeightFormat>,
     /// What the BiCache prefix store may hold (tokens and bytes over all entries).
     pub cache_budget: StoreBudget,
+    /// Most GPU memory (storage buffers: weights, states, cached prefixes) the engine may
+    /// hold; work that would pass it is refused with an error before it is allocated.
+    /// `None`: as much as the device gives.
+    pub gpu_memory: Option<u64>,
 }
 
 impl EngineOptions {
@@ -128,6 +133,7 @@ impl Default for EngineOptions {
                 max_tokens: 1 << 16,
                 max_bytes: 1 << 30,
             },
+            gpu_memory: None,
         }
     }
 }
@@ -295,10 +301,13 @@ impl BicacheReport {
     }
 }
 
-/// A pinned shared entry in use by one request.
+/// A pinned shared entry in use by one request; the pin goes when this is dropped.
 struct PrefixRun {
-    id: EntryId,
+    _pin: Pin<Arc<PrefixEntry>>,
     entry: Arc<PrefixEntry>,
+    /// The boundary state of the run's depth: the entry's, or the run's own when the store
+    /// could not take its bytes.
+    boundary: Arc<unmask_gpu::Tensor>,
     hit: bool,
 }
 
@@ -365,7 +374,13 @@ pub struct Engine {
     pub dir: PathBuf,
     pub load_s: f64,
     /// BiCache's shared prefix entries, shared by every request of this engine.
-    prefix_store: Mutex<PrefixStore<Arc<PrefixEntry>>>,
+    prefix_store: SharedStore<Arc<PrefixEntry>>,
+    /// Test hook: the number of prefix pins still to take before one fails on purpose
+    /// (0: never). See `inject_fault_after_pin`.
+    fault_countdown: std::sync::atomic::AtomicUsize,
+    /// Identity of the weights in the store's keys: unique to this engine, whose weights
+    /// never change, so no entry can meet other weights even in a store shared wider.
+    model_id: u64,
     /// The model's r → b table, when its folder has one.
     pub depth_table: Option<DepthTable>,
 }
@@ -392,6 +407,7 @@ impl Engine {
             .transpose()?;
         let ctx = GpuContext::new(&ContextOptions {
             backends,
+            memory_budget: options.gpu_memory,
             ..ContextOptions::default()
         })?;
         Self::load_on(ctx, dir, options, progress).map(|mut e| {
@@ -400,8 +416,9 @@ impl Engine {
         })
     }
 
-    /// Loads onto an existing context (several models, or tests sharing one device); the
-    /// checkpoint is memory-mapped.
+    /// Loads onto an existing context (several models, or tests sharing one device). The
+    /// files are read in pieces (`DirFiles`), not memory-mapped, so a checkpoint truncated
+    /// while it loads is a named error.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_on(
         ctx: Arc<GpuContext>,
@@ -409,25 +426,19 @@ impl Engine {
         options: &EngineOptions,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, EngineError> {
-        let start = Stopwatch::start();
-        // The model first: a missing or bad config.json is the error to report.
-        let model = LladaModel::load(ctx, dir, options.formats(), progress)?;
-        let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = if tokenizer_path.exists() {
-            Some(Tokenizer::from_file(&tokenizer_path)?)
-        } else {
-            None
-        };
-        let table_path = dir.join(DEPTH_TABLE_FILE);
-        let depth_table = if table_path.exists() {
-            let text = std::fs::read_to_string(&table_path).map_err(|e| {
-                EngineError::Request(format!("cannot read {}: {e}", table_path.display()))
-            })?;
-            Some(parse_depth_table(&text, &table_path.display().to_string())?)
-        } else {
-            None
-        };
-        Self::assemble(model, tokenizer, depth_table, dir, options, start)
+        if !dir.is_dir() {
+            return Err(EngineError::File {
+                location: dir.display().to_string(),
+                message: "expected a model folder (config.json, *.safetensors), found no folder"
+                    .into(),
+            });
+        }
+        pollster::block_on(Self::load_from(
+            ctx,
+            &mut DirFiles::new(dir),
+            options,
+            progress,
+        ))
     }
 
     /// Loads a model whose files come from `files` (a web server, files a person picked, a
@@ -523,7 +534,12 @@ impl Engine {
             special,
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
-            prefix_store: Mutex::new(PrefixStore::new(options.cache_budget)),
+            prefix_store: Arc::new(Mutex::new(PrefixStore::new(options.cache_budget))),
+            fault_countdown: std::sync::atomic::AtomicUsize::new(0),
+            model_id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
             depth_table,
         })
     }
@@ -558,7 +574,7 @@ impl Engine {
         let note = if p > 0 {
             None
         } else if matches!(request.prompt, Prompt::Chat(_)) && request.prefix_len.is_none() {
-            Some("the prompt has no turns before the last user turn, or they do not tokenize apart from it".to_string())
+            Some("the prompt has no turns before its last user turn".to_string())
         } else {
             Some("the shared prefix is empty".to_string())
         };
@@ -566,31 +582,25 @@ impl Engine {
     }
 
     /// The prompt's ids and the length of its shared prefix: an explicit `prefix_len`, else
-    /// everything before the last user turn of a chat (when that split tokenizes exactly),
-    /// else the whole prompt.
+    /// everything before the last user turn of a chat, else the whole prompt.
     pub fn encode_with_prefix(&self, request: &Request) -> Result<(Vec<u32>, usize), EngineError> {
-        let ids = self.encode_prompt(&request.prompt)?;
-        if let Some(p) = request.prefix_len {
-            if p > ids.len() {
-                return Err(EngineError::Request(format!(
-                    "prefix_len {p} exceeds the prompt's {} tokens",
-                    ids.len()
-                )));
-            }
-            return Ok((ids, p));
-        }
-        let prefix = match &request.prompt {
-            Prompt::Chat(messages) => {
+        let (ids, split) = match &request.prompt {
+            Prompt::Chat(messages) if messages.iter().any(|m| m.role == Role::User) => {
                 let split = prefix_split(self.require_tokenizer()?, messages)?;
-                if split.exact && split.whole == ids {
-                    split.split_at()
-                } else {
-                    0
-                }
+                let at = split.split_at();
+                (split.whole, at)
             }
-            Prompt::Ids(ids) => ids.len(),
+            Prompt::Chat(_) => (self.encode_prompt(&request.prompt)?, 0),
+            Prompt::Ids(ids) => (ids.clone(), ids.len()),
         };
-        Ok((ids, prefix))
+        match request.prefix_len {
+            Some(p) if p > ids.len() => Err(EngineError::Request(format!(
+                "prefix_len {p} exceeds the prompt's {} tokens",
+                ids.len()
+            ))),
+            Some(p) => Ok((ids, p)),
+            None => Ok((ids, split)),
+        }
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -713,6 +723,23 @@ impl Engine {
             self.special.mask,
             cfg.max_sequence_length,
         )?;
+        if let Some((i, t)) = prompt
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= cfg.embedding_size)
+        {
+            return Err(EngineError::Request(format!(
+                "prompt: token id {t} at position {i} is outside the model's vocabulary \
+                 (ids 0..{})",
+                cfg.embedding_size
+            )));
+        }
+        if let Some(b) = req.depth.filter(|&b| b > cfg.n_layers) {
+            return Err(EngineError::Request(format!(
+                "depth: expected at most the model's {} layers, found {b}",
+                cfg.n_layers
+            )));
+        }
         let cached = req.cache != CacheMode::None && !req.recompute_all;
         if cached && prompt.contains(&self.special.mask) {
             return Err(EngineError::Request(format!(
@@ -930,7 +957,8 @@ impl Engine {
         let ratio = prefix_ratio(p, u, g);
         let n_layers = self.model.cfg.n_layers;
         if let Some(b) = request.depth {
-            return Ok((b.min(n_layers), ratio));
+            // `prepare` refused a depth past the layers.
+            return Ok((b, ratio));
         }
         match &self.depth_table {
             Some(t) => Ok((t.depth(ratio).min(n_layers), ratio)),
@@ -953,18 +981,34 @@ impl Engine {
         let n_layers = self.model.cfg.n_layers;
         let found = {
             let mut store = self.store()?;
-            store
-                .acquire(prefix)
-                .map(|id| (id, store.payload(id).cloned()))
+            store.acquire(self.model_id, prefix).map(|id| {
+                let entry = store.payload(id).cloned();
+                (Pin::adopt(&self.prefix_store, id), entry)
+            })
         };
-        if let Some((id, Some(entry))) = found {
-            if entry.boundary(depth).is_none() {
-                timings.token_layer_passes += prefix.len() * depth;
-            }
-            bicache::ensure_boundary(&self.model, st, &entry, prefix, depth)?;
+        if let Some((pin, Some(entry))) = found {
+            // From here every return, `?` included, drops `pin` and so releases it.
+            self.injected_fault()?;
+            let boundary = match entry.boundary(depth) {
+                Some(b) => b,
+                None => {
+                    timings.token_layer_passes += prefix.len() * depth;
+                    let b = bicache::compute_boundary(&self.model, st, prefix, depth)?;
+                    // Kept in the entry only when the store can charge its bytes; else
+                    // this request uses it alone.
+                    let mut store = self.store()?;
+                    if entry.boundary(depth).is_none()
+                        && store.charge(pin.id(), b.size_bytes()).is_ok()
+                    {
+                        entry.add_boundary(depth, b.clone());
+                    }
+                    b
+                }
+            };
             return Ok(Ok(PrefixRun {
-                id,
+                _pin: pin,
                 entry,
+                boundary,
                 hit: true,
             }));
         }
@@ -982,15 +1026,47 @@ impl Engine {
         let entry = Arc::new(bicache::build_entry(&self.model, st, prefix, depth)?);
         timings.token_layer_passes += prefix.len() * n_layers;
         timings.forward_passes += 1;
+        let boundary = entry
+            .boundary(depth)
+            .ok_or_else(|| EngineError::Request("a new prefix entry lacks its boundary".into()))?;
         let mut store = self.store()?;
-        match store.insert(prefix.to_vec(), bytes, entry.clone()) {
-            Ok(id) => Ok(Ok(PrefixRun {
-                id,
-                entry,
-                hit: false,
-            })),
+        match store.insert(self.model_id, prefix.to_vec(), bytes, entry.clone()) {
+            Ok(id) => {
+                let pin = Pin::adopt(&self.prefix_store, id);
+                drop(store);
+                self.injected_fault()?;
+                Ok(Ok(PrefixRun {
+                    _pin: pin,
+                    entry,
+                    boundary,
+                    hit: false,
+                }))
+            }
             Err((why, _)) => Ok(Err(why.to_string())),
         }
+    }
+
+    /// Makes the `n`-th prefix pin from now fail right after it is taken, as a GPU error
+    /// at that point would (0 turns it off): tests use it to show pins never leak.
+    #[doc(hidden)]
+    pub fn inject_fault_after_pin(&self, n: usize) {
+        self.fault_countdown
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn injected_fault(&self) -> Result<(), EngineError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let left = self.fault_countdown.load(Relaxed);
+        if left == 0 {
+            return Ok(());
+        }
+        self.fault_countdown.store(left - 1, Relaxed);
+        if left == 1 {
+            return Err(EngineError::Request(
+                "injected fault after pinning a prefix".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The shared prefix store, locked.
@@ -1002,17 +1078,20 @@ impl Engine {
             .map_err(|_| EngineError::Request("prefix store poisoned".into()))
     }
 
-    fn release_prefix(&self, id: EntryId) {
-        if let Ok(mut store) = self.prefix_store.lock() {
-            store.release(id);
-        }
-    }
-
     /// Counters of the shared prefix store.
     pub fn prefix_store_stats(&self) -> StoreStats {
         self.prefix_store
             .lock()
             .map(|s| s.stats())
+            .unwrap_or_default()
+    }
+
+    /// The store's entries counted one by one, with the pins held: beside
+    /// `prefix_store_stats`, a check that the running counters are true.
+    pub fn prefix_store_recount(&self) -> Recount {
+        self.prefix_store
+            .lock()
+            .map(|s| s.recount())
             .unwrap_or_default()
     }
 
@@ -1028,6 +1107,8 @@ impl Engine {
     /// The shared entry of `prefix`, if stored (without counting a hit).
     pub fn prefix_entry(&self, prefix: &[u32]) -> Option<Arc<PrefixEntry>> {
         let store = self.prefix_store.lock().ok()?;
-        store.peek(prefix).and_then(|id| store.payload(id).cloned())
+        store
+            .peek(self.model_id, prefix)
+            .and_then(|id| store.payload(id).cloned())
     }
 }

@@ -596,3 +596,159 @@ fn bundled_model_answers_heldout_questions_with_and_without_bicache() {
         );
     }
 }
+
+/// Long random request sequences against the prefix store: prefixes that share parts,
+/// random depths, budgets, batch sizes and sessions, injected failures after a pin and
+/// cancelled requests. After every operation the store's counters equal its entries, the
+/// budget holds and no pin is left; every answer equals the same request at the same
+/// depth computed with an empty store.
+#[test]
+fn random_request_sequences_keep_the_prefix_store_true() {
+    use unmask_core::rng::SplitMix64;
+    let n_layers = 2;
+    // Prefixes over one head: some equal, some one a prefix of another, some apart.
+    let head = prefix();
+    let variant = |v: u64, len: usize| -> Vec<u32> {
+        let mut p = head[..len].to_vec();
+        if v % 3 == 1 {
+            p[2] = 45;
+        }
+        p
+    };
+    let request = |rng: &mut SplitMix64| -> Request {
+        let len = [12, 18, head.len()][(rng.next_u64() % 3) as usize];
+        let mut ids = variant(rng.next_u64(), len);
+        let q = (rng.next_u64() % 5) as u32;
+        ids.extend([302, 42, 303, 60 + q, 61 + q, 304, 302, 43, 303]);
+        let (mode, p) = if rng.next_u64().is_multiple_of(2) {
+            (CacheMode::Bicache, params(8, 8, 8))
+        } else {
+            (CacheMode::BicacheDual, params(8, 4, 4))
+        };
+        let mut req = Request::ids(ids).with_params(p).with_cache(mode);
+        req.prefix_len = Some(len);
+        req.depth = Some((rng.next_u64() % (n_layers as u64 + 1)) as usize);
+        req.refresh_every = 1 + (rng.next_u64() % 4) as usize;
+        req
+    };
+    let mut answers = 0;
+    let mut faults = 0;
+    let mut cancels = 0;
+    for (seed, budget) in [
+        (1u64, EngineOptions::default().cache_budget),
+        // Room for about two entries: inserts evict, boundaries are refused or charged.
+        (
+            2,
+            CacheBudget {
+                max_tokens: 48,
+                max_bytes: 56 << 10,
+            },
+        ),
+    ] {
+        let mut engine = engine_with(budget);
+        engine.model.matmul_kernel = MatmulKernel::Tiled;
+        let mut cold = engine_with(budget);
+        cold.model.matmul_kernel = MatmulKernel::Tiled;
+        assert_eq!(engine.config().n_layers, n_layers);
+        let mut rng = SplitMix64(seed);
+        let mut check = |req: &Request, got: &unmask::Generation| {
+            let depth = got.bicache.as_ref().map_or(0, |r| r.depth);
+            cold.clear_prefix_store();
+            let want = cold.generate(&at_depth(req, depth)).unwrap();
+            let fell_back =
+                |g: &unmask::Generation| g.bicache.as_ref().and_then(|r| r.fallback.clone());
+            assert_eq!(
+                fell_back(got).is_some(),
+                fell_back(&want).is_some(),
+                "{:?}",
+                fell_back(got)
+            );
+            assert_eq!(
+                got.ids, want.ids,
+                "seed {seed}: an answer differs from a cold store's"
+            );
+            answers += 1;
+        };
+        for op in 0..16 {
+            match rng.next_u64() % 4 {
+                0 => {
+                    let req = request(&mut rng);
+                    let got = engine.generate(&req).unwrap();
+                    check(&req, &got);
+                }
+                1 => {
+                    let reqs: Vec<Request> = (0..1 + rng.next_u64() % 3)
+                        .map(|_| request(&mut rng))
+                        .collect();
+                    for (req, got) in reqs.iter().zip(engine.generate_batch(&reqs)) {
+                        check(req, &got.unwrap());
+                    }
+                }
+                2 => {
+                    // A failure right after a pin: the request errs, the pin goes.
+                    engine.inject_fault_after_pin(1);
+                    let req = request(&mut rng);
+                    let err = engine.generate(&req).map(|_| ()).unwrap_err();
+                    assert!(err.to_string().contains("injected fault"), "{err}");
+                    engine.inject_fault_after_pin(0);
+                    faults += 1;
+                }
+                _ => {
+                    // A session whose second request is withdrawn mid-run.
+                    let req = request(&mut rng);
+                    let prefix = match &req.prompt {
+                        unmask::Prompt::Ids(ids) => ids[..req.prefix_len.unwrap()].to_vec(),
+                        _ => unreachable!(),
+                    };
+                    let depth = req.depth.unwrap();
+                    let Ok(mut session) = engine.batch_session(&prefix, depth, 120) else {
+                        continue; // the entry does not fit this budget
+                    };
+                    let a = session.submit(req.clone()).unwrap();
+                    let b = session.submit(req.clone()).unwrap();
+                    session.step();
+                    assert!(session.cancel(b) && !session.cancel(b));
+                    cancels += 1;
+                    let mut out = None;
+                    while !session.is_idle() {
+                        for (id, g) in session.step() {
+                            assert_eq!(id, a);
+                            out = Some(g.unwrap());
+                        }
+                    }
+                    drop(session);
+                    check(&req, &out.expect("the kept request finished"));
+                }
+            }
+            let stats = engine.prefix_store_stats();
+            let live = engine.prefix_store_recount();
+            assert_eq!(
+                (stats.entries, stats.tokens, stats.bytes),
+                (live.entries, live.tokens, live.bytes),
+                "seed {seed} op {op}: counters differ from the entries"
+            );
+            assert_eq!(
+                live.pins, 0,
+                "seed {seed} op {op}: a pin outlived its request"
+            );
+            assert!(
+                live.tokens <= budget.max_tokens && live.bytes <= budget.max_bytes,
+                "seed {seed} op {op}: {live:?} over {budget:?}"
+            );
+        }
+        let stats = engine.prefix_store_stats();
+        eprintln!("[bicache] seed {seed}, budget {budget:?}: {stats:?}");
+        assert!(stats.hits > 0, "seed {seed}: no request reused an entry");
+        if budget.max_tokens < 64 {
+            assert!(
+                stats.evictions + stats.rejected > 0,
+                "seed {seed}: the budget never bound"
+            );
+        }
+    }
+    eprintln!(
+        "[bicache] random sequences: {answers} answers equal a cold store's, {faults} injected \
+         faults and {cancels} cancellations left no pin"
+    );
+    assert!(answers >= 10 && faults + cancels >= 2);
+}

@@ -190,6 +190,7 @@ class Runtime:
             args.append("--logits-eos-inf")
         if params.get("confidence_eos_eot_inf"):
             args.append("--confidence-eos-eot-inf")
+        args += ["--confidence-precision", params.get("confidence_precision", "f32")]
         out = self._run(args)
         lines = [line for line in out.splitlines() if line.strip()]
         try:
@@ -363,7 +364,8 @@ def goldens_cases(args, runtime, tol):
                     }
                 )
                 continue
-            out = runtime.generate(case["prompt"], params)
+            # llada_ref ranks float32 (from float64) confidences: no bf16 rounding
+            out = runtime.generate(case["prompt"], dict(params, confidence_precision=args.confidence_precision or "f32"))
             Lp = len(case["prompt"])
             if out["prompt_ids"] != case["prompt"]:
                 raise SetupError(f"{case['name']}: the runtime changed the prompt ids")
@@ -430,10 +432,12 @@ def torch_cases(args, runtime, tol):
             "confidence_eos_eot_inf": args.confidence_eos_eot_inf,
         }
         # every key of params is a sampler option of the same name in llada_torch
-        ref = model.generate(prompt, **params)
-        out = runtime.generate(prompt, params)
+        precision = args.confidence_precision or args.ref_dtype
+        ref = model.generate(prompt, round_confidence_bf16=precision == "bf16", **params)
+        out = runtime.generate(prompt, dict(params, confidence_precision=precision))
         want_steps = [(s["positions"], s["tokens"]) for s in ref["steps"]]
         name = "generate gen_length={gen_length} steps={steps} block_length={block_length}".format(**params)
+        name += f" confidences={precision}"
         if params["cfg_scale"]:
             name += f" cfg_scale={params['cfg_scale']:g}"
         if params["threshold"] is not None:
@@ -525,6 +529,12 @@ def main(argv=None):
     add("--threshold", type=float, help="torch: Fast-dLLM threshold of the generation")
     add("--logits-eos-inf", action="store_true", help="torch: generation flag")
     add("--confidence-eos-eot-inf", action="store_true", help="torch: generation flag")
+    add(
+        "--confidence-precision",
+        choices=["f32", "bf16"],
+        help="generations: precision of the confidences both sides rank (default: f32 against the "
+        "goldens, the reference dtype against torch)",
+    )
     add("--no-generate", action="store_true", help="compare logits only")
     add("--rtol", type=float, help="bound = atol + rtol x max|reference logit| (default by reference numerics)")
     add("--atol", type=float)

@@ -51,6 +51,8 @@ const DEFAULT_SYSTEM = [
 
 const state = {
   engine: null,
+  /** `engine.info()` of the loaded model. */
+  info: null,
   /** Earlier turns of this chat: {role, content}. */
   history: [],
   last: null,
@@ -153,9 +155,37 @@ function describeAdapter(info) {
     `subgroups ${info.subgroups ? "on" : "off"} · largest binding ${mib(info.maxBindingBytes)} MiB`;
 }
 
+// The number in a box as typed, out-of-range values included: the runtime checks every
+// number against the model and rejects the request with a message naming the field, which
+// the page shows. (A box the browser cannot read as a number is empty: the default.)
 function numberOr(id, fallback) {
   const v = $(id).value.trim();
   return v === "" ? fallback : Number(v);
+}
+
+// The boxes' bounds for the loaded model, the ones the runtime enforces: the prompt and
+// the canvas share the model's context (a prompt has at least one token), a step commits
+// at least one token, and a block is part of the canvas. They mark a box out of range
+// (:invalid) before a request is sent.
+function updateLimits() {
+  const context = state.info?.maxSequenceLength;
+  const genMax = context ? context - 1 : Number($("gen-length").max);
+  $("gen-length").max = String(genMax);
+  const gen = Number($("gen-length").value);
+  const perGen = Number.isInteger(gen) && gen >= 1 ? Math.min(gen, genMax) : genMax;
+  $("steps").max = String(perGen);
+  $("block-length").max = String(perGen);
+}
+
+function errorMessage(e) {
+  return e instanceof Error ? e.message : String(e);
+}
+
+// The reason of the last refused or failed request, under the chat box; "" hides it.
+function showRequestError(message) {
+  const line = $("request-error");
+  line.textContent = message ? `Not generated: ${message}` : "";
+  line.hidden = !message;
 }
 
 function request(question) {
@@ -219,6 +249,7 @@ async function load() {
   try {
     const source = document.querySelector("input[name=source]:checked").value;
     state.engine = null;
+    state.info = null;
     if (source === "files") {
       const files = Array.from($("files").files);
       if (files.length === 0) throw new Error("pick the model's files first");
@@ -228,6 +259,8 @@ async function load() {
       state.engine = await Engine.fromUrl(url, { weights }, onProgress);
     }
     const info = state.engine.info();
+    state.info = info;
+    updateLimits();
     $("model-status").textContent =
       `${(info.parameters / 1e6).toFixed(2)} M parameters, ${info.layers} layers, ` +
       `${info.weights} weights (${mib(info.weightBytes)} MiB on the GPU), ` +
@@ -252,6 +285,7 @@ async function ask(event) {
   if (!question || !state.engine) return;
   $("question").value = "";
   $("send").disabled = true;
+  showRequestError("");
   setState("generating");
   addMessage("user", question);
   const pending = addMessage("assistant", "…");
@@ -267,9 +301,14 @@ async function ask(event) {
     report(result);
     setState("done");
   } catch (e) {
+    // A refused request (a setting out of range) or a failed one: say why, keep the
+    // question to send again once the setting is fixed, and leave the chat as it was.
+    const message = errorMessage(e);
     pending.className = "msg error";
-    pending.textContent = String(e);
-    state.error = String(e);
+    pending.textContent = message;
+    showRequestError(message);
+    if ($("question").value === "") $("question").value = question;
+    state.error = message;
     setState("error");
   } finally {
     $("send").disabled = false;
@@ -278,12 +317,14 @@ async function ask(event) {
 
 async function main() {
   $("system").value = DEFAULT_SYSTEM;
+  updateLimits();
   for (const radio of document.querySelectorAll("input[name=source]")) {
     radio.addEventListener("change", () => {
       $("files").disabled = radio.value !== "files" || !radio.checked;
     });
   }
   $("load").addEventListener("click", load);
+  $("gen-length").addEventListener("input", updateLimits);
   $("ask").addEventListener("submit", ask);
   $("new-chat").addEventListener("click", () => {
     state.history = [];

@@ -98,6 +98,20 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
+    let unfilled = generation
+        .ids
+        .iter()
+        .filter(|&&t| t == engine.special.mask)
+        .count();
+    if unfilled > 0 {
+        // The reference's rule: masks inside the prompt compete with the canvas for the
+        // same per-step quota, so some can stay masked.
+        eprintln!(
+            "note: {unfilled} position(s) still hold the mask token {}: the prompt's masks \
+             share the canvas's per-step quota; add steps or generated tokens to fill them",
+            engine.special.mask
+        );
+    }
     if json {
         output::line(&generation_json(&engine, &request.params, &generation).to_string())?;
     } else if by_ids {

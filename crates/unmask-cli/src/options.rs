@@ -100,11 +100,18 @@ pub fn bicache_flags() -> Vec<Flag> {
     ]
 }
 
+pub const GPU_MEMORY: Flag = Flag::value(
+    "gpu-memory",
+    "BYTES",
+    "most GPU memory the engine may hold (weights, request state, cached prefixes), e.g. \
+     6G; work past it is refused with an error (default: what the device gives)",
+);
+
 /// The flags that end the lists of the generating commands (generate, chat, eval): BiCache's,
 /// the engine's (adapter and weight formats), and `--json` with the command's own help.
 pub fn generation_run_flags(json_help: &'static str) -> Vec<Flag> {
     let mut flags = bicache_flags();
-    flags.extend([BACKEND, DTYPE, WEIGHTS, EMBED_WEIGHTS]);
+    flags.extend([BACKEND, DTYPE, WEIGHTS, EMBED_WEIGHTS, GPU_MEMORY]);
     flags.push(Flag::switch("json", json_help));
     flags
 }
@@ -260,6 +267,14 @@ pub fn generation_flags() -> Vec<Flag> {
             "confidence-eos-eot-inf",
             "commit end-of-text / end-of-turn predictions last",
         ),
+        Flag::value(
+            "confidence-precision",
+            "P",
+            "precision of the confidences that rank positions: bf16 (default) rounds them as \
+             the reference run in bfloat16 does (its softmax returns bf16); f32 keeps them, as \
+             a float32 reference does (tools/llada_ref.py, tools/llada_torch.py --dtype f32). \
+             Near-ties can commit different positions under the two",
+        ),
         Flag::switch(
             "raw",
             "decode every generated token (default: stop at end of turn)",
@@ -326,6 +341,11 @@ pub fn generation_params_with(
         t > 0.0 && t <= 1.0
     })?;
     let seed = m.parsed("seed", "a whole number >= 0")?.unwrap_or(0);
+    let round_confidence_bf16 = match m.choice("confidence-precision", &["f32", "bf16"])? {
+        Some("f32") => false,
+        Some(_) => true,
+        None => GenerationParams::default().round_confidence_bf16,
+    };
     let params = GenerationParams {
         gen_length,
         steps,
@@ -337,7 +357,7 @@ pub fn generation_params_with(
         logits_eos_inf: m.switch("logits-eos-inf"),
         confidence_eos_eot_inf: m.switch("confidence-eos-eot-inf"),
         seed,
-        ..GenerationParams::default()
+        round_confidence_bf16,
     };
     params
         .validate(1, usize::MAX)
@@ -362,6 +382,11 @@ fn schedule_error(p: &GenerationParams, e: SamplerError) -> CliError {
             "--steps {} is fewer than the {blocks} blocks (--gen-length {} / --block-length {}); \
              every block needs at least one step",
             p.steps, p.gen_length, p.block_length
+        ),
+        SamplerError::TooManySteps { .. } => format!(
+            "--steps {} exceeds --gen-length {}: a step commits at least one token, so more \
+             steps than tokens only repeat the model",
+            p.steps, p.gen_length
         ),
         SamplerError::StepsNotMultipleOfBlocks { .. } => format!(
             "--steps {} is not a multiple of the {blocks} blocks (--gen-length {} / --block-length {})",
@@ -454,11 +479,22 @@ pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
             )
         })?,
     };
+    let gpu_memory = match m.value("gpu-memory") {
+        None => None,
+        Some(text) => Some(parse_bytes(text.trim()).filter(|&b| b > 0).ok_or_else(|| {
+            invalid(
+                "gpu-memory",
+                "a size in bytes > 0 such as 6G, 512M or 1000000",
+                text,
+            )
+        })?),
+    };
     Ok(EngineOptions {
         backend,
         weight_format,
         embed_format,
         cache_budget,
+        gpu_memory,
     })
 }
 
@@ -527,12 +563,13 @@ pub fn check_length(
     params: &GenerationParams,
 ) -> Result<(), CliError> {
     let max = engine.config().max_sequence_length;
-    if prompt_len + params.gen_length > max {
+    let total = prompt_len.saturating_add(params.gen_length);
+    if total > max {
         return Err(CliError::usage(format!(
             "the prompt's {prompt_len} tokens + --gen-length {} = {} exceed the model's maximum \
              sequence length {max}; lower --gen-length or shorten the prompt",
             params.gen_length,
-            prompt_len + params.gen_length
+            prompt_len as u128 + params.gen_length as u128
         )));
     }
     Ok(())

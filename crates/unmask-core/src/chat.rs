@@ -86,19 +86,73 @@ pub fn render_chat(messages: &[Message], bos: &str) -> String {
     out
 }
 
-/// The template's markup must map to single special tokens, or the model sees text it
-/// was never trained on.
-fn check_chat_tokens(tokenizer: &Tokenizer) -> Result<(), TokenizerError> {
-    for token in [BOS_TOKEN, START_HEADER_TOKEN, END_HEADER_TOKEN, EOT_TOKEN] {
-        if tokenizer.token_to_id(token).is_none() {
-            return Err(TokenizerError::MissingChatToken { token });
-        }
-    }
-    Ok(())
+/// The ids of the template's markup, which must be single special tokens, or the model
+/// sees text it was never trained on.
+struct ChatTokens {
+    bos: u32,
+    start_header: u32,
+    end_header: u32,
+    eot: u32,
 }
 
-/// Token ids of the rendered chat prompt, encoded without added special tokens (the BOS
-/// comes from the template).
+impl ChatTokens {
+    fn of(tokenizer: &Tokenizer) -> Result<Self, TokenizerError> {
+        let id = |token: &'static str| {
+            tokenizer
+                .token_to_id(token)
+                .ok_or(TokenizerError::MissingChatToken { token })
+        };
+        Ok(Self {
+            bos: id(BOS_TOKEN)?,
+            start_header: id(START_HEADER_TOKEN)?,
+            end_header: id(END_HEADER_TOKEN)?,
+            eot: id(EOT_TOKEN)?,
+        })
+    }
+
+    /// `<|start_header_id|>{role}<|end_header_id|>` then `\n\n`, as ids.
+    fn header(
+        &self,
+        tokenizer: &Tokenizer,
+        role: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        out.push(self.start_header);
+        out.extend(tokenizer.encode(role)?);
+        out.push(self.end_header);
+        Ok(())
+    }
+
+    /// One turn as `render_chat` writes it. The markup is placed by id and the text
+    /// between it encoded as text, so markup inside a message stays text. The tokenizer
+    /// splits a string at special tokens and encodes the pieces apart, so for text without
+    /// markup this equals encoding the rendered string.
+    fn turn(
+        &self,
+        tokenizer: &Tokenizer,
+        message: &Message,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        self.header(tokenizer, message.role.as_str(), out)?;
+        out.extend(tokenizer.encode(&format!("\n\n{}", python_strip(&message.content)))?);
+        out.push(self.eot);
+        Ok(())
+    }
+
+    fn assistant_header(
+        &self,
+        tokenizer: &Tokenizer,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        self.header(tokenizer, Role::Assistant.as_str(), out)?;
+        out.extend(tokenizer.encode("\n\n")?);
+        Ok(())
+    }
+}
+
+/// Token ids of the chat prompt `render_chat` renders: BOS, the turns and the assistant
+/// header, with the template's special tokens placed by id and the messages encoded as
+/// text (special-token markup a message contains is not a special token).
 pub fn encode_chat(
     tokenizer: &Tokenizer,
     messages: &[Message],
@@ -106,8 +160,13 @@ pub fn encode_chat(
     if messages.is_empty() {
         return Err(TokenizerError::NoMessages);
     }
-    check_chat_tokens(tokenizer)?;
-    tokenizer.encode(&render_chat(messages, BOS_TOKEN))
+    let chat = ChatTokens::of(tokenizer)?;
+    let mut ids = vec![chat.bos];
+    for message in messages {
+        chat.turn(tokenizer, message, &mut ids)?;
+    }
+    chat.assistant_header(tokenizer, &mut ids)?;
+    Ok(ids)
 }
 
 /// A chat prompt cut where its last user turn begins.
@@ -117,11 +176,9 @@ pub struct PrefixSplit {
     pub prefix: Vec<u32>,
     /// The last user turn onwards, ending with the assistant header.
     pub rest: Vec<u32>,
-    /// The whole prompt encoded in one piece (what `encode_chat` returns).
+    /// `prefix ++ rest`: what `encode_chat` returns. The cut is at a special token, where
+    /// the tokenizer splits anyway, so the halves encode exactly as the whole does.
     pub whole: Vec<u32>,
-    /// Whether `prefix ++ rest == whole`. Encoding the two halves separately can differ
-    /// from encoding the whole at the boundary; when false, use `whole` without a prefix.
-    pub exact: bool,
 }
 
 impl PrefixSplit {
@@ -145,29 +202,21 @@ pub fn prefix_split(
             roles: roles.join(", "),
         });
     };
-    check_chat_tokens(tokenizer)?;
-
-    let mut prefix_text = String::from(BOS_TOKEN);
+    let chat = ChatTokens::of(tokenizer)?;
+    let mut prefix = vec![chat.bos];
     for message in &messages[..last_user] {
-        push_turn(&mut prefix_text, message);
+        chat.turn(tokenizer, message, &mut prefix)?;
     }
-    let mut rest_text = String::new();
+    let mut rest = Vec::new();
     for message in &messages[last_user..] {
-        push_turn(&mut rest_text, message);
+        chat.turn(tokenizer, message, &mut rest)?;
     }
-    rest_text.push_str(ASSISTANT_HEADER);
-
-    let prefix = tokenizer.encode(&prefix_text)?;
-    let rest = tokenizer.encode(&rest_text)?;
-    let whole = tokenizer.encode(&render_chat(messages, BOS_TOKEN))?;
-    let exact = prefix.len() + rest.len() == whole.len()
-        && whole[..prefix.len()] == prefix[..]
-        && whole[prefix.len()..] == rest[..];
+    chat.assistant_header(tokenizer, &mut rest)?;
+    let whole = [prefix.as_slice(), rest.as_slice()].concat();
     Ok(PrefixSplit {
         prefix,
         rest,
         whole,
-        exact,
     })
 }
 

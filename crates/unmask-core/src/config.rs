@@ -117,6 +117,26 @@ mod defaults {
     pub const MASK_TOKEN_ID: u64 = 50256;
 }
 
+/// Bounds on a config's sizes, checked before anything is allocated from them: far above
+/// any published model (LLaDA-8B's value in each comment) and far below what overflows a
+/// size computation or asks the allocator for terabytes.
+pub mod limits {
+    /// 32.
+    pub const MAX_LAYERS: usize = 1024;
+    /// 4096.
+    pub const MAX_D_MODEL: usize = 1 << 17;
+    /// 32.
+    pub const MAX_HEADS: usize = 1024;
+    /// 12288.
+    pub const MAX_MLP_HIDDEN: usize = 1 << 20;
+    /// 126464 (vocab_size and embedding_size).
+    pub const MAX_VOCAB: usize = 1 << 24;
+    /// 4096.
+    pub const MAX_SEQUENCE_LENGTH: usize = 1 << 20;
+    /// About 8.0e9.
+    pub const MAX_PARAMETERS: u64 = 1 << 40;
+}
+
 /// What the runtime needs to know about a LLaDA model, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LladaConfig {
@@ -353,6 +373,27 @@ impl LladaConfig {
         let rms_norm_eps = f.positive_float_or("rms_norm_eps", defaults::RMS_NORM_EPS)?;
         let weight_tying = f.bool_or("weight_tying", defaults::WEIGHT_TYING)?;
 
+        for (field, value, max) in [
+            ("d_model", d_model, limits::MAX_D_MODEL),
+            ("n_heads", n_heads, limits::MAX_HEADS),
+            ("n_layers", n_layers, limits::MAX_LAYERS),
+            ("mlp_hidden_size", mlp_hidden_size, limits::MAX_MLP_HIDDEN),
+            ("vocab_size", vocab_size, limits::MAX_VOCAB),
+            ("embedding_size", embedding_size, limits::MAX_VOCAB),
+            (
+                "max_sequence_length",
+                max_sequence_length,
+                limits::MAX_SEQUENCE_LENGTH,
+            ),
+        ] {
+            if value > max {
+                return Err(ConfigError::Invalid {
+                    field,
+                    expected: format!("at most {max} (the runtime's bound on this size)"),
+                    found: value.to_string(),
+                });
+            }
+        }
         if !d_model.is_multiple_of(n_heads) {
             return Err(ConfigError::Invalid {
                 field: "d_model",
@@ -414,7 +455,7 @@ impl LladaConfig {
             check_token_in_range("bos_token_id", bos, embedding_size)?;
         }
 
-        Ok(Self {
+        let config = Self {
             d_model,
             n_heads,
             n_kv_heads,
@@ -430,7 +471,23 @@ impl LladaConfig {
             eos_token_id,
             pad_token_id,
             bos_token_id,
-        })
+        };
+        // Each size within its bound, the product still can be beyond any machine.
+        let parameters = config.parameter_count();
+        if parameters > limits::MAX_PARAMETERS {
+            return Err(ConfigError::Invalid {
+                field: "n_layers",
+                expected: format!(
+                    "a model of at most {} parameters (the runtime's bound)",
+                    limits::MAX_PARAMETERS
+                ),
+                found: format!(
+                    "{parameters} parameters from d_model {d_model}, n_layers {n_layers}, \
+                     mlp_hidden_size {mlp_hidden_size}, embedding_size {embedding_size}"
+                ),
+            });
+        }
+        Ok(config)
     }
 
     /// Width of one attention head.
@@ -738,6 +795,44 @@ mod tests {
             Err(ConfigError::Invalid { field, .. }) => field,
             other => panic!("expected ConfigError::Invalid, got {other:?}"),
         }
+    }
+
+    /// Sizes past their bound are refused by name before anything is built from them.
+    #[test]
+    fn sizes_beyond_their_bounds_are_refused() {
+        let big = u64::from(u32::MAX);
+        for field in [
+            "n_layers",
+            "d_model",
+            "n_heads",
+            "mlp_hidden_size",
+            "vocab_size",
+            "embedding_size",
+            "max_sequence_length",
+        ] {
+            let err = with(field, Some(big.into())).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::Invalid { field: f, .. } if f == field),
+                "{field}: {err}"
+            );
+            assert!(err.to_string().contains("4294967295"), "{err}");
+        }
+        // At the bound: accepted.
+        let at = with(
+            "max_sequence_length",
+            Some(limits::MAX_SEQUENCE_LENGTH.into()),
+        )
+        .unwrap();
+        assert_eq!(at.max_sequence_length, limits::MAX_SEQUENCE_LENGTH);
+        // Each size within bounds, together too many parameters: named with the total.
+        let err = with("n_layers", Some(1000.into()))
+            .and_then(|_| with("mlp_hidden_size", Some((1u64 << 20).into())));
+        assert!(err.is_ok());
+        let mut v: Value = serde_json::from_str(LLADA_8B).unwrap();
+        v["n_layers"] = 1000.into();
+        v["mlp_hidden_size"] = (1u64 << 20).into();
+        let err = LladaConfig::from_json_value(&v).unwrap_err().to_string();
+        assert!(err.contains("parameters"), "{err}");
     }
 
     #[test]

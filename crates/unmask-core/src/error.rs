@@ -102,6 +102,13 @@ pub enum TokenizerError {
          (a LLaDA Base tokenizer lacks the chat tokens; use the Instruct tokenizer)"
     )]
     MissingChatToken { token: &'static str },
+    /// `encode` keeps markup as text; a special id in its output would let text pose as
+    /// a token only the template may place.
+    #[error(
+        "the tokenizer encoded text as the special token {token} (id {id}); only the chat \
+         template may emit special tokens"
+    )]
+    SpecialTokenInText { token: String, id: u32 },
     #[error("chat: expected at least one message, found none")]
     NoMessages,
     #[error("chat: expected at least one user message, found roles [{roles}]")]
@@ -123,6 +130,8 @@ pub enum SamplerError {
     },
     #[error("steps: expected at least one per block ({num_blocks} blocks), found {steps}")]
     TooFewSteps { steps: usize, num_blocks: usize },
+    #[error("steps: expected at most gen_length ({gen_length}, one token per step), found {steps}")]
+    TooManySteps { steps: usize, gen_length: usize },
     #[error("steps {steps} is not a multiple of the number of blocks {num_blocks}")]
     StepsNotMultipleOfBlocks { steps: usize, num_blocks: usize },
     #[error("threshold: expected a value in (0, 1], found {threshold}")]

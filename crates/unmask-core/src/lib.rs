@@ -1,8 +1,10 @@
-//! Unmask without a GPU: model config, tokenizer and chat template, the diffusion sampler,
-//! cache policy, and the CPU oracle the GPU kernels are tested against.
+//! Unmask without a GPU: model config, safetensors checkpoint layout, tokenizer and chat
+//! template, the diffusion sampler, cache policy, and the CPU oracle the GPU kernels are
+//! tested against.
 
 pub mod cache;
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
 pub mod depth_policy;
 pub mod error;

@@ -1,9 +1,11 @@
-//! The BiCache prefix store: entries keyed by a hash of the prefix's token ids and confirmed
-//! by a full comparison, evicted least-recently-used under a budget in tokens and in bytes,
-//! and pinned while a request uses them. Generic over the payload (on the GPU: per-layer K/V
-//! buffers and boundary hidden states), so the policy is tested without a device.
+//! The BiCache prefix store: entries keyed by the model's identity and a hash of the
+//! prefix's token ids, confirmed by a full comparison, evicted least-recently-used under a
+//! budget in tokens and in bytes, and pinned while a request uses them (`Pin`, released when
+//! dropped). Generic over the payload (on the GPU: per-layer K/V buffers and boundary hidden
+//! states), so the policy is tested without a device.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Limits on what the store may hold at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +28,16 @@ pub struct StoreStats {
     pub bytes: u64,
 }
 
+/// What the store holds, counted from its entries rather than kept as running totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recount {
+    pub entries: usize,
+    pub tokens: usize,
+    pub bytes: u64,
+    /// Pins held over all entries.
+    pub pins: usize,
+}
+
 /// Handle of a stored entry; valid until the entry is evicted (never while pinned).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EntryId(u64);
@@ -46,9 +58,45 @@ pub enum NotStored {
     AllPinned { pinned: usize },
     #[error("an entry for this prefix is already stored")]
     Duplicate,
+    #[error("the entry is no longer stored")]
+    Evicted,
+}
+
+/// A store shared by the requests of an engine.
+pub type SharedStore<P> = Arc<Mutex<PrefixStore<P>>>;
+
+/// One pin on a stored entry, released when dropped: on success, on every error path and
+/// when the future or batch holding it is dropped, so no pin outlives its request.
+pub struct Pin<P> {
+    store: SharedStore<P>,
+    id: EntryId,
+}
+
+impl<P> Pin<P> {
+    /// Takes over a pin `acquire` or `insert` just made on `store`.
+    pub fn adopt(store: &SharedStore<P>, id: EntryId) -> Self {
+        Self {
+            store: store.clone(),
+            id,
+        }
+    }
+
+    pub fn id(&self) -> EntryId {
+        self.id
+    }
+}
+
+impl<P> Drop for Pin<P> {
+    fn drop(&mut self) {
+        // A poisoned lock still holds consistent counters: release anyway.
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.release(self.id);
+    }
 }
 
 struct Entry<P> {
+    /// The weights the payload was computed with: an entry never meets other weights.
+    model: u64,
     tokens: Vec<u32>,
     hash: u64,
     bytes: u64,
@@ -110,15 +158,27 @@ impl<P> PrefixStore<P> {
         self.clock
     }
 
-    /// The entry whose tokens equal `tokens` exactly, pinned for the caller; counts a hit or
-    /// a miss. A hash match with different tokens is a miss, never served.
-    pub fn acquire(&mut self, tokens: &[u32]) -> Option<EntryId> {
-        let hash = (self.hasher)(tokens);
-        let found = self.by_hash.get(&hash).and_then(|ids| {
-            ids.iter()
-                .copied()
-                .find(|id| self.entries.get(id).is_some_and(|e| e.tokens == tokens))
-        });
+    fn key_hash(&self, model: u64, tokens: &[u32]) -> u64 {
+        (self.hasher)(tokens) ^ model.rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// The stored entry of `model` whose tokens equal `tokens` exactly.
+    fn find(&self, model: u64, tokens: &[u32]) -> Option<u64> {
+        let hash = self.key_hash(model, tokens);
+        self.by_hash.get(&hash).and_then(|ids| {
+            ids.iter().copied().find(|id| {
+                self.entries
+                    .get(id)
+                    .is_some_and(|e| e.model == model && e.tokens == tokens)
+            })
+        })
+    }
+
+    /// The entry of `model` whose tokens equal `tokens` exactly, pinned for the caller;
+    /// counts a hit or a miss. A hash match with different tokens or another model is a
+    /// miss, never served.
+    pub fn acquire(&mut self, model: u64, tokens: &[u32]) -> Option<EntryId> {
+        let found = self.find(model, tokens);
         match found {
             Some(id) => {
                 let now = self.tick();
@@ -135,21 +195,17 @@ impl<P> PrefixStore<P> {
         }
     }
 
-    /// The entry whose tokens equal `tokens`, without pinning it or counting a hit.
-    pub fn peek(&self, tokens: &[u32]) -> Option<EntryId> {
-        let hash = (self.hasher)(tokens);
-        self.by_hash.get(&hash).and_then(|ids| {
-            ids.iter()
-                .copied()
-                .find(|id| self.entries.get(id).is_some_and(|e| e.tokens == tokens))
-                .map(EntryId)
-        })
+    /// The entry of `model` whose tokens equal `tokens`, without pinning it or counting a
+    /// hit.
+    pub fn peek(&self, model: u64, tokens: &[u32]) -> Option<EntryId> {
+        self.find(model, tokens).map(EntryId)
     }
 
     /// Stores a new entry, evicting least-recently-used unpinned entries to make room, and
     /// returns it pinned. Refused (payload handed back) when it cannot fit.
     pub fn insert(
         &mut self,
+        model: u64,
         tokens: Vec<u32>,
         bytes: u64,
         payload: P,
@@ -165,46 +221,12 @@ impl<P> PrefixStore<P> {
             };
             return Err((err, payload));
         }
-        let hash = (self.hasher)(&tokens);
-        if self
-            .by_hash
-            .get(&hash)
-            .is_some_and(|ids| ids.iter().any(|id| self.entries[id].tokens == tokens))
-        {
+        let hash = self.key_hash(model, &tokens);
+        if self.find(model, &tokens).is_some() {
             return Err((NotStored::Duplicate, payload));
         }
-        // Evict only if the whole set of unpinned entries can make enough room.
-        let pinned_tokens: usize = self
-            .entries
-            .values()
-            .filter(|e| e.pins > 0)
-            .map(|e| e.tokens.len())
-            .sum();
-        let pinned_bytes: u64 = self
-            .entries
-            .values()
-            .filter(|e| e.pins > 0)
-            .map(|e| e.bytes)
-            .sum();
-        if pinned_tokens + n > self.budget.max_tokens
-            || pinned_bytes + bytes > self.budget.max_bytes
-        {
-            self.stats.rejected += 1;
-            let pinned = self.entries.values().filter(|e| e.pins > 0).count();
-            return Err((NotStored::AllPinned { pinned }, payload));
-        }
-        while self.stats.tokens + n > self.budget.max_tokens
-            || self.stats.bytes + bytes > self.budget.max_bytes
-        {
-            let victim = self
-                .entries
-                .iter()
-                .filter(|(_, e)| e.pins == 0)
-                .min_by_key(|(_, e)| e.last_use)
-                .map(|(id, _)| *id)
-                .expect("unpinned entries free enough room");
-            self.remove(victim);
-            self.stats.evictions += 1;
+        if let Err(err) = self.make_room(n, bytes, None) {
+            return Err((err, payload));
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -217,6 +239,7 @@ impl<P> PrefixStore<P> {
         self.entries.insert(
             id,
             Entry {
+                model,
                 tokens,
                 hash,
                 bytes,
@@ -226,6 +249,78 @@ impl<P> PrefixStore<P> {
             },
         );
         Ok(EntryId(id))
+    }
+
+    /// Evicts least-recently-used unpinned entries (never `keep`) until `tokens` and
+    /// `bytes` more fit the budget; refuses, evicting nothing, when even evicting all of
+    /// them would not make enough room.
+    fn make_room(&mut self, tokens: usize, bytes: u64, keep: Option<u64>) -> Result<(), NotStored> {
+        let held = |e: &Entry<P>, id: u64| e.pins > 0 || Some(id) == keep;
+        let (held_tokens, held_bytes, held_count) = self
+            .entries
+            .iter()
+            .filter(|(id, e)| held(e, **id))
+            .fold((0usize, 0u64, 0usize), |(t, b, c), (_, e)| {
+                (t + e.tokens.len(), b + e.bytes, c + 1)
+            });
+        if held_tokens + tokens > self.budget.max_tokens
+            || held_bytes + bytes > self.budget.max_bytes
+        {
+            self.stats.rejected += 1;
+            return Err(NotStored::AllPinned { pinned: held_count });
+        }
+        while self.stats.tokens + tokens > self.budget.max_tokens
+            || self.stats.bytes + bytes > self.budget.max_bytes
+        {
+            let victim = self
+                .entries
+                .iter()
+                .filter(|(id, e)| !held(e, **id))
+                .min_by_key(|(_, e)| e.last_use)
+                .map(|(id, _)| *id)
+                .expect("unpinned entries free enough room");
+            self.remove(victim);
+            self.stats.evictions += 1;
+        }
+        Ok(())
+    }
+
+    /// Charges `bytes` more to entry `id` (a payload that grew, such as a new boundary
+    /// state), evicting other unpinned entries to make room; refused, with nothing
+    /// charged, when they cannot fit. The caller then keeps the addition out of the entry.
+    pub fn charge(&mut self, id: EntryId, bytes: u64) -> Result<(), NotStored> {
+        let Some(entry) = self.entries.get(&id.0) else {
+            return Err(NotStored::Evicted);
+        };
+        let (tokens, total) = (entry.tokens.len(), entry.bytes.saturating_add(bytes));
+        if total > self.budget.max_bytes {
+            self.stats.rejected += 1;
+            return Err(NotStored::TooLarge {
+                tokens,
+                bytes: total,
+                max_tokens: self.budget.max_tokens,
+                max_bytes: self.budget.max_bytes,
+            });
+        }
+        self.make_room(0, bytes, Some(id.0))?;
+        if let Some(e) = self.entries.get_mut(&id.0) {
+            e.bytes += bytes;
+        }
+        self.stats.bytes += bytes;
+        Ok(())
+    }
+
+    /// Live entries, tokens and bytes recounted from the entries themselves, and the pins
+    /// held (for tests that check the counters against them).
+    pub fn recount(&self) -> Recount {
+        self.entries
+            .values()
+            .fold(Recount::default(), |r, e| Recount {
+                entries: r.entries + 1,
+                tokens: r.tokens + e.tokens.len(),
+                bytes: r.bytes + e.bytes,
+                pins: r.pins + e.pins,
+            })
     }
 
     fn remove(&mut self, id: u64) -> Option<P> {
@@ -296,14 +391,14 @@ mod tests {
     #[test]
     fn hit_miss_and_lru_eviction_order() {
         let mut s = PrefixStore::new(budget(10, 1000));
-        let a = s.insert(vec![1, 2, 3, 4], 100, "a").unwrap();
-        let b = s.insert(vec![5, 6, 7], 100, "b").unwrap();
+        let a = s.insert(0, vec![1, 2, 3, 4], 100, "a").unwrap();
+        let b = s.insert(0, vec![5, 6, 7], 100, "b").unwrap();
         s.release(a);
         s.release(b);
-        assert_eq!(s.acquire(&[1, 2, 3, 4]), Some(a)); // a is now the most recent
+        assert_eq!(s.acquire(0, &[1, 2, 3, 4]), Some(a)); // a is now the most recent
         s.release(a);
-        assert_eq!(s.acquire(&[9]), None);
-        let c = s.insert(vec![8, 8, 8, 8], 100, "c").unwrap(); // 11 tokens: evict LRU = b
+        assert_eq!(s.acquire(0, &[9]), None);
+        let c = s.insert(0, vec![8, 8, 8, 8], 100, "c").unwrap(); // 11 tokens: evict LRU = b
         assert!(!s.contains(b) && s.contains(a) && s.contains(c));
         let st = s.stats();
         assert_eq!(
@@ -315,12 +410,12 @@ mod tests {
     #[test]
     fn clear_unpinned_keeps_entries_in_use() {
         let mut s = PrefixStore::new(budget(100, 1000));
-        let a = s.insert(vec![1, 2], 10, "a").unwrap(); // stays pinned
-        let b = s.insert(vec![3, 4, 5], 20, "b").unwrap();
+        let a = s.insert(0, vec![1, 2], 10, "a").unwrap(); // stays pinned
+        let b = s.insert(0, vec![3, 4, 5], 20, "b").unwrap();
         s.release(b);
         assert_eq!(s.clear_unpinned(), 1);
         assert!(s.contains(a) && !s.contains(b));
-        assert_eq!(s.acquire(&[3, 4, 5]), None);
+        assert_eq!(s.acquire(0, &[3, 4, 5]), None);
         let st = s.stats();
         assert_eq!((st.entries, st.tokens, st.bytes), (1, 2, 10));
     }
@@ -328,19 +423,19 @@ mod tests {
     #[test]
     fn pinned_entries_are_never_evicted_and_oversized_entries_are_refused() {
         let mut s = PrefixStore::new(budget(8, 1000));
-        let a = s.insert(vec![1; 6], 10, 1).unwrap(); // pinned
-        let (err, payload) = s.insert(vec![2; 4], 10, 2).unwrap_err();
+        let a = s.insert(0, vec![1; 6], 10, 1).unwrap(); // pinned
+        let (err, payload) = s.insert(0, vec![2; 4], 10, 2).unwrap_err();
         assert!(matches!(err, NotStored::AllPinned { pinned: 1 }), "{err}");
         assert_eq!(payload, 2);
-        let (err, _) = s.insert(vec![3; 9], 10, 3).unwrap_err();
+        let (err, _) = s.insert(0, vec![3; 9], 10, 3).unwrap_err();
         assert!(
             err.to_string().contains("exceeds the cache budget"),
             "{err}"
         );
-        let (err, _) = s.insert(vec![4; 2], 2000, 4).unwrap_err();
+        let (err, _) = s.insert(0, vec![4; 2], 2000, 4).unwrap_err();
         assert!(matches!(err, NotStored::TooLarge { .. }));
         s.release(a);
-        s.insert(vec![2; 4], 10, 2).unwrap();
+        s.insert(0, vec![2; 4], 10, 2).unwrap();
         assert!(!s.contains(a));
         assert_eq!(s.stats().rejected, 3);
     }
@@ -348,21 +443,23 @@ mod tests {
     #[test]
     fn forced_hash_collisions_never_serve_the_wrong_entry() {
         let mut s = PrefixStore::with_hasher(budget(100, 1000), |_| 42);
-        let a = s.insert(vec![1, 2, 3], 1, "a").unwrap();
-        let b = s.insert(vec![1, 2, 4], 1, "b").unwrap();
+        let a = s.insert(0, vec![1, 2, 3], 1, "a").unwrap();
+        let b = s.insert(0, vec![1, 2, 4], 1, "b").unwrap();
         assert_ne!(a, b);
         assert_eq!(
-            s.acquire(&[1, 2, 4]).and_then(|id| s.payload(id).copied()),
+            s.acquire(0, &[1, 2, 4])
+                .and_then(|id| s.payload(id).copied()),
             Some("b")
         );
         assert_eq!(
-            s.acquire(&[1, 2, 3]).and_then(|id| s.payload(id).copied()),
+            s.acquire(0, &[1, 2, 3])
+                .and_then(|id| s.payload(id).copied()),
             Some("a")
         );
-        assert_eq!(s.acquire(&[1, 2]), None);
-        assert_eq!(s.acquire(&[1, 2, 3, 4]), None);
+        assert_eq!(s.acquire(0, &[1, 2]), None);
+        assert_eq!(s.acquire(0, &[1, 2, 3, 4]), None);
         assert!(matches!(
-            s.insert(vec![1, 2, 3], 1, "dup"),
+            s.insert(0, vec![1, 2, 3], 1, "dup"),
             Err((NotStored::Duplicate, _))
         ));
     }
@@ -385,19 +482,27 @@ mod tests {
             let mut pinned: Vec<EntryId> = Vec::new();
             let mut last_use: HashMap<EntryId, u64> = HashMap::new();
             let mut clock = 0u64;
+            let mut charged = 0;
             for _ in 0..2000 {
                 clock += 1;
                 // Prefixes drawn from a small family so hits, collisions and duplicates happen.
                 let len = 1 + (rng.next_u64() % 12) as usize;
                 let fam = rng.next_u64() % 4;
                 let tokens: Vec<u32> = (0..len as u32).map(|i| i * 7 + fam as u32).collect();
-                match rng.next_u64() % 3 {
+                // Two models with the same prefixes: an entry never serves the other.
+                let model = rng.next_u64() % 2;
+                match rng.next_u64() % 4 {
                     0 => {
-                        if let Some(id) = s.acquire(&tokens) {
+                        if let Some(id) = s.acquire(model, &tokens) {
                             assert_eq!(
                                 s.tokens(id),
                                 Some(tokens.as_slice()),
                                 "seed {seed}: wrong entry served"
+                            );
+                            assert_eq!(
+                                s.payload(id).map(|&(m, _)| m),
+                                Some(model),
+                                "seed {seed}: another model's entry served"
                             );
                             pinned.push(id);
                             last_use.insert(id, clock);
@@ -410,7 +515,7 @@ mod tests {
                             .copied()
                             .filter(|id| s.contains(*id))
                             .collect();
-                        if let Ok(id) = s.insert(tokens.clone(), bytes, len) {
+                        if let Ok(id) = s.insert(model, tokens.clone(), bytes, (model, len)) {
                             let evicted: Vec<EntryId> = before
                                 .iter()
                                 .copied()
@@ -436,6 +541,18 @@ mod tests {
                             last_use.insert(id, clock);
                         }
                     }
+                    2 => {
+                        // A pinned entry grows (a new boundary state): charged or refused.
+                        if !pinned.is_empty() {
+                            let id = pinned[(rng.next_u64() % pinned.len() as u64) as usize];
+                            let before = s.stats().bytes;
+                            let extra = rng.next_u64() % 80;
+                            match s.charge(id, extra) {
+                                Ok(()) => charged += 1,
+                                Err(_) => assert_eq!(s.stats().bytes, before),
+                            }
+                        }
+                    }
                     _ => {
                         if !pinned.is_empty() {
                             let i = (rng.next_u64() % pinned.len() as u64) as usize;
@@ -448,6 +565,12 @@ mod tests {
                     st.tokens <= max_tokens && st.bytes <= max_bytes,
                     "seed {seed}: over budget"
                 );
+                let r = s.recount();
+                assert_eq!(
+                    (st.entries, st.tokens, st.bytes, pinned.len()),
+                    (r.entries, r.tokens, r.bytes, r.pins),
+                    "seed {seed}: counters differ from the entries"
+                );
                 for id in &pinned {
                     assert!(
                         s.contains(*id) && s.is_pinned(*id),
@@ -457,9 +580,63 @@ mod tests {
             }
             let st = s.stats();
             assert!(
-                st.hits > 0 && st.evictions > 0,
-                "seed {seed}: the sequence exercised hits and evictions: {st:?}"
+                st.hits > 0 && st.evictions > 0 && charged > 0,
+                "seed {seed}: the sequence exercised hits, evictions and charges: {st:?}"
             );
         }
+    }
+
+    #[test]
+    fn entries_of_another_model_are_never_served() {
+        let mut s = PrefixStore::new(budget(100, 1000));
+        let a = s.insert(1, vec![1, 2, 3], 10, "model 1").unwrap();
+        assert_eq!(s.acquire(2, &[1, 2, 3]), None);
+        assert_eq!(s.peek(2, &[1, 2, 3]), None);
+        let b = s.insert(2, vec![1, 2, 3], 10, "model 2").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(s.acquire(1, &[1, 2, 3]), Some(a));
+        assert_eq!(s.acquire(2, &[1, 2, 3]), Some(b));
+    }
+
+    #[test]
+    fn growth_is_charged_to_the_budget_or_refused() {
+        let mut s = PrefixStore::new(budget(100, 100));
+        let a = s.insert(0, vec![1, 2], 40, "a").unwrap();
+        let b = s.insert(0, vec![3], 40, "b").unwrap();
+        s.release(b);
+        // 40 + 40 + 30 > 100: b (unpinned) is evicted to make room.
+        s.charge(a, 30).unwrap();
+        assert!(!s.contains(b));
+        assert_eq!(s.stats().bytes, 70);
+        assert_eq!(s.recount().bytes, 70);
+        // Past the budget on its own: refused, nothing charged.
+        assert!(matches!(s.charge(a, 31), Err(NotStored::TooLarge { .. })));
+        let c = s.insert(0, vec![4], 30, "c").unwrap(); // pinned
+        assert!(matches!(s.charge(a, 1), Err(NotStored::AllPinned { .. })));
+        assert_eq!(s.stats().bytes, 100);
+        s.release(c);
+    }
+
+    #[test]
+    fn pins_are_released_when_dropped_on_every_path() {
+        let store: SharedStore<&str> = Arc::new(Mutex::new(PrefixStore::new(budget(100, 1000))));
+        let id = store.lock().unwrap().insert(0, vec![1], 1, "a").unwrap();
+        let pin = Pin::adopt(&store, id);
+        let failing = |pin: Pin<&str>| -> Result<(), String> {
+            let _held = pin;
+            Err("a step failed".into())
+        };
+        assert!(failing(pin).is_err());
+        assert_eq!(store.lock().unwrap().recount().pins, 0);
+        // A pin inside an abandoned future goes with it.
+        let id = store.lock().unwrap().acquire(0, &[1]).unwrap();
+        let pin = Pin::adopt(&store, id);
+        let fut = async move {
+            let _held = pin;
+            std::future::pending::<()>().await;
+        };
+        assert_eq!(store.lock().unwrap().recount().pins, 1);
+        drop(fut);
+        assert_eq!(store.lock().unwrap().recount().pins, 0);
     }
 }

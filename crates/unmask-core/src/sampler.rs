@@ -98,6 +98,14 @@ impl GenerationParams {
                         num_blocks,
                     });
                 }
+                // A step beyond one per token commits nothing and still runs the model; the
+                // bound also keeps a typo (1e12) from sizing per-step tables.
+                if self.steps > self.gen_length {
+                    return Err(SamplerError::TooManySteps {
+                        steps: self.steps,
+                        gen_length: self.gen_length,
+                    });
+                }
                 if !self.steps.is_multiple_of(num_blocks) {
                     return Err(SamplerError::StepsNotMultipleOfBlocks {
                         steps: self.steps,
@@ -761,6 +769,20 @@ mod tests {
             SamplerError::TooFewSteps {
                 steps: 0,
                 num_blocks: 2
+            }
+        );
+        assert_eq!(
+            err(params(8, 10, 4), &[1], 64),
+            SamplerError::TooManySteps {
+                steps: 10,
+                gen_length: 8
+            }
+        );
+        assert_eq!(
+            err(params(8, 1_000_000_000_000, 4), &[1], 64),
+            SamplerError::TooManySteps {
+                steps: 1_000_000_000_000,
+                gen_length: 8
             }
         );
         for threshold in [0.0, -0.5, 1.5, f32::NAN] {

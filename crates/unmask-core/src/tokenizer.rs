@@ -63,12 +63,24 @@ impl SpecialTokens {
     }
 }
 
+/// Builds a tokenizer from the text of a `tokenizer.json`, in two steps: the text to a JSON
+/// value, then the value to a tokenizer. `tokenizers` 0.23 deserializing the text itself
+/// panics (`expect("Helper")` in its decoder's deserializer) when the `decoder` value is not
+/// well-formed JSON; parsed first, every syntax error comes back as an error, and the
+/// decoder's deserializer only ever sees a well-formed value.
+fn parse_json(bytes: &[u8]) -> Result<tokenizers::Tokenizer, tokenizers::Error> {
+    let value: serde_json::Value = serde_json::from_slice(bytes)?;
+    Ok(serde_json::from_value(value)?)
+}
+
 /// A loaded `tokenizer.json`.
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// Decoding in `DecodeMode::Clean` stops at these ids.
     stop_ids: Vec<u32>,
+    /// Ids of the added tokens marked special; `encode` never returns one.
+    special_ids: std::collections::HashSet<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -83,8 +95,10 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let path = path.as_ref();
-        let inner =
-            tokenizers::Tokenizer::from_file(path).map_err(|source| TokenizerError::Load {
+        let inner = std::fs::read(path)
+            .map_err(Into::into)
+            .and_then(|bytes| parse_json(&bytes))
+            .map_err(|source| TokenizerError::Load {
                 source_name: path.display().to_string(),
                 source,
             })?;
@@ -93,24 +107,38 @@ impl Tokenizer {
 
     /// Loads the contents of a `tokenizer.json` (for the browser, where there are no files).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
-        let inner =
-            tokenizers::Tokenizer::from_bytes(bytes).map_err(|source| TokenizerError::Load {
-                source_name: format!("tokenizer.json ({} bytes)", bytes.len()),
-                source,
-            })?;
+        let inner = parse_json(bytes).map_err(|source| TokenizerError::Load {
+            source_name: format!("tokenizer.json ({} bytes)", bytes.len()),
+            source,
+        })?;
         Ok(Self::wrap(inner))
     }
 
-    fn wrap(inner: tokenizers::Tokenizer) -> Self {
+    fn wrap(mut inner: tokenizers::Tokenizer) -> Self {
+        // Text is always encoded as text: markup such as `<|eot_id|>` typed by a user must
+        // not become the special token (it would forge a turn, or a mask to infill). Only
+        // the chat template places special tokens, by id.
+        inner.set_encode_special_tokens(true);
         let stop_ids = [EOT_TOKEN, EOS_TOKEN]
             .iter()
             .filter_map(|t| inner.token_to_id(t))
             .collect();
-        Self { inner, stop_ids }
+        let special_ids = inner
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .collect();
+        Self {
+            inner,
+            stop_ids,
+            special_ids,
+        }
     }
 
     /// Token ids of `text`, with no special tokens added around it. Special-token markup
-    /// inside the text (`<|eot_id|>`, ...) still becomes the special token.
+    /// inside the text (`<|eot_id|>`, `<|mdm_mask|>`, ...) is encoded as the plain text it
+    /// is, never as the special token: no id this returns is a special token's.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let encoding =
             self.inner
@@ -119,7 +147,22 @@ impl Tokenizer {
                     chars: text.chars().count(),
                     source,
                 })?;
-        Ok(encoding.get_ids().to_vec())
+        let ids = encoding.get_ids();
+        // The tokenizer's own promise, checked: a vocabulary whose merges spell a special
+        // token would otherwise let text through as one.
+        if let Some(&id) = ids.iter().find(|id| self.special_ids.contains(id)) {
+            return Err(TokenizerError::SpecialTokenInText {
+                token: self.id_to_token(id).unwrap_or_default(),
+                id,
+            });
+        }
+        Ok(ids.to_vec())
+    }
+
+    /// Whether `id` is one of the tokenizer's special tokens (BOS, EOS, mask, chat markup,
+    /// reserved ids).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
     }
 
     /// Text of `ids`. Special tokens are left out in both modes. Ids the tokenizer does not

@@ -1,7 +1,7 @@
 //! Adapter choice, device creation and the features the kernels may use.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{GpuError, Result};
 use crate::pipeline::PipelineCache;
@@ -18,6 +18,9 @@ pub struct ContextOptions {
     /// Cap on the largest storage binding the kernels may use, below the device's own limit.
     /// Tests set it tiny to force the chunked-weight path.
     pub max_binding_bytes: Option<u64>,
+    /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
+    /// past it is refused with an error naming what it was for (`None`: no budget).
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for ContextOptions {
@@ -27,6 +30,7 @@ impl Default for ContextOptions {
             allow_shader_f16: true,
             allow_subgroups: true,
             max_binding_bytes: None,
+            memory_budget: None,
         }
     }
 }
@@ -64,12 +68,51 @@ pub struct KernelFeatures {
 pub struct MemoryCounter {
     live: AtomicU64,
     peak: AtomicU64,
+    budget: Option<u64>,
 }
 
 impl MemoryCounter {
-    pub(crate) fn allocate(&self, bytes: u64) {
-        let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak.fetch_max(live, Ordering::Relaxed);
+    pub(crate) fn new(budget: Option<u64>) -> Self {
+        Self {
+            budget,
+            ..Self::default()
+        }
+    }
+
+    /// Counts `bytes` for `what`, or refuses them when they would pass the budget.
+    pub(crate) fn allocate(&self, what: &str, bytes: u64) -> Result<()> {
+        let mut live = self.live.load(Ordering::Relaxed);
+        loop {
+            let after = live.saturating_add(bytes);
+            if let Some(budget) = self.budget.filter(|&b| after > b) {
+                return Err(GpuError::OverBudget {
+                    what: what.to_string(),
+                    needed: bytes,
+                    live,
+                    budget,
+                });
+            }
+            match self
+                .live
+                .compare_exchange_weak(live, after, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(after, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(now) => live = now,
+            }
+        }
+    }
+
+    /// The budget, when there is one.
+    pub fn budget(&self) -> Option<u64> {
+        self.budget
+    }
+
+    /// Bytes that may still be allocated under the budget (`None`: no budget).
+    pub fn headroom(&self) -> Option<u64> {
+        self.budget.map(|b| b.saturating_sub(self.live_bytes()))
     }
 
     pub(crate) fn release(&self, bytes: u64) {
@@ -90,10 +133,34 @@ impl MemoryCounter {
     }
 }
 
+/// Faults the device reports outside any call: a lost device, and errors no error scope
+/// caught (wgpu's default handler would panic on them).
+#[derive(Default)]
+pub struct DeviceFaults {
+    lost: Mutex<Option<String>>,
+    uncaptured: Mutex<Option<String>>,
+}
+
+impl DeviceFaults {
+    fn record(slot: &Mutex<Option<String>>, message: String) {
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        // The first fault explains the ones after it.
+        if slot.is_none() {
+            *slot = Some(message);
+        }
+    }
+
+    /// Why the device was lost, once it has been.
+    pub fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// The device, its queue and everything derived from the adapter.
 pub struct GpuContext {
     /// Storage-buffer bytes alive on the device.
     pub memory: Arc<MemoryCounter>,
+    pub faults: Arc<DeviceFaults>,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
@@ -218,10 +285,24 @@ impl GpuContext {
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
         };
+        let faults = Arc::new(DeviceFaults::default());
+        {
+            let faults = faults.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                DeviceFaults::record(&faults.uncaptured, e.to_string())
+            }));
+        }
+        {
+            let faults = faults.clone();
+            device.set_device_lost_callback(move |reason, message| {
+                DeviceFaults::record(&faults.lost, format!("{reason:?}: {message}"))
+            });
+        }
         let params =
             crate::step::ParamArena::new(&device, limits.min_uniform_buffer_offset_alignment);
         Ok(Arc::new(Self {
-            memory: Arc::new(MemoryCounter::default()),
+            memory: Arc::new(MemoryCounter::new(options.memory_budget)),
+            faults,
             device,
             queue,
             info,
@@ -245,6 +326,52 @@ impl GpuContext {
             self.features.subgroups,
             self.features.max_binding_bytes >> 20
         )
+    }
+
+    /// Runs `create` inside an out-of-memory error scope. Natively wgpu settles the scope
+    /// when it is popped, so an allocation the device cannot back comes back here as
+    /// `Err(message)` instead of reaching the uncaptured-error handler. A browser answers
+    /// later; there no scope is pushed and the handler records the error for
+    /// `check_faults`, which every read-back calls.
+    pub(crate) fn scoped_allocation<T>(
+        &self,
+        create: impl FnOnce() -> T,
+    ) -> std::result::Result<T, String> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            use std::future::Future;
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let value = create();
+            let mut popped = std::pin::pin!(scope.pop());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match popped.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(Some(error)) => Err(error.to_string()),
+                _ => Ok(value),
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        Ok(create())
+    }
+
+    /// The first fault the device reported since the last check, as an error: a lost
+    /// device (every later call fails the same way) or an error no scope caught (once).
+    pub fn check_faults(&self) -> Result<()> {
+        if let Some(reason) = self.faults.lost() {
+            return Err(GpuError::DeviceLost(reason));
+        }
+        let uncaptured = self
+            .faults
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match uncaptured {
+            Some(message) => Err(GpuError::Validation {
+                context: "the device (an error outside any call)".into(),
+                message,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Blocks until all submitted work has finished (native only; a no-op in browsers).

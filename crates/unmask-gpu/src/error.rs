@@ -36,6 +36,28 @@ pub enum GpuError {
         needed: u64,
         limit: u64,
     },
+    #[error(
+        "out of GPU memory allocating {what} ({needed} bytes, with {live} bytes already \
+         allocated): {message}"
+    )]
+    OutOfMemory {
+        what: String,
+        needed: u64,
+        live: u64,
+        message: String,
+    },
+    #[error(
+        "{what} needs {needed} bytes of GPU memory, but {live} of the budget's {budget} bytes \
+         are in use (raise --gpu-memory, or free cached prefixes)"
+    )]
+    OverBudget {
+        what: String,
+        needed: u64,
+        live: u64,
+        budget: u64,
+    },
+    #[error("the GPU device was lost ({0}); load the model again")]
+    DeviceLost(String),
     #[error("cannot quantize {what}: {message}")]
     Quantize { what: String, message: String },
     #[error("reading back a GPU buffer failed: {0}")]

@@ -273,6 +273,7 @@ impl GpuContext {
         offset: u64,
         size: u64,
     ) -> Result<Vec<u8>> {
+        self.check_faults()?;
         let padded = size.div_ceil(4) * 4;
         if padded == 0 {
             return Ok(Vec::new());
@@ -305,6 +306,9 @@ impl GpuContext {
         out.truncate(size as usize);
         drop(view);
         staging.unmap();
+        // An error in the work just read (recorded by the device's handler) makes the
+        // bytes meaningless.
+        self.check_faults()?;
         Ok(out)
     }
 }

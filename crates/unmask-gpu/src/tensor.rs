@@ -85,15 +85,27 @@ pub(crate) fn storage_buffer(ctx: &GpuContext, label: &str, bytes: u64) -> Resul
             limit: ctx.features.max_buffer_bytes,
         });
     }
-    let raw = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
+    ctx.check_faults()?;
+    ctx.memory.allocate(&format!("buffer {label}"), size)?;
+    let created = ctx.scoped_allocation(|| {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
     });
-    ctx.memory.allocate(size);
+    let raw = created.map_err(|message| {
+        ctx.memory.release(size);
+        GpuError::OutOfMemory {
+            what: format!("buffer {label}"),
+            needed: size,
+            live: ctx.memory.live_bytes(),
+            message,
+        }
+    })?;
     Ok(GpuBuffer {
         raw,
         bytes: size,

@@ -14,6 +14,7 @@
 //! Everything is async: each denoising step awaits its read-back, so the page keeps
 //! drawing while the model runs.
 
+pub mod busy;
 pub mod mapping;
 
 #[cfg(target_arch = "wasm32")]

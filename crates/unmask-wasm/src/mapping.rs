@@ -1,6 +1,14 @@
 //! The JSON shapes the page and the runtime exchange: requests and options in, step events
 //! and results out. Plain `serde_json` so it is tested natively; the wasm glue only turns
 //! them into JavaScript objects (`JSON.parse`) and back.
+//!
+//! Every number a page sends is checked here before anything is sized from it: a whole
+//! number must be one (no fractions, no negatives), within a stated bound that comes from
+//! the loaded model where there is one. On wasm32 `usize` is 32 bits, so an unchecked
+//! 2^32 would wrap to 0, and an unchecked 1e9 would ask the 4 GiB heap for gigabytes and
+//! abort the instance. Each error names the field, what it expected and what it found.
+
+use std::ops::RangeInclusive;
 
 use serde_json::{Value, json};
 use unmask::{
@@ -9,30 +17,104 @@ use unmask::{
 };
 use unmask_core::tokenizer::Tokenizer;
 
+/// The largest whole number a JavaScript number holds exactly (`Number.MAX_SAFE_INTEGER`);
+/// above it a page's value is already rounded before it gets here.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// Counts that become a `usize`: at most 2^32 - 1, which `usize` holds on wasm32 too.
+const MAX_COUNT: u64 = u32::MAX as u64;
+
+/// The smallest `maxBindingBytes`: below a page, tensors split into so many bindings that
+/// loading crawls; the tests' smallest cap is 48 KiB.
+pub const MIN_BINDING_BYTES: u64 = 4096;
+
+/// What a request is checked against: the loaded model's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Positions the model attends over, prompt and canvas together
+    /// (`max_sequence_length`).
+    pub context: usize,
+    /// Rows of the embedding: every token id is below it.
+    pub vocab: usize,
+    /// Transformer layers: the most BiCache's shallow depth can be.
+    pub layers: usize,
+}
+
+impl Limits {
+    pub fn of(engine: &Engine) -> Self {
+        let c = engine.config();
+        Self {
+            context: c.max_sequence_length,
+            vocab: c.embedding_size,
+            layers: c.n_layers,
+        }
+    }
+
+    /// The longest prompt, or canvas, that leaves at least one position for the other.
+    fn most_tokens(&self) -> usize {
+        self.context.saturating_sub(1)
+    }
+}
+
 /// Reads an optional field of a JSON object with `get`, naming the field when it is of the
 /// wrong type.
-fn field<T>(
-    obj: &Value,
+fn field<'a, T>(
+    obj: &'a Value,
     key: &str,
     what: &str,
-    get: impl Fn(&Value) -> Option<T>,
+    get: impl Fn(&'a Value) -> Option<T>,
 ) -> Result<Option<T>, String> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => get(v)
             .map(Some)
-            .ok_or_else(|| format!("{key} must be {what}, found {v}")),
+            .ok_or_else(|| format!("{key}: expected {what}, found {v}")),
     }
 }
 
-fn whole(obj: &Value, key: &str) -> Result<Option<usize>, String> {
-    field(obj, key, "a whole number", |v| {
-        v.as_u64().map(|n| n as usize)
+/// An optional whole number within `range`; `why` (empty, or " (...)") says where the
+/// bound comes from. Fractions, negatives and numbers past the bound are errors, never
+/// rounded or wrapped.
+fn whole_in(
+    obj: &Value,
+    key: &str,
+    range: RangeInclusive<u64>,
+    why: &str,
+) -> Result<Option<u64>, String> {
+    let what = format!(
+        "a whole number from {} to {}{why}",
+        range.start(),
+        range.end()
+    );
+    field(obj, key, &what, |v| {
+        v.as_u64().filter(|n| range.contains(n))
     })
 }
 
-fn number(obj: &Value, key: &str) -> Result<Option<f32>, String> {
-    field(obj, key, "a number", |v| v.as_f64().map(|n| n as f32))
+/// `whole_in` for a count or length: the bound keeps it within a 32-bit `usize`.
+fn count_in(
+    obj: &Value,
+    key: &str,
+    range: RangeInclusive<usize>,
+    why: &str,
+) -> Result<Option<usize>, String> {
+    let (lo, hi) = (*range.start() as u64, (*range.end() as u64).min(MAX_COUNT));
+    // The value is at most `hi`, which came from a `usize` (or 2^32 - 1): it fits.
+    Ok(whole_in(obj, key, lo..=hi, why)?.map(|n| n as usize))
+}
+
+/// An optional number that must be finite as an `f32` (1e300 is not) and pass `ok`.
+fn real(
+    obj: &Value,
+    key: &str,
+    what: &str,
+    ok: impl Fn(f32) -> bool,
+) -> Result<Option<f32>, String> {
+    field(obj, key, what, |v| {
+        v.as_f64()
+            .map(|n| n as f32)
+            .filter(|&n| n.is_finite() && ok(n))
+    })
 }
 
 fn flag(obj: &Value, key: &str) -> Result<Option<bool>, String> {
@@ -40,11 +122,7 @@ fn flag(obj: &Value, key: &str) -> Result<Option<bool>, String> {
 }
 
 fn text<'a>(obj: &'a Value, key: &str) -> Result<Option<&'a str>, String> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => Err(format!("{key} must be a string, found {v}")),
-    }
+    field(obj, key, "a string", Value::as_str)
 }
 
 /// A weight storage name as the CLI spells it.
@@ -70,98 +148,245 @@ pub fn engine_options(obj: &Value) -> Result<EngineOptions, String> {
     if let Some(w) = text(obj, "embedWeights")? {
         o.embed_format = Some(weight_format(w)?);
     }
-    if let Some(t) = whole(obj, "cacheTokens")? {
+    if let Some(t) = count_in(obj, "cacheTokens", 0..=usize::MAX, "")? {
         o.cache_budget.max_tokens = t;
     }
-    if let Some(b) = whole(obj, "cacheBytes")? {
-        o.cache_budget.max_bytes = b as u64;
+    let safe = " (the largest whole number a JavaScript number holds exactly)";
+    if let Some(b) = whole_in(obj, "cacheBytes", 0..=MAX_SAFE_INTEGER, safe)? {
+        o.cache_budget.max_bytes = b;
     }
     Ok(o)
 }
 
-/// A request: the prompt as `messages` ([{role, content}]), as `system` + `prompt`, or as
-/// token `ids`; the fields of `GenerationParams` in camelCase; `cache`, `prefixLen`,
-/// `depth`, `refreshEvery`, `recomputeAll` and `decode` ("clean" or "raw").
-pub fn request(obj: &Value) -> Result<Request, String> {
-    if !obj.is_object() {
-        return Err(format!("a request must be an object, found {obj}"));
-    }
-    let prompt = if let Some(list) = obj.get("ids").filter(|v| !v.is_null()) {
-        let ids = list
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-                    .collect::<Option<Vec<u32>>>()
-            })
-            .ok_or_else(|| format!("ids must be an array of token ids, found {list}"))?;
-        Prompt::Ids(ids)
-    } else if let Some(list) = obj.get("messages").filter(|v| !v.is_null()) {
+/// The device options of a load: `{maxBindingBytes, shaderF16}`, both optional.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Cap on one storage binding, in bytes.
+    pub max_binding_bytes: Option<u64>,
+    /// `false`: packed f16 even where the adapter has shader-f16.
+    pub shader_f16: bool,
+}
+
+pub fn device_options(obj: &Value) -> Result<DeviceOptions, String> {
+    Ok(DeviceOptions {
+        max_binding_bytes: whole_in(
+            obj,
+            "maxBindingBytes",
+            MIN_BINDING_BYTES..=MAX_SAFE_INTEGER,
+            "",
+        )?,
+        shader_f16: flag(obj, "shaderF16")?.unwrap_or(true),
+    })
+}
+
+/// The prompt of a request: token `ids`, `messages` ([{role, content}]), or `system` +
+/// `prompt`.
+fn prompt(obj: &Value, limits: &Limits) -> Result<Prompt, String> {
+    if let Some(list) = obj.get("ids").filter(|v| !v.is_null()) {
         let items = list
             .as_array()
-            .ok_or_else(|| format!("messages must be an array, found {list}"))?;
+            .ok_or_else(|| format!("ids: expected an array of token ids, found {list}"))?;
+        let most = limits.most_tokens();
+        if items.is_empty() || items.len() > most {
+            return Err(format!(
+                "ids: expected 1 to {most} token ids (the model's context of {} tokens, less \
+                 one for the answer), found {}",
+                limits.context,
+                items.len()
+            ));
+        }
+        // An id past the embedding would read outside it on the GPU.
+        let top = limits.vocab.saturating_sub(1);
+        let ids = items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_u64()
+                    .filter(|&n| n <= top as u64)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| {
+                        format!(
+                            "ids[{i}]: expected a token id from 0 to {top} (the model's \
+                             vocabulary), found {v}"
+                        )
+                    })
+            })
+            .collect::<Result<Vec<u32>, String>>()?;
+        return Ok(Prompt::Ids(ids));
+    }
+    if let Some(list) = obj.get("messages").filter(|v| !v.is_null()) {
+        let items = list.as_array().ok_or_else(|| {
+            format!("messages: expected an array of {{role, content}}, found {list}")
+        })?;
         let mut messages = Vec::with_capacity(items.len());
-        for m in items {
-            let role = match text(m, "role")? {
-                Some("system") => Role::System,
-                Some("user") => Role::User,
-                Some("assistant") => Role::Assistant,
+        for (i, m) in items.iter().enumerate() {
+            let role = match m.get("role") {
+                Some(Value::String(r)) if r == "system" => Role::System,
+                Some(Value::String(r)) if r == "user" => Role::User,
+                Some(Value::String(r)) if r == "assistant" => Role::Assistant,
                 other => {
+                    let found = other.map_or("nothing".to_string(), Value::to_string);
                     return Err(format!(
-                        "a message role must be system, user or assistant, found {other:?}"
+                        "messages[{i}].role: expected \"system\", \"user\" or \"assistant\", \
+                         found {found}"
                     ));
                 }
             };
-            let content = text(m, "content")?.unwrap_or_default();
+            let content = match m.get("content") {
+                None | Some(Value::Null) => "",
+                Some(Value::String(s)) => s,
+                Some(v) => {
+                    return Err(format!(
+                        "messages[{i}].content: expected a string, found {v}"
+                    ));
+                }
+            };
             messages.push(Message::new(role, content));
         }
-        Prompt::Chat(messages)
-    } else {
-        let user = text(obj, "prompt")?.ok_or("a request needs prompt, messages or ids")?;
-        let system = text(obj, "system")?.filter(|s| !s.trim().is_empty());
-        Request::chat(system, user).prompt
-    };
+        return Ok(Prompt::Chat(messages));
+    }
+    let user = text(obj, "prompt")?.ok_or("a request needs prompt, messages or ids")?;
+    let system = text(obj, "system")?.filter(|s| !s.trim().is_empty());
+    Ok(Request::chat(system, user).prompt)
+}
+
+/// The sampler's parameters: `genLength`, `steps`, `blockLength` and the rest of
+/// `GenerationParams` in camelCase. Checks what does not need the prompt's length; the
+/// engine's own `GenerationParams::validate` says the same in its (snake_case) words,
+/// but only after the buffers of the request would be sized.
+fn params(obj: &Value, limits: &Limits) -> Result<GenerationParams, String> {
     let d = GenerationParams::default();
-    let gen_length = whole(obj, "genLength")?.unwrap_or(d.gen_length);
-    let params = GenerationParams {
+    let most = limits.most_tokens();
+    let gen_length = count_in(
+        obj,
+        "genLength",
+        1..=most,
+        &format!(
+            " (the model's context of {} tokens, less at least one prompt token)",
+            limits.context
+        ),
+    )?
+    .unwrap_or(d.gen_length);
+    // A step commits at least one token, so steps past genLength could only repeat
+    // empty steps (the sampler skips them): the bound loses nothing and keeps the
+    // schedule, one entry per step, as small as the canvas.
+    let steps = count_in(obj, "steps", 1..=gen_length, " (genLength)")?.unwrap_or(gen_length);
+    let block_length = count_in(obj, "blockLength", 1..=gen_length, " (genLength)")?
+        .unwrap_or(d.block_length.min(gen_length));
+    if !gen_length.is_multiple_of(block_length) {
+        return Err(format!(
+            "blockLength: expected a divisor of genLength {gen_length}, found {block_length}"
+        ));
+    }
+    let threshold = real(obj, "threshold", "a number above 0 and at most 1", |t| {
+        t > 0.0 && t <= 1.0
+    })?;
+    let blocks = gen_length / block_length;
+    // Threshold decoding takes as many steps as each block needs; `steps` is unused then.
+    if threshold.is_none() && !steps.is_multiple_of(blocks) {
+        return Err(format!(
+            "steps: expected a multiple of the {blocks} blocks (genLength {gen_length} / \
+             blockLength {block_length}), found {steps}"
+        ));
+    }
+    let safe = " (the largest whole number a JavaScript number holds exactly)";
+    Ok(GenerationParams {
         gen_length,
-        steps: whole(obj, "steps")?.unwrap_or(gen_length),
-        block_length: whole(obj, "blockLength")?.unwrap_or(d.block_length.min(gen_length)),
-        temperature: number(obj, "temperature")?.unwrap_or(d.temperature),
+        steps,
+        block_length,
+        temperature: real(obj, "temperature", "a finite number >= 0", |t| t >= 0.0)?
+            .unwrap_or(d.temperature),
         remasking: match text(obj, "remasking")? {
             None | Some("low_confidence") => Remasking::LowConfidence,
             Some("random") => Remasking::Random,
             Some(other) => {
                 return Err(format!(
-                    "remasking must be low_confidence or random, found {other:?}"
+                    "remasking: expected \"low_confidence\" or \"random\", found {other:?}"
                 ));
             }
         },
-        cfg_scale: number(obj, "cfgScale")?.unwrap_or(d.cfg_scale),
-        threshold: number(obj, "threshold")?,
+        cfg_scale: real(obj, "cfgScale", "a finite number >= 0", |c| c >= 0.0)?
+            .unwrap_or(d.cfg_scale),
+        threshold,
         logits_eos_inf: flag(obj, "logitsEosInf")?.unwrap_or(d.logits_eos_inf),
         confidence_eos_eot_inf: flag(obj, "confidenceEosEotInf")?
             .unwrap_or(d.confidence_eos_eot_inf),
-        seed: field(obj, "seed", "a whole number", Value::as_u64)?.unwrap_or(d.seed),
+        seed: whole_in(obj, "seed", 0..=MAX_SAFE_INTEGER, safe)?.unwrap_or(d.seed),
         round_confidence_bf16: flag(obj, "roundConfidenceBf16")?.unwrap_or(d.round_confidence_bf16),
-    };
-    let mut r = Request::ids(Vec::new()).with_params(params);
+    })
+}
+
+/// A request: the prompt as `messages` ([{role, content}]), as `system` + `prompt`, or as
+/// token `ids`; the fields of `GenerationParams` in camelCase; `cache`, `prefixLen`,
+/// `depth`, `refreshEvery`, `recomputeAll` and `decode` ("clean" or "raw"). Checked
+/// against the model's `limits`; what depends on the prompt's length is checked by
+/// `fit_prompt` once it is encoded.
+pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
+    if !obj.is_object() {
+        return Err(format!("a request must be an object, found {obj}"));
+    }
+    let prompt = prompt(obj, limits)?;
+    let mut r = Request::ids(Vec::new()).with_params(params(obj, limits)?);
     r.prompt = prompt;
     if let Some(c) = text(obj, "cache")? {
-        r.cache = c.parse::<CacheMode>().map_err(|e| e.to_string())?;
+        r.cache = c.parse::<CacheMode>().map_err(|e| format!("cache: {e}"))?;
     }
-    r.prefix_len = whole(obj, "prefixLen")?;
-    r.depth = whole(obj, "depth")?;
-    if let Some(n) = whole(obj, "refreshEvery")? {
-        r.refresh_every = n.max(1);
+    r.prefix_len = count_in(
+        obj,
+        "prefixLen",
+        0..=limits.most_tokens(),
+        " (the longest prompt the model's context leaves room for)",
+    )?;
+    r.depth = count_in(
+        obj,
+        "depth",
+        0..=limits.layers,
+        &format!(" (the model's {} layers)", limits.layers),
+    )?;
+    if let Some(n) = count_in(obj, "refreshEvery", 1..=usize::MAX, " (steps)")? {
+        r.refresh_every = n;
     }
     r.recompute_all = flag(obj, "recomputeAll")?.unwrap_or(false);
     r.decode = match text(obj, "decode")? {
         None | Some("clean") => DecodeMode::Clean,
         Some("raw") => DecodeMode::Raw,
-        Some(other) => return Err(format!("decode must be clean or raw, found {other:?}")),
+        Some(other) => {
+            return Err(format!(
+                "decode: expected \"clean\" or \"raw\", found {other:?}"
+            ));
+        }
     };
     Ok(r)
+}
+
+/// Checks what a request asks of its prompt once the prompt is encoded (`prompt_len`
+/// tokens): the prompt and the canvas must fit the model's context together, and a
+/// shared prefix must lie inside the prompt.
+pub fn fit_prompt(r: &Request, prompt_len: usize, limits: &Limits) -> Result<(), String> {
+    let context = limits.context;
+    if prompt_len == 0 {
+        return Err("prompt: expected at least one token, found none".to_string());
+    }
+    if prompt_len >= context {
+        return Err(format!(
+            "prompt: expected fewer than {context} tokens (the model's context, less one for \
+             the answer), found {prompt_len}"
+        ));
+    }
+    let room = context - prompt_len;
+    let gen_length = r.params.gen_length;
+    if gen_length > room {
+        return Err(format!(
+            "genLength: expected at most {room} (the model's context of {context} tokens less \
+             the prompt's {prompt_len}), found {gen_length}"
+        ));
+    }
+    if let Some(p) = r.prefix_len.filter(|&p| p > prompt_len) {
+        return Err(format!(
+            "prefixLen: expected at most the prompt's {prompt_len} tokens, found {p}"
+        ));
+    }
+    Ok(())
 }
 
 /// Per-position state of the canvas shown while a request denoises.
@@ -183,19 +408,21 @@ impl CanvasTracker {
 
     /// The event as JSON: `step`, `block`, `stepInBlock`, `elapsed`, `promptLength`,
     /// `canvas` (generated ids, masks included), `masked` (generated positions still
-    /// masked), `committed` ([position, token] committed now), `confidence`, `predicted`
-    /// (the guess at each masked position), `pieces` (each committed token's text, null
-    /// for masks) and `text` (the answer so far).
+    /// masked), `committed` ([position in the canvas, token] committed now), `infilled`
+    /// ([position in the prompt, token] committed now where a prompt held a mask),
+    /// `confidence`, `predicted` (the guess at each masked position), `pieces` (each
+    /// committed token's text, null for masks) and `text` (the answer so far).
     pub fn event(&mut self, e: &StepEvent<'_>, tokenizer: Option<&Tokenizer>) -> Value {
         let start = e.prompt_len;
-        let canvas = &e.canvas[start..];
+        let canvas = e.canvas.get(start..).unwrap_or_default();
         for (&pos, &(token, conf)) in e.rows.iter().zip(e.predictions) {
-            if let Some(i) = (pos as usize)
-                .checked_sub(start)
-                .filter(|&i| i < canvas.len())
-            {
-                self.confidence[i] = Some(conf);
-                self.predicted[i] = Some(token);
+            // Rows before `start` are masks inside the prompt (infilling): not the canvas.
+            let Some(i) = (pos as usize).checked_sub(start) else {
+                continue;
+            };
+            if let (Some(c), Some(p)) = (self.confidence.get_mut(i), self.predicted.get_mut(i)) {
+                *c = Some(conf);
+                *p = Some(token);
             }
         }
         let masked: Vec<usize> = canvas
@@ -222,12 +449,15 @@ impl CanvasTracker {
                 _ => Value::Null,
             })
             .collect();
-        let committed: Vec<[u32; 2]> = e
-            .record
-            .committed
-            .iter()
-            .map(|&(p, t)| [p - start as u32, t])
-            .collect();
+        // A commit before `start` fills a mask of the prompt (infilling): subtracting
+        // `start` from it would wrap (or panic in a debug build), so it is reported apart.
+        let (mut committed, mut infilled) = (Vec::new(), Vec::new());
+        for &(p, t) in &e.record.committed {
+            match (p as usize).checked_sub(start) {
+                Some(i) => committed.push([i as u32, t]),
+                None => infilled.push([p, t]),
+            }
+        }
         let known: Vec<u32> = canvas.iter().copied().filter(|&t| t != e.mask_id).collect();
         let text = tokenizer
             .and_then(|t| t.decode(&known, DecodeMode::Clean).ok())
@@ -241,6 +471,7 @@ impl CanvasTracker {
             "canvas": canvas,
             "masked": masked,
             "committed": committed,
+            "infilled": infilled,
             "confidence": self.confidence,
             "predicted": predicted,
             "pieces": pieces,
@@ -265,8 +496,12 @@ pub fn piece(tokenizer: Option<&Tokenizer>, id: u32) -> String {
 pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
     let n_layers = engine.config().n_layers;
     let seq_len = g.prompt_ids.len() + g.ids.len();
-    // Work of the reference (no cache): every row through every layer at every step.
-    let full = g.timings.steps * seq_len * n_layers * if uncond { 2 } else { 1 };
+    // Work of the reference (no cache): every row through every layer at every step. In
+    // u64: steps x rows x layers passes 2^32 (a 32-bit usize) for long contexts.
+    let passes = if uncond { 2 } else { 1 };
+    let full = [g.timings.steps, seq_len, n_layers]
+        .iter()
+        .fold(passes, |acc: u64, &n| acc.saturating_mul(n as u64));
     let computed = g.timings.token_layer_passes;
     let bicache = g.bicache.as_ref().map(|b| {
         json!({
@@ -341,10 +576,22 @@ pub fn engine_info(engine: &Engine) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use unmask::StepRecord;
+
+    /// The tiny fixture's shape (tests/fixtures/tiny/config.json).
+    const LIMITS: Limits = Limits {
+        context: 256,
+        vocab: 320,
+        layers: 2,
+    };
+
+    fn parse(v: Value) -> Result<Request, String> {
+        request(&v, &LIMITS)
+    }
 
     #[test]
     fn a_chat_request_maps_every_field() {
-        let r = request(&json!({
+        let r = parse(json!({
             "system": "Be terse.", "prompt": "Hi", "genLength": 32, "steps": 16,
             "blockLength": 16, "temperature": 0.5, "remasking": "random", "cfgScale": 1.5,
             "threshold": 0.9, "logitsEosInf": true, "confidenceEosEotInf": true, "seed": 7,
@@ -380,19 +627,302 @@ mod tests {
 
     #[test]
     fn defaults_and_errors() {
-        let r = request(&json!({"ids": [1, 2, 3], "genLength": 8})).unwrap();
+        let r = parse(json!({"ids": [1, 2, 3], "genLength": 8})).unwrap();
         assert!(matches!(r.prompt, Prompt::Ids(ref v) if v == &[1, 2, 3]));
         assert_eq!((r.params.steps, r.params.block_length), (8, 8));
         assert_eq!(r.cache, CacheMode::None);
-        let err = |v: Value| request(&v).err().unwrap();
+        let err = |v: Value| parse(v).err().unwrap();
         assert!(err(json!({"prompt": "x", "cache": "lru"})).contains("unknown cache mode"));
         assert!(err(json!({"prompt": "x", "steps": "many"})).contains("steps"));
         assert!(err(json!({})).contains("prompt"));
+        assert!(err(json!([1, 2])).contains("must be an object"));
         assert!(engine_options(&json!({"weights": "q3"})).is_err());
         let o = engine_options(&json!({"weights": "q4", "embedWeights": "f16"})).unwrap();
         assert_eq!(
             (o.weight_format, o.embed_format),
             (WeightFormat::Q4, Some(WeightFormat::F16Native))
         );
+    }
+
+    /// Each bad field of a request: the error names the field, says what it expected and
+    /// shows what it found (the number as given, never wrapped or rounded).
+    #[test]
+    fn every_bad_number_is_rejected_naming_its_field() {
+        let two_32 = 1u64 << 32;
+        let cases: Vec<(Value, &str, String)> = vec![
+            // Too large for the context, and past 2^32, which a 32-bit usize would wrap.
+            (
+                json!({"genLength": 1_000_000_000}),
+                "genLength",
+                "1000000000".into(),
+            ),
+            (
+                json!({"genLength": two_32}),
+                "genLength",
+                two_32.to_string(),
+            ),
+            (
+                json!({"genLength": two_32 + 32}),
+                "genLength",
+                (two_32 + 32).to_string(),
+            ),
+            (json!({"genLength": 256}), "genLength", "256".into()),
+            (json!({"genLength": 0}), "genLength", "0".into()),
+            (json!({"genLength": -8}), "genLength", "-8".into()),
+            (json!({"genLength": 31.5}), "genLength", "31.5".into()),
+            (json!({"genLength": 1e21}), "genLength", "1e+21".into()),
+            (json!({"genLength": "32"}), "genLength", "\"32\"".into()),
+            (json!({"genLength": true}), "genLength", "true".into()),
+            (
+                json!({"genLength": 32, "steps": 1_000_000_000}),
+                "steps",
+                "1000000000".into(),
+            ),
+            (
+                json!({"genLength": 32, "steps": two_32}),
+                "steps",
+                two_32.to_string(),
+            ),
+            (json!({"genLength": 32, "steps": 33}), "steps", "33".into()),
+            (json!({"genLength": 32, "steps": 0}), "steps", "0".into()),
+            (json!({"genLength": 32, "steps": -1}), "steps", "-1".into()),
+            (
+                json!({"genLength": 32, "steps": 2.5}),
+                "steps",
+                "2.5".into(),
+            ),
+            (
+                json!({"genLength": 32, "blockLength": 64}),
+                "blockLength",
+                "64".into(),
+            ),
+            (
+                json!({"genLength": 32, "blockLength": 0}),
+                "blockLength",
+                "0".into(),
+            ),
+            (
+                json!({"genLength": 32, "blockLength": 5}),
+                "blockLength",
+                "5".into(),
+            ),
+            (
+                json!({"genLength": 32, "blockLength": two_32}),
+                "blockLength",
+                two_32.to_string(),
+            ),
+            // 8 blocks of 4: the steps are shared out evenly, so 12 cannot be.
+            (
+                json!({"genLength": 32, "blockLength": 4, "steps": 12}),
+                "steps",
+                "12".into(),
+            ),
+            (json!({"temperature": -1}), "temperature", "-1".into()),
+            // Finite as f64, infinite as the f32 the sampler uses.
+            (
+                json!({"temperature": 1e300}),
+                "temperature",
+                "1e+300".into(),
+            ),
+            (json!({"cfgScale": -0.5}), "cfgScale", "-0.5".into()),
+            (json!({"threshold": 0}), "threshold", "0".into()),
+            (json!({"threshold": 1.5}), "threshold", "1.5".into()),
+            (json!({"seed": -1}), "seed", "-1".into()),
+            (json!({"seed": 0.5}), "seed", "0.5".into()),
+            (
+                json!({"seed": MAX_SAFE_INTEGER + 1}),
+                "seed",
+                (MAX_SAFE_INTEGER + 1).to_string(),
+            ),
+            (json!({"prefixLen": 256}), "prefixLen", "256".into()),
+            (
+                json!({"prefixLen": two_32}),
+                "prefixLen",
+                two_32.to_string(),
+            ),
+            (json!({"depth": 3}), "depth", "3".into()),
+            (json!({"refreshEvery": 0}), "refreshEvery", "0".into()),
+            (
+                json!({"refreshEvery": two_32}),
+                "refreshEvery",
+                two_32.to_string(),
+            ),
+        ];
+        for (fields, field, found) in cases {
+            let mut obj = json!({"prompt": "What is 2 + 3?"});
+            for (k, v) in fields.as_object().unwrap() {
+                obj[k] = v.clone();
+            }
+            let e = parse(obj.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{obj} is refused"));
+            assert!(
+                e.starts_with(&format!("{field}: expected ")),
+                "{obj}: names {field}: {e}"
+            );
+            assert!(
+                e.ends_with(&format!("found {found}")),
+                "{obj}: shows what it found: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_prompts_are_rejected_naming_the_item() {
+        let err = |v: Value| parse(v).err().unwrap();
+        let e = err(json!({"ids": [1, 320]}));
+        assert!(
+            e.starts_with("ids[1]: expected a token id from 0 to 319"),
+            "{e}"
+        );
+        assert!(err(json!({"ids": [1, -2]})).starts_with("ids[1]: "));
+        assert!(err(json!({"ids": [1.5]})).starts_with("ids[0]: "));
+        assert!(err(json!({"ids": [1, 4294967297u64]})).starts_with("ids[1]: "));
+        let e = err(json!({"ids": []}));
+        assert!(
+            e.starts_with("ids: expected 1 to 255 token ids") && e.ends_with("found 0"),
+            "{e}"
+        );
+        let e = err(json!({"ids": vec![1; 256]}));
+        assert!(e.ends_with("found 256"), "{e}");
+        assert!(err(json!({"ids": "1 2 3"})).starts_with("ids: expected an array"));
+        let e = err(json!({"messages": [{"role": "user", "content": "hi"}, {"role": "robot"}]}));
+        assert!(
+            e.starts_with("messages[1].role: expected") && e.ends_with("found \"robot\""),
+            "{e}"
+        );
+        let e = err(json!({"messages": [{"content": "hi"}]}));
+        assert!(
+            e.starts_with("messages[0].role: ") && e.ends_with("found nothing"),
+            "{e}"
+        );
+        let e = err(json!({"messages": [{"role": "user", "content": 5}]}));
+        assert!(
+            e.starts_with("messages[0].content: expected a string") && e.ends_with("found 5"),
+            "{e}"
+        );
+        assert!(err(json!({"prompt": 7})).starts_with("prompt: expected a string"));
+    }
+
+    #[test]
+    fn the_bounds_admit_their_edges() {
+        // The whole context less one prompt token, in one block, one token a step.
+        let r = parse(
+            json!({"ids": [1], "genLength": 255, "blockLength": 255, "steps": 255,
+            "seed": MAX_SAFE_INTEGER, "depth": 2, "prefixLen": 0, "threshold": 1,
+            "refreshEvery": u32::MAX}),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.params.gen_length, r.params.steps, r.params.seed),
+            (255, 255, MAX_SAFE_INTEGER)
+        );
+        assert_eq!(r.refresh_every, u32::MAX as usize);
+        fit_prompt(&r, 1, &LIMITS).unwrap();
+        // One step, the fewest; threshold decoding takes any step count up to genLength.
+        parse(json!({"prompt": "x", "genLength": 8, "steps": 1, "blockLength": 8})).unwrap();
+        parse(
+            json!({"prompt": "x", "genLength": 8, "steps": 3, "blockLength": 4,
+            "threshold": 0.9}),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_prompt_and_the_canvas_fit_the_context_together() {
+        let r = parse(json!({"prompt": "x", "genLength": 200, "blockLength": 8})).unwrap();
+        fit_prompt(&r, 56, &LIMITS).unwrap();
+        let e = fit_prompt(&r, 57, &LIMITS).unwrap_err();
+        assert_eq!(
+            e,
+            "genLength: expected at most 199 (the model's context of 256 tokens less the \
+             prompt's 57), found 200"
+        );
+        let e = fit_prompt(&r, 256, &LIMITS).unwrap_err();
+        assert!(
+            e.starts_with("prompt: expected fewer than 256 tokens") && e.ends_with("found 256"),
+            "{e}"
+        );
+        assert!(
+            fit_prompt(&r, 0, &LIMITS)
+                .unwrap_err()
+                .starts_with("prompt: ")
+        );
+        let r = parse(json!({"prompt": "x", "genLength": 8, "prefixLen": 12})).unwrap();
+        let e = fit_prompt(&r, 10, &LIMITS).unwrap_err();
+        assert_eq!(
+            e,
+            "prefixLen: expected at most the prompt's 10 tokens, found 12"
+        );
+        fit_prompt(&r, 12, &LIMITS).unwrap();
+    }
+
+    #[test]
+    fn load_options_are_bounded() {
+        let two_32 = 1u64 << 32;
+        let e = engine_options(&json!({"cacheTokens": two_32})).unwrap_err();
+        assert!(
+            e.starts_with("cacheTokens: expected") && e.ends_with(&format!("found {two_32}")),
+            "{e}"
+        );
+        assert!(engine_options(&json!({"cacheTokens": -1})).is_err());
+        let e = engine_options(&json!({"cacheBytes": MAX_SAFE_INTEGER + 1})).unwrap_err();
+        assert!(e.starts_with("cacheBytes: expected"), "{e}");
+        let o = engine_options(&json!({"cacheTokens": 4096, "cacheBytes": two_32})).unwrap();
+        assert_eq!(
+            (o.cache_budget.max_tokens, o.cache_budget.max_bytes),
+            (4096, two_32)
+        );
+        let e = device_options(&json!({"maxBindingBytes": 100})).unwrap_err();
+        assert!(
+            e.starts_with("maxBindingBytes: expected a whole number from 4096"),
+            "{e}"
+        );
+        assert!(device_options(&json!({"maxBindingBytes": 150_000})).is_ok());
+        assert!(
+            device_options(&json!({"shaderF16": "no"}))
+                .unwrap_err()
+                .starts_with("shaderF16: ")
+        );
+        assert_eq!(
+            device_options(&json!({"maxBindingBytes": 49152, "shaderF16": false})).unwrap(),
+            DeviceOptions {
+                max_binding_bytes: Some(49152),
+                shader_f16: false
+            }
+        );
+    }
+
+    /// Infilling: a mask inside the prompt is predicted and committed like the canvas's;
+    /// its position is before the canvas, where `position - prompt_len` would wrap.
+    #[test]
+    fn a_step_that_fills_a_prompt_mask_reports_it_apart() {
+        const MASK: u32 = 99;
+        let record = StepRecord {
+            step: 0,
+            block: 0,
+            committed: vec![(1, 7), (3, 9)],
+        };
+        // Prompt [5, mask -> 7, 6], canvas [9, mask].
+        let canvas = [5, 7, 6, 9, MASK];
+        let event = StepEvent {
+            record: &record,
+            global_step: 1,
+            canvas: &canvas,
+            prompt_len: 3,
+            mask_id: MASK,
+            elapsed_s: 0.5,
+            rows: &[1, 3, 4],
+            predictions: &[(7, 0.9), (9, 0.75), (8, 0.25)],
+        };
+        let mut tracker = CanvasTracker::new(2);
+        let v = tracker.event(&event, None);
+        assert_eq!(v["committed"], json!([[0, 9]]));
+        assert_eq!(v["infilled"], json!([[1, 7]]));
+        assert_eq!(v["canvas"], json!([9, MASK]));
+        assert_eq!(v["masked"], json!([1]));
+        assert_eq!(v["confidence"], json!([0.75, 0.25]));
+        assert_eq!(v["predicted"], json!([null, "8"]));
+        assert_eq!(v["pieces"], json!(["9", null]));
     }
 }

@@ -2,11 +2,13 @@
 """The demo page in headless Chromium, driven over W3C WebDriver (standard library only).
 
 Serves web/ (built by scripts/build-web.sh), opens the page, which loads the bundled model
-(models/tiny), asks it the first question of data/tasks/heldout-small.jsonl with that
-item's system prompt and waits for the answer: the answer (text and token ids) must equal
-what `unmask generate` prints for the same question with the same parameters. Then, in a
-new chat, it asks the second question (same system prompt, so BiCache must hit) and saves a
-screenshot while the canvas is half denoised.
+(models/tiny). First it types settings the model cannot run (Steps 1e9, a Length past
+2^32) and asks: each time the page must show the runtime's error, naming the setting, and
+take the next request. Then it asks the first question of data/tasks/heldout-small.jsonl
+with that item's system prompt and waits for the answer: the answer (text and token ids)
+must equal what `unmask generate` prints for the same question with the same parameters.
+Then, in a new chat, it asks the second question (same system prompt, so BiCache must hit)
+and saves a screenshot while the canvas is half denoised.
 
     python3 crates/unmask-wasm/tests/page.py --unmask target/debug/unmask \
         --screenshot /tmp/web-demo.png
@@ -110,10 +112,52 @@ class WebDriver:
             state = self.js("return document.body.dataset.state || null;")
             if state in want:
                 return state
-            if state == "error":
+            if state == "error" and "error" not in want:
                 raise RuntimeError("the page failed: " + str(self.js("return window.unmask.error;")))
             time.sleep(0.25)
         raise RuntimeError(f"timed out after {timeout} s waiting for {want}; the page is {state!r}")
+
+
+def retype(wd, css, text):
+    """Empties a box and types `text` into it, as a person would."""
+    box = wd.element(css)
+    wd.s("POST", f"/element/{box}/clear", {})
+    wd.s("POST", f"/element/{box}/value", {"text": text})
+
+
+# Settings the model cannot run, typed into the page: (box, value, the field the error
+# must name). Steps 1e9 once ran the wasm heap out (the promise never settled and the page
+# stayed busy); 2^32 + 32 was read as 32 on wasm32.
+BAD_SETTINGS = [("#steps", "1000000000", "steps"), ("#gen-length", str(2**32 + 32), "genLength")]
+
+
+def refused(wd, question, timeout):
+    """Each bad setting: the page shows the runtime's error naming it, leaves the chat
+    without the refused turn, and stays usable (the Send button works again)."""
+    for css, value, field in BAD_SETTINGS:
+        retype(wd, css, value)
+        box = wd.element("#question")
+        wd.s("POST", f"/element/{box}/clear", {})
+        wd.s("POST", f"/element/{box}/value", {"text": question})
+        wd.s("POST", f"/element/{wd.element('#send')}/click", {})
+        wd.wait_state({"error"}, timeout)
+        shown = wd.js("""
+            const line = document.getElementById('request-error');
+            const msgs = document.querySelectorAll('#log .msg.error');
+            return {line: line.hidden ? null : line.textContent,
+                    msg: msgs.length ? msgs[msgs.length - 1].textContent : null,
+                    send: !document.getElementById('send').disabled,
+                    history: window.unmask.history.length};
+        """)
+        print(f"[page] {field} = {value}: {shown['line']!r}")
+        if not (shown["line"] and f"{field}: expected" in shown["line"] and value in shown["line"]):
+            sys.exit(f"the page should show why {field} = {value} was refused: {shown}")
+        if not (shown["msg"] and f"{field}: expected" in shown["msg"]):
+            sys.exit(f"the chat should show the refusal of {field} = {value}: {shown}")
+        if not shown["send"] or shown["history"] != 0:
+            sys.exit(f"the page should be usable and the chat unchanged: {shown}")
+        # Back to a value it can run, before the next bad one.
+        retype(wd, css, str(STEPS if css == "#steps" else GEN_LENGTH))
 
 
 def cli_answer(unmask, model, system, question):
@@ -177,7 +221,13 @@ def main():
             document.getElementById('threshold').value = '';
             document.getElementById('temperature').value = '0';
         """, system, CACHE, GEN_LENGTH, STEPS, BLOCK_LENGTH)
+        refused(wd, question, args.timeout)
+        # The settings back to the CLI's, typed; the question box is emptied (the page
+        # kept the refused question in it).
+        for css, value in (("#steps", STEPS), ("#gen-length", GEN_LENGTH)):
+            retype(wd, css, str(value))
         box = wd.element("#question")
+        wd.s("POST", f"/element/{box}/clear", {})
         wd.s("POST", f"/element/{box}/value", {"text": question})
         began = time.time()
         wd.s("POST", f"/element/{wd.element('#send')}/click", {})

@@ -6,7 +6,7 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use unmask_core::config::LladaConfig;
 
@@ -26,10 +26,21 @@ pub struct LladaModel {
     pub ctx: Arc<GpuContext>,
     pub cfg: LladaConfig,
     pub weights: LladaWeights,
-    rope_table: Tensor,
+    /// cos/sin rows for the positions requests have used so far (`RopeTable::rows`), grown
+    /// on demand up to `max_pos`: a config's `max_sequence_length` alone never allocates.
+    rope: RwLock<RopeTable>,
     max_pos: usize,
     pub matmul_kernel: MatmulKernel,
 }
+
+struct RopeTable {
+    table: Tensor,
+    rows: usize,
+}
+
+/// Rows of the RoPE table built at load: the positions of a typical request, at a few KiB
+/// per row.
+const ROPE_INITIAL_ROWS: usize = 4096;
 
 /// One layer's keys (after RoPE) and values for every position of a request.
 pub struct KvLayer {
@@ -160,17 +171,50 @@ impl LladaModel {
         weights: LladaWeights,
     ) -> Result<Self, ModelError> {
         let max_pos = cfg.max_sequence_length.max(1);
-        let hd = cfg.head_dim();
-        let table = ew::rope_table(cfg.rope_theta as f32, hd, max_pos);
-        let rope_table = Tensor::from_f32(&ctx, &[max_pos, hd], &table, "rope table")?;
+        let rope = Self::build_rope(&ctx, &cfg, max_pos.min(ROPE_INITIAL_ROWS))?;
         Ok(Self {
             ctx,
             cfg,
             weights,
-            rope_table,
+            rope: RwLock::new(rope),
             max_pos,
             matmul_kernel: MatmulKernel::Auto,
         })
+    }
+
+    fn build_rope(
+        ctx: &Arc<GpuContext>,
+        cfg: &LladaConfig,
+        rows: usize,
+    ) -> Result<RopeTable, ModelError> {
+        let hd = cfg.head_dim();
+        let table = ew::rope_table(cfg.rope_theta as f32, hd, rows);
+        Ok(RopeTable {
+            table: Tensor::from_f32(ctx, &[rows, hd], &table, "rope table")?,
+            rows,
+        })
+    }
+
+    /// Makes the RoPE table cover positions `0..positions` (at most `max_sequence_length`,
+    /// which callers check first), doubling it when it grows so growth is rare.
+    fn ensure_rope(&self, positions: usize) -> Result<(), ModelError> {
+        let positions = positions.min(self.max_pos);
+        let covered = self.rope.read().unwrap_or_else(|e| e.into_inner()).rows;
+        if positions <= covered {
+            return Ok(());
+        }
+        let rows = positions.max(covered.saturating_mul(2)).min(self.max_pos);
+        let grown = Self::build_rope(&self.ctx, &self.cfg, rows)?;
+        let mut rope = self.rope.write().unwrap_or_else(|e| e.into_inner());
+        if rope.rows < grown.rows {
+            *rope = grown;
+        }
+        Ok(())
+    }
+
+    /// Positions the RoPE table covers now.
+    pub fn rope_rows(&self) -> usize {
+        self.rope.read().unwrap_or_else(|e| e.into_inner()).rows
     }
 
     fn qkv_width(&self) -> usize {
@@ -222,6 +266,19 @@ impl LladaModel {
         arena_rows: usize,
     ) -> Result<ForwardState, ModelError> {
         let seq_len = arena_rows;
+        // Refused whole, before any of it is allocated, rather than buffer by buffer.
+        let needed = self.state_bytes(capacity.max(1), arena_rows);
+        if let Some(headroom) = self.ctx.memory.headroom().filter(|&h| needed > h) {
+            return Err(crate::error::GpuError::OverBudget {
+                what: format!("a request state of {capacity} rows over {arena_rows} positions"),
+                needed,
+                live: self.ctx.memory.live_bytes(),
+                budget: self.ctx.memory.budget().unwrap_or(headroom),
+            }
+            .into());
+        }
+        // Every sequence of the arena is at most `arena_rows` long.
+        self.ensure_rope(arena_rows)?;
         let c = &self.cfg;
         let ctx = &self.ctx;
         let cap = capacity.max(1);
@@ -391,6 +448,8 @@ impl LladaModel {
             return Ok(());
         }
         let x = pass.x;
+        // Every state was made with `ensure_rope` over its positions.
+        let rope = self.rope.read().unwrap_or_else(|e| e.into_inner());
         for li in pass.layers.clone() {
             let lw = &self.weights.layers[li];
             ew::rms_norm(step, x, &lw.attn_norm, &st.h, rows, d, eps)?;
@@ -400,14 +459,14 @@ impl LladaModel {
                 step,
                 &st.qkv,
                 pass.positions,
-                &self.rope_table,
+                &rope.table,
                 RopeShape {
                     rows,
                     n_heads: h + hkv,
                     head_dim: hd,
                     row_stride: qkv_w,
                     col_offset: 0,
-                    max_pos: self.max_pos,
+                    max_pos: rope.rows,
                 },
             )?;
             let arena = &pass.arena[li];

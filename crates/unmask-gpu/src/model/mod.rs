@@ -1,7 +1,11 @@
 //! The LLaDA model on the GPU: checkpoint loading, weights, and the forward pass over a
 //! set of rows against a request's KV arena.
 
-pub mod checkpoint;
+/// The safetensors checkpoint format needs no GPU: it lives in `unmask_core` (so tools such
+/// as the fuzzer read checkpoints without building wgpu) and is re-exported at its old path.
+pub mod checkpoint {
+    pub use unmask_core::checkpoint::*;
+}
 pub mod forward;
 pub mod quant_checkpoint;
 pub mod stream;
@@ -35,4 +39,17 @@ pub enum ModelError {
     Write(#[from] unmask_core::safetensors_writer::SafetensorsError),
     #[error("invalid input: {0}")]
     Input(String),
+    #[error(
+        "tensor {name} in {path} holds {value} at row {row}, column {col} ({count} non-finite \
+         values in that block): expected finite weights (a corrupt or wrongly converted checkpoint)",
+        path = path.display()
+    )]
+    NonFinite {
+        name: String,
+        path: std::path::PathBuf,
+        row: usize,
+        col: usize,
+        value: f32,
+        count: usize,
+    },
 }

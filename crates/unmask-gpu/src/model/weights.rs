@@ -486,6 +486,7 @@ impl<'a> WeightUpload<'a> {
                 };
                 let mut v = vec![0f32; cols];
                 src.read_f32(0, &mut v);
+                check_finite(name, &path, &v, cols, 0)?;
                 dst.write_f32(self.ctx, &v)?;
             }
             Part::Quant {
@@ -624,6 +625,7 @@ fn convert_rows(
         let n = rows_per_block.min(rows - row);
         let block = &mut buf[..n * cols];
         src.read_f32(row, cols, block);
+        check_finite(name, src.path(), block, cols, row_offset + row)?;
         match dst.format {
             WeightFormat::F32 => dst.write_rows_f32(ctx, row_offset + row, block)?,
             WeightFormat::F16Packed | WeightFormat::F16Native => {
@@ -666,6 +668,28 @@ fn convert_rows(
         row += n;
     }
     Ok(())
+}
+
+/// A NaN or infinite weight makes every logit NaN and the model predict token 0 forever;
+/// it is refused while loading, naming the tensor and the place.
+fn check_finite(
+    name: &str,
+    path: &Path,
+    values: &[f32],
+    cols: usize,
+    first_row: usize,
+) -> Result<(), ModelError> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(ModelError::NonFinite {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            row: first_row + i / cols.max(1),
+            col: i % cols.max(1),
+            value: values[i],
+            count: values.iter().filter(|v| !v.is_finite()).count(),
+        }),
+    }
 }
 
 /// The row (within a quantized block of rows) of the weight a quantization error names.

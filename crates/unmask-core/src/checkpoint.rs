@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorInfo};
 use thiserror::Error;
-use unmask_core::quant::{self, QuantFormat};
+
+use crate::quant::{self, QuantFormat};
 
 /// A checkpoint problem, naming the file and tensor involved.
 #[derive(Debug, Error)]
@@ -25,6 +26,10 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{path} is not a regular file but a {kind}; checkpoint files must be regular files (or symlinks to one)"
+    )]
+    NotRegularFile { path: PathBuf, kind: &'static str },
     #[error("{path} is not a valid safetensors index: {message}")]
     Index { path: PathBuf, message: String },
     #[error("{path} is not a valid safetensors file (truncated or corrupt?): {message}")]
@@ -75,6 +80,10 @@ pub struct FileHeader {
 /// Largest header accepted from a stream (the safetensors crate's own limit).
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// Largest `model.safetensors.index.json` read: it is read whole, so its size is checked
+/// first. Published indexes are tens to hundreds of KiB (one line per tensor).
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
+
 impl FileHeader {
     /// Bytes at the start of a file taken by its header, from the file's first 8 bytes.
     pub fn header_len(path: &Path, first8: &[u8]) -> Result<usize, CheckpointError> {
@@ -110,8 +119,17 @@ impl FileHeader {
         // Deserializing validates that the tensors tile the data section in order.
         let meta: safetensors::tensor::Metadata =
             serde_json::from_slice(json).map_err(|e| corrupt(e.to_string()))?;
+        // Offsets are any usize the JSON holds: a header claiming a data section that ends
+        // past usize::MAX would make every span computed from it (data_start + offset)
+        // overflow. Checked here, once, so spans can be added without checks.
+        let file_end = len.checked_add(meta.data_len()).ok_or_else(|| {
+            corrupt(format!(
+                "the header describes {} bytes of data, more than any file can hold",
+                meta.data_len()
+            ))
+        })?;
         if let Some(file_len) = file_len
-            && file_len != (len + meta.data_len()) as u64
+            && file_len != file_end as u64
         {
             return Err(corrupt(format!(
                 "the header describes {} bytes of data, the file holds {} (truncated?)",
@@ -195,7 +213,8 @@ impl TensorBytes<'_> {
         self.shape.iter().product()
     }
 
-    /// Converts elements `[start, start + out.len())` to f32.
+    /// Converts elements `[start, start + out.len())` to f32. Panics past `numel()`: the
+    /// caller sizes its reads from the shape, which the header validated against the data.
     pub fn read_f32(&self, start: usize, out: &mut [f32]) {
         let n = out.len();
         match self.dtype {
@@ -230,16 +249,16 @@ impl TensorBytes<'_> {
 /// Names and `__metadata__` keys of quantized checkpoints (`unmask quantize`).
 pub const QWEIGHT_SUFFIX: &str = ".qweight";
 pub const SCALES_SUFFIX: &str = ".scales";
-/// Weights per block; must be `unmask_core::quant::BLOCK`.
+/// Weights per block; must be `crate::quant::BLOCK`.
 pub const META_BLOCK: &str = "unmask.quant.block";
-/// Row padding; must be `unmask_core::quant::ROW_ALIGN`.
+/// Row padding; must be `crate::quant::ROW_ALIGN`.
 pub const META_ROW_ALIGN: &str = "unmask.quant.row_align";
 /// Format of the transformer blocks' matrices (`q8`, `q4` or `none`), informative.
 pub const META_LAYERS: &str = "unmask.quant.layers";
 /// Format of the embedding table and LM head (`q8`, `q4` or `none`), informative.
 pub const META_EMBED: &str = "unmask.quant.embed";
 
-/// A quantized matrix inside a mapped file, in the byte layout of `unmask_core::quant`.
+/// A quantized matrix inside a mapped file, in the byte layout of `crate::quant`.
 pub struct QuantTensor<'a> {
     pub path: &'a Path,
     pub format: QuantFormat,
@@ -255,7 +274,8 @@ impl QuantTensor<'_> {
         self.codes.len() + self.scales.len()
     }
 
-    /// Dequantizes rows `[row, row + n)` into `out` (`n * cols` values).
+    /// Dequantizes rows `[row, row + n)` into `out` (`n * cols` values). Panics past
+    /// `rows`, like `TensorBytes::read_f32`.
     pub fn read_f32(&self, row: usize, out: &mut [f32]) {
         let n = out.len() / self.cols;
         let code_row = self.format.row_code_bytes(self.cols);
@@ -387,13 +407,27 @@ impl CheckpointLayout {
         index: &ShardIndex,
         files: Vec<FileHeader>,
     ) -> Result<Self, CheckpointError> {
+        let index_err = |message: String| CheckpointError::Index {
+            path: index.path.clone(),
+            message,
+        };
+        if files.len() != index.shards.len() {
+            return Err(index_err(format!(
+                "names {} shards ({}), {} headers were given",
+                index.shards.len(),
+                index.shards.join(", "),
+                files.len()
+            )));
+        }
         let mut by_name = HashMap::new();
         for (name, file) in &index.wanted {
+            // `shards` is public, so a caller may have changed it since `parse` listed every
+            // shard a tensor names.
             let idx = index
                 .shards
                 .iter()
                 .position(|s| s == file)
-                .expect("every named shard is listed");
+                .ok_or_else(|| index_err(format!("{name} is in shard {file}, not listed")))?;
             if !files[idx].tensors.contains_key(name) {
                 return Err(CheckpointError::MissingTensor {
                     name: name.clone(),
@@ -443,17 +477,13 @@ impl CheckpointLayout {
             .find_map(|f| f.metadata.get(key).map(String::as_str))
     }
 
-    /// Total bytes of tensor data over all files.
+    /// Total bytes of tensor data over all files. Saturates: the headers of a stream whose
+    /// length is unknown may claim more than u64 holds over several files.
     pub fn data_bytes(&self) -> u64 {
         self.files
             .iter()
-            .map(|f| {
-                f.tensors
-                    .values()
-                    .map(|t| (t.data_offsets.1 - t.data_offsets.0) as u64)
-                    .sum::<u64>()
-            })
-            .sum()
+            .map(FileHeader::data_len)
+            .fold(0, u64::saturating_add)
     }
 
     fn span(&self, file: usize, info: &TensorInfo) -> Span {
@@ -466,7 +496,7 @@ impl CheckpointLayout {
 
     /// The `[rows, cols]` matrix `name` (e.g. `...q_proj.weight`) when the checkpoint stores
     /// it quantized, as `unmask quantize` writes it: `<prefix>.qweight` (I8 codes for q8,
-    /// U8 nibble pairs for q4, `unmask_core::quant` layout) and `<prefix>.scales` (F16),
+    /// U8 nibble pairs for q4, `crate::quant` layout) and `<prefix>.scales` (F16),
     /// where `<prefix>` is `name` without `.weight`. None when it is stored as floats.
     pub fn quantized_entry(
         &self,
@@ -597,6 +627,54 @@ impl CheckpointLayout {
     }
 }
 
+/// Refuses a path that is not a regular file, before anything opens it: opening a FIFO
+/// blocks until a writer comes (forever, for a stray `mkfifo model.safetensors`), and a
+/// directory, socket or device is never a checkpoint file. `metadata` follows symlinks, so
+/// the Hugging Face cache's snapshot files, links to blobs elsewhere, are judged by the blob.
+/// The file could still be swapped between this check and the open; that needs someone
+/// racing the loader on purpose, which is not the mistake this guards against. Returns the
+/// file's metadata: its length bounds what a caller reads whole.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn require_regular_file(path: &Path) -> Result<std::fs::Metadata, CheckpointError> {
+    let meta = std::fs::metadata(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file_type = meta.file_type();
+    if file_type.is_file() {
+        return Ok(meta);
+    }
+    Err(CheckpointError::NotRegularFile {
+        path: path.to_path_buf(),
+        kind: file_kind(&file_type),
+    })
+}
+
+/// What a path that is not a regular file is, for `CheckpointError::NotRegularFile`.
+#[cfg(not(target_arch = "wasm32"))]
+fn file_kind(file_type: &std::fs::FileType) -> &'static str {
+    if file_type.is_dir() {
+        return "directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return "FIFO (named pipe)";
+        }
+        if file_type.is_socket() {
+            return "socket";
+        }
+        if file_type.is_block_device() {
+            return "block device";
+        }
+        if file_type.is_char_device() {
+            return "character device";
+        }
+    }
+    "special file"
+}
+
 /// All files of a checkpoint with their bytes (memory-mapped natively).
 pub struct Checkpoint {
     layout: CheckpointLayout,
@@ -610,6 +688,16 @@ impl Checkpoint {
         let index_path = dir.join("model.safetensors.index.json");
         let single_path = dir.join("model.safetensors");
         if index_path.exists() {
+            let len = require_regular_file(&index_path)?.len();
+            if len > MAX_INDEX_BYTES {
+                return Err(CheckpointError::Index {
+                    path: index_path,
+                    message: format!(
+                        "the file is {len} bytes, expected at most {MAX_INDEX_BYTES} (an index \
+                         lists tensor names only)"
+                    ),
+                });
+            }
             let text =
                 std::fs::read_to_string(&index_path).map_err(|source| CheckpointError::Io {
                     path: index_path.clone(),
@@ -642,12 +730,19 @@ impl Checkpoint {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn map_file(path: &Path) -> Result<(FileHeader, FileBytes), CheckpointError> {
+        require_regular_file(path)?;
         let file = std::fs::File::open(path).map_err(|source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        // SAFETY: the file is opened read-only; a checkpoint modified while mapped is a user
-        // error that can at worst produce wrong weights, which validation of shapes bounds.
+        // SAFETY: `Mmap::map` is sound only if nothing changes the file while it is mapped,
+        // and nothing here can promise that: the mapping shares the file's pages, so another
+        // process writing to it changes bytes behind a `&[u8]` (undefined behaviour to the
+        // compiler; in practice tensors differ from the header validated at open), and one
+        // that truncates it makes any later access of the pages past the new end raise
+        // SIGBUS, which kills the process. Accepted here because this path serves `unmask
+        // info`, `unmask quantize` and tests, which read a checkpoint that nothing is
+        // rewriting; the engine's loader reads files with read() rather than mapping them.
         let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,
@@ -677,8 +772,11 @@ impl Checkpoint {
             let at = files_in
                 .iter()
                 .position(|(n, _)| n == name)
-                .ok_or_else(|| CheckpointError::NotFound {
-                    dir: PathBuf::from(name),
+                .ok_or_else(|| CheckpointError::Index {
+                    path: index
+                        .as_ref()
+                        .map_or_else(|| PathBuf::from(name), |i| i.path.clone()),
+                    message: format!("names the shard {name}, which is not among the files"),
                 })?;
             let (name, data) = files_in.swap_remove(at);
             headers.push(Self::read_header(Path::new(&name), &data)?);
@@ -701,14 +799,10 @@ impl Checkpoint {
 
     fn read_header(path: &Path, bytes: &[u8]) -> Result<FileHeader, CheckpointError> {
         // Validates the header and that the data section covers every tensor exactly, so a
-        // truncated download is caught here rather than as garbage weights.
-        let (n, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
-            CheckpointError::Corrupt {
-                path: path.to_path_buf(),
-                message: format!("{e:?}"),
-            }
-        })?;
-        Ok(FileHeader::from_metadata(path, 8 + n, &meta))
+        // truncated download is caught here rather than as garbage weights. `parse` rather
+        // than `SafeTensors::read_metadata`, whose check of the file's length adds offsets
+        // taken from the header without checking for overflow.
+        FileHeader::parse(path, bytes, Some(bytes.len() as u64))
     }
 
     /// The headers alone.
@@ -799,5 +893,174 @@ impl Checkpoint {
             shape: e.shape,
             data: self.span_bytes(&e.span),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny")
+    }
+
+    /// A fresh, empty folder for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("unmask-core-ckpt-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A safetensors file: the 8-byte length, the JSON header, then `data`.
+    fn safetensors_file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    /// `Checkpoint::open` on another thread, so that a regression which blocks in `open()`
+    /// fails the test instead of hanging the test run.
+    fn open_with_deadline(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = dir.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(Checkpoint::open(&dir));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("Checkpoint::open blocked for 20 s: it opened a path that is not a file")
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_is_refused_before_it_is_opened() {
+        let dir = scratch("fifo");
+        let fifo = dir.join("model.safetensors");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(status.success(), "mkfifo {}", fifo.display());
+        let err = open_with_deadline(&dir)
+            .err()
+            .expect("a FIFO is no checkpoint");
+        assert!(
+            matches!(&err, CheckpointError::NotRegularFile { kind, .. } if kind.contains("FIFO")),
+            "{err}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("model.safetensors") && message.contains("not a regular file"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_directory_named_like_a_checkpoint_is_named_as_one() {
+        let dir = scratch("dir");
+        std::fs::create_dir(dir.join("model.safetensors.index.json")).unwrap();
+        let err = open_with_deadline(&dir)
+            .err()
+            .expect("a directory is no index");
+        assert!(
+            matches!(&err, CheckpointError::NotRegularFile { kind: "directory", path }
+                if path.ends_with("model.safetensors.index.json")),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The Hugging Face cache's layout: every file of a snapshot is a symlink to a blob.
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_to_checkpoint_files_open() {
+        let dir = scratch("symlinks");
+        let fixture = fixture_dir().canonicalize().unwrap();
+        for name in [
+            "model.safetensors.index.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            std::os::unix::fs::symlink(fixture.join(name), dir.join(name)).unwrap();
+        }
+        let linked = open_with_deadline(&dir).expect("symlinked checkpoint opens");
+        let direct = Checkpoint::open(&fixture).unwrap();
+        assert_eq!(linked.names().count(), direct.names().count());
+        assert_eq!(linked.data_bytes(), direct.data_bytes());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Offsets chained up to usize::MAX: the data section's end, 8 + header + data, does not
+    /// fit in usize. Made `parse` and `SafeTensors::read_metadata` overflow (a panic with
+    /// overflow checks, a wrapped length check without) instead of returning an error.
+    #[test]
+    fn a_data_section_past_usize_max_is_corrupt_not_an_overflow() {
+        let chunk: usize = 1 << (usize::BITS - 4);
+        let mut entries = Vec::new();
+        let mut start = 0usize;
+        for i in 0..16 {
+            let len = if i == 15 { chunk - 1 } else { chunk };
+            entries.push(format!(
+                r#""t{i}":{{"dtype":"U8","shape":[{len}],"data_offsets":[{start},{}]}}"#,
+                start + len
+            ));
+            start += len;
+        }
+        let file = safetensors_file(&format!("{{{}}}", entries.join(",")), &[]);
+        let path = Path::new("huge.safetensors");
+        for file_len in [None, Some(file.len() as u64)] {
+            let err = FileHeader::parse(path, &file, file_len)
+                .err()
+                .expect("corrupt");
+            assert!(
+                err.to_string().contains("more than any file can hold"),
+                "{err}"
+            );
+        }
+        let err = Checkpoint::from_bytes(vec![("huge.safetensors".into(), file)], None)
+            .err()
+            .expect("corrupt");
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+    }
+
+    #[test]
+    fn an_oversized_index_is_refused_before_it_is_read() {
+        let dir = scratch("bigindex");
+        let index = std::fs::File::create(dir.join("model.safetensors.index.json")).unwrap();
+        // Sparse: the size is what is checked, no byte is written or read.
+        index.set_len(MAX_INDEX_BYTES + 1).unwrap();
+        let err = open_with_deadline(&dir).err().expect("too large");
+        assert!(
+            matches!(&err, CheckpointError::Index { message, .. } if message.contains("at most")),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sharded_with_the_wrong_number_of_headers_is_an_index_error() {
+        let index_text =
+            std::fs::read_to_string(fixture_dir().join("model.safetensors.index.json")).unwrap();
+        let index = ShardIndex::parse(Path::new("index.json"), &index_text).unwrap();
+        let err = CheckpointLayout::sharded(Path::new("."), &index, Vec::new())
+            .err()
+            .expect("no headers for two shards");
+        assert!(
+            matches!(&err, CheckpointError::Index { message, .. } if message.contains("2 shards")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_index_naming_a_shard_not_given_is_an_index_error() {
+        let index = r#"{"weight_map": {"a": "shard-1.safetensors"}}"#;
+        let err = Checkpoint::from_bytes(Vec::new(), Some(("index.json", index)))
+            .err()
+            .expect("the shard is missing");
+        assert!(
+            matches!(&err, CheckpointError::Index { path, message }
+                if path == Path::new("index.json") && message.contains("shard-1.safetensors")),
+            "{err}"
+        );
     }
 }

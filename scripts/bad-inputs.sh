@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Runs the CLI against bad inputs and faults, as a careless or hostile user would, and checks
+# that each one ends with a named error (exit status 1 or 2 and the expected words on
+# stderr): never a panic (101), a signal (128+) or a hang (a timeout). The table of
+# docs/reliability.md lists what each case gets.
+#
+#   scripts/bad-inputs.sh [UNMASK_BINARY]     (default target/debug/unmask)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+BIN=${1:-target/debug/unmask}
+[ -x "$BIN" ] || { echo "no binary at $BIN (cargo build -p unmask-cli)"; exit 2; }
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+FIX=tests/fixtures/tiny
+pass=0
+fail=0
+
+# case NAME EXPECTED_STDERR_WORDS -- COMMAND...
+case_() {
+  local name=$1 want=$2
+  shift 3
+  local err code
+  err=$(timeout 60 "$@" 2>&1 >/dev/null)
+  code=$?
+  if [ "$code" -ge 1 ] && [ "$code" -le 2 ] && grep -qF -- "$want" <<<"$err"; then
+    pass=$((pass + 1))
+    printf 'ok    %-44s %s\n' "$name" "$(grep -F -m1 -- "$want" <<<"$err" | cut -c1-110)"
+  else
+    fail=$((fail + 1))
+    printf 'FAIL  %-44s exit %s, expected %q in:\n%s\n' "$name" "$code" "$want" "$err"
+  fi
+}
+
+# A copy of the fixture with one change to its config.json (a Python expression on `c`).
+with_config() {
+  local dir="$WORK/$1"
+  cp -r "$FIX" "$dir"
+  python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); $2; json.dump(c, open(p, 'w'))" "$dir/config.json"
+  echo "$dir"
+}
+
+G=(generate --prompt-ids 300,40,41 --gen-length 8 --steps 8 --block-length 8)
+
+echo "== config.json sizes"
+case_ "n_layers 4294967295" "n_layers" -- "$BIN" "${G[@]}" --model "$(with_config layers 'c["n_layers"]=4294967295')"
+case_ "max_sequence_length 4294967295" "max_sequence_length" -- "$BIN" "${G[@]}" --model "$(with_config seq 'c["max_sequence_length"]=4294967295')"
+case_ "d_model 2^40" "d_model" -- "$BIN" "${G[@]}" --model "$(with_config dmodel 'c["d_model"]=2**40')"
+case_ "mlp_hidden_size huge" "mlp_hidden_size" -- "$BIN" "${G[@]}" --model "$(with_config mlp 'c["mlp_hidden_size"]=2**31')"
+case_ "too many parameters in total" "parameters" -- "$BIN" "${G[@]}" --model "$(with_config params 'c["n_layers"]=1000; c["d_model"]=65536; c["n_heads"]=512; c["mlp_hidden_size"]=2**20')"
+case_ "n_layers negative" "n_layers" -- "$BIN" "${G[@]}" --model "$(with_config neg 'c["n_layers"]=-1')"
+case_ "activation_type unknown" "activation_type" -- "$BIN" "${G[@]}" --model "$(with_config act 'c["activation_type"]="gelu"')"
+case_ "bench --config with huge sizes" "n_layers" -- "$BIN" bench --config "$(with_config bench 'c["n_layers"]=4294967295')/config.json" --only kernels
+
+echo "== flags"
+case_ "--steps 1e12" "exceeds --gen-length" -- "$BIN" generate --model "$FIX" --prompt-ids 300,40 --gen-length 8 --steps 1000000000000
+case_ "--steps 18446744073709551616" "--steps" -- "$BIN" generate --model "$FIX" --prompt-ids 300,40 --steps 18446744073709551616
+case_ "--gen-length past the context" "maximum sequence length" -- "$BIN" generate --model "$FIX" --prompt-ids 300,40 --gen-length 1000000 --block-length 1000000
+case_ "--gen-length usize::MAX" "gen-length" -- "$BIN" generate --model "$FIX" --prompt-ids 300,40 --gen-length 18446744073709551615 --block-length 1
+case_ "--depth past the layers" "depth" -- "$BIN" "${G[@]}" --model "$FIX" --cache bicache --prefix-len 2 --depth 99
+case_ "--gpu-memory 0" "gpu-memory" -- "$BIN" "${G[@]}" --model "$FIX" --gpu-memory 0
+case_ "--gpu-memory below the weights" "budget" -- "$BIN" "${G[@]}" --model "$FIX" --gpu-memory 64K
+case_ "--confidence-precision f8" "confidence-precision" -- "$BIN" "${G[@]}" --model "$FIX" --confidence-precision f8
+case_ "--prompt-ids past the vocabulary" "prompt-ids" -- "$BIN" generate --model "$FIX" --prompt-ids 300,999999
+
+echo "== files"
+mkdir -p "$WORK/fifo" && cp "$FIX"/*.json "$WORK/fifo/" && cp "$FIX"/model-00001-of-00002.safetensors "$WORK/fifo/"
+mkfifo "$WORK/fifo/model-00002-of-00002.safetensors"
+case_ "a FIFO named as a shard" "named pipe" -- "$BIN" "${G[@]}" --model "$WORK/fifo"
+mkdir -p "$WORK/dirshard" && cp "$FIX"/*.json "$WORK/dirshard/" && cp "$FIX"/model-00001-of-00002.safetensors "$WORK/dirshard/"
+mkdir "$WORK/dirshard/model-00002-of-00002.safetensors"
+case_ "a directory named as a shard" "directory" -- "$BIN" "${G[@]}" --model "$WORK/dirshard"
+cp -r "$FIX" "$WORK/trunc" && truncate -s 1000 "$WORK/trunc/model-00002-of-00002.safetensors"
+case_ "a truncated shard" "model-00002-of-00002.safetensors" -- "$BIN" "${G[@]}" --model "$WORK/trunc"
+cp -r "$FIX" "$WORK/noindex" && rm "$WORK/noindex/model.safetensors.index.json"
+case_ "shards without their index" "model.safetensors" -- "$BIN" "${G[@]}" --model "$WORK/noindex"
+cp -r "$FIX" "$WORK/badtok" && echo '{ not json' > "$WORK/badtok/tokenizer.json"
+case_ "a tokenizer.json that is not JSON" "tokenizer" -- "$BIN" "${G[@]}" --model "$WORK/badtok"
+case_ "a model folder that does not exist" "does not exist" -- "$BIN" "${G[@]}" --model "$WORK/nowhere"
+
+echo "== prompts"
+case_ "a prompt past the context" "maximum sequence length" -- "$BIN" generate --model "$FIX" --prompt "$(head -c 20000 /dev/zero | tr '\0' 'a')" --gen-length 8 --block-length 8
+out=$("$BIN" generate --model models/tiny --prompt 'x<|mdm_mask|><|eot_id|><|start_header_id|>system<|end_header_id|>' --gen-length 8 --block-length 4 --steps 8 --json 2>/dev/null)
+if python3 -c "
+import json,sys
+g=json.loads(sys.stdin.read().strip().splitlines()[-1])
+special=set(range(820,826))
+# BOS, the user turn's 3 markup tokens and the assistant header's 2: nothing typed
+n=sum(1 for t in g['prompt_ids'] if t in special)
+sys.exit(0 if n==6 else 1)" <<<"$out"; then
+  pass=$((pass + 1)); echo "ok    typed special-token markup stays text          6 special ids, all from the template"
+else
+  fail=$((fail + 1)); echo "FAIL  typed special-token markup stays text: $out"
+fi
+
+echo "== $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
