@@ -116,9 +116,13 @@ fn fit_system(
             return Ok(text);
         }
     }
-    Err(unmask::EngineError::Request(format!(
-        "no part of the system prompt fits the model's {max} positions with these questions"
-    )))
+    Err(unmask::EngineError::Invalid {
+        field: "system",
+        expected: format!(
+            "a system prompt that fits the model's {max} positions with these questions"
+        ),
+        found: "none of its sentences fits".into(),
+    })
 }
 
 fn question(

@@ -193,7 +193,7 @@ impl Engine {
             Err(e) => {
                 let why = e.to_string();
                 return (0..n)
-                    .map(|_| Err(EngineError::Request(why.clone())))
+                    .map(|_| Err(EngineError::BatchStopped(why.clone())))
                     .collect();
             }
         };
@@ -250,7 +250,7 @@ impl Engine {
         let why = error.to_string();
         running
             .drain(..)
-            .map(|(i, _member)| (i, Err(EngineError::Request(why.clone()))))
+            .map(|(i, _member)| (i, Err(EngineError::BatchStopped(why.clone()))))
             .collect()
     }
 
@@ -354,7 +354,7 @@ impl Engine {
         for s in &steps {
             let first = s.seq.rows.start;
             if let Some(bad) = s.predict.iter().find(|&&pos| (pos as usize) < first) {
-                return Err(EngineError::Request(format!(
+                return Err(EngineError::Internal(format!(
                     "position {bad} must be predicted but BiCache computes rows from {first} this step"
                 )));
             }
@@ -491,7 +491,7 @@ impl Engine {
         st.kv_deep.write_u32(&self.ctx, &layout.deep_kv)?;
         let run = &running
             .first()
-            .ok_or_else(|| EngineError::Request("an empty batch".into()))?
+            .ok_or_else(|| EngineError::Internal("an empty batch".into()))?
             .1
             .run;
         let entry = &run.entry;
@@ -602,29 +602,37 @@ impl Engine {
     ) -> Result<BatchSession<'_>, EngineError> {
         let n_layers = self.model.cfg.n_layers;
         if prefix.is_empty() {
-            return Err(EngineError::Request(
-                "a batch session needs a non-empty shared prefix".into(),
-            ));
+            return Err(EngineError::Invalid {
+                field: "prefix",
+                expected: "a non-empty shared prefix for a batch session".into(),
+                found: "none".into(),
+            });
         }
         if depth > n_layers {
-            return Err(EngineError::Request(format!(
-                "depth {depth} exceeds the model's {n_layers} layers"
-            )));
+            return Err(EngineError::Invalid {
+                field: "depth",
+                expected: format!("at most the model's {n_layers} layers"),
+                found: depth.to_string(),
+            });
         }
         let limit = self.model.max_state_rows();
         if max_rows <= prefix.len() || max_rows > limit {
-            return Err(EngineError::Request(format!(
-                "max_rows {max_rows} must exceed the prefix's {} tokens and fit one storage \
-                 binding ({limit} rows on this device)",
-                prefix.len()
-            )));
+            return Err(EngineError::Invalid {
+                field: "max_rows",
+                expected: format!(
+                    "more than the prefix's {} tokens and at most one storage binding's {limit} \
+                     rows on this device",
+                    prefix.len()
+                ),
+                found: max_rows.to_string(),
+            });
         }
         let state = self.model.new_batch_state(max_rows, max_rows)?;
         let mut timings = crate::Timings::default();
         let pin = match self.acquire_prefix(&state, prefix, depth, &mut timings)? {
             Ok(run) => run,
             Err(why) => {
-                return Err(EngineError::Request(format!(
+                return Err(EngineError::Refused(format!(
                     "the shared prefix cannot be stored: {why}"
                 )));
             }
@@ -651,20 +659,20 @@ impl BatchSession<'_> {
     pub fn submit(&mut self, request: Request) -> Result<usize, EngineError> {
         let p = self.engine.prepare(std::borrow::Cow::Owned(request))?;
         let Some((own_depth, _)) = p.shared else {
-            return Err(EngineError::Request(format!(
+            return Err(EngineError::Refused(format!(
                 "a batch session runs BiCache requests only: {}",
                 p.why_not_shared()
             )));
         };
         if p.prefix() != self.prefix {
-            return Err(EngineError::Request(format!(
+            return Err(EngineError::Refused(format!(
                 "the request's shared prefix ({} tokens) is not the session's ({} tokens)",
                 p.prefix_len,
                 self.prefix.len()
             )));
         }
         if own_depth < self.depth {
-            return Err(EngineError::Request(format!(
+            return Err(EngineError::Refused(format!(
                 "the request's depth b = {own_depth} is below the session's b = {}: it would \
                  reuse more shallow layers than its policy allows",
                 self.depth
@@ -672,7 +680,7 @@ impl BatchSession<'_> {
         }
         let len = p.sampler.tokens().len();
         if len > self.state.seq_len {
-            return Err(EngineError::Request(format!(
+            return Err(EngineError::Refused(format!(
                 "the request needs {len} positions; the session holds {}",
                 self.state.seq_len
             )));
@@ -755,7 +763,7 @@ impl BatchSession<'_> {
                 Admission::Joined(m) => self.running.push((id, *m)),
                 Admission::Alone(p) => done.push((
                     id,
-                    Err(EngineError::Request(format!(
+                    Err(EngineError::Refused(format!(
                         "the request could not join the batch: {}",
                         p.why_not_shared()
                     ))),

@@ -209,7 +209,30 @@ pub enum KernelCase {
     },
 }
 
+/// Most host memory one kernel case may build its random inputs in: above LLaDA-8B's
+/// largest case (the LM head, 126464 x 4096 floats = 2 GiB).
+pub const MAX_CASE_HOST_BYTES: u64 = 4 << 30;
+
 impl KernelCase {
+    /// Host bytes of the case's random inputs (weights and activations as f32).
+    pub fn host_bytes(&self) -> u64 {
+        let floats = match *self {
+            KernelCase::Matmul { m, n, k, .. } => (m as u64) * (k as u64) + (n as u64) * (k as u64),
+            KernelCase::Attention {
+                lq,
+                lkv,
+                heads,
+                kv_heads,
+                head_dim,
+                ..
+            } => {
+                let q = (lq as u64) * (heads as u64) * (head_dim as u64);
+                q + 2 * (lkv as u64) * (kv_heads as u64) * (head_dim as u64)
+            }
+        };
+        floats.saturating_mul(4)
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             KernelCase::Matmul { case, .. } => case,
@@ -308,6 +331,14 @@ pub fn run_kernel_case(
     options: &KernelBenchOptions,
     on_record: &mut dyn FnMut(&Value),
 ) -> unmask_gpu::Result<Vec<Value>> {
+    let host = case.host_bytes();
+    if host > MAX_CASE_HOST_BYTES {
+        return Err(unmask_gpu::GpuError::Shape {
+            op: "a bench kernel case",
+            expected: format!("random inputs of at most {MAX_CASE_HOST_BYTES} host bytes"),
+            found: format!("{host} bytes for {case:?}"),
+        });
+    }
     let mut records = Vec::new();
     let mut emit = |r: Value| {
         on_record(&r);
@@ -567,7 +598,7 @@ pub fn serve_continuously(
     }
     let generations = out
         .into_iter()
-        .map(|g| g.ok_or_else(|| EngineError::Request("a request did not finish".into())))
+        .map(|g| g.ok_or_else(|| EngineError::Internal("a request did not finish".into())))
         .collect::<Result<_, _>>()?;
     Ok((generations, entry_passes))
 }
@@ -745,6 +776,17 @@ mod tests {
         );
         let again = w.requests(50, &[3, 4]);
         assert_eq!(again[5].ids, reqs[5].ids);
+    }
+
+    #[test]
+    fn llada_8b_cases_fit_the_host_bound() {
+        let cfg = LladaConfig::preset("llada-8b").unwrap();
+        let cases = model_kernel_cases(&cfg, &[1, 64, 512], &[512, 4096]);
+        let largest = cases.iter().map(KernelCase::host_bytes).max().unwrap();
+        assert!(
+            largest > 1 << 30 && largest <= MAX_CASE_HOST_BYTES,
+            "{largest}"
+        );
     }
 
     #[test]

@@ -83,8 +83,29 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// A request field or option outside what the engine accepts.
+    #[error("{field}: expected {expected}, found {found}")]
+    Invalid {
+        field: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("{dir} has no tokenizer.json: give token ids instead of text", dir = dir.display())]
+    NoTokenizer { dir: PathBuf },
+    /// A batch session cannot take this request, with the reason.
     #[error("{0}")]
-    Request(String),
+    Refused(String),
+    /// A step of the batch this request ran in failed; the request stopped with it.
+    #[error("stopped with its batch: {0}")]
+    BatchStopped(String),
+    #[error("{0}")]
+    DepthTable(String),
+    /// A broken invariant of the runtime: a bug, not bad input.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// `Engine::inject_fault_after_pin` at work (tests).
+    #[error("injected fault after pinning a prefix")]
+    InjectedFault,
     #[error("cannot read {location}: {message}")]
     File { location: String, message: String },
 }
@@ -120,7 +141,7 @@ impl EngineOptions {
 
 /// Parses a model folder's BiCache depth table (`file` names it in errors).
 fn parse_depth_table(text: &str, file: &str) -> Result<DepthTable, EngineError> {
-    DepthTable::from_json(text, file).map_err(|e| EngineError::Request(e.to_string()))
+    DepthTable::from_json(text, file).map_err(|e| EngineError::DepthTable(e.to_string()))
 }
 
 impl Default for EngineOptions {
@@ -361,7 +382,7 @@ fn all_ran(
 ) -> Vec<Result<Generation, EngineError>> {
     results
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(EngineError::Request("request did not run".into()))))
+        .map(|r| r.unwrap_or_else(|| Err(EngineError::Internal("a request did not run".into()))))
         .collect()
 }
 
@@ -557,12 +578,11 @@ impl Engine {
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
-        self.tokenizer.as_ref().ok_or_else(|| {
-            EngineError::Request(format!(
-                "{} has no tokenizer.json: give token ids instead of text",
-                self.dir.display()
-            ))
-        })
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| EngineError::NoTokenizer {
+                dir: self.dir.clone(),
+            })
     }
 
     /// Like `encode_with_prefix`, with the reason when a chat prompt yields no usable prefix.
@@ -594,10 +614,11 @@ impl Engine {
             Prompt::Ids(ids) => (ids.clone(), ids.len()),
         };
         match request.prefix_len {
-            Some(p) if p > ids.len() => Err(EngineError::Request(format!(
-                "prefix_len {p} exceeds the prompt's {} tokens",
-                ids.len()
-            ))),
+            Some(p) if p > ids.len() => Err(EngineError::Invalid {
+                field: "prefix_len",
+                expected: format!("at most the prompt's {} tokens", ids.len()),
+                found: p.to_string(),
+            }),
             Some(p) => Ok((ids, p)),
             None => Ok((ids, split)),
         }
@@ -631,7 +652,7 @@ impl Engine {
                 .run_shared_prefix(vec![prepared], &mut |_, event| on_step(event))
                 .await;
             return out.pop().unwrap_or_else(|| {
-                Err(EngineError::Request(
+                Err(EngineError::Internal(
                     "the request produced no result".into(),
                 ))
             });
@@ -703,7 +724,7 @@ impl Engine {
         let p = self.prepare(std::borrow::Cow::Borrowed(request))?;
         match p.shared {
             Some((depth, _)) => Ok((p.prefix().to_vec(), depth)),
-            None => Err(EngineError::Request(p.why_not_shared())),
+            None => Err(EngineError::Refused(p.why_not_shared())),
         }
     }
 
@@ -728,24 +749,28 @@ impl Engine {
             .enumerate()
             .find(|&(_, &t)| t as usize >= cfg.embedding_size)
         {
-            return Err(EngineError::Request(format!(
-                "prompt: token id {t} at position {i} is outside the model's vocabulary \
-                 (ids 0..{})",
-                cfg.embedding_size
-            )));
+            return Err(EngineError::Invalid {
+                field: "prompt",
+                expected: format!("token ids below the vocabulary's {}", cfg.embedding_size),
+                found: format!("{t} at position {i}"),
+            });
         }
         if let Some(b) = req.depth.filter(|&b| b > cfg.n_layers) {
-            return Err(EngineError::Request(format!(
-                "depth: expected at most the model's {} layers, found {b}",
-                cfg.n_layers
-            )));
+            return Err(EngineError::Invalid {
+                field: "depth",
+                expected: format!("at most the model's {} layers", cfg.n_layers),
+                found: b.to_string(),
+            });
         }
         let cached = req.cache != CacheMode::None && !req.recompute_all;
         if cached && prompt.contains(&self.special.mask) {
-            return Err(EngineError::Request(format!(
-                "cache mode {} predicts only the current block: masks inside the prompt (infilling) need --cache none",
-                req.cache
-            )));
+            return Err(EngineError::Invalid {
+                field: "cache",
+                expected: "none for a prompt with masks inside it (infilling): cached modes \
+                           predict only the current block"
+                    .into(),
+                found: req.cache.to_string(),
+            });
         }
         let conf_exclude = match (p.confidence_eos_eot_inf, p.temperature == 0.0) {
             // The reference's chained assignment: at T = 0 both EOS and EoT drop out of the
@@ -866,7 +891,7 @@ impl Engine {
             timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
             let first_row = r.start;
             if let Some(bad) = rows.iter().find(|&&pos| (pos as usize) < first_row) {
-                return Err(EngineError::Request(format!(
+                return Err(EngineError::Internal(format!(
                     "position {bad} must be predicted but cache mode {mode} computes rows from {first_row} this step"
                 )));
             }
@@ -1028,7 +1053,7 @@ impl Engine {
         timings.forward_passes += 1;
         let boundary = entry
             .boundary(depth)
-            .ok_or_else(|| EngineError::Request("a new prefix entry lacks its boundary".into()))?;
+            .ok_or_else(|| EngineError::Internal("a new prefix entry lacks its boundary".into()))?;
         let mut store = self.store()?;
         match store.insert(self.model_id, prefix.to_vec(), bytes, entry.clone()) {
             Ok(id) => {
@@ -1062,9 +1087,7 @@ impl Engine {
         }
         self.fault_countdown.store(left - 1, Relaxed);
         if left == 1 {
-            return Err(EngineError::Request(
-                "injected fault after pinning a prefix".into(),
-            ));
+            return Err(EngineError::InjectedFault);
         }
         Ok(())
     }
@@ -1075,7 +1098,7 @@ impl Engine {
     ) -> Result<std::sync::MutexGuard<'_, PrefixStore<Arc<PrefixEntry>>>, EngineError> {
         self.prefix_store
             .lock()
-            .map_err(|_| EngineError::Request("prefix store poisoned".into()))
+            .map_err(|_| EngineError::Internal("prefix store poisoned".into()))
     }
 
     /// Counters of the shared prefix store.

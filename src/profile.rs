@@ -136,10 +136,11 @@ pub async fn profile_async(
     progress: &mut dyn FnMut(&ItemOutcome),
 ) -> Result<Profile, EngineError> {
     if !(opts.tau.is_finite() && opts.tau > -1.0 && opts.tau <= 1.0) {
-        return Err(EngineError::Request(format!(
-            "the similarity threshold must lie in (-1, 1], found {}",
-            opts.tau
-        )));
+        return Err(EngineError::Invalid {
+            field: "tau",
+            expected: "a similarity threshold in (-1, 1]".into(),
+            found: opts.tau.to_string(),
+        });
     }
     let max_len = engine.model.cfg.max_sequence_length;
     // Split every item first, so buffers are sized once for the longest.
@@ -177,7 +178,7 @@ pub async fn profile_async(
             .take(3)
             .map(|(i, r)| format!("item {i}: {r}"))
             .collect();
-        return Err(EngineError::Request(format!(
+        return Err(EngineError::Refused(format!(
             "no item could be profiled ({})",
             if reasons.is_empty() {
                 "no items given".to_string()

@@ -1,6 +1,6 @@
 //! In headless Chromium (WebGPU on SwiftShader): the tiny fixture, streamed from memory in
 //! odd-sized pieces like a download, generates exactly the reference goldens the native
-//! tests check (tests/generate_goldens.rs), through the same async engine; and the
+//! tests check (tests/all/generate_goldens.rs), through the same async engine; and the
 //! JavaScript-facing `generate` reports every step of the canvas; requests it cannot run
 //! reject with a message naming the field (and the engine takes the next one); text that
 //! spells special tokens stays text.

@@ -3,7 +3,7 @@
 //! engine without a tokenizer and run; the same seed writes the same bytes whatever the shard
 //! size, another seed other bytes; and the folder checks.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! the embedding gather and the LM head + token selection, on shapes that do and do not
 //! divide the 32-weight blocks, with weights split over several chunks.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, ctx, ctx_with_binding_limit, random_vec};
 use unmask_core::oracle::basic::embed as embed_oracle;

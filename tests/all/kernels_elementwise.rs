@@ -1,7 +1,7 @@
 //! Row-wise kernels against the CPU oracle: embedding (every weight format, chunked),
 //! RMSNorm, RoPE, row gather/scatter, SwiGLU, residual add.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, ctx, ctx_with_binding_limit, random_vec};
 use unmask_core::oracle;

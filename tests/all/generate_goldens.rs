@@ -2,7 +2,7 @@
 //! (tools/llada_ref.py `generate` on the tiny checkpoint): non-block and block schedules,
 //! quota remainders, random remasking, CFG, Fast-dLLM threshold decoding and both EOS flags.
 
-mod common;
+use crate::common;
 
 use common::fixture_dir;
 

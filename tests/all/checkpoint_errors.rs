@@ -1,7 +1,7 @@
 //! A bad checkpoint gets an error that names the file, the tensor, what was expected and
 //! what was found — never a panic. Each case copies the tiny fixture and breaks one thing.
 
-mod common;
+use crate::common;
 
 use common::fixture_dir;
 

@@ -2,7 +2,7 @@
 //! argmax, one or several vocabulary chunks, ties, CFG, suppressed and excluded ids, and the
 //! sampled frequencies at T > 0.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

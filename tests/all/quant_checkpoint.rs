@@ -3,7 +3,7 @@
 //! bytes; a saved checkpoint is detected and loaded without re-quantizing; malformed
 //! quantized tensors are named.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -1,7 +1,7 @@
 //! Matmul kernels (`y = x · Wᵀ`) against the f64 CPU oracle: every kernel, every weight
 //! format the device has, shapes that do and do not divide the tiles, chunked weights.
 
-mod common;
+use crate::common;
 
 use unmask_core::oracle::matmul::matmul_xwt;
 use unmask_gpu::ops::matmul::{MatmulKernel, matmul};

@@ -2,7 +2,7 @@
 //! and are not multiples of the tiles, empty / one-row / non-dividing segments, strided q,
 //! and the split-equals-concatenation property the cache modes rely on.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

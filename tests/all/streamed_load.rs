@@ -2,7 +2,7 @@
 //! cut into pieces of any size and is uploaded as it arrives. The streamed model must
 //! generate exactly the reference goldens, and a short stream must fail naming the file.
 
-mod common;
+use crate::common;
 
 use common::fixture_dir;
 

@@ -1,7 +1,7 @@
 //! The tiny model with quantized weights: it generates, its logits stay close to the f16
 //! model's, and the GPU memory its weights take is what `weight_bytes` predicts.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -2,7 +2,7 @@
 //! reference (tools/llada_ref.py) on the tiny bf16 checkpoint (2 layers, GQA 4/2 heads,
 //! 2 shards with an index).
 
-mod common;
+use crate::common;
 
 use common::fixture_dir;
 

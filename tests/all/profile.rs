@@ -2,7 +2,7 @@
 //! every layer, a prompt after it changes the deeper layers, and the table is a monotone step
 //! function from r = 0 whose depths shrink as τ grows.
 
-mod common;
+use crate::common;
 
 use common::fixture_dir;
 

@@ -1,0 +1,22 @@
+//! Every integration test of the root crate in one binary, so CI links once and the tests
+//! share one GPU context (`common::ctx`). Each module is one subject; run one with
+//! `cargo test --test all bicache::`.
+
+mod common;
+
+mod bicache;
+mod cache_modes;
+mod checkpoint_errors;
+mod generate_goldens;
+mod kernels_attention;
+mod kernels_elementwise;
+mod kernels_matmul;
+mod kernels_quant;
+mod kernels_select;
+mod model_parity;
+mod profile;
+mod quant_checkpoint;
+mod quant_model;
+mod shader_portability;
+mod streamed_load;
+mod synth;
