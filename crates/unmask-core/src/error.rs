@@ -3,17 +3,6 @@
 
 use std::path::PathBuf;
 
-/// Any error of this crate; the per-area enums convert into it with `?`.
-#[derive(Debug, thiserror::Error)]
-pub enum CoreError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    #[error(transparent)]
-    Sampler(#[from] SamplerError),
-}
-
 /// A `config.json` (or `generation_config.json`) that cannot be read or describes a model
 /// this runtime does not run.
 #[derive(Debug, thiserror::Error)]

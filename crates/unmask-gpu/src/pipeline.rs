@@ -140,12 +140,6 @@ pub(crate) struct PipelineCache {
     map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
 }
 
-impl PipelineCache {
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
-    }
-}
-
 impl GpuContext {
     /// The pipeline for `entry` of `kernel` specialised by `spec`, compiled on first use.
     pub fn pipeline(
@@ -196,11 +190,6 @@ impl GpuContext {
             .expect("pipeline cache poisoned")
             .insert(key, pipeline.clone());
         Ok(pipeline)
-    }
-
-    /// Number of compiled pipelines (for reports and tests).
-    pub fn pipeline_count(&self) -> usize {
-        self.pipelines.len()
     }
 
     /// Runs `f` inside a validation error scope and returns the first error it raised.

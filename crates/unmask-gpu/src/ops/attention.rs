@@ -296,6 +296,31 @@ pub fn attention(
 }
 
 #[cfg(test)]
+pub(crate) fn host_params() -> Vec<super::HostParams> {
+    use super::host_params;
+    vec![host_params!(
+        "attention",
+        "*",
+        Params {
+            units,
+            group,
+            q_stride,
+            q_col,
+            len_a,
+            len_b,
+            kv_stride,
+            out_stride,
+            unit_blocks,
+            n_kv_heads,
+            scale_log2,
+            row0,
+            b_row0,
+            a_row0,
+        }
+    )]
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -422,3 +422,60 @@ pub fn add_in_place(step: &mut StepEncoder, x: &Tensor, y: &Tensor, n: usize) ->
     );
     Ok(())
 }
+
+#[cfg(test)]
+pub(crate) fn host_params() -> Vec<super::HostParams> {
+    use super::host_params;
+    vec![
+        host_params!(
+            "embed",
+            "main",
+            EmbedParams {
+                rows,
+                cols,
+                row_stride,
+                row_start,
+                chunk_rows,
+                s_off
+            }
+        ),
+        host_params!("rmsnorm", "main", NormParams { rows, cols, eps }),
+        host_params!(
+            "rope",
+            "main",
+            RopeParams {
+                rows,
+                n_heads,
+                head_dim,
+                row_stride,
+                col_offset,
+                max_pos
+            }
+        ),
+        host_params!(
+            "copy_rows",
+            "*",
+            CopyParams {
+                rows,
+                cols,
+                src_stride,
+                src_col,
+                dst_stride,
+                dst_col
+            }
+        ),
+        host_params!(
+            "swiglu",
+            "main",
+            SwigluParams {
+                rows,
+                cols,
+                in_stride,
+                gate_col,
+                up_col,
+                out_stride
+            }
+        ),
+        host_params!("add", "main", AddParams { n }),
+    ]
+}

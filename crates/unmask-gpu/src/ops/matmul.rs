@@ -253,3 +253,23 @@ pub fn matmul(
     }
     Ok(())
 }
+
+#[cfg(test)]
+pub(crate) fn host_params() -> Vec<super::HostParams> {
+    use super::host_params;
+    vec![host_params!(
+        "matmul",
+        "*",
+        MatmulParams {
+            m,
+            k,
+            rows,
+            col0,
+            n,
+            w_stride4,
+            tiles_n,
+            tiles,
+            s_off
+        }
+    )]
+}

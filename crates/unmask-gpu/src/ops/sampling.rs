@@ -296,3 +296,29 @@ pub fn select_finalize(
     step.dispatch(&pipeline, &params, &[state.into(), out.into()], groups);
     Ok(())
 }
+
+#[cfg(test)]
+pub(crate) fn host_params() -> Vec<super::HostParams> {
+    use super::host_params;
+    vec![
+        host_params!("select", "reset", RowParams { rows }),
+        host_params!("select", "finalize", RowParams { rows }),
+        host_params!(
+            "select",
+            "accumulate",
+            AccumulateParams {
+                rows,
+                n,
+                vocab_offset,
+                step,
+                seed_lo,
+                seed_hi,
+                suppress,
+                exclude0,
+                exclude1,
+                temperature,
+                cfg_scale,
+            }
+        ),
+    ]
+}
