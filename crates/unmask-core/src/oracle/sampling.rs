@@ -2,38 +2,7 @@
 //! streaming argmax / softmax-probability reduction.
 
 use crate::rng::{hash4, uniform_open};
-
-/// How one row's token and confidence are chosen (LLaDA `generate`, one denoising step).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SelectParams {
-    /// Gumbel-noise temperature; 0 is a plain argmax.
-    pub temperature: f32,
-    /// Classifier-free guidance weight `w`: `l = u + (w + 1)(c - u)` when unconditional
-    /// logits are given.
-    pub cfg_scale: f32,
-    pub seed: u64,
-    /// Denoising step index: a counter of the noise, so every step draws fresh noise.
-    pub step: u32,
-    /// `logits_eos_inf`: this id's logit is -inf before anything else.
-    pub suppress_token: Option<u32>,
-    /// Ids left out of the confidence softmax after the token was chosen
-    /// (`confidence_eos_eot_inf`); a chosen excluded id has confidence 0.
-    pub conf_exclude: [Option<u32>; 2],
-}
-
-impl Default for SelectParams {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            cfg_scale: 0.0,
-            seed: 0,
-            step: 0,
-            suppress_token: None,
-            conf_exclude: [None; 2],
-        }
-    }
-}
+pub use crate::sampler::SelectParams;
 
 /// Standard Gumbel noise `-ln(-ln U)` for vocabulary id `token` of the row at `position`.
 pub fn gumbel(params: &SelectParams, position: u32, token: u32) -> f64 {

@@ -17,7 +17,7 @@ use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor};
 
-pub use unmask_core::oracle::sampling::SelectParams;
+pub use unmask_core::sampler::SelectParams;
 
 const SELECT: KernelSource = kernel_source!("select");
 
