@@ -383,11 +383,6 @@ fn schedule_error(p: &GenerationParams, e: SamplerError) -> CliError {
              every block needs at least one step",
             p.steps, p.gen_length, p.block_length
         ),
-        SamplerError::TooManySteps { .. } => format!(
-            "--steps {} exceeds --gen-length {}: a step commits at least one token, so more \
-             steps than tokens only repeat the model",
-            p.steps, p.gen_length
-        ),
         SamplerError::StepsNotMultipleOfBlocks { .. } => format!(
             "--steps {} is not a multiple of the {blocks} blocks (--gen-length {} / --block-length {})",
             p.steps, p.gen_length, p.block_length

@@ -119,8 +119,6 @@ pub enum SamplerError {
     },
     #[error("steps: expected at least one per block ({num_blocks} blocks), found {steps}")]
     TooFewSteps { steps: usize, num_blocks: usize },
-    #[error("steps: expected at most gen_length ({gen_length}, one token per step), found {steps}")]
-    TooManySteps { steps: usize, gen_length: usize },
     #[error("steps {steps} is not a multiple of the number of blocks {num_blocks}")]
     StepsNotMultipleOfBlocks { steps: usize, num_blocks: usize },
     #[error("threshold: expected a value in (0, 1], found {threshold}")]
