@@ -20,6 +20,8 @@ python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask t
 echo "== bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask
 
+scripts/fuzz.sh
+
 scripts/test-web.sh
 
 echo "== cross-target checks: Windows (DX12) and macOS (Metal)"

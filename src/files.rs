@@ -102,38 +102,17 @@ impl DirFiles {
     /// for a writer forever.
     fn open(&self, name: &str) -> Result<std::fs::File, EngineError> {
         let path = self.dir.join(name);
-        let meta = std::fs::metadata(&path).map_err(|e| self.error(name, e))?;
-        if !meta.is_file() {
-            return Err(EngineError::File {
+        unmask_core::checkpoint::require_regular_file(&path).map_err(|e| match e {
+            unmask_gpu::model::CheckpointError::NotRegularFile { kind, .. } => EngineError::File {
                 location: self.location(name),
-                message: format!("expected a regular file, found {}", file_kind(&meta)),
-            });
-        }
+                message: format!("expected a regular file, found a {kind}"),
+            },
+            other => EngineError::File {
+                location: self.location(name),
+                message: other.to_string(),
+            },
+        })?;
         std::fs::File::open(&path).map_err(|e| self.error(name, e))
-    }
-}
-
-/// What a path that is not a regular file is, for messages.
-#[cfg(not(target_arch = "wasm32"))]
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        let t = meta.file_type();
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-        if t.is_block_device() || t.is_char_device() {
-            return "a device";
-        }
-    }
-    if meta.is_dir() {
-        "a directory"
-    } else {
-        "something other than a file"
     }
 }
 

@@ -173,6 +173,12 @@ impl LladaConfig {
         } else {
             path.to_path_buf()
         };
+        // A FIFO named config.json would block `read` forever: only regular files are read.
+        #[cfg(not(target_arch = "wasm32"))]
+        crate::checkpoint::require_regular_file(&config_path).map_err(|e| ConfigError::Io {
+            path: config_path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
+        })?;
         let text = std::fs::read_to_string(&config_path).map_err(|source| ConfigError::Io {
             path: config_path.clone(),
             source,

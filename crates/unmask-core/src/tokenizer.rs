@@ -70,7 +70,67 @@ impl SpecialTokens {
 /// decoder's deserializer only ever sees a well-formed value.
 fn parse_json(bytes: &[u8]) -> Result<tokenizers::Tokenizer, tokenizers::Error> {
     let value: serde_json::Value = serde_json::from_slice(bytes)?;
+    if let Some(model) = value.get("model") {
+        check_bpe_merges(model)?;
+    }
     Ok(serde_json::from_value(value)?)
+}
+
+/// Refuses the BPE merges `tokenizers` 0.23 cannot build without panicking. It writes each
+/// merge's first token and its second, less the continuing-subword prefix cut off by byte
+/// count, into a buffer as long as the longest vocabulary entry: a concatenation longer
+/// than every entry panics (slice out of range), and a second token that does not start
+/// with the prefix is cut wherever the byte count falls, possibly inside a character (the
+/// result is then made a `&str` unchecked). Neither merge can be valid, since its result
+/// must be in the vocabulary; the error names the merge. Merges whose tokens are not in the
+/// vocabulary are left to `tokenizers`, which reports them.
+fn check_bpe_merges(model: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    // Untagged models are tried as BPE first; other types ignore `merges`.
+    if model.get("type").is_some_and(|t| t != "BPE") {
+        return Ok(());
+    }
+    let (Some(Value::Object(vocab)), Some(Value::Array(merges))) =
+        (model.get("vocab"), model.get("merges"))
+    else {
+        return Ok(());
+    };
+    let prefix = model
+        .get("continuing_subword_prefix")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    for (at, merge) in merges.iter().enumerate() {
+        // Legacy merges are "a b" lines, where `tokenizers` skips "#version" lines; a merge
+        // of another shape is an error `tokenizers` reports.
+        let (a, b) = match merge {
+            Value::String(line) if !line.starts_with("#version") => match line.split_once(' ') {
+                Some(pair) => pair,
+                None => continue,
+            },
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::String(a), Value::String(b)] => (a.as_str(), b.as_str()),
+                _ => continue,
+            },
+            _ => continue,
+        };
+        if !vocab.contains_key(a) || !vocab.contains_key(b) {
+            continue;
+        }
+        let Some(rest) = b.strip_prefix(prefix) else {
+            return Err(format!(
+                "model.merges[{at}] = ({a:?}, {b:?}): expected the second token to start \
+                 with the continuing_subword_prefix {prefix:?}"
+            ));
+        };
+        let merged = format!("{a}{rest}");
+        if !vocab.contains_key(&merged) {
+            return Err(format!(
+                "model.merges[{at}] = ({a:?}, {b:?}): expected the merged token {merged:?} \
+                 in model.vocab, found no such entry"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A loaded `tokenizer.json`.
@@ -95,6 +155,12 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let path = path.as_ref();
+        // A FIFO named tokenizer.json would block `read` forever: only regular files.
+        #[cfg(not(target_arch = "wasm32"))]
+        crate::checkpoint::require_regular_file(path).map_err(|e| TokenizerError::Load {
+            source_name: path.display().to_string(),
+            source: e.to_string().into(),
+        })?;
         let inner = std::fs::read(path)
             .map_err(Into::into)
             .and_then(|bytes| parse_json(&bytes))

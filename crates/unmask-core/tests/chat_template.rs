@@ -295,6 +295,51 @@ fn malformed_decoder_json_is_an_error_not_a_panic() {
     }
 }
 
+/// Found by the fuzzer: `tokenizers` panics building a BPE merge whose result is longer
+/// than every vocabulary entry, and cuts a second token that lacks the continuing-subword
+/// prefix inside a character. Both are load errors naming the merge.
+#[test]
+fn impossible_bpe_merges_are_errors_not_panics() {
+    let text = std::fs::read_to_string(fixture("tokenizer.json")).unwrap();
+    let fixture: Value = serde_json::from_str(&text).unwrap();
+    let longest = fixture["model"]["vocab"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .max_by_key(|k| k.len())
+        .unwrap()
+        .clone();
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut json = fixture.clone();
+        edit(&mut json);
+        Tokenizer::from_bytes(json.to_string().as_bytes())
+    };
+    let too_long = with(&|json| {
+        let merges = json["model"]["merges"].as_array_mut().unwrap();
+        merges.push(Value::from(format!("{longest} {longest}")));
+    });
+    // "é" is two bytes: a one-byte prefix cut by byte count would split it.
+    let unprefixed = with(&|json| {
+        json["model"]["continuing_subword_prefix"] = Value::from("#");
+        json["model"]["vocab"]["é"] = Value::from(1000);
+        json["model"]["vocab"]["aé"] = Value::from(1001);
+        let merges = json["model"]["merges"].as_array_mut().unwrap();
+        merges.insert(0, Value::from("a é"));
+    });
+    for (result, needle) in [(too_long, "in model.vocab"), (unprefixed, "prefix")] {
+        match result {
+            Err(TokenizerError::Load { source, .. }) => {
+                let message = source.to_string();
+                assert!(
+                    message.contains("model.merges[") && message.contains(needle),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a load error, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn chat_errors() {
     let tok = tokenizer();
