@@ -9,6 +9,15 @@
 //   WQ8 / WQ4 (+ QUANT)     block-quantized weights, decoded as they are loaded
 //   XVEC4                   K % 4 == 0, so x rows are 16-byte aligned and read as vec4
 //   WIDE                    (TILED) 4 x 8 outputs per invocation instead of 4 x 4
+// Fused prologue and epilogues (each exact up to f32 rounding order):
+//   NORM      RMSNorm of the x rows folded in: W's columns are scaled by the norm weight g
+//             as they are loaded, each row's sum of squares is gathered from the x values the
+//             kernel reads anyway, and its 1 / rms scales the row's sums at the end:
+//             y = (x / rms(x)) * g . W^T without a normalised copy of x.
+//   RESIDUAL  y += x . W^T (the residual stream is y; the o-proj and down projections).
+//   SWIGLU    the chunk holds gate rows then, from row up_off, the up rows of the same
+//             output columns; y = silu(x . Wg^T) * (x . Wu^T). (TILED needs WIDE: its second
+//             group of 4 columns holds the up sums of the first four.)
 // Constants (TILED): WGX x WGY invocations per workgroup.
 
 struct Params {
@@ -21,9 +30,9 @@ struct Params {
     tiles_n: u32,   // output tiles along the columns
     tiles: u32,     // output tiles in all; workgroup ids are linearised over x and y
     s_off: u32,     // WQ8 / WQ4: word of the chunk where the scales start
+    eps: f32,       // NORM: RMSNorm epsilon
+    up_off: u32,    // SWIGLU: chunk row of the up row of output column 0
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -115,6 +124,40 @@ fn load_w1(i: u32) -> f32 {
 
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
+//#if NORM
+// The RMSNorm weight g [K]: four elements at vec4 index q, zero past K.
+//#if XVEC4
+@group(0) @binding(4) var<storage, read> gw: array<vec4<f32>>;
+
+fn norm4(q: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), gw[min(q, (p.k >> 2u) - 1u)], q < (p.k >> 2u));
+}
+//#else
+@group(0) @binding(4) var<storage, read> gw: array<f32>;
+
+fn g_at(e: u32) -> f32 {
+    return select(0.0, gw[min(e, p.k - 1u)], e < p.k);
+}
+
+fn norm4(q: u32) -> vec4<f32> {
+    let e = q * 4u;
+    return vec4<f32>(g_at(e), g_at(e + 1u), g_at(e + 2u), g_at(e + 3u));
+}
+//#endif
+
+// 1 / rms of rows whose sums of squares are `ss`.
+fn inv_rms(ss: vec4<f32>) -> vec4<f32> {
+    return inverseSqrt(ss / f32(p.k) + vec4<f32>(p.eps));
+}
+//#endif
+
+//#if SWIGLU
+// silu(g) * u, as the reference computes it (g * sigmoid(g)).
+fn glu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g)) * u;
+}
+//#endif
+
 fn tile_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
@@ -143,10 +186,40 @@ fn naive(
     let xb = row * p.k;
     let wb = col * p.w_stride4 * 4u;
     var acc = 0.0;
+//#if SWIGLU
+    let ub = (col + p.up_off) * p.w_stride4 * 4u;
+    var acc_up = 0.0;
+//#endif
+//#if NORM
+    var ss = 0.0;
+//#endif
     for (var e = 0u; e < p.k; e++) {
-        acc += x[xb + e] * load_w1(wb + e);
+        var xv = x[xb + e];
+//#if NORM
+        ss += xv * xv;
+        xv *= gw[e];
+//#endif
+        acc += xv * load_w1(wb + e);
+//#if SWIGLU
+        acc_up += xv * load_w1(ub + e);
+//#endif
     }
-    y[row * p.n + p.col0 + col] = acc;
+//#if NORM
+    let inv = inv_rms(vec4<f32>(ss)).x;
+    acc *= inv;
+//#if SWIGLU
+    acc_up *= inv;
+//#endif
+//#endif
+//#if SWIGLU
+    acc = glu(vec4<f32>(acc), vec4<f32>(acc_up)).x;
+//#endif
+    let at = row * p.n + p.col0 + col;
+//#if RESIDUAL
+    y[at] += acc;
+//#else
+    y[at] = acc;
+//#endif
 }
 //#endif
 
@@ -158,8 +231,13 @@ fn naive(
 // not unrolled by lavapipe and ran 1.3-1.5x slower.
 const WGX: u32 = {{WGX}}u;
 const WGY: u32 = {{WGY}}u;
+// Output columns per invocation (with SWIGLU the second four sums are their up halves).
 //#if WIDE
+//#if SWIGLU
+const TN: u32 = 4u;
+//#else
 const TN: u32 = 8u;
+//#endif
 //#else
 const TN: u32 = 4u;
 //#endif
@@ -214,14 +292,24 @@ fn tiled(
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
 //#if WIDE
+//#if SWIGLU
+    let w4 = (min(c0, last) + p.up_off) * p.w_stride4;
+    let w5 = (min(c0 + 1u, last) + p.up_off) * p.w_stride4;
+    let w6 = (min(c0 + 2u, last) + p.up_off) * p.w_stride4;
+    let w7 = (min(c0 + 3u, last) + p.up_off) * p.w_stride4;
+//#else
     let w4 = min(c0 + 4u, last) * p.w_stride4;
     let w5 = min(c0 + 5u, last) * p.w_stride4;
     let w6 = min(c0 + 6u, last) * p.w_stride4;
     let w7 = min(c0 + 7u, last) * p.w_stride4;
+//#endif
     var b0 = vec4<f32>(0.0);
     var b1 = vec4<f32>(0.0);
     var b2 = vec4<f32>(0.0);
     var b3 = vec4<f32>(0.0);
+//#endif
+//#if NORM
+    var ss = vec4<f32>(0.0);
 //#endif
     let kq = (p.k + 3u) >> 2u;
     for (var q = 0u; q < kq; q++) {
@@ -235,13 +323,26 @@ fn tiled(
         let v6 = load_w4(w6 + q);
         let v7 = load_w4(w7 + q);
 //#endif
+//#if NORM
+        let n0 = x_row4(x0, q);
+        let n1 = x_row4(x1, q);
+        let n2 = x_row4(x2, q);
+        let n3 = x_row4(x3, q);
+        ss += vec4<f32>(dot(n0, n0), dot(n1, n1), dot(n2, n2), dot(n3, n3));
+        let g = norm4(q);
+        let r0 = n0 * g;
+        let r1 = n1 * g;
+        let r2 = n2 * g;
+        let r3 = n3 * g;
+//#else
         let r0 = x_row4(x0, q);
-        a0 += dot4(r0, v0, v1, v2, v3);
         let r1 = x_row4(x1, q);
-        a1 += dot4(r1, v0, v1, v2, v3);
         let r2 = x_row4(x2, q);
-        a2 += dot4(r2, v0, v1, v2, v3);
         let r3 = x_row4(x3, q);
+//#endif
+        a0 += dot4(r0, v0, v1, v2, v3);
+        a1 += dot4(r1, v0, v1, v2, v3);
+        a2 += dot4(r2, v0, v1, v2, v3);
         a3 += dot4(r3, v0, v1, v2, v3);
 //#if WIDE
         b0 += dot4(r0, v4, v5, v6, v7);
@@ -250,6 +351,25 @@ fn tiled(
         b3 += dot4(r3, v4, v5, v6, v7);
 //#endif
     }
+//#if NORM
+    let inv = inv_rms(ss);
+    a0 *= inv.x;
+    a1 *= inv.y;
+    a2 *= inv.z;
+    a3 *= inv.w;
+//#if WIDE
+    b0 *= inv.x;
+    b1 *= inv.y;
+    b2 *= inv.z;
+    b3 *= inv.w;
+//#endif
+//#endif
+//#if SWIGLU
+    store4(row0, c0, glu(a0, b0));
+    store4(row0 + 1u, c0, glu(a1, b1));
+    store4(row0 + 2u, c0, glu(a2, b2));
+    store4(row0 + 3u, c0, glu(a3, b3));
+//#else
     store4(row0, c0, a0);
     store4(row0 + 1u, c0, a1);
     store4(row0 + 2u, c0, a2);
@@ -259,6 +379,7 @@ fn tiled(
     store4(row0 + 1u, c0 + 4u, b1);
     store4(row0 + 2u, c0 + 4u, b2);
     store4(row0 + 3u, c0 + 4u, b3);
+//#endif
 //#endif
 }
 //#endif
@@ -272,7 +393,11 @@ fn store4(row: u32, c: u32, v: vec4<f32>) {
     let base = row * p.n + p.col0;
     for (var j = 0u; j < 4u; j++) {
         if c + j < p.rows {
+//#if RESIDUAL
+            y[base + c + j] += v[j];
+//#else
             y[base + c + j] = v[j];
+//#endif
         }
     }
 }
@@ -286,6 +411,9 @@ const BM: u32 = 64u;
 const BK: u32 = 16u;
 var<workgroup> xs: array<vec4<f32>, 256>; // [BK][BM / 4]
 var<workgroup> ws: array<vec4<f32>, 256>; // [BK][BN / 4]
+//#if SWIGLU
+var<workgroup> us: array<vec4<f32>, 256>; // the up rows, as ws
+//#endif
 
 @compute @workgroup_size(16, 16)
 fn tiled_shared(
@@ -307,6 +435,13 @@ fn tiled_shared(
     let lane = lr & 3u;
 
     var acc: array<vec4<f32>, 4>;
+//#if SWIGLU
+    var acc_up: array<vec4<f32>, 4>;
+    let u_row = w_row + p.up_off;
+//#endif
+//#if NORM
+    var ss = vec4<f32>(0.0);
+//#endif
     let k_tiles = (p.k + BK - 1u) / BK;
     for (var kt = 0u; kt < k_tiles; kt++) {
         let q = kt * (BK / 4u) + lq; // vec4 index along k
@@ -317,7 +452,18 @@ fn tiled_shared(
         let e = q * 4u;
         let xv = vec4<f32>(x_at(xb, e), x_at(xb, e + 1u), x_at(xb, e + 2u), x_at(xb, e + 3u));
 //#endif
-        let wv = select(vec4<f32>(0.0), load_w4(w_row * p.w_stride4 + min(q, p.w_stride4 - 1u)), q < p.w_stride4);
+        var wv = select(vec4<f32>(0.0), load_w4(w_row * p.w_stride4 + min(q, p.w_stride4 - 1u)), q < p.w_stride4);
+//#if SWIGLU
+        var uv = select(vec4<f32>(0.0), load_w4(u_row * p.w_stride4 + min(q, p.w_stride4 - 1u)), q < p.w_stride4);
+//#endif
+//#if NORM
+        // The norm weight scales W's columns; x stays raw for the sum of squares.
+        let g = norm4(q);
+        wv *= g;
+//#if SWIGLU
+        uv *= g;
+//#endif
+//#endif
         let at = lq * BM + slot; // row lq * 4 of the k-major tile
         xs[at][lane] = xv.x;
         ws[at][lane] = wv.x;
@@ -327,6 +473,12 @@ fn tiled_shared(
         ws[at + BM / 2u][lane] = wv.z;
         xs[at + 3u * BM / 4u][lane] = xv.w;
         ws[at + 3u * BM / 4u][lane] = wv.w;
+//#if SWIGLU
+        us[at][lane] = uv.x;
+        us[at + BM / 4u][lane] = uv.y;
+        us[at + BM / 2u][lane] = uv.z;
+        us[at + 3u * BM / 4u][lane] = uv.w;
+//#endif
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             let a = xs[kk * (BM / 4u) + lid.y];
@@ -335,6 +487,16 @@ fn tiled_shared(
             acc[1] += a.y * b;
             acc[2] += a.z * b;
             acc[3] += a.w * b;
+//#if SWIGLU
+            let bu = us[kk * (BM / 4u) + lid.x];
+            acc_up[0] += a.x * bu;
+            acc_up[1] += a.y * bu;
+            acc_up[2] += a.z * bu;
+            acc_up[3] += a.w * bu;
+//#endif
+//#if NORM
+            ss += a * a;
+//#endif
         }
         workgroupBarrier();
     }
@@ -343,6 +505,20 @@ fn tiled_shared(
     }
     let c = tile_col0 + lid.x * 4u;
     let r = tile_row0 + lid.y * 4u;
+//#if NORM
+    let inv = inv_rms(ss);
+    for (var i = 0u; i < 4u; i++) {
+        acc[i] *= inv[i];
+//#if SWIGLU
+        acc_up[i] *= inv[i];
+//#endif
+    }
+//#endif
+//#if SWIGLU
+    for (var i = 0u; i < 4u; i++) {
+        acc[i] = glu(acc[i], acc_up[i]);
+    }
+//#endif
     store4(r, c, acc[0]);
     store4(r + 1u, c, acc[1]);
     store4(r + 2u, c, acc[2]);

@@ -13,7 +13,7 @@ use std::ops::Range;
 use unmask_core::cache::bicache_step;
 use unmask_core::sampler::StepRecord;
 use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{ForwardState, LayerPass, SelectBuffers, SeqWindow};
+use unmask_gpu::model::{ForwardState, LayerPass, LladaModel, SelectBuffers, SeqWindow};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::{
@@ -415,11 +415,16 @@ impl Engine {
                 &group.params,
             )?;
         }
-        step.submit()?;
+        let slots: Vec<usize> = groups
+            .iter()
+            .zip(selects.iter())
+            .map(|(group, sel)| self.model.read_back_choices(&mut step, sel, group.rows))
+            .collect();
+        let read = step.submit()?.read_async().await?;
 
         let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); steps.len()];
-        for (group, sel) in groups.iter().zip(selects.iter()) {
-            let choices = self.model.read_choices_async(sel, group.rows).await?;
+        for (group, slot) in groups.iter().zip(slots) {
+            let choices = LladaModel::decode_choices(&read[slot]);
             let mut it = choices.into_iter();
             for &k in &group.members {
                 predictions[k] = it

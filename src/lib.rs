@@ -44,10 +44,7 @@ use unmask_gpu::model::{
 use unmask_gpu::ops::sampling::SelectParams;
 use unmask_gpu::{GpuContext, GpuError, StepEncoder};
 
-// Timing loops over blocking generations: a native tool.
 mod batch;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod bench;
 mod bicache;
 mod clock;
 mod files;
@@ -906,10 +903,12 @@ impl Engine {
                 rows.len(),
                 &params,
             )?;
-            step.submit()?;
-            let choices = self.model.read_choices_async(&sel, rows.len()).await?;
-            let predictions: Vec<(u32, f32)> =
-                choices.iter().map(|c| (c.token, c.confidence)).collect();
+            let slot = self.model.read_back_choices(&mut step, &sel, rows.len());
+            let read = step.submit()?.read_async().await?;
+            let predictions: Vec<(u32, f32)> = LladaModel::decode_choices(&read[slot])
+                .iter()
+                .map(|c| (c.token, c.confidence))
+                .collect();
             let record = sampler.commit(&predictions)?;
             timings.steps += 1;
             if timings.steps == 1 {

@@ -519,7 +519,7 @@ fn serving_continuously_equals_each_request_alone() {
         bicache_request(2, CacheMode::Bicache, 2, 4, params(8, 8, 8)),
         other,
     ];
-    let (served, entry_passes) = unmask::bench::serve_continuously(&engine, &requests, 2).unwrap();
+    let (served, entry_passes) = unmask_bench::serve_continuously(&engine, &requests, 2).unwrap();
     let n_layers = engine.config().n_layers;
     assert_eq!(
         entry_passes,

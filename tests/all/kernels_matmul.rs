@@ -247,3 +247,184 @@ fn shape_errors_name_the_op() {
     matmul(&mut step, &x, &w, &y, 0, MatmulKernel::Auto).expect("m = 0");
     assert_eq!(step.dispatch_count(), 0);
 }
+
+/// The host reference of the fused forms: RMSNorm of x (weight g) in front, SwiGLU of a
+/// gate|up pair behind, a residual added.
+fn fused_oracle(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    norm: Option<&[f32]>,
+    gate: &[f32],
+    up: Option<&[f32]>,
+    residual: Option<&[f32]>,
+) -> Vec<f32> {
+    let eps = 1e-5f64;
+    let xn: Vec<f32> = match norm {
+        Some(g) => x
+            .chunks(k)
+            .flat_map(|row| {
+                let ms = row
+                    .iter()
+                    .map(|&v| f64::from(v) * f64::from(v))
+                    .sum::<f64>()
+                    / k as f64;
+                let inv = 1.0 / (ms + eps).sqrt();
+                row.iter()
+                    .zip(g)
+                    .map(move |(&v, &w)| (f64::from(v) * inv * f64::from(w)) as f32)
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        None => x.to_vec(),
+    };
+    let n = gate.len() / k;
+    let mut y = matmul_xwt(&xn, gate, m, n, k);
+    if let Some(up) = up {
+        let u = matmul_xwt(&xn, up, m, n, k);
+        for (g, u) in y.iter_mut().zip(u) {
+            let gv = f64::from(*g);
+            *g = (gv / (1.0 + (-gv).exp()) * f64::from(u)) as f32;
+        }
+    }
+    if let Some(r) = residual {
+        for (v, r) in y.iter_mut().zip(r) {
+            *v += r;
+        }
+    }
+    y
+}
+
+#[test]
+fn fused_norm_residual_and_swiglu_match_the_oracle() {
+    use unmask_gpu::ops::matmul::{Fusion, matmul_fused};
+    // A binding limit of 16 KiB splits every paired weight over several chunks (gate and
+    // up rows of the same columns stay together), and the plain ones too.
+    let probe_ctx = common::ctx();
+    for limit in [None, Some(16384u64)] {
+        let ctx = match limit {
+            Some(b) => common::ctx_with_binding_limit(b),
+            None => common::ctx(),
+        };
+        let mut formats = formats(&ctx);
+        formats.extend([WeightFormat::Q8, WeightFormat::Q4]);
+        for &(m, n, k) in &[
+            (3usize, 9usize, 12usize),
+            (33, 70, 64),
+            (5, 130, 13),
+            (70, 40, 36),
+        ] {
+            let x = common::random_vec(1, m * k, 1.0);
+            let g = common::random_vec(2, k, 1.0);
+            let gate = common::random_vec(3, n * k, 0.3);
+            let up = common::random_vec(4, n * k, 0.3);
+            let resid = common::random_vec(5, m * n, 1.0);
+            let xt = Tensor::from_f32(&ctx, &[m, k], &x, "x").unwrap();
+            let gt = Tensor::from_f32(&ctx, &[k], &g, "g").unwrap();
+            for &format in &formats {
+                // Quantized formats need whole blocks of 32 columns.
+                if matches!(format, WeightFormat::Q8 | WeightFormat::Q4) && k % 32 != 0 {
+                    continue;
+                }
+                // The weights as the format stores them, so only the kernel's error is left.
+                let stored = |w: &[f32], rows: usize| -> Vec<f32> {
+                    let ctx = &probe_ctx;
+                    let t = Weight::from_f32(ctx, rows, k, w, format, "probe").unwrap();
+                    let out = Tensor::zeros(ctx, DType::F32, &[k, rows], "probe y").unwrap();
+                    let eye: Vec<f32> = (0..k * k)
+                        .map(|i| if i / k == i % k { 1.0 } else { 0.0 })
+                        .collect();
+                    let it = Tensor::from_f32(ctx, &[k, k], &eye, "eye").unwrap();
+                    let mut step = StepEncoder::new(ctx, "probe");
+                    matmul(&mut step, &it, &t, &out, k, MatmulKernel::Naive).unwrap();
+                    step.submit().unwrap();
+                    let cols = out.read_f32(ctx).unwrap();
+                    // out[i][r] = W[r][i]: transpose back to [rows, k].
+                    (0..rows * k)
+                        .map(|j| cols[(j % k) * rows + j / k])
+                        .collect()
+                };
+                let (gate_s, up_s) = (stored(&gate, n), stored(&up, n));
+                let pair = Weight::zeros_paired(&ctx, n, k, format, "gate_up").unwrap();
+                pair.write_rows_f32(&ctx, 0, &gate).unwrap();
+                pair.write_rows_f32(&ctx, n, &up).unwrap();
+                let plain = Weight::from_f32(&ctx, n, k, &gate, format, "gate").unwrap();
+                if let Some(limit) = limit.filter(|&l| 2 * n as u64 * format.row_bytes(k) > l) {
+                    assert!(
+                        pair.chunks.len() > 1,
+                        "{format:?} {n}x{k}: one chunk under a {limit}-byte binding"
+                    );
+                }
+                let tol = match format {
+                    WeightFormat::F32 => 1e-4,
+                    _ => 1e-3,
+                };
+                for kernel in KERNELS {
+                    let cases: [(&str, bool, bool, bool); 4] = [
+                        ("norm", true, false, false),
+                        ("residual", false, true, false),
+                        ("norm+swiglu", true, false, true),
+                        ("swiglu", false, false, true),
+                    ];
+                    for (what, norm, residual, swiglu) in cases {
+                        let yt = Tensor::from_f32(&ctx, &[m, n], &resid, "y").unwrap();
+                        let mut step = StepEncoder::new(&ctx, "fused test");
+                        let fusion = Fusion {
+                            norm: norm.then_some((&gt, 1e-5)),
+                            residual,
+                            swiglu,
+                        };
+                        let w = if swiglu { &pair } else { &plain };
+                        matmul_fused(&mut step, &xt, w, &yt, m, kernel, fusion).unwrap();
+                        step.submit().unwrap();
+                        let got = yt.read_f32(&ctx).unwrap();
+                        let want = fused_oracle(
+                            &x,
+                            m,
+                            k,
+                            norm.then_some(&g[..]),
+                            &gate_s,
+                            swiglu.then_some(&up_s[..]),
+                            residual.then_some(&resid[..]),
+                        );
+                        common::assert_close(
+                            &format!(
+                                "{what} {} {format:?} m{m} n{n} k{k} limit {limit:?}",
+                                kernel.name()
+                            ),
+                            &got,
+                            &want,
+                            tol,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fusion_and_weight_pairing_must_agree() {
+    use unmask_gpu::ops::matmul::{Fusion, matmul_fused};
+    let ctx = common::ctx();
+    let x = Tensor::from_f32(&ctx, &[2, 8], &[0.5; 16], "x").unwrap();
+    let y = Tensor::zeros(&ctx, DType::F32, &[2, 8], "y").unwrap();
+    let plain = Weight::from_f32(&ctx, 8, 8, &[0.1; 64], WeightFormat::F32, "w").unwrap();
+    let pair = Weight::zeros_paired(&ctx, 8, 8, WeightFormat::F32, "pair").unwrap();
+    let mut step = StepEncoder::new(&ctx, "bad fusion");
+    let swiglu = Fusion {
+        swiglu: true,
+        ..Fusion::default()
+    };
+    let e = matmul_fused(&mut step, &x, &plain, &y, 2, MatmulKernel::Tiled, swiglu).unwrap_err();
+    assert!(e.to_string().contains("paired"), "{e}");
+    let e = matmul(&mut step, &x, &pair, &y, 2, MatmulKernel::Tiled).unwrap_err();
+    assert!(e.to_string().contains("paired"), "{e}");
+    let g = Tensor::from_f32(&ctx, &[7], &[1.0; 7], "g").unwrap();
+    let norm = Fusion {
+        norm: Some((&g, 1e-5)),
+        ..Fusion::default()
+    };
+    let e = matmul_fused(&mut step, &x, &plain, &y, 2, MatmulKernel::Tiled, norm).unwrap_err();
+    assert!(e.to_string().contains("norm weight of 8"), "{e}");
+}

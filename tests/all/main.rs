@@ -18,5 +18,6 @@ mod profile;
 mod quant_checkpoint;
 mod quant_model;
 mod shader_portability;
+mod step_program;
 mod streamed_load;
 mod synth;

@@ -215,9 +215,14 @@ fn quantized_weight_kernels_need_no_shader_f16() {
         .into_iter()
         .filter(|v| v.spec.has("QUANT") || v.spec.has("W_QUANT"))
         .collect();
-    // naive, tiled (x scalar / vec4), tiled-shared (x scalar / vec4) and the embedding
-    // gather, for q8 and for q4.
-    assert_eq!(quantized.len(), 2 * (1 + 2 + 2 + 1), "quantized variants");
+    // naive, tiled (x scalar / vec4), tiled-shared (x scalar / vec4), each with its five
+    // fusions (none, norm, residual, norm + swiglu, swiglu), and the embedding gather, for
+    // q8 and for q4.
+    assert_eq!(
+        quantized.len(),
+        2 * (5 * (1 + 2 + 2) + 1),
+        "quantized variants"
+    );
     for v in quantized {
         let source = render(&v.kernel, &v.spec).unwrap();
         let name = format!("{}:{}[{}]", v.kernel.name, v.entry, v.spec.key());

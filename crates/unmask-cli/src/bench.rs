@@ -7,10 +7,10 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use unmask::bench::{
-    self, Decoding, KernelBenchOptions, Peak, Repeats, RequestBenchOptions, Workload,
-};
 use unmask::{CacheMode, GenerationParams};
+use unmask_bench::{
+    self as bench, Decoding, KernelBenchOptions, Peak, Repeats, RequestBenchOptions, Workload,
+};
 use unmask_core::config::LladaConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 

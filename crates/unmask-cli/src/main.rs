@@ -19,6 +19,7 @@ mod profile;
 mod quantize;
 mod selfcheck;
 mod synth;
+mod trace;
 
 use std::io::Write;
 
@@ -40,6 +41,7 @@ fn commands() -> Vec<(CommandSpec, Runner)> {
         (bench_report::spec(), bench_report::run),
         (selfcheck::spec(), selfcheck::run),
         (synth::spec(), synth::run),
+        (trace::spec(), trace::run),
     ]
 }
 

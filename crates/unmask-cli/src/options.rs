@@ -228,6 +228,14 @@ pub fn cache_modes(m: &Matches) -> Result<Vec<CacheMode>, CliError> {
     Ok(modes)
 }
 
+/// `cache_modes`, with every mode when `--cache` is absent.
+pub fn cache_modes_or_all(m: &Matches) -> Result<Vec<CacheMode>, CliError> {
+    match m.value("cache") {
+        None => Ok(CacheMode::ALL.to_vec()),
+        Some(_) => cache_modes(m),
+    }
+}
+
 fn parse_cache_mode(name: &str) -> Option<CacheMode> {
     name.parse().ok()
 }

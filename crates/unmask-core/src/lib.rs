@@ -15,7 +15,9 @@ pub mod oracle;
 pub mod prefix_store;
 pub mod quant;
 pub mod rng;
-pub mod safetensors_writer;
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;
+
+/// The safetensors writer at its older path; it lives in `checkpoint::writer`.
+pub use checkpoint::writer as safetensors_writer;

@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{GpuError, Result};
 use crate::pipeline::PipelineCache;
+use crate::step::bind_groups::BindGroupCache;
+use crate::step::{HostCounters, ReadbackRing, TraceState};
 
 /// How to pick the adapter and what the device may use.
 #[derive(Clone, Debug)]
@@ -21,6 +23,10 @@ pub struct ContextOptions {
     /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
     /// past it is refused with an error naming what it was for (`None`: no budget).
     pub memory_budget: Option<u64>,
+    /// Keep wgpu's runtime bounds checks in the kernels. Natively they may be turned off:
+    /// every index of `shaders/` is clamped in range by construction and the host checks
+    /// each dispatch's parameters against its buffers. A browser always checks.
+    pub runtime_checks: bool,
 }
 
 impl Default for ContextOptions {
@@ -31,6 +37,7 @@ impl Default for ContextOptions {
             allow_subgroups: true,
             max_binding_bytes: None,
             memory_budget: None,
+            runtime_checks: true,
         }
     }
 }
@@ -166,8 +173,15 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     pub features: KernelFeatures,
     pub limits: wgpu::Limits,
+    /// Submits, dispatches and what the host created on the device.
+    pub host: HostCounters,
+    /// Whether kernels keep wgpu's runtime bounds checks (`ContextOptions::runtime_checks`).
+    pub runtime_checks: bool,
     pub(crate) pipelines: PipelineCache,
     pub(crate) params: crate::step::ParamArena,
+    pub(crate) bind_groups: BindGroupCache,
+    pub(crate) readback: ReadbackRing,
+    pub(crate) trace: TraceState,
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -253,6 +267,10 @@ impl GpuContext {
         if subgroups {
             required |= wgpu::Features::SUBGROUP;
         }
+        // Only `unmask trace` and benchmarks time dispatches; asking costs nothing.
+        if available.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            required |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
@@ -298,8 +316,7 @@ impl GpuContext {
                 DeviceFaults::record(&faults.lost, format!("{reason:?}: {message}"))
             });
         }
-        let params =
-            crate::step::ParamArena::new(&device, limits.min_uniform_buffer_offset_alignment);
+        let params = crate::step::ParamArena::new(limits.min_uniform_buffer_offset_alignment);
         Ok(Arc::new(Self {
             memory: Arc::new(MemoryCounter::new(options.memory_budget)),
             faults,
@@ -308,9 +325,19 @@ impl GpuContext {
             info,
             features,
             limits,
+            host: HostCounters::default(),
+            runtime_checks: options.runtime_checks || cfg!(target_arch = "wasm32"),
             pipelines: PipelineCache::default(),
             params,
+            bind_groups: BindGroupCache::default(),
+            readback: ReadbackRing::default(),
+            trace: TraceState::default(),
         }))
+    }
+
+    /// Bind groups cached now (for tests of the cache's lifetime rules).
+    pub fn cached_bind_groups(&self) -> usize {
+        self.bind_groups.len()
     }
 
     /// One line for logs and `--json` output: adapter, backend, driver and the features in use.

@@ -17,8 +17,11 @@ pub mod tensor;
 
 pub use context::{ContextOptions, GpuContext, KernelFeatures, MemoryCounter, parse_backend};
 pub use error::{GpuError, Result};
-pub use pipeline::{KernelSource, Spec};
-pub use step::{Binding, StepEncoder};
+pub use pipeline::{ComputeKernel, KernelSource, Spec};
+pub use step::{
+    Binding, HostCounts, StepEncoder, StepTrace, Submitted, TraceClock, TraceOptions,
+    TracedDispatch,
+};
 pub use tensor::{DType, GpuBuffer, Tensor, Weight, WeightChunk, WeightFormat};
 
 /// Declares a `KernelSource` for a file of the workspace's `shaders/` directory.

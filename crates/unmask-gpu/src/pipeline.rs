@@ -135,9 +135,79 @@ pub fn render(kernel: &KernelSource, spec: &Spec) -> Result<String> {
 
 type Key = (&'static str, &'static str, String);
 
+/// A compiled kernel variant with its explicit bind group layout: binding 0 is the uniform
+/// parameters at a dynamic offset into the step's parameter buffer, bindings 1.. the
+/// storage buffers in declaration order. Dispatches carry it, so every dispatch of a step
+/// has a name and a variant.
+#[derive(Debug)]
+pub struct ComputeKernel {
+    /// Unique per pipeline (keys of the bind group cache).
+    pub(crate) id: u64,
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) layout: wgpu::BindGroupLayout,
+    /// The kernel file (`shaders/<name>.wgsl`).
+    pub name: &'static str,
+    pub entry: &'static str,
+    /// The specialisation (flags and constants), as `Spec::key` writes it.
+    pub variant: String,
+}
+
+impl ComputeKernel {
+    /// `file:entry` — the kernel family a dispatch belongs to.
+    pub fn family(&self) -> String {
+        format!("{}:{}", self.name, self.entry)
+    }
+}
+
+/// The storage bindings of group 0 in a rendered kernel, in binding order: `true` where the
+/// kernel writes the buffer. Every kernel declares its bindings as
+/// `@group(0) @binding(N) var<storage, read|read_write> name: type;`.
+fn storage_bindings(source: &str) -> std::result::Result<Vec<bool>, String> {
+    let mut out: Vec<(u32, bool)> = Vec::new();
+    for line in source.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("@group(0) @binding(") else {
+            continue;
+        };
+        let (num, decl) = rest
+            .split_once(')')
+            .ok_or_else(|| format!("unreadable binding declaration `{line}`"))?;
+        let binding: u32 = num
+            .trim()
+            .parse()
+            .map_err(|_| format!("binding number in `{line}`"))?;
+        let decl = decl.trim_start();
+        if decl.starts_with("var<uniform>") {
+            if binding != 0 {
+                return Err(format!("a uniform at binding {binding} (only 0 may be)"));
+            }
+            continue;
+        }
+        let writes = if decl.starts_with("var<storage, read_write>") {
+            true
+        } else if decl.starts_with("var<storage, read>") {
+            false
+        } else {
+            return Err(format!("unsupported binding declaration `{line}`"));
+        };
+        out.push((binding, writes));
+    }
+    out.sort_unstable_by_key(|b| b.0);
+    for (i, (binding, _)) in out.iter().enumerate() {
+        if *binding != i as u32 + 1 {
+            return Err(format!(
+                "storage bindings must be 1, 2, ... without gaps; found {binding} at place {}",
+                i + 1
+            ));
+        }
+    }
+    Ok(out.into_iter().map(|(_, w)| w).collect())
+}
+
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+    map: Mutex<HashMap<Key, Arc<ComputeKernel>>>,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 impl GpuContext {
@@ -147,7 +217,7 @@ impl GpuContext {
         kernel: &KernelSource,
         entry: &'static str,
         spec: &Spec,
-    ) -> Result<Arc<wgpu::ComputePipeline>> {
+    ) -> Result<Arc<ComputeKernel>> {
         let key = (kernel.name, entry, spec.key());
         if let Some(p) = self
             .pipelines
@@ -158,38 +228,96 @@ impl GpuContext {
         {
             return Ok(p.clone());
         }
+        let fail = |message: String| GpuError::Shader {
+            kernel: kernel.name,
+            entry,
+            spec: spec.key(),
+            message,
+        };
         let source = render(kernel, spec)?;
+        let storage = storage_bindings(&source).map_err(fail)?;
         let label = format!("{}:{}[{}]", kernel.name, entry, key.2);
-        let pipeline = self.capture_errors(&label, || {
-            let module = self
+        let buffer_entry =
+            |binding: u32, ty: wgpu::BufferBindingType, dynamic: bool| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty,
+                    has_dynamic_offset: dynamic,
+                    min_binding_size: None,
+                },
+                count: None,
+            };
+        let mut entries = vec![buffer_entry(0, wgpu::BufferBindingType::Uniform, true)];
+        for (i, &writes) in storage.iter().enumerate() {
+            entries.push(buffer_entry(
+                i as u32 + 1,
+                wgpu::BufferBindingType::Storage { read_only: !writes },
+                false,
+            ));
+        }
+        let checks = self.runtime_checks;
+        let built = self.capture_errors(&label, || {
+            let layout = self
                 .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                     label: Some(&label),
-                    source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+                    entries: &entries,
                 });
-            self.device
+            let pipeline_layout =
+                self.device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some(&label),
+                        bind_group_layouts: &[Some(&layout)],
+                        immediate_size: 0,
+                    });
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            };
+            let module = if checks {
+                self.device.create_shader_module(desc)
+            } else {
+                // SAFETY: only with `ContextOptions::runtime_checks` off, which callers turn
+                // off for kernels whose indices are clamped in range by construction (every
+                // load and store of shaders/ is bounded by its Params, which the host checks
+                // against the bound buffers' sizes before dispatching).
+                unsafe {
+                    self.device
+                        .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+                }
+            };
+            let pipeline = self
+                .device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&label),
-                    layout: None,
+                    layout: Some(&pipeline_layout),
                     module: &module,
                     entry_point: Some(entry),
                     compilation_options: wgpu::PipelineCompilationOptions::default(),
                     cache: None,
-                })
+                });
+            (layout, pipeline)
         });
-        let pipeline = pipeline.map_err(|e| GpuError::Shader {
-            kernel: kernel.name,
+        let (layout, pipeline) = built.map_err(|e| fail(e.to_string()))?;
+        let id = self
+            .pipelines
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let kernel = Arc::new(ComputeKernel {
+            id,
+            pipeline,
+            layout,
+            name: kernel.name,
             entry,
-            spec: spec.key(),
-            message: e.to_string(),
-        })?;
-        let pipeline = Arc::new(pipeline);
+            variant: key.2.clone(),
+        });
         self.pipelines
             .map
             .lock()
             .expect("pipeline cache poisoned")
-            .insert(key, pipeline.clone());
-        Ok(pipeline)
+            .insert(key, kernel.clone());
+        Ok(kernel)
     }
 
     /// Runs `f` inside a validation error scope and returns the first error it raised.

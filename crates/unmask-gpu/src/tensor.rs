@@ -9,6 +9,7 @@ use unmask_core::quant::{self, QuantFormat};
 
 use crate::context::{GpuContext, MemoryCounter};
 use crate::error::{GpuError, Result};
+use crate::step::bind_groups::DroppedBuffers;
 
 /// Element type of a `Tensor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,13 +36,20 @@ impl DType {
 pub struct GpuBuffer {
     raw: wgpu::Buffer,
     bytes: u64,
+    /// Unique for the process: bind groups are cached by the ids of their buffers.
+    id: u64,
     counter: Arc<MemoryCounter>,
+    dropped: Arc<DroppedBuffers>,
 }
 
 impl GpuBuffer {
     /// Allocated size in bytes (rounded up as the buffer was created).
     pub fn allocated_bytes(&self) -> u64 {
         self.bytes
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 }
 
@@ -55,8 +63,14 @@ impl std::ops::Deref for GpuBuffer {
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
         self.counter.release(self.bytes);
+        // Cached bind groups still reference the buffer: free its memory now (wgpu waits
+        // for work in flight) and let the cache forget those groups at the next submit.
+        self.raw.destroy();
+        self.dropped.note(self.id);
     }
 }
+
+static NEXT_BUFFER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A dense GPU buffer with a shape; row-major.
 #[derive(Clone, Debug)]
@@ -106,10 +120,13 @@ pub(crate) fn storage_buffer(ctx: &GpuContext, label: &str, bytes: u64) -> Resul
             message,
         }
     })?;
+    ctx.host.count_buffer();
     Ok(GpuBuffer {
         raw,
         bytes: size,
+        id: NEXT_BUFFER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         counter: ctx.memory.clone(),
+        dropped: ctx.bind_groups.dropped.clone(),
     })
 }
 
@@ -331,6 +348,11 @@ pub struct Weight {
     pub row_stride: usize,
     pub format: WeightFormat,
     pub chunks: Vec<WeightChunk>,
+    /// `Some(h)` for a gate|up pair (`Weight::zeros_paired`): logical rows `0..h` are the
+    /// gate rows and `h..2h` the up rows, but each chunk holds the gate rows of its output
+    /// columns `[row_start, row_start + rows / 2)` followed by the up rows of the same
+    /// columns, so a fused SwiGLU matmul finds both halves of a column in one binding.
+    pub paired: Option<usize>,
 }
 
 /// Rows per chunk are a multiple of this, so matmul tiles never straddle chunks.
@@ -384,6 +406,43 @@ impl WeightPlan {
     pub fn bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.2).sum()
     }
+
+    /// The chunks of a gate|up pair of two `[half, cols]` weights (`Weight::paired`): chunk
+    /// `(first output column, rows = 2 x its columns, bytes)`.
+    pub fn paired(
+        half: usize,
+        cols: usize,
+        format: WeightFormat,
+        max_binding_bytes: u64,
+        label: &str,
+    ) -> Result<Self> {
+        let single = Self::new(2 * half, cols, format, max_binding_bytes, label)?;
+        let per_chunk = single.chunks.first().map_or(1, |c| c.1);
+        if per_chunk < 2 {
+            return Err(GpuError::TooLarge {
+                what: format!("two rows of weight {label} ({cols} columns)"),
+                needed: 2 * format.row_bytes(cols),
+                limit: max_binding_bytes,
+            });
+        }
+        let row_bytes = format.row_bytes(cols);
+        // Output columns per chunk: half of its rows, kept a multiple of the matmul tile.
+        let mut columns = (per_chunk / 2).min(half.max(1));
+        if columns >= CHUNK_ROW_ALIGN && columns < half {
+            columns -= columns % CHUNK_ROW_ALIGN;
+        }
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < half.max(1) {
+            let n = columns.min(half.max(1) - start);
+            chunks.push((start, 2 * n, buffer_size(2 * n as u64 * row_bytes)));
+            start += n;
+        }
+        Ok(Self {
+            row_stride: single.row_stride,
+            chunks,
+        })
+    }
 }
 
 impl Weight {
@@ -397,6 +456,32 @@ impl Weight {
     ) -> Result<Self> {
         let format = format.resolve(ctx);
         let plan = WeightPlan::new(rows, cols, format, ctx.features.max_binding_bytes, label)?;
+        Self::from_plan(ctx, rows, cols, format, label, plan, None)
+    }
+
+    /// A gate|up pair of two `[half, cols]` weights for the fused SwiGLU matmul: write the
+    /// gate rows at logical rows `0..half` and the up rows at `half..2 half`.
+    pub fn zeros_paired(
+        ctx: &GpuContext,
+        half: usize,
+        cols: usize,
+        format: WeightFormat,
+        label: &str,
+    ) -> Result<Self> {
+        let format = format.resolve(ctx);
+        let plan = WeightPlan::paired(half, cols, format, ctx.features.max_binding_bytes, label)?;
+        Self::from_plan(ctx, 2 * half, cols, format, label, plan, Some(half))
+    }
+
+    fn from_plan(
+        ctx: &GpuContext,
+        rows: usize,
+        cols: usize,
+        format: WeightFormat,
+        label: &str,
+        plan: WeightPlan,
+        paired: Option<usize>,
+    ) -> Result<Self> {
         let mut chunks = Vec::with_capacity(plan.chunks.len());
         for &(row_start, n, _) in &plan.chunks {
             let buffer = storage_buffer(
@@ -417,6 +502,7 @@ impl Weight {
             row_stride: plan.row_stride,
             format,
             chunks,
+            paired,
         })
     }
 
@@ -581,8 +667,7 @@ impl Weight {
                 found: format!("{} bytes at row {row_start}", bytes.len()),
             });
         }
-        self.for_chunk_runs(row_start, n_rows, |chunk, row, count| {
-            let local = row - chunk.row_start;
+        self.for_chunk_runs(row_start, n_rows, |chunk, row, local, count| {
             let src = row - row_start;
             let at = base(chunk.rows) + local * row_bytes;
             ctx.queue.write_buffer(
@@ -611,25 +696,50 @@ impl Weight {
         Ok(())
     }
 
-    /// Calls `f(chunk, first row, rows)` for each run of rows `[row_start, row_start + n)`
-    /// that lies in one chunk, in order.
+    /// Calls `f(chunk, first row, its row within the chunk, rows)` for each run of logical
+    /// rows `[row_start, row_start + n)` that lies in one chunk, in order.
     fn for_chunk_runs(
         &self,
         row_start: usize,
         n: usize,
-        mut f: impl FnMut(&WeightChunk, usize, usize),
+        mut f: impl FnMut(&WeightChunk, usize, usize, usize),
     ) {
         let mut row = row_start;
         while row < row_start + n {
-            let chunk = self
-                .chunks
-                .iter()
-                .find(|c| row >= c.row_start && row < c.row_start + c.rows)
-                .expect("chunks cover all rows");
-            let end = (chunk.row_start + chunk.rows).min(row_start + n);
-            f(chunk, row, end - row);
-            row = end;
+            let (chunk, local, run) = self.locate(row);
+            let count = run.min(row_start + n - row);
+            f(chunk, row, local, count);
+            row += count;
         }
+    }
+
+    /// The chunk holding logical row `row`, the row's place in it, and how many logical rows
+    /// from `row` on follow it there contiguously.
+    fn locate(&self, row: usize) -> (&WeightChunk, usize, usize) {
+        let (column, up) = match self.paired {
+            Some(h) if row >= h => (row - h, true),
+            _ => (row, false),
+        };
+        let chunk = self
+            .chunks
+            .iter()
+            .find(|c| {
+                let width = if self.paired.is_some() {
+                    c.rows / 2
+                } else {
+                    c.rows
+                };
+                column >= c.row_start && column < c.row_start + width
+            })
+            .expect("chunks cover all rows");
+        let width = if self.paired.is_some() {
+            chunk.rows / 2
+        } else {
+            chunk.rows
+        };
+        let within = column - chunk.row_start;
+        let local = if up { width + within } else { within };
+        (chunk, local, width - within)
     }
 
     fn write_rows_with(
@@ -641,9 +751,8 @@ impl Weight {
     ) -> Result<()> {
         self.check_write(row_start, len)?;
         let n_rows = len / self.cols;
-        self.for_chunk_runs(row_start, n_rows, |chunk, row, count| {
-            let offset =
-                ((row - chunk.row_start) * self.row_stride * self.format.element_bytes()) as u64;
+        self.for_chunk_runs(row_start, n_rows, |chunk, row, local, count| {
+            let offset = (local * self.row_stride * self.format.element_bytes()) as u64;
             match self.format {
                 WeightFormat::F32 => {
                     let mut buf = vec![0f32; count * self.row_stride];
@@ -685,6 +794,7 @@ impl Weight {
                 row_start: 0,
                 rows: c.rows,
             }],
+            paired: self.paired.map(|_| c.rows / 2),
         }
     }
 

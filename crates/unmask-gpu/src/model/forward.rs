@@ -1,8 +1,9 @@
 //! The forward pass of one denoising step, recorded into one command encoder:
-//! embed rows → per layer: RMSNorm → fused QKV → RoPE → K/V rows into the arena →
-//! attention over [segment A | arena] → O-proj + residual → RMSNorm → gate|up → SwiGLU →
-//! down + residual → gather the rows to sample → final norm → LM head per vocabulary chunk →
-//! streaming argmax/confidence. Only (token, confidence) per sampled row is read back.
+//! embed rows → per layer, six dispatches: [RMSNorm + QKV] → [RoPE + K/V rows into the
+//! arena] → attention over [segment A | arena] (one per sequence) → [O-proj + residual] →
+//! [RMSNorm + gate|up + SwiGLU] → [down + residual] → gather the rows to sample → final
+//! norm → LM head per vocabulary chunk → streaming argmax/confidence. Only (token,
+//! confidence) per sampled row is read back.
 
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
@@ -15,8 +16,8 @@ use super::checkpoint::Checkpoint;
 use super::weights::{LladaWeights, LoadProgress, WeightFormats};
 use crate::context::GpuContext;
 use crate::ops::attention::{self, AttentionShape, KvSegment};
-use crate::ops::elementwise::{self as ew, RopeShape, RowWindow};
-use crate::ops::matmul::{self, MatmulKernel};
+use crate::ops::elementwise::{self as ew, QkvShape, RowWindow};
+use crate::ops::matmul::{self, Fusion, MatmulKernel};
 use crate::ops::sampling::{self, SelectParams};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
@@ -66,11 +67,8 @@ pub struct ForwardState {
     pub kv_deep: Tensor,
     /// Arena rows of the computed rows in layers that read a shared prefix.
     pub kv_shallow: Tensor,
-    h: Tensor,
     qkv: Tensor,
     attn: Tensor,
-    proj: Tensor,
-    gate_up: Tensor,
     act: Tensor,
     pub kv: Vec<KvLayer>,
 }
@@ -224,8 +222,9 @@ impl LladaModel {
     /// Bytes one `ForwardState` needs for `capacity` rows over `seq_len` positions.
     pub fn state_bytes(&self, capacity: usize, seq_len: usize) -> u64 {
         let c = &self.cfg;
+        // x, x_deep; qkv; attn; act; five u32 row indices.
         let per_row =
-            3 * c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + 3 * c.mlp_hidden_size + 2;
+            2 * c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + c.mlp_hidden_size + 5;
         let kv = 2 * c.n_layers * seq_len * c.n_kv_heads * c.head_dim();
         ((capacity * per_row + kv) * 4) as u64
     }
@@ -238,7 +237,7 @@ impl LladaModel {
             c.d_model,
             self.qkv_width(),
             c.n_heads * c.head_dim(),
-            2 * c.mlp_hidden_size,
+            c.mlp_hidden_size,
             c.n_kv_heads * c.head_dim(),
         ]
         .into_iter()
@@ -301,11 +300,8 @@ impl LladaModel {
             positions_deep: Tensor::zeros(ctx, DType::U32, &[cap], "positions deep")?,
             kv_deep: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows deep")?,
             kv_shallow: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows shallow")?,
-            h: f32t(&[cap, c.d_model], "h")?,
             qkv: f32t(&[cap, self.qkv_width()], "qkv")?,
             attn: f32t(&[cap, c.n_heads * c.head_dim()], "attn")?,
-            proj: f32t(&[cap, c.d_model], "proj")?,
-            gate_up: f32t(&[cap, 2 * c.mlp_hidden_size], "gate_up")?,
             act: f32t(&[cap, c.mlp_hidden_size], "act")?,
             kv,
         })
@@ -422,7 +418,6 @@ impl LladaModel {
         pass: &LayerPass<'_>,
     ) -> Result<(), ModelError> {
         let c = &self.cfg;
-        let d = c.d_model;
         let hd = c.head_dim();
         let (h, hkv) = (c.n_heads, c.n_kv_heads);
         let qkv_w = self.qkv_width();
@@ -451,57 +446,38 @@ impl LladaModel {
         // Every state was made with `ensure_rope` over its positions.
         let rope = self.rope.read().unwrap_or_else(|e| e.into_inner());
         for li in pass.layers.clone() {
+            step.set_layer(Some(li));
             let lw = &self.weights.layers[li];
-            ew::rms_norm(step, x, &lw.attn_norm, &st.h, rows, d, eps)?;
-            matmul::matmul(step, &st.h, &lw.qkv, &st.qkv, rows, k)?;
-            // q and k heads are adjacent columns: one rotation covers both.
-            ew::rope(
+            let arena = &pass.arena[li];
+            // RMSNorm folded into the QKV projection.
+            matmul::matmul_fused(
+                step,
+                x,
+                &lw.qkv,
+                &st.qkv,
+                rows,
+                k,
+                Fusion {
+                    norm: Some((&lw.attn_norm, eps)),
+                    ..Fusion::default()
+                },
+            )?;
+            // q rotated in place; k rotated and v copied into the arena rows.
+            ew::rope_qkv(
                 step,
                 &st.qkv,
                 pass.positions,
                 &rope.table,
-                RopeShape {
-                    rows,
-                    n_heads: h + hkv,
-                    head_dim: hd,
-                    row_stride: qkv_w,
-                    col_offset: 0,
-                    max_pos: rope.rows,
-                },
-            )?;
-            let arena = &pass.arena[li];
-            let kv_w = hkv * hd;
-            let dst = RowWindow {
-                stride: kv_w,
-                col: 0,
-            };
-            let k_src = RowWindow {
-                stride: qkv_w,
-                col: h * hd,
-            };
-            let v_src = RowWindow {
-                stride: qkv_w,
-                col: (h + hkv) * hd,
-            };
-            ew::scatter_rows(
-                step,
-                &st.qkv,
-                k_src,
                 pass.kv_index,
                 &arena.k,
-                dst,
-                rows,
-                kv_w,
-            )?;
-            ew::scatter_rows(
-                step,
-                &st.qkv,
-                v_src,
-                pass.kv_index,
                 &arena.v,
-                dst,
-                rows,
-                kv_w,
+                QkvShape {
+                    rows,
+                    n_heads: h,
+                    n_kv_heads: hkv,
+                    head_dim: hd,
+                    max_pos: rope.rows,
+                },
             )?;
             let seg_a = pass
                 .seg_a
@@ -530,14 +506,28 @@ impl LladaModel {
                     shape,
                 )?;
             }
-            matmul::matmul(step, &st.attn, &lw.attn_out, &st.proj, rows, k)?;
-            ew::add_in_place(step, x, &st.proj, rows * d)?;
-            ew::rms_norm(step, x, &lw.ff_norm, &st.h, rows, d, eps)?;
-            matmul::matmul(step, &st.h, &lw.gate_up, &st.gate_up, rows, k)?;
-            ew::swiglu(step, &st.gate_up, &st.act, rows, c.mlp_hidden_size)?;
-            matmul::matmul(step, &st.act, &lw.down, &st.proj, rows, k)?;
-            ew::add_in_place(step, x, &st.proj, rows * d)?;
+            let residual = Fusion {
+                residual: true,
+                ..Fusion::default()
+            };
+            matmul::matmul_fused(step, &st.attn, &lw.attn_out, x, rows, k, residual)?;
+            // RMSNorm folded in front, SwiGLU behind: gate|up straight to the activations.
+            matmul::matmul_fused(
+                step,
+                x,
+                &lw.gate_up,
+                &st.act,
+                rows,
+                k,
+                Fusion {
+                    norm: Some((&lw.ff_norm, eps)),
+                    swiglu: true,
+                    ..Fusion::default()
+                },
+            )?;
+            matmul::matmul_fused(step, &st.act, &lw.down, x, rows, k, residual)?;
         }
+        step.set_layer(None);
         Ok(())
     }
 
@@ -654,34 +644,27 @@ impl LladaModel {
         Ok(())
     }
 
-    /// Reads back the choices of `n` sampled rows (8 bytes per row).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn read_choices(
+    /// Asks the step to read back the choices of `n` sampled rows (8 bytes per row) in its
+    /// own submit; `decode_choices` turns the bytes at the returned index into choices.
+    pub fn read_back_choices(
         &self,
+        step: &mut StepEncoder,
         sel: &SelectBuffers,
         n: usize,
-    ) -> Result<Vec<TokenChoice>, ModelError> {
-        pollster::block_on(self.read_choices_async(sel, n))
+    ) -> usize {
+        step.read_back(&sel.out.buffer, 0, (n * 8) as u64)
     }
 
-    /// `read_choices` for async callers (the only way in a browser).
-    pub async fn read_choices_async(
-        &self,
-        sel: &SelectBuffers,
-        n: usize,
-    ) -> Result<Vec<TokenChoice>, ModelError> {
-        let bytes = self
-            .ctx
-            .read_bytes_async(&sel.out.buffer, 0, (n * 8) as u64)
-            .await?;
-        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-        Ok(words
+    /// The choices in bytes read back by `read_back_choices`.
+    pub fn decode_choices(bytes: &[u8]) -> Vec<TokenChoice> {
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
+        words
             .chunks_exact(2)
             .map(|w| TokenChoice {
                 token: w[0],
                 confidence: f32::from_bits(w[1]),
             })
-            .collect())
+            .collect()
     }
 
     /// The final hidden states (after the final norm) of the first `rows` computed rows,
@@ -695,13 +678,14 @@ impl LladaModel {
         self.write_rows(&st, ids, &positions)?;
         let d = self.cfg.d_model;
         let vocab = self.cfg.embedding_size;
+        let h = Tensor::zeros(&self.ctx, DType::F32, &[t, d], "final norm")?;
         let mut step = StepEncoder::new(&self.ctx, "logits");
         self.encode_layers(&mut step, &st, t, t, None, 0)?;
         ew::rms_norm(
             &mut step,
             &st.x,
             &self.weights.ln_f,
-            &st.h,
+            &h,
             t,
             d,
             self.cfg.rms_norm_eps as f32,
@@ -714,7 +698,7 @@ impl LladaModel {
             let mut step = StepEncoder::new(&self.ctx, "lm head");
             matmul::matmul(
                 &mut step,
-                &st.h,
+                &h,
                 &head.chunk_view(ci),
                 &logits,
                 t,

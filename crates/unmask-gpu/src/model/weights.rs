@@ -295,6 +295,23 @@ impl Planner<'_> {
         Ok(w)
     }
 
+    /// A gate|up pair of `[half, cols]` matrices in one weight laid out for the fused
+    /// SwiGLU matmul (`Weight::zeros_paired`).
+    fn paired(
+        &mut self,
+        label: &str,
+        [gate, up]: [String; 2],
+        half: usize,
+        cols: usize,
+        wanted: WeightFormat,
+    ) -> Result<Weight, ModelError> {
+        let format = self.format_of(&gate, half, cols, wanted)?;
+        let w = Weight::zeros_paired(self.ctx, half, cols, format, label)?;
+        self.route(&w, &gate, half, cols, 0)?;
+        self.route(&w, &up, half, cols, half)?;
+        Ok(w)
+    }
+
     fn vector(&mut self, name: &str, len: usize) -> Result<Tensor, ModelError> {
         let t = self.layout.tensor_entry(name, &[len])?;
         let dst = Tensor::zeros(self.ctx, DType::F32, &[len], name)?;
@@ -373,9 +390,10 @@ impl<'a> WeightUpload<'a> {
             )?;
             let attn_out = p.matrix(&name("attn_out"), d, q_rows, layers_format)?;
             let ff_norm = p.vector(&name("ff_norm"), d)?;
-            let gate_up = p.stacked(
+            let gate_up = p.paired(
                 &format!("blocks.{i}.gate_up"),
-                &[(name("ff_proj"), hidden), (name("up_proj"), hidden)],
+                [name("ff_proj"), name("up_proj")],
+                hidden,
                 d,
                 layers_format,
             )?;
@@ -721,7 +739,7 @@ pub fn weight_bytes(
     let mut layer = 2 * norm;
     layer += matrix(q_rows + 2 * kv_rows, d, formats.layers, "qkv")?;
     layer += matrix(d, q_rows, formats.layers, "attn_out")?;
-    layer += matrix(2 * hidden, d, formats.layers, "gate_up")?;
+    layer += WeightPlan::paired(hidden, d, formats.layers, max_binding_bytes, "gate_up")?.bytes();
     layer += matrix(d, hidden, formats.layers, "down")?;
     let table = matrix(cfg.embedding_size, d, formats.embed, "embedding")?;
     let tables = if cfg.weight_tying { table } else { 2 * table };

@@ -16,6 +16,7 @@ const ROPE: KernelSource = kernel_source!("rope");
 const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
 const SWIGLU: KernelSource = kernel_source!("swiglu");
 const ADD: KernelSource = kernel_source!("add");
+const ROPE_QKV: KernelSource = kernel_source!("rope_qkv");
 
 /// Spec flags that select how a kernel reads a weight of the given format.
 pub fn weight_spec(format: WeightFormat) -> Spec {
@@ -40,6 +41,7 @@ pub fn variants() -> Vec<ShaderVariant> {
     for (kernel, entry) in [
         (RMSNORM, "main"),
         (ROPE, "main"),
+        (ROPE_QKV, "main"),
         (COPY_ROWS, "gather"),
         (COPY_ROWS, "scatter"),
         (SWIGLU, "main"),
@@ -255,6 +257,84 @@ pub fn rope(
         &pipeline,
         &params,
         &[x.into(), positions.into(), table.into()],
+        groups_2d(ctx, u32_of(s.rows)),
+    );
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RopeQkvParams {
+    rows: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    row_stride: u32,
+    max_pos: u32,
+    _pad: [u32; 2],
+}
+
+/// The heads of fused QKV rows `[rows, (n_heads + 2 n_kv_heads) head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvShape {
+    pub rows: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Rows of the RoPE table.
+    pub max_pos: usize,
+}
+
+/// RoPE of the q heads in place, and the rotated k heads and the v heads of each row into
+/// row `kv_index[r]` of the K and V arenas `[.., n_kv_heads head_dim]`: one dispatch for
+/// what RoPE and two row scatters did.
+#[allow(clippy::too_many_arguments)] // the six buffers of one dispatch and its shape
+pub fn rope_qkv(
+    step: &mut StepEncoder,
+    qkv: &Tensor,
+    positions: &Tensor,
+    table: &Tensor,
+    kv_index: &Tensor,
+    k_arena: &Tensor,
+    v_arena: &Tensor,
+    s: QkvShape,
+) -> Result<()> {
+    check(
+        "rope_qkv",
+        s.head_dim.is_multiple_of(2),
+        || "an even head_dim".into(),
+        || format!("head_dim {}", s.head_dim),
+    )?;
+    let row_stride = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim;
+    let kv_w = s.n_kv_heads * s.head_dim;
+    check_f32("rope_qkv qkv", qkv, s.rows * row_stride)?;
+    check_u32("rope_qkv positions", positions, s.rows)?;
+    check_f32("rope_qkv table", table, s.max_pos * s.head_dim)?;
+    check_u32("rope_qkv kv_index", kv_index, s.rows)?;
+    check_f32("rope_qkv k arena", k_arena, kv_w)?;
+    check_f32("rope_qkv v arena", v_arena, kv_w)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&ROPE_QKV, "main", &Spec::new())?;
+    let params = RopeQkvParams {
+        rows: u32_of(s.rows),
+        n_heads: u32_of(s.n_heads),
+        n_kv_heads: u32_of(s.n_kv_heads),
+        head_dim: u32_of(s.head_dim),
+        row_stride: u32_of(row_stride),
+        max_pos: u32_of(s.max_pos),
+        _pad: [0; 2],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[
+            qkv.into(),
+            positions.into(),
+            table.into(),
+            kv_index.into(),
+            k_arena.into(),
+            v_arena.into(),
+        ],
         groups_2d(ctx, u32_of(s.rows)),
     );
     Ok(())
@@ -477,5 +557,17 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             }
         ),
         host_params!("add", "main", AddParams { n }),
+        host_params!(
+            "rope_qkv",
+            "main",
+            RopeQkvParams {
+                rows,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                row_stride,
+                max_pos
+            }
+        ),
     ]
 }

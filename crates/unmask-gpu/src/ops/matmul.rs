@@ -111,17 +111,41 @@ struct MatmulParams {
     tiles_n: u32,
     tiles: u32,
     s_off: u32,
-    _pad: [u32; 3],
+    eps: f32,
+    up_off: u32,
+    _pad: u32,
+}
+
+/// What a matmul does around `x · Wᵀ` (see `shaders/matmul.wgsl`): RMSNorm of the x rows
+/// before it, adding into y, or SwiGLU of a paired gate|up weight.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fusion<'a> {
+    /// RMSNorm with this weight `[K]` and epsilon, applied to x on the way in.
+    pub norm: Option<(&'a Tensor, f32)>,
+    /// `y += x · Wᵀ` instead of `y = x · Wᵀ`.
+    pub residual: bool,
+    /// `W` is a gate|up pair (`Weight::zeros_paired`); y gets `silu(gate) * up`, one
+    /// column per pair.
+    pub swiglu: bool,
+}
+
+impl Fusion<'_> {
+    fn flags(&self, spec: Spec) -> Spec {
+        spec.flag_if(self.norm.is_some(), "NORM")
+            .flag_if(self.residual, "RESIDUAL")
+            .flag_if(self.swiglu, "SWIGLU")
+    }
 }
 
 /// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format and whether x
 /// rows can be read as vec4 (K % 4 == 0).
-fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool) -> Spec {
+fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool, swiglu: bool) -> Spec {
     let spec = match kernel {
         MatmulKernel::Naive => Spec::new().flag("NAIVE"),
         MatmulKernel::Tiled | MatmulKernel::Auto => Spec::new()
             .flag("TILED")
-            .flag_if(TILED_WIDE, "WIDE")
+            // SwiGLU keeps its up sums in the wide half.
+            .flag_if(TILED_WIDE || swiglu, "WIDE")
             .constant("WGX", TILED_WGX)
             .constant("WGY", TILED_WGY),
         MatmulKernel::TiledShared => Spec::new().flag("SHARED"),
@@ -137,6 +161,26 @@ fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool) -> Spec {
     spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
 }
 
+/// Output tile of one workgroup for `kernel`, with or without SwiGLU (which halves the
+/// columns of a `Tiled` invocation: its second four sums are the up halves).
+fn tile_for(kernel: MatmulKernel, swiglu: bool) -> (u32, u32) {
+    let (m, n) = kernel.tile();
+    match kernel {
+        MatmulKernel::Tiled | MatmulKernel::Auto if swiglu => (m, TILED_WGX * 4),
+        _ => (m, n),
+    }
+}
+
+/// The fusions a dispatch may carry: (norm, residual, swiglu). A projection either reads
+/// the normed stream (qkv, gate|up) or adds into it (o-proj, down).
+const FUSIONS: [(bool, bool, bool); 5] = [
+    (false, false, false),
+    (true, false, false),
+    (false, true, false),
+    (true, false, true),
+    (false, false, true),
+];
+
 /// Every (entry, spec) `matmul` can dispatch.
 pub fn variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
@@ -148,11 +192,17 @@ pub fn variants() -> Vec<ShaderVariant> {
                 &[false, true]
             };
             for &x_vec4 in x_vec4_options {
-                out.push(ShaderVariant {
-                    kernel: KERNEL,
-                    entry: kernel.entry(),
-                    spec: spec(kernel, format, x_vec4),
-                });
+                for (norm, residual, swiglu) in FUSIONS {
+                    let spec = spec(kernel, format, x_vec4, swiglu)
+                        .flag_if(norm, "NORM")
+                        .flag_if(residual, "RESIDUAL")
+                        .flag_if(swiglu, "SWIGLU");
+                    out.push(ShaderVariant {
+                        kernel: KERNEL,
+                        entry: kernel.entry(),
+                        spec,
+                    });
+                }
             }
         }
     }
@@ -177,8 +227,41 @@ pub fn matmul(
     m: usize,
     kernel: MatmulKernel,
 ) -> Result<()> {
+    matmul_fused(step, x, w, y, m, kernel, Fusion::default())
+}
+
+/// `matmul` with a fused prologue or epilogue (`Fusion`). With `swiglu`, `W` is a paired
+/// gate|up weight of `2N` logical rows and y has N columns.
+pub fn matmul_fused(
+    step: &mut StepEncoder,
+    x: &Tensor,
+    w: &Weight,
+    y: &Tensor,
+    m: usize,
+    kernel: MatmulKernel,
+    fusion: Fusion<'_>,
+) -> Result<()> {
     let ctx = step.ctx();
-    let (n, k) = (w.rows, w.cols);
+    if fusion.swiglu != w.paired.is_some() {
+        return Err(shape_error(
+            "a paired gate|up weight exactly when SwiGLU is fused".into(),
+            format!(
+                "swiglu = {} with a weight that is {}paired",
+                fusion.swiglu,
+                if w.paired.is_some() { "" } else { "not " }
+            ),
+        ));
+    }
+    let k = w.cols;
+    let n = w.paired.unwrap_or(w.rows);
+    if let Some((g, _)) = fusion.norm
+        && (g.dtype != DType::F32 || g.numel() != k)
+    {
+        return Err(shape_error(
+            format!("a norm weight of {k} f32 values"),
+            format!("{:?} {:?}", g.dtype, g.shape),
+        ));
+    }
     if k == 0 || w.row_stride < k || !w.row_stride.is_multiple_of(4) {
         return Err(shape_error(
             "a weight with K > 0 columns and a row stride that is a multiple of 4 and >= K".into(),
@@ -218,12 +301,19 @@ pub fn matmul(
 
     let (kernel, format) = kernel.plan(ctx, m, w.format);
     let x_vec4 = k.is_multiple_of(4);
-    let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec(kernel, format, x_vec4))?;
-    let (tile_m, tile_n) = kernel.tile();
+    let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu));
+    let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
+    let (tile_m, tile_n) = tile_for(kernel, fusion.swiglu);
     let tiles_m = m32.div_ceil(tile_m);
     for chunk in &w.chunks {
+        // Output columns of the chunk: a paired chunk holds two rows per column.
+        let width = if fusion.swiglu {
+            chunk.rows / 2
+        } else {
+            chunk.rows
+        };
         // The last chunk of an empty weight holds a padding row; never write past N.
-        let rows = chunk.rows.min(n.saturating_sub(chunk.row_start));
+        let rows = width.min(n.saturating_sub(chunk.row_start));
         if rows == 0 {
             continue;
         }
@@ -242,14 +332,15 @@ pub fn matmul(
             tiles_n,
             tiles,
             s_off: w.scales_word_offset(chunk.rows) as u32,
-            _pad: [0; 3],
+            eps: fusion.norm.map_or(0.0, |(_, eps)| eps),
+            up_off: width as u32,
+            _pad: 0,
         };
-        step.dispatch(
-            &pipeline,
-            &params,
-            &[Binding::from(x), Binding::from(chunk), Binding::from(y)],
-            groups_2d(ctx, tiles),
-        );
+        let mut bindings = vec![Binding::from(x), Binding::from(chunk), Binding::from(y)];
+        if let Some((g, _)) = fusion.norm {
+            bindings.push(Binding::from(g));
+        }
+        step.dispatch(&pipeline, &params, &bindings, groups_2d(ctx, tiles));
     }
     Ok(())
 }
@@ -269,7 +360,9 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             w_stride4,
             tiles_n,
             tiles,
-            s_off
+            s_off,
+            eps,
+            up_off
         }
     )]
 }

@@ -1,4 +1,5 @@
-//! Kernel benchmark: `cargo bench --bench kernels -- [--small] [--only matmul|attention]`.
+//! Kernel benchmark:
+//! `cargo bench -p unmask-bench --bench kernels -- [--small] [--only matmul|attention]`.
 //!
 //! Prints one JSON record per line on stdout (the environment, the kernel, variant, format,
 //! shape, median milliseconds, GFLOP/s and GB/s; the same records as `unmask bench`) and a
@@ -9,7 +10,7 @@
 //! and adds whole requests.
 
 use serde_json::Value;
-use unmask::bench::{self, KernelBenchOptions, KernelCase, Repeats};
+use unmask_bench::{self as bench, KernelBenchOptions, KernelCase, Repeats};
 use unmask_core::config::LladaConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 

@@ -1,0 +1,336 @@
+//! Kernel cases at a model's shapes: every layer matmul and the LM head per weight format
+//! and kernel variant, and attention over one or two KV segments (the BiCache layout).
+
+use serde_json::{Value, json};
+use unmask_core::config::LladaConfig;
+use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
+use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
+use unmask_gpu::{DType, GpuContext, Tensor, Weight, WeightFormat};
+
+use crate::env::{Peak, with_envelope};
+use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
+
+/// One kernel measurement at a model shape.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelCase {
+    /// `y[m, n] = x[m, k] · W[n, k]ᵀ`; `case` names the layer it stands for.
+    Matmul {
+        case: &'static str,
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// `lq` query rows over `lkv` keys; `split` puts half the keys in segment A, the
+    /// BiCache layout.
+    Attention {
+        lq: usize,
+        lkv: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        split: bool,
+    },
+}
+
+/// Most host memory one kernel case may build its random inputs in: above LLaDA-8B's
+/// largest case (the LM head, 126464 x 4096 floats = 2 GiB).
+pub const MAX_CASE_HOST_BYTES: u64 = 4 << 30;
+
+impl KernelCase {
+    /// Host bytes of the case's random inputs (weights and activations as f32).
+    pub fn host_bytes(&self) -> u64 {
+        let floats = match *self {
+            KernelCase::Matmul { m, n, k, .. } => (m as u64) * (k as u64) + (n as u64) * (k as u64),
+            KernelCase::Attention {
+                lq,
+                lkv,
+                heads,
+                kv_heads,
+                head_dim,
+                ..
+            } => {
+                let q = (lq as u64) * (heads as u64) * (head_dim as u64);
+                q + 2 * (lkv as u64) * (kv_heads as u64) * (head_dim as u64)
+            }
+        };
+        floats.saturating_mul(4)
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelCase::Matmul { case, .. } => case,
+            KernelCase::Attention { .. } => "attention",
+        }
+    }
+}
+
+/// The matmuls of one layer and the LM head, for each row count in `rows` (the rows a step
+/// computes: a block under a dual cache, the whole sequence without a cache), and the
+/// attention of those rows over `kv_lens` keys.
+pub fn model_kernel_cases(cfg: &LladaConfig, rows: &[usize], kv_lens: &[usize]) -> Vec<KernelCase> {
+    let d = cfg.d_model;
+    let hd = d / cfg.n_heads;
+    let kv = cfg.n_kv_heads * hd;
+    let mut cases = Vec::new();
+    for &m in rows {
+        for (case, n, k) in [
+            ("qkv", d + 2 * kv, d),
+            ("attn_out", d, d),
+            ("gate_up", 2 * cfg.mlp_hidden_size, d),
+            ("ff_out", d, cfg.mlp_hidden_size),
+            ("lm_head", cfg.embedding_size, d),
+        ] {
+            cases.push(KernelCase::Matmul { case, m, n, k });
+        }
+        for &lkv in kv_lens {
+            for split in [false, true] {
+                cases.push(KernelCase::Attention {
+                    lq: m,
+                    lkv,
+                    heads: cfg.n_heads,
+                    kv_heads: cfg.n_kv_heads,
+                    head_dim: hd,
+                    split,
+                });
+            }
+        }
+    }
+    cases
+}
+
+/// What to measure for each kernel case.
+#[derive(Clone, Debug)]
+pub struct KernelBenchOptions {
+    /// Weight formats to try (resolved against the device: native f16 falls back to packed).
+    pub formats: Vec<WeightFormat>,
+    /// Also time every concrete matmul kernel, not only the one `Auto` picks.
+    pub all_variants: bool,
+    pub repeats: Repeats,
+    pub peak: Option<Peak>,
+}
+
+/// A kernel record: the case's own fields, then the timing figures shared by every kernel
+/// (median and fastest run, GFLOP/s and GB/s from the work done) and the shares of the
+/// adapter's peak when it is known.
+fn kernel_record(
+    envelope: &Value,
+    case_fields: Value,
+    sample: Sample,
+    flops: f64,
+    bytes: f64,
+    peak: &Option<Peak>,
+) -> Value {
+    let gflops = flops / (sample.median_ms * 1e6);
+    let gbs = bytes / (sample.median_ms * 1e6);
+    let mut fields = case_fields;
+    if let Value::Object(f) = &mut fields {
+        f.insert("record".into(), json!("kernel"));
+        f.insert("ms".into(), json!(round3(sample.median_ms)));
+        f.insert("ms_min".into(), json!(round3(sample.min_ms)));
+        f.insert("runs".into(), json!(sample.runs));
+        f.insert("gflops".into(), json!(round3(gflops)));
+        f.insert("gbs".into(), json!(round3(gbs)));
+        if let Some(p) = peak {
+            if let Some(g) = p.gflops {
+                f.insert(
+                    "peak_gflops_share".into(),
+                    json!(round3(gflops / g * 1e3) / 1e3),
+                );
+            }
+            if let Some(b) = p.gbs {
+                f.insert("peak_gbs_share".into(), json!(round3(gbs / b * 1e3) / 1e3));
+            }
+        }
+    }
+    with_envelope(envelope, fields)
+}
+
+/// Runs one case; returns one record per (format, variant). `on_record` sees each record
+/// as soon as it is measured (for streaming output).
+pub fn run_kernel_case(
+    ctx: &GpuContext,
+    envelope: &Value,
+    case: &KernelCase,
+    options: &KernelBenchOptions,
+    on_record: &mut dyn FnMut(&Value),
+) -> unmask_gpu::Result<Vec<Value>> {
+    let host = case.host_bytes();
+    if host > MAX_CASE_HOST_BYTES {
+        return Err(unmask_gpu::GpuError::Shape {
+            op: "a bench kernel case",
+            expected: format!("random inputs of at most {MAX_CASE_HOST_BYTES} host bytes"),
+            found: format!("{host} bytes for {case:?}"),
+        });
+    }
+    let mut records = Vec::new();
+    let mut emit = |r: Value| {
+        on_record(&r);
+        records.push(r);
+    };
+    match *case {
+        KernelCase::Matmul { case, m, n, k } => {
+            let x = Tensor::from_f32(ctx, &[m, k], &pseudo_random(1, m * k, 1.0), "bench.x")?;
+            let y = Tensor::zeros(ctx, DType::F32, &[m, n], "bench.y")?;
+            let w_data = pseudo_random(2, n * k, 0.05);
+            let mut seen = Vec::new();
+            for &requested in &options.formats {
+                let format = requested.resolve(ctx);
+                if seen.contains(&format) {
+                    continue;
+                }
+                seen.push(format);
+                let w = Weight::from_f32(ctx, n, k, &w_data, format, "bench.w")?;
+                let variants: Vec<MatmulKernel> = if options.all_variants {
+                    MatmulKernel::CONCRETE
+                        .into_iter()
+                        .chain([MatmulKernel::Auto])
+                        .collect()
+                } else {
+                    vec![MatmulKernel::Auto]
+                };
+                for kernel in variants {
+                    let s = time_step(ctx, options.repeats, |step| {
+                        matmul(step, &x, &w, &y, m, kernel)
+                    })?;
+                    let flops = 2.0 * (m * n * k) as f64;
+                    let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * n) as f64;
+                    let variant = if kernel == MatmulKernel::Auto {
+                        format!("auto:{}", kernel.plan(ctx, m, format).0.name())
+                    } else {
+                        kernel.name().to_string()
+                    };
+                    let fields = json!({
+                        "kernel": "matmul",
+                        "case": case,
+                        "variant": variant,
+                        "format": format.name(),
+                        "m": m, "n": n, "k": k,
+                    });
+                    emit(kernel_record(
+                        envelope,
+                        fields,
+                        s,
+                        flops,
+                        bytes,
+                        &options.peak,
+                    ));
+                }
+            }
+        }
+        KernelCase::Attention {
+            lq,
+            lkv,
+            heads,
+            kv_heads,
+            head_dim,
+            split,
+        } => {
+            let q_width = heads * head_dim;
+            let kv_width = kv_heads * head_dim;
+            let shape = AttentionShape {
+                n_heads: heads,
+                n_kv_heads: kv_heads,
+                head_dim,
+            };
+            let q = Tensor::from_f32(
+                ctx,
+                &[lq, q_width],
+                &pseudo_random(3, lq * q_width, 1.0),
+                "bench.q",
+            )?;
+            let out = Tensor::zeros(ctx, DType::F32, &[lq, q_width], "bench.o")?;
+            let len_a = if split { lkv / 2 } else { 0 };
+            let len_b = lkv - len_a;
+            let kv = |seed: u64, rows: usize, label: &str| {
+                Tensor::from_f32(
+                    ctx,
+                    &[rows.max(1), kv_width],
+                    &pseudo_random(seed, rows.max(1) * kv_width, 1.0),
+                    label,
+                )
+            };
+            let (kb, vb) = (kv(4, len_b, "bench.kb")?, kv(5, len_b, "bench.vb")?);
+            let (ka, va) = (kv(6, len_a, "bench.ka")?, kv(7, len_a, "bench.va")?);
+            let s = time_step(ctx, options.repeats, |step| {
+                let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
+                let seg_b = KvSegment::first(&kb, &vb, len_b);
+                attention(step, &q, q_width, 0, 0..lq, seg_a, seg_b, &out, shape)
+            })?;
+            let flops = 4.0 * (heads * lq * lkv * head_dim) as f64;
+            let bytes = 4.0 * (2 * lq * q_width + 2 * lkv * kv_width) as f64;
+            let fields = json!({
+                "kernel": "attention",
+                "case": "attention",
+                "variant": if split { "two-segments" } else { "one-segment" },
+                "format": "f32",
+                "lq": lq, "lkv": lkv, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+            });
+            emit(kernel_record(
+                envelope,
+                fields,
+                s,
+                flops,
+                bytes,
+                &options.peak,
+            ));
+        }
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(
+        d: usize,
+        heads: usize,
+        kv: usize,
+        layers: usize,
+        mlp: usize,
+        vocab: usize,
+    ) -> LladaConfig {
+        LladaConfig {
+            d_model: d,
+            n_heads: heads,
+            n_kv_heads: kv,
+            n_layers: layers,
+            mlp_hidden_size: mlp,
+            vocab_size: vocab,
+            embedding_size: vocab,
+            max_sequence_length: 4096,
+            rope_theta: 500000.0,
+            rms_norm_eps: 1e-5,
+            weight_tying: false,
+            mask_token_id: 3,
+            eos_token_id: 1,
+            pad_token_id: 1,
+            bos_token_id: Some(0),
+        }
+    }
+
+    #[test]
+    fn llada_8b_cases_fit_the_host_bound() {
+        let cfg = LladaConfig::preset("llada-8b").unwrap();
+        let cases = model_kernel_cases(&cfg, &[1, 64, 512], &[512, 4096]);
+        let largest = cases.iter().map(KernelCase::host_bytes).max().unwrap();
+        assert!(
+            largest > 1 << 30 && largest <= MAX_CASE_HOST_BYTES,
+            "{largest}"
+        );
+    }
+
+    #[test]
+    fn model_cases_cover_every_layer_matmul_and_attention() {
+        let cfg = config(64, 4, 2, 2, 96, 320);
+        let cases = model_kernel_cases(&cfg, &[8, 64], &[100]);
+        assert_eq!(cases.len(), 2 * (5 + 2));
+        let hd = cfg.d_model / cfg.n_heads;
+        assert!(cases.contains(&KernelCase::Matmul {
+            case: "qkv",
+            m: 8,
+            n: cfg.d_model + 2 * cfg.n_kv_heads * hd,
+            k: cfg.d_model,
+        }));
+    }
+}

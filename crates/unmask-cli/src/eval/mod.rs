@@ -1,0 +1,395 @@
+//! `unmask eval`: exact-match accuracy and speed over a JSON-lines task set, for one or more
+//! cache modes run over the same items with one loaded model.
+//!
+//! Every line of the set is an object `{"id", "task", "system", "user", "answer",
+//! "prompt_group"}`. An item's prompt is the chat template over its system and user turns;
+//! its output is the text after the last `####` of the decoded answer (the whole answer when
+//! there is none), trimmed, and it is correct when that equals the expected answer.
+
+mod items;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use unmask::{BicacheReport, CacheMode, Engine, GenerationParams, Request};
+
+use crate::args::{CommandSpec, Flag, Matches};
+use crate::error::{CliError, ErrorKind};
+use crate::options::{self, BicacheSettings, GenerationDefaults, MODEL};
+use crate::output;
+
+use items::extract_answer;
+pub use items::{Item, load_set};
+use report::{
+    Context, Summary, kv_arena_bytes_per_position, markdown, report_json, summarize, task_columns,
+};
+
+/// Used when `--gen-length` is not given; `--steps` and `--block-length` default to it.
+const DEFAULT_GEN_LENGTH: usize = 32;
+
+pub fn spec() -> CommandSpec {
+    let mut flags = vec![
+        MODEL,
+        Flag::value(
+            "set",
+            "FILE",
+            "the task set: JSON lines {id, task, system, user, answer, prompt_group}",
+        ),
+        Flag::value(
+            "cache",
+            "MODES",
+            "cache modes to compare, in this order: MODE[,MODE...] or all \
+             (none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual; \
+             default none)",
+        ),
+        Flag::value("limit", "N", "evaluate only the first N items of the set"),
+        Flag::value(
+            "batch",
+            "N",
+            "run N consecutive items per batched call: BiCache items sharing a system \
+             prompt run in the same forward passes (default 1)",
+        ),
+    ];
+    flags.extend(generation_flags());
+    flags.extend(options::generation_run_flags(
+        "print one JSON object (with per-item results when a single mode runs)",
+    ));
+    flags.extend([
+        Flag::value(
+            "markdown",
+            "FILE",
+            "also write the results table to FILE as Markdown",
+        ),
+        Flag::value(
+            "out",
+            "FILE",
+            "also write the JSON results with every item of every mode to FILE",
+        ),
+    ]);
+    CommandSpec {
+        name: "eval",
+        summary: "Score exact-match answers on a task set, comparing cache modes.",
+        usage: "unmask eval [--model DIR] --set FILE [--cache MODE[,MODE...]|all] [--limit N] \
+                [--json] [--markdown FILE] [--out FILE] [generation flags]",
+        flags,
+        notes: "Each item's answer is the text after the last \"####\" of the output (the whole\n\
+                output when there is none), trimmed; it counts when it equals the expected\n\
+                answer exactly. The model is loaded once and every mode runs over the same\n\
+                items. A progress line per item goes to stderr; the table (or, with --json,\n\
+                the JSON object) to stdout. The shared prefix of an item is its system turn;\n\
+                BiCache modes share one prefix store over the whole run, and without a depth\n\
+                table (bicache_depth.json, or --depth) they fall back and report why.",
+    }
+}
+
+/// The shared generation flags with eval's defaults (32 tokens in one block) and without
+/// `--raw`: answers are always decoded up to the end of the turn.
+fn generation_flags() -> Vec<Flag> {
+    options::generation_flags()
+        .into_iter()
+        .filter(|f| f.name != "raw")
+        .map(|f| match f.name {
+            "gen-length" => Flag::value("gen-length", "N", "tokens to generate (default 32)"),
+            "block-length" => Flag::value(
+                "block-length",
+                "N",
+                "semi-autoregressive block size (default: gen-length, a single block)",
+            ),
+            _ => f,
+        })
+        .collect()
+}
+/// What one item gave in one mode.
+#[derive(Clone, Debug)]
+struct ItemResult {
+    output: String,
+    text: String,
+    correct: bool,
+    ids: Vec<u32>,
+    prompt_tokens: usize,
+    prefix_len: usize,
+    total_s: f64,
+    first_step_s: f64,
+    steps: usize,
+    forward_passes: usize,
+    token_layer_passes: usize,
+    answer_tokens: usize,
+    bicache: Option<BicacheReport>,
+}
+
+/// Every item of one mode, in the order of the set.
+struct ModeRun {
+    cache: CacheMode,
+    results: Vec<ItemResult>,
+    /// Generation time: each batch's slowest request (every request's own time at batch 1).
+    busy_s: f64,
+    wall_s: f64,
+    /// Bytes held by the shared prefix store after the mode's last item.
+    store_bytes: u64,
+}
+pub fn run(m: &Matches) -> Result<(), CliError> {
+    let set_path = PathBuf::from(m.required("set", "FILE")?);
+    let modes = options::cache_modes(m)?;
+    let bicache = options::bicache_settings(m, &modes)?;
+    let limit = m.checked("limit", "a whole number >= 1", |n: usize| n >= 1)?;
+    let batch = m
+        .checked("batch", "a whole number >= 1", |n: usize| n >= 1)?
+        .unwrap_or(1);
+    let (params, _) = options::generation_params_with(
+        m,
+        GenerationDefaults {
+            gen_length: DEFAULT_GEN_LENGTH,
+            single_block: true,
+        },
+    )?;
+    let engine_options = options::engine_options(m)?;
+    let json_stdout = m.switch("json");
+    let markdown_path = m.value("markdown").map(PathBuf::from);
+    let out_path = m.value("out").map(PathBuf::from);
+    check_output("markdown", markdown_path.as_deref())?;
+    check_output("out", out_path.as_deref())?;
+
+    let mut items = load_set(&set_path)?;
+    let set_items = items.len();
+    if let Some(n) = limit {
+        items.truncate(n);
+    }
+    let dir = options::model_dir(m)?;
+    let engine = options::load_engine(&dir, &engine_options)?;
+    if engine.tokenizer.is_none() {
+        return Err(CliError::runtime(format!(
+            "{} has no tokenizer.json: eval renders text prompts and needs one",
+            dir.display()
+        )));
+    }
+    // Every prompt must fit before anything runs, so a long run does not stop half-way.
+    let max = engine.config().max_sequence_length;
+    for item in &items {
+        let len = engine
+            .encode_prompt(&item.request(&params, CacheMode::None, bicache).prompt)?
+            .len();
+        if len + params.gen_length > max {
+            return Err(CliError::usage(format!(
+                "item {:?} ({}:{}): the prompt's {len} tokens + --gen-length {} exceed the \
+                 model's maximum sequence length {max}",
+                item.id,
+                set_path.display(),
+                item.line,
+                params.gen_length
+            )));
+        }
+    }
+    eprintln!(
+        "evaluating {} of {set_items} items of {} with cache {}",
+        items.len(),
+        set_path.display(),
+        modes
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    let runs = modes
+        .iter()
+        .map(|&mode| run_mode(&engine, &items, &params, mode, bicache, batch))
+        .collect::<Result<Vec<_>, _>>()?;
+    let none = runs.iter().find(|r| r.cache == CacheMode::None);
+    let tasks = task_columns(&items);
+    let arena_scale = kv_arena_bytes_per_position(&engine, &params);
+    let summaries: Vec<Summary> = runs
+        .iter()
+        .map(|r| summarize(r, &items, &tasks, none, arena_scale, params.gen_length))
+        .collect();
+
+    let context = Context {
+        engine: &engine,
+        set: &set_path,
+        set_items,
+        limit,
+        batch,
+        params: &params,
+        command: command_line(),
+    };
+    if let Some(path) = &out_path {
+        let report = report_json(&context, &items, &runs, &summaries, true);
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::context("cannot encode the JSON results", e))?;
+        write_file("out", path, &(text + "\n"))?;
+    }
+    let table = markdown(&context, &items, &tasks, &summaries);
+    if let Some(path) = &markdown_path {
+        write_file("markdown", path, &table)?;
+    }
+    if json_stdout {
+        let report = report_json(&context, &items, &runs, &summaries, runs.len() == 1);
+        output::line(&report.to_string())
+    } else {
+        output::partial(&table)
+    }
+}
+
+/// Runs every item with one cache mode, with a progress line per item on stderr.
+fn run_mode(
+    engine: &Engine,
+    items: &[Item],
+    params: &GenerationParams,
+    cache: CacheMode,
+    bicache: BicacheSettings,
+    batch: usize,
+) -> Result<ModeRun, CliError> {
+    let start = Instant::now();
+    let mut results = Vec::with_capacity(items.len());
+    let mut busy_s = 0.0;
+    for chunk in items.chunks(batch.max(1)) {
+        let requests: Vec<Request> = chunk
+            .iter()
+            .map(|item| item.request(params, cache, bicache))
+            .collect();
+        let generations = engine.generate_batch(&requests);
+        // A batch's requests run together: its time is that of its slowest request.
+        busy_s += generations
+            .iter()
+            .flatten()
+            .map(|g| g.timings.total_s)
+            .fold(0.0, f64::max);
+        for (item, g) in chunk.iter().zip(generations) {
+            let index = results.len();
+            let g = g.map_err(|e| CliError {
+                kind: ErrorKind::Runtime,
+                message: format!(
+                    "item {:?} (line {}) with cache {cache}: {e}",
+                    item.id, item.line
+                ),
+                source: Some(Box::new(e)),
+            })?;
+            let text = g.text.unwrap_or_default();
+            let output = extract_answer(&text).to_string();
+            let correct = output == item.answer.trim();
+            let t = g.timings;
+            let verdict = if correct {
+                "correct".to_string()
+            } else {
+                format!(
+                    "wrong (expected {:?}, got {:?})",
+                    item.answer.trim(),
+                    shorten(&output, 40)
+                )
+            };
+            let reuse = match &g.bicache {
+                Some(b) => match &b.fallback {
+                    Some(why) => format!(" ({why})"),
+                    None => format!(
+                        " (BiCache depth {} at r = {}, {})",
+                        b.depth,
+                        b.ratio,
+                        if b.hit { "hit" } else { "miss" }
+                    ),
+                },
+                None => String::new(),
+            };
+            eprintln!(
+                "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
+                index + 1,
+                items.len(),
+                item.id,
+                item.task,
+                t.total_s
+            );
+            results.push(ItemResult {
+                output,
+                text,
+                correct,
+                ids: g.ids,
+                prompt_tokens: g.prompt_ids.len(),
+                prefix_len: g.prefix_len,
+                total_s: t.total_s,
+                first_step_s: t.first_step_s,
+                steps: t.steps,
+                forward_passes: t.forward_passes,
+                token_layer_passes: t.token_layer_passes,
+                answer_tokens: t.answer_tokens,
+                bicache: g.bicache,
+            });
+        }
+    }
+    Ok(ModeRun {
+        cache,
+        results,
+        busy_s,
+        wall_s: start.elapsed().as_secs_f64(),
+        store_bytes: engine.prefix_store_stats().bytes,
+    })
+}
+
+fn shorten(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        text.to_string()
+    } else {
+        let mut s: String = text.chars().take(max_chars).collect();
+        s.push('…');
+        s
+    }
+}
+/// The command line as typed, quoted for a POSIX shell where needed.
+pub fn command_line() -> String {
+    std::iter::once("unmask".to_string())
+        .chain(std::env::args().skip(1).map(|a| shell_quote(&a)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./,=:+@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// An output path must be a file in an existing folder; checked before the model loads.
+fn check_output(flag: &str, path: Option<&Path>) -> Result<(), CliError> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    if path.is_dir() {
+        return Err(CliError::usage(format!(
+            "--{flag} {} is a directory: expected a file name",
+            path.display()
+        )));
+    }
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() && !parent.is_dir() => {
+            Err(CliError::usage(format!(
+                "--{flag} {}: the folder {} does not exist",
+                path.display(),
+                parent.display()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn write_file(flag: &str, path: &Path, text: &str) -> Result<(), CliError> {
+    std::fs::write(path, text)
+        .map_err(|e| CliError::context(format!("cannot write --{flag} {}", path.display()), e))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("--cache=all"), "--cache=all");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

@@ -1,0 +1,346 @@
+//! `unmask trace`: the dispatch list of one denoising step per cache mode, counted per layer
+//! and timed per dispatch and per kernel family (GPU timestamps where the adapter has them).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use unmask::{CacheMode, Engine, Generation, Prompt, Request};
+use unmask_gpu::{HostCounts, StepTrace, TraceClock, TraceOptions};
+
+use crate::args::{CommandSpec, Flag, Matches};
+use crate::error::CliError;
+use crate::options::{self, MODEL};
+use crate::output;
+
+/// Labels of the submits that are denoising steps (others build prefix entries or warm up).
+const STEP_LABELS: [&str; 2] = ["denoise step", "bicache step"];
+
+pub fn spec() -> CommandSpec {
+    let mut flags = vec![
+        MODEL,
+        Flag::value(
+            "prompt",
+            "TEXT",
+            "the user message (default: a fixed question; needs a tokenizer)",
+        ),
+        Flag::value("system", "TEXT", "a system message before the prompt"),
+        Flag::value(
+            "prompt-ids",
+            "IDS",
+            "token ids used as they are, e.g. 1,2,3 (no tokenizer needed)",
+        ),
+    ];
+    flags.extend(options::generation_flags());
+    flags.extend([
+        Flag::value(
+            "cache",
+            "MODES",
+            "`all` (default) or a comma-separated list of cache modes to trace",
+        ),
+        Flag::value(
+            "prefix-len",
+            "N",
+            "tokens of the shared prefix for prefix-arm and BiCache (default: the turns \
+             before the last user message; every token with --prompt-ids)",
+        ),
+        Flag::value(
+            "step",
+            "N",
+            "which denoising step to show, from 1 (default 2: a step that reuses the cache)",
+        ),
+        Flag::switch(
+            "timing",
+            "time every dispatch (GPU timestamps where the adapter has them, else CPU wall \
+             clock around each dispatch alone; the output says which)",
+        ),
+        Flag::switch(
+            "list",
+            "print every dispatch, not only the counts and families",
+        ),
+    ]);
+    flags.extend(options::generation_run_flags(
+        "print one JSON object per mode: the step's dispatches, counts and times",
+    ));
+    CommandSpec {
+        name: "trace",
+        summary: "List (and time) the dispatches of one denoising step per cache mode.",
+        usage: "unmask trace [--model DIR] [--prompt TEXT | --prompt-ids 1,2,3] [--cache all] \
+                [--step 2] [--timing] [--list] [flags]",
+        flags,
+        notes: "A step is one submit: the list shows its dispatches in order with their kernel,\n\
+                variant, layer and workgroups; the counts say what the host created for it\n\
+                (a steady-state step creates no buffer and no bind group).",
+    }
+}
+
+pub fn run(m: &Matches) -> Result<(), CliError> {
+    let (params, decode) = options::generation_params(m)?;
+    let modes = options::cache_modes_or_all(m)?;
+    let prefix_len = m.parsed::<usize>("prefix-len", "a whole number >= 0")?;
+    let step = m
+        .checked("step", "a whole number >= 1", |s: usize| s >= 1)?
+        .unwrap_or(2);
+    let bicache = options::bicache_settings(m, &modes)?;
+    let engine_options = options::engine_options(m)?;
+    let timing = m.switch("timing");
+    let json = m.switch("json");
+    let list = m.switch("list");
+    let dir = options::model_dir(m)?;
+    let engine = options::load_engine(&dir, &engine_options)?;
+    let prompt = prompt(m, &engine)?;
+    if let Prompt::Ids(ids) = &prompt {
+        options::check_ids(&engine, "prompt-ids", ids)?;
+    }
+    let prompt_len = engine.encode_prompt(&prompt)?.len();
+    options::check_length(&engine, prompt_len, &params)?;
+    let n_layers = engine.config().n_layers;
+    for mode in modes {
+        let request = Request {
+            prompt: prompt.clone(),
+            params: params.clone(),
+            decode,
+            cache: mode,
+            prefix_len,
+            recompute_all: false,
+            depth: bicache.depth,
+            refresh_every: bicache.refresh_every,
+        };
+        // Untraced first: pipelines compile and the prefix store fills (BiCache hits).
+        engine.generate(&request)?;
+        engine.ctx.start_trace(TraceOptions { timing });
+        let generated = engine.generate(&request);
+        let traces = engine.ctx.finish_trace();
+        let generation = generated?;
+        let report = StepReport::pick(&traces, step, mode)?;
+        if json {
+            output::line(&report.json(&engine, &generation, n_layers).to_string())?;
+        } else {
+            output::partial(&report.text(&engine, &generation, n_layers, list))?;
+        }
+    }
+    Ok(())
+}
+
+fn prompt(m: &Matches, engine: &Engine) -> Result<Prompt, CliError> {
+    match (m.value("prompt"), m.ids("prompt-ids")?) {
+        (Some(_), Some(_)) => Err(CliError::usage(
+            "give either --prompt TEXT or --prompt-ids 1,2,3, not both",
+        )),
+        (None, Some(ids)) => Ok(Prompt::Ids(ids)),
+        (text, None) => {
+            if engine.tokenizer.is_none() {
+                return Err(CliError::usage(
+                    "the model has no tokenizer.json: give the prompt as --prompt-ids 1,2,3",
+                ));
+            }
+            // A system turn by default, so prefix-arm and BiCache have a prefix to share.
+            let system = m
+                .value("system")
+                .unwrap_or("You are a careful assistant. Answer briefly.");
+            let mut messages = vec![unmask_core::chat::Message::system(system)];
+            messages.push(unmask_core::chat::Message::user(
+                text.unwrap_or("What is 17 plus 25? Answer with the number."),
+            ));
+            Ok(Prompt::Chat(messages))
+        }
+    }
+}
+
+/// One traced step of a request and what the host did for it.
+struct StepReport<'t> {
+    mode: CacheMode,
+    /// 1-based among the request's denoising steps.
+    index: usize,
+    steps: usize,
+    trace: &'t StepTrace,
+    /// Host counters from the previous submit's to this one's.
+    host: HostCounts,
+    /// Submits of the whole request, and those that were not denoising steps.
+    submits: usize,
+}
+
+impl<'t> StepReport<'t> {
+    fn pick(traces: &'t [StepTrace], step: usize, mode: CacheMode) -> Result<Self, CliError> {
+        let steps: Vec<usize> = (0..traces.len())
+            .filter(|&i| STEP_LABELS.contains(&traces[i].label))
+            .collect();
+        let &at = steps.get(step - 1).ok_or_else(|| {
+            CliError::usage(format!(
+                "--step {step}: the {mode} request ran {} denoising steps",
+                steps.len()
+            ))
+        })?;
+        let trace = &traces[at];
+        let before = if at == 0 {
+            HostCounts::default()
+        } else {
+            traces[at - 1].host
+        };
+        // The first submit of the request has no predecessor to subtract; report it whole
+        // only when asked for (step 1 of a request whose first submit is this step).
+        let host = if at == 0 {
+            HostCounts {
+                submits: 1,
+                dispatches: trace.dispatches.len() as u64,
+                ..HostCounts::default()
+            }
+        } else {
+            trace.host - before
+        };
+        Ok(Self {
+            mode,
+            index: step,
+            steps: steps.len(),
+            trace,
+            host,
+            submits: traces.len(),
+        })
+    }
+
+    /// (family, dispatches, ms) per kernel family, most time (or most dispatches) first.
+    fn families(&self) -> Vec<(String, usize, Option<f64>)> {
+        let mut by: BTreeMap<String, (usize, Option<f64>)> = BTreeMap::new();
+        for d in &self.trace.dispatches {
+            let e = by.entry(d.kernel.clone()).or_insert((0, None));
+            e.0 += 1;
+            if let Some(ms) = d.ms {
+                e.1 = Some(e.1.unwrap_or(0.0) + ms);
+            }
+        }
+        let mut out: Vec<_> = by.into_iter().map(|(k, (n, ms))| (k, n, ms)).collect();
+        out.sort_by(|a, b| {
+            b.2.unwrap_or(0.0)
+                .total_cmp(&a.2.unwrap_or(0.0))
+                .then(b.1.cmp(&a.1))
+        });
+        out
+    }
+
+    fn total_ms(&self) -> Option<f64> {
+        self.trace
+            .dispatches
+            .iter()
+            .map(|d| d.ms)
+            .sum::<Option<f64>>()
+    }
+
+    fn per_layer_text(counts: &[usize]) -> String {
+        let first = counts.first().copied().unwrap_or(0);
+        if counts.iter().all(|&c| c == first) {
+            format!("{first} in each of {} layers", counts.len())
+        } else {
+            format!("{counts:?}")
+        }
+    }
+
+    fn text(&self, engine: &Engine, g: &Generation, n_layers: usize, list: bool) -> String {
+        let t = self.trace;
+        let per_layer = t.per_layer(n_layers);
+        let in_layers: usize = per_layer.iter().sum();
+        let mut out = format!(
+            "{} — step {} of {} (\"{}\"), clock {}\n",
+            self.mode,
+            self.index,
+            self.steps,
+            t.label,
+            t.clock.name()
+        );
+        out.push_str(&format!(
+            "  dispatches {} ({} in layers: {}; {} outside), copies {}, submits {}\n",
+            t.dispatches.len(),
+            in_layers,
+            Self::per_layer_text(&per_layer),
+            t.dispatches.len() - in_layers,
+            t.copies,
+            self.host.submits
+        ));
+        out.push_str(&format!(
+            "  created for this step: {} buffers, {} bind groups, {} read-back buffers\n",
+            self.host.buffers_created,
+            self.host.bind_groups_created,
+            self.host.staging_buffers_created
+        ));
+        out.push_str(&format!(
+            "  request: {} submits for {} steps, {:.1} canvas tokens/s (adapter {})\n",
+            self.submits, self.steps, g.timings.throughput_canvas, engine.ctx.info.name
+        ));
+        let total = self.total_ms();
+        out.push_str("  kernel family              dispatches        ms   share\n");
+        for (family, n, ms) in self.families() {
+            let (ms_text, share) = match (ms, total) {
+                (Some(ms), Some(total)) if total > 0.0 => {
+                    (format!("{ms:9.3}"), format!("{:6.1}%", 100.0 * ms / total))
+                }
+                _ => ("        -".into(), "      -".into()),
+            };
+            out.push_str(&format!("  {family:<26} {n:>10} {ms_text} {share}\n"));
+        }
+        if let Some(total) = total {
+            out.push_str(&format!("  {:<26} {:>10} {total:9.3}\n", "total", ""));
+        }
+        if list {
+            out.push_str("  #    layer  kernel                     workgroups      ms  variant\n");
+            for (i, d) in t.dispatches.iter().enumerate() {
+                let layer = d.layer.map_or("-".to_string(), |l| l.to_string());
+                let groups = format!(
+                    "{}x{}x{}",
+                    d.workgroups[0], d.workgroups[1], d.workgroups[2]
+                );
+                let ms = d.ms.map_or("-".to_string(), |ms| format!("{ms:.3}"));
+                out.push_str(&format!(
+                    "  {i:<4} {layer:>5}  {:<26} {groups:>10} {ms:>7}  {}\n",
+                    d.kernel, d.variant
+                ));
+            }
+        }
+        out.push('\n');
+        out
+    }
+
+    fn json(&self, engine: &Engine, g: &Generation, n_layers: usize) -> Value {
+        let t = self.trace;
+        let families: Vec<Value> = self
+            .families()
+            .into_iter()
+            .map(|(family, n, ms)| json!({"kernel": family, "dispatches": n, "ms": ms}))
+            .collect();
+        let dispatches: Vec<Value> = t
+            .dispatches
+            .iter()
+            .map(|d| {
+                json!({
+                    "kernel": d.kernel,
+                    "variant": d.variant,
+                    "layer": d.layer,
+                    "workgroups": d.workgroups,
+                    "ms": d.ms,
+                })
+            })
+            .collect();
+        json!({
+            "cache": self.mode.name(),
+            "step": self.index,
+            "steps": self.steps,
+            "label": t.label,
+            "clock": t.clock.name(),
+            "adapter": engine.ctx.info.name,
+            "backend": format!("{:?}", engine.ctx.info.backend),
+            "n_layers": n_layers,
+            "dispatches_per_layer": t.per_layer(n_layers),
+            "dispatch_count": t.dispatches.len(),
+            "copies": t.copies,
+            "host": {
+                "submits": self.host.submits,
+                "bind_groups_created": self.host.bind_groups_created,
+                "buffers_created": self.host.buffers_created,
+                "staging_buffers_created": self.host.staging_buffers_created,
+            },
+            "request_submits": self.submits,
+            "canvas_tokens_per_s": g.timings.throughput_canvas,
+            "total_ms": self.total_ms(),
+            "families": families,
+            "dispatches": dispatches,
+            "timed": t.clock != TraceClock::None,
+        })
+    }
+}

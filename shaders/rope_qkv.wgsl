@@ -1,0 +1,64 @@
+// RoPE and the K/V arena write of one fused QKV projection, in one pass over its rows:
+// the q heads are rotated in place (attention reads them from the QKV rows), the k heads
+// are rotated into the layer's K arena and the v heads copied into its V arena, both at
+// arena row kv_index[row]. Rotation as in rope.wgsl (half-split, host-made cos/sin table).
+
+struct Params {
+    rows: u32,
+    n_heads: u32,     // q heads
+    n_kv_heads: u32,  // k heads = v heads
+    head_dim: u32,
+    row_stride: u32,  // columns of a QKV row: (n_heads + 2 n_kv_heads) head_dim
+    max_pos: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> positions: array<u32>;
+@group(0) @binding(3) var<storage, read> table: array<vec2<f32>>;
+@group(0) @binding(4) var<storage, read> kv_index: array<u32>;
+@group(0) @binding(5) var<storage, read_write> k_arena: array<f32>;
+@group(0) @binding(6) var<storage, read_write> v_arena: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let half = p.head_dim / 2u;
+    let pos = min(positions[row], p.max_pos - 1u);
+    let src = row * p.row_stride;
+    let kv_w = p.n_kv_heads * p.head_dim;
+    let dst = kv_index[row] * kv_w;
+    // Rotated pairs of the q heads, then of the k heads.
+    let pairs = (p.n_heads + p.n_kv_heads) * half;
+    for (var i = lid.x; i < pairs; i += 64u) {
+        let head = i / half;
+        let j = i % half;
+        let at = src + head * p.head_dim + j;
+        let cs = table[pos * half + j];
+        let x1 = qkv[at];
+        let x2 = qkv[at + half];
+        let r1 = x1 * cs.x - x2 * cs.y;
+        let r2 = x2 * cs.x + x1 * cs.y;
+        if (head < p.n_heads) {
+            qkv[at] = r1;
+            qkv[at + half] = r2;
+        } else {
+            let d = dst + (head - p.n_heads) * p.head_dim + j;
+            k_arena[d] = r1;
+            k_arena[d + half] = r2;
+        }
+    }
+    let v_src = src + (p.n_heads + p.n_kv_heads) * p.head_dim;
+    for (var c = lid.x; c < kv_w; c += 64u) {
+        v_arena[dst + c] = qkv[v_src + c];
+    }
+}
