@@ -8,12 +8,11 @@
 //! b is the smallest the requests ask for: a shallow layer must read the same entry K/V
 //! for every row it computes. A request alone is a batch of one (`Engine::generate`).
 
-use std::ops::Range;
-
 use unmask_core::cache::bicache_step;
 use unmask_core::sampler::StepRecord;
+use unmask_core::step_plan::{SeqStep, StepPlan, first_fit};
 use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{ForwardState, LayerPass, LladaModel, SelectBuffers, SeqWindow};
+use unmask_gpu::model::{DeepRows, ForwardState, LladaModel, SelectBuffers, SharedPrefix};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::{
@@ -21,115 +20,21 @@ use crate::{
     all_ran,
 };
 
-/// One sequence's part of a batched BiCache step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SeqStep {
-    /// Positions computed this step (never prefix positions).
-    pub rows: Range<usize>,
-    /// The deep layers recompute the prefix rows from the entry's boundary state.
-    pub refresh: bool,
-    pub prefix_len: usize,
-    pub seq_len: usize,
-    /// First row of the sequence's arena in the batch's arena buffers.
-    pub kv_base: usize,
+/// The GPU state of a batch: activations and arenas for all its rows, and the rows of the
+/// deep layers (a batch always shares a prefix).
+pub(crate) struct BatchState {
+    pub st: ForwardState,
+    pub deep: DeepRows,
 }
 
-/// A copy of hidden rows into the deep layers' input.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum RowCopy {
-    /// The first `rows` rows of the entry's boundary state to `x_deep` row `dst`.
-    Boundary { dst: usize, rows: usize },
-    /// Rows `src..src + rows` of the shallow output to `x_deep` row `dst`.
-    Shallow { src: usize, dst: usize, rows: usize },
-}
-
-/// Where every row of a batched step goes: the shallow pass (computed rows against the
-/// shared entry), then the deep pass (the same rows, after the prefix rows of the
-/// sequences that refresh).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct StepLayout {
-    pub positions: Vec<u32>,
-    /// Arena row of each shallow row: the shallow layers keep no prefix rows.
-    pub shallow_kv: Vec<u32>,
-    pub shallow: Vec<SeqWindow>,
-    pub deep_positions: Vec<u32>,
-    pub deep_kv: Vec<u32>,
-    pub deep: Vec<SeqWindow>,
-    pub copies: Vec<RowCopy>,
-    /// Per sequence, the row of `x_deep` holding its position `rows.start`.
-    deep_first: Vec<usize>,
-    starts: Vec<usize>,
-}
-
-impl StepLayout {
-    pub fn build<'a>(seqs: impl IntoIterator<Item = &'a SeqStep>) -> Self {
-        let mut l = StepLayout::default();
-        for s in seqs {
-            let p = s.prefix_len;
-            let n = s.rows.len();
-            let src = l.positions.len();
-            l.shallow.push(SeqWindow {
-                rows: src..src + n,
-                kv_start: s.kv_base,
-                kv_len: s.seq_len - p,
-            });
-            for pos in s.rows.clone() {
-                l.positions.push(pos as u32);
-                l.shallow_kv.push((s.kv_base + pos - p) as u32);
-            }
-            let first = l.deep_positions.len();
-            let mut deep_rows: Vec<usize> = Vec::with_capacity(n + p);
-            if s.refresh {
-                l.copies.push(RowCopy::Boundary {
-                    dst: first,
-                    rows: p,
-                });
-                deep_rows.extend(0..p);
-            }
-            l.copies.push(RowCopy::Shallow {
-                src,
-                dst: first + deep_rows.len(),
-                rows: n,
-            });
-            l.deep_first.push(first + deep_rows.len());
-            deep_rows.extend(s.rows.clone());
-            l.deep.push(SeqWindow {
-                rows: first..first + deep_rows.len(),
-                kv_start: s.kv_base,
-                kv_len: s.seq_len,
-            });
-            for pos in deep_rows {
-                l.deep_positions.push(pos as u32);
-                l.deep_kv.push((s.kv_base + pos) as u32);
-            }
-            l.starts.push(s.rows.start);
-        }
-        l
+impl Engine {
+    /// A batch state for `rows` positions of running requests at once.
+    pub(crate) fn new_batch_state(&self, rows: usize) -> Result<BatchState, EngineError> {
+        Ok(BatchState {
+            st: self.model.new_batch_state(rows, rows)?,
+            deep: self.model.new_deep_rows(rows)?,
+        })
     }
-
-    /// The row of `x_deep` holding position `pos` of sequence `i` (a computed position).
-    pub fn deep_row(&self, i: usize, pos: usize) -> usize {
-        self.deep_first[i] + pos - self.starts[i]
-    }
-}
-
-/// Splits requests of `lengths` positions, in order, into consecutive batches of at most
-/// `max_rows` positions in all (one state must fit the device); a request longer than that
-/// is a batch of its own (and reports the limit when it runs).
-pub(crate) fn split_by_rows(lengths: &[usize], max_rows: usize) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let (mut start, mut rows) = (0, 0);
-    for (i, &len) in lengths.iter().enumerate() {
-        if i > start && rows + len > max_rows {
-            out.push(start..i);
-            (start, rows) = (i, 0);
-        }
-        rows += len;
-    }
-    if start < lengths.len() {
-        out.push(start..lengths.len());
-    }
-    out
 }
 
 /// The select parameters that decide whether two requests' rows can share one LM-head
@@ -172,7 +77,6 @@ struct SelectGroup {
 struct MemberStep {
     member: usize,
     seq: SeqStep,
-    predict: Vec<u32>,
 }
 
 impl Engine {
@@ -188,7 +92,7 @@ impl Engine {
         let mut results: Vec<Option<Result<Generation, EngineError>>> =
             (0..n).map(|_| None).collect();
         let total: usize = requests.iter().map(|r| r.sampler.tokens().len()).sum();
-        let st = match self.model.new_batch_state(total, total) {
+        let st = match self.new_batch_state(total) {
             Ok(st) => st,
             Err(e) => {
                 let why = e.to_string();
@@ -208,7 +112,7 @@ impl Engine {
         for (i, r) in requests.into_iter().enumerate() {
             let base = kv_base;
             kv_base += r.sampler.tokens().len();
-            match self.admit(&st, depth, r, base) {
+            match self.admit(&st.st, depth, r, base) {
                 Admission::Joined(m) => running.push((i, *m)),
                 Admission::Alone(r) => alone.push((i, *r)),
                 Admission::Failed(e) => results[i] = Some(Err(e)),
@@ -303,7 +207,7 @@ impl Engine {
     /// their generation.
     async fn batch_step<'r>(
         &self,
-        st: &ForwardState,
+        st: &BatchState,
         depth: usize,
         running: &mut Vec<(usize, Member<'r>)>,
         selects: &mut Vec<SelectBuffers>,
@@ -342,26 +246,42 @@ impl Engine {
                     member: k,
                     seq: SeqStep {
                         rows: plan.rows,
-                        refresh: plan.refresh,
                         prefix_len: m.prepared.prefix_len,
+                        refresh: plan.refresh,
                         seq_len: s.tokens().len(),
+                        kv_len: s.tokens().len(),
                         kv_base: m.kv_base,
+                        predict: s.rows_to_predict(),
                     },
-                    predict: s.rows_to_predict(),
                 }
             })
             .collect();
+        let seqs: Vec<SeqStep> = steps.iter().map(|s| s.seq.clone()).collect();
+        let plan = StepPlan::shared(&seqs, depth, n_layers)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let mut ids = Vec::with_capacity(plan.shallow.len());
         for s in &steps {
-            let first = s.seq.rows.start;
-            if let Some(bad) = s.predict.iter().find(|&&pos| (pos as usize) < first) {
-                return Err(EngineError::Internal(format!(
-                    "position {bad} must be predicted but BiCache computes rows from {first} this step"
-                )));
-            }
+            let tokens = running[s.member].1.prepared.sampler.tokens();
+            ids.extend_from_slice(&tokens[s.seq.rows.clone()]);
         }
-        let layout = StepLayout::build(steps.iter().map(|s| &s.seq));
+        let run = &running
+            .first()
+            .ok_or_else(|| EngineError::Internal("an empty batch".into()))?
+            .1
+            .run;
         let mut step = StepEncoder::new(&self.ctx, "bicache step");
-        self.encode_batch_step(&mut step, st, running, &steps, &layout, depth)?;
+        let hidden = self.model.encode_plan(
+            &mut step,
+            &st.st,
+            Some(&st.deep),
+            &plan,
+            &ids,
+            Some(SharedPrefix {
+                kv: &run.entry.kv,
+                tokens: run.entry.tokens,
+                boundary: &run.boundary,
+            }),
+        )?;
 
         // Rows whose token choice is made the same way share one LM-head pass.
         let mut groups: Vec<SelectGroup> = Vec::new();
@@ -382,7 +302,7 @@ impl Engine {
                 }
             };
             group.members.push(k);
-            group.rows += s.predict.len();
+            group.rows += s.seq.predict.len();
         }
         // Select buffers are reused from step to step and grow when a step needs more.
         for (g, group) in groups.iter().enumerate() {
@@ -396,65 +316,42 @@ impl Engine {
                 }
             }
         }
+        let mut slots = Vec::with_capacity(groups.len());
         for (group, sel) in groups.iter().zip(selects.iter()) {
-            let mut row_index = Vec::with_capacity(group.rows);
-            let mut positions = Vec::with_capacity(group.rows);
-            for &k in &group.members {
-                for &pos in &steps[k].predict {
-                    row_index.push(layout.deep_row(k, pos as usize) as u32);
-                    positions.push(pos);
-                }
-            }
+            let (row_index, positions): (Vec<u32>, Vec<u32>) = group
+                .members
+                .iter()
+                .flat_map(|&k| plan.sampled[k].iter().copied())
+                .unzip();
             self.model.write_select(sel, &row_index, &positions)?;
             self.model.encode_select_from(
                 &mut step,
-                &st.x_deep,
+                hidden,
                 None,
                 sel,
                 group.rows,
                 &group.params,
             )?;
+            slots.push(self.model.read_back_choices(&mut step, sel, group.rows));
         }
-        let slots: Vec<usize> = groups
-            .iter()
-            .zip(selects.iter())
-            .map(|(group, sel)| self.model.read_back_choices(&mut step, sel, group.rows))
-            .collect();
         let read = step.submit()?.read_async().await?;
 
         let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); steps.len()];
         for (group, slot) in groups.iter().zip(slots) {
-            let choices = LladaModel::decode_choices(&read[slot]);
-            let mut it = choices.into_iter();
+            let mut it = LladaModel::decode_choices(&read[slot]).into_iter();
             for &k in &group.members {
                 predictions[k] = it
                     .by_ref()
-                    .take(steps[k].predict.len())
+                    .take(steps[k].seq.predict.len())
                     .map(|c| (c.token, c.confidence))
                     .collect();
             }
         }
         for (s, preds) in steps.iter().zip(&predictions) {
             let (index, m) = &mut running[s.member];
-            let p = &mut m.prepared;
-            let record = p.sampler.commit(preds)?;
-            p.timings.steps += 1;
-            if p.timings.steps == 1 {
-                p.timings.first_step_s = p.start.elapsed_s();
-            }
-            on_step(
-                *index,
-                &StepEvent {
-                    record: &record,
-                    global_step: p.timings.steps,
-                    canvas: p.sampler.tokens(),
-                    prompt_len: p.prompt.len(),
-                    mask_id: self.special.mask,
-                    elapsed_s: p.start.elapsed_s(),
-                    rows: &s.predict,
-                    predictions: preds,
-                },
-            );
+            let record = self.commit_step(&mut m.prepared, &s.seq.predict, preds, &mut |e| {
+                on_step(*index, e)
+            })?;
             m.records.push(record);
         }
         // Finished requests leave the batch (and unpin the entry) as soon as they end.
@@ -470,107 +367,6 @@ impl Engine {
         }
         Ok(done)
     }
-
-    /// Records the layers of one batched step: the shallow layers over every computed row
-    /// against the shared entry, then the deep layers over the rows of `layout.deep`
-    /// (boundary state first for the sequences that refresh).
-    fn encode_batch_step(
-        &self,
-        step: &mut StepEncoder,
-        st: &ForwardState,
-        running: &[(usize, Member<'_>)],
-        steps: &[MemberStep],
-        layout: &StepLayout,
-        depth: usize,
-    ) -> Result<(), EngineError> {
-        let m = &self.model;
-        let mut ids = Vec::with_capacity(layout.positions.len());
-        for s in steps {
-            let tokens = running[s.member].1.prepared.sampler.tokens();
-            ids.extend_from_slice(&tokens[s.seq.rows.clone()]);
-        }
-        m.write_rows(st, &ids, &layout.positions)?;
-        st.kv_shallow.write_u32(&self.ctx, &layout.shallow_kv)?;
-        st.positions_deep
-            .write_u32(&self.ctx, &layout.deep_positions)?;
-        st.kv_deep.write_u32(&self.ctx, &layout.deep_kv)?;
-        let run = &running
-            .first()
-            .ok_or_else(|| EngineError::Internal("an empty batch".into()))?
-            .1
-            .run;
-        let entry = &run.entry;
-        let rows = ids.len();
-        m.encode_embed(step, st, rows)?;
-        m.encode_pass(
-            step,
-            st,
-            &LayerPass {
-                x: &st.x,
-                rows,
-                positions: &st.positions,
-                kv_index: &st.kv_shallow,
-                layers: 0..depth,
-                arena: &st.kv,
-                seqs: &layout.shallow,
-                seg_a: Some((&entry.kv, entry.tokens)),
-            },
-        )?;
-        let row_bytes = (m.cfg.d_model * 4) as u64;
-        for copy in &layout.copies {
-            match *copy {
-                RowCopy::Boundary { dst, rows } => {
-                    step.copy(
-                        &run.boundary.buffer,
-                        0,
-                        &st.x_deep.buffer,
-                        dst as u64 * row_bytes,
-                        rows as u64 * row_bytes,
-                    );
-                }
-                RowCopy::Shallow { src, dst, rows } => step.copy(
-                    &st.x.buffer,
-                    src as u64 * row_bytes,
-                    &st.x_deep.buffer,
-                    dst as u64 * row_bytes,
-                    rows as u64 * row_bytes,
-                ),
-            }
-        }
-        m.encode_pass(
-            step,
-            st,
-            &LayerPass {
-                x: &st.x_deep,
-                rows: layout.deep_positions.len(),
-                positions: &st.positions_deep,
-                kv_index: &st.kv_deep,
-                layers: depth..m.cfg.n_layers,
-                arena: &st.kv,
-                seqs: &layout.deep,
-                seg_a: None,
-            },
-        )?;
-        Ok(())
-    }
-}
-
-/// The first row of a free window of `len` rows in an arena of `capacity` rows whose
-/// occupied windows are `(start, len)`, if there is one.
-pub(crate) fn first_fit(
-    occupied: &mut [(usize, usize)],
-    len: usize,
-    capacity: usize,
-) -> Option<usize> {
-    occupied.sort_unstable();
-    let mut free_from = 0;
-    for &(start, used) in occupied.iter() {
-        if start >= free_from + len {
-            break;
-        }
-        free_from = free_from.max(start + used);
-    }
-    (free_from + len <= capacity).then_some(free_from)
 }
 
 /// Continuous batching for one shared prefix: requests are submitted at any time and join
@@ -585,7 +381,7 @@ pub struct BatchSession<'e> {
     engine: &'e Engine,
     prefix: Vec<u32>,
     depth: usize,
-    state: ForwardState,
+    state: BatchState,
     _pin: PrefixRun,
     running: Vec<(usize, Member<'static>)>,
     waiting: std::collections::VecDeque<(usize, Prepared<'static>)>,
@@ -632,9 +428,9 @@ impl Engine {
                 found: max_rows.to_string(),
             });
         }
-        let state = self.model.new_batch_state(max_rows, max_rows)?;
+        let state = self.new_batch_state(max_rows)?;
         let mut timings = crate::Timings::default();
-        let pin = match self.acquire_prefix(&state, prefix, depth, &mut timings)? {
+        let pin = match self.acquire_prefix(&state.st, prefix, depth, &mut timings)? {
             Ok(run) => run,
             Err(why) => {
                 return Err(EngineError::Refused(format!(
@@ -684,10 +480,10 @@ impl BatchSession<'_> {
             )));
         }
         let len = p.sampler.tokens().len();
-        if len > self.state.seq_len {
+        if len > self.state.st.seq_len {
             return Err(EngineError::Refused(format!(
                 "the request needs {len} positions; the session holds {}",
-                self.state.seq_len
+                self.state.st.seq_len
             )));
         }
         let id = self.next_id;
@@ -758,13 +554,13 @@ impl BatchSession<'_> {
                 .iter()
                 .map(|(_, m)| (m.kv_base, m.prepared.sampler.tokens().len()))
                 .collect();
-            let Some(base) = first_fit(&mut occupied, len, self.state.seq_len) else {
+            let Some(base) = first_fit(&mut occupied, len, self.state.st.seq_len) else {
                 break;
             };
             let Some((id, p)) = self.waiting.pop_front() else {
                 break;
             };
-            match engine.admit(&self.state, self.depth, p, base) {
+            match engine.admit(&self.state.st, self.depth, p, base) {
                 Admission::Joined(m) => self.running.push((id, *m)),
                 Admission::Alone(p) => done.push((
                     id,
@@ -799,99 +595,6 @@ impl BatchSession<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn seq(rows: Range<usize>, refresh: bool, kv_base: usize) -> SeqStep {
-        SeqStep {
-            rows,
-            refresh,
-            prefix_len: 6,
-            seq_len: 20,
-            kv_base,
-        }
-    }
-
-    #[test]
-    fn one_sequence_keeps_its_own_rows() {
-        let l = StepLayout::build(&[seq(6..20, true, 0)]);
-        assert_eq!(l.positions, (6..20).collect::<Vec<u32>>());
-        assert_eq!(l.shallow_kv, (0..14).collect::<Vec<u32>>());
-        assert_eq!(l.deep_positions, (0..20).collect::<Vec<u32>>());
-        assert_eq!(l.deep_kv, (0..20).collect::<Vec<u32>>());
-        assert_eq!(
-            l.copies,
-            vec![
-                RowCopy::Boundary { dst: 0, rows: 6 },
-                RowCopy::Shallow {
-                    src: 0,
-                    dst: 6,
-                    rows: 14
-                }
-            ]
-        );
-        assert_eq!(l.deep_row(0, 6), 6);
-        assert_eq!(l.deep_row(0, 19), 19);
-    }
-
-    #[test]
-    fn sequences_get_disjoint_rows_and_arena_windows() {
-        // A refreshing sequence between two that compute one block each.
-        let seqs = [
-            seq(8..12, false, 0),
-            seq(6..20, true, 20),
-            seq(16..20, false, 40),
-        ];
-        let l = StepLayout::build(&seqs);
-        assert_eq!(l.positions.len(), 4 + 14 + 4);
-        assert_eq!(l.deep_positions.len(), 4 + 20 + 4);
-        for (i, s) in seqs.iter().enumerate() {
-            let (sh, dp) = (&l.shallow[i], &l.deep[i]);
-            // Shallow arena rows lie inside the sequence's window (no prefix rows there).
-            for r in sh.rows.clone() {
-                let kv = l.shallow_kv[r] as usize;
-                assert!(kv >= s.kv_base && kv < s.kv_base + s.seq_len - s.prefix_len);
-                assert_eq!(kv - s.kv_base + s.prefix_len, l.positions[r] as usize);
-            }
-            for r in dp.rows.clone() {
-                let kv = l.deep_kv[r] as usize;
-                assert_eq!(kv, s.kv_base + l.deep_positions[r] as usize);
-                assert!(kv < s.kv_base + s.seq_len);
-            }
-            for pos in s.rows.clone() {
-                assert_eq!(l.deep_positions[l.deep_row(i, pos)] as usize, pos);
-            }
-        }
-        // Windows tile the rows in order, without gaps or overlaps.
-        for w in [&l.shallow, &l.deep] {
-            for pair in w.windows(2) {
-                assert_eq!(pair[0].rows.end, pair[1].rows.start);
-            }
-        }
-        assert_eq!(l.deep[1].rows, 4..24);
-        assert_eq!(l.copies.len(), 4);
-    }
-
-    #[test]
-    fn first_fit_finds_the_lowest_free_window() {
-        assert_eq!(first_fit(&mut [], 10, 10), Some(0));
-        assert_eq!(first_fit(&mut [], 11, 10), None);
-        assert_eq!(first_fit(&mut [(0, 4), (10, 5)], 6, 20), Some(4));
-        assert_eq!(first_fit(&mut [(10, 5), (0, 4)], 7, 20), None);
-        assert_eq!(first_fit(&mut [(10, 5), (0, 4)], 5, 20), Some(4));
-        assert_eq!(first_fit(&mut [(0, 4), (4, 6)], 10, 20), Some(10));
-        assert_eq!(first_fit(&mut [(3, 4)], 3, 20), Some(0));
-    }
-
-    #[test]
-    fn batches_are_split_to_fit_one_state() {
-        assert_eq!(split_by_rows(&[10, 10, 10], 30), vec![0..3]);
-        assert_eq!(split_by_rows(&[10, 10, 10], 25), vec![0..2, 2..3]);
-        assert_eq!(split_by_rows(&[40, 10, 10], 25), vec![0..1, 1..3]);
-        assert_eq!(split_by_rows(&[10, 40, 10], 25), vec![0..1, 1..2, 2..3]);
-        assert_eq!(split_by_rows(&[], 25), Vec::<Range<usize>>::new());
-        let parts = split_by_rows(&[7; 20], 30);
-        assert!(parts.iter().all(|r| r.len() == 4 || r.end == 20));
-        assert_eq!(parts.iter().map(|r| r.len()).sum::<usize>(), 20);
-    }
 
     #[test]
     fn noise_free_choices_group_across_seeds_and_steps() {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
-use unmask_core::cache::{PlanInput, plan_step};
+use unmask_core::cache::{PassPlan, PlanInput, plan_step};
 use unmask_core::chat::{encode_chat, prefix_split};
 use unmask_core::config::LladaConfig;
 use unmask_core::depth_policy::{DepthTable, prefix_ratio};
@@ -35,6 +35,7 @@ use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
 pub use unmask_core::prefix_store::Recount;
 use unmask_core::prefix_store::{Pin, PrefixStore, SharedStore, StoreBudget, StoreStats};
 use unmask_core::sampler::Sampler;
+use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
 use unmask_gpu::ContextOptions;
@@ -373,6 +374,35 @@ impl Prepared<'_> {
     }
 }
 
+/// Commits the predictions of `rows` to a request's sampler, counts the step and reports
+/// it through `on_step`; `prompt` is (prompt length, mask id) for the event.
+fn commit_predictions(
+    sampler: &mut Sampler,
+    timings: &mut Timings,
+    start: Stopwatch,
+    prompt: (usize, u32),
+    rows: &[u32],
+    predictions: &[(u32, f32)],
+    on_step: &mut dyn FnMut(&StepEvent<'_>),
+) -> Result<StepRecord, EngineError> {
+    let record = sampler.commit(predictions)?;
+    timings.steps += 1;
+    if timings.steps == 1 {
+        timings.first_step_s = start.elapsed_s();
+    }
+    on_step(&StepEvent {
+        record: &record,
+        global_step: timings.steps,
+        canvas: sampler.tokens(),
+        prompt_len: prompt.0,
+        mask_id: prompt.1,
+        elapsed_s: start.elapsed_s(),
+        rows,
+        predictions,
+    });
+    Ok(record)
+}
+
 /// The results of a set of requests, each of which ran.
 fn all_ran(
     results: Vec<Option<Result<Generation, EngineError>>>,
@@ -698,7 +728,7 @@ impl Engine {
                 .map(|(_, p)| p.sampler.tokens().len())
                 .collect();
             let mut rest = group.into_iter();
-            for part in batch::split_by_rows(&lengths, max_rows) {
+            for part in unmask_core::step_plan::split_by_rows(&lengths, max_rows) {
                 let (index, prepared): (Vec<usize>, Vec<Prepared<'_>>) =
                     rest.by_ref().take(part.len()).unzip();
                 let out = self
@@ -832,7 +862,6 @@ impl Engine {
         let p = &request.params;
         let n_layers = self.model.cfg.n_layers;
         let seq_len = sampler.tokens().len();
-        let positions: Vec<u32> = (0..seq_len as u32).collect();
         let cond = self.model.new_state(seq_len, seq_len)?;
         let uncond = if p.cfg_scale > 0.0 {
             Some(self.model.new_state(seq_len, seq_len)?)
@@ -852,8 +881,7 @@ impl Engine {
                 std::iter::once((&cond, sampler.tokens().to_vec()))
                     .chain(uncond.iter().map(|u| (u, sampler.unconditional_tokens())))
                     .collect();
-            let mut step = StepEncoder::new(&self.ctx, "denoise step");
-            let plan = plan_step(&PlanInput {
+            let planned = plan_step(&PlanInput {
                 mode,
                 seq_len,
                 prefix_len,
@@ -862,71 +890,94 @@ impl Engine {
                 first_step,
                 recompute_all: request.recompute_all,
             });
-            if let Some(w) = &plan.warmup {
+            // Without a shared prefix a step is one pass over every layer.
+            let single = |pass: &PassPlan, predict: Vec<u32>| {
+                let seq = SeqStep {
+                    rows: pass.rows.clone(),
+                    prefix_len: 0,
+                    refresh: false,
+                    seq_len,
+                    kv_len: pass.kv_len,
+                    kv_base: 0,
+                    predict,
+                };
+                StepPlan::alone(&[seq], n_layers)
+                    .map_err(|e| EngineError::Internal(format!("cache mode {mode}: {e}")))
+            };
+            if let Some(w) = &planned.warmup {
                 // Its own submit: the main pass rewrites the same ids buffer.
+                let plan = single(w, Vec::new())?;
                 let mut warm = StepEncoder::new(&self.ctx, "prefix pass");
                 for (st, tokens) in &states {
-                    self.model.write_rows(
-                        st,
-                        &tokens[w.rows.clone()],
-                        &positions[w.rows.clone()],
-                    )?;
+                    let ids = &tokens[w.rows.clone()];
                     self.model
-                        .encode_layers(&mut warm, st, w.rows.len(), w.kv_len, None, 0)?;
+                        .encode_plan(&mut warm, st, None, &plan, ids, None)?;
                     timings.forward_passes += 1;
                 }
                 warm.submit()?;
             }
-            let r = plan.pass.rows.clone();
+            let plan = single(&planned.pass, rows)?;
+            let mut step = StepEncoder::new(&self.ctx, "denoise step");
+            let mut hidden = Vec::with_capacity(states.len());
             for (st, tokens) in &states {
-                self.model
-                    .write_rows(st, &tokens[r.clone()], &positions[r.clone()])?;
-                self.model
-                    .encode_layers(&mut step, st, r.len(), plan.pass.kv_len, None, 0)?;
+                let ids = &tokens[planned.pass.rows.clone()];
+                hidden.push(
+                    self.model
+                        .encode_plan(&mut step, st, None, &plan, ids, None)?,
+                );
                 timings.forward_passes += 1;
             }
-            timings.token_layer_passes += plan.token_layer_passes(n_layers) * states.len();
-            let first_row = r.start;
-            if let Some(bad) = rows.iter().find(|&&pos| (pos as usize) < first_row) {
-                return Err(EngineError::Internal(format!(
-                    "position {bad} must be predicted but cache mode {mode} computes rows from {first_row} this step"
-                )));
-            }
-            let row_index: Vec<u32> = rows.iter().map(|&pos| pos - first_row as u32).collect();
-            self.model.write_select(&sel, &row_index, &rows)?;
+            timings.token_layer_passes += planned.token_layer_passes(n_layers) * states.len();
+            let (row_index, positions) = plan.sampled_rows();
+            self.model.write_select(&sel, &row_index, &positions)?;
             let params = self.select_params(sampler, conf_exclude);
             self.model.encode_select_from(
                 &mut step,
-                &cond.x,
-                uncond.as_ref().map(|u| &u.x),
+                hidden[0],
+                hidden.get(1).copied(),
                 &sel,
-                rows.len(),
+                row_index.len(),
                 &params,
             )?;
-            let slot = self.model.read_back_choices(&mut step, &sel, rows.len());
+            let slot = self
+                .model
+                .read_back_choices(&mut step, &sel, row_index.len());
             let read = step.submit()?.read_async().await?;
             let predictions: Vec<(u32, f32)> = LladaModel::decode_choices(&read[slot])
                 .iter()
                 .map(|c| (c.token, c.confidence))
                 .collect();
-            let record = sampler.commit(&predictions)?;
-            timings.steps += 1;
-            if timings.steps == 1 {
-                timings.first_step_s = start.elapsed_s();
-            }
-            on_step(&StepEvent {
-                record: &record,
-                global_step: timings.steps,
-                canvas: sampler.tokens(),
-                prompt_len: prompt.len(),
-                mask_id: self.special.mask,
-                elapsed_s: start.elapsed_s(),
-                rows: &rows,
-                predictions: &predictions,
-            });
+            let record = commit_predictions(
+                sampler,
+                timings,
+                start,
+                (prompt.len(), self.special.mask),
+                &positions,
+                &predictions,
+                on_step,
+            )?;
             records.push(record);
         }
         self.finish(prepared, records)
+    }
+
+    /// Commits one step's predictions of a request and reports the step.
+    fn commit_step(
+        &self,
+        p: &mut Prepared<'_>,
+        rows: &[u32],
+        predictions: &[(u32, f32)],
+        on_step: &mut dyn FnMut(&StepEvent<'_>),
+    ) -> Result<StepRecord, EngineError> {
+        commit_predictions(
+            &mut p.sampler,
+            &mut p.timings,
+            p.start,
+            (p.prompt.len(), self.special.mask),
+            rows,
+            predictions,
+            on_step,
+        )
     }
 
     /// What the sampler's request asks of the token choice at its current step.

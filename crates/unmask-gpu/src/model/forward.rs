@@ -57,16 +57,9 @@ pub struct ForwardState {
     pub seq_len: usize,
     pub ids: Tensor,
     pub positions: Tensor,
+    /// Arena row receiving each computed row's K/V.
+    pub kv_rows: Tensor,
     pub x: Tensor,
-    /// BiCache: the hidden rows of the deep layers (on a refresh, a sequence's boundary
-    /// state of the prefix rows followed by its other rows).
-    pub x_deep: Tensor,
-    /// Absolute positions of the rows of `x_deep`.
-    pub positions_deep: Tensor,
-    /// Arena rows of the rows of `x_deep`.
-    pub kv_deep: Tensor,
-    /// Arena rows of the computed rows in layers that read a shared prefix.
-    pub kv_shallow: Tensor,
     qkv: Tensor,
     attn: Tensor,
     act: Tensor,
@@ -92,26 +85,7 @@ pub struct LayerPass<'a> {
     pub seg_a: Option<(&'a [KvLayer], usize)>,
 }
 
-/// One sequence of a pass: its hidden rows, and the arena rows its keys and values are in
-/// (segment B). A single request is one window over every row; a batch keeps its
-/// sequences' rows and arenas one after the other.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SeqWindow {
-    pub rows: std::ops::Range<usize>,
-    pub kv_start: usize,
-    pub kv_len: usize,
-}
-
-impl SeqWindow {
-    /// All `rows` rows of a pass over the first `kv_len` arena rows.
-    pub fn single(rows: usize, kv_len: usize) -> [SeqWindow; 1] {
-        [SeqWindow {
-            rows: 0..rows,
-            kv_start: 0,
-            kv_len,
-        }]
-    }
-}
+pub use unmask_core::step_plan::SeqWindow;
 
 /// Buffers for the LM head and token choice over up to `capacity` sampled rows.
 pub struct SelectBuffers {
@@ -222,9 +196,9 @@ impl LladaModel {
     /// Bytes one `ForwardState` needs for `capacity` rows over `seq_len` positions.
     pub fn state_bytes(&self, capacity: usize, seq_len: usize) -> u64 {
         let c = &self.cfg;
-        // x, x_deep; qkv; attn; act; five u32 row indices.
+        // x; qkv; attn; act; three u32 row indices.
         let per_row =
-            2 * c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + c.mlp_hidden_size + 5;
+            c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + c.mlp_hidden_size + 3;
         let kv = 2 * c.n_layers * seq_len * c.n_kv_heads * c.head_dim();
         ((capacity * per_row + kv) * 4) as u64
     }
@@ -295,11 +269,8 @@ impl LladaModel {
             seq_len,
             ids: Tensor::zeros(ctx, DType::U32, &[cap], "ids")?,
             positions: Tensor::zeros(ctx, DType::U32, &[cap], "positions")?,
+            kv_rows: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows")?,
             x: f32t(&[cap, c.d_model], "x")?,
-            x_deep: f32t(&[cap, c.d_model], "x deep")?,
-            positions_deep: Tensor::zeros(ctx, DType::U32, &[cap], "positions deep")?,
-            kv_deep: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows deep")?,
-            kv_shallow: Tensor::zeros(ctx, DType::U32, &[cap], "kv rows shallow")?,
             qkv: f32t(&[cap, self.qkv_width()], "qkv")?,
             attn: f32t(&[cap, c.n_heads * c.head_dim()], "attn")?,
             act: f32t(&[cap, c.mlp_hidden_size], "act")?,

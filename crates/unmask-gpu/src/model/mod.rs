@@ -7,6 +7,7 @@ pub mod checkpoint {
     pub use unmask_core::checkpoint::*;
 }
 pub mod forward;
+pub mod plan;
 pub mod quant_checkpoint;
 pub mod stream;
 pub mod weights;
@@ -21,6 +22,7 @@ pub use checkpoint::{
 pub use forward::{
     ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, SeqWindow, TokenChoice,
 };
+pub use plan::{DeepRows, SharedPrefix};
 pub use quant_checkpoint::write_quantized;
 pub use stream::BodyStream;
 pub use weights::{

@@ -1,0 +1,447 @@
+//! The plan of one denoising step for a batch of N ≥ 1 sequences, whatever the cache mode
+//! (DESIGN.md §2–3): which rows the layers compute, where each row's K/V go in the arena,
+//! which arena rows each sequence attends to, which rows move into the deep layers, and
+//! which rows are sampled. `unmask_gpu` runs any plan (`LladaModel::encode_plan`); the cache
+//! modes differ only in the `SeqStep`s they hand it (`cache::plan_step`, `cache::bicache_step`).
+//!
+//! Layers `0..depth` are the shallow pass: every sequence's computed rows, attending to
+//! segment A (a shared prefix entry, when the step reads one) and to the sequence's own
+//! arena window. Layers `depth..n_layers` are the deep pass: the same rows after the prefix
+//! rows of the sequences that refresh (their boundary state from the entry). Without a
+//! shared prefix, or at depth `n_layers`, there is no deep pass.
+
+use std::ops::Range;
+
+/// One sequence of a pass: its rows among the pass's rows, and the arena rows its keys and
+/// values are in (segment B). A single request is one window over every row; a batch keeps
+/// its sequences' rows and arenas one after the other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqWindow {
+    pub rows: Range<usize>,
+    pub kv_start: usize,
+    pub kv_len: usize,
+}
+
+impl SeqWindow {
+    /// All `rows` rows of a pass over the first `kv_len` arena rows.
+    pub fn single(rows: usize, kv_len: usize) -> [SeqWindow; 1] {
+        [SeqWindow {
+            rows: 0..rows,
+            kv_start: 0,
+            kv_len,
+        }]
+    }
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqStep {
+    /// Positions computed in every layer this step (never positions of a shared prefix).
+    pub rows: Range<usize>,
+    /// Positions `0..prefix_len` are a shared prefix entry, segment A of the shallow layers
+    /// (0: the step reads no shared prefix).
+    pub prefix_len: usize,
+    /// The deep layers also recompute the prefix rows, from the entry's boundary state.
+    pub refresh: bool,
+    /// Positions of the sequence (prompt and canvas).
+    pub seq_len: usize,
+    /// The computed rows attend to positions `0..kv_len` (the prefix-only pass of
+    /// prefix-arm sees only the prefix; every other pass sees the whole sequence).
+    pub kv_len: usize,
+    /// First row of the sequence's arena in the batch's arena buffers.
+    pub kv_base: usize,
+    /// Positions whose token choice is read back, each inside `rows`.
+    pub predict: Vec<u32>,
+}
+
+/// A copy of hidden rows into the deep pass's input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowCopy {
+    /// The first `rows` rows of the entry's boundary state to deep row `dst`.
+    Boundary { dst: usize, rows: usize },
+    /// Rows `src..src + rows` of the shallow output to deep row `dst`.
+    Shallow { src: usize, dst: usize, rows: usize },
+}
+
+/// The rows of one pass: absolute position and arena row of each, and the sequences.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassRows {
+    pub positions: Vec<u32>,
+    pub kv_rows: Vec<u32>,
+    pub windows: Vec<SeqWindow>,
+}
+
+impl PassRows {
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+}
+
+/// Which pass's output the sampled rows index into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Shallow,
+    Deep,
+}
+
+/// The plan of one step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepPlan {
+    /// Layers `0..depth` run the shallow pass (reading segment A when there is a prefix);
+    /// `n_layers` without a shared prefix.
+    pub depth: usize,
+    pub n_layers: usize,
+    /// Whether the shallow layers read a shared prefix entry as segment A.
+    pub shared_prefix: bool,
+    pub shallow: PassRows,
+    pub copies: Vec<RowCopy>,
+    /// Empty when there is no deep pass (`output` is then `Shallow`).
+    pub deep: PassRows,
+    pub output: Output,
+    /// Per sequence, its sampled rows: (row of the output pass, position).
+    pub sampled: Vec<Vec<(u32, u32)>>,
+}
+
+/// A plan that cannot run: a predicted position the step does not compute, or a window
+/// past its sequence.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("step plan: {0}")]
+pub struct PlanError(pub String);
+
+impl StepPlan {
+    /// The plan of a step over `seqs` (their arenas one after the other from `kv_base`)
+    /// that reads no shared prefix: one pass over every layer.
+    pub fn alone(seqs: &[SeqStep], n_layers: usize) -> Result<Self, PlanError> {
+        Self::build(seqs, None, n_layers)
+    }
+
+    /// The plan of a step over `seqs` whose shallow layers `0..depth` read one shared prefix
+    /// entry (each sequence's `prefix_len` is its length); the deep layers get its rows from
+    /// the boundary state on refresh.
+    pub fn shared(seqs: &[SeqStep], depth: usize, n_layers: usize) -> Result<Self, PlanError> {
+        if depth > n_layers {
+            return Err(PlanError(format!(
+                "depth {depth} past the model's {n_layers} layers"
+            )));
+        }
+        Self::build(seqs, Some(depth), n_layers)
+    }
+
+    fn build(seqs: &[SeqStep], depth: Option<usize>, n_layers: usize) -> Result<Self, PlanError> {
+        let shared_prefix = depth.is_some();
+        let depth = depth.unwrap_or(n_layers);
+        let deep_pass = depth < n_layers;
+        let mut plan = StepPlan {
+            depth,
+            n_layers,
+            shared_prefix,
+            shallow: PassRows::default(),
+            copies: Vec::new(),
+            deep: PassRows::default(),
+            output: if deep_pass {
+                Output::Deep
+            } else {
+                Output::Shallow
+            },
+            sampled: Vec::with_capacity(seqs.len()),
+        };
+        for (i, s) in seqs.iter().enumerate() {
+            let p = if shared_prefix { s.prefix_len } else { 0 };
+            if s.rows.start < p || s.rows.end > s.seq_len || s.kv_len > s.seq_len {
+                return Err(PlanError(format!(
+                    "sequence {i}: rows {:?} and {} attended positions in a sequence of {} \
+                     positions after a shared prefix of {p}",
+                    s.rows, s.kv_len, s.seq_len
+                )));
+            }
+            if !shared_prefix && s.refresh {
+                return Err(PlanError(format!(
+                    "sequence {i} refreshes a shared prefix the step does not read"
+                )));
+            }
+            if let Some(bad) = s
+                .predict
+                .iter()
+                .find(|&&pos| !s.rows.contains(&(pos as usize)))
+            {
+                return Err(PlanError(format!(
+                    "sequence {i}: position {bad} must be predicted but the step computes \
+                     positions {:?}",
+                    s.rows
+                )));
+            }
+            let n = s.rows.len();
+            let src = plan.shallow.len();
+            // The shallow layers' arena holds no prefix rows: position pos sits at pos - p.
+            plan.shallow.windows.push(SeqWindow {
+                rows: src..src + n,
+                kv_start: s.kv_base,
+                kv_len: s.kv_len - p,
+            });
+            for pos in s.rows.clone() {
+                plan.shallow.positions.push(pos as u32);
+                plan.shallow.kv_rows.push((s.kv_base + pos - p) as u32);
+            }
+            if !deep_pass {
+                plan.sampled.push(
+                    s.predict
+                        .iter()
+                        .map(|&pos| ((src + pos as usize - s.rows.start) as u32, pos))
+                        .collect(),
+                );
+                continue;
+            }
+            let first = plan.deep.len();
+            let mut deep_rows: Vec<usize> = Vec::with_capacity(n + p);
+            if s.refresh {
+                plan.copies.push(RowCopy::Boundary {
+                    dst: first,
+                    rows: p,
+                });
+                deep_rows.extend(0..p);
+            }
+            let own = first + deep_rows.len();
+            plan.copies.push(RowCopy::Shallow {
+                src,
+                dst: own,
+                rows: n,
+            });
+            deep_rows.extend(s.rows.clone());
+            plan.deep.windows.push(SeqWindow {
+                rows: first..first + deep_rows.len(),
+                kv_start: s.kv_base,
+                kv_len: s.kv_len,
+            });
+            for pos in deep_rows {
+                plan.deep.positions.push(pos as u32);
+                plan.deep.kv_rows.push((s.kv_base + pos) as u32);
+            }
+            plan.sampled.push(
+                s.predict
+                    .iter()
+                    .map(|&pos| ((own + pos as usize - s.rows.start) as u32, pos))
+                    .collect(),
+            );
+        }
+        Ok(plan)
+    }
+
+    /// Rows × layers the step computes.
+    pub fn token_layer_passes(&self) -> usize {
+        self.shallow.len() * self.depth + self.deep.len() * (self.n_layers - self.depth)
+    }
+
+    /// Rows the step's state must hold: the larger pass.
+    pub fn rows(&self) -> usize {
+        self.shallow.len().max(self.deep.len())
+    }
+
+    /// The rows of the output pass that are sampled, in sequence order.
+    pub fn sampled_rows(&self) -> (Vec<u32>, Vec<u32>) {
+        self.sampled.iter().flatten().copied().unzip()
+    }
+}
+
+/// Splits requests of `lengths` positions, in order, into consecutive batches of at most
+/// `max_rows` positions in all (one state must fit the device); a request longer than that
+/// is a batch of its own (and reports the limit when it runs).
+pub fn split_by_rows(lengths: &[usize], max_rows: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (i, &len) in lengths.iter().enumerate() {
+        if i > start && rows + len > max_rows {
+            out.push(start..i);
+            (start, rows) = (i, 0);
+        }
+        rows += len;
+    }
+    if start < lengths.len() {
+        out.push(start..lengths.len());
+    }
+    out
+}
+
+/// The first row of a free window of `len` rows in an arena of `capacity` rows whose
+/// occupied windows are `(start, len)`, if there is one.
+pub fn first_fit(occupied: &mut [(usize, usize)], len: usize, capacity: usize) -> Option<usize> {
+    occupied.sort_unstable();
+    let mut free_from = 0;
+    for &(start, used) in occupied.iter() {
+        if start >= free_from + len {
+            break;
+        }
+        free_from = free_from.max(start + used);
+    }
+    (free_from + len <= capacity).then_some(free_from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(rows: Range<usize>, refresh: bool, kv_base: usize) -> SeqStep {
+        SeqStep {
+            predict: rows.clone().map(|p| p as u32).collect(),
+            rows,
+            refresh,
+            prefix_len: 6,
+            seq_len: 20,
+            kv_len: 20,
+            kv_base,
+        }
+    }
+
+    #[test]
+    fn one_sequence_keeps_its_own_rows() {
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 1, 2).unwrap();
+        assert_eq!(l.shallow.positions, (6..20).collect::<Vec<u32>>());
+        assert_eq!(l.shallow.kv_rows, (0..14).collect::<Vec<u32>>());
+        assert_eq!(l.deep.positions, (0..20).collect::<Vec<u32>>());
+        assert_eq!(l.deep.kv_rows, (0..20).collect::<Vec<u32>>());
+        assert_eq!(
+            l.copies,
+            vec![
+                RowCopy::Boundary { dst: 0, rows: 6 },
+                RowCopy::Shallow {
+                    src: 0,
+                    dst: 6,
+                    rows: 14
+                }
+            ]
+        );
+        assert_eq!(l.output, Output::Deep);
+        assert_eq!(l.sampled[0][0], (6, 6));
+        assert_eq!(l.sampled[0][13], (19, 19));
+        assert_eq!(l.token_layer_passes(), 14 + 20);
+    }
+
+    #[test]
+    fn sequences_get_disjoint_rows_and_arena_windows() {
+        // A refreshing sequence between two that compute one block each.
+        let seqs = [
+            seq(8..12, false, 0),
+            seq(6..20, true, 20),
+            seq(16..20, false, 40),
+        ];
+        let l = StepPlan::shared(&seqs, 1, 3).unwrap();
+        assert_eq!(l.shallow.len(), 4 + 14 + 4);
+        assert_eq!(l.deep.len(), 4 + 20 + 4);
+        for (i, s) in seqs.iter().enumerate() {
+            let (sh, dp) = (&l.shallow.windows[i], &l.deep.windows[i]);
+            // Shallow arena rows lie inside the sequence's window (no prefix rows there).
+            for r in sh.rows.clone() {
+                let kv = l.shallow.kv_rows[r] as usize;
+                assert!(kv >= s.kv_base && kv < s.kv_base + s.seq_len - s.prefix_len);
+                assert_eq!(
+                    kv - s.kv_base + s.prefix_len,
+                    l.shallow.positions[r] as usize
+                );
+            }
+            for r in dp.rows.clone() {
+                let kv = l.deep.kv_rows[r] as usize;
+                assert_eq!(kv, s.kv_base + l.deep.positions[r] as usize);
+                assert!(kv < s.kv_base + s.seq_len);
+            }
+            // Every sampled row of the output holds the position it claims.
+            for &(row, pos) in &l.sampled[i] {
+                assert_eq!(l.deep.positions[row as usize], pos);
+                assert!(dp.rows.contains(&(row as usize)));
+            }
+        }
+        // Windows tile the rows in order, without gaps or overlaps.
+        for w in [&l.shallow.windows, &l.deep.windows] {
+            for pair in w.windows(2) {
+                assert_eq!(pair[0].rows.end, pair[1].rows.start);
+            }
+        }
+        assert_eq!(l.deep.windows[1].rows, 4..24);
+        assert_eq!(l.copies.len(), 4);
+    }
+
+    #[test]
+    fn without_a_shared_prefix_one_pass_over_every_layer() {
+        // A fast-dllm-dual cached step: block 8..12 of a 20-position sequence, all of it
+        // attended to; the prefix length is ignored without a shared prefix.
+        let s = SeqStep {
+            rows: 8..12,
+            predict: vec![9, 11],
+            ..seq(8..12, false, 0)
+        };
+        let l = StepPlan::alone(&[s], 4).unwrap();
+        assert!(!l.shared_prefix && l.deep.is_empty() && l.copies.is_empty());
+        assert_eq!(l.output, Output::Shallow);
+        assert_eq!(l.shallow.positions, vec![8, 9, 10, 11]);
+        assert_eq!(l.shallow.kv_rows, vec![8, 9, 10, 11]);
+        assert_eq!(l.shallow.windows, SeqWindow::single(4, 20).to_vec());
+        assert_eq!(l.sampled, vec![vec![(1, 9), (3, 11)]]);
+        assert_eq!(l.token_layer_passes(), 16);
+        // Prefix-arm's prefix-only pass sees only the prefix.
+        let warm = SeqStep {
+            rows: 0..6,
+            kv_len: 6,
+            predict: vec![],
+            ..seq(0..6, false, 0)
+        };
+        let l = StepPlan::alone(&[warm], 4).unwrap();
+        assert_eq!(l.shallow.windows[0].kv_len, 6);
+    }
+
+    #[test]
+    fn a_prefix_read_by_every_layer_needs_no_deep_pass() {
+        // Depth b = n_layers: every layer reads the entry; nothing is recomputed.
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 3, 3).unwrap();
+        assert!(l.shared_prefix && l.deep.is_empty() && l.copies.is_empty());
+        assert_eq!(l.output, Output::Shallow);
+        assert_eq!(l.shallow.kv_rows, (0..14).collect::<Vec<u32>>());
+        assert_eq!(l.shallow.windows[0].kv_len, 14);
+        assert_eq!(l.sampled[0][0], (0, 6));
+        assert!(StepPlan::shared(&[seq(6..20, true, 0)], 4, 3).is_err());
+        // Depth 0: the shallow pass is the embedding alone; every layer is deep.
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 0, 3).unwrap();
+        assert_eq!(l.deep.len(), 20);
+        assert_eq!(l.token_layer_passes(), 20 * 3);
+    }
+
+    #[test]
+    fn impossible_plans_are_errors() {
+        let outside = SeqStep {
+            predict: vec![3],
+            ..seq(6..20, false, 0)
+        };
+        let e = StepPlan::shared(&[outside], 1, 2).unwrap_err();
+        assert!(e.0.contains("position 3"), "{e}");
+        let into_prefix = seq(2..20, false, 0);
+        assert!(StepPlan::shared(&[into_prefix], 1, 2).is_err());
+        let past_end = seq(6..21, false, 0);
+        assert!(StepPlan::alone(&[past_end], 2).is_err());
+        let refresh_alone = seq(6..20, true, 0);
+        assert!(StepPlan::alone(&[refresh_alone], 2).is_err());
+    }
+
+    #[test]
+    fn first_fit_finds_the_lowest_free_window() {
+        assert_eq!(first_fit(&mut [], 10, 10), Some(0));
+        assert_eq!(first_fit(&mut [], 11, 10), None);
+        assert_eq!(first_fit(&mut [(0, 4), (10, 5)], 6, 20), Some(4));
+        assert_eq!(first_fit(&mut [(10, 5), (0, 4)], 7, 20), None);
+        assert_eq!(first_fit(&mut [(10, 5), (0, 4)], 5, 20), Some(4));
+        assert_eq!(first_fit(&mut [(0, 4), (4, 6)], 10, 20), Some(10));
+        assert_eq!(first_fit(&mut [(3, 4)], 3, 20), Some(0));
+    }
+
+    #[test]
+    fn batches_are_split_to_fit_one_state() {
+        assert_eq!(split_by_rows(&[10, 10, 10], 30), vec![0..3]);
+        assert_eq!(split_by_rows(&[10, 10, 10], 25), vec![0..2, 2..3]);
+        assert_eq!(split_by_rows(&[40, 10, 10], 25), vec![0..1, 1..3]);
+        assert_eq!(split_by_rows(&[10, 40, 10], 25), vec![0..1, 1..2, 2..3]);
+        assert_eq!(split_by_rows(&[], 25), Vec::<Range<usize>>::new());
+        let parts = split_by_rows(&[7; 20], 30);
+        assert!(parts.iter().all(|r| r.len() == 4 || r.end == 20));
+        assert_eq!(parts.iter().map(|r| r.len()).sum::<usize>(), 20);
+    }
+}
