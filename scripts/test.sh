@@ -13,6 +13,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== tests (native)"
 cargo test --workspace --quiet
 
+echo "== kernel tests again over kernels built without runtime bounds checks (--unchecked-shaders)"
+UNMASK_SHADER_CHECKS=off cargo test --test all --quiet -- kernels_ model_parity generate_goldens
+
 # target/debug/unmask was built by the tests above (unmask-cli's integration tests run it)
 echo "== parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask

@@ -125,6 +125,9 @@ pub struct EngineOptions {
     /// hold; work that would pass it is refused with an error before it is allocated.
     /// `None`: as much as the device gives.
     pub gpu_memory: Option<u64>,
+    /// Keep wgpu's runtime bounds checks in the kernels (the default). Natively they may be
+    /// turned off (`ContextOptions::runtime_checks`); a browser always checks.
+    pub shader_checks: bool,
 }
 
 impl EngineOptions {
@@ -153,6 +156,7 @@ impl Default for EngineOptions {
                 max_bytes: 1 << 30,
             },
             gpu_memory: None,
+            shader_checks: true,
         }
     }
 }
@@ -456,6 +460,7 @@ impl Engine {
         let ctx = GpuContext::new(&ContextOptions {
             backends,
             memory_budget: options.gpu_memory,
+            runtime_checks: options.shader_checks,
             ..ContextOptions::default()
         })?;
         Self::load_on(ctx, dir, options, progress).map(|mut e| {

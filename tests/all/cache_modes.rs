@@ -214,3 +214,98 @@ fn prefix_longer_than_prompt_is_an_error() {
     let err = engine.generate(&req).unwrap_err().to_string();
     assert!(err.contains("1000"), "{err}");
 }
+
+/// BiCache at depth 0 refreshing every step: no layer reads the shared entry's K/V, and
+/// every step the deep layers (all of them) recompute the prefix rows from the boundary
+/// state (the embedding) with the rest. That is the `none` computation through BiCache's
+/// own path (entry, boundary copy, deep rows, arena offsets, sampled rows), so tokens and
+/// commits must be exactly `none`'s, for both BiCache modes.
+#[test]
+fn bicache_refreshing_every_step_from_depth_0_equals_none() {
+    let engine = engine();
+    // One block, so refreshes follow `refresh_every`.
+    let p = params(16, 8, 16);
+    let none = engine
+        .generate(&Request::ids(prompt()).with_params(p.clone()))
+        .unwrap();
+    for mode in [CacheMode::Bicache, CacheMode::BicacheDual] {
+        let request = Request {
+            prefix_len: Some(5),
+            depth: Some(0),
+            refresh_every: 1,
+            ..Request::ids(prompt())
+                .with_params(p.clone())
+                .with_cache(mode)
+        };
+        let out = engine.generate(&request).unwrap();
+        let report = out.bicache.as_ref().expect("a BiCache report");
+        assert!(report.fallback.is_none(), "{mode}: {report:?}");
+        assert_eq!(report.depth, 0);
+        assert_eq!(out.ids, none.ids, "{mode}");
+        assert_eq!(out.steps, none.steps, "{mode}");
+        // Every step computes every row in every layer, like `none`; a miss also builds
+        // the entry (a prefix-only pass).
+        let entry = if report.hit {
+            0
+        } else {
+            5 * engine.config().n_layers
+        };
+        assert_eq!(
+            out.timings.token_layer_passes,
+            none.timings.token_layer_passes + entry,
+            "{mode}"
+        );
+    }
+    eprintln!("[cache] BiCache at depth 0, refresh every step: both modes equal none");
+}
+
+/// A shared prefix of no tokens is never read: prefix-arm then runs no prefix pass and
+/// computes every row every step, exactly as `none`.
+#[test]
+fn a_prefix_of_no_tokens_changes_nothing() {
+    let engine = engine();
+    let p = params(16, 8, 8);
+    let none = engine
+        .generate(&Request::ids(prompt()).with_params(p.clone()))
+        .unwrap();
+    let request = Request {
+        prefix_len: Some(0),
+        ..Request::ids(prompt())
+            .with_params(p)
+            .with_cache(CacheMode::PrefixArm)
+    };
+    let out = engine.generate(&request).unwrap();
+    assert_eq!(out.ids, none.ids);
+    assert_eq!(out.steps, none.steps);
+    assert_eq!(out.timings.forward_passes, none.timings.forward_passes);
+}
+
+/// BiCache at depth n_layers reads the entry's prefix K/V (from a prefix-only pass) in every
+/// layer and never recomputes the prefix: prefix-arm's computation, with the prefix's K/V as
+/// segment A of the attention instead of the first rows of the arena. The sums over keys
+/// then split at the prefix boundary, so scores may differ in the last bits; on this
+/// fixture the tokens and commits are the same.
+#[test]
+fn bicache_reading_the_entry_in_every_layer_equals_prefix_arm() {
+    let engine = engine();
+    let n_layers = engine.config().n_layers;
+    let p = params(16, 8, 16);
+    let arm = Request {
+        prefix_len: Some(5),
+        ..Request::ids(prompt())
+            .with_params(p.clone())
+            .with_cache(CacheMode::PrefixArm)
+    };
+    let arm = engine.generate(&arm).unwrap();
+    let bicache = Request {
+        prefix_len: Some(5),
+        depth: Some(n_layers),
+        ..Request::ids(prompt())
+            .with_params(p)
+            .with_cache(CacheMode::Bicache)
+    };
+    let out = engine.generate(&bicache).unwrap();
+    assert!(out.bicache.as_ref().is_some_and(|b| b.fallback.is_none()));
+    assert_eq!(out.ids, arm.ids);
+    assert_eq!(out.steps, arm.steps);
+}

@@ -107,11 +107,24 @@ pub const GPU_MEMORY: Flag = Flag::value(
      6G; work past it is refused with an error (default: what the device gives)",
 );
 
+pub const UNCHECKED_SHADERS: Flag = Flag::switch(
+    "unchecked-shaders",
+    "compile the kernels without wgpu's runtime bounds checks (native only; their indices \
+     are clamped by construction and checked by the host; off by default)",
+);
+
 /// The flags that end the lists of the generating commands (generate, chat, eval): BiCache's,
 /// the engine's (adapter and weight formats), and `--json` with the command's own help.
 pub fn generation_run_flags(json_help: &'static str) -> Vec<Flag> {
     let mut flags = bicache_flags();
-    flags.extend([BACKEND, DTYPE, WEIGHTS, EMBED_WEIGHTS, GPU_MEMORY]);
+    flags.extend([
+        BACKEND,
+        DTYPE,
+        WEIGHTS,
+        EMBED_WEIGHTS,
+        GPU_MEMORY,
+        UNCHECKED_SHADERS,
+    ]);
     flags.push(Flag::switch("json", json_help));
     flags
 }
@@ -498,6 +511,7 @@ pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
         embed_format,
         cache_budget,
         gpu_memory,
+        shader_checks: !m.switch("unchecked-shaders"),
     })
 }
 

@@ -255,10 +255,13 @@ impl<'t> StepReport<'t> {
             self.host.submits
         ));
         out.push_str(&format!(
-            "  created for this step: {} buffers, {} bind groups, {} read-back buffers\n",
+            "  created for this step: {} buffers, {} bind groups, {} read-back buffers{}\n",
             self.host.buffers_created,
             self.host.bind_groups_created,
-            self.host.staging_buffers_created
+            self.host.staging_buffers_created,
+            t.encode_ms
+                .map(|ms| format!("; host recorded and submitted it in {ms:.3} ms"))
+                .unwrap_or_default()
         ));
         out.push_str(&format!(
             "  request: {} submits for {} steps, {:.1} canvas tokens/s (adapter {})\n",
@@ -329,6 +332,7 @@ impl<'t> StepReport<'t> {
             "dispatches_per_layer": t.per_layer(n_layers),
             "dispatch_count": t.dispatches.len(),
             "copies": t.copies,
+            "encode_ms": t.encode_ms,
             "host": {
                 "submits": self.host.submits,
                 "bind_groups_created": self.host.bind_groups_created,

@@ -8,13 +8,30 @@ use std::sync::{Arc, OnceLock};
 use unmask_core::rng::SplitMix64;
 use unmask_gpu::{ContextOptions, GpuContext};
 
+/// Whether kernels keep wgpu's runtime bounds checks: `UNMASK_SHADER_CHECKS=off` runs the
+/// tests over kernels compiled without them (scripts/test.sh runs the kernel tests both ways).
+pub fn shader_checks() -> bool {
+    std::env::var("UNMASK_SHADER_CHECKS").map_or(true, |v| v != "off")
+}
+
+fn options() -> ContextOptions {
+    ContextOptions {
+        runtime_checks: shader_checks(),
+        ..ContextOptions::default()
+    }
+}
+
 /// The test binary's GPU context; prints which adapter and precision paths are in use.
 pub fn ctx() -> Arc<GpuContext> {
     static CTX: OnceLock<Arc<GpuContext>> = OnceLock::new();
     CTX.get_or_init(|| {
-        let ctx = GpuContext::new(&ContextOptions::default())
+        let ctx = GpuContext::new(&options())
             .unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe in CI): {e}"));
-        eprintln!("[gpu] {}", ctx.describe());
+        eprintln!(
+            "[gpu] {} runtime_checks={}",
+            ctx.describe(),
+            ctx.runtime_checks
+        );
         ctx
     })
     .clone()
@@ -24,7 +41,7 @@ pub fn ctx() -> Arc<GpuContext> {
 pub fn ctx_with_binding_limit(bytes: u64) -> Arc<GpuContext> {
     GpuContext::new(&ContextOptions {
         max_binding_bytes: Some(bytes),
-        ..ContextOptions::default()
+        ..options()
     })
     .expect("GPU adapter")
 }

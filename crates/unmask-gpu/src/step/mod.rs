@@ -245,6 +245,8 @@ impl<'a> StepEncoder<'a> {
                 }
             })
             .collect();
+        #[cfg(not(target_arch = "wasm32"))]
+        let started = std::time::Instant::now();
         let times = if timed && ctx.has_timestamps() {
             self.submit_timestamped(params, &staged)?
         } else if timed {
@@ -253,18 +255,27 @@ impl<'a> StepEncoder<'a> {
             self.submit_once(params, &staged)?;
             None
         };
+        #[cfg(not(target_arch = "wasm32"))]
+        let encode_ms = (!timed).then(|| started.elapsed().as_secs_f64() * 1e3);
+        #[cfg(target_arch = "wasm32")]
+        let encode_ms = None;
         if let Some(options) = trace {
             let clock = match (options.timing, ctx.has_timestamps()) {
                 (false, _) => TraceClock::None,
                 (true, true) => TraceClock::GpuTimestamps,
                 (true, false) => TraceClock::CpuWallClock,
             };
-            ctx.push_trace(self.trace(clock, times));
+            ctx.push_trace(self.trace(clock, times, encode_ms));
         }
         Ok(Submitted { ctx, staged })
     }
 
-    fn trace(&self, clock: TraceClock, times: Option<Vec<f64>>) -> StepTrace {
+    fn trace(
+        &self,
+        clock: TraceClock,
+        times: Option<Vec<f64>>,
+        encode_ms: Option<f64>,
+    ) -> StepTrace {
         let mut dispatches = Vec::new();
         let mut copies = self.readbacks.len();
         for c in &self.commands {
@@ -291,6 +302,7 @@ impl<'a> StepEncoder<'a> {
             clock,
             dispatches,
             copies,
+            encode_ms,
             host: self.ctx.host.snapshot(),
         }
     }

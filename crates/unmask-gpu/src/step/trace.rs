@@ -47,6 +47,9 @@ pub struct StepTrace {
     pub dispatches: Vec<TracedDispatch>,
     /// Buffer-to-buffer copies recorded in the step (read-back copies included).
     pub copies: usize,
+    /// Host milliseconds spent in `submit` recording and submitting the step (bind group
+    /// lookups, encoding, queue submit), untimed runs only; `None` in a browser.
+    pub encode_ms: Option<f64>,
     /// The context's host counters right after this step was submitted: the difference
     /// from the previous step's is what the host did for this one (submits, bind groups
     /// and buffers created).
