@@ -155,7 +155,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let engine = Engine::load(&args.model, &EngineOptions::default())?;
     let n_layers = engine.config().n_layers;
-    let depth = match (args.depth, &engine.depth_table) {
+    let depth = match (args.depth, engine.depth_table()) {
         (Some(d), _) => Some(d),
         (None, Some(_)) => None,
         (None, None) => Some((n_layers / 2).max(1)),
@@ -163,7 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!(
         "{} on {}: {} layers; BiCache depth {}",
         args.model,
-        engine.ctx.info.name,
+        engine.ctx().info.name,
         n_layers,
         match depth {
             Some(d) => d.to_string(),

@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{} tokens in {:.2} s on {}",
         out.ids.len(),
         out.timings.total_s,
-        engine.ctx.info.name
+        engine.ctx().info.name
     );
     Ok(())
 }

@@ -15,10 +15,9 @@ use unmask_gpu::StepEncoder;
 use unmask_gpu::model::{DeepRows, ForwardState, LladaModel, SelectBuffers, SharedPrefix};
 use unmask_gpu::ops::sampling::SelectParams;
 
-use crate::{
-    BicacheReport, Engine, EngineError, Generation, PrefixRun, Prepared, Request, StepEvent,
-    all_ran,
-};
+use crate::prefix::PrefixRun;
+use crate::run::{Prepared, all_ran};
+use crate::{BicacheReport, Engine, EngineError, Generation, Request, StepEvent};
 
 /// The GPU state of a batch: activations and arenas for all its rows, and the rows of the
 /// deep layers (a batch always shares a prefix).

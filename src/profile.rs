@@ -142,7 +142,7 @@ pub async fn profile_async(
             found: opts.tau.to_string(),
         });
     }
-    let max_len = engine.model.cfg.max_sequence_length;
+    let max_len = engine.model().cfg.max_sequence_length;
     // Split every item first, so buffers are sized once for the longest.
     let mut splits = Vec::with_capacity(items.len());
     let mut skipped = Vec::new();
@@ -193,15 +193,15 @@ pub async fn profile_async(
         .map(|(_, p, r)| p.len() + r.len() + opts.gen_length)
         .max()
         .unwrap_or(1);
-    let alone = engine.model.new_state(max_prefix, max_prefix)?;
-    let joint = engine.model.new_state(max_total, max_total)?;
-    let n_layers = engine.model.cfg.n_layers;
+    let alone = engine.model().new_state(max_prefix, max_prefix)?;
+    let joint = engine.model().new_state(max_total, max_total)?;
+    let n_layers = engine.model().cfg.n_layers;
     // Per ratio: (samples, sum of s_l per layer).
     let mut buckets: std::collections::BTreeMap<u32, (usize, Vec<f64>)> = Default::default();
     for (index, prefix, rest) in splits {
         let mut ids = prefix.clone();
         ids.extend_from_slice(&rest);
-        ids.extend(std::iter::repeat_n(engine.special.mask, opts.gen_length));
+        ids.extend(std::iter::repeat_n(engine.special().mask, opts.gen_length));
         forward(engine, &alone, &prefix)?;
         forward(engine, &joint, &ids)?;
         let similarity = layer_similarity(engine, &alone, &joint, prefix.len()).await?;
@@ -239,10 +239,10 @@ pub async fn profile_async(
     };
     let model_id = opts.model_id.clone().unwrap_or_else(|| {
         engine
-            .dir
+            .dir()
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| engine.dir.display().to_string())
+            .unwrap_or_else(|| engine.dir().display().to_string())
     });
     let table = DepthTable {
         model_id,
@@ -278,10 +278,10 @@ fn split_item(engine: &Engine, item: &ProfileItem) -> Result<(Vec<u32>, Vec<u32>
 /// arena.
 fn forward(engine: &Engine, st: &ForwardState, ids: &[u32]) -> Result<(), EngineError> {
     let positions: Vec<u32> = (0..ids.len() as u32).collect();
-    engine.model.write_rows(st, ids, &positions)?;
-    let mut step = StepEncoder::new(&engine.ctx, "profile pass");
+    engine.model().write_rows(st, ids, &positions)?;
+    let mut step = StepEncoder::new(engine.ctx(), "profile pass");
     engine
-        .model
+        .model()
         .encode_layers(&mut step, st, ids.len(), ids.len(), None, 0)?;
     step.submit()?;
     Ok(())
@@ -295,11 +295,11 @@ async fn layer_similarity(
     joint: &ForwardState,
     p: usize,
 ) -> Result<Vec<f64>, EngineError> {
-    let c = &engine.model.cfg;
+    let c = &engine.model().cfg;
     let width = c.n_kv_heads * c.head_dim();
     let bytes = (p * width * 4) as u64;
     let read = async |t: &unmask_gpu::Tensor| -> Result<Vec<f32>, EngineError> {
-        let raw = engine.ctx.read_bytes_async(&t.buffer, 0, bytes).await?;
+        let raw = engine.ctx().read_bytes_async(&t.buffer, 0, bytes).await?;
         Ok(raw
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

@@ -147,14 +147,14 @@ fn shared_entry_equals_a_fresh_prefix_pass_and_is_never_written() {
         e.kv.iter()
             .map(|l| {
                 (
-                    l.k.read_f32(&engine.ctx).unwrap(),
-                    l.v.read_f32(&engine.ctx).unwrap(),
+                    l.k.read_f32(engine.ctx()).unwrap(),
+                    l.v.read_f32(engine.ctx()).unwrap(),
                 )
             })
             .collect()
     };
     let before = read(&entry);
-    let (fresh_kv, fresh_boundary) = fresh_prefix_pass(&engine.model, &prefix(), depth);
+    let (fresh_kv, fresh_boundary) = fresh_prefix_pass(engine.model(), &prefix(), depth);
     for (l, ((k, v), (fk, fv))) in before.iter().zip(&fresh_kv).enumerate() {
         assert_eq!(
             k, fk,
@@ -166,7 +166,7 @@ fn shared_entry_equals_a_fresh_prefix_pass_and_is_never_written() {
         );
     }
     let boundary = entry
-        .read_boundary(&engine.model, depth)
+        .read_boundary(engine.model(), depth)
         .unwrap()
         .expect("boundary of the depth in use");
     assert_eq!(
@@ -198,9 +198,9 @@ fn shared_entry_equals_a_fresh_prefix_pass_and_is_never_written() {
         before,
         "requests must never write the shared entry"
     );
-    let (_, fresh_b2) = fresh_prefix_pass(&engine.model, &prefix(), 2);
+    let (_, fresh_b2) = fresh_prefix_pass(engine.model(), &prefix(), 2);
     assert_eq!(
-        entry.read_boundary(&engine.model, 2).unwrap().unwrap(),
+        entry.read_boundary(engine.model(), 2).unwrap().unwrap(),
         fresh_b2,
         "boundary at depth 2"
     );
@@ -312,7 +312,7 @@ fn at_depth(req: &Request, depth: usize) -> Request {
 fn a_batch_equals_each_request_alone_at_the_smallest_depth() {
     // One matmul kernel whatever the row count, so batched rows round exactly as alone.
     let mut engine = engine();
-    engine.model.matmul_kernel = MatmulKernel::Tiled;
+    engine.set_matmul_kernel(MatmulKernel::Tiled);
     // One block refreshing every 4 steps, four dual blocks, and a shorter request that
     // finishes first and leaves the batch while the others go on.
     let requests = [
@@ -435,7 +435,7 @@ fn a_batch_over_the_budget_runs_each_request_uncached() {
 #[test]
 fn a_session_admits_requests_while_others_run() {
     let mut engine = engine();
-    engine.model.matmul_kernel = MatmulKernel::Tiled;
+    engine.set_matmul_kernel(MatmulKernel::Tiled);
     let p = prefix().len();
     let short = |q| bicache_request(q, CacheMode::BicacheDual, 1, 4, params(8, 4, 4));
     let long = bicache_request(1, CacheMode::Bicache, 2, 4, params(16, 8, 16));
@@ -510,7 +510,7 @@ fn a_session_refuses_what_it_cannot_run() {
 #[test]
 fn serving_continuously_equals_each_request_alone() {
     let mut engine = engine();
-    engine.model.matmul_kernel = MatmulKernel::Tiled;
+    engine.set_matmul_kernel(MatmulKernel::Tiled);
     let mut other = bicache_request(3, CacheMode::BicacheDual, 2, 4, params(8, 4, 4));
     other.prompt = unmask::Prompt::Ids(other_prompt(3));
     let requests = [
@@ -646,9 +646,9 @@ fn random_request_sequences_keep_the_prefix_store_true() {
         ),
     ] {
         let mut engine = engine_with(budget);
-        engine.model.matmul_kernel = MatmulKernel::Tiled;
+        engine.set_matmul_kernel(MatmulKernel::Tiled);
         let mut cold = engine_with(budget);
-        cold.model.matmul_kernel = MatmulKernel::Tiled;
+        cold.set_matmul_kernel(MatmulKernel::Tiled);
         assert_eq!(engine.config().n_layers, n_layers);
         let mut rng = SplitMix64(seed);
         let mut check = |req: &Request, got: &unmask::Generation| {

@@ -181,7 +181,7 @@ fn token_layer_passes_follow_each_modes_formula() {
             (s * t * layers) as f64 / out.timings.token_layer_passes as f64
         );
         assert!(
-            !out.ids.contains(&engine.special.mask),
+            !out.ids.contains(&engine.special().mask),
             "{mode}: the canvas is complete"
         );
     }
@@ -191,7 +191,7 @@ fn token_layer_passes_follow_each_modes_formula() {
 fn cached_modes_refuse_masks_in_the_prompt() {
     let engine = engine();
     let mut p = prompt();
-    p[8] = engine.special.mask;
+    p[8] = engine.special().mask;
     let req = Request::ids(p.clone())
         .with_params(params(8, 8, 8))
         .with_cache(CacheMode::FastDllmDual);

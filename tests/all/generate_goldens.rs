@@ -89,11 +89,11 @@ fn random_remasking_matches_with_the_reference_numbers() {
         })
         .collect();
     let p = params(&case);
-    let model = &engine.model;
+    let model = engine.model();
     let mut sampler = Sampler::new(
         &prompt,
         p.clone(),
-        engine.special.mask,
+        engine.special().mask,
         model.cfg.max_sequence_length,
     )
     .unwrap();
@@ -106,7 +106,7 @@ fn random_remasking_matches_with_the_reference_numbers() {
         let rows = sampler.rows_to_predict();
         model.write_rows(&st, sampler.tokens(), &positions).unwrap();
         model.write_select(&sel, &rows, &rows).unwrap();
-        let mut step = StepEncoder::new(&engine.ctx, "golden step");
+        let mut step = StepEncoder::new(engine.ctx(), "golden step");
         model.encode_layers(&mut step, &st, t, t, None, 0).unwrap();
         let params = SelectParams {
             temperature: 0.0,
@@ -202,7 +202,7 @@ fn generation_matches_goldens_with_chunked_vocabulary() {
         ..EngineOptions::default()
     };
     let engine = Engine::load_on(ctx, &fixture_dir(), &options, &mut |_| {}).unwrap();
-    assert!(engine.model.weights.lm_head.chunks.len() > 1);
+    assert!(engine.model().weights.lm_head.chunks.len() > 1);
     for case in common::golden_cases()
         .into_iter()
         .filter(|c| c["params"]["remasking"] != "random")

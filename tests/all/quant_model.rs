@@ -86,8 +86,11 @@ fn quantized_model_matches_f32_model_of_dequantized_weights() {
         (WeightFormat::Q8, QuantFormat::Q8),
         (WeightFormat::Q4, QuantFormat::Q4),
     ] {
-        let want = dequantized_engine(q, "logits").model.logits(&ids).unwrap();
-        let got = engine(format).model.logits(&ids).unwrap();
+        let want = dequantized_engine(q, "logits")
+            .model()
+            .logits(&ids)
+            .unwrap();
+        let got = engine(format).model().logits(&ids).unwrap();
         assert_close(
             &format!(
                 "tiny model {} logits vs f32 on dequantized weights",
@@ -122,14 +125,14 @@ fn quantized_logits_stay_close_to_f16() {
     let ids = prompt();
     let reference = engine(WeightFormat::F16Packed);
     let vocab = reference.config().embedding_size;
-    let f16 = reference.model.logits(&ids).unwrap();
+    let f16 = reference.model().logits(&ids).unwrap();
     let mean = f16.iter().map(|v| v.abs()).sum::<f32>() / f16.len() as f32;
     // Bounds about twice the measured differences. The tiny model's random weights make it
     // sensitive: q8 embedding and head alone move the median logit by ~2 %.
     for (format, max_bound, median_bound) in
         [(WeightFormat::Q8, 1.5, 0.25), (WeightFormat::Q4, 12.0, 3.0)]
     {
-        let q = engine(format).model.logits(&ids).unwrap();
+        let q = engine(format).model().logits(&ids).unwrap();
         let (max, median, agree) = compare(&q, &f16, vocab);
         eprintln!(
             "[check] tiny model {} logits vs f16: max abs diff {max:.4} (bound {max_bound}), median {median:.4} (bound {median_bound}), mean |logit| {mean:.2}, argmax equal in {agree} of {} rows",
@@ -155,12 +158,12 @@ fn q8_model_generates() {
     let request = Request::ids(prompt()).with_params(params);
     let q8_engine = engine(WeightFormat::Q8);
     assert_eq!(
-        q8_engine.model.weights.formats(),
+        q8_engine.model().weights.formats(),
         WeightFormats::uniform(WeightFormat::Q8)
     );
     let q8 = q8_engine.generate(&request).unwrap();
     assert_eq!(q8.ids.len(), 32);
-    assert!(!q8.ids.contains(&q8_engine.special.mask));
+    assert!(!q8.ids.contains(&q8_engine.special().mask));
     // Same tokens as the f32 model on the dequantized weights; f16's differ only through
     // the quantization (a random model's confidences are close, so many flip).
     let reference = dequantized_engine(QuantFormat::Q8, "generate")

@@ -50,9 +50,9 @@ fn request(cache: CacheMode) -> Request {
 /// fills the prefix store).
 fn trace(engine: &Engine, cache: CacheMode) -> Vec<StepTrace> {
     engine.generate(&request(cache)).expect("warm-up run");
-    engine.ctx.start_trace(TraceOptions { timing: false });
+    engine.ctx().start_trace(TraceOptions { timing: false });
     let g = engine.generate(&request(cache));
-    let traces = engine.ctx.finish_trace();
+    let traces = engine.ctx().finish_trace();
     let g = g.expect("traced run");
     if cache.is_bicache() {
         let b = g.bicache.expect("BiCache report");
@@ -219,13 +219,13 @@ fn a_steady_state_step_is_one_submit_and_creates_nothing() {
 fn dropped_buffers_leave_the_bind_group_cache() {
     let engine = private_engine();
     engine.generate(&request(CacheMode::None)).unwrap();
-    let after_one = engine.ctx.cached_bind_groups();
+    let after_one = engine.ctx().cached_bind_groups();
     for _ in 0..3 {
         engine.generate(&request(CacheMode::None)).unwrap();
     }
     // Each request's state is new buffers; the groups of the last request's are purged at
     // the next submit, so the cache does not grow with the number of requests.
-    let after_four = engine.ctx.cached_bind_groups();
+    let after_four = engine.ctx().cached_bind_groups();
     assert!(
         after_four <= after_one + after_one / 2,
         "bind groups grew from {after_one} to {after_four} over three more requests"
@@ -236,11 +236,11 @@ fn dropped_buffers_leave_the_bind_group_cache() {
 fn timed_traces_say_which_clock_and_keep_the_answer() {
     let engine = private_engine();
     let want = engine.generate(&request(CacheMode::FastDllmDual)).unwrap();
-    engine.ctx.start_trace(TraceOptions { timing: true });
+    engine.ctx().start_trace(TraceOptions { timing: true });
     let got = engine.generate(&request(CacheMode::FastDllmDual));
-    let traces = engine.ctx.finish_trace();
+    let traces = engine.ctx().finish_trace();
     assert_eq!(got.unwrap().ids, want.ids, "timing changed the tokens");
-    let clock = if engine.ctx.has_timestamps() {
+    let clock = if engine.ctx().has_timestamps() {
         unmask_gpu::TraceClock::GpuTimestamps
     } else {
         unmask_gpu::TraceClock::CpuWallClock

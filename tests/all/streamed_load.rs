@@ -232,7 +232,7 @@ fn a_gpu_memory_budget_refuses_work_by_name_and_the_engine_stays_usable() {
         )
     };
     let free = with_budget(None).unwrap();
-    let loaded = free.ctx.memory.live_bytes();
+    let loaded = free.ctx().memory.live_bytes();
     let small = |engine: &Engine| {
         engine.generate(
             &Request::ids(vec![300, 40, 41, 42]).with_params(GenerationParams {
@@ -244,7 +244,7 @@ fn a_gpu_memory_budget_refuses_work_by_name_and_the_engine_stays_usable() {
         )
     };
     let want = small(&free).unwrap().ids;
-    let small_state = free.model.state_bytes(12, 12);
+    let small_state = free.model().state_bytes(12, 12);
     drop(free);
 
     // Below what the weights need: the load fails naming a buffer.

@@ -147,14 +147,15 @@ fn scaled_checkpoint_loads_and_runs_without_a_tokenizer() {
         ..EngineOptions::default()
     };
     let engine = Engine::load_on(common::ctx(), &out, &options, &mut |_| {}).expect("loads");
-    assert!(engine.tokenizer.is_none());
+    assert!(engine.tokenizer().is_none());
     assert_eq!(engine.config().parameter_count(), formula_params(c));
     assert_eq!(
-        engine.special.bos, 297,
+        engine.special().bos,
+        297,
         "no BOS anywhere: the EOS id stands in"
     );
     let ids = [1u32, 5, 299, 299, 42];
-    let logits = engine.model.logits(&ids).expect("forward");
+    let logits = engine.model().logits(&ids).expect("forward");
     assert_eq!(logits.len(), ids.len() * 304);
     assert!(logits.iter().all(|v| v.is_finite()));
     let spread = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -176,7 +177,7 @@ fn scaled_checkpoint_loads_and_runs_without_a_tokenizer() {
     assert_eq!(one.shards.len(), 1);
     assert!(single.join("model.safetensors").is_file());
     let engine = Engine::load_on(common::ctx(), &single, &options, &mut |_| {}).unwrap();
-    assert_eq!(engine.model.logits(&ids).unwrap(), logits);
+    assert_eq!(engine.model().logits(&ids).unwrap(), logits);
 }
 
 #[test]

@@ -127,6 +127,8 @@ fn kernel_record(
         f.insert("record".into(), json!("kernel"));
         f.insert("ms".into(), json!(round3(sample.median_ms)));
         f.insert("ms_min".into(), json!(round3(sample.min_ms)));
+        f.insert("clock".into(), json!(sample.clock.name()));
+        f.insert("wall_ms".into(), json!(round3(sample.wall_ms)));
         f.insert("runs".into(), json!(sample.runs));
         f.insert("gflops".into(), json!(round3(gflops)));
         f.insert("gbs".into(), json!(round3(gbs)));

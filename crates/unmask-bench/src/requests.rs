@@ -128,7 +128,7 @@ pub fn serve_continuously(
         let group = &plans[start..end];
         let depth = group.iter().map(|p| p.1).min().unwrap_or(0);
         let longest = group.iter().map(|p| p.2).max().unwrap_or(0);
-        let rows = (concurrent * longest).min(engine.model.max_state_rows());
+        let rows = (concurrent * longest).min(engine.model().max_state_rows());
         let mut session = engine.batch_session(prefix, depth, rows)?;
         entry_passes += session.entry_token_layer_passes();
         let mut slot = std::collections::HashMap::new();
@@ -166,7 +166,7 @@ pub fn run_request_bench(
 ) -> Result<Vec<Value>, EngineError> {
     let depth = options.depth.or_else(|| {
         engine
-            .depth_table
+            .depth_table()
             .is_none()
             .then_some(engine.config().n_layers / 2)
     });
@@ -194,7 +194,7 @@ pub fn run_request_bench(
                 }
                 engine.clear_prefix_store();
                 let before = engine.prefix_store_stats();
-                engine.ctx.memory.reset_peak();
+                engine.ctx().memory.reset_peak();
                 let (mut totals, mut ttft, mut nfe, mut tlp) =
                     (Vec::new(), Vec::new(), 0usize, 0usize);
                 let (mut canvas_tokens, mut answer_tokens) = (0usize, 0usize);
@@ -258,8 +258,8 @@ pub fn run_request_bench(
                     "bicache_fallbacks": bicache.then_some(fallbacks),
                     "bicache_depth": if bicache && !depths.is_empty() { Some(median(depths)) } else { None },
                     "cache_bytes": after.bytes,
-                    "gpu_weights_bytes": engine.model.weights.size_bytes(),
-                    "gpu_peak_bytes": engine.ctx.memory.peak_bytes(),
+                    "gpu_weights_bytes": engine.model().weights.size_bytes(),
+                    "gpu_peak_bytes": engine.ctx().memory.peak_bytes(),
                 });
                 let record = with_envelope(envelope, fields);
                 on_record(&record);

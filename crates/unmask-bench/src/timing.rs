@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use unmask_core::rng::SplitMix64;
-use unmask_gpu::{GpuContext, StepEncoder};
+use unmask_gpu::{GpuContext, StepEncoder, TraceClock, TraceOptions};
 
 /// How long one measurement may take: at least `min_runs` timed runs, then more until
 /// `max_runs` or `budget` is reached.
@@ -30,36 +30,70 @@ pub struct Sample {
     pub median_ms: f64,
     pub min_ms: f64,
     pub runs: usize,
+    /// How the runs were timed: GPU timestamps around each dispatch (summed over the
+    /// step's dispatches) where the adapter has them, else host wall clock around submit
+    /// and wait, which adds the submit and wake-up latency.
+    pub clock: TraceClock,
+    /// Median host wall clock of submit + wait, whatever `clock` is.
+    pub wall_ms: f64,
 }
 
 /// Times `record` + submit + device wait: one untimed warm-up run (it also compiles the
-/// pipelines), then `repeats`.
+/// pipelines), then `repeats`. With GPU timestamps the figure is the GPU time of the
+/// step's dispatches (`Sample::clock` says which).
 pub fn time_step(
     ctx: &GpuContext,
     repeats: Repeats,
     mut record: impl FnMut(&mut StepEncoder) -> unmask_gpu::Result<()>,
 ) -> unmask_gpu::Result<Sample> {
-    let mut run = || -> unmask_gpu::Result<f64> {
+    let gpu_clock = ctx.has_timestamps();
+    let mut walls = Vec::new();
+    let mut run = |walls: &mut Vec<f64>| -> unmask_gpu::Result<f64> {
         let mut step = StepEncoder::new(ctx, "bench");
         record(&mut step)?;
+        if gpu_clock {
+            ctx.start_trace(TraceOptions { timing: true });
+        }
         let start = Instant::now();
-        step.submit()?;
-        ctx.wait_idle()?;
-        Ok(start.elapsed().as_secs_f64() * 1e3)
+        let submitted = step.submit();
+        let waited = submitted.and_then(|_| ctx.wait_idle());
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        let traces = if gpu_clock {
+            ctx.finish_trace()
+        } else {
+            Vec::new()
+        };
+        waited?;
+        walls.push(wall);
+        if !gpu_clock {
+            return Ok(wall);
+        }
+        Ok(traces
+            .iter()
+            .flat_map(|t| &t.dispatches)
+            .filter_map(|d| d.ms)
+            .sum())
     };
-    run()?;
+    run(&mut walls)?;
+    walls.clear();
     let mut times = Vec::new();
     let began = Instant::now();
     while times.len() < repeats.min_runs.max(1)
         || (times.len() < repeats.max_runs && began.elapsed() < repeats.budget)
     {
-        times.push(run()?);
+        times.push(run(&mut walls)?);
     }
     times.sort_by(f64::total_cmp);
     Ok(Sample {
         median_ms: times[times.len() / 2],
         min_ms: times[0],
         runs: times.len(),
+        clock: if gpu_clock {
+            TraceClock::GpuTimestamps
+        } else {
+            TraceClock::CpuWallClock
+        },
+        wall_ms: median(walls),
     })
 }
 

@@ -361,7 +361,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         _ => None,
     };
     let ctx = match &engine {
-        Some(e) => e.ctx.clone(),
+        Some(e) => e.ctx().clone(),
         None => {
             let backends = engine_options
                 .backend
@@ -396,7 +396,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     // what --weights asks for.
     let weights = match &engine {
         Some(e) => {
-            let w = &e.model.weights;
+            let w = &e.model().weights;
             let layers = w
                 .layers
                 .first()
@@ -458,7 +458,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         let cfg = engine.config();
         // LLaDA's special tokens come after the ordinary ones, so ids below the smallest
         // special id are ordinary text.
-        let sp = &engine.special;
+        let sp = engine.special();
         let mut avoid = vec![
             cfg.mask_token_id,
             cfg.eos_token_id,
@@ -487,7 +487,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         }
         .requests(ordinary, &avoid)
         .remove(0);
-        let envelope = bench::envelope(&engine.ctx, &name, cfg, &weights);
+        let envelope = bench::envelope(engine.ctx(), &name, cfg, &weights);
         let request_options = RequestBenchOptions {
             params,
             modes,

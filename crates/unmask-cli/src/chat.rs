@@ -48,7 +48,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let system = m.value("system").map(Message::system);
     let dir = options::model_dir(m)?;
     let engine = options::load_engine(&dir, &engine_options)?;
-    if engine.tokenizer.is_none() {
+    if engine.tokenizer().is_none() {
         return Err(CliError::runtime(format!(
             "{} has no tokenizer.json: chat needs one (use `unmask generate --prompt-ids` with token ids)",
             dir.display()

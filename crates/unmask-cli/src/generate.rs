@@ -70,11 +70,11 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let engine = options::load_engine(&dir, &engine_options)?;
     if let Prompt::Ids(ids) = &prompt {
         options::check_ids(&engine, "prompt-ids", ids)?;
-        if cache != CacheMode::None && ids.contains(&engine.special.mask) {
+        if cache != CacheMode::None && ids.contains(&engine.special().mask) {
             return Err(CliError::usage(format!(
                 "--prompt-ids holds the mask token {}: infilling needs --cache none \
                  (--cache {cache} predicts only the current block)",
-                engine.special.mask
+                engine.special().mask
             )));
         }
     }
@@ -101,7 +101,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let unfilled = generation
         .ids
         .iter()
-        .filter(|&&t| t == engine.special.mask)
+        .filter(|&&t| t == engine.special().mask)
         .count();
     if unfilled > 0 {
         // The reference's rule: masks inside the prompt compete with the canvas for the
@@ -109,7 +109,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         eprintln!(
             "note: {unfilled} position(s) still hold the mask token {}: the prompt's masks \
              share the canvas's per-step quota; add steps or generated tokens to fill them",
-            engine.special.mask
+            engine.special().mask
         );
     }
     if json {
@@ -159,11 +159,11 @@ pub fn generate(engine: &Engine, request: &Request, live: bool) -> Result<Genera
         Some(_) => None,
         None => Some(request.params.steps),
     };
-    let end_ids = [Some(engine.special.eos), engine.special.eot]
+    let end_ids = [Some(engine.special().eos), engine.special().eot]
         .into_iter()
         .flatten()
         .collect();
-    let mut view = CanvasView::new(engine.tokenizer.as_ref(), end_ids, total);
+    let mut view = CanvasView::new(engine.tokenizer(), end_ids, total);
     let result = engine.generate_with(request, &mut |event| view.step(event));
     view.clear();
     Ok(result?)
@@ -291,11 +291,11 @@ pub fn steps_json(g: &Generation) -> Value {
 /// The `--json` output of one generation.
 pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generation) -> Value {
     json!({
-        "adapter": engine.ctx.describe(),
-        "model": engine.dir.display().to_string(),
-        "weight_format": engine.model.weights.embedding.format.name(),
-        "mask_id": engine.special.mask,
-        "load_s": engine.load_s,
+        "adapter": engine.ctx().describe(),
+        "model": engine.dir().display().to_string(),
+        "weight_format": engine.model().weights.embedding.format.name(),
+        "mask_id": engine.special().mask,
+        "load_s": engine.load_s(),
         "params": params_json(params),
         "cache": g.cache.name(),
         "prefix_len": g.prefix_len,

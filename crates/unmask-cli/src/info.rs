@@ -98,9 +98,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             let engine = Engine::load_on(ctx.clone(), &dir, &engine_options, &mut |_| {})?;
             format!(
                 "{} ({}), loaded in {:.2} s",
-                mib(engine.model.weights.size_bytes()),
-                engine.model.weights.embedding.format.name(),
-                engine.load_s
+                mib(engine.model().weights.size_bytes()),
+                engine.model().weights.embedding.format.name(),
+                engine.load_s()
             )
         } else {
             let layers = engine_options.weight_format.resolve(&ctx);

@@ -40,7 +40,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let dir = options::model_dir(m)?;
     let engine = options::load_engine(&dir, &engine_options)?;
     options::check_ids(&engine, "prompt-ids", &ids)?;
-    let logits = engine.model.logits(&ids)?;
+    let logits = engine.model().logits(&ids)?;
     let shape = [ids.len(), engine.config().embedding_size];
     let file = File::create(&out)
         .map_err(|e| CliError::context(format!("cannot create {}", out.display()), e))?;

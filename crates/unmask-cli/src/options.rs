@@ -526,7 +526,7 @@ pub fn load_engine(dir: &Path, options: &EngineOptions) -> Result<Engine, CliErr
     });
     bar.finish();
     let engine = result?;
-    let formats = engine.model.weights.formats();
+    let formats = engine.model().weights.formats();
     let described = if formats.layers == formats.embed {
         formats.layers.name().to_string()
     } else {
@@ -538,16 +538,16 @@ pub fn load_engine(dir: &Path, options: &EngineOptions) -> Result<Engine, CliErr
     };
     eprintln!(
         "loaded in {:.2} s on {} ({described} weights, {:.1} MiB)",
-        engine.load_s,
-        engine.ctx.info.name,
-        engine.model.weights.size_bytes() as f64 / (1024.0 * 1024.0)
+        engine.load_s(),
+        engine.ctx().info.name,
+        engine.model().weights.size_bytes() as f64 / (1024.0 * 1024.0)
     );
     let asked = (
-        options.weight_format.resolve(&engine.ctx),
+        options.weight_format.resolve(engine.ctx()),
         options
             .embed_format
             .unwrap_or(options.weight_format)
-            .resolve(&engine.ctx),
+            .resolve(engine.ctx()),
     );
     let defaults = EngineOptions::default();
     let explicit =

@@ -23,7 +23,7 @@ pub fn spec() -> CommandSpec {
     CommandSpec {
         name: "synth",
         summary: "Write a LLaDA checkpoint with random weights (real names and shapes).",
-        usage: "unmask synth --config llada-8b|tiny|FILE --out DIR [--seed S] [--dtype D] \
+        usage: "unmask synth --config llada-8b|tiny|FILE --out DIR [--layers N] [--seed S] [--dtype D] \
                 [--shard-bytes N] [--force]",
         flags: vec![
             Flag::value(
@@ -34,6 +34,12 @@ pub fn spec() -> CommandSpec {
             ),
             Flag::value("out", "DIR", "folder to write (created when missing)"),
             Flag::value("seed", "S", "random seed (default 0)"),
+            Flag::value(
+                "layers",
+                "N",
+                "keep only N transformer layers (every other field as the config says), e.g. \
+                 an LLaDA-8B-shaped checkpoint of 2 layers",
+            ),
             Flag::value(
                 "dtype",
                 "D",
@@ -79,7 +85,11 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
                 )
             })?,
     };
-    let config = SynthConfig::resolve(config_spec).map_err(|e| synth_error(e, &out))?;
+    let layers = m.checked("layers", "a whole number >= 1", |n: usize| n >= 1)?;
+    let mut config = SynthConfig::resolve(config_spec).map_err(|e| synth_error(e, &out))?;
+    if let Some(n) = layers {
+        config = config.with_layers(n).map_err(|e| synth_error(e, &out))?;
+    }
     let options = SynthOptions {
         seed,
         dtype,

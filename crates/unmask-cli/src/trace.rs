@@ -107,9 +107,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         };
         // Untraced first: pipelines compile and the prefix store fills (BiCache hits).
         engine.generate(&request)?;
-        engine.ctx.start_trace(TraceOptions { timing });
+        engine.ctx().start_trace(TraceOptions { timing });
         let generated = engine.generate(&request);
-        let traces = engine.ctx.finish_trace();
+        let traces = engine.ctx().finish_trace();
         let generation = generated?;
         let report = StepReport::pick(&traces, step, mode)?;
         if json {
@@ -128,7 +128,7 @@ fn prompt(m: &Matches, engine: &Engine) -> Result<Prompt, CliError> {
         )),
         (None, Some(ids)) => Ok(Prompt::Ids(ids)),
         (text, None) => {
-            if engine.tokenizer.is_none() {
+            if engine.tokenizer().is_none() {
                 return Err(CliError::usage(
                     "the model has no tokenizer.json: give the prompt as --prompt-ids 1,2,3",
                 ));
@@ -265,7 +265,10 @@ impl<'t> StepReport<'t> {
         ));
         out.push_str(&format!(
             "  request: {} submits for {} steps, {:.1} canvas tokens/s (adapter {})\n",
-            self.submits, self.steps, g.timings.throughput_canvas, engine.ctx.info.name
+            self.submits,
+            self.steps,
+            g.timings.throughput_canvas,
+            engine.ctx().info.name
         ));
         let total = self.total_ms();
         out.push_str("  kernel family              dispatches        ms   share\n");
@@ -326,8 +329,8 @@ impl<'t> StepReport<'t> {
             "steps": self.steps,
             "label": t.label,
             "clock": t.clock.name(),
-            "adapter": engine.ctx.info.name,
-            "backend": format!("{:?}", engine.ctx.info.backend),
+            "adapter": engine.ctx().info.name,
+            "backend": format!("{:?}", engine.ctx().info.backend),
             "n_layers": n_layers,
             "dispatches_per_layer": t.per_layer(n_layers),
             "dispatch_count": t.dispatches.len(),

@@ -196,6 +196,30 @@ impl SynthConfig {
     }
 
     /// A preset name, else the path of a config file or folder.
+    /// The same model with `n_layers` layers (every other field kept): a checkpoint with the
+    /// real tensor names and shapes of a big model, small enough to run a few layers of it.
+    pub fn with_layers(mut self, n_layers: usize) -> Result<Self, SynthError> {
+        let path = PathBuf::from(&self.source);
+        let err = |source| SynthError::Config {
+            path: path.clone(),
+            source,
+        };
+        let mut value: Value = serde_json::from_str(&self.config_json).map_err(|source| {
+            err(ConfigError::Json {
+                file: "config.json".into(),
+                source,
+            })
+        })?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("n_layers".into(), Value::from(n_layers));
+        }
+        let config_json = pretty(&value);
+        self.config = LladaConfig::from_json_str(&config_json).map_err(err)?;
+        self.config_json = config_json;
+        self.source = format!("{} with {n_layers} layers", self.source);
+        Ok(self)
+    }
+
     pub fn resolve(spec: &str) -> Result<Self, SynthError> {
         if let Some(preset) = Self::preset(spec) {
             return Ok(preset);
@@ -500,6 +524,20 @@ pub fn write_checkpoint(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn fewer_layers_keep_every_other_field() {
+        let full = SynthConfig::preset("llada-8b").unwrap();
+        let two = full.clone().with_layers(2).unwrap();
+        assert_eq!(two.config.n_layers, 2);
+        assert_eq!(two.config.d_model, full.config.d_model);
+        assert_eq!(two.config.embedding_size, full.config.embedding_size);
+        assert_eq!(two.generation_config_json, full.generation_config_json);
+        let reread = LladaConfig::from_json_str(&two.config_json).unwrap();
+        assert_eq!(reread, two.config);
+        assert!(two.source.contains("2 layers"), "{}", two.source);
+    }
+
     use super::*;
 
     #[test]

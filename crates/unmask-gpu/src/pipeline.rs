@@ -133,7 +133,22 @@ pub fn render(kernel: &KernelSource, spec: &Spec) -> Result<String> {
     Ok(out)
 }
 
-type Key = (&'static str, &'static str, String);
+/// Kernel file, entry point and specialisation.
+type Key = (&'static str, &'static str, Spec);
+
+/// The keys sharing one hash (almost always one) and their kernels.
+type Bucket = Vec<(Key, Arc<ComputeKernel>)>;
+
+/// The hash of a key, computed from borrowed parts: a lookup builds no string and clones
+/// nothing (it runs for every dispatch).
+fn key_hash(kernel: &'static str, entry: &'static str, spec: &Spec) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    kernel.hash(&mut h);
+    entry.hash(&mut h);
+    spec.hash(&mut h);
+    h.finish()
+}
 
 /// A compiled kernel variant with its explicit bind group layout: binding 0 is the uniform
 /// parameters at a dynamic offset into the step's parameter buffer, bindings 1.. the
@@ -206,7 +221,8 @@ fn storage_bindings(source: &str) -> std::result::Result<Vec<bool>, String> {
 
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    map: Mutex<HashMap<Key, Arc<ComputeKernel>>>,
+    /// By key hash; a bucket holds the (rare) keys that share one.
+    map: Mutex<HashMap<u64, Bucket>>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -218,15 +234,21 @@ impl GpuContext {
         entry: &'static str,
         spec: &Spec,
     ) -> Result<Arc<ComputeKernel>> {
-        let key = (kernel.name, entry, spec.key());
-        if let Some(p) = self
+        let hash = key_hash(kernel.name, entry, spec);
+        let found = self
             .pipelines
             .map
             .lock()
             .expect("pipeline cache poisoned")
-            .get(&key)
-        {
-            return Ok(p.clone());
+            .get(&hash)
+            .and_then(|bucket| {
+                bucket
+                    .iter()
+                    .find(|((k, e, s), _)| *k == kernel.name && *e == entry && s == spec)
+                    .map(|(_, p)| p.clone())
+            });
+        if let Some(p) = found {
+            return Ok(p);
         }
         let fail = |message: String| GpuError::Shader {
             kernel: kernel.name,
@@ -236,7 +258,8 @@ impl GpuContext {
         };
         let source = render(kernel, spec)?;
         let storage = storage_bindings(&source).map_err(fail)?;
-        let label = format!("{}:{}[{}]", kernel.name, entry, key.2);
+        let variant = spec.key();
+        let label = format!("{}:{}[{variant}]", kernel.name, entry);
         let buffer_entry =
             |binding: u32, ty: wgpu::BufferBindingType, dynamic: bool| wgpu::BindGroupLayoutEntry {
                 binding,
@@ -310,13 +333,15 @@ impl GpuContext {
             layout,
             name: kernel.name,
             entry,
-            variant: key.2.clone(),
+            variant,
         });
         self.pipelines
             .map
             .lock()
             .expect("pipeline cache poisoned")
-            .insert(key, kernel.clone());
+            .entry(hash)
+            .or_default()
+            .push(((kernel.name, entry, spec.clone()), kernel.clone()));
         Ok(kernel)
     }
 

@@ -549,8 +549,8 @@ pub fn store_stats(engine: &Engine) -> Value {
 /// What was loaded and on which adapter.
 pub fn engine_info(engine: &Engine) -> Value {
     let c = engine.config();
-    let ctx = &engine.ctx;
-    let formats = engine.model.weights.formats();
+    let ctx = engine.ctx();
+    let formats = engine.model().weights.formats();
     json!({
         "adapter": ctx.describe(),
         "adapterName": ctx.info.name,
@@ -565,11 +565,11 @@ pub fn engine_info(engine: &Engine) -> Value {
         "parameters": c.parameter_count(),
         "weights": formats.layers.name(),
         "embedWeights": formats.embed.name(),
-        "weightBytes": engine.model.weights.size_bytes(),
-        "hasTokenizer": engine.tokenizer.is_some(),
-        "hasDepthTable": engine.depth_table.is_some(),
-        "loadSeconds": engine.load_s,
-        "maskId": engine.special.mask,
+        "weightBytes": engine.model().weights.size_bytes(),
+        "hasTokenizer": engine.tokenizer().is_some(),
+        "hasDepthTable": engine.depth_table().is_some(),
+        "loadSeconds": engine.load_s(),
+        "maskId": engine.special().mask,
     })
 }
 

@@ -249,7 +249,7 @@ impl WebEngine {
             let mut tracker = CanvasTracker::new(request.params.gen_length);
             let mut each_step = |e: &StepEvent<'_>| {
                 if let Some(f) = &on_step {
-                    let v = tracker.event(e, engine.tokenizer.as_ref());
+                    let v = tracker.event(e, engine.tokenizer());
                     let _ = f.call1(&JsValue::NULL, &to_js(&v));
                 }
             };

@@ -106,8 +106,8 @@ fn golden_cases() -> Vec<(String, Vec<u32>, GenerationParams, Vec<u32>)> {
 async fn the_tiny_fixture_generates_the_native_goldens() {
     let web = load(r#"{"weights": "f32"}"#, 4099).await;
     let engine = web.engine();
-    assert_eq!(engine.ctx.info.backend, wgpu::Backend::BrowserWebGpu);
-    web_sys::console::log_1(&engine.ctx.describe().into());
+    assert_eq!(engine.ctx().info.backend, wgpu::Backend::BrowserWebGpu);
+    web_sys::console::log_1(&engine.ctx().describe().into());
     let cases = golden_cases();
     assert_eq!(cases.len(), 7, "every non-random golden case");
     for (name, prompt, params, want) in cases {
@@ -129,7 +129,7 @@ async fn weights_split_over_small_bindings_give_the_same_tokens() {
     // split LLaDA-8B's (and still hold the activations).
     let web = load(r#"{"weights": "f32", "maxBindingBytes": 49152}"#, 1 << 20).await;
     let engine = web.engine();
-    assert!(engine.model.weights.embedding.chunks.len() > 1);
+    assert!(engine.model().weights.embedding.chunks.len() > 1);
     let (name, prompt, params, want) = golden_cases().remove(0);
     let out = engine
         .generate_async(
@@ -297,7 +297,7 @@ async fn bad_requests_reject_naming_the_field_and_the_engine_stays_usable() {
     }
     // An error from the engine itself (after the checks pass): BiCache cannot predict
     // masks inside the prompt. Its way out clears the busy flag too.
-    let mask = web.engine().special.mask;
+    let mask = web.engine().special().mask;
     let e = generate(
         &web,
         js(&format!(
@@ -332,7 +332,7 @@ async fn one_generation_at_a_time_and_the_next_after_it() {
 #[wasm_bindgen_test]
 async fn a_mask_inside_the_prompt_is_reported_apart_from_the_canvas() {
     let web = load("{}", 1 << 20).await;
-    let mask = web.engine().special.mask;
+    let mask = web.engine().special().mask;
     let events: Rc<RefCell<Vec<Value>>> = Rc::default();
     let sink = events.clone();
     let on_step = Closure::<dyn FnMut(JsValue)>::new(move |v: JsValue| {
@@ -397,7 +397,7 @@ fn special_ids() -> Vec<u32> {
 async fn special_token_markup_in_a_message_stays_text() {
     let web = load("{}", 1 << 20).await;
     let specials = special_ids();
-    let mask = web.engine().special.mask;
+    let mask = web.engine().special().mask;
     assert!(specials.contains(&mask));
     let chat = |system: &str, user: &str| {
         json!({"messages": [

@@ -157,7 +157,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     }
     let dir = options::model_dir(m)?;
     let engine = options::load_engine(&dir, &engine_options)?;
-    if engine.tokenizer.is_none() {
+    if engine.tokenizer().is_none() {
         return Err(CliError::runtime(format!(
             "{} has no tokenizer.json: eval renders text prompts and needs one",
             dir.display()

@@ -152,11 +152,11 @@ pub(super) struct Context<'a> {
 
 impl Context<'_> {
     fn adapter(&self) -> &str {
-        &self.engine.ctx.info.name
+        &self.engine.ctx().info.name
     }
 
     fn backend(&self) -> &'static str {
-        self.engine.ctx.info.backend.to_str()
+        self.engine.ctx().info.backend.to_str()
     }
 }
 
@@ -260,9 +260,9 @@ pub(super) fn report_json(
     json!({
         "adapter": cx.adapter(),
         "backend": cx.backend(),
-        "adapter_details": cx.engine.ctx.describe(),
-        "weight_format": cx.engine.model.weights.embedding.format.name(),
-        "model": cx.engine.dir.display().to_string(),
+        "adapter_details": cx.engine.ctx().describe(),
+        "weight_format": cx.engine.model().weights.embedding.format.name(),
+        "model": cx.engine.dir().display().to_string(),
         "set": cx.set.display().to_string(),
         "set_items": cx.set_items,
         "n_items": items.len(),
@@ -301,7 +301,7 @@ pub(super) fn markdown(
         "adapter: {} ({}) · model: {} · set: {} ({} of {} items) · batch: {} · params: {} · command: `{}`\n\n",
         cx.adapter(),
         cx.backend(),
-        cx.engine.dir.display(),
+        cx.engine.dir().display(),
         cx.set.display(),
         items.len(),
         cx.set_items,

@@ -9,6 +9,7 @@ pub mod checkpoint {
 pub mod forward;
 pub mod plan;
 pub mod quant_checkpoint;
+mod select;
 pub mod stream;
 pub mod weights;
 

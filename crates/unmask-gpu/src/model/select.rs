@@ -1,0 +1,249 @@
+//! The token choice of a step, recorded after the layers: gather the rows to sample →
+//! final norm → LM head per vocabulary chunk → streaming argmax/confidence (with the
+//! unconditional pass for classifier-free guidance). Only (token, confidence) per sampled
+//! row is read back. Also the full-logits path used by parity checks.
+
+use super::ModelError;
+use super::forward::{ForwardState, LladaModel};
+use crate::ops::elementwise::{self as ew, RowWindow};
+use crate::ops::matmul;
+use crate::ops::sampling::{self, SelectParams};
+use crate::step::StepEncoder;
+use crate::tensor::{DType, Tensor};
+
+/// Buffers for the LM head and token choice over up to `capacity` sampled rows.
+pub struct SelectBuffers {
+    pub capacity: usize,
+    /// Index of each sampled row within the step's computed rows.
+    pub row_index: Tensor,
+    /// Absolute position of each sampled row (the noise counter).
+    pub positions: Tensor,
+    hidden: Tensor,
+    normed: Tensor,
+    hidden_uncond: Tensor,
+    normed_uncond: Tensor,
+    logits: Tensor,
+    logits_uncond: Tensor,
+    state: Tensor,
+    pub out: Tensor,
+}
+
+/// The token chosen for one row and its confidence (softmax probability).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenChoice {
+    pub token: u32,
+    pub confidence: f32,
+}
+
+impl LladaModel {
+    pub fn new_select(&self, capacity: usize) -> Result<SelectBuffers, ModelError> {
+        let ctx = &self.ctx;
+        let cap = capacity.max(1);
+        let d = self.cfg.d_model;
+        let chunk_cols = self
+            .weights
+            .lm_head
+            .chunks
+            .iter()
+            .map(|c| c.rows)
+            .max()
+            .unwrap_or(1);
+        let f32t = |shape: &[usize], label: &str| Tensor::zeros(ctx, DType::F32, shape, label);
+        Ok(SelectBuffers {
+            capacity: cap,
+            row_index: Tensor::zeros(ctx, DType::U32, &[cap], "select rows")?,
+            positions: Tensor::zeros(ctx, DType::U32, &[cap], "select positions")?,
+            hidden: f32t(&[cap, d], "select hidden")?,
+            normed: f32t(&[cap, d], "select normed")?,
+            hidden_uncond: f32t(&[cap, d], "select hidden uncond")?,
+            normed_uncond: f32t(&[cap, d], "select normed uncond")?,
+            logits: f32t(&[cap, chunk_cols], "logits")?,
+            logits_uncond: f32t(&[cap, chunk_cols], "logits uncond")?,
+            state: Tensor::zeros(ctx, DType::U32, &[sampling::state_len(cap)], "select state")?,
+            out: Tensor::zeros(ctx, DType::U32, &[cap, 2], "select out")?,
+        })
+    }
+
+    /// Writes which computed rows are sampled and their absolute positions.
+    pub fn write_select(
+        &self,
+        sel: &SelectBuffers,
+        row_index: &[u32],
+        positions: &[u32],
+    ) -> Result<(), ModelError> {
+        if row_index.len() != positions.len() || row_index.len() > sel.capacity {
+            return Err(ModelError::Input(format!(
+                "{} sampled rows for select buffers of {}",
+                row_index.len(),
+                sel.capacity
+            )));
+        }
+        sel.row_index.write_u32(&self.ctx, row_index)?;
+        sel.positions.write_u32(&self.ctx, positions)?;
+        Ok(())
+    }
+
+    /// Records the final norm and LM head of the sampled rows and the token choice,
+    /// combining with the unconditional pass for classifier-free guidance when given.
+    pub fn encode_select(
+        &self,
+        step: &mut StepEncoder,
+        cond: &ForwardState,
+        uncond: Option<&ForwardState>,
+        sel: &SelectBuffers,
+        n: usize,
+        params: &SelectParams,
+    ) -> Result<(), ModelError> {
+        self.encode_select_from(step, &cond.x, uncond.map(|u| &u.x), sel, n, params)
+    }
+
+    /// `encode_select` over explicit hidden-state tensors (sampled rows index into them).
+    pub fn encode_select_from(
+        &self,
+        step: &mut StepEncoder,
+        cond_x: &Tensor,
+        uncond_x: Option<&Tensor>,
+        sel: &SelectBuffers,
+        n: usize,
+        params: &SelectParams,
+    ) -> Result<(), ModelError> {
+        let uncond = uncond_x;
+        let d = self.cfg.d_model;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let full = RowWindow { stride: d, col: 0 };
+        // Gather first: the final norm and LM head only run on the rows being sampled.
+        ew::gather_rows(step, cond_x, full, &sel.row_index, &sel.hidden, full, n, d)?;
+        ew::rms_norm(
+            step,
+            &sel.hidden,
+            &self.weights.ln_f,
+            &sel.normed,
+            n,
+            d,
+            eps,
+        )?;
+        if let Some(u) = uncond {
+            ew::gather_rows(
+                step,
+                u,
+                full,
+                &sel.row_index,
+                &sel.hidden_uncond,
+                full,
+                n,
+                d,
+            )?;
+            ew::rms_norm(
+                step,
+                &sel.hidden_uncond,
+                &self.weights.ln_f,
+                &sel.normed_uncond,
+                n,
+                d,
+                eps,
+            )?;
+        }
+        sampling::select_reset(step, &sel.state, n)?;
+        let head = &self.weights.lm_head;
+        for (ci, chunk) in head.chunks.iter().enumerate() {
+            let part = head.chunk_view(ci);
+            matmul::matmul(step, &sel.normed, &part, &sel.logits, n, self.matmul_kernel)?;
+            let uncond_logits = if uncond.is_some() {
+                matmul::matmul(
+                    step,
+                    &sel.normed_uncond,
+                    &part,
+                    &sel.logits_uncond,
+                    n,
+                    self.matmul_kernel,
+                )?;
+                Some(&sel.logits_uncond)
+            } else {
+                None
+            };
+            sampling::select_accumulate(
+                step,
+                &sel.logits,
+                uncond_logits,
+                n,
+                chunk.rows,
+                chunk.row_start,
+                &sel.positions,
+                &sel.state,
+                params,
+            )?;
+        }
+        sampling::select_finalize(step, &sel.state, &sel.out, n)?;
+        Ok(())
+    }
+
+    /// Asks the step to read back the choices of `n` sampled rows (8 bytes per row) in its
+    /// own submit; `decode_choices` turns the bytes at the returned index into choices.
+    pub fn read_back_choices(
+        &self,
+        step: &mut StepEncoder,
+        sel: &SelectBuffers,
+        n: usize,
+    ) -> usize {
+        step.read_back(&sel.out.buffer, 0, (n * 8) as u64)
+    }
+
+    /// The choices in bytes read back by `read_back_choices`.
+    pub fn decode_choices(bytes: &[u8]) -> Vec<TokenChoice> {
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
+        words
+            .chunks_exact(2)
+            .map(|w| TokenChoice {
+                token: w[0],
+                confidence: f32::from_bits(w[1]),
+            })
+            .collect()
+    }
+
+    /// The final hidden states (after the final norm) of the first `rows` computed rows,
+    /// then the full logits `[rows, embedding_size]` — for parity checks only; the
+    /// generation path never reads logits back.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let t = ids.len();
+        let positions: Vec<u32> = (0..t as u32).collect();
+        let st = self.new_state(t, t)?;
+        self.write_rows(&st, ids, &positions)?;
+        let d = self.cfg.d_model;
+        let vocab = self.cfg.embedding_size;
+        let h = Tensor::zeros(&self.ctx, DType::F32, &[t, d], "final norm")?;
+        let mut step = StepEncoder::new(&self.ctx, "logits");
+        self.encode_layers(&mut step, &st, t, t, None, 0)?;
+        ew::rms_norm(
+            &mut step,
+            &st.x,
+            &self.weights.ln_f,
+            &h,
+            t,
+            d,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        step.submit()?;
+        let head = &self.weights.lm_head;
+        let mut out = vec![0f32; t * vocab];
+        for (ci, chunk) in head.chunks.iter().enumerate() {
+            let logits = Tensor::zeros(&self.ctx, DType::F32, &[t, chunk.rows], "logits chunk")?;
+            let mut step = StepEncoder::new(&self.ctx, "lm head");
+            matmul::matmul(
+                &mut step,
+                &h,
+                &head.chunk_view(ci),
+                &logits,
+                t,
+                self.matmul_kernel,
+            )?;
+            step.submit()?;
+            let part = logits.read_f32(&self.ctx)?;
+            for r in 0..t {
+                out[r * vocab + chunk.row_start..r * vocab + chunk.row_start + chunk.rows]
+                    .copy_from_slice(&part[r * chunk.rows..(r + 1) * chunk.rows]);
+            }
+        }
+        Ok(out)
+    }
+}

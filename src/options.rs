@@ -1,0 +1,64 @@
+//! How to load a model: `EngineOptions`, and the model folder's depth table.
+
+use unmask_core::depth_policy::DepthTable;
+use unmask_core::prefix_store::StoreBudget;
+use unmask_gpu::WeightFormat;
+use unmask_gpu::model::WeightFormats;
+
+use crate::EngineError;
+
+/// File in a model folder holding its BiCache depth table (r → b), made by `unmask profile`.
+pub const DEPTH_TABLE_FILE: &str = "bicache_depth.json";
+
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Backend name (`vulkan`, `metal`, `dx12`, `gl`); `None` honours `WGPU_BACKEND`.
+    pub backend: Option<String>,
+    /// Weight storage on the GPU; f16 by default (native when the device has shader-f16).
+    /// `Q8` / `Q4` quantize the matrices as they load. A checkpoint written by
+    /// `unmask quantize` keeps its own formats whatever is asked here.
+    pub weight_format: WeightFormat,
+    /// Storage of the embedding table and LM head; `None` means `weight_format`.
+    pub embed_format: Option<WeightFormat>,
+    /// What the BiCache prefix store may hold (tokens and bytes over all entries).
+    pub cache_budget: StoreBudget,
+    /// Most GPU memory (storage buffers: weights, states, cached prefixes) the engine may
+    /// hold; work that would pass it is refused with an error before it is allocated.
+    /// `None`: as much as the device gives.
+    pub gpu_memory: Option<u64>,
+    /// Keep wgpu's runtime bounds checks in the kernels (the default). Natively they may be
+    /// turned off (`ContextOptions::runtime_checks`); a browser always checks.
+    pub shader_checks: bool,
+}
+
+impl EngineOptions {
+    /// The storage formats asked for.
+    pub fn formats(&self) -> WeightFormats {
+        WeightFormats {
+            layers: self.weight_format,
+            embed: self.embed_format.unwrap_or(self.weight_format),
+        }
+    }
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            backend: None,
+            weight_format: WeightFormat::F16Native,
+            embed_format: None,
+            cache_budget: StoreBudget {
+                max_tokens: 1 << 16,
+                max_bytes: 1 << 30,
+            },
+            gpu_memory: None,
+            shader_checks: true,
+        }
+    }
+}
+
+/// Parses a model folder's BiCache depth table (`file` names it in errors).
+pub(crate) fn parse_depth_table(text: &str, file: &str) -> Result<DepthTable, EngineError> {
+    DepthTable::from_json(text, file).map_err(|e| EngineError::DepthTable(e.to_string()))
+}

@@ -1,0 +1,169 @@
+//! What a generation is asked for and what it gives back.
+
+use unmask_core::cache::CacheMode;
+use unmask_core::chat::Message;
+use unmask_core::sampler::{GenerationParams, StepRecord};
+use unmask_core::tokenizer::DecodeMode;
+
+/// What to generate from.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// A conversation, rendered with the LLaDA-Instruct chat template.
+    Chat(Vec<Message>),
+    /// Token ids used as they are (no tokenizer needed).
+    Ids(Vec<u32>),
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub params: GenerationParams,
+    pub decode: DecodeMode,
+    /// How K/V are reused between steps.
+    pub cache: CacheMode,
+    /// Tokens of the shared prefix; `None` takes everything before the last user turn of a
+    /// chat prompt (the whole prompt for token ids).
+    pub prefix_len: Option<usize>,
+    /// Recompute every row at every step whatever the cache mode (a check of the plumbing).
+    pub recompute_all: bool,
+    /// BiCache depth b (shallow layers reusing the shared entry); `None` looks it up in
+    /// the model's depth table.
+    pub depth: Option<usize>,
+    /// BiCache: steps between deep-prefix refreshes when the request has one block.
+    pub refresh_every: usize,
+}
+
+impl Request {
+    /// A single user turn, with an optional system prompt, and default parameters.
+    pub fn chat(system: Option<&str>, user: &str) -> Self {
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(Message::system(s));
+        }
+        messages.push(Message::user(user));
+        Self {
+            prompt: Prompt::Chat(messages),
+            params: GenerationParams::default(),
+            decode: DecodeMode::Clean,
+            cache: CacheMode::None,
+            prefix_len: None,
+            recompute_all: false,
+            depth: None,
+            refresh_every: 16,
+        }
+    }
+
+    pub fn ids(ids: Vec<u32>) -> Self {
+        Self {
+            prompt: Prompt::Ids(ids),
+            params: GenerationParams::default(),
+            decode: DecodeMode::Clean,
+            cache: CacheMode::None,
+            prefix_len: None,
+            recompute_all: false,
+            depth: None,
+            refresh_every: 16,
+        }
+    }
+
+    pub fn with_params(mut self, params: GenerationParams) -> Self {
+        self.params = params;
+        self
+    }
+
+    pub fn with_cache(mut self, cache: CacheMode) -> Self {
+        self.cache = cache;
+        self
+    }
+}
+
+/// What happened at one step, passed to the step callback.
+#[derive(Clone, Debug)]
+pub struct StepEvent<'a> {
+    pub record: &'a StepRecord,
+    /// Steps run so far in this request, counting from 1 (the record's step restarts per block).
+    pub global_step: usize,
+    /// The whole sequence after the step (prompt, committed tokens, masks).
+    pub canvas: &'a [u32],
+    pub prompt_len: usize,
+    pub mask_id: u32,
+    pub elapsed_s: f64,
+    /// The positions predicted at this step and each prediction (token, confidence), in
+    /// the same order; the committed ones are in `record`.
+    pub rows: &'a [u32],
+    pub predictions: &'a [(u32, f32)],
+}
+
+/// Wall-clock timings of one generation.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Timings {
+    /// Encoding and allocating the request's buffers.
+    pub setup_s: f64,
+    /// From the start of the request to the end of the first step.
+    pub first_step_s: f64,
+    pub total_s: f64,
+    /// Forward passes (NFE); a CFG step counts two.
+    pub forward_passes: usize,
+    /// Rows × layers computed over all passes (the work a cache saves).
+    pub token_layer_passes: usize,
+    pub steps: usize,
+    /// Generated canvas tokens per second (gen_length / total).
+    pub throughput_canvas: f64,
+    /// Tokens up to the end of the answer (first EOS/EoT) per second.
+    pub throughput_answer: f64,
+    /// Generated tokens before the first EOS/EoT.
+    pub answer_tokens: usize,
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    /// Tokens of the shared prefix used by prefix caches.
+    pub prefix_len: usize,
+    pub cache: CacheMode,
+    /// The generated canvas (gen_length ids, after the prompt).
+    pub ids: Vec<u32>,
+    /// Decoded text, when the model has a tokenizer.
+    pub text: Option<String>,
+    pub steps: Vec<StepRecord>,
+    pub timings: Timings,
+    /// What BiCache did, for BiCache modes.
+    pub bicache: Option<BicacheReport>,
+}
+
+/// How a BiCache request used the shared prefix store.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BicacheReport {
+    /// Shallow layers that read the shared entry (in a batch, the smallest depth of its
+    /// requests).
+    pub depth: usize,
+    /// The depth this request alone would have used.
+    pub requested_depth: usize,
+    /// The prefix's share of the request, in percent.
+    pub ratio: u32,
+    /// The entry was already stored.
+    pub hit: bool,
+    pub entry_tokens: usize,
+    pub entry_bytes: u64,
+    /// Requests that ran their steps in the same forward passes (1: alone).
+    pub batch: usize,
+    /// Why the request ran without BiCache (and which mode it ran instead).
+    pub fallback: Option<String>,
+}
+
+impl BicacheReport {
+    pub(crate) fn fallback(mode: CacheMode, why: String) -> Self {
+        Self {
+            depth: 0,
+            requested_depth: 0,
+            ratio: 0,
+            hit: false,
+            entry_tokens: 0,
+            entry_bytes: 0,
+            batch: 1,
+            fallback: Some(format!("ran as {mode}: {why}")),
+        }
+    }
+}
