@@ -4,8 +4,9 @@
 use serde_json::{Value, json};
 use unmask_core::config::LladaConfig;
 use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
-use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
-use unmask_gpu::{DType, GpuContext, Tensor, Weight, WeightFormat};
+use unmask_gpu::ops::elementwise as ew;
+use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
+use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
 use crate::env::{Peak, with_envelope};
 use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
@@ -171,8 +172,14 @@ pub fn run_kernel_case(
     };
     match *case {
         KernelCase::Matmul { case, m, n, k } => {
+            // As the forward runs it: RMSNorm folded into qkv and gate|up, SwiGLU into
+            // gate|up (a paired weight, N / 2 output columns), the residual into the
+            // projections back to the stream.
+            let fused = LayerFusion::of(case);
+            let y_cols = if fused.swiglu { n / 2 } else { n };
             let x = Tensor::from_f32(ctx, &[m, k], &pseudo_random(1, m * k, 1.0), "bench.x")?;
-            let y = Tensor::zeros(ctx, DType::F32, &[m, n], "bench.y")?;
+            let y = Tensor::zeros(ctx, DType::F32, &[m, y_cols], "bench.y")?;
+            let g = Tensor::from_f32(ctx, &[k], &pseudo_random(8, k, 1.0), "bench.norm")?;
             let w_data = pseudo_random(2, n * k, 0.05);
             let mut seen = Vec::new();
             for &requested in &options.formats {
@@ -181,7 +188,18 @@ pub fn run_kernel_case(
                     continue;
                 }
                 seen.push(format);
-                let w = Weight::from_f32(ctx, n, k, &w_data, format, "bench.w")?;
+                let w = if fused.swiglu {
+                    let w = Weight::zeros_paired(ctx, n / 2, k, format, "bench.w")?;
+                    w.write_rows_f32(ctx, 0, &w_data)?;
+                    w
+                } else {
+                    Weight::from_f32(ctx, n, k, &w_data, format, "bench.w")?
+                };
+                let fusion = Fusion {
+                    norm: fused.norm.then_some((&g, 1e-5)),
+                    residual: fused.residual,
+                    swiglu: fused.swiglu,
+                };
                 let variants: Vec<MatmulKernel> = if options.all_variants {
                     MatmulKernel::CONCRETE
                         .into_iter()
@@ -190,12 +208,12 @@ pub fn run_kernel_case(
                 } else {
                     vec![MatmulKernel::Auto]
                 };
+                let flops = 2.0 * (m * n * k) as f64;
+                let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * y_cols) as f64;
                 for kernel in variants {
                     let s = time_step(ctx, options.repeats, |step| {
-                        matmul(step, &x, &w, &y, m, kernel)
+                        matmul_fused(step, &x, &w, &y, m, kernel, fusion)
                     })?;
-                    let flops = 2.0 * (m * n * k) as f64;
-                    let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * n) as f64;
                     let variant = if kernel == MatmulKernel::Auto {
                         format!("auto:{}", kernel.plan(ctx, m, format).0.name())
                     } else {
@@ -205,6 +223,34 @@ pub fn run_kernel_case(
                         "kernel": "matmul",
                         "case": case,
                         "variant": variant,
+                        "fused": fused.name(),
+                        "format": format.name(),
+                        "m": m, "n": n, "k": k,
+                    });
+                    emit(kernel_record(
+                        envelope,
+                        fields,
+                        s,
+                        flops,
+                        bytes,
+                        &options.peak,
+                    ));
+                }
+                // The same work as separate dispatches (norm, matmul, SwiGLU or add), as
+                // the forward ran it before the fusions: what fusing buys on this adapter.
+                if options.all_variants && fused.name() != "none" {
+                    let unfused = Unfused::new(ctx, m, n, k, format, &w_data, fused)?;
+                    let s = time_step(ctx, options.repeats, |step| {
+                        unfused.record(step, &x, &g, &y, m)
+                    })?;
+                    let fields = json!({
+                        "kernel": "matmul",
+                        "case": case,
+                        "variant": format!(
+                            "unfused:{}",
+                            MatmulKernel::Auto.plan(ctx, m, format).0.name()
+                        ),
+                        "fused": "none",
                         "format": format.name(),
                         "m": m, "n": n, "k": k,
                     });
@@ -278,6 +324,94 @@ pub fn run_kernel_case(
         }
     }
     Ok(records)
+}
+
+/// The fusions the forward pass gives each layer matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LayerFusion {
+    norm: bool,
+    residual: bool,
+    swiglu: bool,
+}
+
+impl LayerFusion {
+    fn of(case: &str) -> Self {
+        let (norm, residual, swiglu) = match case {
+            "qkv" => (true, false, false),
+            "attn_out" | "ff_out" => (false, true, false),
+            "gate_up" => (true, false, true),
+            _ => (false, false, false),
+        };
+        Self {
+            norm,
+            residual,
+            swiglu,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match (self.norm, self.residual, self.swiglu) {
+            (true, _, true) => "norm+swiglu",
+            (true, _, false) => "norm",
+            (false, true, _) => "residual",
+            (false, false, true) => "swiglu",
+            (false, false, false) => "none",
+        }
+    }
+}
+
+/// A fused layer matmul's work as separate dispatches, with its own scratch.
+struct Unfused {
+    w: Weight,
+    normed: Tensor,
+    wide: Tensor,
+    fused: LayerFusion,
+    n: usize,
+    k: usize,
+}
+
+impl Unfused {
+    fn new(
+        ctx: &GpuContext,
+        m: usize,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        w_data: &[f32],
+        fused: LayerFusion,
+    ) -> unmask_gpu::Result<Self> {
+        Ok(Self {
+            w: Weight::from_f32(ctx, n, k, w_data, format, "bench.w unfused")?,
+            normed: Tensor::zeros(ctx, DType::F32, &[m, k], "bench.normed")?,
+            wide: Tensor::zeros(ctx, DType::F32, &[m, n], "bench.wide")?,
+            fused,
+            n,
+            k,
+        })
+    }
+
+    fn record(
+        &self,
+        step: &mut StepEncoder,
+        x: &Tensor,
+        g: &Tensor,
+        y: &Tensor,
+        m: usize,
+    ) -> unmask_gpu::Result<()> {
+        let input = if self.fused.norm {
+            ew::rms_norm(step, x, g, &self.normed, m, self.k, 1e-5)?;
+            &self.normed
+        } else {
+            x
+        };
+        matmul(step, input, &self.w, &self.wide, m, MatmulKernel::Auto)?;
+        if self.fused.swiglu {
+            ew::swiglu(step, &self.wide, y, m, self.n / 2)?;
+        } else if self.fused.residual {
+            ew::add_in_place(step, y, &self.wide, m * self.n)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
