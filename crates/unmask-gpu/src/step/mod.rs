@@ -307,21 +307,36 @@ impl<'a> StepEncoder<'a> {
         }
     }
 
-    fn bind(
+    /// Records one dispatch into `pass`: its pipeline, its cached bind group (parameters at
+    /// their dynamic offset) and its workgroups. Copies are not dispatches and are skipped.
+    fn record_dispatch(
         &self,
+        pass: &mut wgpu::ComputePass<'_>,
         params: (&wgpu::Buffer, u64),
-        kernel: &ComputeKernel,
-        bindings: &[Binding],
-        param_len: u64,
-    ) -> wgpu::BindGroup {
-        self.ctx.bind_groups.get(
+        command: &Command,
+    ) {
+        let Command::Dispatch {
+            kernel,
+            bindings,
+            param_offset,
+            param_len,
+            groups,
+            ..
+        } = command
+        else {
+            return;
+        };
+        let group = self.ctx.bind_groups.get(
             &self.ctx.device,
             &self.ctx.host,
             kernel,
             params,
-            param_len,
+            *param_len,
             bindings,
-        )
+        );
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &group, &[*param_offset as u32]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
 
     fn encode_readbacks(&self, encoder: &mut wgpu::CommandEncoder, staged: &[Staged]) {
@@ -360,19 +375,8 @@ impl<'a> StepEncoder<'a> {
                             label: Some(label),
                             timestamp_writes: None,
                         });
-                        while let Some(Command::Dispatch {
-                            kernel,
-                            bindings,
-                            param_offset,
-                            param_len,
-                            groups,
-                            ..
-                        }) = commands.get(i)
-                        {
-                            let group = self.bind(params, kernel, bindings, *param_len);
-                            pass.set_pipeline(&kernel.pipeline);
-                            pass.set_bind_group(0, &group, &[*param_offset as u32]);
-                            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        while let Some(command @ Command::Dispatch { .. }) = commands.get(i) {
+                            self.record_dispatch(&mut pass, params, command);
                             i += 1;
                         }
                     }
@@ -437,15 +441,7 @@ impl<'a> StepEncoder<'a> {
                         dst_offset,
                         size,
                     } => encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size),
-                    Command::Dispatch {
-                        kernel,
-                        bindings,
-                        param_offset,
-                        param_len,
-                        groups,
-                        ..
-                    } => {
-                        let group = self.bind(params, kernel, bindings, *param_len);
+                    Command::Dispatch { .. } => {
                         let at = (d % per_set) * 2;
                         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some(label),
@@ -455,9 +451,7 @@ impl<'a> StepEncoder<'a> {
                                 end_of_pass_write_index: Some(at + 1),
                             }),
                         });
-                        pass.set_pipeline(&kernel.pipeline);
-                        pass.set_bind_group(0, &group, &[*param_offset as u32]);
-                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        self.record_dispatch(&mut pass, params, c);
                         d += 1;
                     }
                 }
@@ -535,22 +529,12 @@ impl<'a> StepEncoder<'a> {
                         dst_offset,
                         size,
                     } => encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size),
-                    Command::Dispatch {
-                        kernel,
-                        bindings,
-                        param_offset,
-                        param_len,
-                        groups,
-                        ..
-                    } => {
-                        let group = self.bind(params, kernel, bindings, *param_len);
+                    Command::Dispatch { .. } => {
                         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some(label),
                             timestamp_writes: None,
                         });
-                        pass.set_pipeline(&kernel.pipeline);
-                        pass.set_bind_group(0, &group, &[*param_offset as u32]);
-                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        self.record_dispatch(&mut pass, params, c);
                     }
                 }
                 ctx.queue.submit([encoder.finish()]);
