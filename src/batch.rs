@@ -388,6 +388,9 @@ pub struct BatchSession<'e> {
     next_id: usize,
     /// Rows × layers spent building the prefix entry (0 when it was stored).
     entry_passes: usize,
+    /// The session stored a new entry (it was not in the store) and no request has joined
+    /// yet: the first to join reports the miss.
+    miss_to_report: bool,
 }
 
 impl Engine {
@@ -437,6 +440,7 @@ impl Engine {
                 )));
             }
         };
+        let miss = !pin.hit;
         Ok(BatchSession {
             engine: self,
             prefix: prefix.to_vec(),
@@ -448,6 +452,7 @@ impl Engine {
             selects: Vec::new(),
             next_id: 0,
             entry_passes: timings.token_layer_passes,
+            miss_to_report: miss,
         })
     }
 }
@@ -560,7 +565,14 @@ impl BatchSession<'_> {
                 break;
             };
             match engine.admit(&self.state.st, self.depth, p, base) {
-                Admission::Joined(m) => self.running.push((id, *m)),
+                Admission::Joined(mut m) => {
+                    if std::mem::take(&mut self.miss_to_report)
+                        && let Some(report) = &mut m.prepared.report
+                    {
+                        report.hit = false;
+                    }
+                    self.running.push((id, *m))
+                }
                 Admission::Alone(p) => done.push((
                     id,
                     Err(EngineError::Refused(format!(

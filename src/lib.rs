@@ -33,6 +33,7 @@ mod options;
 mod prefix;
 pub mod profile;
 mod request;
+mod request_run;
 mod run;
 
 pub use batch::BatchSession;
@@ -45,6 +46,7 @@ pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{BicacheReport, Generation, Prompt, Request, StepEvent, Timings};
+pub use request_run::RequestRun;
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{Message, Role};
 pub use unmask_core::prefix_store::Recount;

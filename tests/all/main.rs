@@ -17,6 +17,7 @@ mod model_parity;
 mod profile;
 mod quant_checkpoint;
 mod quant_model;
+mod request_run;
 mod shader_portability;
 mod step_program;
 mod streamed_load;
