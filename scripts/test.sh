@@ -23,6 +23,9 @@ python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask t
 echo "== bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask
 
+echo "== unmask serve: the openai Python client, raw HTTP errors, 429, disconnects (tools/serve_test.py)"
+scripts/test-server.sh target/debug/unmask
+
 # 30 s per target keeps CI under 40 minutes; run longer by hand: scripts/fuzz.sh 600
 scripts/fuzz.sh 30
 

@@ -6,149 +6,158 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use clap::{Args, ValueEnum};
 use serde_json::Value;
-use unmask::{CacheMode, GenerationParams};
+use unmask::{CacheMode, EngineOptions, GenerationParams};
 use unmask_bench::{
     self as bench, Decoding, KernelBenchOptions, Peak, Repeats, RequestBenchOptions, Workload,
 };
 use unmask_core::config::LladaConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
-use crate::args::{CommandSpec, Flag, Matches, invalid};
 use crate::error::CliError;
-use crate::options::{self, BACKEND, CACHE, DTYPE, MODEL};
+use crate::options::{self, BicacheArgs, EngineArgs, ModelArgs};
+use crate::values;
 
-pub fn spec() -> CommandSpec {
-    let mut flags = vec![
-        MODEL,
-        Flag::value(
-            "config",
-            "NAME|FILE",
-            "kernel shapes without weights: llada-8b, tiny or a config.json (kernels only)",
-        ),
-        Flag::value(
-            "only",
-            "WHAT",
-            "kernels or requests (default: both with --model, kernels with --config)",
-        ),
-        Flag::value(
-            "rows",
-            "LIST",
-            "rows per step for the kernel shapes (default: the block length and the whole request)",
-        ),
-        Flag::value(
-            "kv-lens",
-            "LIST",
-            "keys for the attention shapes (default: the whole request)",
-        ),
-        Flag::value(
-            "formats",
-            "LIST",
-            "weight formats for the matmuls: f32, f16-packed, f16, q8, q4 (default f32,f16,q8,q4)",
-        ),
-        Flag::switch("auto-only", "time only the matmul kernel the runtime picks"),
-        CACHE,
-        Flag::value(
-            "decoding",
-            "LIST",
-            "quota, threshold or both (default quota,threshold)",
-        ),
-        Flag::value(
-            "threshold",
-            "T",
-            "confidence threshold of threshold decoding (default 0.9)",
-        ),
-        Flag::value(
-            "gen-length",
-            "N",
-            "tokens generated per request (default 256)",
-        ),
-        Flag::value("steps", "N", "denoising steps per request (default 128)"),
-        Flag::value("block-length", "N", "block size (default 32)"),
-        Flag::value(
-            "groups",
-            "N",
-            "shared system prompts in the workload (default 2)",
-        ),
-        Flag::value("per-group", "N", "requests per system prompt (default 4)"),
-        Flag::value(
-            "batch",
-            "LIST",
-            "requests in the batch at once, e.g. 1,4: BiCache requests sharing a prefix are \
-             served by a batch session (continuous batching), up to N in the same forward \
-             passes (default 1; sizes above 1 run BiCache modes only)",
-        ),
-        Flag::value(
-            "prefix-tokens",
-            "N",
-            "tokens of each shared system prompt (default 1024)",
-        ),
-        Flag::value(
-            "user-tokens",
-            "N",
-            "tokens of each request's own part (default 64)",
-        ),
-        Flag::value("seed", "S", "seed of the workload's token ids (default 0)"),
-        Flag::value(
-            "peak-gflops",
-            "X",
-            "the adapter's peak GFLOP/s, for the share-of-peak figures (known for H100/H200)",
-        ),
-        Flag::value("peak-gbs", "X", "the adapter's peak memory GB/s"),
-        Flag::value(
-            "out",
-            "FILE",
-            "write the JSON lines to FILE (default: standard output)",
-        ),
-        BACKEND,
-        DTYPE,
-        options::WEIGHTS,
-        options::EMBED_WEIGHTS,
-    ];
-    flags.extend(options::bicache_flags());
-    CommandSpec {
-        name: "bench",
-        summary: "Benchmark kernels at the model's shapes and requests per cache mode (JSON lines).",
-        usage: "unmask bench [--model DIR | --config llada-8b] [--only kernels|requests] [--out FILE]",
-        flags,
-        notes: "Each line is one record: the adapter, backend, driver, commit and model, then the\n\
-                figures (medians after a warm-up). Kernel records: GFLOP/s, GB/s and, when the\n\
-                peak is known or given, the share of it. Request records: throughput (canvas and\n\
-                answer tokens/s), time to the first step, forward passes, token-layer passes and\n\
-                GPU memory, per cache mode and decoding, on a workload of shared system prompts\n\
-                made of token ids (no tokenizer needed). The prefix store is emptied before each\n\
-                mode, so BiCache figures include its first misses.",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Benchmark kernels at the model's shapes and requests per cache mode (JSON lines).",
+    override_usage = "unmask bench [--model <DIR> | --config llada-8b] [--only <kernels|requests>] [--out <FILE>]",
+    after_help = "Each line is one record: the adapter, backend, driver, commit and model, then the\n\
+                  figures (medians after a warm-up). Kernel records: GFLOP/s, GB/s and, when the\n\
+                  peak is known or given, the share of it. Request records: throughput (canvas and\n\
+                  answer tokens/s), time to the first step, forward passes, token-layer passes and\n\
+                  GPU memory, per cache mode and decoding, on a workload of shared system prompts\n\
+                  made of token ids (no tokenizer needed). The prefix store is emptied before each\n\
+                  mode, so BiCache figures include its first misses."
+)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// kernel shapes without weights: llada-8b, tiny or a config.json (kernels only)
+    #[arg(long, value_name = "NAME|FILE", conflicts_with = "model")]
+    config: Option<String>,
+    /// kernels or requests (default: both with --model, kernels with --config)
+    #[arg(long, value_name = "WHAT")]
+    only: Option<Only>,
+    /// rows per step for the kernel shapes (default: the block length and the whole request)
+    // The paths spelled out: one value holding the list, not a value per occurrence.
+    #[arg(long, value_name = "LIST", value_parser = values::positive_list)]
+    rows: Option<::std::vec::Vec<usize>>,
+    /// keys for the attention shapes (default: the whole request)
+    #[arg(long, value_name = "LIST", value_parser = values::positive_list)]
+    kv_lens: Option<::std::vec::Vec<usize>>,
+    /// weight formats for the matmuls: f32, f16-packed, f16, q8, q4 (default f32,f16,q8,q4)
+    #[arg(long, value_name = "LIST", value_parser = formats)]
+    formats: Option<::std::vec::Vec<WeightFormat>>,
+    /// time only the matmul kernel the runtime picks
+    #[arg(long)]
+    auto_only: bool,
+    #[arg(long, value_name = "MODE", help = options::CACHE_HELP, value_parser = values::cache_modes)]
+    cache: Option<::std::vec::Vec<CacheMode>>,
+    /// quota, threshold or both (default quota,threshold)
+    #[arg(long, value_name = "LIST", value_parser = decodings)]
+    decoding: Option<::std::vec::Vec<DecodingName>>,
+    /// confidence threshold of threshold decoding (default 0.9)
+    #[arg(
+        long,
+        value_name = "T",
+        value_parser = values::fraction::<f32>,
+        allow_negative_numbers = true,
+        default_value_t = 0.9,
+        hide_default_value = true
+    )]
+    threshold: f32,
+    /// tokens generated per request (default 256)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 256, hide_default_value = true)]
+    gen_length: usize,
+    /// denoising steps per request (default 128)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 128, hide_default_value = true)]
+    steps: usize,
+    /// block size (default 32)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 32, hide_default_value = true)]
+    block_length: usize,
+    /// shared system prompts in the workload (default 2)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 2, hide_default_value = true)]
+    groups: usize,
+    /// requests per system prompt (default 4)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 4, hide_default_value = true)]
+    per_group: usize,
+    /// requests in the batch at once, e.g. 1,4: BiCache requests sharing a prefix are served
+    /// by a batch session (continuous batching), up to N in the same forward passes (default
+    /// 1; sizes above 1 run BiCache modes only)
+    #[arg(long, value_name = "LIST", value_parser = values::positive_list)]
+    batch: Option<::std::vec::Vec<usize>>,
+    /// tokens of each shared system prompt (default 1024)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 1024, hide_default_value = true)]
+    prefix_tokens: usize,
+    /// tokens of each request's own part (default 64)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 64, hide_default_value = true)]
+    user_tokens: usize,
+    /// seed of the workload's token ids (default 0)
+    #[arg(long, value_name = "S", value_parser = values::seed, allow_negative_numbers = true, default_value_t = 0, hide_default_value = true)]
+    seed: u64,
+    /// the adapter's peak GFLOP/s, for the share-of-peak figures (known for H100/H200)
+    #[arg(long, value_name = "X", value_parser = values::positive_number, allow_negative_numbers = true)]
+    peak_gflops: Option<f64>,
+    /// the adapter's peak memory GB/s
+    #[arg(long, value_name = "X", value_parser = values::positive_number, allow_negative_numbers = true)]
+    peak_gbs: Option<f64>,
+    /// write the JSON lines to FILE (default: standard output)
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    bicache: BicacheArgs,
 }
 
-fn list<T>(
-    m: &Matches,
-    flag: &str,
-    expected: &str,
-    parse: impl Fn(&str) -> Option<T>,
-) -> Result<Option<Vec<T>>, CliError> {
-    let Some(text) = m.value(flag) else {
-        return Ok(None);
-    };
-    text.split(',')
-        .map(|part| parse(part.trim()).ok_or_else(|| invalid(flag, expected, text)))
-        .collect::<Result<Vec<T>, _>>()
-        .map(Some)
+/// `--only`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Only {
+    Kernels,
+    Requests,
 }
 
-fn positive(m: &Matches, flag: &str, default: usize) -> Result<usize, CliError> {
-    Ok(m.checked(flag, "a whole number >= 1", |v: usize| v >= 1)?
-        .unwrap_or(default))
+/// A decoding of `--decoding`; threshold decoding takes `--threshold`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecodingName {
+    Quota,
+    Threshold,
+}
+
+fn decodings(text: &str) -> Result<Vec<DecodingName>, String> {
+    values::list(text, "quota, threshold or quota,threshold", |s| match s {
+        "quota" => Some(DecodingName::Quota),
+        "threshold" => Some(DecodingName::Threshold),
+        _ => None,
+    })
+}
+
+fn formats(text: &str) -> Result<Vec<WeightFormat>, String> {
+    values::list(
+        text,
+        "a list of f32, f16-packed, f16, q8, q4",
+        |s| match s {
+            // Also the name records give `f16` (`WeightFormat::name`), so a record's format can
+            // be asked for again.
+            "f16-native" => Some(WeightFormat::F16Native),
+            s => options::parse_weight_format(s),
+        },
+    )
 }
 
 /// The kernel shapes' config: the model's, `--config FILE`, or a preset.
-fn shapes_config(m: &Matches, model: Option<&Path>) -> Result<(String, LladaConfig), CliError> {
+fn shapes_config(
+    config: Option<&str>,
+    model: Option<&Path>,
+) -> Result<(String, LladaConfig), CliError> {
     if let Some(dir) = model {
         let cfg = LladaConfig::from_file(dir)
             .map_err(|e| CliError::context(format!("cannot read {}", dir.display()), e))?;
         return Ok((model_name(dir), cfg));
     }
-    let name = m.value("config").unwrap_or("tiny");
+    let name = config.unwrap_or("tiny");
     let path = PathBuf::from(name);
     if path.exists() {
         let cfg = LladaConfig::from_file(&path)
@@ -156,14 +165,11 @@ fn shapes_config(m: &Matches, model: Option<&Path>) -> Result<(String, LladaConf
         return Ok((model_name(&path), cfg));
     }
     let cfg = LladaConfig::preset(name).ok_or_else(|| {
-        invalid(
-            "config",
-            &format!(
-                "a preset ({}) or an existing config.json",
-                LladaConfig::PRESETS.join(", ")
-            ),
-            name,
-        )
+        CliError::usage(format!(
+            "invalid value for --config: expected a preset ({}) or an existing config.json, \
+             found `{name}`",
+            LladaConfig::PRESETS.join(", ")
+        ))
     })?;
     Ok((name.to_string(), cfg))
 }
@@ -187,25 +193,24 @@ struct Sink {
 }
 
 impl Sink {
-    fn open(path: Option<&str>) -> Result<Self, CliError> {
+    fn open(path: Option<&Path>) -> Result<Self, CliError> {
         match path {
             None => Ok(Self {
                 out: Box::new(std::io::stdout()),
                 path: None,
             }),
-            Some(p) => {
-                let path = PathBuf::from(p);
+            Some(path) => {
                 if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(parent).map_err(|e| {
                         CliError::context(format!("cannot create {}", parent.display()), e)
                     })?;
                 }
-                let file = File::create(&path).map_err(|e| {
+                let file = File::create(path).map_err(|e| {
                     CliError::context(format!("cannot create {}", path.display()), e)
                 })?;
                 Ok(Self {
                     out: Box::new(BufWriter::new(file)),
-                    path: Some(path),
+                    path: Some(path.to_path_buf()),
                 })
             }
         }
@@ -263,20 +268,15 @@ fn summary_line(r: &Value) -> String {
     }
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let model = match (m.value("model"), m.value("config")) {
-        (Some(_), Some(_)) => {
-            return Err(CliError::usage(
-                "give --model (kernels and requests) or --config (kernels only), not both",
-            ));
-        }
-        (Some(_), None) => Some(options::model_dir(m)?),
-        (None, Some(_)) => None,
-        (None, None) => Some(options::model_dir(m)?),
+pub fn run(args: &BenchArgs) -> Result<(), CliError> {
+    // `--model` and `--config` are exclusive (clap checks it).
+    let model = match &args.config {
+        Some(_) => None,
+        None => Some(args.model.dir()?),
     };
-    let (kernels, requests) = match m.choice("only", &["kernels", "requests"])? {
-        Some("kernels") => (true, false),
-        Some(_) => (false, true),
+    let (kernels, requests) = match args.only {
+        Some(Only::Kernels) => (true, false),
+        Some(Only::Requests) => (false, true),
         None => (true, model.is_some()),
     };
     if requests && model.is_none() {
@@ -284,9 +284,9 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             "request benchmarks need weights: give --model DIR (unmask synth makes a synthetic one)",
         ));
     }
-    let gen_length = positive(m, "gen-length", 256)?;
-    let steps = positive(m, "steps", 128)?;
-    let block_length = positive(m, "block-length", 32)?;
+    let gen_length = args.gen_length;
+    let steps = args.steps;
+    let block_length = args.block_length;
     let params = GenerationParams {
         gen_length,
         steps,
@@ -297,65 +297,44 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         CliError::usage(format!("invalid --gen-length/--steps/--block-length: {e}"))
     })?;
     let workload = Workload {
-        groups: positive(m, "groups", 2)?,
-        per_group: positive(m, "per-group", 4)?,
-        prefix_tokens: positive(m, "prefix-tokens", 1024)?,
-        user_tokens: positive(m, "user-tokens", 64)?,
-        seed: m.parsed("seed", "a whole number >= 0")?.unwrap_or(0),
+        groups: args.groups,
+        per_group: args.per_group,
+        prefix_tokens: args.prefix_tokens,
+        user_tokens: args.user_tokens,
+        seed: args.seed,
     };
     let request_len = workload.prefix_tokens + workload.user_tokens + gen_length;
-    let threshold = m
-        .checked("threshold", "a number in (0, 1]", |t: f32| {
-            t > 0.0 && t <= 1.0
-        })?
-        .unwrap_or(0.9);
-    let decodings = list(
-        m,
-        "decoding",
-        "quota, threshold or quota,threshold",
-        |s| match s {
-            "quota" => Some(Decoding::Quota),
-            "threshold" => Some(Decoding::Threshold(threshold)),
-            _ => None,
-        },
-    )?
-    .unwrap_or(vec![Decoding::Quota, Decoding::Threshold(threshold)]);
-    let modes = if m.value("cache").is_some() {
-        options::cache_modes(m)?
-    } else {
-        CacheMode::ALL.to_vec()
+    let threshold = args.threshold;
+    let decodings = match &args.decoding {
+        Some(names) => names
+            .iter()
+            .map(|name| match name {
+                DecodingName::Quota => Decoding::Quota,
+                DecodingName::Threshold => Decoding::Threshold(threshold),
+            })
+            .collect(),
+        None => vec![Decoding::Quota, Decoding::Threshold(threshold)],
     };
-    let bicache = options::bicache_settings(m, &modes)?;
-    let formats = list(
-        m,
-        "formats",
-        "a list of f32, f16-packed, f16, q8, q4",
-        // Also the name records give `f16` (`WeightFormat::name`), so a record's format can
-        // be asked for again.
-        |s| match s {
-            "f16-native" => Some(WeightFormat::F16Native),
-            s => options::parse_weight_format(s),
-        },
-    )?
-    .unwrap_or(vec![
+    let modes = args
+        .cache
+        .clone()
+        .unwrap_or_else(|| CacheMode::ALL.to_vec());
+    let bicache = args.bicache.settings(&modes);
+    let formats = args.formats.clone().unwrap_or(vec![
         WeightFormat::F32,
         WeightFormat::F16Native,
         WeightFormat::Q8,
         WeightFormat::Q4,
     ]);
-    let rows = list(m, "rows", "a list of whole numbers >= 1", |s| {
-        s.parse::<usize>().ok().filter(|&v| v >= 1)
-    })?
-    .unwrap_or(vec![block_length, request_len]);
-    let kv_lens = list(m, "kv-lens", "a list of whole numbers >= 1", |s| {
-        s.parse::<usize>().ok().filter(|&v| v >= 1)
-    })?
-    .unwrap_or(vec![request_len]);
-    let peak_flag = |flag: &str| m.checked(flag, "a number > 0", |v: f64| v > 0.0);
-    let (peak_gflops, peak_gbs) = (peak_flag("peak-gflops")?, peak_flag("peak-gbs")?);
-    let mut sink = Sink::open(m.value("out"))?;
+    let rows = args.rows.clone().unwrap_or(vec![block_length, request_len]);
+    let kv_lens = args.kv_lens.clone().unwrap_or(vec![request_len]);
+    let (peak_gflops, peak_gbs) = (args.peak_gflops, args.peak_gbs);
+    let mut sink = Sink::open(args.out.as_deref())?;
 
-    let engine_options = options::engine_options(m)?;
+    let engine_options = EngineOptions {
+        cache_budget: args.bicache.budget(),
+        ..args.engine.options()?
+    };
     let engine = match (&model, requests) {
         (Some(dir), true) => Some(options::load_engine(dir, &engine_options)?),
         _ => None,
@@ -377,7 +356,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         }
     };
     eprintln!("[gpu] {}", ctx.describe());
-    let (name, cfg) = shapes_config(m, model.as_deref())?;
+    let (name, cfg) = shapes_config(args.config.as_deref(), model.as_deref())?;
     let peak = match (peak_gflops, peak_gbs) {
         (None, None) => bench::known_peak(&ctx.info.name),
         (g, b) => Some(Peak {
@@ -429,7 +408,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         let envelope = bench::envelope(&ctx, &name, &cfg, &weights);
         let kernel_options = KernelBenchOptions {
             formats,
-            all_variants: !m.switch("auto-only"),
+            all_variants: !args.auto_only,
             repeats: Repeats::default(),
             peak: peak.clone(),
         };
@@ -494,10 +473,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             decodings,
             refresh_every: bicache.refresh_every,
             depth: bicache.depth,
-            batches: list(m, "batch", "sizes >= 1, e.g. 1,2,4", |v| {
-                v.parse().ok().filter(|&n: &usize| n >= 1)
-            })?
-            .unwrap_or_else(|| vec![1]),
+            batches: args.batch.clone().unwrap_or_else(|| vec![1]),
         };
         eprintln!(
             "requests: {} system prompts x {} requests, {} + {} tokens, gen {gen_length}, steps {steps}, block {block_length}",

@@ -2,51 +2,51 @@
 
 use std::io::{BufRead, IsTerminal};
 
+use clap::Args;
 use serde_json::json;
 use unmask::{Prompt, Request};
 use unmask_core::chat::Message;
 
-use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::generate::{self, bicache_json, summary, timings_json};
-use crate::options::{self, CACHE, MODEL};
+use crate::options::{self, CacheArgs, GenerationArgs, ModelArgs, RunArgs};
 use crate::output;
 
-pub fn spec() -> CommandSpec {
-    let mut flags = vec![
-        MODEL,
-        Flag::value(
-            "system",
-            "TEXT",
-            "a system message at the start of the conversation",
-        ),
-    ];
-    flags.extend(options::generation_flags());
-    flags.push(CACHE);
-    flags.extend(options::generation_run_flags(
-        "print one JSON object per answer (one per line) instead of the text",
-    ));
-    CommandSpec {
-        name: "chat",
-        summary: "Chat with the model: each line read from stdin is a user turn.",
-        usage: "unmask chat [--model DIR] [--system TEXT] [--cache MODE] [--depth B] [generation flags]",
-        flags,
-        notes: "Commands: /reset clears the conversation (the system message stays), /quit or\n\
-                end of input ends it. Every answer becomes an assistant turn of the history.\n\
-                Piped input works: `printf 'Hi\\nWhy?\\n' | unmask chat` prints two answers.\n\
-                With --cache bicache the shared prefix is everything before the last user turn\n\
-                (the system message and the earlier turns).",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Chat with the model: each line read from stdin is a user turn.",
+    override_usage = "unmask chat [--model <DIR>] [--system <TEXT>] [--cache <MODE>] [--depth <B>] [OPTIONS]",
+    after_help = "Commands: /reset clears the conversation (the system message stays), /quit or\n\
+                  end of input ends it. Every answer becomes an assistant turn of the history.\n\
+                  Piped input works: `printf 'Hi\\nWhy?\\n' | unmask chat` prints two answers.\n\
+                  With --cache bicache the shared prefix is everything before the last user turn\n\
+                  (the system message and the earlier turns)."
+)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// a system message at the start of the conversation
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    #[command(flatten)]
+    generation: GenerationArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
+    #[command(flatten)]
+    run: RunArgs,
+    /// print one JSON object per answer (one per line) instead of the text
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let (params, decode) = options::generation_params(m)?;
-    let cache = options::cache_mode(m)?;
-    let bicache = options::bicache_settings(m, &[cache])?;
-    let engine_options = options::engine_options(m)?;
-    let json = m.switch("json");
-    let system = m.value("system").map(Message::system);
-    let dir = options::model_dir(m)?;
+pub fn run(args: &ChatArgs) -> Result<(), CliError> {
+    let (params, decode) = args.generation.params()?;
+    let cache = args.cache.mode;
+    let bicache = args.run.bicache.settings(&[cache]);
+    let engine_options = args.run.engine_options()?;
+    let json = args.json;
+    let system = args.system.as_deref().map(Message::system);
+    let dir = args.model.dir()?;
     let engine = options::load_engine(&dir, &engine_options)?;
     if engine.tokenizer().is_none() {
         return Err(CliError::runtime(format!(

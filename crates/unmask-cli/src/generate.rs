@@ -2,71 +2,69 @@
 
 use std::io::IsTerminal;
 
+use clap::{ArgGroup, Args};
 use serde_json::{Value, json};
 use unmask::{
     BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Remasking, Request,
 };
 use unmask_core::chat::Message;
 
-use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::live::CanvasView;
-use crate::options::{self, CACHE, MODEL};
-use crate::output;
+use crate::options::{self, CacheArgs, GenerationArgs, ModelArgs, RunArgs};
+use crate::{output, values};
 
-pub fn spec() -> CommandSpec {
-    let mut flags = vec![
-        MODEL,
-        Flag::value(
-            "prompt",
-            "TEXT",
-            "the user message (rendered with the chat template)",
-        ),
-        Flag::value("system", "TEXT", "a system message before the prompt"),
-        Flag::value(
-            "prompt-ids",
-            "IDS",
-            "token ids used as they are, e.g. 1,2,3 (no tokenizer needed; prints ids)",
-        ),
-    ];
-    flags.extend(options::generation_flags());
-    flags.extend([
-        CACHE,
-        Flag::value(
-            "prefix-len",
-            "N",
-            "tokens of the shared prefix for --cache prefix-arm, bicache, bicache-dual (default: \
-             the turns before the last user message; every token with --prompt-ids)",
-        ),
-    ]);
-    flags.extend(options::generation_run_flags(
-        "print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings",
-    ));
-    CommandSpec {
-        name: "generate",
-        summary: "Generate an answer by iterative unmasking.",
-        usage: "unmask generate [--model DIR] (--prompt TEXT [--system TEXT] | --prompt-ids 1,2,3) [flags]",
-        flags,
-        notes: "On a terminal the canvas is shown while it denoises; otherwise only the answer\n\
-                is printed (the generated ids, comma-separated, with --prompt-ids).",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Generate an answer by iterative unmasking.",
+    override_usage = "unmask generate [--model <DIR>] (--prompt <TEXT> [--system <TEXT>] | --prompt-ids <IDS>) [OPTIONS]",
+    after_help = "On a terminal the canvas is shown while it denoises; otherwise only the answer\n\
+                  is printed (the generated ids, comma-separated, with --prompt-ids).",
+    group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"]))
+)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// the user message (rendered with the chat template)
+    #[arg(long, value_name = "TEXT")]
+    prompt: Option<String>,
+    /// a system message before the prompt
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// token ids used as they are, e.g. 1,2,3 (no tokenizer needed; prints ids)
+    // The path spelled out: one value holding the list, not a value per occurrence.
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    prompt_ids: Option<::std::vec::Vec<u32>>,
+    #[command(flatten)]
+    generation: GenerationArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
+    /// tokens of the shared prefix for --cache prefix-arm, bicache, bicache-dual (default:
+    /// the turns before the last user message; every token with --prompt-ids)
+    #[arg(long, value_name = "N", value_parser = values::whole, allow_negative_numbers = true)]
+    prefix_len: Option<usize>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let prompt = prompt(m)?;
-    let (params, decode) = options::generation_params(m)?;
-    let cache = options::cache_mode(m)?;
-    let prefix_len = m.parsed::<usize>("prefix-len", "a whole number >= 0")?;
+pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
+    let prompt = prompt(args)?;
+    let (params, decode) = args.generation.params()?;
+    let cache = args.cache.mode;
+    let prefix_len = args.prefix_len;
     if prefix_len.is_some() && cache != CacheMode::PrefixArm && !cache.is_bicache() {
         eprintln!(
             "note: --prefix-len is used only by --cache prefix-arm, bicache and bicache-dual \
              (the cache is {cache})"
         );
     }
-    let bicache = options::bicache_settings(m, &[cache])?;
-    let engine_options = options::engine_options(m)?;
-    let json = m.switch("json");
-    let dir = options::model_dir(m)?;
+    let bicache = args.run.bicache.settings(&[cache]);
+    let engine_options = args.run.engine_options()?;
+    let json = args.json;
+    let dir = args.model.dir()?;
     let engine = options::load_engine(&dir, &engine_options)?;
     if let Prompt::Ids(ids) = &prompt {
         options::check_ids(&engine, "prompt-ids", ids)?;
@@ -123,31 +121,23 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     Ok(())
 }
 
-fn prompt(m: &Matches) -> Result<Prompt, CliError> {
-    match (m.value("prompt"), m.ids("prompt-ids")?) {
-        (Some(text), None) => {
-            let mut messages = Vec::new();
-            if let Some(system) = m.value("system") {
-                messages.push(Message::system(system));
-            }
-            messages.push(Message::user(text));
-            Ok(Prompt::Chat(messages))
+/// The prompt: `--prompt` (with `--system`) or `--prompt-ids`; clap lets exactly one of
+/// them through.
+fn prompt(args: &GenerateArgs) -> Result<Prompt, CliError> {
+    if let Some(ids) = &args.prompt_ids {
+        if args.system.is_some() {
+            return Err(CliError::usage(
+                "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids in the list",
+            ));
         }
-        (None, Some(ids)) => {
-            if m.value("system").is_some() {
-                return Err(CliError::usage(
-                    "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids in the list",
-                ));
-            }
-            Ok(Prompt::Ids(ids))
-        }
-        (Some(_), Some(_)) => Err(CliError::usage(
-            "give either --prompt TEXT or --prompt-ids 1,2,3, not both",
-        )),
-        (None, None) => Err(CliError::usage(
-            "`unmask generate` needs --prompt TEXT or --prompt-ids 1,2,3; see `unmask generate --help`",
-        )),
+        return Ok(Prompt::Ids(ids.clone()));
     }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::system(system));
+    }
+    messages.push(Message::user(args.prompt.as_deref().unwrap_or_default()));
+    Ok(Prompt::Chat(messages))
 }
 
 /// Runs one request, showing the canvas live when `live` is set.

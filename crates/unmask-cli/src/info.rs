@@ -4,41 +4,37 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use clap::Args;
 use unmask::{Engine, EngineError};
 use unmask_core::config::LladaConfig;
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::{ContextOptions, GpuContext};
 
-use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
-use crate::options::{self, BACKEND, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
+use crate::options::{EngineArgs, ModelArgs};
 use crate::output;
 
-pub fn spec() -> CommandSpec {
-    CommandSpec {
-        name: "info",
-        summary: "Show the GPU adapter, its features and limits, and (with --model) the model.",
-        usage: "unmask info [--model DIR] [--load] [--backend B] [--dtype D]",
-        flags: vec![
-            MODEL,
-            Flag::switch(
-                "load",
-                "also upload the weights to the GPU: checks they fit and reports their size \
-                 and the load time",
-            ),
-            BACKEND,
-            DTYPE,
-            WEIGHTS,
-            EMBED_WEIGHTS,
-        ],
-        notes: "Without --model only the device is described. With --model the model is described\n\
-                from its files (config.json, the safetensors headers, tokenizer.json when\n\
-                present), so even a 16 GB checkpoint takes a moment; --load uploads it too.",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Show the GPU adapter, its features and limits, and (with --model) the model.",
+    override_usage = "unmask info [--model <DIR>] [--load] [--backend <B>] [--dtype <D>]",
+    after_help = "Without --model only the device is described. With --model the model is described\n\
+                  from its files (config.json, the safetensors headers, tokenizer.json when\n\
+                  present), so even a 16 GB checkpoint takes a moment; --load uploads it too."
+)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// also upload the weights to the GPU: checks they fit and reports their size and the
+    /// load time
+    #[arg(long, requires = "model")]
+    load: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
-/// A GPU context for the `--backend` flag (already checked by `engine_options`).
+/// A GPU context for the `--backend` flag (already checked by its parser).
 pub fn context(backend: Option<&str>) -> Result<Arc<GpuContext>, CliError> {
     let backends = backend.map(unmask_gpu::parse_backend).transpose()?;
     Ok(GpuContext::new(&ContextOptions {
@@ -51,16 +47,11 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let engine_options = options::engine_options(m)?;
-    let model = match m.value("model") {
-        Some(_) => Some(options::model_dir(m)?),
-        None => {
-            if m.switch("load") {
-                return Err(CliError::usage("--load needs --model DIR"));
-            }
-            None
-        }
+pub fn run(args: &InfoArgs) -> Result<(), CliError> {
+    let engine_options = args.engine.options()?;
+    let model = match args.model.model {
+        Some(_) => Some(args.model.dir()?),
+        None => None,
     };
     let ctx = context(engine_options.backend.as_deref())?;
     let f = &ctx.features;
@@ -94,7 +85,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     ];
     if let Some(dir) = model {
         let files = ModelFiles::read(&dir)?;
-        let gpu = if m.switch("load") {
+        let gpu = if args.load {
             let engine = Engine::load_on(ctx.clone(), &dir, &engine_options, &mut |_| {})?;
             format!(
                 "{} ({}), loaded in {:.2} s",

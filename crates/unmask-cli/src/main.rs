@@ -1,6 +1,5 @@
 //! `unmask`: run LLaDA diffusion language models on the GPU from the command line.
 
-mod args;
 mod bench;
 mod bench_report;
 mod chart;
@@ -18,102 +17,102 @@ mod png;
 mod profile;
 mod quantize;
 mod selfcheck;
+mod serve;
 mod synth;
 mod trace;
+mod values;
 
 use std::io::Write;
 
-use args::{CommandSpec, Matches, Parsed};
+use clap::{CommandFactory, Parser, Subcommand};
+use clap_complete::Shell;
+
 use error::CliError;
 
-type Runner = fn(&Matches) -> Result<(), CliError>;
-
-fn commands() -> Vec<(CommandSpec, Runner)> {
-    vec![
-        (generate::spec(), generate::run as Runner),
-        (chat::spec(), chat::run),
-        (eval::spec(), eval::run),
-        (profile::spec(), profile::run),
-        (logits::spec(), logits::run),
-        (quantize::spec(), quantize::run),
-        (info::spec(), info::run),
-        (bench::spec(), bench::run),
-        (bench_report::spec(), bench_report::run),
-        (selfcheck::spec(), selfcheck::run),
-        (synth::spec(), synth::run),
-        (trace::spec(), trace::run),
-    ]
+/// The command line: a command and its flags.
+#[derive(Parser, Debug)]
+#[command(
+    name = "unmask",
+    version,
+    about = "WebGPU inference for diffusion language models (LLaDA)",
+    help_template = "{name} {version}: {about}\n\n{usage-heading} {usage}\n\n{all-args}{after-help}",
+    after_help = "Flags take a value as `--flag value` or `--flag=value`. \
+                  See `unmask <command> --help` for each command's flags.",
+    // Each flag's help names the values it takes.
+    hide_possible_values = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-fn overview(commands: &[(CommandSpec, Runner)]) -> String {
-    let mut out = format!(
-        "unmask {}: WebGPU inference for diffusion language models (LLaDA)\n\n\
-         Usage: unmask <command> [flags]\n\nCommands:\n",
-        env!("CARGO_PKG_VERSION")
-    );
-    for (spec, _) in commands {
-        out.push_str(&format!("  {:<10} {}\n", spec.name, spec.summary));
-    }
-    out.push_str(&format!(
-        "  {:<10} {}\n",
-        "help", "show this help, or a command's: unmask help <command>"
-    ));
-    out.push_str(
-        "\nFlags take a value as `--flag value` or `--flag=value`. \
-         See `unmask <command> --help` for each command's flags.\n",
-    );
-    out
+/// Every command. A new one (such as `serve`) is a variant holding its `#[derive(Args)]`
+/// struct, which sets the command's `about` (its line in `unmask help`), `override_usage` and
+/// `after_help`, and an arm in `Command::run`.
+#[derive(Subcommand, Debug)]
+enum Command {
+    Generate(generate::GenerateArgs),
+    Chat(chat::ChatArgs),
+    Eval(eval::EvalArgs),
+    Profile(profile::ProfileArgs),
+    Logits(logits::LogitsArgs),
+    Quantize(quantize::QuantizeArgs),
+    Info(info::InfoArgs),
+    Bench(bench::BenchArgs),
+    BenchReport(bench_report::BenchReportArgs),
+    Selfcheck(selfcheck::SelfcheckArgs),
+    Synth(synth::SynthArgs),
+    Trace(trace::TraceArgs),
+    Serve(serve::ServeArgs),
+    #[command(
+        about = "Print a shell completion script, e.g. `unmask completions bash > unmask.bash`."
+    )]
+    Completions {
+        /// bash, elvish, fish, powershell or zsh
+        #[arg(value_name = "SHELL")]
+        shell: Shell,
+    },
+    #[command(hide = true, about = "Print the version (as `unmask --version` does).")]
+    Version,
 }
 
-fn run(argv: &[String]) -> Result<(), CliError> {
-    let commands = commands();
-    let Some(first) = argv.first() else {
-        eprint!("{}", overview(&commands));
-        return Err(CliError::usage("no command given"));
-    };
-    let find = |name: &str| commands.iter().find(|(spec, _)| spec.name == name);
-    match first.as_str() {
-        "help" | "--help" | "-h" => {
-            return match argv.get(1) {
-                None => output::partial(&overview(&commands)),
-                Some(name) => match find(name) {
-                    Some((spec, _)) => output::partial(&spec.help()),
-                    None => Err(unknown_command(&commands, name)),
-                },
-            };
+impl Command {
+    fn run(&self) -> Result<(), CliError> {
+        match self {
+            Command::Generate(args) => generate::run(args),
+            Command::Chat(args) => chat::run(args),
+            Command::Eval(args) => eval::run(args),
+            Command::Profile(args) => profile::run(args),
+            Command::Logits(args) => logits::run(args),
+            Command::Quantize(args) => quantize::run(args),
+            Command::Info(args) => info::run(args),
+            Command::Bench(args) => bench::run(args),
+            Command::BenchReport(args) => bench_report::run(args),
+            Command::Selfcheck(args) => selfcheck::run(args),
+            Command::Synth(args) => synth::run(args),
+            Command::Trace(args) => trace::run(args),
+            Command::Serve(args) => serve::run(args),
+            Command::Completions { shell } => completions(*shell),
+            Command::Version => output::line(&format!("unmask {}", env!("CARGO_PKG_VERSION"))),
         }
-        "version" | "--version" | "-V" => {
-            return output::line(&format!("unmask {}", env!("CARGO_PKG_VERSION")));
-        }
-        _ => {}
-    }
-    let Some((spec, runner)) = find(first) else {
-        return Err(unknown_command(&commands, first));
-    };
-    match args::parse(spec, &argv[1..])? {
-        Parsed::Help => output::partial(&spec.help()),
-        Parsed::Run(matches) => runner(&matches),
     }
 }
 
-fn unknown_command(commands: &[(CommandSpec, Runner)], name: &str) -> CliError {
-    let names: Vec<&str> = commands.iter().map(|(spec, _)| spec.name).collect();
-    CliError::usage(format!(
-        "unknown command `{name}`: expected one of {}, help",
-        names.join(", ")
-    ))
+fn completions(shell: Shell) -> Result<(), CliError> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "unmask", &mut script);
+    output::partial(&String::from_utf8_lossy(&script))
 }
 
 fn main() {
-    let argv: Result<Vec<String>, _> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string())
-        .collect();
-    let result = match argv {
-        Ok(argv) => run(&argv),
-        Err(bad) => Err(CliError::usage(format!(
-            "argument {bad:?} is not valid UTF-8"
-        ))),
+    // Help, version and command-line errors are printed by clap, which exits with 0 or 2.
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(command) => command.run(),
+        None => {
+            eprint!("{}", Cli::command().render_help());
+            Err(CliError::usage("no command given"))
+        }
     };
     let code = match result {
         Ok(()) => 0,
@@ -125,4 +124,15 @@ fn main() {
     };
     let _ = std::io::stdout().flush();
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        // clap's own checks: unique flags, known ids in groups, conflicts and `mut_arg`.
+        Cli::command().debug_assert();
+    }
 }

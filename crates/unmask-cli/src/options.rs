@@ -1,16 +1,18 @@
-//! Flags shared by several commands: which model and device, and the generation parameters.
+//! Flags shared by several commands, as groups flattened into each command's flags: which
+//! model and device, BiCache's settings, and the generation parameters.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
+use clap::{Args, ValueEnum};
 use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Remasking};
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::WeightFormat;
 
-use crate::args::{Flag, Matches, invalid};
 use crate::error::CliError;
 use crate::live::LoadBar;
+use crate::values;
 
 /// Used when `--gen-length` is not given.
 pub const DEFAULT_GEN_LENGTH: usize = 64;
@@ -20,33 +22,66 @@ pub const DEFAULT_BLOCK_LENGTH: usize = 32;
 /// Looked up, in order, when `--model` is not given.
 const DEFAULT_MODELS: [&str; 2] = ["models/tiny", "tests/fixtures/tiny"];
 
-pub const MODEL: Flag = Flag::value(
-    "model",
-    "DIR",
-    "model folder (config.json, *.safetensors, optional tokenizer.json); default models/tiny, else tests/fixtures/tiny",
-);
-pub const BACKEND: Flag = Flag::value(
-    "backend",
-    "B",
-    "vulkan, metal, dx12, gl or all (default: WGPU_BACKEND, else any)",
-);
-pub const DTYPE: Flag = Flag::value(
-    "dtype",
-    "D",
-    "weights on the GPU: f16 (default; native when the device has shader-f16), f16-packed, f32",
-);
-pub const WEIGHTS: Flag = Flag::value(
-    "weights",
-    "W",
-    "matrices on the GPU: f16 (default), f16-packed, f32, or q8 / q4 (8- or 4-bit blocks \
-     quantized while loading); a checkpoint written by `unmask quantize` keeps its own format",
-);
-pub const EMBED_WEIGHTS: Flag = Flag::value(
-    "embed-weights",
-    "W",
-    "embedding table and LM head on the GPU: f16, f16-packed, f32, q8 or q4 \
-     (default: as --weights)",
-);
+/// `--model DIR`.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// model folder (config.json, *.safetensors, optional tokenizer.json); default
+    /// models/tiny, else tests/fixtures/tiny
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// The model folder: `--model`, else the first default that exists. Says on stderr
+    /// which one is used.
+    pub fn dir(&self) -> Result<PathBuf, CliError> {
+        if let Some(path) = &self.model {
+            if !path.exists() {
+                return Err(CliError::runtime(format!(
+                    "model directory {} does not exist",
+                    path.display()
+                )));
+            }
+            if !path.is_dir() {
+                return Err(CliError::runtime(format!(
+                    "--model {} is not a directory: expected a folder with config.json and *.safetensors",
+                    path.display()
+                )));
+            }
+            eprintln!("model: {}", path.display());
+            return Ok(path.clone());
+        }
+        let dir = default_model().ok_or_else(|| {
+            CliError::runtime(format!(
+                "no --model given and no default model found (looked for {} in {})",
+                DEFAULT_MODELS.join(" and "),
+                std::env::current_dir()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_else(|_| "the current directory".into())
+            ))
+        })?;
+        eprintln!(
+            "model: {} (default; choose another with --model DIR)",
+            dir.display()
+        );
+        Ok(dir)
+    }
+}
+
+fn default_model() -> Option<PathBuf> {
+    DEFAULT_MODELS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("config.json").is_file())
+}
+
+/// `--backend B`.
+#[derive(Args, Clone, Debug)]
+pub struct BackendArgs {
+    /// vulkan, metal, dx12, gl or all (default: WGPU_BACKEND, else any)
+    #[arg(long, value_name = "B", value_parser = values::backend)]
+    pub backend: Option<String>,
+}
 
 /// Names `--weights`, `--embed-weights` and `--dtype` accept.
 const WEIGHT_FORMATS: [&str; 5] = ["f16", "f16-packed", "f32", "q8", "q4"];
@@ -63,70 +98,64 @@ pub fn parse_weight_format(name: &str) -> Option<WeightFormat> {
     }
 }
 
-/// Every cache mode name, for help texts and error messages.
-const CACHE_MODES: &str =
-    "none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual";
-
-pub const CACHE: Flag = Flag::value(
-    "cache",
-    "MODE",
-    "how K/V are reused: none (default), fast-dllm-prefix, fast-dllm-dual, prefix-arm, \
-     bicache, bicache-dual",
-);
-
-/// Used when `--refresh` is not given (the paper's R).
-pub const DEFAULT_REFRESH: usize = 16;
-
-/// BiCache's flags: the depth, the refresh interval and the store's budget.
-pub fn bicache_flags() -> Vec<Flag> {
-    vec![
-        Flag::value(
-            "depth",
-            "B",
-            "BiCache: shallow layers that reuse the shared prefix (default: the model's \
-             bicache_depth.json; without one BiCache falls back and says why)",
-        ),
-        Flag::value(
-            "refresh",
-            "R",
-            "BiCache: steps between deep-prefix refreshes in one-block requests (default 16)",
-        ),
-        Flag::value(
-            "cache-budget",
-            "TOKENS[,BYTES]",
-            "BiCache: what the shared prefix store may hold, e.g. 5000 or 5000,2G \
-             (BYTES takes K, M, G; default 65536 tokens, 1G)",
-        ),
-    ]
+/// The adapter and the weight formats on the GPU.
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// weights on the GPU: f16 (default; native when the device has shader-f16), f16-packed,
+    /// f32
+    #[arg(long, value_name = "D", value_parser = ["f16", "f16-packed", "f32"])]
+    pub dtype: Option<String>,
+    /// matrices on the GPU: f16 (default), f16-packed, f32, or q8 / q4 (8- or 4-bit blocks
+    /// quantized while loading); a checkpoint written by `unmask quantize` keeps its own
+    /// format
+    #[arg(long, value_name = "W", value_parser = WEIGHT_FORMATS)]
+    pub weights: Option<String>,
+    /// embedding table and LM head on the GPU: f16, f16-packed, f32, q8 or q4 (default: as
+    /// --weights)
+    #[arg(long, value_name = "W", value_parser = WEIGHT_FORMATS)]
+    pub embed_weights: Option<String>,
 }
 
-pub const GPU_MEMORY: Flag = Flag::value(
-    "gpu-memory",
-    "BYTES",
-    "most GPU memory the engine may hold (weights, request state, cached prefixes), e.g. \
-     6G; work past it is refused with an error (default: what the device gives)",
-);
+impl EngineArgs {
+    /// The engine options these flags give, the others at their defaults.
+    pub fn options(&self) -> Result<EngineOptions, CliError> {
+        let name = match (self.dtype.as_deref(), self.weights.as_deref()) {
+            (Some(d), Some(w)) if d != w => {
+                return Err(CliError::usage(format!(
+                    "--dtype {d} and --weights {w} disagree; give one of them"
+                )));
+            }
+            (d, w) => w.or(d).unwrap_or("f16"),
+        };
+        let format = |name: &str| parse_weight_format(name).expect("checked by the parser");
+        Ok(EngineOptions {
+            backend: self.backend.backend.clone(),
+            weight_format: format(name),
+            embed_format: self.embed_weights.as_deref().map(format),
+            ..EngineOptions::default()
+        })
+    }
+}
 
-pub const UNCHECKED_SHADERS: Flag = Flag::switch(
-    "unchecked-shaders",
-    "compile the kernels without wgpu's runtime bounds checks (native only; their indices \
-     are clamped by construction and checked by the host; off by default)",
-);
+/// Used when `--refresh` is not given (the paper's R).
+const DEFAULT_REFRESH: usize = 16;
 
-/// The flags that end the lists of the generating commands (generate, chat, eval): BiCache's,
-/// the engine's (adapter and weight formats), and `--json` with the command's own help.
-pub fn generation_run_flags(json_help: &'static str) -> Vec<Flag> {
-    let mut flags = bicache_flags();
-    flags.extend([
-        BACKEND,
-        DTYPE,
-        WEIGHTS,
-        EMBED_WEIGHTS,
-        GPU_MEMORY,
-        UNCHECKED_SHADERS,
-    ]);
-    flags.push(Flag::switch("json", json_help));
-    flags
+/// BiCache's flags: the depth, the refresh interval and the store's budget.
+#[derive(Args, Clone, Debug)]
+pub struct BicacheArgs {
+    /// BiCache: shallow layers that reuse the shared prefix (default: the model's
+    /// bicache_depth.json; without one BiCache falls back and says why)
+    #[arg(long, value_name = "B", value_parser = values::whole, allow_negative_numbers = true)]
+    pub depth: Option<usize>,
+    /// BiCache: steps between deep-prefix refreshes in one-block requests (default 16)
+    #[arg(long, value_name = "R", value_parser = values::positive, allow_negative_numbers = true)]
+    pub refresh: Option<usize>,
+    /// BiCache: what the shared prefix store may hold, e.g. 5000 or 5000,2G (BYTES takes K,
+    /// M, G; default 65536 tokens, 1G)
+    #[arg(long, value_name = "TOKENS[,BYTES]", value_parser = values::cache_budget)]
+    pub cache_budget: Option<CacheBudget>,
 }
 
 /// `--depth` and `--refresh` for a request.
@@ -136,171 +165,141 @@ pub struct BicacheSettings {
     pub refresh_every: usize,
 }
 
-/// `--depth B` and `--refresh R`, checked; a note on stderr when no mode in `modes` uses them.
-pub fn bicache_settings(m: &Matches, modes: &[CacheMode]) -> Result<BicacheSettings, CliError> {
-    let depth = m.parsed::<usize>("depth", "a whole number >= 0")?;
-    let refresh_every = m
-        .checked("refresh", "a whole number >= 1", |r: usize| r >= 1)?
-        .unwrap_or(DEFAULT_REFRESH);
-    if !modes.iter().any(|c| c.is_bicache()) {
-        let given: Vec<&str> = ["depth", "refresh", "cache-budget"]
+impl BicacheArgs {
+    /// `--depth B` and `--refresh R`; a note on stderr when no mode in `modes` uses them.
+    pub fn settings(&self, modes: &[CacheMode]) -> BicacheSettings {
+        if !modes.iter().any(|c| c.is_bicache()) {
+            let given: Vec<&str> = [
+                ("depth", self.depth.is_some()),
+                ("refresh", self.refresh.is_some()),
+                ("cache-budget", self.cache_budget.is_some()),
+            ]
             .into_iter()
-            .filter(|f| m.value(f).is_some())
+            .filter_map(|(flag, given)| given.then_some(flag))
             .collect();
-        if !given.is_empty() {
-            eprintln!(
-                "note: --{} {} used only by --cache bicache and bicache-dual",
-                given.join(", --"),
-                if given.len() == 1 { "is" } else { "are" }
-            );
-        }
-    }
-    Ok(BicacheSettings {
-        depth,
-        refresh_every,
-    })
-}
-
-/// `TOKENS[,BYTES]`, BYTES with an optional K, M or G (powers of 1024); the bytes limit
-/// stays `default_bytes` when only tokens are given.
-pub fn parse_cache_budget(text: &str, default_bytes: u64) -> Option<CacheBudget> {
-    let (tokens, bytes) = match text.split_once(',') {
-        Some((t, b)) => (t, Some(b)),
-        None => (text, None),
-    };
-    let max_tokens = tokens.trim().parse::<usize>().ok()?;
-    let max_bytes = match bytes {
-        None => default_bytes,
-        Some(b) => parse_bytes(b.trim())?,
-    };
-    Some(CacheBudget {
-        max_tokens,
-        max_bytes,
-    })
-}
-
-/// `512`, `64K`, `1.5G`: bytes with an optional binary suffix (a trailing `B` or `iB` is
-/// accepted too).
-pub fn parse_bytes(text: &str) -> Option<u64> {
-    let upper = text.to_ascii_uppercase();
-    let body = upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper);
-    let (number, scale) = match body.chars().last()? {
-        'K' => (&body[..body.len() - 1], 1u64 << 10),
-        'M' => (&body[..body.len() - 1], 1 << 20),
-        'G' => (&body[..body.len() - 1], 1 << 30),
-        _ => (body, 1),
-    };
-    let number = number.trim();
-    if let Ok(n) = number.parse::<u64>() {
-        return n.checked_mul(scale);
-    }
-    let f = number.parse::<f64>().ok()?;
-    let bytes = f * scale as f64;
-    (f.is_finite() && f >= 0.0 && bytes < u64::MAX as f64).then(|| bytes.round() as u64)
-}
-
-/// `--cache MODE`, `none` when absent.
-pub fn cache_mode(m: &Matches) -> Result<CacheMode, CliError> {
-    match m.value("cache") {
-        None => Ok(CacheMode::None),
-        Some(text) => parse_cache_mode(text.trim())
-            .ok_or_else(|| invalid("cache", &format!("one of {CACHE_MODES}"), text)),
-    }
-}
-
-/// `--cache MODE[,MODE...]` or `--cache all`, in the order given; `[none]` when absent.
-pub fn cache_modes(m: &Matches) -> Result<Vec<CacheMode>, CliError> {
-    let Some(text) = m.value("cache") else {
-        return Ok(vec![CacheMode::None]);
-    };
-    if text.trim() == "all" {
-        return Ok(CacheMode::ALL.to_vec());
-    }
-    let expected = format!("`all` or a comma-separated list of {CACHE_MODES}");
-    let mut modes = Vec::new();
-    for part in text.split(',').map(str::trim) {
-        let mode = parse_cache_mode(part).ok_or_else(|| {
-            if part.is_empty() {
-                invalid("cache", &expected, text)
-            } else {
-                CliError::usage(format!(
-                    "invalid value for --cache: `{part}` is not a cache mode (expected {expected})"
-                ))
+            if !given.is_empty() {
+                eprintln!(
+                    "note: --{} {} used only by --cache bicache and bicache-dual",
+                    given.join(", --"),
+                    if given.len() == 1 { "is" } else { "are" }
+                );
             }
-        })?;
-        if modes.contains(&mode) {
-            return Err(CliError::usage(format!(
-                "--cache lists {mode} more than once"
-            )));
         }
-        modes.push(mode);
+        BicacheSettings {
+            depth: self.depth,
+            refresh_every: self.refresh.unwrap_or(DEFAULT_REFRESH),
+        }
     }
-    Ok(modes)
-}
 
-/// `cache_modes`, with every mode when `--cache` is absent.
-pub fn cache_modes_or_all(m: &Matches) -> Result<Vec<CacheMode>, CliError> {
-    match m.value("cache") {
-        None => Ok(CacheMode::ALL.to_vec()),
-        Some(_) => cache_modes(m),
+    /// What the prefix store may hold: `--cache-budget`, else the engine's default.
+    pub fn budget(&self) -> CacheBudget {
+        self.cache_budget
+            .unwrap_or(EngineOptions::default().cache_budget)
     }
 }
 
-fn parse_cache_mode(name: &str) -> Option<CacheMode> {
-    name.parse().ok()
+/// The flags that end the lists of the generating commands (generate, chat, eval, trace):
+/// BiCache's, the engine's (adapter and weight formats) and the GPU's limits.
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub bicache: BicacheArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// most GPU memory the engine may hold (weights, request state, cached prefixes), e.g.
+    /// 6G; work past it is refused with an error (default: what the device gives)
+    #[arg(long, value_name = "BYTES", value_parser = values::byte_size)]
+    pub gpu_memory: Option<u64>,
+    /// compile the kernels without wgpu's runtime bounds checks (native only; their indices
+    /// are clamped by construction and checked by the host; off by default)
+    #[arg(long)]
+    pub unchecked_shaders: bool,
 }
 
-pub fn generation_flags() -> Vec<Flag> {
-    vec![
-        Flag::value("gen-length", "N", "tokens to generate (default 64)"),
-        Flag::value(
-            "steps",
-            "N",
-            "denoising steps over all blocks (default: gen-length)",
-        ),
-        Flag::value(
-            "block-length",
-            "N",
-            "semi-autoregressive block size (default 32, or gen-length when 32 does not divide it)",
-        ),
-        Flag::value("temperature", "T", "0 is greedy (default 0)"),
-        Flag::value("remasking", "R", "low_confidence (default) or random"),
-        Flag::value(
-            "cfg-scale",
-            "W",
-            "classifier-free guidance weight (default 0: off)",
-        ),
-        Flag::value(
-            "threshold",
-            "T",
-            "commit every prediction at least this confident, in (0, 1] (Fast-dLLM)",
-        ),
-        Flag::value(
-            "seed",
-            "S",
-            "random seed for temperature > 0 and random remasking (default 0)",
-        ),
-        Flag::switch("logits-eos-inf", "never predict the end-of-text token"),
-        Flag::switch(
-            "confidence-eos-eot-inf",
-            "commit end-of-text / end-of-turn predictions last",
-        ),
-        Flag::value(
-            "confidence-precision",
-            "P",
-            "precision of the confidences that rank positions: bf16 (default) rounds them as \
-             the reference run in bfloat16 does (its softmax returns bf16); f32 keeps them, as \
-             a float32 reference does (tools/llada_ref.py, tools/llada_torch.py --dtype f32). \
-             Near-ties can commit different positions under the two",
-        ),
-        Flag::switch(
-            "raw",
-            "decode every generated token (default: stop at end of turn)",
-        ),
-    ]
+impl RunArgs {
+    /// Every engine option these flags give.
+    pub fn engine_options(&self) -> Result<EngineOptions, CliError> {
+        Ok(EngineOptions {
+            cache_budget: self.bicache.budget(),
+            gpu_memory: self.gpu_memory,
+            shader_checks: !self.unchecked_shaders,
+            ..self.engine.options()?
+        })
+    }
+}
+
+/// The help of `--cache MODE`.
+pub const CACHE_HELP: &str = "how K/V are reused: none (default), fast-dllm-prefix, \
+     fast-dllm-dual, prefix-arm, bicache, bicache-dual";
+
+/// `--cache MODE`: one cache mode.
+#[derive(Args, Clone, Debug)]
+pub struct CacheArgs {
+    #[arg(
+        long = "cache",
+        value_name = "MODE",
+        help = CACHE_HELP,
+        value_parser = values::cache_mode(),
+        default_value = "none",
+        hide_default_value = true
+    )]
+    pub mode: CacheMode,
+}
+
+/// `--confidence-precision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConfidencePrecision {
+    F32,
+    Bf16,
+}
+
+/// The denoising schedule and the sampler's settings.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// tokens to generate (default 64)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    pub gen_length: Option<usize>,
+    /// denoising steps over all blocks (default: gen-length)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    pub steps: Option<usize>,
+    /// semi-autoregressive block size (default 32, or gen-length when 32 does not divide it)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    pub block_length: Option<usize>,
+    /// 0 is greedy (default 0)
+    #[arg(long, value_name = "T", value_parser = values::non_negative, allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// low_confidence (default) or random
+    #[arg(long, value_name = "R", value_parser = values::choice(["low_confidence", "random"], remasking))]
+    pub remasking: Option<Remasking>,
+    /// classifier-free guidance weight (default 0: off)
+    #[arg(long, value_name = "W", value_parser = values::non_negative, allow_negative_numbers = true)]
+    pub cfg_scale: Option<f32>,
+    /// commit every prediction at least this confident, in (0, 1] (Fast-dLLM)
+    #[arg(long, value_name = "T", value_parser = values::fraction::<f32>, allow_negative_numbers = true)]
+    pub threshold: Option<f32>,
+    /// random seed for temperature > 0 and random remasking (default 0)
+    #[arg(long, value_name = "S", value_parser = values::seed, allow_negative_numbers = true)]
+    pub seed: Option<u64>,
+    /// never predict the end-of-text token
+    #[arg(long)]
+    pub logits_eos_inf: bool,
+    /// commit end-of-text / end-of-turn predictions last
+    #[arg(long)]
+    pub confidence_eos_eot_inf: bool,
+    /// precision of the confidences that rank positions: bf16 (default) rounds them as the
+    /// reference run in bfloat16 does (its softmax returns bf16); f32 keeps them, as a float32
+    /// reference does (tools/llada_ref.py, tools/llada_torch.py --dtype f32). Near-ties can
+    /// commit different positions under the two
+    #[arg(long, value_name = "P")]
+    pub confidence_precision: Option<ConfidencePrecision>,
+}
+
+fn remasking(name: &str) -> Option<Remasking> {
+    match name {
+        "low_confidence" => Some(Remasking::LowConfidence),
+        "random" => Some(Remasking::Random),
+        _ => None,
+    }
 }
 
 /// Defaults of the generation flags that differ between commands.
@@ -313,82 +312,70 @@ pub struct GenerationDefaults {
 }
 
 impl GenerationDefaults {
-    /// `generate` and `chat`: 64 tokens in blocks of 32.
+    /// `generate`, `chat` and `trace`: 64 tokens in blocks of 32.
     pub const STANDARD: Self = Self {
         gen_length: DEFAULT_GEN_LENGTH,
         single_block: false,
     };
 }
 
-/// The generation parameters and decode mode given by `generation_flags`, checked as the
-/// sampler will check them, so a bad combination is reported before the model loads.
-pub fn generation_params(m: &Matches) -> Result<(GenerationParams, DecodeMode), CliError> {
-    generation_params_with(m, GenerationDefaults::STANDARD)
+impl SamplingArgs {
+    /// The generation parameters, with `defaults` for the flags that are not given, checked
+    /// as the sampler will check them, so a bad combination is reported before the model
+    /// loads.
+    pub fn params(&self, defaults: GenerationDefaults) -> Result<GenerationParams, CliError> {
+        let gen_length = self.gen_length.unwrap_or(defaults.gen_length);
+        let block_length = match self.block_length {
+            Some(b) => b,
+            None if !defaults.single_block && gen_length.is_multiple_of(DEFAULT_BLOCK_LENGTH) => {
+                DEFAULT_BLOCK_LENGTH
+            }
+            None => gen_length,
+        };
+        let params = GenerationParams {
+            gen_length,
+            steps: self.steps.unwrap_or(gen_length),
+            block_length,
+            temperature: self.temperature.unwrap_or(0.0),
+            remasking: self.remasking.unwrap_or(Remasking::LowConfidence),
+            cfg_scale: self.cfg_scale.unwrap_or(0.0),
+            threshold: self.threshold,
+            logits_eos_inf: self.logits_eos_inf,
+            confidence_eos_eot_inf: self.confidence_eos_eot_inf,
+            seed: self.seed.unwrap_or(0),
+            round_confidence_bf16: match self.confidence_precision {
+                Some(p) => p == ConfidencePrecision::Bf16,
+                None => GenerationParams::default().round_confidence_bf16,
+            },
+        };
+        params
+            .validate(1, usize::MAX)
+            .map_err(|e| schedule_error(&params, e))?;
+        Ok(params)
+    }
 }
 
-/// `generation_params` with other defaults for the flags that are not given.
-pub fn generation_params_with(
-    m: &Matches,
-    defaults: GenerationDefaults,
-) -> Result<(GenerationParams, DecodeMode), CliError> {
-    const WHOLE: &str = "a whole number >= 1";
-    let positive = |v: usize| v >= 1;
-    let gen_length = m
-        .checked("gen-length", WHOLE, positive)?
-        .unwrap_or(defaults.gen_length);
-    let block_length = match m.checked("block-length", WHOLE, positive)? {
-        Some(b) => b,
-        None if !defaults.single_block && gen_length.is_multiple_of(DEFAULT_BLOCK_LENGTH) => {
-            DEFAULT_BLOCK_LENGTH
-        }
-        None => gen_length,
-    };
-    let steps = m.checked("steps", WHOLE, positive)?.unwrap_or(gen_length);
-    let temperature = m
-        .checked("temperature", "a number >= 0", |t: f32| {
-            t.is_finite() && t >= 0.0
-        })?
-        .unwrap_or(0.0);
-    let remasking = match m.choice("remasking", &["low_confidence", "random"])? {
-        Some("random") => Remasking::Random,
-        _ => Remasking::LowConfidence,
-    };
-    let cfg_scale = m
-        .checked("cfg-scale", "a number >= 0", |w: f32| {
-            w.is_finite() && w >= 0.0
-        })?
-        .unwrap_or(0.0);
-    let threshold = m.checked("threshold", "a number in (0, 1]", |t: f32| {
-        t > 0.0 && t <= 1.0
-    })?;
-    let seed = m.parsed("seed", "a whole number >= 0")?.unwrap_or(0);
-    let round_confidence_bf16 = match m.choice("confidence-precision", &["f32", "bf16"])? {
-        Some("f32") => false,
-        Some(_) => true,
-        None => GenerationParams::default().round_confidence_bf16,
-    };
-    let params = GenerationParams {
-        gen_length,
-        steps,
-        block_length,
-        temperature,
-        remasking,
-        cfg_scale,
-        threshold,
-        logits_eos_inf: m.switch("logits-eos-inf"),
-        confidence_eos_eot_inf: m.switch("confidence-eos-eot-inf"),
-        seed,
-        round_confidence_bf16,
-    };
-    params
-        .validate(1, usize::MAX)
-        .map_err(|e| schedule_error(&params, e))?;
-    let decode = if m.switch("raw") {
-        DecodeMode::Raw
-    } else {
-        DecodeMode::Clean
-    };
-    Ok((params, decode))
+/// The sampling flags and `--raw`.
+#[derive(Args, Clone, Debug)]
+pub struct GenerationArgs {
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// decode every generated token (default: stop at end of turn)
+    #[arg(long)]
+    pub raw: bool,
+}
+
+impl GenerationArgs {
+    /// The generation parameters (with the standard defaults) and the decode mode.
+    pub fn params(&self) -> Result<(GenerationParams, DecodeMode), CliError> {
+        let params = self.sampling.params(GenerationDefaults::STANDARD)?;
+        let decode = if self.raw {
+            DecodeMode::Raw
+        } else {
+            DecodeMode::Clean
+        };
+        Ok((params, decode))
+    }
 }
 
 /// The sampler's objection, in terms of the flags.
@@ -409,109 +396,6 @@ fn schedule_error(p: &GenerationParams, e: SamplerError) -> CliError {
             p.steps, p.gen_length, p.block_length
         ),
         other => format!("invalid generation flags: {other}"),
-    })
-}
-
-/// The model folder: `--model`, else the first default that exists. Says on stderr which
-/// one is used.
-pub fn model_dir(m: &Matches) -> Result<PathBuf, CliError> {
-    if let Some(dir) = m.value("model") {
-        let path = PathBuf::from(dir);
-        if !path.exists() {
-            return Err(CliError::runtime(format!(
-                "model directory {} does not exist",
-                path.display()
-            )));
-        }
-        if !path.is_dir() {
-            return Err(CliError::runtime(format!(
-                "--model {} is not a directory: expected a folder with config.json and *.safetensors",
-                path.display()
-            )));
-        }
-        eprintln!("model: {}", path.display());
-        return Ok(path);
-    }
-    let dir = default_model().ok_or_else(|| {
-        CliError::runtime(format!(
-            "no --model given and no default model found (looked for {} in {})",
-            DEFAULT_MODELS.join(" and "),
-            std::env::current_dir()
-                .map(|d| d.display().to_string())
-                .unwrap_or_else(|_| "the current directory".into())
-        ))
-    })?;
-    eprintln!(
-        "model: {} (default; choose another with --model DIR)",
-        dir.display()
-    );
-    Ok(dir)
-}
-
-fn default_model() -> Option<PathBuf> {
-    DEFAULT_MODELS
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("config.json").is_file())
-}
-
-/// `--backend` and `--dtype`, checked.
-pub fn engine_options(m: &Matches) -> Result<EngineOptions, CliError> {
-    let backend = match m.value("backend") {
-        Some(name) => {
-            unmask_gpu::parse_backend(name).map_err(|_| {
-                invalid(
-                    "backend",
-                    "one of vulkan, metal, dx12, gl, webgpu, all",
-                    name,
-                )
-            })?;
-            Some(name.to_string())
-        }
-        None => None,
-    };
-    let dtype = m.choice("dtype", &["f16", "f16-packed", "f32"])?;
-    let weights = m.choice("weights", &WEIGHT_FORMATS)?;
-    let name = match (dtype, weights) {
-        (Some(d), Some(w)) if d != w => {
-            return Err(CliError::usage(format!(
-                "--dtype {d} and --weights {w} disagree; give one of them"
-            )));
-        }
-        (d, w) => w.or(d).unwrap_or("f16"),
-    };
-    let weight_format = parse_weight_format(name).expect("checked by choice");
-    let embed_format = m
-        .choice("embed-weights", &WEIGHT_FORMATS)?
-        .map(|n| parse_weight_format(n).expect("checked by choice"));
-    let defaults = EngineOptions::default().cache_budget;
-    let cache_budget = match m.value("cache-budget") {
-        None => defaults,
-        Some(text) => parse_cache_budget(text, defaults.max_bytes).ok_or_else(|| {
-            invalid(
-                "cache-budget",
-                "TOKENS or TOKENS,BYTES such as 5000 or 5000,2G (BYTES may end in K, M or G)",
-                text,
-            )
-        })?,
-    };
-    let gpu_memory = match m.value("gpu-memory") {
-        None => None,
-        Some(text) => Some(parse_bytes(text.trim()).filter(|&b| b > 0).ok_or_else(|| {
-            invalid(
-                "gpu-memory",
-                "a size in bytes > 0 such as 6G, 512M or 1000000",
-                text,
-            )
-        })?),
-    };
-    Ok(EngineOptions {
-        backend,
-        weight_format,
-        embed_format,
-        cache_budget,
-        gpu_memory,
-        shader_checks: !m.switch("unchecked-shaders"),
     })
 }
 
@@ -594,20 +478,74 @@ pub fn check_length(
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
+    /// The generating commands' shared flags on their own.
+    #[derive(Parser, Debug)]
+    struct Flags {
+        #[command(flatten)]
+        generation: GenerationArgs,
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(line: &str) -> Result<Flags, String> {
+        Flags::try_parse_from(std::iter::once("unmask").chain(line.split_whitespace()))
+            .map_err(|e| e.to_string())
+    }
+
     #[test]
-    fn cache_budgets_take_tokens_and_optional_bytes() {
-        let b = |t: &str| parse_cache_budget(t, 7).map(|b| (b.max_tokens, b.max_bytes));
-        assert_eq!(b("5000"), Some((5000, 7)));
-        assert_eq!(b("5000,2G"), Some((5000, 2 << 30)));
-        assert_eq!(b(" 4 , 512 "), Some((4, 512)));
-        assert_eq!(b("10,64K"), Some((10, 64 << 10)));
-        assert_eq!(b("10,1.5m"), Some((10, 3 << 19)));
-        assert_eq!(b("10,3MiB"), Some((10, 3 << 20)));
-        assert_eq!(b("10,100B"), Some((10, 100)));
-        for bad in ["", "x", "-1", "4,", "4,G", "4,-2K", "4,2T", "4,2,3"] {
-            assert_eq!(b(bad), None, "{bad}");
-        }
+    fn values_follow_the_flag_or_an_equals_sign() {
+        let f =
+            parse("--gen-length=16 --steps 8 --block-length 8 --raw --cache-budget 10,1K").unwrap();
+        let (params, decode) = f.generation.params().unwrap();
+        assert_eq!(
+            (params.gen_length, params.steps, params.block_length),
+            (16, 8, 8)
+        );
+        assert_eq!(decode, DecodeMode::Raw);
+        let options = f.run.engine_options().unwrap();
+        assert_eq!(options.cache_budget.max_tokens, 10);
+        assert_eq!(options.cache_budget.max_bytes, 1024);
+        assert!(options.shader_checks);
+        let f = parse("--weights q8 --gpu-memory=6G --unchecked-shaders --depth 0").unwrap();
+        let options = f.run.engine_options().unwrap();
+        assert_eq!(options.weight_format, WeightFormat::Q8);
+        assert_eq!(options.gpu_memory, Some(6 << 30));
+        assert!(!options.shader_checks);
+        assert_eq!(f.run.bicache.settings(&[CacheMode::Bicache]).depth, Some(0));
+    }
+
+    #[test]
+    fn errors_name_the_flag_and_what_it_takes() {
+        let err = |line: &str| parse(line).unwrap_err();
+        assert!(err("--step 3").contains("'--steps'"), "a similar flag");
+        let e = err("--steps -1");
+        assert!(
+            e.contains("'-1' for '--steps <N>': expected a whole number >= 1"),
+            "{e}"
+        );
+        assert!(err("--temperature=x").contains("expected a number >= 0"));
+        assert!(err("--steps 1 --steps 2").contains("cannot be used multiple times"));
+        assert!(err("--remasking best").contains("low_confidence"));
+        assert!(err("--raw=yes").contains("--raw"));
+        assert!(err("--cache-budget 4,2T").contains("TOKENS or TOKENS,BYTES"));
+        let f = parse("--dtype f32 --weights q8").unwrap();
+        assert!(
+            f.run
+                .engine_options()
+                .unwrap_err()
+                .message
+                .contains("disagree")
+        );
+        let f = parse("--gen-length 48 --block-length 32").unwrap();
+        let e = f.generation.params().unwrap_err();
+        assert!(
+            e.message.contains("not a multiple of --block-length 32"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -5,84 +5,84 @@
 
 use std::path::{Path, PathBuf};
 
+use clap::Args;
 use serde_json::json;
 use unmask::DEPTH_TABLE_FILE;
 use unmask::profile::{ItemOutcome, Profile, ProfileItem, ProfileOptions, profile_with};
 use unmask_core::depth_policy::DepthTable;
 
-use crate::args::{CommandSpec, Flag, Matches, invalid};
 use crate::error::CliError;
 use crate::eval::{Item, command_line, load_set};
-use crate::options::{self, BACKEND, DTYPE, EMBED_WEIGHTS, MODEL, WEIGHTS};
-use crate::output;
+use crate::options::{self, EngineArgs, ModelArgs};
 use crate::png::{Canvas, Rgb, text_width};
+use crate::{output, values};
 
 pub const SIMILARITY_JSON: &str = "similarity.json";
 pub const SIMILARITY_PNG: &str = "similarity.png";
 
-pub fn spec() -> CommandSpec {
-    CommandSpec {
-        name: "profile",
-        summary: "Profile BiCache's safe depth per prefix ratio and write the depth table.",
-        usage: "unmask profile [--model DIR] --set FILE --out DIR [--tau T] [--gen-length G] \
-                [--limit N] [--user-repeat K1,K2,...]",
-        flags: vec![
-            MODEL,
-            Flag::value(
-                "set",
-                "FILE",
-                "the items: JSON lines {id, task, system, user, answer, prompt_group}; the \
-                 system turn is the shared prefix",
-            ),
-            Flag::value(
-                "out",
-                "DIR",
-                "folder for bicache_depth.json, similarity.json and similarity.png (created)",
-            ),
-            Flag::value(
-                "tau",
-                "T",
-                "similarity a layer must exceed to be reused, in (0, 1] (default 0.97)",
-            ),
-            Flag::value(
-                "gen-length",
-                "G",
-                "masked canvas tokens after the prompt in the profiling pass (default 0, as \
-                 the official profiler; the engine's ratio counts them)",
-            ),
-            Flag::value("limit", "N", "profile only the first N items of the set"),
-            Flag::value(
-                "user-repeat",
-                "K1,K2,...",
-                "also profile every item with its user text repeated K times (longer prompts, \
-                 smaller ratios), e.g. 2,4,8",
-            ),
-            BACKEND,
-            DTYPE,
-            WEIGHTS,
-            EMBED_WEIGHTS,
-        ],
-        notes: "For every item the shared prefix is run alone and with the rest of the prompt,\n\
-                and each layer scores the cosine similarity of the prefix's K and V between\n\
-                the two (mean over tokens, K and V). Items are bucketed by\n\
-                r = round(100*P/(P+U+G)); the depth at r is the number of leading layers whose\n\
-                mean similarity exceeds tau, kept where it grows with r. Copy\n\
-                DIR/bicache_depth.json into the model folder for `--cache bicache` to use it.",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Profile BiCache's safe depth per prefix ratio and write the depth table.",
+    override_usage = "unmask profile [--model <DIR>] --set <FILE> --out <DIR> [--tau <T>] [--gen-length <G>] \
+                      [--limit <N>] [--user-repeat <K1,K2,...>]",
+    after_help = "For every item the shared prefix is run alone and with the rest of the prompt,\n\
+                  and each layer scores the cosine similarity of the prefix's K and V between\n\
+                  the two (mean over tokens, K and V). Items are bucketed by\n\
+                  r = round(100*P/(P+U+G)); the depth at r is the number of leading layers whose\n\
+                  mean similarity exceeds tau, kept where it grows with r. Copy\n\
+                  DIR/bicache_depth.json into the model folder for `--cache bicache` to use it."
+)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// the items: JSON lines {id, task, system, user, answer, prompt_group}; the system turn
+    /// is the shared prefix
+    #[arg(long, value_name = "FILE")]
+    set: PathBuf,
+    /// folder for bicache_depth.json, similarity.json and similarity.png (created)
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// similarity a layer must exceed to be reused, in (0, 1] (default 0.97)
+    #[arg(
+        long,
+        value_name = "T",
+        value_parser = values::fraction::<f64>,
+        allow_negative_numbers = true,
+        default_value_t = 0.97,
+        hide_default_value = true
+    )]
+    tau: f64,
+    /// masked canvas tokens after the prompt in the profiling pass (default 0, as the
+    /// official profiler; the engine's ratio counts them)
+    #[arg(
+        long,
+        value_name = "G",
+        value_parser = values::whole,
+        allow_negative_numbers = true,
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    gen_length: usize,
+    /// profile only the first N items of the set
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    limit: Option<usize>,
+    /// also profile every item with its user text repeated K times (longer prompts, smaller
+    /// ratios), e.g. 2,4,8
+    // The path spelled out: one value holding the list, not a value per occurrence.
+    #[arg(long, value_name = "K1,K2,...", value_parser = values::positive_list)]
+    user_repeat: Option<::std::vec::Vec<usize>>,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let set_path = PathBuf::from(m.required("set", "FILE")?);
-    let out_dir = PathBuf::from(m.required("out", "DIR")?);
-    let tau = m
-        .checked("tau", "a number in (0, 1]", |t: f64| t > 0.0 && t <= 1.0)?
-        .unwrap_or(0.97);
-    let gen_length = m
-        .parsed::<usize>("gen-length", "a whole number >= 0")?
-        .unwrap_or(0);
-    let limit = m.checked("limit", "a whole number >= 1", |n: usize| n >= 1)?;
-    let repeats = user_repeats(m)?;
-    let engine_options = options::engine_options(m)?;
+pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
+    let set_path = &args.set;
+    let out_dir = &args.out;
+    let tau = args.tau;
+    let gen_length = args.gen_length;
+    let limit = args.limit;
+    let repeats = user_repeats(args.user_repeat.as_deref().unwrap_or_default());
+    let engine_options = args.engine.options()?;
     if out_dir.exists() && !out_dir.is_dir() {
         return Err(CliError::usage(format!(
             "--out {} is a file: expected a folder",
@@ -90,13 +90,13 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         )));
     }
 
-    let mut set = load_set(&set_path)?;
+    let mut set = load_set(set_path)?;
     let set_items = set.len();
     if let Some(n) = limit {
         set.truncate(n);
     }
     let (items, labels) = profile_items(&set, &repeats);
-    let dir = options::model_dir(m)?;
+    let dir = args.model.dir()?;
     let engine = options::load_engine(&dir, &engine_options)?;
     if engine.tokenizer().is_none() {
         return Err(CliError::runtime(format!(
@@ -104,7 +104,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
             dir.display()
         )));
     }
-    std::fs::create_dir_all(&out_dir)
+    std::fs::create_dir_all(out_dir)
         .map_err(|e| CliError::context(format!("cannot create --out {}", out_dir.display()), e))?;
     eprintln!(
         "profiling {} requests from {} of {set_items} items of {} (tau {tau}, gen-length {gen_length})",
@@ -172,25 +172,16 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `--user-repeat K1,K2,...`: whole numbers >= 1, 1 (the item as it is) always included.
-fn user_repeats(m: &Matches) -> Result<Vec<usize>, CliError> {
+/// The repeat counts of `--user-repeat`, in the order given without duplicates, after 1 (the
+/// item as it is), which is always included.
+fn user_repeats(given: &[usize]) -> Vec<usize> {
     let mut out = vec![1];
-    let Some(text) = m.value("user-repeat") else {
-        return Ok(out);
-    };
-    let expected = "comma-separated whole numbers >= 1 such as 2,4,8";
-    for part in text.split(',') {
-        let k = part
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|&k| k >= 1)
-            .ok_or_else(|| invalid("user-repeat", expected, text))?;
+    for &k in given {
         if !out.contains(&k) {
             out.push(k);
         }
     }
-    Ok(out)
+    out
 }
 
 /// Every set item once per repeat count, with a label for progress lines.

@@ -6,77 +6,59 @@ use std::io::BufWriter;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
+use clap::Args;
 use unmask_core::config::LladaConfig;
 use unmask_core::quant::QuantFormat;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats, weight_bytes, write_quantized};
 
-use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
 use crate::live::LoadBar;
-use crate::options::{self, MODEL};
+use crate::options::ModelArgs;
+use crate::values;
 
 /// File name of the quantized checkpoint in the output folder.
 const OUT_FILE: &str = "model.safetensors";
 
-pub fn spec() -> CommandSpec {
-    CommandSpec {
-        name: "quantize",
-        summary: "Write a copy of a model with 8- or 4-bit weights (loads without re-quantizing).",
-        usage: "unmask quantize [--model DIR] --weights q8|q4 [--embed-weights f16|q8|q4] --out DIR",
-        flags: vec![
-            MODEL,
-            Flag::value(
-                "weights",
-                "W",
-                "q8 or q4: the transformer blocks' matrices in blocks of 32 weights with an f16 \
-                 scale (8.5 or 4.5 bits per weight)",
-            ),
-            Flag::value(
-                "embed-weights",
-                "W",
-                "embedding table and LM head: q8, q4, or f16 to keep them as stored \
-                 (default: as --weights)",
-            ),
-            Flag::value(
-                "out",
-                "DIR",
-                "the new model folder (created; must not hold a checkpoint yet)",
-            ),
-        ],
-        notes: "The output folder gets model.safetensors with the quantized matrices and every\n\
-                other file of the model folder (config.json, tokenizer files, ...). Loading it\n\
-                (e.g. `unmask generate --model DIR`) uploads the stored codes as they are; its\n\
-                matrices keep their format whatever --weights says. Needs no GPU.",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Write a copy of a model with 8- or 4-bit weights (loads without re-quantizing).",
+    override_usage = "unmask quantize [--model <DIR>] --weights <q8|q4> [--embed-weights <f16|q8|q4>] --out <DIR>",
+    after_help = "The output folder gets model.safetensors with the quantized matrices and every\n\
+                  other file of the model folder (config.json, tokenizer files, ...). Loading it\n\
+                  (e.g. `unmask generate --model DIR`) uploads the stored codes as they are; its\n\
+                  matrices keep their format whatever --weights says. Needs no GPU."
+)]
+pub struct QuantizeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// q8 or q4: the transformer blocks' matrices in blocks of 32 weights with an f16 scale
+    /// (8.5 or 4.5 bits per weight)
+    #[arg(long, value_name = "W", value_parser = values::choice(["q8", "q4"], QuantFormat::from_name))]
+    weights: QuantFormat,
+    /// embedding table and LM head: q8, q4, or f16 to keep them as stored (default: as
+    /// --weights)
+    #[arg(long, value_name = "W", value_parser = ["f16", "q8", "q4"])]
+    embed_weights: Option<String>,
+    /// the new model folder (created; must not hold a checkpoint yet)
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
 }
 
-/// `--weights` / `--embed-weights`: a quantized format, or None for `f16` (kept as stored).
-fn quant_choice(
-    m: &Matches,
-    flag: &str,
-    allow_float: bool,
-) -> Result<Option<Option<QuantFormat>>, CliError> {
-    let choices: &[&str] = if allow_float {
-        &["f16", "q8", "q4"]
-    } else {
-        &["q8", "q4"]
+pub fn run(args: &QuantizeArgs) -> Result<(), CliError> {
+    let layers = args.weights;
+    // `f16` keeps the embedding table and LM head as stored (no quantization).
+    let embed = match args.embed_weights.as_deref() {
+        Some(name) => QuantFormat::from_name(name),
+        None => Some(layers),
     };
-    Ok(m.choice(flag, choices)?.map(QuantFormat::from_name))
-}
-
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let layers = quant_choice(m, "weights", false)?
-        .flatten()
-        .ok_or_else(|| CliError::usage("--weights q8|q4 is required"))?;
-    let embed = quant_choice(m, "embed-weights", true)?.unwrap_or(Some(layers));
-    let out_dir = PathBuf::from(m.required("out", "DIR")?);
-    let dir = options::model_dir(m)?;
-    check_out_dir(&dir, &out_dir)?;
+    let out_dir = &args.out;
+    let dir = args.model.dir()?;
+    check_out_dir(&dir, out_dir)?;
 
     let cfg = LladaConfig::from_file(dir.join("config.json")).map_err(ModelError::from)?;
     let ckpt = Checkpoint::open(&dir).map_err(ModelError::from)?;
-    std::fs::create_dir_all(&out_dir)
+    std::fs::create_dir_all(out_dir)
         .map_err(|e| CliError::context(format!("cannot create {}", out_dir.display()), e))?;
     // Written under another name first, so an interrupted run leaves no checkpoint behind.
     let partial = out_dir.join(format!("{OUT_FILE}.partial"));
@@ -107,7 +89,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     let target = out_dir.join(OUT_FILE);
     std::fs::rename(&partial, &target)
         .map_err(|e| CliError::context(format!("cannot rename {}", partial.display()), e))?;
-    let copied = copy_model_files(&dir, &out_dir)?;
+    let copied = copy_model_files(&dir, out_dir)?;
     let on_gpu = WeightFormats {
         layers: WeightFormat::from(layers),
         embed: embed.map_or(WeightFormat::F16Packed, WeightFormat::from),

@@ -1,15 +1,15 @@
 //! `unmask selfcheck`: describes the adapter and checks the matmul kernels against the CPU
 //! oracle on a small problem, for every kernel and weight format the device supports.
 
+use clap::Args;
 use unmask_core::oracle::matmul::matmul_xwt;
 use unmask_core::rng::SplitMix64;
 use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
 use unmask_gpu::{GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
-use crate::args::{CommandSpec, Matches};
 use crate::error::CliError;
 use crate::info::context;
-use crate::options::{self, BACKEND};
+use crate::options::BackendArgs;
 use crate::output;
 
 /// Sizes that divide none of the kernels' tiles, so the edge paths run too.
@@ -17,14 +17,15 @@ const M: usize = 7;
 const N: usize = 45;
 const K: usize = 37;
 
-pub fn spec() -> CommandSpec {
-    CommandSpec {
-        name: "selfcheck",
-        summary: "Check that the GPU kernels compute correct results on this device.",
-        usage: "unmask selfcheck [--backend B]",
-        flags: vec![BACKEND],
-        notes: "Exits with code 1 when a check fails.",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Check that the GPU kernels compute correct results on this device.",
+    override_usage = "unmask selfcheck [--backend <B>]",
+    after_help = "Exits with code 1 when a check fails."
+)]
+pub struct SelfcheckArgs {
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn random(seed: u64, n: usize) -> Vec<f32> {
@@ -64,9 +65,8 @@ fn run_matmul(
     Ok(yt.read_f32(ctx)?)
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let options = options::engine_options(m)?;
-    let ctx = context(options.backend.as_deref())?;
+pub fn run(args: &SelfcheckArgs) -> Result<(), CliError> {
+    let ctx = context(args.backend.backend.as_deref())?;
     output::line(&format!("adapter: {}", ctx.describe()))?;
     let x = random(1, M * K);
     let w = random(2, N * K);

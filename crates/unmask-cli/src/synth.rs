@@ -5,87 +5,72 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use unmask_core::synth::{
     self, DEFAULT_SHARD_BYTES, PRESET_NAMES, SynthConfig, SynthError, SynthOptions, SynthProgress,
     WeightDtype,
 };
 
-use crate::args::{CommandSpec, Flag, Matches, invalid};
 use crate::error::CliError;
 use crate::info::{group_digits, short_count};
-use crate::options::parse_bytes;
-use crate::output;
+use crate::{output, values};
 
 /// Outputs at least this large report their progress on stderr.
 const PROGRESS_FROM_BYTES: u64 = 256 << 20;
 
-pub fn spec() -> CommandSpec {
-    CommandSpec {
-        name: "synth",
-        summary: "Write a LLaDA checkpoint with random weights (real names and shapes).",
-        usage: "unmask synth --config llada-8b|tiny|FILE --out DIR [--layers N] [--seed S] [--dtype D] \
-                [--shard-bytes N] [--force]",
-        flags: vec![
-            Flag::value(
-                "config",
-                "C",
-                "llada-8b (LLaDA-8B-Instruct's config.json), tiny (test size), or a LLaDA \
-                 config.json (or its folder)",
-            ),
-            Flag::value("out", "DIR", "folder to write (created when missing)"),
-            Flag::value("seed", "S", "random seed (default 0)"),
-            Flag::value(
-                "layers",
-                "N",
-                "keep only N transformer layers (every other field as the config says), e.g. \
-                 an LLaDA-8B-shaped checkpoint of 2 layers",
-            ),
-            Flag::value(
-                "dtype",
-                "D",
-                "stored weight type: bf16 (default, as LLaDA ships), f16, f32",
-            ),
-            Flag::value(
-                "shard-bytes",
-                "N",
-                "most tensor bytes per file, e.g. 2G (K, M, G are powers of 1024); \
-                 default 5000000000 (Hugging Face's 5GB)",
-            ),
-            Flag::switch(
-                "force",
-                "write into a non-empty folder, replacing the checkpoint files there",
-            ),
-        ],
-        notes: "Writes config.json (and generation_config.json for the presets, or when one is\n\
-                beside FILE), model.safetensors or model-0000K-of-0000N.safetensors with\n\
-                model.safetensors.index.json. Matrices are approximately N(0, 0.02^2), norm\n\
-                weights are 1. Each tensor's values depend only on the seed and its name: the\n\
-                same seed gives the same bytes whatever the shard size. No tokenizer is\n\
-                written, so use token ids (e.g. `unmask logits --prompt-ids`).",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Write a LLaDA checkpoint with random weights (real names and shapes).",
+    override_usage = "unmask synth --config <llada-8b|tiny|FILE> --out <DIR> [--layers <N>] [--seed <S>] \
+                      [--dtype <D>] [--shard-bytes <N>] [--force]",
+    after_help = "Writes config.json (and generation_config.json for the presets, or when one is\n\
+                  beside FILE), model.safetensors or model-0000K-of-0000N.safetensors with\n\
+                  model.safetensors.index.json. Matrices are approximately N(0, 0.02^2), norm\n\
+                  weights are 1. Each tensor's values depend only on the seed and its name: the\n\
+                  same seed gives the same bytes whatever the shard size. No tokenizer is\n\
+                  written, so use token ids (e.g. `unmask logits --prompt-ids`)."
+)]
+pub struct SynthArgs {
+    /// llada-8b (LLaDA-8B-Instruct's config.json), tiny (test size), or a LLaDA config.json
+    /// (or its folder)
+    #[arg(long, value_name = "C")]
+    config: String,
+    /// folder to write (created when missing)
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// random seed (default 0)
+    #[arg(
+        long,
+        value_name = "S",
+        value_parser = values::seed,
+        allow_negative_numbers = true,
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    seed: u64,
+    /// keep only N transformer layers (every other field as the config says), e.g. an
+    /// LLaDA-8B-shaped checkpoint of 2 layers
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    layers: Option<usize>,
+    /// stored weight type: bf16 (default, as LLaDA ships), f16, f32
+    #[arg(long, value_name = "D", value_parser = values::choice(WeightDtype::NAMES, WeightDtype::parse))]
+    dtype: Option<WeightDtype>,
+    /// most tensor bytes per file, e.g. 2G (K, M, G are powers of 1024); default 5000000000
+    /// (Hugging Face's 5GB)
+    #[arg(long, value_name = "N", value_parser = values::byte_size)]
+    shard_bytes: Option<u64>,
+    /// write into a non-empty folder, replacing the checkpoint files there
+    #[arg(long)]
+    force: bool,
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let config_spec = m.required("config", "llada-8b|tiny|FILE")?;
-    let out = PathBuf::from(m.required("out", "DIR")?);
-    let seed = m.parsed::<u64>("seed", "a whole number >= 0")?.unwrap_or(0);
-    let dtype = match m.choice("dtype", &WeightDtype::NAMES)? {
-        Some(name) => WeightDtype::parse(name).expect("a listed name"),
-        None => WeightDtype::BF16,
-    };
-    let shard_bytes = match m.value("shard-bytes") {
-        None => DEFAULT_SHARD_BYTES,
-        Some(text) => parse_bytes(text.trim())
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| {
-                invalid(
-                    "shard-bytes",
-                    "a byte count >= 1 such as 5000000000 or 2G (K, M, G are powers of 1024)",
-                    text,
-                )
-            })?,
-    };
-    let layers = m.checked("layers", "a whole number >= 1", |n: usize| n >= 1)?;
+pub fn run(args: &SynthArgs) -> Result<(), CliError> {
+    let config_spec = &args.config;
+    let out = args.out.clone();
+    let seed = args.seed;
+    let dtype = args.dtype.unwrap_or(WeightDtype::BF16);
+    let shard_bytes = args.shard_bytes.unwrap_or(DEFAULT_SHARD_BYTES);
+    let layers = args.layers;
     let mut config = SynthConfig::resolve(config_spec).map_err(|e| synth_error(e, &out))?;
     if let Some(n) = layers {
         config = config.with_layers(n).map_err(|e| synth_error(e, &out))?;
@@ -94,7 +79,7 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
         seed,
         dtype,
         shard_bytes,
-        force: m.switch("force"),
+        force: args.force,
     };
 
     let start = Instant::now();

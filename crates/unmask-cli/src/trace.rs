@@ -3,91 +3,89 @@
 
 use std::collections::BTreeMap;
 
+use clap::Args;
 use serde_json::{Value, json};
 use unmask::{CacheMode, Engine, Generation, Prompt, Request};
 use unmask_gpu::{HostCounts, StepTrace, TraceClock, TraceOptions};
 
-use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::CliError;
-use crate::options::{self, MODEL};
-use crate::output;
+use crate::options::{self, GenerationArgs, ModelArgs, RunArgs};
+use crate::{output, values};
 
 /// Labels of the submits that are denoising steps (others build prefix entries or warm up).
 const STEP_LABELS: [&str; 2] = ["denoise step", "bicache step"];
 
-pub fn spec() -> CommandSpec {
-    let mut flags = vec![
-        MODEL,
-        Flag::value(
-            "prompt",
-            "TEXT",
-            "the user message (default: a fixed question; needs a tokenizer)",
-        ),
-        Flag::value("system", "TEXT", "a system message before the prompt"),
-        Flag::value(
-            "prompt-ids",
-            "IDS",
-            "token ids used as they are, e.g. 1,2,3 (no tokenizer needed)",
-        ),
-    ];
-    flags.extend(options::generation_flags());
-    flags.extend([
-        Flag::value(
-            "cache",
-            "MODES",
-            "`all` (default) or a comma-separated list of cache modes to trace",
-        ),
-        Flag::value(
-            "prefix-len",
-            "N",
-            "tokens of the shared prefix for prefix-arm and BiCache (default: the turns \
-             before the last user message; every token with --prompt-ids)",
-        ),
-        Flag::value(
-            "step",
-            "N",
-            "which denoising step to show, from 1 (default 2: a step that reuses the cache)",
-        ),
-        Flag::switch(
-            "timing",
-            "time every dispatch (GPU timestamps where the adapter has them, else CPU wall \
-             clock around each dispatch alone; the output says which)",
-        ),
-        Flag::switch(
-            "list",
-            "print every dispatch, not only the counts and families",
-        ),
-    ]);
-    flags.extend(options::generation_run_flags(
-        "print one JSON object per mode: the step's dispatches, counts and times",
-    ));
-    CommandSpec {
-        name: "trace",
-        summary: "List (and time) the dispatches of one denoising step per cache mode.",
-        usage: "unmask trace [--model DIR] [--prompt TEXT | --prompt-ids 1,2,3] [--cache all] \
-                [--step 2] [--timing] [--list] [flags]",
-        flags,
-        notes: "A step is one submit: the list shows its dispatches in order with their kernel,\n\
-                variant, layer and workgroups; the counts say what the host created for it\n\
-                (a steady-state step creates no buffer and no bind group).",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "List (and time) the dispatches of one denoising step per cache mode.",
+    override_usage = "unmask trace [--model <DIR>] [--prompt <TEXT> | --prompt-ids <IDS>] [--cache all] \
+                      [--step 2] [--timing] [--list] [OPTIONS]",
+    after_help = "A step is one submit: the list shows its dispatches in order with their kernel,\n\
+                  variant, layer and workgroups; the counts say what the host created for it\n\
+                  (a steady-state step creates no buffer and no bind group)."
+)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// the user message (default: a fixed question; needs a tokenizer)
+    #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// a system message before the prompt
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// token ids used as they are, e.g. 1,2,3 (no tokenizer needed)
+    // The path spelled out: one value holding the list, not a value per occurrence.
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    prompt_ids: Option<::std::vec::Vec<u32>>,
+    #[command(flatten)]
+    generation: GenerationArgs,
+    /// `all` (default) or a comma-separated list of cache modes to trace
+    #[arg(long, value_name = "MODES", value_parser = values::cache_modes)]
+    cache: Option<::std::vec::Vec<CacheMode>>,
+    /// tokens of the shared prefix for prefix-arm and BiCache (default: the turns before the
+    /// last user message; every token with --prompt-ids)
+    #[arg(long, value_name = "N", value_parser = values::whole, allow_negative_numbers = true)]
+    prefix_len: Option<usize>,
+    /// which denoising step to show, from 1 (default 2: a step that reuses the cache)
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = values::positive,
+        allow_negative_numbers = true,
+        default_value_t = 2,
+        hide_default_value = true
+    )]
+    step: usize,
+    /// time every dispatch (GPU timestamps where the adapter has them, else CPU wall clock
+    /// around each dispatch alone; the output says which)
+    #[arg(long)]
+    timing: bool,
+    /// print every dispatch, not only the counts and families
+    #[arg(long)]
+    list: bool,
+    #[command(flatten)]
+    run: RunArgs,
+    /// print one JSON object per mode: the step's dispatches, counts and times
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let (params, decode) = options::generation_params(m)?;
-    let modes = options::cache_modes_or_all(m)?;
-    let prefix_len = m.parsed::<usize>("prefix-len", "a whole number >= 0")?;
-    let step = m
-        .checked("step", "a whole number >= 1", |s: usize| s >= 1)?
-        .unwrap_or(2);
-    let bicache = options::bicache_settings(m, &modes)?;
-    let engine_options = options::engine_options(m)?;
-    let timing = m.switch("timing");
-    let json = m.switch("json");
-    let list = m.switch("list");
-    let dir = options::model_dir(m)?;
+pub fn run(args: &TraceArgs) -> Result<(), CliError> {
+    let (params, decode) = args.generation.params()?;
+    let modes = args
+        .cache
+        .clone()
+        .unwrap_or_else(|| CacheMode::ALL.to_vec());
+    let prefix_len = args.prefix_len;
+    let step = args.step;
+    let bicache = args.run.bicache.settings(&modes);
+    let engine_options = args.run.engine_options()?;
+    let timing = args.timing;
+    let json = args.json;
+    let list = args.list;
+    let dir = args.model.dir()?;
     let engine = options::load_engine(&dir, &engine_options)?;
-    let prompt = prompt(m, &engine)?;
+    let prompt = prompt(args, &engine)?;
     if let Prompt::Ids(ids) = &prompt {
         options::check_ids(&engine, "prompt-ids", ids)?;
     }
@@ -121,25 +119,27 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
     Ok(())
 }
 
-fn prompt(m: &Matches, engine: &Engine) -> Result<Prompt, CliError> {
-    match (m.value("prompt"), m.ids("prompt-ids")?) {
-        (Some(_), Some(_)) => Err(CliError::usage(
-            "give either --prompt TEXT or --prompt-ids 1,2,3, not both",
-        )),
-        (None, Some(ids)) => Ok(Prompt::Ids(ids)),
-        (text, None) => {
+/// `--prompt-ids`, else a chat of `--system` and `--prompt` (clap lets only one of
+/// `--prompt` and `--prompt-ids` through), each with a default.
+fn prompt(args: &TraceArgs, engine: &Engine) -> Result<Prompt, CliError> {
+    match &args.prompt_ids {
+        Some(ids) => Ok(Prompt::Ids(ids.clone())),
+        None => {
             if engine.tokenizer().is_none() {
                 return Err(CliError::usage(
                     "the model has no tokenizer.json: give the prompt as --prompt-ids 1,2,3",
                 ));
             }
             // A system turn by default, so prefix-arm and BiCache have a prefix to share.
-            let system = m
-                .value("system")
+            let system = args
+                .system
+                .as_deref()
                 .unwrap_or("You are a careful assistant. Answer briefly.");
             let mut messages = vec![unmask_core::chat::Message::system(system)];
             messages.push(unmask_core::chat::Message::user(
-                text.unwrap_or("What is 17 plus 25? Answer with the number."),
+                args.prompt
+                    .as_deref()
+                    .unwrap_or("What is 17 plus 25? Answer with the number."),
             ));
             Ok(Prompt::Chat(messages))
         }

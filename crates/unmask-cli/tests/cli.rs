@@ -482,8 +482,12 @@ fn help_info_and_selfcheck() {
     for args in [["generate", "--help"], ["help", "generate"]] {
         let o = run(&args);
         assert_ok(&o);
-        assert!(stdout(&o).contains("--gen-length N"), "{}", stdout(&o));
+        assert!(stdout(&o).contains("--gen-length <N>"), "{}", stdout(&o));
     }
+    let o = run(&["completions", "bash"]);
+    assert_ok(&o);
+    assert!(stdout(&o).contains("--gen-length"), "{}", stdout(&o));
+    assert_fails(&["completions", "tcsh"], 2, "tcsh");
 
     let o = run(&["info", "--model", &fixture()]);
     assert_ok(&o);
@@ -990,9 +994,9 @@ fn eval_errors_name_the_value_the_file_and_the_line() {
     assert_fails(
         &["generate", "--prompt-ids", "1", "--cache", "bicash"],
         2,
-        "`bicash`",
+        "'bicash'",
     );
-    assert_fails(&["chat", "--cache", "dual"], 2, "`dual`");
+    assert_fails(&["chat", "--cache", "dual"], 2, "'dual'");
     assert_fails(&["eval", "--model", f], 2, "--set");
     assert_fails(
         &["eval", "--model", f, "--set", s, "--limit", "0"],

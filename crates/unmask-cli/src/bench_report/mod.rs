@@ -13,9 +13,10 @@ mod fixtures;
 mod markdown;
 mod merge;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::args::{CommandSpec, Flag, Matches};
+use clap::Args;
+
 use crate::chart::BarChart;
 use crate::error::CliError;
 use crate::eval::command_line;
@@ -30,39 +31,27 @@ pub const REPORT_MD: &str = "report.md";
 pub const REQUESTS_PNG: &str = "requests.png";
 pub const KERNELS_PNG: &str = "kernels.png";
 
-pub fn spec() -> CommandSpec {
-    CommandSpec {
-        name: "bench-report",
-        summary: "Merge `unmask bench` JSON lines from several machines into a markdown report with plots.",
-        usage: "unmask bench-report FILE... --out DIR",
-        flags: vec![
-            Flag::words(
-                "files",
-                "FILE...",
-                "JSON-lines files written by `unmask bench` (one or more)",
-            ),
-            Flag::value(
-                "out",
-                "DIR",
-                "folder for report.md, requests.png and kernels.png (created if needed)",
-            ),
-        ],
-        notes: "A source is one (adapter, backend, model, weights); each gets a column. Within a\n\
-                source, repeated measurements of one kernel case/shape/format/variant or one\n\
-                cache/decoding/shape are merged by the median of each figure. Lines that do not\n\
-                start with `{` are skipped, so captured logs can be passed as they are.",
-    }
+#[derive(Args, Debug)]
+#[command(
+    about = "Merge `unmask bench` JSON lines from several machines into a markdown report with plots.",
+    override_usage = "unmask bench-report <FILE>... --out <DIR>",
+    after_help = "A source is one (adapter, backend, model, weights); each gets a column. Within a\n\
+                  source, repeated measurements of one kernel case/shape/format/variant or one\n\
+                  cache/decoding/shape are merged by the median of each figure. Lines that do not\n\
+                  start with `{` are skipped, so captured logs can be passed as they are."
+)]
+pub struct BenchReportArgs {
+    /// JSON-lines files written by `unmask bench` (one or more)
+    #[arg(value_name = "FILE", required = true)]
+    files: Vec<String>,
+    /// folder for report.md, requests.png and kernels.png (created if needed)
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
 }
 
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let files = m.words();
-    if files.is_empty() {
-        return Err(CliError::usage(
-            "`unmask bench-report` needs at least one FILE of benchmark JSON lines; \
-             see `unmask bench-report --help`",
-        ));
-    }
-    let out = Path::new(m.required("out", "DIR")?);
+pub fn run(args: &BenchReportArgs) -> Result<(), CliError> {
+    let files = &args.files;
+    let out = &args.out;
     let inputs = files
         .iter()
         .map(|name| {

@@ -12,12 +12,12 @@ mod report;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use clap::Args;
 use unmask::{BicacheReport, CacheMode, Engine, GenerationParams, Request};
 
-use crate::args::{CommandSpec, Flag, Matches};
 use crate::error::{CliError, ErrorKind};
-use crate::options::{self, BicacheSettings, GenerationDefaults, MODEL};
-use crate::output;
+use crate::options::{self, BicacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
+use crate::{output, values};
 
 use items::extract_answer;
 pub use items::{Item, load_set};
@@ -28,78 +28,65 @@ use report::{
 /// Used when `--gen-length` is not given; `--steps` and `--block-length` default to it.
 const DEFAULT_GEN_LENGTH: usize = 32;
 
-pub fn spec() -> CommandSpec {
-    let mut flags = vec![
-        MODEL,
-        Flag::value(
-            "set",
-            "FILE",
-            "the task set: JSON lines {id, task, system, user, answer, prompt_group}",
-        ),
-        Flag::value(
-            "cache",
-            "MODES",
-            "cache modes to compare, in this order: MODE[,MODE...] or all \
-             (none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual; \
-             default none)",
-        ),
-        Flag::value("limit", "N", "evaluate only the first N items of the set"),
-        Flag::value(
-            "batch",
-            "N",
-            "run N consecutive items per batched call: BiCache items sharing a system \
-             prompt run in the same forward passes (default 1)",
-        ),
-    ];
-    flags.extend(generation_flags());
-    flags.extend(options::generation_run_flags(
-        "print one JSON object (with per-item results when a single mode runs)",
-    ));
-    flags.extend([
-        Flag::value(
-            "markdown",
-            "FILE",
-            "also write the results table to FILE as Markdown",
-        ),
-        Flag::value(
-            "out",
-            "FILE",
-            "also write the JSON results with every item of every mode to FILE",
-        ),
-    ]);
-    CommandSpec {
-        name: "eval",
-        summary: "Score exact-match answers on a task set, comparing cache modes.",
-        usage: "unmask eval [--model DIR] --set FILE [--cache MODE[,MODE...]|all] [--limit N] \
-                [--json] [--markdown FILE] [--out FILE] [generation flags]",
-        flags,
-        notes: "Each item's answer is the text after the last \"####\" of the output (the whole\n\
-                output when there is none), trimmed; it counts when it equals the expected\n\
-                answer exactly. The model is loaded once and every mode runs over the same\n\
-                items. A progress line per item goes to stderr; the table (or, with --json,\n\
-                the JSON object) to stdout. The shared prefix of an item is its system turn;\n\
-                BiCache modes share one prefix store over the whole run, and without a depth\n\
-                table (bicache_depth.json, or --depth) they fall back and report why.",
-    }
+/// Eval takes the sampling flags with its own defaults (32 tokens in one block) and without
+/// `--raw`: answers are always decoded up to the end of the turn.
+#[derive(Args, Debug)]
+#[command(
+    about = "Score exact-match answers on a task set, comparing cache modes.",
+    override_usage = "unmask eval [--model <DIR>] --set <FILE> [--cache <MODE[,MODE...]|all>] [--limit <N>] \
+                      [--json] [--markdown <FILE>] [--out <FILE>] [OPTIONS]",
+    after_help = "Each item's answer is the text after the last \"####\" of the output (the whole\n\
+                  output when there is none), trimmed; it counts when it equals the expected\n\
+                  answer exactly. The model is loaded once and every mode runs over the same\n\
+                  items. A progress line per item goes to stderr; the table (or, with --json,\n\
+                  the JSON object) to stdout. The shared prefix of an item is its system turn;\n\
+                  BiCache modes share one prefix store over the whole run, and without a depth\n\
+                  table (bicache_depth.json, or --depth) they fall back and report why.",
+    mut_arg("gen_length", |a| a.help("tokens to generate (default 32)")),
+    mut_arg("block_length", |a| {
+        a.help("semi-autoregressive block size (default: gen-length, a single block)")
+    })
+)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// the task set: JSON lines {id, task, system, user, answer, prompt_group}
+    #[arg(long, value_name = "FILE")]
+    set: PathBuf,
+    /// cache modes to compare, in this order: MODE[,MODE...] or all (none, fast-dllm-prefix,
+    /// fast-dllm-dual, prefix-arm, bicache, bicache-dual; default none)
+    // The path spelled out: one value holding the list, not a value per occurrence.
+    #[arg(long, value_name = "MODES", value_parser = values::cache_modes)]
+    cache: Option<::std::vec::Vec<CacheMode>>,
+    /// evaluate only the first N items of the set
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    limit: Option<usize>,
+    /// run N consecutive items per batched call: BiCache items sharing a system prompt run in
+    /// the same forward passes (default 1)
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = values::positive,
+        allow_negative_numbers = true,
+        default_value_t = 1,
+        hide_default_value = true
+    )]
+    batch: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    run: RunArgs,
+    /// print one JSON object (with per-item results when a single mode runs)
+    #[arg(long)]
+    json: bool,
+    /// also write the results table to FILE as Markdown
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+    /// also write the JSON results with every item of every mode to FILE
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
-/// The shared generation flags with eval's defaults (32 tokens in one block) and without
-/// `--raw`: answers are always decoded up to the end of the turn.
-fn generation_flags() -> Vec<Flag> {
-    options::generation_flags()
-        .into_iter()
-        .filter(|f| f.name != "raw")
-        .map(|f| match f.name {
-            "gen-length" => Flag::value("gen-length", "N", "tokens to generate (default 32)"),
-            "block-length" => Flag::value(
-                "block-length",
-                "N",
-                "semi-autoregressive block size (default: gen-length, a single block)",
-            ),
-            _ => f,
-        })
-        .collect()
-}
 /// What one item gave in one mode.
 #[derive(Clone, Debug)]
 struct ItemResult {
@@ -128,34 +115,29 @@ struct ModeRun {
     /// Bytes held by the shared prefix store after the mode's last item.
     store_bytes: u64,
 }
-pub fn run(m: &Matches) -> Result<(), CliError> {
-    let set_path = PathBuf::from(m.required("set", "FILE")?);
-    let modes = options::cache_modes(m)?;
-    let bicache = options::bicache_settings(m, &modes)?;
-    let limit = m.checked("limit", "a whole number >= 1", |n: usize| n >= 1)?;
-    let batch = m
-        .checked("batch", "a whole number >= 1", |n: usize| n >= 1)?
-        .unwrap_or(1);
-    let (params, _) = options::generation_params_with(
-        m,
-        GenerationDefaults {
-            gen_length: DEFAULT_GEN_LENGTH,
-            single_block: true,
-        },
-    )?;
-    let engine_options = options::engine_options(m)?;
-    let json_stdout = m.switch("json");
-    let markdown_path = m.value("markdown").map(PathBuf::from);
-    let out_path = m.value("out").map(PathBuf::from);
-    check_output("markdown", markdown_path.as_deref())?;
-    check_output("out", out_path.as_deref())?;
+pub fn run(args: &EvalArgs) -> Result<(), CliError> {
+    let set_path = &args.set;
+    let modes = args.cache.clone().unwrap_or_else(|| vec![CacheMode::None]);
+    let bicache = args.run.bicache.settings(&modes);
+    let limit = args.limit;
+    let batch = args.batch;
+    let params = args.sampling.params(GenerationDefaults {
+        gen_length: DEFAULT_GEN_LENGTH,
+        single_block: true,
+    })?;
+    let engine_options = args.run.engine_options()?;
+    let json_stdout = args.json;
+    let markdown_path = args.markdown.as_deref();
+    let out_path = args.out.as_deref();
+    check_output("markdown", markdown_path)?;
+    check_output("out", out_path)?;
 
-    let mut items = load_set(&set_path)?;
+    let mut items = load_set(set_path)?;
     let set_items = items.len();
     if let Some(n) = limit {
         items.truncate(n);
     }
-    let dir = options::model_dir(m)?;
+    let dir = args.model.dir()?;
     let engine = options::load_engine(&dir, &engine_options)?;
     if engine.tokenizer().is_none() {
         return Err(CliError::runtime(format!(
@@ -205,21 +187,21 @@ pub fn run(m: &Matches) -> Result<(), CliError> {
 
     let context = Context {
         engine: &engine,
-        set: &set_path,
+        set: set_path,
         set_items,
         limit,
         batch,
         params: &params,
         command: command_line(),
     };
-    if let Some(path) = &out_path {
+    if let Some(path) = out_path {
         let report = report_json(&context, &items, &runs, &summaries, true);
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::context("cannot encode the JSON results", e))?;
         write_file("out", path, &(text + "\n"))?;
     }
     let table = markdown(&context, &items, &tasks, &summaries);
-    if let Some(path) = &markdown_path {
+    if let Some(path) = markdown_path {
         write_file("markdown", path, &table)?;
     }
     if json_stdout {

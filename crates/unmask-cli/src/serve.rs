@@ -1,0 +1,118 @@
+//! `unmask serve`: the OpenAI-compatible HTTP server (crates/unmask-server).
+
+use std::net::{IpAddr, SocketAddr};
+
+use clap::Args;
+use unmask::CacheMode;
+use unmask_server::{Limits, SchedulerConfig, ServeConfig};
+
+use crate::error::CliError;
+use crate::options::{ModelArgs, RunArgs, load_engine};
+use crate::values;
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Serve the model over HTTP with OpenAI's API (chat and text completions, streaming).",
+    override_usage = "unmask serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [flags]",
+    after_help = "Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, \
+                  GET /health, GET /metrics (Prometheus). BiCache requests that share a system \
+                  prompt run in one batch; the others run side by side. Requests may add the \
+                  diffusion settings steps, block_length, threshold, cache and remasking. \
+                  Prints `listening on http://ADDR` on stdout once it accepts requests; \
+                  ctrl-c or SIGTERM finishes the accepted requests and stops."
+)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every
+    /// interface, best with --api-key)
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// port to listen on (0: any free port, printed at start)
+    #[arg(long, value_name = "PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// clients must send `Authorization: Bearer KEY` (every route but /health)
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// the model's id in /v1/models (default: the model folder's name)
+    #[arg(long, value_name = "NAME")]
+    pub model_name: Option<String>,
+    /// cache mode of requests that name none (default bicache-dual; it falls back to
+    /// fast-dllm-dual for requests that cannot share a prefix)
+    #[arg(long = "cache", value_name = "MODE", value_parser = values::cache_mode(), default_value = "bicache-dual")]
+    pub cache: CacheMode,
+    /// largest max_tokens a request may ask for (default: the model's positions minus one)
+    #[arg(long, value_name = "N", value_parser = values::positive)]
+    pub max_tokens: Option<usize>,
+    /// max_tokens of a request that gives none (default 64)
+    #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 64)]
+    pub default_max_tokens: usize,
+    /// requests accepted and not yet running; past it a request gets 429 (default 64)
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_queue: usize,
+    /// largest request body, e.g. 1M (default 1M)
+    #[arg(long, value_name = "BYTES", value_parser = values::byte_size, default_value = "1M")]
+    pub max_body: u64,
+    /// requests without a shared prefix that run at once (default 4)
+    #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 4)]
+    pub max_solo: usize,
+    /// positions (prompts and answers) of the requests one shared-prefix batch holds
+    /// (default 4096, capped by the device's largest binding)
+    #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 4096)]
+    pub batch_rows: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+pub fn run(args: &ServeArgs) -> Result<(), CliError> {
+    let dir = args.model.dir()?;
+    let options = args.run.engine_options()?;
+    let bicache = args.run.bicache.settings(&[args.cache]);
+    let model_name = args.model_name.clone().unwrap_or_else(|| {
+        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        canonical
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    if !args.host.is_loopback() {
+        eprintln!(
+            "note: listening on {} reaches this server from other machines{}",
+            args.host,
+            if args.api_key.is_none() {
+                "; without --api-key anyone who can reach it can use it"
+            } else {
+                ""
+            }
+        );
+    }
+    let config = ServeConfig {
+        addr: SocketAddr::new(args.host, args.port),
+        api_key: args.api_key.clone(),
+        max_body_bytes: usize::try_from(args.max_body).unwrap_or(usize::MAX),
+        max_queue: args.max_queue,
+        model_name,
+        limits: Limits {
+            max_tokens: args.max_tokens.unwrap_or(usize::MAX),
+            default_max_tokens: args.default_max_tokens,
+            default_cache: args.cache,
+        },
+        scheduler: SchedulerConfig {
+            max_solo: args.max_solo,
+            batch_rows: args.batch_rows,
+            depth: bicache.depth,
+            refresh_every: bicache.refresh_every,
+        },
+    };
+    let load = move || load_engine(&dir, &options).map_err(|e| e.report());
+    unmask_server::serve(config, load, |addr, loaded| {
+        eprintln!(
+            "serving {} positions per request; ctrl-c to stop",
+            loaded.max_sequence_length
+        );
+        // The first line on stdout, for scripts that start the server on port 0.
+        println!("listening on http://{addr}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
+    .map_err(|e| CliError::runtime(e.to_string()))
+}

@@ -1,0 +1,731 @@
+//! The request bodies of OpenAI's chat and text completion endpoints, checked and turned
+//! into what the engine runs. Fields the runtime cannot honour are refused by name rather
+//! than ignored; unknown fields are ignored, as OpenAI's clients send extras.
+
+use serde::Deserialize;
+use serde_json::Value;
+use unmask::{CacheMode, GenerationParams, Message, Remasking, Role};
+
+use crate::error::ApiError;
+
+/// Server-wide limits and defaults a request is checked against.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest `max_tokens` accepted.
+    pub max_tokens: usize,
+    /// `max_tokens` when the request gives none.
+    pub default_max_tokens: usize,
+    /// The cache mode when the request names none.
+    pub default_cache: CacheMode,
+}
+
+/// One message's content: a string, or OpenAI's list of parts (text parts only).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// A last chunk with the token counts (OpenAI's).
+    #[serde(default)]
+    pub include_usage: bool,
+    /// Every step's whole canvas as an extra chunk (this server's extension), for UIs
+    /// that draw the denoising.
+    #[serde(default)]
+    pub include_canvas: bool,
+}
+
+/// The fields both endpoints share: sampling, diffusion settings and what is refused.
+#[derive(Debug, Default, Deserialize)]
+pub struct Common {
+    // `messages` / `prompt` are taken out before this is read.
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub n: Option<u64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    // Diffusion settings (this server's extension).
+    #[serde(default)]
+    pub steps: Option<u64>,
+    #[serde(default)]
+    pub block_length: Option<u64>,
+    #[serde(default)]
+    pub threshold: Option<f64>,
+    #[serde(default)]
+    pub cache: Option<String>,
+    #[serde(default)]
+    pub remasking: Option<String>,
+    // OpenAI fields this runtime does not implement: refused when set to anything but
+    // their neutral value.
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    #[serde(default)]
+    pub top_logprobs: Option<Value>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub logit_bias: Option<Value>,
+    #[serde(default)]
+    pub tools: Option<Value>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub best_of: Option<u64>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub suffix: Option<Value>,
+}
+
+#[derive(Debug)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub common: Common,
+}
+
+/// `prompt` of a text completion: a string, a one-string list, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CompletionPrompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+#[derive(Debug)]
+pub struct CompletionRequest {
+    pub prompt: CompletionPrompt,
+    pub common: Common,
+}
+
+/// What to generate from, before tokenization (which needs the engine's tokenizer).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    Chat(Vec<Message>),
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A checked request: what the scheduler runs and how the answer is shaped.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    pub input: Input,
+    pub params: GenerationParams,
+    pub cache: CacheMode,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub include_canvas: bool,
+}
+
+impl JobSpec {
+    /// A text completion rather than a chat.
+    pub fn is_completion(&self) -> bool {
+        !matches!(self.input, Input::Chat(_))
+    }
+}
+
+/// The body as a JSON object.
+fn object(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::unnamed(format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::unnamed(format!(
+            "the body: expected a JSON object, found {}",
+            kind(&value)
+        )));
+    }
+    Ok(value)
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Deserializes `value`, naming the field at fault (`prefix` then serde's path).
+fn typed<T: serde::de::DeserializeOwned>(value: Value, prefix: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = match (prefix.is_empty(), path.as_str()) {
+            (true, ".") => String::new(),
+            (true, p) => p.to_string(),
+            (false, ".") => prefix.to_string(),
+            (false, p) if p.starts_with('[') => format!("{prefix}{p}"),
+            (false, p) => format!("{prefix}.{p}"),
+        };
+        let inner = e.into_inner();
+        if field.is_empty() {
+            ApiError::unnamed(format!("the body does not fit the request: {inner}"))
+        } else {
+            ApiError::invalid(field.clone(), format!("{field}: {inner}"))
+        }
+    })
+}
+
+/// The field `name` of the body, which the request needs.
+fn required(body: &mut Value, name: &str) -> Result<Value, ApiError> {
+    match body.get_mut(name).map(Value::take) {
+        Some(v) if !v.is_null() => Ok(v),
+        _ => Err(ApiError::invalid(
+            name,
+            format!("{name}: this field is required"),
+        )),
+    }
+}
+
+impl ChatRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let mut body = object(body)?;
+        let messages = typed(required(&mut body, "messages")?, "messages")?;
+        let common = typed(body, "")?;
+        Ok(Self { messages, common })
+    }
+}
+
+impl CompletionRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let mut body = object(body)?;
+        let prompt = typed(required(&mut body, "prompt")?, "prompt")?;
+        let common = typed(body, "")?;
+        Ok(Self { prompt, common })
+    }
+}
+
+impl ChatRequest {
+    pub fn check(self, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages: expected at least one message, found none",
+            ));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.into_iter().enumerate() {
+            let role = match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].role"),
+                        format!(
+                            "messages[{i}].role: expected system, developer, user or assistant, \
+                             found {other:?}"
+                        ),
+                    ));
+                }
+            };
+            let text = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (k, p) in parts.into_iter().enumerate() {
+                        match (p.kind.as_str(), p.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    format!("messages[{i}].content[{k}]"),
+                                    format!(
+                                        "messages[{i}].content[{k}]: expected a text part, found \
+                                         a part of type {kind:?} (this model reads text only)"
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            messages.push(Message::new(role, text));
+        }
+        if !messages.iter().any(|m| m.role == Role::User) {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages: expected at least one user message, found none",
+            ));
+        }
+        self.common.check(Input::Chat(messages), limits, served)
+    }
+}
+
+impl CompletionRequest {
+    pub fn check(self, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
+        let input = match self.prompt {
+            CompletionPrompt::Text(t) => Input::Text(t),
+            CompletionPrompt::Texts(mut v) if v.len() == 1 => Input::Text(v.remove(0)),
+            CompletionPrompt::Texts(v) => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "prompt: expected one prompt (one completion per request), found {}",
+                        v.len()
+                    ),
+                ));
+            }
+            CompletionPrompt::Ids(ids) => Input::Ids(ids),
+        };
+        let empty = match &input {
+            Input::Text(t) => t.is_empty(),
+            Input::Ids(ids) => ids.is_empty(),
+            Input::Chat(_) => false,
+        };
+        if empty {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt: expected a non-empty prompt, found an empty one",
+            ));
+        }
+        if let Some(b) = self.common.best_of.filter(|&b| b != 1) {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("best_of: expected 1 (one completion per request), found {b}"),
+            ));
+        }
+        if self.common.echo == Some(true) {
+            return Err(ApiError::invalid(
+                "echo",
+                "echo: expected false, found true (the prompt is not echoed)",
+            ));
+        }
+        if self.common.suffix.as_ref().is_some_and(|s| !s.is_null()) {
+            return Err(ApiError::invalid(
+                "suffix",
+                "suffix: not supported (use a prompt with masks and the chat endpoint's \
+                 canvas instead)",
+            ));
+        }
+        self.common.check(input, limits, served)
+    }
+}
+
+fn whole(field: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(0) => Err(ApiError::invalid(
+            field,
+            format!("{field}: expected a whole number >= 1, found 0"),
+        )),
+        Some(n) => usize::try_from(n)
+            .map(Some)
+            .map_err(|_| ApiError::invalid(field, format!("{field}: {n} is too large"))),
+    }
+}
+
+impl Common {
+    fn check(self, input: Input, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
+        if let Some(m) = self.model.as_deref().filter(|m| *m != served) {
+            return Err(ApiError {
+                status: axum::http::StatusCode::NOT_FOUND,
+                code: Some("model_not_found"),
+                ..ApiError::invalid(
+                    "model",
+                    format!("model: this server serves {served:?}, found {m:?}"),
+                )
+            });
+        }
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n: expected 1 (one choice per request), found {n}"),
+            ));
+        }
+        let refused: [(&str, bool); 7] = [
+            (
+                "logprobs",
+                self.logprobs
+                    .as_ref()
+                    .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false))),
+            ),
+            (
+                "top_logprobs",
+                self.top_logprobs.as_ref().is_some_and(|v| !v.is_null()),
+            ),
+            (
+                "presence_penalty",
+                self.presence_penalty.is_some_and(|p| p != 0.0),
+            ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty.is_some_and(|p| p != 0.0),
+            ),
+            (
+                "logit_bias",
+                self.logit_bias
+                    .as_ref()
+                    .is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())),
+            ),
+            ("tools", self.tools.as_ref().is_some_and(|v| !v.is_null())),
+            (
+                "response_format",
+                self.response_format.as_ref().is_some_and(|v| {
+                    v.get("type")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| t != "text")
+                }),
+            ),
+        ];
+        if let Some((field, _)) = refused.iter().find(|(_, set)| *set) {
+            return Err(ApiError::invalid(
+                *field,
+                format!("{field}: not supported by this runtime; leave it out"),
+            ));
+        }
+        if self
+            .tool_choice
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != "none")
+        {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice: not supported by this runtime; leave it out",
+            ));
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) => whole("max_completion_tokens", Some(n))?,
+            (None, n) => whole("max_tokens", n)?,
+        }
+        .unwrap_or(limits.default_max_tokens);
+        if max_tokens > limits.max_tokens {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "max_tokens: expected at most {} (the server's limit), found {max_tokens}",
+                    limits.max_tokens
+                ),
+            ));
+        }
+        let temperature = self.temperature.unwrap_or(0.0);
+        if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("temperature: expected a number in [0, 2], found {temperature}"),
+            ));
+        }
+        if let Some(p) = self.top_p.filter(|&p| p != 1.0) {
+            return Err(ApiError::invalid(
+                "top_p",
+                format!(
+                    "top_p: expected 1 (the diffusion sampler draws from the whole \
+                     distribution), found {p}"
+                ),
+            ));
+        }
+        let block_length = match whole("block_length", self.block_length)? {
+            Some(b) => b,
+            None if max_tokens.is_multiple_of(DEFAULT_BLOCK) => DEFAULT_BLOCK,
+            None => max_tokens,
+        };
+        if !max_tokens.is_multiple_of(block_length) {
+            return Err(ApiError::invalid(
+                "block_length",
+                format!(
+                    "block_length: expected a divisor of max_tokens ({max_tokens}), found \
+                     {block_length}"
+                ),
+            ));
+        }
+        let blocks = max_tokens / block_length;
+        let steps = whole("steps", self.steps)?.unwrap_or(max_tokens);
+        if !steps.is_multiple_of(blocks) {
+            return Err(ApiError::invalid(
+                "steps",
+                format!(
+                    "steps: expected a multiple of the {blocks} blocks (max_tokens {max_tokens} / \
+                     block_length {block_length}), found {steps}"
+                ),
+            ));
+        }
+        let threshold = match self.threshold {
+            None => None,
+            Some(t) if t > 0.0 && t <= 1.0 => Some(t as f32),
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    "threshold",
+                    format!("threshold: expected a number in (0, 1], found {t}"),
+                ));
+            }
+        };
+        let remasking = match self.remasking.as_deref() {
+            None | Some("low_confidence") => Remasking::LowConfidence,
+            Some("random") => Remasking::Random,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "remasking",
+                    format!("remasking: expected low_confidence or random, found {other:?}"),
+                ));
+            }
+        };
+        let cache = match self.cache.as_deref() {
+            None => limits.default_cache,
+            Some(name) => name.parse::<CacheMode>().map_err(|_| {
+                let names: Vec<&str> = CacheMode::ALL.iter().map(|m| m.name()).collect();
+                ApiError::invalid(
+                    "cache",
+                    format!(
+                        "cache: expected one of {}, found {name:?}",
+                        names.join(", ")
+                    ),
+                )
+            })?,
+        };
+        let stop = match self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "stop: expected up to 4 non-empty strings, found {} ({} empty)",
+                    stop.len(),
+                    stop.iter().filter(|s| s.is_empty()).count()
+                ),
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        let options = self.stream_options.unwrap_or_default();
+        if !stream && (options.include_usage || options.include_canvas) {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options: only allowed with \"stream\": true",
+            ));
+        }
+        let params = GenerationParams {
+            gen_length: max_tokens,
+            steps,
+            block_length,
+            temperature: temperature as f32,
+            remasking,
+            threshold,
+            seed: self.seed.unwrap_or(0),
+            ..GenerationParams::default()
+        };
+        Ok(JobSpec {
+            input,
+            params,
+            cache,
+            stop,
+            stream,
+            include_usage: options.include_usage,
+            include_canvas: options.include_canvas,
+        })
+    }
+}
+
+/// `unmask generate`'s block length when it divides the generation length.
+const DEFAULT_BLOCK: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            max_tokens: 256,
+            default_max_tokens: 64,
+            default_cache: CacheMode::BicacheDual,
+        }
+    }
+
+    fn chat(body: &str) -> Result<JobSpec, ApiError> {
+        ChatRequest::parse(body.as_bytes())?.check(&limits(), "tiny")
+    }
+
+    #[test]
+    fn defaults_follow_the_cli() {
+        let spec =
+            chat(r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#)
+                .unwrap();
+        assert_eq!(spec.params.gen_length, 64);
+        assert_eq!(spec.params.block_length, 32);
+        assert_eq!(spec.params.steps, 64);
+        assert_eq!(spec.params.temperature, 0.0);
+        assert_eq!(spec.cache, CacheMode::BicacheDual);
+        assert_eq!(
+            spec.input,
+            Input::Chat(vec![Message::system("s"), Message::user("q")])
+        );
+        let spec = chat(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"max_tokens":48,"cache":"none"}"#).unwrap();
+        assert_eq!(spec.params.block_length, 48);
+        assert_eq!(spec.cache, CacheMode::None);
+        assert_eq!(spec.input, Input::Chat(vec![Message::user("ab")]));
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let cases = [
+            (r#"{"messages":[]}"#, "messages"),
+            (r#"{"model":"x"}"#, "messages"),
+            (r#"{"messages":"hi"}"#, "messages"),
+            (
+                r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+                "messages[0].role",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+                "messages[0].content[0]",
+            ),
+            (
+                r#"{"messages":[{"role":"system","content":"x"}]}"#,
+                "messages",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":0}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":100000}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":"many"}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"temperature":-1}"#,
+                "temperature",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"top_p":0.5}"#,
+                "top_p",
+            ),
+            (r#"{"messages":[{"role":"user","content":"q"}],"n":2}"#, "n"),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":64,"block_length":48}"#,
+                "block_length",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":64,"steps":3}"#,
+                "steps",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"threshold":1.5}"#,
+                "threshold",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"cache":"lru"}"#,
+                "cache",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"remasking":"top"}"#,
+                "remasking",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"stop":["a","b","c","d","e"]}"#,
+                "stop",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"logprobs":true}"#,
+                "logprobs",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function"}]}"#,
+                "tools",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"stream_options":{"include_usage":true}}"#,
+                "stream_options",
+            ),
+        ];
+        for (body, field) in cases {
+            let e = chat(body).expect_err(body);
+            assert_eq!(e.status, 400, "{body}: {e}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
+            assert!(
+                e.message.contains(field.split('[').next().unwrap()),
+                "{body}: {e}"
+            );
+        }
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"q"}],"model":"gpt-4"}"#).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (404, Some("model_not_found")));
+        let e = chat("{not json").unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("not valid JSON"), "{e}");
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let check =
+            |body: &str| CompletionRequest::parse(body.as_bytes())?.check(&limits(), "tiny");
+        assert_eq!(
+            check(r#"{"prompt":"hi"}"#).unwrap().input,
+            Input::Text("hi".into())
+        );
+        assert_eq!(
+            check(r#"{"prompt":["hi"]}"#).unwrap().input,
+            Input::Text("hi".into())
+        );
+        assert_eq!(
+            check(r#"{"prompt":[1,2,3]}"#).unwrap().input,
+            Input::Ids(vec![1, 2, 3])
+        );
+        for (body, field) in [
+            (r#"{"prompt":["a","b"]}"#, "prompt"),
+            (r#"{"prompt":""}"#, "prompt"),
+            (r#"{"prompt":"a","echo":true}"#, "echo"),
+            (r#"{"prompt":"a","best_of":3}"#, "best_of"),
+            (r#"{"prompt":"a","suffix":"z"}"#, "suffix"),
+        ] {
+            assert_eq!(
+                check(body).unwrap_err().param.as_deref(),
+                Some(field),
+                "{body}"
+            );
+        }
+    }
+}

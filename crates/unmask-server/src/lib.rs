@@ -1,0 +1,164 @@
+//! `unmask serve`: an OpenAI-compatible HTTP server over one `Engine`.
+//!
+//! The HTTP side runs on tokio (axum); the engine runs on its own thread
+//! (`scheduler::run`), which steps every running request in a fair round and batches
+//! BiCache requests that share a system prompt. Handlers and the engine thread talk through
+//! channels: a handler sends a `Job` and reads its events (accepted, final text as it
+//! appears, the canvas, the result).
+
+pub mod api;
+pub mod error;
+pub mod metrics;
+mod routes;
+pub mod scheduler;
+pub mod text;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+
+use unmask::Engine;
+
+pub use api::Limits;
+pub use scheduler::SchedulerConfig;
+
+/// How the server listens and what it accepts.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub addr: SocketAddr,
+    /// Clients must send `Authorization: Bearer KEY` (all routes but /health).
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Requests accepted and not yet running, beyond which a request gets 429.
+    pub max_queue: usize,
+    /// The model's id in /v1/models and the `model` field requests may give.
+    pub model_name: String,
+    pub limits: Limits,
+    pub scheduler: SchedulerConfig,
+}
+
+/// What went wrong starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot load the model: {0}")]
+    Load(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the server stopped: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the engine thread panicked")]
+    EnginePanicked,
+}
+
+/// What the engine thread reports once the model is loaded.
+pub struct Loaded {
+    /// Positions the model takes (prompt and answer together).
+    pub max_sequence_length: usize,
+}
+
+/// Loads the engine with `load` on its own thread, listens on `config.addr`, calls
+/// `on_listening` with the bound address (useful with port 0), and serves until ctrl-c
+/// or SIGTERM; then finishes the requests already accepted and returns.
+pub fn serve<L>(
+    config: ServeConfig,
+    load: L,
+    on_listening: impl FnOnce(SocketAddr, &Loaded),
+) -> Result<(), ServeError>
+where
+    L: FnOnce() -> Result<Engine, String> + Send + 'static,
+{
+    let shared = Arc::new(scheduler::Shared {
+        metrics: metrics::Metrics::new(),
+        queued: AtomicUsize::new(0),
+    });
+    let (jobs_tx, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let engine_shared = Arc::clone(&shared);
+    let scheduler_config = config.scheduler.clone();
+    let engine_thread = std::thread::Builder::new()
+        .name("unmask-engine".into())
+        .spawn(move || {
+            let engine = match load() {
+                Ok(e) => e,
+                Err(why) => {
+                    let _ = ready_tx.send(Err(why));
+                    return;
+                }
+            };
+            let loaded = Loaded {
+                max_sequence_length: engine.config().max_sequence_length,
+            };
+            let _ = ready_tx.send(Ok(loaded));
+            scheduler::run(&engine, jobs_rx, engine_shared, scheduler_config);
+        })?;
+    let loaded = match ready_rx.recv() {
+        Ok(Ok(l)) => l,
+        Ok(Err(why)) => return Err(ServeError::Load(why)),
+        Err(_) => return Err(ServeError::EnginePanicked),
+    };
+    let mut limits = config.limits.clone();
+    limits.max_tokens = limits.max_tokens.min(loaded.max_sequence_length - 1);
+    limits.default_max_tokens = limits.default_max_tokens.min(limits.max_tokens);
+    let app = Arc::new(routes::App {
+        jobs: jobs_tx,
+        shared,
+        limits,
+        model: config.model_name.clone(),
+        api_key: config.api_key.clone(),
+        max_queue: config.max_queue,
+        max_body_bytes: config.max_body_bytes,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        next_id: AtomicU64::new(1),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let served = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: config.addr,
+                source,
+            })?;
+        on_listening(listener.local_addr()?, &loaded);
+        axum::serve(listener, routes::router(app))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        Ok::<(), ServeError>(())
+    });
+    // The router (and with it the last job sender) is gone: the engine thread finishes
+    // what it holds and returns.
+    drop(runtime);
+    if engine_thread.join().is_err() {
+        return Err(ServeError::EnginePanicked);
+    }
+    served
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,158 @@
+//! `/metrics`: Prometheus text exposition of what the server did and holds.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    /// ok, error (the engine's or the request's), cancelled (the client went away),
+    /// rejected (queue full, bad request, unauthorized).
+    pub outcome: &'static str,
+}
+
+/// Every metric, shared by the handlers and the scheduler (updates are atomic).
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<Outcome, Counter>,
+    pub queue_depth: Gauge,
+    pub running: Gauge,
+    pub sessions: Gauge,
+    /// Requests stepped together in one forward pass.
+    pub batch_size: Histogram,
+    pub steps: Counter,
+    pub completion_tokens: Counter,
+    pub prompt_tokens: Counter,
+    /// Completion tokens per second over the last window.
+    pub tokens_per_second: Gauge<f64, AtomicU64>,
+    pub bicache_hits: Counter,
+    pub bicache_misses: Counter,
+    pub bicache_fallbacks: Counter,
+    pub store_bytes: Gauge,
+    pub store_entries: Gauge,
+    pub store_pins: Gauge,
+    pub gpu_memory_bytes: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("unmask");
+        let m = Self {
+            requests: Family::default(),
+            queue_depth: Gauge::default(),
+            running: Gauge::default(),
+            sessions: Gauge::default(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
+            steps: Counter::default(),
+            completion_tokens: Counter::default(),
+            prompt_tokens: Counter::default(),
+            tokens_per_second: Gauge::default(),
+            bicache_hits: Counter::default(),
+            bicache_misses: Counter::default(),
+            bicache_fallbacks: Counter::default(),
+            store_bytes: Gauge::default(),
+            store_entries: Gauge::default(),
+            store_pins: Gauge::default(),
+            gpu_memory_bytes: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "Generation requests by outcome",
+            m.requests.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Requests accepted and not yet running",
+            m.queue_depth.clone(),
+        );
+        registry.register("running_requests", "Requests running", m.running.clone());
+        registry.register(
+            "batch_sessions",
+            "Batch sessions (one per shared prefix and depth)",
+            m.sessions.clone(),
+        );
+        registry.register(
+            "batch_size",
+            "Requests run in one forward pass",
+            m.batch_size.clone(),
+        );
+        registry.register(
+            "steps",
+            "Denoising steps run (one per forward pass of a batch or request)",
+            m.steps.clone(),
+        );
+        registry.register(
+            "completion_tokens",
+            "Answer tokens generated",
+            m.completion_tokens.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "tokens_per_second",
+            "Answer tokens per second over the last 10 s",
+            m.tokens_per_second.clone(),
+        );
+        registry.register(
+            "bicache_hits",
+            "BiCache requests whose prefix entry was stored",
+            m.bicache_hits.clone(),
+        );
+        registry.register(
+            "bicache_misses",
+            "BiCache requests that built their prefix entry",
+            m.bicache_misses.clone(),
+        );
+        registry.register(
+            "bicache_fallbacks",
+            "BiCache requests that ran without the shared entry",
+            m.bicache_fallbacks.clone(),
+        );
+        registry.register(
+            "prefix_store_bytes",
+            "GPU bytes held by the shared prefix store",
+            m.store_bytes.clone(),
+        );
+        registry.register(
+            "prefix_store_entries",
+            "Entries in the shared prefix store",
+            m.store_entries.clone(),
+        );
+        registry.register(
+            "prefix_store_pins",
+            "Pins held on prefix entries",
+            m.store_pins.clone(),
+        );
+        registry.register(
+            "gpu_memory_bytes",
+            "GPU memory held by the engine",
+            m.gpu_memory_bytes.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    pub fn count(&self, outcome: &'static str) {
+        self.requests.get_or_create(&Outcome { outcome }).inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

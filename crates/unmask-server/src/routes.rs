@@ -1,0 +1,425 @@
+//! The HTTP side: routes, authentication, the body limit and the answers' shapes
+//! (OpenAI's `chat.completion`, `text_completion` and their stream chunks).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::api::{ChatRequest, CompletionRequest, JobSpec, Limits};
+use crate::error::ApiError;
+use crate::scheduler::{Finished, Job, JobEvent, Shared};
+
+/// What every handler shares.
+pub struct App {
+    pub jobs: mpsc::UnboundedSender<Job>,
+    pub shared: Arc<Shared>,
+    pub limits: Limits,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub max_queue: usize,
+    pub max_body_bytes: usize,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+    pub next_id: AtomicU64,
+}
+
+/// The two generating endpoints, which differ only in their shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    let limit = app.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
+async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &app.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            app.shared.metrics.count("rejected");
+            let why = if given.is_none() {
+                "no API key given: send the header Authorization: Bearer KEY"
+            } else {
+                "the API key given is not the server's"
+            };
+            return ApiError::status(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_api_key",
+                why,
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn not_found(request: Request) -> Response {
+    ApiError::status(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "unknown_url",
+        format!(
+            "no route {} {}: this server answers POST /v1/chat/completions, POST \
+             /v1/completions, GET /v1/models, GET /health and GET /metrics",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    axum::Json(json!({ "status": "ok", "model": app.model })).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.shared.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.model,
+            "object": "model",
+            "created": app.created,
+            "owned_by": "unmask",
+        }],
+    }))
+    .into_response()
+}
+
+/// The body, or the error that names why it could not be read (too large above all).
+fn body_bytes(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "request_too_large",
+                format!(
+                    "the body is larger than the server's limit of {} bytes",
+                    app.max_body_bytes
+                ),
+            )
+        } else {
+            ApiError::unnamed(format!("the body could not be read: {e}"))
+        }
+    })
+}
+
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let spec = body_bytes(&app, body)
+        .and_then(|b| ChatRequest::parse(&b))
+        .and_then(|r| r.check(&app.limits, &app.model));
+    generate(app, spec, Endpoint::Chat).await
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let spec = body_bytes(&app, body)
+        .and_then(|b| CompletionRequest::parse(&b))
+        .and_then(|r| r.check(&app.limits, &app.model));
+    generate(app, spec, Endpoint::Completion).await
+}
+
+async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endpoint) -> Response {
+    let spec = match spec {
+        Ok(s) => s,
+        Err(e) => {
+            app.shared.metrics.count("rejected");
+            return e.into_response();
+        }
+    };
+    let stream = spec.stream;
+    let usage = spec.include_usage;
+    let events = match submit(&app, spec).await {
+        Ok(rx) => rx,
+        Err(e) => return e.into_response(),
+    };
+    let id = format!(
+        "{}-{}",
+        match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        },
+        app.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let shape = Shape {
+        endpoint,
+        id,
+        created: unix_now(),
+        model: app.model.clone(),
+    };
+    if stream {
+        stream_response(shape, events, usage)
+    } else {
+        whole_response(shape, events).await
+    }
+}
+
+/// Queues a job (429 when the queue is full) and waits until the engine accepts it.
+async fn submit(app: &App, spec: JobSpec) -> Result<mpsc::UnboundedReceiver<JobEvent>, ApiError> {
+    let shared = &app.shared;
+    let queued = shared.queued.fetch_add(1, Ordering::Relaxed);
+    if queued >= app.max_queue {
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        shared.metrics.count("rejected");
+        return Err(ApiError::status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "queue_full",
+            format!(
+                "the server's queue is full ({} requests waiting): retry later",
+                app.max_queue
+            ),
+        ));
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    if app.jobs.send(Job { spec, events: tx }).is_err() {
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        return Err(engine_gone());
+    }
+    match rx.recv().await {
+        Some(JobEvent::Started) => Ok(rx),
+        Some(JobEvent::Done(Err(e))) => Err(e),
+        Some(other) => Err(ApiError::server(format!(
+            "the engine answered {other:?} before accepting the request"
+        ))),
+        None => Err(engine_gone()),
+    }
+}
+
+fn engine_gone() -> ApiError {
+    ApiError::status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "engine_stopped",
+        "the engine has stopped; the server is shutting down",
+    )
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The fields every answer and chunk of one request share.
+struct Shape {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Shape {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// A stream chunk carrying `text` (and `finish_reason` on the last).
+    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+            }
+            Endpoint::Completion => {
+                json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
+            }
+        };
+        self.envelope(true, json!([choice]))
+    }
+
+    fn whole(&self, f: &Finished) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": f.text },
+                "logprobs": null,
+                "finish_reason": f.finish_reason.as_str(),
+            }),
+            Endpoint::Completion => json!({
+                "index": 0,
+                "text": f.text,
+                "logprobs": null,
+                "finish_reason": f.finish_reason.as_str(),
+            }),
+        };
+        let mut v = self.envelope(false, json!([choice]));
+        v["usage"] = usage(f);
+        v["unmask"] = extension(f);
+        v
+    }
+}
+
+fn usage(f: &Finished) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+    })
+}
+
+/// What the runtime did, beside OpenAI's fields: cache mode, BiCache, timings.
+fn extension(f: &Finished) -> Value {
+    json!({
+        "cache": f.cache.name(),
+        "bicache": f.bicache,
+        "timings": f.timings,
+    })
+}
+
+async fn whole_response(shape: Shape, mut events: mpsc::UnboundedReceiver<JobEvent>) -> Response {
+    while let Some(event) = events.recv().await {
+        if let JobEvent::Done(result) = event {
+            return match result {
+                Ok(f) => axum::Json(shape.whole(&f)).into_response(),
+                Err(e) => e.into_response(),
+            };
+        }
+    }
+    engine_gone().into_response()
+}
+
+fn stream_response(
+    shape: Shape,
+    mut events: mpsc::UnboundedReceiver<JobEvent>,
+    include_usage: bool,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    tokio::spawn(async move {
+        let data = |v: Value| Ok(Event::default().data(v.to_string()));
+        // OpenAI's first chat chunk carries the role.
+        let first = shape.chunk((shape.endpoint == Endpoint::Chat).then_some(""), true, None);
+        if tx.send(data(first)).await.is_err() {
+            return;
+        }
+        loop {
+            let event = tokio::select! {
+                e = events.recv() => e,
+                // The client went away: dropping `events` tells the engine.
+                _ = tx.closed() => return,
+            };
+            let Some(event) = event else {
+                let _ = tx.send(data(engine_gone().body())).await;
+                break;
+            };
+            let out: Vec<Value> = match event {
+                JobEvent::Started => Vec::new(),
+                JobEvent::Text(t) => vec![shape.chunk(Some(&t), false, None)],
+                JobEvent::Canvas(c) => {
+                    let mut v = shape.envelope(true, json!([]));
+                    v["canvas"] = json!(c);
+                    vec![v]
+                }
+                JobEvent::Done(Ok(f)) => {
+                    let mut last = shape.chunk(None, false, Some(f.finish_reason.as_str()));
+                    last["unmask"] = extension(&f);
+                    let mut out = vec![last];
+                    if include_usage {
+                        let mut u = shape.envelope(true, json!([]));
+                        u["usage"] = usage(&f);
+                        out.push(u);
+                    }
+                    for v in out {
+                        if tx.send(data(v)).await.is_err() {
+                            return;
+                        }
+                    }
+                    break;
+                }
+                JobEvent::Done(Err(e)) => {
+                    let _ = tx.send(data(e.body())).await;
+                    break;
+                }
+            };
+            for v in out {
+                if tx.send(data(v)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,517 @@
+//! The engine's thread: it owns the model and runs every request, one denoising step at a
+//! time, in a fair round over its batches.
+//!
+//! - BiCache requests that share a prefix (the same system prompt) and a depth b run in one
+//!   `BatchSession`: one forward pass per step for all of them, joining at step boundaries
+//!   while their arenas fit. The session pins the prefix entry while it has requests and is
+//!   dropped when it has none (the entry stays stored for the next ones).
+//! - Every other request runs as its own `RequestRun`, up to `max_solo` at once.
+//! - A round steps each session and each solo run once, then takes new requests.
+//! - A request whose client went away (its event channel closed) leaves before the next
+//!   step; its pin and GPU state go with it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use unmask::{
+    BatchSession, BicacheReport, CacheMode, Engine, EngineError, Generation, Prompt, Request,
+    RequestRun, StepEvent, Timings,
+};
+
+use crate::api::{Input, JobSpec};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::text::{FinishReason, TextStream, final_tokens};
+
+/// A request handed to the engine thread, with the channel its events go back on.
+pub struct Job {
+    pub spec: JobSpec,
+    pub events: UnboundedSender<JobEvent>,
+}
+
+/// What the engine thread tells a request's handler.
+#[derive(Debug)]
+pub enum JobEvent {
+    /// The request was accepted and runs (or waits for room in its batch).
+    Started,
+    /// Final answer text, in order.
+    Text(String),
+    /// The whole canvas after a step (with `include_canvas`).
+    Canvas(CanvasView),
+    Done(Result<Finished, ApiError>),
+}
+
+/// One step's canvas: each generated position's token text, `None` while masked.
+#[derive(Debug, serde::Serialize)]
+pub struct CanvasView {
+    pub step: usize,
+    pub tokens: Vec<Option<String>>,
+    pub masked: usize,
+}
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Finished {
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cache: CacheMode,
+    pub bicache: Option<BicacheReport>,
+    pub timings: Timings,
+}
+
+/// How much the scheduler runs at once.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Requests without a shared prefix running at once (each has its own GPU state).
+    pub max_solo: usize,
+    /// Positions (prompts and canvases) one batch session holds; capped by the device.
+    pub batch_rows: usize,
+    /// BiCache depth b for every request (`None`: the model's depth table).
+    pub depth: Option<usize>,
+    /// BiCache: steps between deep-prefix refreshes in one-block requests.
+    pub refresh_every: usize,
+}
+
+/// What the handlers and the scheduler share.
+pub struct Shared {
+    pub metrics: Metrics,
+    /// Requests accepted and not yet running.
+    pub queued: AtomicUsize,
+}
+
+/// A request's progress as it is streamed back.
+struct Tracker {
+    events: UnboundedSender<JobEvent>,
+    /// A text completion (errors name `prompt`, not `messages`).
+    completion: bool,
+    text: TextStream,
+    include_canvas: bool,
+}
+
+impl Tracker {
+    fn new(job: &Job) -> Self {
+        Self {
+            events: job.events.clone(),
+            completion: job.spec.is_completion(),
+            text: TextStream::new(job.spec.stop.clone()),
+            include_canvas: job.spec.include_canvas,
+        }
+    }
+
+    fn gone(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    fn on_step(&mut self, engine: &Engine, event: &StepEvent<'_>) {
+        let Some(tokenizer) = engine.tokenizer() else {
+            return;
+        };
+        let generated = &event.canvas[event.prompt_len..];
+        let done = final_tokens(generated, event.mask_id);
+        if let Ok(text) = tokenizer.decode(done, unmask::DecodeMode::Clean)
+            && let Some(delta) = self.text.advance(&text, false)
+            && !delta.is_empty()
+        {
+            let _ = self.events.send(JobEvent::Text(delta));
+        }
+        if self.include_canvas {
+            let tokens: Vec<Option<String>> = generated
+                .iter()
+                .map(|&t| {
+                    (t != event.mask_id).then(|| {
+                        tokenizer
+                            .decode(&[t], unmask::DecodeMode::Raw)
+                            .unwrap_or_default()
+                    })
+                })
+                .collect();
+            let masked = tokens.iter().filter(|t| t.is_none()).count();
+            let _ = self.events.send(JobEvent::Canvas(CanvasView {
+                step: event.global_step,
+                tokens,
+                masked,
+            }));
+        }
+    }
+
+    /// Sends the rest of the answer and the result.
+    fn finish(mut self, shared: &Shared, result: Result<Generation, EngineError>) {
+        let m = &shared.metrics;
+        let result = match result {
+            Err(e) => {
+                m.count("error");
+                Err(api_error(&e, self.completion))
+            }
+            Ok(g) => {
+                let full = g.text.clone().unwrap_or_default();
+                let (end, stopped) = self.text.cut(&full);
+                if let Some(delta) = self.text.advance(&full, true)
+                    && !delta.is_empty()
+                {
+                    let _ = self.events.send(JobEvent::Text(delta));
+                }
+                let ended = g.timings.answer_tokens < g.ids.len();
+                let finish_reason = if stopped || ended {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                };
+                m.count("ok");
+                m.completion_tokens.inc_by(g.timings.answer_tokens as u64);
+                m.prompt_tokens.inc_by(g.prompt_ids.len() as u64);
+                if let Some(r) = &g.bicache {
+                    if r.fallback.is_some() {
+                        m.bicache_fallbacks.inc();
+                    } else if r.hit {
+                        m.bicache_hits.inc();
+                    } else {
+                        m.bicache_misses.inc();
+                    }
+                }
+                Ok(Finished {
+                    text: full[..end].to_string(),
+                    finish_reason,
+                    prompt_tokens: g.prompt_ids.len(),
+                    completion_tokens: g.timings.answer_tokens,
+                    cache: g.cache,
+                    bicache: g.bicache,
+                    timings: g.timings,
+                })
+            }
+        };
+        let _ = self.events.send(JobEvent::Done(result));
+    }
+}
+
+/// A batch session and the requests in it, by their session ids.
+struct Slot<'e> {
+    key: (Vec<u32>, usize),
+    session: BatchSession<'e>,
+    members: HashMap<usize, Tracker>,
+}
+
+struct Solo<'e> {
+    run: RequestRun<'e>,
+    tracker: Tracker,
+}
+
+/// The request the engine runs for a job.
+fn engine_request(
+    engine: &Engine,
+    spec: &JobSpec,
+    config: &SchedulerConfig,
+) -> Result<Request, EngineError> {
+    let prompt = match &spec.input {
+        Input::Chat(messages) => Prompt::Chat(messages.clone()),
+        Input::Ids(ids) => Prompt::Ids(ids.clone()),
+        Input::Text(text) => match engine.tokenizer() {
+            Some(t) => Prompt::Ids(t.encode(text)?),
+            None => {
+                return Err(EngineError::NoTokenizer {
+                    dir: engine.dir().to_path_buf(),
+                });
+            }
+        },
+    };
+    let mut request = Request::ids(Vec::new())
+        .with_params(spec.params.clone())
+        .with_cache(spec.cache);
+    request.prompt = prompt;
+    request.depth = config.depth;
+    request.refresh_every = config.refresh_every;
+    Ok(request)
+}
+
+/// The scheduler's state: sessions, solo runs and the requests waiting for a solo slot.
+struct Scheduler<'e> {
+    engine: &'e Engine,
+    shared: Arc<Shared>,
+    config: SchedulerConfig,
+    slots: Vec<Slot<'e>>,
+    solos: Vec<Solo<'e>>,
+    waiting: VecDeque<(Job, Request)>,
+    /// (when, answer tokens) of recent finishes, for tokens/s.
+    recent: VecDeque<(Instant, usize)>,
+}
+
+/// Runs the engine thread until every sender of `jobs` is gone and the work is done.
+pub fn run(
+    engine: &Engine,
+    mut jobs: UnboundedReceiver<Job>,
+    shared: Arc<Shared>,
+    config: SchedulerConfig,
+) {
+    let mut s = Scheduler {
+        engine,
+        shared,
+        config,
+        slots: Vec::new(),
+        solos: Vec::new(),
+        waiting: VecDeque::new(),
+        recent: VecDeque::new(),
+    };
+    loop {
+        // Idle: sleep until a request comes (or the server stops).
+        if s.is_idle() {
+            s.update_gauges();
+            match jobs.blocking_recv() {
+                Some(job) => s.place(job),
+                None => return,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            s.place(job);
+        }
+        s.start_solos();
+        s.drop_gone();
+        s.round();
+        s.update_gauges();
+    }
+}
+
+impl<'e> Scheduler<'e> {
+    fn is_idle(&self) -> bool {
+        self.slots.is_empty() && self.solos.is_empty() && self.waiting.is_empty()
+    }
+
+    fn started(&self) {
+        self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn reject(&self, job: Job, error: ApiError) {
+        let error = if job.spec.is_completion() {
+            error.for_completion()
+        } else {
+            error
+        };
+        self.started();
+        self.shared.metrics.count("error");
+        let _ = job.events.send(JobEvent::Done(Err(error)));
+    }
+
+    /// Sends a new request to its batch session (creating it), or to the solo queue.
+    fn place(&mut self, job: Job) {
+        let engine = self.engine;
+        let request = match engine_request(engine, &job.spec, &self.config) {
+            Ok(r) => r,
+            Err(e) => return self.reject(job, ApiError::from_engine(&e)),
+        };
+        if request.cache.is_bicache() {
+            match engine.shared_prefix(&request) {
+                Ok(key) => {
+                    if let Some(job) = self.join_session(job, &request, key) {
+                        self.waiting.push_back((job, request));
+                    }
+                    return;
+                }
+                // It cannot share (no depth table, guidance, ...): it runs alone with its
+                // fallback mode, and its report says why.
+                Err(EngineError::Refused(_)) => {}
+                Err(e) => return self.reject(job, ApiError::from_engine(&e)),
+            }
+        }
+        self.waiting.push_back((job, request));
+    }
+
+    /// Submits to the session of `key` (prefix, depth); the job back when no session can
+    /// take it (it then runs alone).
+    fn join_session(&mut self, job: Job, request: &Request, key: (Vec<u32>, usize)) -> Option<Job> {
+        let engine = self.engine;
+        let k = match self.slots.iter().position(|s| s.key == key) {
+            Some(k) => k,
+            None => {
+                let rows = self.config.batch_rows.min(engine.model().max_state_rows());
+                match engine.batch_session(&key.0, key.1, rows) {
+                    Ok(session) => {
+                        self.slots.push(Slot {
+                            key,
+                            session,
+                            members: HashMap::new(),
+                        });
+                        self.slots.len() - 1
+                    }
+                    Err(_) => return Some(job),
+                }
+            }
+        };
+        let slot = &mut self.slots[k];
+        match slot.session.submit(request.clone()) {
+            Ok(id) => {
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                slot.members.insert(id, Tracker::new(&job));
+                let _ = job.events.send(JobEvent::Started);
+                None
+            }
+            Err(_) => {
+                if slot.session.is_idle() {
+                    self.slots.remove(k);
+                }
+                Some(job)
+            }
+        }
+    }
+
+    fn start_solos(&mut self) {
+        while self.solos.len() < self.config.max_solo.max(1) {
+            let Some((job, request)) = self.waiting.pop_front() else {
+                break;
+            };
+            if job.events.is_closed() {
+                self.started();
+                self.shared.metrics.count("cancelled");
+                continue;
+            }
+            match self.engine.start(request) {
+                Ok(run) => {
+                    self.started();
+                    let _ = job.events.send(JobEvent::Started);
+                    let tracker = Tracker::new(&job);
+                    self.solos.push(Solo { run, tracker });
+                }
+                Err(e) => self.reject(job, ApiError::from_engine(&e)),
+            }
+        }
+    }
+
+    /// Requests whose clients went away leave their batch (unpinning) or stop.
+    fn drop_gone(&mut self) {
+        let m = &self.shared.metrics;
+        for slot in &mut self.slots {
+            let gone: Vec<usize> = slot
+                .members
+                .iter()
+                .filter(|(_, t)| t.gone())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in gone {
+                slot.session.cancel(id);
+                slot.members.remove(&id);
+                m.count("cancelled");
+            }
+        }
+        let before = self.solos.len();
+        self.solos.retain(|s| !s.tracker.gone());
+        for _ in self.solos.len()..before {
+            m.count("cancelled");
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|(job, _)| !job.events.is_closed());
+        for _ in self.waiting.len()..before {
+            self.started();
+            m.count("cancelled");
+        }
+        self.slots.retain(|s| !s.session.is_idle());
+    }
+
+    /// One step of every session and every solo run.
+    fn round(&mut self) {
+        let engine = self.engine;
+        let shared = Arc::clone(&self.shared);
+        let m = &shared.metrics;
+        for slot in &mut self.slots {
+            if slot.session.is_idle() {
+                continue;
+            }
+            let Slot {
+                session, members, ..
+            } = slot;
+            let done = pollster_step(session, members, engine);
+            if session.running() > 0 || !done.is_empty() {
+                m.batch_size
+                    .observe((session.running() + done.len()) as f64);
+                m.steps.inc();
+            }
+            for (id, result) in done {
+                if let Some(t) = members.remove(&id) {
+                    record(&mut self.recent, &result);
+                    t.finish(&shared, result);
+                }
+            }
+        }
+        self.slots.retain(|s| !s.session.is_idle());
+        let mut k = 0;
+        while k < self.solos.len() {
+            let Solo { run, tracker } = &mut self.solos[k];
+            let step = run.step(&mut |event| tracker.on_step(engine, event));
+            m.batch_size.observe(1.0);
+            m.steps.inc();
+            match step {
+                Ok(None) => k += 1,
+                Ok(Some(g)) => {
+                    let solo = self.solos.remove(k);
+                    let result = Ok(g);
+                    record(&mut self.recent, &result);
+                    solo.tracker.finish(&shared, result);
+                }
+                Err(e) => {
+                    let solo = self.solos.remove(k);
+                    solo.tracker.finish(&shared, Err(e));
+                }
+            }
+        }
+    }
+
+    fn update_gauges(&mut self) {
+        let m = &self.shared.metrics;
+        let window = Duration::from_secs(10);
+        let now = Instant::now();
+        while self.recent.front().is_some_and(|(t, _)| now - *t > window) {
+            self.recent.pop_front();
+        }
+        let tokens: usize = self.recent.iter().map(|(_, n)| n).sum();
+        m.tokens_per_second
+            .set(tokens as f64 / window.as_secs_f64());
+        let waiting_in_sessions: usize = self.slots.iter().map(|s| s.session.waiting()).sum();
+        let running: usize = self
+            .slots
+            .iter()
+            .map(|s| s.session.running())
+            .sum::<usize>()
+            + self.solos.len();
+        m.queue_depth
+            .set((self.shared.queued.load(Ordering::Relaxed) + waiting_in_sessions) as i64);
+        m.running.set(running as i64);
+        m.sessions.set(self.slots.len() as i64);
+        let stats = self.engine.prefix_store_recount();
+        m.store_bytes.set(stats.bytes as i64);
+        m.store_entries.set(stats.entries as i64);
+        m.store_pins.set(stats.pins as i64);
+        m.gpu_memory_bytes
+            .set(self.engine.ctx().memory.live_bytes() as i64);
+    }
+}
+
+fn api_error(e: &EngineError, completion: bool) -> ApiError {
+    let error = ApiError::from_engine(e);
+    if completion {
+        error.for_completion()
+    } else {
+        error
+    }
+}
+
+/// Counts a finish for tokens/s.
+fn record(recent: &mut VecDeque<(Instant, usize)>, result: &Result<Generation, EngineError>) {
+    if let Ok(g) = result {
+        recent.push_back((Instant::now(), g.timings.answer_tokens));
+    }
+}
+
+/// One step of a session, routing each request's step to its tracker.
+fn pollster_step(
+    session: &mut BatchSession<'_>,
+    members: &mut HashMap<usize, Tracker>,
+    engine: &Engine,
+) -> Vec<(usize, Result<Generation, EngineError>)> {
+    let mut on_step = |id: usize, event: &StepEvent<'_>| {
+        if let Some(t) = members.get_mut(&id) {
+            t.on_step(engine, event);
+        }
+    };
+    pollster::block_on(session.step_async(&mut on_step))
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Tests `unmask serve` with the official `openai` Python client (installed into a venv under
+# target/) and raw HTTP: tools/serve_test.py against the bundled model on a loopback port.
+#
+#   scripts/test-server.sh [UNMASK_BINARY]     (default target/debug/unmask)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+BIN=${1:-target/debug/unmask}
+[ -x "$BIN" ] || { echo "no binary at $BIN (cargo build -p unmask-cli)"; exit 2; }
+VENV=target/server-test-venv
+if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3"
+fi
+"$VENV/bin/python" -c "import openai; print('openai client', openai.__version__)"
+cd tools
+exec "../$VENV/bin/python" serve_test.py --unmask "../$BIN" --model ../models/tiny

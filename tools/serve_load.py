@@ -1,0 +1,160 @@
+"""A bounded load test of `unmask serve` on a loopback port (standard library only).
+
+    python3 tools/serve_load.py --unmask target/release/unmask [--model models/tiny]
+        [--requests 32] [--clients 8] [--others 4] [--json docs/benchmarks/serve-load.json]
+
+Sends REQUESTS chat requests from CLIENTS concurrent clients, all sharing the bundled
+system prompt, plus OTHERS requests with other system prompts (data/tasks/heldout-small.jsonl),
+then the same requests one at a time, to one server. Checks that every request is
+answered, that at temperature 0 each answer equals `unmask generate` for the same request,
+that BiCache hit for all but the first request of each system prompt, and that nothing
+leaked (queue, running requests and prefix-store pins back to zero). Prints one JSON
+object: throughput concurrent against one at a time, and the server's metrics.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+
+from serve_harness import ROOT, SYSTEM, Server, generate
+
+QUESTIONS = [
+    "What is the city of Bella?", "What is the pet of Martin?", "Give the record of Peter.",
+    "What is the sport of Bella and of Martin?", "What is the colour of Peter?",
+    "What is the sport of Peter?", "What is the colour of Martin?", "What is the pet of Bella?",
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--unmask", default="target/release/unmask")
+    ap.add_argument("--model", default="models/tiny")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--others", type=int, default=4)
+    ap.add_argument("--gen-length", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--cache", default="bicache-dual")
+    ap.add_argument("--json", help="also write the result here")
+    a = ap.parse_args()
+
+    others = []
+    with open(os.path.join(ROOT, "data/tasks/heldout-small.jsonl")) as f:
+        seen = set()
+        for line in f:
+            item = json.loads(line)
+            if item["system"] not in seen and len(others) < a.others:
+                seen.add(item["system"])
+                others.append((item["system"], item["user"]))
+    work = [(SYSTEM, QUESTIONS[i % len(QUESTIONS)]) for i in range(a.requests)] + others
+
+    def body(system, user):
+        return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                "max_tokens": a.gen_length, "steps": a.steps, "block_length": a.block_length,
+                "temperature": 0, "cache": a.cache}
+
+    print(f"{len(work)} requests: reference answers from unmask generate", file=sys.stderr)
+    expected = {}
+    for system, user in work:
+        if (system, user) not in expected:
+            expected[(system, user)] = generate(a.unmask, a.model, system, user, a.gen_length,
+                                                a.steps, a.block_length, a.cache)
+
+    server = Server(a.unmask, a.model, "--max-queue", str(len(work)))
+    failures = []
+    try:
+        def post(item):
+            t0 = time.time()
+            status, reply, _ = server.request("POST", "/v1/chat/completions", body(*item))
+            return item, status, reply, time.time() - t0
+
+        def check_replies(replies, label):
+            tokens = 0
+            for item, status, reply, _ in replies:
+                if status != 200:
+                    failures.append(f"{label}: {item[1]!r}: status {status}: {reply}")
+                    continue
+                text = reply["choices"][0]["message"]["content"]
+                tokens += reply["usage"]["completion_tokens"]
+                if text != expected[item]:
+                    failures.append(f"{label}: {item[1]!r}: {text!r} != generate's {expected[item]!r}")
+            return tokens
+
+        # Warm-up outside the timings: compiles the kernels and stores each system prompt's
+        # entry once, so both runs below start from the same state.
+        warm = [post(item) for item in {w[0]: w for w in work}.values()]
+        check_replies(warm, "warm-up")
+        m0 = server.metrics()
+
+        print(f"concurrent: {len(work)} requests from {a.clients} clients", file=sys.stderr)
+        t0 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(a.clients) as pool:
+            concurrent_replies = list(pool.map(post, work))
+        concurrent_s = time.time() - t0
+        m1 = server.metrics()
+
+        print("one at a time", file=sys.stderr)
+        t0 = time.time()
+        serial_replies = [post(item) for item in work]
+        serial_s = time.time() - t0
+        m2 = server.metrics()
+
+        concurrent_tokens = check_replies(concurrent_replies, "concurrent")
+        serial_tokens = check_replies(serial_replies, "one at a time")
+
+        systems = len({w[0] for w in work})
+        hits = m2.get("unmask_bicache_hits_total", 0)
+        misses = m2.get("unmask_bicache_misses_total", 0)
+        fallbacks = m2.get("unmask_bicache_fallbacks_total", 0)
+        total = len(warm) + 2 * len(work)
+        if misses > systems or hits + misses + fallbacks != total or fallbacks:
+            failures.append(f"BiCache: {hits} hits, {misses} misses, {fallbacks} fallbacks over "
+                            f"{total} requests and {systems} system prompts")
+        for name in ("unmask_queue_depth", "unmask_running_requests", "unmask_prefix_store_pins"):
+            if m2.get(name) != 0:
+                failures.append(f"{name} is {m2.get(name)} after the load")
+
+        def batch_mean(before, after):
+            n = after["unmask_batch_size_count"] - before["unmask_batch_size_count"]
+            s = after["unmask_batch_size_sum"] - before["unmask_batch_size_sum"]
+            return round(s / n, 2) if n else 0
+
+        result = {
+            "bench": "serve-load",
+            "model": a.model,
+            "requests": len(work),
+            "clients": a.clients,
+            "system_prompts": systems,
+            "gen_length": a.gen_length, "steps": a.steps, "block_length": a.block_length,
+            "cache": a.cache,
+            "concurrent": {"wall_s": round(concurrent_s, 2), "requests_per_s": round(len(work) / concurrent_s, 3),
+                           "answer_tokens_per_s": round(concurrent_tokens / concurrent_s, 2),
+                           "canvas_tokens_per_s": round(len(work) * a.gen_length / concurrent_s, 2),
+                           "mean_batch": batch_mean(m0, m1),
+                           "mean_latency_s": round(sum(r[3] for r in concurrent_replies) / len(work), 2)},
+            "one_at_a_time": {"wall_s": round(serial_s, 2), "requests_per_s": round(len(work) / serial_s, 3),
+                              "answer_tokens_per_s": round(serial_tokens / serial_s, 2),
+                              "canvas_tokens_per_s": round(len(work) * a.gen_length / serial_s, 2),
+                              "mean_batch": batch_mean(m1, m2),
+                              "mean_latency_s": round(sum(r[3] for r in serial_replies) / len(work), 2)},
+            "speedup": round(serial_s / concurrent_s, 2),
+            "bicache": {"hits": hits, "misses": misses, "fallbacks": fallbacks},
+            "answers_equal_generate": not any("!=" in f for f in failures),
+            "failures": failures,
+        }
+    finally:
+        server.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Tests `unmask serve` on a loopback port: the official `openai` Python client (chat, a
+streamed chat, a text completion, the models list), every error path over raw HTTP, the
+queue's 429, a client that disconnects mid-stream, and the metrics after it all.
+
+    python3 tools/serve_test.py --unmask target/debug/unmask [--model models/tiny]
+
+Needs `pip install openai` (scripts/test-server.sh makes a venv with it). Answers at
+temperature 0 are compared with `unmask generate` for the same request.
+"""
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import socket
+import sys
+import time
+import urllib.parse
+
+import openai
+
+from serve_harness import SYSTEM, Server, generate
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+QUESTIONS = ["What is the city of Bella?", "What is the pet of Martin?", "Give the record of Peter."]
+# Small requests: 32 tokens in one block of 32, 32 steps.
+N, STEPS, BLOCK = 32, 32, 32
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def chat_body(user, system=SYSTEM, **extra):
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
+    return {"messages": messages, "max_tokens": N, "steps": STEPS, "block_length": BLOCK,
+            "temperature": 0, **extra}
+
+
+def openai_client_cases(server, unmask, model):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    check(len(ids) == 1, f"models.list lists one model: {ids}")
+    name = ids[0]
+
+    expected = generate(unmask, model, SYSTEM, QUESTIONS[0], N, STEPS, BLOCK, "bicache-dual")
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}],
+        max_tokens=N, temperature=0, extra_body={"steps": STEPS, "block_length": BLOCK},
+    )
+    text = r.choices[0].message.content
+    check(text == expected, f"chat completion equals unmask generate: {text!r} vs {expected!r}")
+    check(r.choices[0].finish_reason in ("stop", "length"), f"finish_reason {r.choices[0].finish_reason}")
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens,
+          f"usage adds up: {r.usage}")
+    ext = r.model_extra.get("unmask", {})
+    check(ext.get("cache") == "bicache-dual", f"ran bicache-dual: {ext.get('cache')}")
+
+    pieces, finish, usage = [], None, None
+    stream = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}],
+        max_tokens=N, temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"steps": STEPS, "block_length": BLOCK},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    check("".join(pieces) == expected, f"streamed pieces join to the answer: {pieces}")
+    check(finish == r.choices[0].finish_reason, f"stream ends with finish_reason {finish}")
+    check(usage is not None and usage.completion_tokens == r.usage.completion_tokens,
+          f"stream usage chunk: {usage}")
+
+    # Text completion of token ids and of text, without a shared prefix (fast-dllm-dual).
+    expected_none = generate(unmask, model, None, QUESTIONS[1], N, STEPS, BLOCK, "fast-dllm-dual")
+    r = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": QUESTIONS[1]}], max_tokens=N,
+        temperature=0, extra_body={"steps": STEPS, "block_length": BLOCK, "cache": "fast-dllm-dual"},
+    )
+    check(r.choices[0].message.content == expected_none,
+          f"a chat without a system prompt equals unmask generate: {r.choices[0].message.content!r}")
+    c = client.completions.create(model=name, prompt="Bella city", max_tokens=N, temperature=0,
+                                  extra_body={"steps": STEPS, "block_length": BLOCK})
+    check(isinstance(c.choices[0].text, str) and c.usage.prompt_tokens > 0,
+          f"text completion: {c.choices[0].text!r}, usage {c.usage}")
+
+    try:
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "q"}], max_tokens=3,
+                                       extra_body={"block_length": 2})
+        check(False, "the client raises on a bad request")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "block_length", f"the client sees the error naming the field: {e.body}")
+
+
+def raw_error_cases(server):
+    ok = chat_body(QUESTIONS[0])
+    cases = [
+        # (what, method, path, body or raw bytes, headers, status, param)
+        ("no API key", "POST", "/v1/chat/completions", ok, {}, 401, None),
+        ("a wrong API key", "POST", "/v1/chat/completions", ok, {"Authorization": "Bearer nope"}, 401, None),
+        ("models without a key", "GET", "/v1/models", None, {}, 401, None),
+        ("not JSON", "POST", "/v1/chat/completions", b"{oops", AUTH, 400, None),
+        ("a JSON array", "POST", "/v1/chat/completions", b"[1]", AUTH, 400, None),
+        ("no messages", "POST", "/v1/chat/completions", {"model": "x"}, AUTH, 400, "messages"),
+        ("messages not a list", "POST", "/v1/chat/completions", {"messages": "hi"}, AUTH, 400, "messages"),
+        ("an unknown role", "POST", "/v1/chat/completions",
+         {"messages": [{"role": "tool", "content": "x"}]}, AUTH, 400, "messages[0].role"),
+        ("an image part", "POST", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, AUTH, 400, "messages[0].content[0]"),
+        ("max_tokens 0", "POST", "/v1/chat/completions", {**ok, "max_tokens": 0}, AUTH, 400, "max_tokens"),
+        ("max_tokens over the limit", "POST", "/v1/chat/completions", {**ok, "max_tokens": 10**6}, AUTH, 400, "max_tokens"),
+        ("max_tokens a string", "POST", "/v1/chat/completions", {**ok, "max_tokens": "many"}, AUTH, 400, "max_tokens"),
+        ("temperature -1", "POST", "/v1/chat/completions", {**ok, "temperature": -1}, AUTH, 400, "temperature"),
+        ("top_p 0.5", "POST", "/v1/chat/completions", {**ok, "top_p": 0.5}, AUTH, 400, "top_p"),
+        ("n 2", "POST", "/v1/chat/completions", {**ok, "n": 2}, AUTH, 400, "n"),
+        ("steps not a multiple of blocks", "POST", "/v1/chat/completions",
+         {**ok, "max_tokens": 64, "block_length": 32, "steps": 3}, AUTH, 400, "steps"),
+        ("threshold 2", "POST", "/v1/chat/completions", {**ok, "threshold": 2}, AUTH, 400, "threshold"),
+        ("an unknown cache mode", "POST", "/v1/chat/completions", {**ok, "cache": "lru"}, AUTH, 400, "cache"),
+        ("logprobs", "POST", "/v1/chat/completions", {**ok, "logprobs": True}, AUTH, 400, "logprobs"),
+        ("an unknown model", "POST", "/v1/chat/completions", {**ok, "model": "gpt-4"}, AUTH, 404, "model"),
+        ("a prompt longer than the context", "POST", "/v1/chat/completions",
+         chat_body("word " * 5000, system=None), AUTH, 400, "messages"),
+        ("a completion without a prompt", "POST", "/v1/completions", {"max_tokens": 8}, AUTH, 400, "prompt"),
+        ("a completion of two prompts", "POST", "/v1/completions", {"prompt": ["a", "b"]}, AUTH, 400, "prompt"),
+        ("token ids past the vocabulary", "POST", "/v1/completions",
+         {"prompt": [1, 2, 99999], "max_tokens": N, "steps": STEPS, "block_length": BLOCK}, AUTH, 400, "prompt"),
+        ("a body over the limit", "POST", "/v1/chat/completions", b" " * (2 << 20), AUTH, 413, None),
+        ("an unknown route", "GET", "/v1/engines", None, AUTH, 404, None),
+        ("GET on a POST route", "GET", "/v1/chat/completions", None, AUTH, 405, None),
+    ]
+    for what, method, path, body, headers, status, param in cases:
+        raw = body if isinstance(body, bytes) else None
+        got, reply, _ = server.request(method, path, None if raw is not None else body, headers, raw=raw)
+        err = reply.get("error") if isinstance(reply, dict) else None
+        good = (got == status and isinstance(err, dict) and isinstance(err.get("message"), str)
+                and err.get("type") and err.get("param") == param)
+        check(good, f"{what}: {got} {json.dumps(reply)[:150]}")
+    status, reply, _ = server.request("GET", "/health")
+    check(status == 200 and reply.get("status") == "ok", f"/health needs no key: {status} {reply}")
+
+
+def canvas_case(server):
+    body = chat_body(QUESTIONS[2], stream=True, stream_options={"include_canvas": True})
+    chunks = sse(server, body)
+    canvases = [c["canvas"] for c in chunks if isinstance(c, dict) and "canvas" in c]
+    check(len(canvases) == STEPS, f"a canvas per step: {len(canvases)}")
+    masked = [c["masked"] for c in canvases]
+    check(masked == sorted(masked, reverse=True) and masked[-1] == 0 and len(canvases[0]["tokens"]) == N,
+          f"the canvas fills up: masked {masked[:4]}...{masked[-2:]}")
+    check(chunks[-1] == "[DONE]", "the stream ends with [DONE]")
+
+
+def sse(server, body):
+    """The data of every SSE event of one streamed request."""
+    u = urllib.parse.urlparse(server.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {**AUTH, "Content-Type": "application/json"})
+    r = conn.getresponse()
+    out = []
+    for line in r.read().decode().splitlines():
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    conn.close()
+    return out
+
+
+def queue_full_case(server):
+    """With --max-queue 2, a burst of requests while one runs: some get 429, the rest answer."""
+    def post(i):
+        return server.request("POST", "/v1/chat/completions",
+                              chat_body(QUESTIONS[i % 3], system=None, cache="none"), AUTH)[:2]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(post, range(12)))
+    codes = sorted(s for s, _ in results)
+    check(429 in codes and 200 in codes and set(codes) <= {200, 429}, f"a burst gets 200s and 429s: {codes}")
+    r429 = next(r for s, r in results if s == 429)
+    check(r429["error"]["code"] == "queue_full", f"429 says why: {r429}")
+
+
+def disconnect_case(server):
+    """A client that goes away mid-stream leaves its batch; its pin goes with it."""
+    u = urllib.parse.urlparse(server.url)
+    body = json.dumps(chat_body(QUESTIONS[1], stream=True, max_tokens=128, steps=128)).encode()
+    s = socket.create_connection((u.hostname, u.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.recv(4096)  # the headers and the first chunk: the request runs
+    before = server.metrics(AUTH).get('unmask_requests_total{outcome="cancelled"}', 0)
+    s.close()
+    deadline = time.time() + 60
+    m = {}
+    while time.time() < deadline:
+        m = server.metrics(AUTH)
+        if m.get('unmask_requests_total{outcome="cancelled"}', 0) > before and m["unmask_running_requests"] == 0:
+            break
+        time.sleep(0.2)
+    check(m.get('unmask_requests_total{outcome="cancelled"}', 0) > before, "the disconnect is counted as cancelled")
+    check(m.get("unmask_running_requests") == 0 and m.get("unmask_prefix_store_pins") == 0,
+          f"nothing runs or stays pinned after it: running {m.get('unmask_running_requests')}, "
+          f"pins {m.get('unmask_prefix_store_pins')}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--unmask", default="target/debug/unmask")
+    ap.add_argument("--model", default="models/tiny")
+    a = ap.parse_args()
+    server = Server(a.unmask, a.model, "--api-key", KEY, "--max-queue", "2", "--max-body", "1M")
+    try:
+        openai_client_cases(server, a.unmask, a.model)
+        raw_error_cases(server)
+        canvas_case(server)
+        queue_full_case(server)
+        disconnect_case(server)
+        m = server.metrics(AUTH)
+        check(m.get("unmask_bicache_hits_total", 0) >= 2 and m.get("unmask_bicache_misses_total", 0) >= 1,
+              f"BiCache hits after the first request: hits {m.get('unmask_bicache_hits_total')}, "
+              f"misses {m.get('unmask_bicache_misses_total')}")
+        check(m.get("unmask_queue_depth") == 0 and m.get("unmask_prefix_store_pins") == 0,
+              f"queue and pins back to zero: {m.get('unmask_queue_depth')}, {m.get('unmask_prefix_store_pins')}")
+    finally:
+        stderr = server.stop()
+    check("panicked" not in stderr, "the server never panicked")
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
