@@ -21,7 +21,7 @@
 #   BACKEND           wgpu backend for unmask (default vulkan).
 #
 # OUT_DIR ends up with at most 8 files: log.txt (everything printed), parity.jsonl,
-# bench-kernels.jsonl, bench-requests.jsonl, report.md, kernels.png, requests.png.
+# bench-kernels.jsonl, bench-requests.jsonl, report.md, kernels.svg, requests.svg.
 # Each phase has a time limit so the whole run stays under 9 minutes; a phase that fails
 # or runs out of time is reported and the next one still runs. Exit status: 0 when every
 # phase passed.
@@ -77,7 +77,7 @@ phase bench-requests "${LIMITS[4]}" "$BIN" bench --only requests --backend "$BAC
 rm -rf "$(dirname "$SYNTH")"
 
 phase report 30 "$BIN" bench-report "$OUT/bench-kernels.jsonl" "$OUT/bench-requests.jsonl" --out "$OUT/report"
-for f in report.md kernels.png requests.png; do
+for f in report.md kernels.svg requests.svg; do
   [ -f "$OUT/report/$f" ] && mv "$OUT/report/$f" "$OUT/$f"
 done
 rm -rf "$OUT/report"

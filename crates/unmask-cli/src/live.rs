@@ -1,9 +1,13 @@
-//! Terminal feedback: a loading progress bar on stderr and a live view of the canvas on
-//! stdout, redrawn in place with ANSI escapes while the model denoises it.
+//! Terminal feedback: a loading progress bar on stderr (indicatif) and a live view of the
+//! canvas on stdout, redrawn in place with ANSI escapes while the model denoises it.
+//!
+//! The canvas view stays hand-written: it redraws a multi-line block of styled, wrapped
+//! token text, which no progress-bar crate lays out.
 
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use unmask::StepEvent;
 use unmask_core::tokenizer::{DecodeMode, Tokenizer};
 use unmask_gpu::model::LoadProgress;
@@ -30,57 +34,43 @@ fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
-/// `[#####.....]  45%  12.3 / 27.0 MiB  tensor` on one stderr line.
+const LOAD_TEMPLATE: &str =
+    "loading [{bar:24}] {percent:>3}%  {binary_bytes} / {binary_total_bytes}  {wide_msg}";
+
+/// A progress bar of `total` bytes on stderr, drawn in `template` with `#` and `.` cells.
+/// indicatif hides it (draws nothing, `is_hidden()`) when stderr is not a terminal or
+/// TERM is dumb.
+pub fn stderr_bar(total: u64, template: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(template)
+        .expect("a valid template")
+        .progress_chars("#.");
+    ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr()).with_style(style)
+}
+
+/// `loading [#####.....]  45%  12.30 MiB / 27.00 MiB  tensor` on stderr, redrawn at most 20
+/// times a second; nothing when stderr is not a terminal.
 pub struct LoadBar {
-    last: Option<Instant>,
-    drawn: bool,
+    bar: Option<ProgressBar>,
 }
 
 impl LoadBar {
     pub fn new() -> Self {
-        Self {
-            last: None,
-            drawn: false,
-        }
+        Self { bar: None }
     }
 
     pub fn update(&mut self, p: &LoadProgress<'_>) {
-        let done = p.total_bytes > 0 && p.done_bytes >= p.total_bytes;
-        if !done && self.last.is_some_and(|t| t.elapsed() < REDRAW_EVERY) {
-            return;
-        }
-        self.last = Some(Instant::now());
-        let fraction = if p.total_bytes == 0 {
-            1.0
-        } else {
-            p.done_bytes as f64 / p.total_bytes as f64
-        };
-        let cells = 24;
-        let filled = ((fraction * cells as f64).round() as usize).min(cells);
-        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        let mut line = format!(
-            "loading [{}{}] {:>3.0}%  {:.1} / {:.1} MiB  ",
-            "#".repeat(filled),
-            ".".repeat(cells - filled),
-            fraction * 100.0,
-            mib(p.done_bytes),
-            mib(p.total_bytes)
-        );
-        let room = term_width().saturating_sub(line.chars().count());
-        line.extend(p.tensor.chars().take(room));
-        let mut err = io::stderr().lock();
-        let _ = write!(err, "\r{line}\x1b[K");
-        let _ = err.flush();
-        self.drawn = true;
+        let bar = self
+            .bar
+            .get_or_insert_with(|| stderr_bar(p.total_bytes, LOAD_TEMPLATE));
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.done_bytes);
+        bar.set_message(p.tensor.to_string());
     }
 
     /// Erases the bar.
     pub fn finish(&mut self) {
-        if self.drawn {
-            let mut err = io::stderr().lock();
-            let _ = write!(err, "\r\x1b[K");
-            let _ = err.flush();
-            self.drawn = false;
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
         }
     }
 }
@@ -293,6 +283,13 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn progress_templates_parse() {
+        for template in [LOAD_TEMPLATE, crate::synth::WRITE_TEMPLATE] {
+            ProgressStyle::with_template(template).unwrap();
+        }
     }
 
     #[test]

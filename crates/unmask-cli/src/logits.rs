@@ -1,13 +1,13 @@
 //! `unmask logits`: the model's final logits for a list of token ids, as a `.npy` file.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 
 use clap::Args;
+use npyz::WriterBuilder;
 
 use crate::error::CliError;
-use crate::npy;
 use crate::options::{self, EngineArgs, ModelArgs};
 use crate::values;
 
@@ -43,9 +43,7 @@ pub fn run(args: &LogitsArgs) -> Result<(), CliError> {
     let shape = [ids.len(), engine.config().embedding_size];
     let file = File::create(out)
         .map_err(|e| CliError::context(format!("cannot create {}", out.display()), e))?;
-    let mut writer = BufWriter::new(file);
-    npy::write_f32(&mut writer, &shape, &logits)
-        .and_then(|()| writer.flush())
+    write_npy(BufWriter::new(file), &shape, &logits)
         .map_err(|e| CliError::context(format!("cannot write {}", out.display()), e))?;
     eprintln!(
         "wrote {}: float32 logits [{}, {}]",
@@ -54,4 +52,47 @@ pub fn run(args: &LogitsArgs) -> Result<(), CliError> {
         shape[1]
     );
     Ok(())
+}
+
+/// Writes `data` (row-major, `shape.iter().product()` values) as a little-endian f32 `.npy`
+/// array; a count that does not fill the shape is an error.
+fn write_npy(out: impl Write, shape: &[usize], data: &[f32]) -> io::Result<()> {
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let mut writer = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(out)
+        .begin_nd()?;
+    writer.extend(data.iter().copied())?;
+    // Checks the count against the shape and flushes `out`.
+    writer.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_reads_back_with_its_shape() {
+        let mut buf = Vec::new();
+        write_npy(&mut buf, &[2, 3], &[1.0, -2.0, 0.5, 3.0, f32::MIN, 7.25]).unwrap();
+        // NumPy's format 1.0, the data aligned to 64 bytes.
+        assert_eq!(&buf[..8], b"\x93NUMPY\x01\x00");
+        let header_len = u16::from_le_bytes([buf[8], buf[9]]) as usize;
+        assert_eq!((10 + header_len) % 64, 0);
+        assert_eq!(buf.len(), 10 + header_len + 6 * 4);
+        let npy = npyz::NpyFile::new(&buf[..]).unwrap();
+        assert_eq!(npy.shape(), [2, 3]);
+        assert_eq!(npy.dtype(), npyz::DType::Plain("<f4".parse().unwrap()));
+        assert_eq!(
+            npy.into_vec::<f32>().unwrap(),
+            [1.0, -2.0, 0.5, 3.0, f32::MIN, 7.25]
+        );
+    }
+
+    #[test]
+    fn a_count_that_does_not_fill_the_shape_is_an_error() {
+        assert!(write_npy(&mut Vec::new(), &[2, 2], &[1.0]).is_err());
+        assert!(write_npy(&mut Vec::new(), &[2, 2], &[1.0; 5]).is_err());
+    }
 }

@@ -1,24 +1,26 @@
 //! `unmask profile`: BiCache's offline profiling over a task set — per prefix ratio and layer,
 //! how similar the shared prefix's K/V stay when a prompt follows it — written as the depth
 //! table the engine reads (`bicache_depth.json`), the similarity matrix (JSON) and a heat map
-//! (PNG).
+//! (SVG, drawn with plotters).
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::json;
 use unmask::DEPTH_TABLE_FILE;
 use unmask::profile::{ItemOutcome, Profile, ProfileItem, ProfileOptions, profile_with};
 use unmask_core::depth_policy::DepthTable;
 
+use crate::chart::{DrawError, INK, LINE_H, MARGIN, TEXT, Ticked, text_style, text_width};
 use crate::error::CliError;
 use crate::eval::{Item, command_line, load_set};
 use crate::options::{self, EngineArgs, ModelArgs};
-use crate::png::{Canvas, Rgb, text_width};
 use crate::{output, values};
 
 pub const SIMILARITY_JSON: &str = "similarity.json";
-pub const SIMILARITY_PNG: &str = "similarity.png";
+pub const SIMILARITY_SVG: &str = "similarity.svg";
 
 #[derive(Args, Debug)]
 #[command(
@@ -39,7 +41,7 @@ pub struct ProfileArgs {
     /// is the shared prefix
     #[arg(long, value_name = "FILE")]
     set: PathBuf,
-    /// folder for bicache_depth.json, similarity.json and similarity.png (created)
+    /// folder for bicache_depth.json, similarity.json and similarity.svg (created)
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// similarity a layer must exceed to be reused, in (0, 1] (default 0.97)
@@ -159,10 +161,9 @@ pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
         &out_dir.join(SIMILARITY_JSON),
         (matrix_text + "\n").as_bytes(),
     )?;
-    write(
-        &out_dir.join(SIMILARITY_PNG),
-        &heat_map(&profile.similarity, tau).to_png(),
-    )?;
+    let map = heat_map(&profile.similarity, tau)
+        .map_err(|e| CliError::context("cannot draw the heat map", e))?;
+    write(&out_dir.join(SIMILARITY_SVG), map.as_bytes())?;
     output::partial(&summary_text(&profile))?;
     eprintln!(
         "to use the table: copy {} into {}",
@@ -271,38 +272,22 @@ fn summary_text(p: &Profile) -> String {
 }
 
 /// Pixels per heat-map cell (the colour fills all but its last row and column).
-const CELL: usize = 12;
-const WHITE: Rgb = [255, 255, 255];
-const INK: Rgb = [32, 32, 32];
+const CELL: u32 = 16;
+/// Width of the colour bar, and the least height it is drawn at.
+const BAR_W: u32 = 16;
+const BAR_MIN_H: u32 = 120;
+/// Most stripes the colour bar is drawn with.
+const BAR_STRIPES: u32 = 100;
 
-/// Viridis-like stops from low to high.
-const STOPS: [Rgb; 5] = [
-    [68, 1, 84],
-    [59, 82, 139],
-    [33, 145, 140],
-    [94, 201, 98],
-    [253, 231, 37],
-];
-
-/// The colour of `t` in [0, 1].
-fn colour(t: f64) -> Rgb {
-    let t = if t.is_finite() {
-        t.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
-    let x = t * (STOPS.len() - 1) as f64;
-    let i = (x.floor() as usize).min(STOPS.len() - 2);
-    let f = x - i as f64;
-    let mix = |a: u8, b: u8| (a as f64 + (b as f64 - a as f64) * f).round() as u8;
-    let (a, b) = (STOPS[i], STOPS[i + 1]);
-    [mix(a[0], b[0]), mix(a[1], b[1]), mix(a[2], b[2])]
+/// The colour of `t` in [0, 1] on plotters' viridis map (NaN as the low end).
+fn colour(t: f64) -> RGBColor {
+    ViridisRGB.get_color(if t.is_nan() { 0.0 } else { t })
 }
 
 /// A marker colour that stands out on `c`.
-fn marker_on(c: Rgb) -> Rgb {
-    let luma = 0.299 * c[0] as f64 + 0.587 * c[1] as f64 + 0.114 * c[2] as f64;
-    if luma > 128.0 { [0, 0, 0] } else { WHITE }
+fn marker_on(c: RGBColor) -> RGBColor {
+    let luma = 0.299 * c.0 as f64 + 0.587 * c.1 as f64 + 0.114 * c.2 as f64;
+    if luma > 128.0 { BLACK } else { WHITE }
 }
 
 /// The bottom of the colour scale: the lowest similarity (and τ), rounded down to 0.01.
@@ -317,80 +302,137 @@ fn scale_low(similarity: &[(u32, usize, Vec<f64>)], tau: f64) -> f64 {
     if low >= 1.0 { 0.99 } else { low.max(-1.0) }
 }
 
-/// Rows = ratio buckets ascending (labelled with r), columns = layers (labelled above),
-/// colour = similarity from the scale's low end to 1.0 (bar on the right, τ ticked), and a
-/// square marker on every cell above τ.
-pub fn heat_map(similarity: &[(u32, usize, Vec<f64>)], tau: f64) -> Canvas {
-    let rows = similarity.len().max(1);
+/// The heat map as SVG: rows = ratio buckets ascending from the top (labelled with r),
+/// columns = layers (labelled above), colour = similarity from the scale's low end to 1.0
+/// (bar on the right, τ marked), and a dot on every cell above τ.
+pub fn heat_map(similarity: &[(u32, usize, Vec<f64>)], tau: f64) -> Result<String, DrawError> {
+    let rows = similarity.len().max(1) as u32;
     let cols = similarity
         .iter()
         .map(|b| b.2.len())
         .max()
         .unwrap_or(0)
-        .max(1);
+        .max(1) as u32;
     let low = scale_low(similarity, tau);
     let shade = |v: f64| colour((v - low) / (1.0 - low));
-    let label_scale = 2;
     let row_label_w = similarity
         .iter()
-        .map(|b| text_width(&b.0.to_string(), label_scale))
+        .map(|b| text_width(&b.0.to_string()))
         .max()
         .unwrap_or(0)
-        .max(text_width("100", label_scale));
-    let left = 4 + row_label_w + 4;
-    let top = 4 + crate::png::GLYPH_H + 3;
-    let grid_w = cols * CELL;
-    let grid_h = rows * CELL;
-    let bar_x = left + grid_w + 10;
-    let bar_w = CELL;
-    let bar_h = grid_h.max(60);
-    let (top_label, low_label) = ("1.00".to_string(), format!("{low:.2}"));
-    let bar_label_w = text_width(&top_label, label_scale).max(text_width(&low_label, label_scale));
-    let width = bar_x + bar_w + 4 + bar_label_w + 4;
-    let height = top + bar_h + 4;
-    let mut c = Canvas::new(width, height, WHITE);
+        .max(text_width("100"));
+    // The axis name ("r", turned up), the row labels and the tick marks.
+    let left_area = LINE_H + 6 + row_label_w + 10;
+    // The axis name ("layer") above the column labels.
+    let top_area = 2 * LINE_H + 8;
+    let (grid_w, grid_h) = (cols * CELL, rows * CELL);
+    let bar_h = grid_h.max(BAR_MIN_H);
+    let bar_label_w = text_width("0.97") + 10;
+    // Plotters maps a range onto a plot area's first to last pixel: each area is one pixel
+    // wider and taller than what it shows, so cells are exactly CELL pixels.
+    let map_w = MARGIN + left_area + grid_w + 1;
+    let width = map_w + 16 + BAR_W + 1 + bar_label_w + MARGIN;
+    let height = MARGIN + top_area + bar_h + 1 + MARGIN;
 
-    for (row, (r, _, s)) in similarity.iter().enumerate() {
-        let y = top + row * CELL;
-        let label = r.to_string();
-        let lx = left - 4 - text_width(&label, label_scale);
-        c.text(lx, y + 1, &label, label_scale, INK);
-        for (col, &v) in s.iter().enumerate() {
-            let x = left + col * CELL;
-            let fill = shade(v);
-            c.fill(x, y, CELL - 1, CELL - 1, fill);
-            if v > tau {
-                c.fill(x + 4, y + 4, 3, 3, marker_on(fill));
-            }
+    // Bucket i fills y in [rows - 1 - i, rows - i], so the first bucket is the top row.
+    let cells: Vec<(usize, usize, f64)> = similarity
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| b.2.iter().enumerate().map(move |(c, &v)| (i, c, v)))
+        .collect();
+    let y_of = |i: usize| (rows as usize - 1 - i) as f64;
+    // Every layer labelled when its number fits a cell, else every fourth.
+    let every = if text_width(&(cols - 1).to_string()) + 2 > CELL {
+        4
+    } else {
+        1
+    };
+    let x_keys = (0..cols).step_by(every).map(|c| c as f64 + 0.5).collect();
+    let y_keys = (0..rows).map(|r| r as f64 + 0.5).collect();
+    let layer = |x: &f64| format!("{}", x.floor() as usize);
+    let ratio = |y: &f64| {
+        let i = (rows as usize).checked_sub(1 + y.floor() as usize);
+        i.and_then(|i| similarity.get(i))
+            .map_or(String::new(), |b| b.0.to_string())
+    };
+    // τ's value is labelled on the colour bar when its label clears the two ends'.
+    let per_unit = bar_h as f64 / (1.0 - low);
+    let tau_shown = tau > low && tau <= 1.0;
+    let tau_labelled = tau_shown
+        && (tau - low) * per_unit >= LINE_H as f64
+        && (1.0 - tau) * per_unit >= LINE_H as f64;
+    let mut bar_keys = vec![low, 1.0];
+    if tau_labelled {
+        bar_keys.push(tau);
+    }
+    let bar_label = |v: &f64| format!("{v:.2}");
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (map_area, bar_area) = root.split_horizontally(map_w);
+
+        let mut map = ChartBuilder::on(&map_area)
+            .margin_left(MARGIN)
+            .margin_top(MARGIN)
+            .margin_bottom(height - MARGIN - top_area - grid_h - 1)
+            .set_label_area_size(LabelAreaPosition::Left, left_area)
+            .set_label_area_size(LabelAreaPosition::Top, top_area)
+            .build_cartesian_2d(
+                Ticked::new(0.0..cols as f64, x_keys),
+                Ticked::new(0.0..rows as f64, y_keys),
+            )?;
+        map.draw_series(cells.iter().map(|&(i, c, v)| {
+            let (x, y) = (c as f64, y_of(i));
+            let mut cell = Rectangle::new([(x, y + 1.0), (x + 1.0, y)], shade(v).filled());
+            cell.set_margin(0, 1, 0, 1);
+            cell
+        }))?;
+        map.draw_series(cells.iter().filter(|c| c.2 > tau).map(|&(i, c, v)| {
+            let centre = (c as f64 + 0.5, y_of(i) + 0.5);
+            Circle::new(centre, 2, marker_on(shade(v)).filled())
+        }))?;
+        map.configure_mesh()
+            .disable_mesh()
+            .x_desc("layer")
+            .y_desc("r")
+            .x_label_formatter(&layer)
+            .y_label_formatter(&ratio)
+            .label_style(text_style(TEXT, &INK))
+            .axis_desc_style(text_style(TEXT, &INK))
+            .axis_style(INK)
+            .draw()?;
+
+        let mut bar = ChartBuilder::on(&bar_area)
+            .margin_left(16)
+            .margin_top(MARGIN + top_area)
+            .margin_bottom(height - MARGIN - top_area - bar_h - 1)
+            .margin_right(MARGIN)
+            .set_label_area_size(LabelAreaPosition::Right, bar_label_w)
+            .build_cartesian_2d(0.0..1.0, Ticked::new(low..1.0, bar_keys))?;
+        let stripes = bar_h.min(BAR_STRIPES);
+        let at = |k: u32| low + (1.0 - low) * k as f64 / stripes as f64;
+        bar.draw_series((0..stripes).map(|k| {
+            let fill = shade((at(k) + at(k + 1)) / 2.0);
+            Rectangle::new([(0.0, at(k)), (1.0, at(k + 1))], fill.filled())
+        }))?;
+        if tau_shown {
+            let line = PathElement::new(vec![(0.0, tau), (1.0, tau)], INK.stroke_width(2));
+            bar.draw_series(std::iter::once(line))?;
+            let (x, y) = bar.backend_coord(&(0.0, tau));
+            let style = text_style(TEXT, &INK).pos(Pos::new(HPos::Right, VPos::Center));
+            root.draw(&Text::new("τ", (x - 3, y), style))?;
         }
+        bar.configure_mesh()
+            .disable_mesh()
+            .x_labels(0)
+            .y_label_formatter(&bar_label)
+            .label_style(text_style(TEXT, &INK))
+            .axis_style(INK)
+            .draw()?;
+        root.present()?;
     }
-    for col in 0..cols {
-        // Every layer when labels fit the cell, else every fourth.
-        let label = col.to_string();
-        if text_width(&label, 1) > CELL - 2 && col % 4 != 0 {
-            continue;
-        }
-        let x = left + col * CELL + (CELL - 1).saturating_sub(text_width(&label, 1)) / 2;
-        c.text(x, 4, &label, 1, INK);
-    }
-    for dy in 0..bar_h {
-        let v = 1.0 - (1.0 - low) * dy as f64 / (bar_h - 1) as f64;
-        c.fill(bar_x, top + dy, bar_w, 1, shade(v));
-    }
-    if tau > low && tau <= 1.0 {
-        let dy = ((1.0 - tau) / (1.0 - low) * (bar_h - 1) as f64).round() as usize;
-        c.fill(bar_x - 3, top + dy, bar_w + 3, 1, INK);
-    }
-    let label_x = bar_x + bar_w + 4;
-    c.text(label_x, top, &top_label, label_scale, INK);
-    c.text(
-        label_x,
-        top + bar_h - crate::png::GLYPH_H * label_scale,
-        &low_label,
-        label_scale,
-        INK,
-    );
-    c
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -399,29 +441,45 @@ mod tests {
 
     #[test]
     fn heat_map_cells_scale_and_markers() {
+        use crate::chart::svg::{elements, hex, number, texts};
         let sim = vec![(20, 3, vec![1.0, 0.5]), (80, 1, vec![1.0, 0.99])];
-        let c = heat_map(&sim, 0.97);
-        let left = 4 + text_width("100", 2) + 4;
-        let top = 4 + 5 + 3;
-        // Top-left corner of each cell: the colour of its similarity on a 0.50..1.00 scale.
-        let cell = |row: usize, col: usize| c.get(left + col * CELL, top + row * CELL);
-        assert_eq!(cell(0, 0), STOPS[4]);
-        assert_eq!(cell(0, 1), STOPS[0]);
-        assert_eq!(cell(1, 0), STOPS[4]);
-        // Markers on the cells above tau only.
-        let centre = |row: usize, col: usize| c.get(left + col * CELL + 5, top + row * CELL + 5);
-        assert_eq!(centre(0, 0), [0, 0, 0]);
-        assert_eq!(centre(1, 1), [0, 0, 0]);
-        assert_eq!(centre(0, 1), STOPS[0]);
-        assert_eq!(c.height, top + 60 + 4);
-        assert!(c.to_png().starts_with(&crate::png::PNG_SIGNATURE));
+        let svg = heat_map(&sim, 0.97).unwrap();
+        // After the background, the cells row by row: the colour of each similarity on a
+        // 0.50..1.00 scale, the first bucket on top.
+        let rects = elements(&svg, "rect");
+        let cells = &rects[1..5];
+        let fills: Vec<&str> = cells.iter().map(|c| c["fill"].as_str()).collect();
+        let top = hex(colour(1.0));
+        assert_eq!(
+            fills,
+            [&top, &hex(colour(0.0)), &top, &hex(colour(0.98))].map(String::as_str)
+        );
+        let y = |c: &std::collections::HashMap<String, String>| number(c, "y");
+        assert!(y(&cells[0]) < y(&cells[2]), "bucket 20 above bucket 80");
+        assert_eq!(y(&cells[0]), y(&cells[1]));
+        assert!(number(&cells[0], "x") < number(&cells[1], "x"));
+        for c in cells {
+            assert_eq!(number(c, "width"), (CELL - 1) as f64);
+            assert_eq!(number(c, "height"), (CELL - 1) as f64);
+        }
+        // Dots on the three cells above tau, black on the bright ones.
+        let dots = elements(&svg, "circle");
+        assert_eq!(dots.len(), 3);
+        assert!(dots.iter().all(|d| d["fill"] == "#000000"));
+        let t = texts(&svg);
+        for want in ["20", "80", "0", "1", "layer", "r", "1.00", "0.50", "τ"] {
+            assert!(t.iter().any(|x| x == want), "no {want:?} in {t:?}");
+        }
     }
 
     #[test]
     fn colours_run_from_low_to_high() {
-        assert_eq!(colour(0.0), STOPS[0]);
-        assert_eq!(colour(1.0), STOPS[4]);
-        assert_eq!(colour(f64::NAN), STOPS[0]);
+        assert_eq!(colour(0.0), RGBColor(68, 1, 84));
+        assert_eq!(colour(1.0), RGBColor(254, 232, 37));
+        assert_eq!(colour(f64::NAN), colour(0.0));
+        assert_eq!(colour(7.0), colour(1.0));
+        assert_eq!(marker_on(colour(1.0)), BLACK);
+        assert_eq!(marker_on(colour(0.0)), WHITE);
         assert_eq!(scale_low(&[(0, 1, vec![1.0, 1.0])], 0.97), 0.97);
         assert_eq!(scale_low(&[(0, 1, vec![1.0, 1.0])], 1.0), 0.99);
         assert_eq!(scale_low(&[(0, 1, vec![0.456])], 0.97), 0.45);

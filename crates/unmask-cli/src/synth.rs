@@ -1,11 +1,11 @@
 //! `unmask synth`: a checkpoint with random weights and the real LLaDA tensor names and
 //! shapes, in the Hugging Face layout, for load tests and benchmarks without real weights.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
+use indicatif::ProgressBar;
 use unmask_core::synth::{
     self, DEFAULT_SHARD_BYTES, PRESET_NAMES, SynthConfig, SynthError, SynthOptions, SynthProgress,
     WeightDtype,
@@ -13,6 +13,7 @@ use unmask_core::synth::{
 
 use crate::error::CliError;
 use crate::info::{group_digits, short_count};
+use crate::live::stderr_bar;
 use crate::{output, values};
 
 /// Outputs at least this large report their progress on stderr.
@@ -130,24 +131,23 @@ fn synth_error(e: SynthError, out: &std::path::Path) -> CliError {
     }
 }
 
-/// Bytes written so far, on stderr for large outputs: redrawn in place on a terminal, one
-/// line per tenth otherwise (logs).
+pub(crate) const WRITE_TEMPLATE: &str = "writing [{bar:24}] {percent:>3}%  {decimal_bytes} / \
+                              {decimal_total_bytes}  {decimal_bytes_per_sec}  {wide_msg}";
+
+/// Bytes written so far, on stderr for large outputs: an indicatif bar on a terminal, one
+/// line per tenth otherwise (logs), since indicatif draws nothing off a terminal.
 struct ProgressMeter {
-    terminal: bool,
-    last_draw: Option<Instant>,
+    bar: Option<ProgressBar>,
     last_tenth: u64,
     started: Instant,
-    drawn: bool,
 }
 
 impl ProgressMeter {
     fn new() -> Self {
         Self {
-            terminal: std::io::stderr().is_terminal(),
-            last_draw: None,
+            bar: None,
             last_tenth: 0,
             started: Instant::now(),
-            drawn: false,
         }
     }
 
@@ -155,44 +155,33 @@ impl ProgressMeter {
         if p.total_bytes < PROGRESS_FROM_BYTES {
             return;
         }
-        let fraction = p.done_bytes as f64 / p.total_bytes as f64;
-        let gb = |b: u64| b as f64 / 1e9;
-        let rate = p.done_bytes as f64 / 1e6 / self.started.elapsed().as_secs_f64().max(1e-9);
-        let text = format!(
-            "writing {:>3.0}%  {:.2} / {:.2} GB  {rate:.0} MB/s  {}",
-            fraction * 100.0,
-            gb(p.done_bytes),
-            gb(p.total_bytes),
-            p.file
-        );
-        let mut err = std::io::stderr().lock();
-        if self.terminal {
-            let done = p.done_bytes >= p.total_bytes;
-            if !done
-                && self
-                    .last_draw
-                    .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
-            {
-                return;
-            }
-            self.last_draw = Some(Instant::now());
-            let _ = write!(err, "\r{text}\x1b[K");
-            self.drawn = true;
-        } else {
-            let tenth = p.done_bytes * 10 / p.total_bytes;
-            if tenth > self.last_tenth {
-                self.last_tenth = tenth;
-                let _ = writeln!(err, "{text}");
-            }
+        let bar = self
+            .bar
+            .get_or_insert_with(|| stderr_bar(p.total_bytes, WRITE_TEMPLATE));
+        bar.set_position(p.done_bytes);
+        bar.set_message(p.file.to_string());
+        if !bar.is_hidden() {
+            return;
         }
-        let _ = err.flush();
+        let tenth = p.done_bytes * 10 / p.total_bytes;
+        if tenth > self.last_tenth {
+            self.last_tenth = tenth;
+            let gb = |b: u64| b as f64 / 1e9;
+            let rate = p.done_bytes as f64 / 1e6 / self.started.elapsed().as_secs_f64().max(1e-9);
+            eprintln!(
+                "writing {:>3.0}%  {:.2} / {:.2} GB  {rate:.0} MB/s  {}",
+                p.done_bytes as f64 / p.total_bytes as f64 * 100.0,
+                gb(p.done_bytes),
+                gb(p.total_bytes),
+                p.file
+            );
+        }
     }
 
-    /// Ends the in-place line.
+    /// Leaves the bar on its line as it stands (short of 100 % when writing failed).
     fn finish(&mut self) {
-        if self.drawn {
-            let _ = writeln!(std::io::stderr());
-            self.drawn = false;
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
         }
     }
 }

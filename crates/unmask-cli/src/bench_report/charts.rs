@@ -93,36 +93,41 @@ pub(super) fn requests_chart(m: &Merged, rows: &[&RequestRow]) -> BarChart {
 #[cfg(test)]
 mod tests {
     use super::super::build;
-    use super::super::fixtures::{png_size, two_sources};
+    use super::super::fixtures::two_sources;
+    use crate::chart::series_colour;
+    use crate::chart::svg::{filled_rects, size};
 
     #[test]
-    fn charts_are_pngs_with_taller_bars_for_larger_values() {
+    fn charts_are_svgs_with_taller_bars_for_larger_values() {
         let r = build(&two_sources(), "x").unwrap();
-        for (chart, canvas) in [r.kernels.as_ref().unwrap(), r.requests.as_ref().unwrap()] {
-            let (w, h) = png_size(&canvas.to_png());
-            assert_eq!((w as usize, h as usize), (canvas.width, canvas.height));
+        for (chart, svg) in [r.kernels.as_ref().unwrap(), r.requests.as_ref().unwrap()] {
+            let l = chart.layout();
+            assert_eq!(size(svg), (l.width as f64, l.height as f64));
             assert_eq!(chart.series.len(), 2);
         }
-        let (chart, canvas) = r.requests.as_ref().unwrap();
+        let (chart, svg) = r.requests.as_ref().unwrap();
         assert_eq!(chart.series[0], "S1 GPU A / Vulkan / f16-native");
         assert_eq!(chart.groups[0], ["none", "quota"]);
         let l = chart.layout();
+        // Bar heights by (group, series), found by their left edges; the swatch is left of
+        // the plot.
         let height = |group: usize, series: usize| {
-            let x = l.bar_x(group, series, 2) + 1;
-            let colour = crate::chart::series_colour(series);
-            (0..l.baseline)
-                .rev()
-                .take_while(|&y| canvas.get(x, y) == colour)
-                .count()
+            let x = (l.plot_left + l.bar_x(group, series, 2)) as f64;
+            filled_rects(svg, series_colour(series))
+                .iter()
+                .find(|r| r[0] == x)
+                .map_or(0.0, |r| r[3])
         };
         // none: S1 100 tok/s, S2 400 tok/s.
         assert!(height(0, 1) > height(0, 0));
-        assert!(height(0, 0) > 0);
+        assert!(height(0, 0) > 0.0);
+        // S1 has no prefix-arm record: no bar.
+        assert_eq!(height(1, 0), 0.0);
         // prefix-arm at 600 tok/s is the tallest bar of all.
-        let all: Vec<usize> = (0..3)
+        let all: Vec<f64> = (0..3)
             .flat_map(|g| (0..2).map(move |s| (g, s)))
             .map(|(g, s)| height(g, s))
             .collect();
-        assert_eq!(all.iter().max(), Some(&height(1, 1)));
+        assert_eq!(all.iter().copied().fold(0.0, f64::max), height(1, 1));
     }
 }

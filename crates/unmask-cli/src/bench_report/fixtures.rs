@@ -93,11 +93,3 @@ pub(super) fn row_of<'a>(md: &'a str, start: &str) -> &'a str {
         .find(|l| l.starts_with(start))
         .unwrap_or_else(|| panic!("no row starting {start:?} in\n{md}"))
 }
-
-/// Width and height from a PNG's IHDR chunk, after checking the signature.
-pub(super) fn png_size(png: &[u8]) -> (u32, u32) {
-    assert_eq!(&png[..8], &crate::png::PNG_SIGNATURE);
-    assert_eq!(&png[12..16], b"IHDR");
-    let be = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
-    (be(16), be(20))
-}

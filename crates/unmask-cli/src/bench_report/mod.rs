@@ -1,5 +1,6 @@
 //! `unmask bench-report`: the JSON lines of `unmask bench` from several machines and
-//! backends, merged into one markdown report (sources, kernels, requests) and two bar charts.
+//! backends, merged into one markdown report (sources, kernels, requests) and two SVG bar
+//! charts.
 //!
 //! A source is one (adapter, backend, model, weights); its records may come from several
 //! files, and repeated measurements of one configuration in a source are merged by taking
@@ -20,7 +21,6 @@ use clap::Args;
 use crate::chart::BarChart;
 use crate::error::CliError;
 use crate::eval::command_line;
-use crate::png::Canvas;
 
 use charts::{kernels_chart, requests_chart};
 use collect::Collected;
@@ -28,8 +28,8 @@ use markdown::{kernels_table, requests_table, sources_table};
 use merge::Merged;
 
 pub const REPORT_MD: &str = "report.md";
-pub const REQUESTS_PNG: &str = "requests.png";
-pub const KERNELS_PNG: &str = "kernels.png";
+pub const REQUESTS_SVG: &str = "requests.svg";
+pub const KERNELS_SVG: &str = "kernels.svg";
 
 #[derive(Args, Debug)]
 #[command(
@@ -44,7 +44,7 @@ pub struct BenchReportArgs {
     /// JSON-lines files written by `unmask bench` (one or more)
     #[arg(value_name = "FILE", required = true)]
     files: Vec<String>,
-    /// folder for report.md, requests.png and kernels.png (created if needed)
+    /// folder for report.md, requests.svg and kernels.svg (created if needed)
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
 }
@@ -90,9 +90,9 @@ pub struct Input {
 /// The finished report, before anything is written.
 pub struct Report {
     pub markdown: String,
-    /// Absent when the inputs hold no records of that kind.
-    pub kernels: Option<(BarChart, Canvas)>,
-    pub requests: Option<(BarChart, Canvas)>,
+    /// Each chart and its SVG; absent when the inputs hold no records of that kind.
+    pub kernels: Option<(BarChart, String)>,
+    pub requests: Option<(BarChart, String)>,
     pub sources: usize,
     pub kernel_rows: usize,
     pub request_rows: usize,
@@ -103,12 +103,12 @@ impl Report {
     pub fn write(&self, dir: &Path) -> Result<Vec<std::path::PathBuf>, CliError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| CliError::context(format!("cannot create {}", dir.display()), e))?;
-        let mut files: Vec<(&str, Vec<u8>)> = vec![(REPORT_MD, self.markdown.clone().into())];
-        if let Some((_, c)) = &self.kernels {
-            files.push((KERNELS_PNG, c.to_png()));
+        let mut files: Vec<(&str, &str)> = vec![(REPORT_MD, &self.markdown)];
+        if let Some((_, svg)) = &self.kernels {
+            files.push((KERNELS_SVG, svg));
         }
-        if let Some((_, c)) = &self.requests {
-            files.push((REQUESTS_PNG, c.to_png()));
+        if let Some((_, svg)) = &self.requests {
+            files.push((REQUESTS_SVG, svg));
         }
         let mut written = Vec::new();
         for (name, bytes) in files {
@@ -163,11 +163,13 @@ pub fn build(inputs: &[Input], command: &str) -> Result<Report, CliError> {
     } else {
         kernels_table(&mut md, &merged, &kernel_rows);
         let chart = kernels_chart(&merged, &kernel_rows);
-        let canvas = chart.draw();
+        let svg = chart
+            .to_svg()
+            .map_err(|e| CliError::context("cannot draw the kernels chart", e))?;
         md.push_str(&format!(
-            "![Best GFLOP/s per kernel case and format]({KERNELS_PNG})\n\n"
+            "![Best GFLOP/s per kernel case and format]({KERNELS_SVG})\n\n"
         ));
-        Some((chart, canvas))
+        Some((chart, svg))
     };
     md.push_str("## Requests\n\n");
     let requests = if request_rows.is_empty() {
@@ -176,11 +178,13 @@ pub fn build(inputs: &[Input], command: &str) -> Result<Report, CliError> {
     } else {
         requests_table(&mut md, &merged, &request_rows);
         let chart = requests_chart(&merged, &request_rows);
-        let canvas = chart.draw();
+        let svg = chart
+            .to_svg()
+            .map_err(|e| CliError::context("cannot draw the requests chart", e))?;
         md.push_str(&format!(
-            "![Canvas throughput per cache mode]({REQUESTS_PNG})\n\n"
+            "![Canvas throughput per cache mode]({REQUESTS_SVG})\n\n"
         ));
-        Some((chart, canvas))
+        Some((chart, svg))
     };
     Ok(Report {
         markdown: md,
@@ -198,7 +202,7 @@ fn plural(n: usize) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{png_size, row_of, two_sources};
+    use super::fixtures::{row_of, two_sources};
     use super::*;
 
     #[test]
@@ -226,10 +230,13 @@ mod tests {
         let written = r.write(&dir.join("nested")).unwrap();
         assert_eq!(written.len(), 3);
         let md = std::fs::read_to_string(dir.join("nested").join(REPORT_MD)).unwrap();
-        assert!(md.contains("![Canvas throughput per cache mode](requests.png)"));
-        for name in [KERNELS_PNG, REQUESTS_PNG] {
-            let png = std::fs::read(dir.join("nested").join(name)).unwrap();
-            png_size(&png);
+        assert!(md.contains("![Canvas throughput per cache mode](requests.svg)"));
+        assert!(md.contains("![Best GFLOP/s per kernel case and format](kernels.svg)"));
+        for name in [KERNELS_SVG, REQUESTS_SVG] {
+            let svg = std::fs::read_to_string(dir.join("nested").join(name)).unwrap();
+            let (w, h) = crate::chart::svg::size(&svg);
+            assert!(w > 0.0 && h > 0.0, "{name}");
+            assert!(svg.trim_end().ends_with("</svg>"), "{name}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
