@@ -24,8 +24,8 @@ use crate::values;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every
-    /// interface, best with --api-key)
+    /// address to listen on (127.0.0.1: this machine only; 0.0.0.0 for every interface, best
+    /// with --api-key)
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
     pub host: IpAddr,
     /// port to listen on (0: any free port, printed at start)
@@ -37,27 +37,27 @@ pub struct ServeArgs {
     /// the model's id in /v1/models (default: the model folder's name)
     #[arg(long, value_name = "NAME")]
     pub model_name: Option<String>,
-    /// cache mode of requests that name none (default bicache-dual; it falls back to
-    /// fast-dllm-dual for requests that cannot share a prefix)
+    /// cache mode of requests that name none (bicache-dual falls back to fast-dllm-dual for
+    /// requests that cannot share a prefix)
     #[arg(long = "cache", value_name = "MODE", value_parser = values::cache_mode(), default_value = "bicache-dual")]
     pub cache: CacheMode,
     /// largest max_tokens a request may ask for (default: the model's positions minus one)
     #[arg(long, value_name = "N", value_parser = values::positive)]
     pub max_tokens: Option<usize>,
-    /// max_tokens of a request that gives none (default 64)
+    /// max_tokens of a request that gives none
     #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 64)]
     pub default_max_tokens: usize,
-    /// requests accepted and not yet running; past it a request gets 429 (default 64)
+    /// requests accepted and not yet running; past it a request gets 429
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_queue: usize,
-    /// largest request body, e.g. 1M (default 1M)
+    /// largest request body, e.g. 1M
     #[arg(long, value_name = "BYTES", value_parser = values::byte_size, default_value = "1M")]
     pub max_body: u64,
-    /// requests without a shared prefix that run at once (default 4)
+    /// requests without a shared prefix that run at once
     #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 4)]
     pub max_solo: usize,
-    /// positions (prompts and answers) of the requests one shared-prefix batch holds
-    /// (default 4096, capped by the device's largest binding)
+    /// positions (prompts and answers) of the requests one shared-prefix batch holds (capped
+    /// by the device's largest binding)
     #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 4096)]
     pub batch_rows: usize,
     #[command(flatten)]
