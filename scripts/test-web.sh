@@ -36,6 +36,11 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
   cargo test --target wasm32-unknown-unknown -p unmask-wasm --test browser
 
 echo "== browser: the demo page against \`unmask generate\`"
-cargo build --quiet -p unmask-cli
-python3 crates/unmask-wasm/tests/page.py --unmask target/debug/unmask \
+# scripts/test.sh passes the binary its tests built; alone, this script builds one.
+BIN="${UNMASK_BIN:-}"
+if [ -z "$BIN" ]; then
+  cargo build --quiet -p unmask-cli
+  BIN=target/debug/unmask
+fi
+python3 crates/unmask-wasm/tests/page.py --unmask "$BIN" \
   --screenshot target/web-demo.png

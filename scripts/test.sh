@@ -16,11 +16,14 @@ phase "tests (native)"
 cargo test --workspace --quiet
 
 phase "kernel tests again over kernels built without runtime bounds checks (--unchecked-shaders)"
-UNMASK_SHADER_CHECKS=off cargo test --test all --quiet -- kernels_ model_parity
+# `--workspace` keeps the feature set of the build above: without it cargo resolves the
+# root crate's features alone and rebuilds the test binary (minutes on 2 cores).
+UNMASK_SHADER_CHECKS=off cargo test --workspace --test all --quiet -- kernels_ model_parity dream::dream_logits
 
 # target/debug/unmask was built by the tests above (unmask-cli's integration tests run it)
 phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
+python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
 
 phase "bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask
@@ -31,7 +34,7 @@ scripts/test-server.sh target/debug/unmask
 # 30 s per target keeps CI under 40 minutes; run longer by hand: scripts/fuzz.sh 600
 scripts/fuzz.sh 30
 
-scripts/test-web.sh
+UNMASK_BIN=target/debug/unmask scripts/test-web.sh
 
 phase "cross-target checks: Windows (DX12) and macOS (Metal)"
 for target in x86_64-pc-windows-msvc aarch64-apple-darwin; do

@@ -2,6 +2,8 @@
 // the q heads are rotated in place (attention reads them from the QKV rows), the k heads
 // are rotated into the layer's K arena and the v heads copied into its V arena, both at
 // arena row kv_index[row]. Rotation as in rope.wgsl (half-split, host-made cos/sin table).
+// BIAS (Qwen2/Dream): the projection's bias, one value per QKV column, is added first, so
+// the matmul needs no bias epilogue.
 
 struct Params {
     rows: u32,
@@ -21,6 +23,18 @@ struct Params {
 @group(0) @binding(4) var<storage, read> kv_index: array<u32>;
 @group(0) @binding(5) var<storage, read_write> k_arena: array<f32>;
 @group(0) @binding(6) var<storage, read_write> v_arena: array<f32>;
+//#if BIAS
+@group(0) @binding(7) var<storage, read> bias: array<f32>;
+//#endif
+
+// Column c of the row starting at src, plus its bias when the model has one.
+fn qkv_at(src: u32, c: u32) -> f32 {
+    //#if BIAS
+    return qkv[src + c] + bias[c];
+    //#else
+    return qkv[src + c];
+    //#endif
+}
 
 @compute @workgroup_size(64)
 fn main(
@@ -42,10 +56,11 @@ fn main(
     for (var i = lid.x; i < pairs; i += 64u) {
         let head = i / half;
         let j = i % half;
-        let at = src + head * p.head_dim + j;
+        let col = head * p.head_dim + j;
+        let at = src + col;
         let cs = table[pos * half + j];
-        let x1 = qkv[at];
-        let x2 = qkv[at + half];
+        let x1 = qkv_at(src, col);
+        let x2 = qkv_at(src, col + half);
         let r1 = x1 * cs.x - x2 * cs.y;
         let r2 = x2 * cs.x + x1 * cs.y;
         if (head < p.n_heads) {
@@ -57,8 +72,8 @@ fn main(
             k_arena[d + half] = r2;
         }
     }
-    let v_src = src + (p.n_heads + p.n_kv_heads) * p.head_dim;
+    let v_col = (p.n_heads + p.n_kv_heads) * p.head_dim;
     for (var c = lid.x; c < kv_w; c += 64u) {
-        v_arena[dst + c] = qkv[v_src + c];
+        v_arena[dst + c] = qkv_at(src, v_col + c);
     }
 }

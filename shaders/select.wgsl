@@ -1,20 +1,57 @@
 // Token selection from LM-head logits, streamed over vocabulary chunks.
 //
-// Per row a small state (5 words) carries, across chunks:
-//   best score, best id, the best id's logit (NEG when it has no confidence),
-//   running max and running sum of exp(logit - max) over the confidence softmax.
+// Per row a small state (7 words) carries, across chunks:
+//   0 best score, 1 best id, 2 the best id's logit (NEG when it has no confidence),
+//   3 running max m of the confidence softmax's logits,
+//   4 S0 = sum exp(l - m),
+//   5 the second largest logit (MARGIN; the largest is m, a tie makes them equal),
+//   6 S1 = sum exp(l - m) (l - m) (ENTROPY).
 // `accumulate` reduces one chunk per row (one workgroup per row) and merges it into the
 // state; `finalize` turns the state into (token id, confidence bits). Ties in the score go
-// to the lowest id everywhere, so the answer does not depend on chunking or scheduling.
+// to the lowest id everywhere, so the token does not depend on chunking or scheduling.
 //
 // One stage per pipeline (flag RESET, ACCUMULATE or FINALIZE), so each entry point only
 // declares the bindings it uses. ACCUMULATE takes CFG (unconditional logits bound) and
-// NOISE (Gumbel noise, temperature > 0).
+// NOISE (Gumbel noise, temperature > 0). The confidence kind is a flag of ACCUMULATE and
+// FINALIZE: none for the chosen token's probability, MARGIN for top-1 minus top-2
+// probability, ENTROPY for sum p ln p; words 5 and 6 are only kept up to date by their
+// kind.
 
-const STATE_WORDS: u32 = 5u;
+const STATE_WORDS: u32 = 7u;
 const NONE: u32 = 0xffffffffu;
 // Finite "minus infinity": a suppressed logit. exp of it minus any real max is 0.
 const NEG: f32 = -3.0e38;
+
+// Natural log with a small relative error for every positive normal x, also next to 1
+// (where -ln(U) of a uniform close to 1 lives); the builtin only promises an absolute error
+// there; also ln S0 of a confident row's entropy, S0 close to 1. x = 2^e * m,
+// m in [sqrt(1/2), sqrt(2)], ln m = 2 atanh(s), s = (m - 1) / (m + 1).
+fn ln_precise(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    var e = i32((bits >> 23u) & 0xffu) - 127;
+    var m = bitcast<f32>((bits & 0x007fffffu) | 0x3f800000u);
+    if (m > 1.41421356) {
+        m = m * 0.5;
+        e = e + 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let series = 1.0 + s2 * (0.33333333 + s2 * (0.2 + s2 * (0.14285714 + s2 * (0.11111111 + s2 * 0.09090909))));
+    let fe = f32(e);
+    // ln 2 split so that fe * LN2_HI is exact.
+    return fe * 0.693145751953125 + (fe * 1.4286068203094172e-6 + 2.0 * s * series);
+}
+
+// 1 - exp(x) for x <= 0 with a small relative error also next to 0, where the subtraction
+// cancels (the margin of two nearly tied logits): -expm1 as a Taylor series up to |x| = 0.5,
+// truncated below 1.1e-8 relative.
+fn one_minus_exp(x: f32) -> f32 {
+    if (x < -0.5) {
+        return 1.0 - exp(x);
+    }
+    let t = 1.0 + x / 6.0 * (1.0 + x / 7.0 * (1.0 + x / 8.0));
+    return -x * (1.0 + x / 2.0 * (1.0 + x / 3.0 * (1.0 + x / 4.0 * (1.0 + x / 5.0 * t))));
+}
 
 //#if RESET
 struct Params {
@@ -43,6 +80,8 @@ fn reset(
     state[o + 2u] = bitcast<u32>(NEG);
     state[o + 3u] = bitcast<u32>(NEG);
     state[o + 4u] = bitcast<u32>(0.0);
+    state[o + 5u] = bitcast<u32>(NEG);
+    state[o + 6u] = bitcast<u32>(0.0);
 }
 //#endif
 
@@ -69,13 +108,31 @@ fn finalize(
         return;
     }
     let o = row * STATE_WORDS;
-    let logit = bitcast<f32>(state[o + 2u]);
     let mx = bitcast<f32>(state[o + 3u]);
     let sum = bitcast<f32>(state[o + 4u]);
+    // 0 for a row without any logit in the softmax (sum 0, max NEG).
     var conf = 0.0;
+//#if MARGIN
+    // p1 - p2 = (1 - exp(l2 - l1)) / S0; exactly 0 when the top two tie. One column: l2 is
+    // NEG and the margin 1 / S0.
+    let second = bitcast<f32>(state[o + 5u]);
+    if (second < mx) {
+        conf = one_minus_exp(max(second - mx, NEG)) / sum;
+    }
+//#else
+//#if ENTROPY
+    // sum p ln p = S1 / S0 - ln S0 (<= 0: S1 <= 0 and S0 >= 1, the maximum's own term).
+    let s1 = bitcast<f32>(state[o + 6u]);
+    if (sum > 0.0) {
+        conf = s1 / sum - ln_precise(sum);
+    }
+//#else
+    let logit = bitcast<f32>(state[o + 2u]);
     if (logit > NEG && sum > 0.0) {
         conf = exp(logit - mx) / sum;
     }
+//#endif
+//#endif
     out[2u * row] = state[o + 1u];
     out[2u * row + 1u] = bitcast<u32>(conf);
 }
@@ -90,7 +147,9 @@ struct Params {
     seed_lo: u32,
     seed_hi: u32,
     suppress: u32,      // NONE when absent
-    exclude0: u32,      // NONE when absent
+    // NONE when absent; the host sets them only for the probability (MARGIN and ENTROPY
+    // see the whole row).
+    exclude0: u32,
     exclude1: u32,
     temperature: f32,
     cfg_scale: f32,
@@ -126,31 +185,18 @@ var<workgroup> w_id: array<u32, WG>;
 var<workgroup> w_logit: array<f32, WG>;
 var<workgroup> w_max: array<f32, WG>;
 var<workgroup> w_sum: array<f32, WG>;
+//#if MARGIN
+var<workgroup> w_second: array<f32, WG>;
+//#endif
+//#if ENTROPY
+var<workgroup> w_s1: array<f32, WG>;
+//#endif
 
 // Same function as `unmask_core::rng::pcg_hash`.
 fn pcg_hash(x: u32) -> u32 {
     let s = x * 747796405u + 2891336453u;
     let word = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
     return (word >> 22u) ^ word;
-}
-
-// Natural log with a small relative error for every positive normal x, also next to 1
-// (where -ln(U) of a uniform close to 1 lives); the builtin only promises an absolute error
-// there. x = 2^e * m, m in [sqrt(1/2), sqrt(2)], ln m = 2 atanh(s), s = (m - 1) / (m + 1).
-fn ln_precise(x: f32) -> f32 {
-    let bits = bitcast<u32>(x);
-    var e = i32((bits >> 23u) & 0xffu) - 127;
-    var m = bitcast<f32>((bits & 0x007fffffu) | 0x3f800000u);
-    if (m > 1.41421356) {
-        m = m * 0.5;
-        e = e + 1;
-    }
-    let s = (m - 1.0) / (m + 1.0);
-    let s2 = s * s;
-    let series = 1.0 + s2 * (0.33333333 + s2 * (0.2 + s2 * (0.14285714 + s2 * (0.11111111 + s2 * 0.09090909))));
-    let fe = f32(e);
-    // ln 2 split so that fe * LN2_HI is exact.
-    return fe * 0.693145751953125 + (fe * 1.4286068203094172e-6 + 2.0 * s * series);
 }
 
 // Upper bound of `gumbel`: U <= 1 - 2^-24, so -ln(-ln U) <= -ln(2^-24) = 16.64.
@@ -167,28 +213,17 @@ fn beats(score_b: f32, id_b: u32, score_a: f32, id_a: u32) -> bool {
     return score_b > score_a || (score_b == score_a && id_b < id_a);
 }
 
-// Merges slot `j` into slot `i` of the workgroup arrays.
-fn merge_slots(i: u32, j: u32) {
-    if (beats(w_score[j], w_id[j], w_score[i], w_id[i])) {
-        w_score[i] = w_score[j];
-        w_id[i] = w_id[j];
-        w_logit[i] = w_logit[j];
-    }
-    let mi = w_max[i];
-    let mj = w_max[j];
-    let mx = max(mi, mj);
-    w_sum[i] = w_sum[i] * exp(mi - mx) + w_sum[j] * exp(mj - mx);
-    w_max[i] = mx;
-}
-
-// What one invocation has seen so far: the best candidate (score, id, its logit or NEG when
-// it has no confidence) and the online max / sum of exp over the confidence softmax.
+// What one invocation (or workgroup, or the state) has seen so far: the best candidate
+// (score, id, its logit or NEG when it has no confidence) and the online statistics of the
+// confidence softmax (state words 3 to 6).
 struct Partial {
     best_score: f32,
     best_id: u32,
     best_logit: f32,
     mx: f32,
     sum: f32,
+    second: f32,
+    s1: f32,
 }
 
 // Folds logit `l_in` of vocabulary id `id` into `a`. Ids only grow within an invocation, so
@@ -216,13 +251,107 @@ fn visit(a: Partial, l_in: f32, id: u32, h_row: u32) -> Partial {
     }
     if (member) {
         if (l > r.mx) {
-            r.sum = r.sum * exp(r.mx - l) + 1.0;
+            // A new maximum: S0 <- e^d S0, S1 <- e^d (S1 + d S0) with d = m - l <= 0, then
+            // l's own term (1, and 0 for S1). d is clamped so that the empty start (m NEG,
+            // sums 0) stays exactly 0 for any l.
+            let d = max(r.mx - l, NEG);
+            let scale = exp(d);
+            //#if ENTROPY
+            r.s1 = scale * (r.s1 + d * r.sum);
+            //#endif
+            r.sum = r.sum * scale + 1.0;
+            //#if MARGIN
+            r.second = r.mx;
+            //#endif
             r.mx = l;
         } else {
-            r.sum += exp(l - r.mx);
+            let d = l - r.mx;
+            let e = exp(d);
+            r.sum += e;
+            //#if ENTROPY
+            // A -inf logit adds 0 * NEG = 0, not NaN.
+            r.s1 += e * max(d, NEG);
+            //#endif
+            //#if MARGIN
+            r.second = max(r.second, l);
+            //#endif
         }
     }
     return r;
+}
+
+// `a` and `b` together. The statistics are exact max / min or sums, so the result is the
+// same in any order up to rounding, and the best candidate is the same in any order.
+fn merge(a: Partial, b: Partial) -> Partial {
+    var r = a;
+    if (beats(b.best_score, b.best_id, a.best_score, a.best_id)) {
+        r.best_score = b.best_score;
+        r.best_id = b.best_id;
+        r.best_logit = b.best_logit;
+    }
+    let mx = max(a.mx, b.mx);
+    // Clamped like in `visit`: an empty side (max NEG, sums 0) adds exactly 0.
+    let da = max(a.mx - mx, NEG);
+    let db = max(b.mx - mx, NEG);
+    let ea = exp(da);
+    let eb = exp(db);
+    r.mx = mx;
+    r.sum = a.sum * ea + b.sum * eb;
+    //#if ENTROPY
+    r.s1 = ea * (a.s1 + da * a.sum) + eb * (b.s1 + db * b.sum);
+    //#endif
+    //#if MARGIN
+    // The runner-up is the smaller maximum or the larger runner-up.
+    r.second = max(min(a.mx, b.mx), max(a.second, b.second));
+    //#endif
+    return r;
+}
+
+fn load_slot(i: u32) -> Partial {
+    var r = Partial(w_score[i], w_id[i], w_logit[i], w_max[i], w_sum[i], NEG, 0.0);
+    //#if MARGIN
+    r.second = w_second[i];
+    //#endif
+    //#if ENTROPY
+    r.s1 = w_s1[i];
+    //#endif
+    return r;
+}
+
+fn store_slot(i: u32, a: Partial) {
+    w_score[i] = a.best_score;
+    w_id[i] = a.best_id;
+    w_logit[i] = a.best_logit;
+    w_max[i] = a.mx;
+    w_sum[i] = a.sum;
+    //#if MARGIN
+    w_second[i] = a.second;
+    //#endif
+    //#if ENTROPY
+    w_s1[i] = a.s1;
+    //#endif
+}
+
+fn load_state(o: u32) -> Partial {
+    return Partial(
+        bitcast<f32>(state[o]),
+        state[o + 1u],
+        bitcast<f32>(state[o + 2u]),
+        bitcast<f32>(state[o + 3u]),
+        bitcast<f32>(state[o + 4u]),
+        bitcast<f32>(state[o + 5u]),
+        bitcast<f32>(state[o + 6u]),
+    );
+}
+
+fn store_state(o: u32, a: Partial) {
+    state[o] = bitcast<u32>(a.best_score);
+    state[o + 1u] = a.best_id;
+    state[o + 2u] = bitcast<u32>(a.best_logit);
+    state[o + 3u] = bitcast<u32>(a.mx);
+    state[o + 4u] = bitcast<u32>(a.sum);
+    state[o + 5u] = bitcast<u32>(a.second);
+    state[o + 6u] = bitcast<u32>(a.s1);
 }
 
 @compute @workgroup_size(256)
@@ -241,7 +370,7 @@ fn accumulate(
     //#if NOISE
     h_row = pcg_hash(pcg_hash(pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi)) ^ p.step) ^ positions[row]);
     //#endif
-    var part = Partial(NEG, NONE, NEG, NEG, 0.0);
+    var part = Partial(NEG, NONE, NEG, NEG, 0.0, NEG, 0.0);
 //#if VEC4
     let base4 = base / 4u;
     for (var v = 4u * lid; v < p.n; v += 4u * WG) {
@@ -266,35 +395,16 @@ fn accumulate(
         part = visit(part, l, p.vocab_offset + v, h_row);
     }
 //#endif
-    w_score[lid] = part.best_score;
-    w_id[lid] = part.best_id;
-    w_logit[lid] = part.best_logit;
-    w_max[lid] = part.mx;
-    w_sum[lid] = part.sum;
+    store_slot(lid, part);
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         workgroupBarrier();
         if (lid < stride) {
-            merge_slots(lid, lid + stride);
+            store_slot(lid, merge(load_slot(lid), load_slot(lid + stride)));
         }
     }
     if (lid == 0u) {
         let o = row * STATE_WORDS;
-        let s_score = bitcast<f32>(state[o]);
-        let s_id = state[o + 1u];
-        if (beats(s_score, s_id, w_score[0], w_id[0])) {
-            w_score[0] = s_score;
-            w_id[0] = s_id;
-            w_logit[0] = bitcast<f32>(state[o + 2u]);
-        }
-        let sm = bitcast<f32>(state[o + 3u]);
-        let cm = w_max[0];
-        let m2 = max(sm, cm);
-        let total = bitcast<f32>(state[o + 4u]) * exp(sm - m2) + w_sum[0] * exp(cm - m2);
-        state[o] = bitcast<u32>(w_score[0]);
-        state[o + 1u] = w_id[0];
-        state[o + 2u] = bitcast<u32>(w_logit[0]);
-        state[o + 3u] = bitcast<u32>(m2);
-        state[o + 4u] = bitcast<u32>(total);
+        store_state(o, merge(load_slot(0u), load_state(o)));
     }
 }
 //#endif

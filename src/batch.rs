@@ -12,7 +12,7 @@ use unmask_core::cache::bicache_step;
 use unmask_core::sampler::StepRecord;
 use unmask_core::step_plan::{SeqStep, StepPlan, first_fit};
 use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{DeepRows, ForwardState, LladaModel, SelectBuffers, SharedPrefix};
+use unmask_gpu::model::{DeepRows, ForwardState, Model, SelectBuffers, SharedPrefix};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::prefix::PrefixRun;
@@ -256,7 +256,8 @@ impl Engine {
             })
             .collect();
         let seqs: Vec<SeqStep> = steps.iter().map(|s| s.seq.clone()).collect();
-        let plan = StepPlan::shared(&seqs, depth, n_layers)
+        let shift = self.model.cfg.family.shifts_logits();
+        let plan = StepPlan::shared(&seqs, depth, n_layers, shift)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         let mut ids = Vec::with_capacity(plan.shallow.len());
         for s in &steps {
@@ -337,7 +338,7 @@ impl Engine {
 
         let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); steps.len()];
         for (group, slot) in groups.iter().zip(slots) {
-            let mut it = LladaModel::decode_choices(&read[slot]).into_iter();
+            let mut it = Model::decode_choices(&read[slot]).into_iter();
             for &k in &group.members {
                 predictions[k] = it
                     .by_ref()

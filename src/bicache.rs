@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use unmask_gpu::model::{ForwardState, KvLayer, LayerPass, LladaModel, ModelError, SeqWindow};
+use unmask_gpu::model::{ForwardState, KvLayer, LayerPass, Model, ModelError, SeqWindow};
 use unmask_gpu::{DType, StepEncoder, Tensor};
 
 /// A shared prefix's K/V (after RoPE) for every layer, from a prefix-only pass, and the
@@ -52,7 +52,7 @@ impl PrefixEntry {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_boundary(
         &self,
-        model: &LladaModel,
+        model: &Model,
         depth: usize,
     ) -> Result<Option<Vec<f32>>, ModelError> {
         pollster::block_on(self.read_boundary_async(model, depth))
@@ -60,7 +60,7 @@ impl PrefixEntry {
 
     pub async fn read_boundary_async(
         &self,
-        model: &LladaModel,
+        model: &Model,
         depth: usize,
     ) -> Result<Option<Vec<f32>>, ModelError> {
         match self.boundary(depth) {
@@ -71,7 +71,7 @@ impl PrefixEntry {
 }
 
 /// Bytes an entry of `tokens` prefix tokens takes for its K/V and one boundary state.
-pub fn entry_bytes(model: &LladaModel, tokens: usize) -> u64 {
+pub fn entry_bytes(model: &Model, tokens: usize) -> u64 {
     let c = &model.cfg;
     let kv = 2 * c.n_layers * tokens * c.n_kv_heads * c.head_dim();
     ((kv + tokens * c.d_model) * 4) as u64
@@ -82,7 +82,7 @@ pub fn entry_bytes(model: &LladaModel, tokens: usize) -> u64 {
 /// `boundary`. Layers above `depth` run only when `full` (building an entry's K/V).
 #[allow(clippy::too_many_arguments)] // internal; every argument is a distinct buffer or size
 fn encode_prefix_pass(
-    model: &LladaModel,
+    model: &Model,
     step: &mut StepEncoder,
     st: &ForwardState,
     p: usize,
@@ -113,7 +113,7 @@ fn encode_prefix_pass(
 
 /// Builds a new entry for `prefix`: its K/V for every layer and the boundary of `depth`.
 pub fn build_entry(
-    model: &LladaModel,
+    model: &Model,
     st: &ForwardState,
     prefix: &[u32],
     depth: usize,
@@ -148,7 +148,7 @@ pub fn build_entry(
 /// the request's own arena, so the shared entry's K/V are never written after they are
 /// built.
 pub fn compute_boundary(
-    model: &LladaModel,
+    model: &Model,
     st: &ForwardState,
     prefix: &[u32],
     depth: usize,

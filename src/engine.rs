@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use unmask_core::chat::{encode_chat, prefix_split};
-use unmask_core::config::LladaConfig;
+use unmask_core::chat::ChatFormat;
+use unmask_core::config::ModelConfig;
 use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::{PrefixStore, SharedStore};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
@@ -13,7 +13,7 @@ use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::ContextOptions;
 use unmask_gpu::GpuContext;
 use unmask_gpu::model::{
-    BodyStream, CheckpointLayout, LladaModel, LoadProgress, ModelError, ShardIndex, WeightUpload,
+    BodyStream, CheckpointLayout, LoadProgress, Model, ModelError, ShardIndex, WeightUpload,
 };
 use unmask_gpu::ops::matmul::MatmulKernel;
 
@@ -31,7 +31,7 @@ use crate::{
 pub struct Engine {
     /// The GPU the model lives on (shared with the model).
     pub(crate) ctx: Arc<GpuContext>,
-    pub(crate) model: LladaModel,
+    pub(crate) model: Model,
     tokenizer: Option<Tokenizer>,
     special: SpecialTokens,
     dir: PathBuf,
@@ -44,8 +44,12 @@ pub struct Engine {
     /// Identity of the weights in the store's keys: unique to this engine, whose weights
     /// never change, so no entry can meet other weights even in a store shared wider.
     pub(crate) model_id: u64,
-    /// The model's r → b table, when its folder has one.
+    /// The model's r → b table: its folder's, else the shipped one of a published model
+    /// of its shape.
     depth_table: Option<DepthTable>,
+    /// How the chat template lays out a conversation: recognized from
+    /// `tokenizer_config.json`, else the family's.
+    chat: ChatFormat,
 }
 
 impl Engine {
@@ -122,7 +126,7 @@ impl Engine {
                 location: files.location("config.json"),
                 message: "not found".into(),
             })?;
-        let mut cfg = LladaConfig::from_json_str(&config_text)?;
+        let mut cfg = ModelConfig::from_json_str(&config_text)?;
         const GENERATION: &str = "generation_config.json";
         if let Some(text) = files::read_text(files, GENERATION).await? {
             cfg = cfg.with_generation_config(&text, &files.location(GENERATION))?;
@@ -133,8 +137,13 @@ impl Engine {
         };
         let depth_table = match files::read_text(files, DEPTH_TABLE_FILE).await? {
             Some(text) => Some(parse_depth_table(&text, &files.location(DEPTH_TABLE_FILE))?),
-            None => None,
+            None => shipped_depth_table(&cfg),
         };
+        const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+        let chat = files::read_text(files, TOKENIZER_CONFIG)
+            .await?
+            .and_then(|text| chat_format_of(&text))
+            .unwrap_or_else(|| ChatFormat::for_family(cfg.family));
         const INDEX: &str = "model.safetensors.index.json";
         let index = match files::read_text(files, INDEX).await? {
             Some(text) => Some(
@@ -166,15 +175,15 @@ impl Engine {
             body.finish()?;
         }
         let weights = upload.finish()?;
-        let model = LladaModel::from_weights(ctx, cfg, weights)?;
-        Self::assemble(model, tokenizer, depth_table, &dir, options, start)
+        let model = Model::from_weights(ctx, cfg, weights)?;
+        Self::assemble(model, tokenizer, (depth_table, chat), &dir, options, start)
     }
 
     /// The engine around a loaded model: special tokens from the tokenizer (or the config).
     fn assemble(
-        model: LladaModel,
+        model: Model,
         tokenizer: Option<Tokenizer>,
-        depth_table: Option<DepthTable>,
+        (depth_table, chat): (Option<DepthTable>, ChatFormat),
         dir: &Path,
         options: &EngineOptions,
         start: Stopwatch,
@@ -205,6 +214,7 @@ impl Engine {
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
             depth_table,
+            chat,
         })
     }
 
@@ -214,7 +224,7 @@ impl Engine {
     }
 
     /// The model on the GPU: its weights, configuration and forward passes.
-    pub fn model(&self) -> &LladaModel {
+    pub fn model(&self) -> &Model {
         &self.model
     }
 
@@ -225,7 +235,7 @@ impl Engine {
     }
 
     /// The model's configuration.
-    pub fn config(&self) -> &LladaConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.model.cfg
     }
 
@@ -250,8 +260,9 @@ impl Engine {
         self.load_s
     }
 
-    /// The model's BiCache depth table (r → b), when its folder has one
-    /// (`DEPTH_TABLE_FILE`).
+    /// The model's BiCache depth table (r → b): its folder's (`DEPTH_TABLE_FILE`), else the
+    /// one shipped in `policies/` when the model has a published model's shape
+    /// (LLaDA-8B-Instruct, Dream-v0-Instruct-7B).
     pub fn depth_table(&self) -> Option<&DepthTable> {
         self.depth_table.as_ref()
     }
@@ -260,8 +271,13 @@ impl Engine {
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
             Prompt::Ids(ids) => Ok(ids.clone()),
-            Prompt::Chat(messages) => Ok(encode_chat(self.require_tokenizer()?, messages)?),
+            Prompt::Chat(messages) => Ok(self.chat.encode(self.require_tokenizer()?, messages)?),
         }
+    }
+
+    /// How chat prompts are laid out (the model's template).
+    pub fn chat_format(&self) -> &ChatFormat {
+        &self.chat
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
@@ -293,7 +309,9 @@ impl Engine {
     pub fn encode_with_prefix(&self, request: &Request) -> Result<(Vec<u32>, usize), EngineError> {
         let (ids, split) = match &request.prompt {
             Prompt::Chat(messages) if messages.iter().any(|m| m.role == Role::User) => {
-                let split = prefix_split(self.require_tokenizer()?, messages)?;
+                let split = self
+                    .chat
+                    .prefix_split(self.require_tokenizer()?, messages)?;
                 let at = split.split_at();
                 (split.whole, at)
             }
@@ -414,4 +432,35 @@ impl Engine {
             None => Err(EngineError::Refused(p.why_not_shared())),
         }
     }
+}
+
+/// The chat format of a `tokenizer_config.json`'s `chat_template` (a string, or Hugging
+/// Face's list of named templates, whose `default` counts), when it is one this runtime
+/// reproduces.
+fn chat_format_of(tokenizer_config: &str) -> Option<ChatFormat> {
+    let value: serde_json::Value = serde_json::from_str(tokenizer_config).ok()?;
+    let template = match &value["chat_template"] {
+        serde_json::Value::String(t) => t.clone(),
+        serde_json::Value::Array(named) => {
+            named.iter().find(|t| t["name"] == "default")?["template"]
+                .as_str()?
+                .to_string()
+        }
+        _ => return None,
+    };
+    ChatFormat::from_template(&template)
+}
+
+/// The depth table shipped for the published model whose shape `cfg` has.
+fn shipped_depth_table(cfg: &ModelConfig) -> Option<DepthTable> {
+    use unmask_core::config::ModelFamily;
+    use unmask_core::depth_policy::{DREAM_V0_INSTRUCT_7B, LLADA_8B_INSTRUCT};
+    let (text, name) = match (cfg.family, cfg.n_layers, cfg.d_model) {
+        (ModelFamily::Llada, 32, 4096) => (LLADA_8B_INSTRUCT, "policies/llada-8b-instruct.json"),
+        (ModelFamily::Dream, 28, 3584) => {
+            (DREAM_V0_INSTRUCT_7B, "policies/dream-v0-instruct-7b.json")
+        }
+        _ => return None,
+    };
+    DepthTable::from_json(text, name).ok()
 }

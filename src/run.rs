@@ -2,10 +2,11 @@
 //! of a request that shares no prefix entry, and the generation it ends with.
 
 use unmask_core::cache::{CacheMode, PassPlan, PlanInput, plan_step};
-use unmask_core::sampler::{Sampler, StepRecord};
+use unmask_core::config::ModelFamily;
+use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
 use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{ForwardState, LladaModel, SelectBuffers};
+use unmask_gpu::model::{ForwardState, Model, SelectBuffers};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::{
@@ -106,9 +107,16 @@ impl Engine {
         let (prompt, prefix_len, prefix_note) = self.prompt_and_prefix(req)?;
         let p = &req.params;
         let cfg = &self.model.cfg;
+        let mut params = p.clone();
+        if params.schedule == Schedule::Auto {
+            params.schedule = match cfg.family {
+                ModelFamily::Dream => Schedule::DREAM,
+                ModelFamily::Llada => Schedule::Llada,
+            };
+        }
         let sampler = Sampler::new(
             &prompt,
-            p.clone(),
+            params,
             self.special().mask,
             cfg.max_sequence_length,
         )?;
@@ -229,6 +237,12 @@ impl Engine {
             step: sampler.global_step() as u32,
             suppress_token: p.logits_eos_inf.then_some(self.special().eos),
             conf_exclude,
+            // Dream's `alg`s rank by other confidences than the token's probability.
+            confidence: match p.remasking {
+                Remasking::Margin => ConfidenceKind::Margin,
+                Remasking::Entropy => ConfidenceKind::NegEntropy,
+                Remasking::LowConfidence | Remasking::Random => ConfidenceKind::Probability,
+            },
         }
     }
 
@@ -362,6 +376,7 @@ impl Engine {
         } = prepared;
         let (start, prefix_len, conf_exclude, mode) = (*start, *prefix_len, *conf_exclude, *mode);
         let n_layers = self.model.cfg.n_layers;
+        let shift = self.model.cfg.family.shifts_logits();
         let seq_len = sampler.tokens().len();
         let rows = sampler.rows_to_predict();
         let block_start = *last_block != Some(sampler.block_index());
@@ -391,7 +406,7 @@ impl Engine {
                 kv_base: 0,
                 predict,
             };
-            StepPlan::alone(&[seq], n_layers)
+            StepPlan::alone(&[seq], n_layers, shift)
                 .map_err(|e| EngineError::Internal(format!("cache mode {mode}: {e}")))
         };
         if let Some(w) = &planned.warmup {
@@ -433,7 +448,7 @@ impl Engine {
             .model
             .read_back_choices(&mut step, sel, row_index.len());
         let read = step.submit()?.read_async().await?;
-        let predictions: Vec<(u32, f32)> = LladaModel::decode_choices(&read[slot])
+        let predictions: Vec<(u32, f32)> = Model::decode_choices(&read[slot])
             .iter()
             .map(|c| (c.token, c.confidence))
             .collect();

@@ -8,7 +8,8 @@ generations compared token for token (agreement and first differing position).
 References
 ----------
 * `--against goldens` (standard library only: no numpy, no torch): the golden files of
-  the checkpoint folder, `goldens/logits.json` (logits of tools/llada_ref.py for a few
+  the checkpoint folder (LLaDA's of tools/llada_ref.py, or a Dream folder's of
+  tools/dream_ref.py, whose cases carry Dream's `alg`), `goldens/logits.json` (logits for a few
   id sequences; `--golden-logits f32` (default) or `bf16` picks which path) and
   `goldens/generate.json` (sampler cases with the whole output).  Cases with `random`
   remasking are listed as not comparable: the runtime and numpy draw different random
@@ -43,6 +44,7 @@ Exit status: 0 parity holds (or torch skipped), 1 parity fails, 2 setup or usage
 Examples (from the repository root):
 
     python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
+    python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
     tools/.venv/bin/python tools/parity.py --against torch --device cpu --ref-dtype f32 --model models/tiny
 """
 
@@ -190,6 +192,10 @@ class Runtime:
             args.append("--logits-eos-inf")
         if params.get("confidence_eos_eot_inf"):
             args.append("--confidence-eos-eot-inf")
+        if "alg" in params:  # a Dream case: its timestep schedule and alg
+            args += ["--schedule", "dream", "--eps", repr(float(params["eps"])), "--remasking", params["alg"]]
+            if params.get("alg_temp"):
+                args += ["--alg-temp", repr(float(params["alg_temp"]))]
         args += ["--confidence-precision", params.get("confidence_precision", "f32")]
         out = self._run(args)
         lines = [line for line in out.splitlines() if line.strip()]
@@ -349,13 +355,16 @@ def goldens_cases(args, runtime, tol):
     key = "logits_" + args.golden_logits
     logit_results = []
     for case in logits_doc["cases"]:
+        if key not in case:
+            raise SetupError(f"{case['name']}: the goldens have no {key} (only the f32 path for Dream)")
         got = runtime.logits(case["ids"])
         logit_results.append(compare_logits(case["name"], case["ids"], got, case[key], tol))
     gen_results = []
     if not args.no_generate:
         for case in gen_doc["cases"]:
             params = case["params"]
-            if params["remasking"] == "random" or params["temperature"] != 0:
+            random = params.get("remasking") == "random" or params.get("alg") == "origin" or params.get("alg_temp")
+            if random or params["temperature"] != 0:
                 gen_results.append(
                     {
                         "name": case["name"],
@@ -369,7 +378,8 @@ def goldens_cases(args, runtime, tol):
             Lp = len(case["prompt"])
             if out["prompt_ids"] != case["prompt"]:
                 raise SetupError(f"{case['name']}: the runtime changed the prompt ids")
-            want_steps = [(list(s["committed"]), list(s["tokens"])) for s in case["steps"]]
+            # Dream's goldens list steps that commit nothing; the runtime skips them.
+            want_steps = [(list(s["committed"]), list(s["tokens"])) for s in case["steps"] if s["committed"]]
             gen_results.append(
                 compare_generation(
                     case["name"],

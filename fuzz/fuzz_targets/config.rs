@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::tokenizer::SpecialTokens;
 use unmask_fuzz::split_nul;
 
@@ -15,9 +15,9 @@ fuzz_target!(|data: &[u8]| {
     };
     // Also the decoded-value entry point, which the browser build uses.
     if let Ok(value) = serde_json::from_str::<serde_json::Value>(config) {
-        let _ = LladaConfig::from_json_value(&value);
+        let _ = ModelConfig::from_json_value(&value);
     }
-    let Ok(mut parsed) = LladaConfig::from_json_str(config) else {
+    let Ok(mut parsed) = ModelConfig::from_json_str(config) else {
         return;
     };
     if let Some(generation) = generation.and_then(|g| std::str::from_utf8(g).ok()) {

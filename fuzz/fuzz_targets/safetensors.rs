@@ -9,10 +9,10 @@ use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use unmask_core::checkpoint::{Checkpoint, CheckpointLayout, FileHeader};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_fuzz::{MICRO_CONFIG, config, read_checkpoint};
 
-static MICRO: LazyLock<LladaConfig> = LazyLock::new(|| config(MICRO_CONFIG));
+static MICRO: LazyLock<ModelConfig> = LazyLock::new(|| config(MICRO_CONFIG));
 
 fuzz_target!(|data: &[u8]| {
     let path = Path::new("model.safetensors");

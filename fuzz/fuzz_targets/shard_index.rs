@@ -9,14 +9,14 @@ use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use unmask_core::checkpoint::{Checkpoint, CheckpointLayout, FileHeader, ShardIndex};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_fuzz::{FIXTURE_CONFIG, config, read_checkpoint, stored_shape};
 
 static SHARDS: [&[u8]; 2] = [
     include_bytes!("../../tests/fixtures/tiny/model-00001-of-00002.safetensors"),
     include_bytes!("../../tests/fixtures/tiny/model-00002-of-00002.safetensors"),
 ];
-static TINY: LazyLock<LladaConfig> = LazyLock::new(|| config(FIXTURE_CONFIG));
+static TINY: LazyLock<ModelConfig> = LazyLock::new(|| config(FIXTURE_CONFIG));
 
 /// The header of fixture shard `i % 2`, as if read from the file `name`.
 fn header(i: usize, name: &str) -> FileHeader {

@@ -6,11 +6,11 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::tokenizer::{DecodeMode, SpecialTokens, Tokenizer};
 use unmask_fuzz::{FIXTURE_CONFIG, config};
 
-static TINY: LazyLock<LladaConfig> = LazyLock::new(|| config(FIXTURE_CONFIG));
+static TINY: LazyLock<ModelConfig> = LazyLock::new(|| config(FIXTURE_CONFIG));
 
 const TEXT: &str = "Hello, wörld! <|eot_id|> 12+30=42\n\t<|mdm_mask|>  ü";
 

@@ -5,7 +5,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 
 use unmask_core::checkpoint::{Checkpoint, CheckpointError, CheckpointLayout, TensorBytes};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 
 /// Largest single allocation allowed. Inputs are at most a few tens of KiB, so anything
 /// near this size was sized by a number read from the input, not by the input's length:
@@ -67,8 +67,8 @@ pub const MICRO_CONFIG: &str = r#"{
   "mask_token_id": 15, "eos_token_id": 14, "pad_token_id": 14
 }"#;
 
-pub fn config(text: &str) -> LladaConfig {
-    LladaConfig::from_json_str(text).expect("the fuzzers' own configs are valid")
+pub fn config(text: &str) -> ModelConfig {
+    ModelConfig::from_json_str(text).expect("the fuzzers' own configs are valid")
 }
 
 /// Splits an input at its first NUL byte: a file, and the optional second file that goes
@@ -105,7 +105,7 @@ fn read_all(tensor: &TensorBytes<'_>) {
 
 /// Every read a loader makes of a checkpoint: each tensor it holds at its own shape, then
 /// each tensor `config` names, as floats or quantized, converted to f32 row by row.
-pub fn read_checkpoint(checkpoint: &Checkpoint, config: &LladaConfig) {
+pub fn read_checkpoint(checkpoint: &Checkpoint, config: &ModelConfig) {
     let _ = checkpoint.data_bytes();
     let names: Vec<String> = checkpoint.names().map(str::to_string).collect();
     for name in &names {

@@ -7,7 +7,7 @@ use crate::common;
 use common::{fixture_dir, params, same_tokens};
 
 use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Request};
-use unmask_gpu::model::{LayerPass, LladaModel, SeqWindow};
+use unmask_gpu::model::{LayerPass, Model, SeqWindow};
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::{StepEncoder, WeightFormat};
 
@@ -87,7 +87,7 @@ fn depth_zero_with_refresh_every_step_equals_none() {
 type LayerKv = Vec<(Vec<f32>, Vec<f32>)>;
 
 /// K/V and hidden state of a fresh prefix-only pass: (K, V) per layer, and x after `depth` layers.
-fn fresh_prefix_pass(model: &LladaModel, prefix: &[u32], depth: usize) -> (LayerKv, Vec<f32>) {
+fn fresh_prefix_pass(model: &Model, prefix: &[u32], depth: usize) -> (LayerKv, Vec<f32>) {
     let p = prefix.len();
     let st = model.new_state(p, p).unwrap();
     let positions: Vec<u32> = (0..p as u32).collect();

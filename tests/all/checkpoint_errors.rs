@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use unmask_gpu::WeightFormat;
-use unmask_gpu::model::{LladaModel, ModelError};
+use unmask_gpu::model::{Model, ModelError};
 
 /// A fresh copy of the fixture in a temporary folder unique to `name`.
 fn copy_fixture(name: &str) -> PathBuf {
@@ -25,8 +25,8 @@ fn copy_fixture(name: &str) -> PathBuf {
     dir
 }
 
-fn load(dir: &Path) -> Result<LladaModel, ModelError> {
-    LladaModel::load(common::ctx(), dir, WeightFormat::F32, &mut |_| {})
+fn load(dir: &Path) -> Result<Model, ModelError> {
+    Model::load(common::ctx(), dir, WeightFormat::F32, &mut |_| {})
 }
 
 fn expect_error(dir: &Path, needles: &[&str]) -> String {

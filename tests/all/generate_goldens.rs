@@ -12,7 +12,7 @@ use unmask_core::goldens::{ids, params};
 use unmask_core::sampler::Sampler;
 use unmask_gpu::StepEncoder;
 use unmask_gpu::WeightFormat;
-use unmask_gpu::model::LladaModel;
+use unmask_gpu::model::Model;
 use unmask_gpu::ops::sampling::SelectParams;
 
 fn engine() -> Engine {
@@ -115,13 +115,14 @@ fn random_remasking_matches_with_the_reference_numbers() {
             step: step_index,
             suppress_token: None,
             conf_exclude: [None, None],
+            ..SelectParams::default()
         };
         model
             .encode_select(&mut step, &st, None, &sel, rows.len(), &params)
             .unwrap();
         let slot = model.read_back_choices(&mut step, &sel, rows.len());
         let read = step.submit().unwrap().read().unwrap();
-        let choices = LladaModel::decode_choices(&read[slot]);
+        let choices = Model::decode_choices(&read[slot]);
         let tokens: Vec<u32> = choices.iter().map(|c| c.token).collect();
         // The reference draws one number per position of the whole sequence.
         let conf: Vec<f32> = rows

@@ -219,7 +219,7 @@ fn run_head(
         )
         .unwrap();
     }
-    sel::select_finalize(&mut step, &state, &out, rows).unwrap();
+    sel::select_finalize(&mut step, &state, &out, rows, params.confidence).unwrap();
     step.submit().unwrap();
     out.read_u32(ctx)
         .unwrap()

@@ -1,6 +1,7 @@
 //! Token selection from LM-head logits against the f64 oracle: greedy and Gumbel-noised
-//! argmax, one or several vocabulary chunks, ties, CFG, suppressed and excluded ids, and the
-//! sampled frequencies at T > 0.
+//! argmax, one or several vocabulary chunks, ties, CFG, suppressed and excluded ids, the
+//! sampled frequencies at T > 0, and the three confidence kinds (probability, margin,
+//! negative entropy).
 
 use crate::common;
 
@@ -8,10 +9,37 @@ use std::time::Instant;
 
 use common::{ctx, random_vec};
 use unmask_core::oracle::sampling::select_token;
-use unmask_gpu::ops::sampling::{self as sel, SelectParams};
+use unmask_gpu::ops::sampling::{self as sel, ConfidenceKind, SelectParams};
 use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor};
 
+/// Probability: relative error (f32 exp and sums over up to 152k ids).
 const CONF_TOL: f64 = 1e-5;
+/// Margin: relative error without CFG (the logits are the same f32 values for the kernel and
+/// the oracle, and the kernel's 1 - exp(l2 - l1) does not cancel next to a tie).
+const MARGIN_TOL: f64 = 1e-5;
+/// Margin with CFG: absolute error. The kernel combines the logits in f32, which moves the
+/// gap l1 - l2 by a few ulps of |l|; next to a tie that has no relative bound.
+const MARGIN_CFG_TOL: f64 = 1e-5;
+/// Negative entropy: absolute error over max(1, |H|) (|H| reaches ln V, 12 at 152k ids).
+const ENTROPY_TOL: f64 = 1e-5;
+
+const KINDS: [ConfidenceKind; 3] = [
+    ConfidenceKind::Probability,
+    ConfidenceKind::Margin,
+    ConfidenceKind::NegEntropy,
+];
+
+/// A confidence's error against the oracle's, as the kind's tolerance measures it, and
+/// that tolerance.
+fn conf_error(kind: ConfidenceKind, cfg: bool, got: f32, want: f32) -> (f64, f64) {
+    let (g, w) = (got as f64, want as f64);
+    match kind {
+        ConfidenceKind::Probability => (((g - w) / w).abs(), CONF_TOL),
+        ConfidenceKind::Margin if cfg => ((g - w).abs(), MARGIN_CFG_TOL),
+        ConfidenceKind::Margin => (((g - w) / w).abs(), MARGIN_TOL),
+        ConfidenceKind::NegEntropy => ((g - w).abs() / w.abs().max(1.0), ENTROPY_TOL),
+    }
+}
 
 /// Splits `0..n` into `parts` nearly equal, non-empty ranges.
 fn chunk_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
@@ -69,7 +97,7 @@ fn run_gpu(
         )
         .unwrap();
     }
-    sel::select_finalize(&mut step, &state, &out, rows).unwrap();
+    sel::select_finalize(&mut step, &state, &out, rows, params.confidence).unwrap();
     step.submit().unwrap();
     let words = out.read_u32(ctx).unwrap();
     words
@@ -95,25 +123,45 @@ fn oracle_rows(
         .collect()
 }
 
-/// Asserts identical tokens and confidences within `CONF_TOL`; prints the worst error.
+/// Asserts identical tokens and probabilities within `CONF_TOL`; prints the worst error.
 fn assert_choices(what: &str, got: &[(u32, f32)], want: &[(u32, f32)]) {
+    assert_kind_choices(what, ConfidenceKind::Probability, false, got, want);
+}
+
+/// Asserts identical tokens and confidences of `kind` within its tolerance (an oracle 0
+/// must be exactly 0); prints the worst error. `cfg`: the logits were combined with CFG.
+fn assert_kind_choices(
+    what: &str,
+    kind: ConfidenceKind,
+    cfg: bool,
+    got: &[(u32, f32)],
+    want: &[(u32, f32)],
+) {
     assert_eq!(got.len(), want.len());
     let mut worst = 0f64;
+    let mut tol = 0f64;
     for (r, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g.0, w.0, "{what}: row {r} token {} != oracle {}", g.0, w.0);
+        let (err, t) = conf_error(kind, cfg, g.1, w.1);
+        tol = t;
         let err = if w.1 == 0.0 {
             assert_eq!(g.1, 0.0, "{what}: row {r} confidence must be exactly 0");
             0.0
         } else {
-            ((g.1 as f64 - w.1 as f64) / w.1 as f64).abs()
+            err
         };
+        assert!(
+            err <= tol,
+            "{what}: row {r} confidence {} vs oracle {}: error {err:.3e} over {tol:.0e}",
+            g.1,
+            w.1
+        );
         worst = worst.max(err);
     }
     eprintln!(
-        "[check] {what}: {} rows, tokens equal, confidence relative error {worst:.3e} (tolerance {CONF_TOL:.0e})",
+        "[check] {what} ({kind:?}): {} rows, tokens equal, confidence error {worst:.3e} (tolerance {tol:.0e})",
         got.len()
     );
-    assert!(worst <= CONF_TOL, "{what}: confidence error {worst:.3e}");
 }
 
 /// Which accumulate variant the chunks take: vec4 loads when every chunk width is a
@@ -406,6 +454,209 @@ fn gumbel_frequencies_follow_softmax() {
     }
 }
 
+/// Every kind at odd and even vocabulary sizes and several chunkings (one reversed), with and
+/// without CFG, greedy and noised: the token is the same for every kind and the confidence
+/// (from the untempered softmax) matches the oracle's.
+#[test]
+fn confidence_kinds_match_oracle() {
+    let ctx = ctx();
+    let rows = 5;
+    let pos = positions(rows);
+    for &n in &[1usize, 7, 1000, 3001, 4096] {
+        let cond = random_vec(100 + n as u64, rows * n, 4.0);
+        let uncond = random_vec(200 + n as u64, rows * n, 4.0);
+        for cfg in [false, true] {
+            let u = cfg.then_some(uncond.as_slice());
+            for temperature in [0.0f32, 0.8] {
+                let mut tokens = Vec::new();
+                for kind in KINDS {
+                    let params = SelectParams {
+                        temperature,
+                        cfg_scale: if cfg { 1.5 } else { 0.0 },
+                        seed: 0xfeed_beef,
+                        step: 4,
+                        confidence: kind,
+                        ..SelectParams::default()
+                    };
+                    let want = oracle_rows(&cond, u, n, &pos, &params);
+                    tokens.push(want.iter().map(|c| c.0).collect::<Vec<_>>());
+                    for parts in [1, 4, 7] {
+                        let mut chunks = chunk_ranges(n, parts);
+                        let order = if parts == 7 {
+                            chunks.reverse();
+                            " reversed"
+                        } else {
+                            ""
+                        };
+                        let got = run_gpu(&ctx, &cond, u, rows, n, &pos, &chunks, &params);
+                        assert_kind_choices(
+                            &format!("n={n} cfg={cfg} T={temperature} {}{order}", path(&chunks)),
+                            kind,
+                            cfg,
+                            &got,
+                            &want,
+                        );
+                    }
+                }
+                assert!(
+                    tokens.iter().all(|t| *t == tokens[0]),
+                    "n={n} cfg={cfg} T={temperature}: the token depends on the kind"
+                );
+            }
+        }
+    }
+}
+
+/// Exact ties between the two largest logits give a margin of exactly 0 wherever the two
+/// meet (different chunks, one vec4 load, one invocation's strided loop, every id), a near
+/// tie a small margin without cancellation; one dominant logit gives margin ~1 and entropy
+/// ~0.
+#[test]
+fn margin_ties_and_a_dominant_logit() {
+    let ctx = ctx();
+    let (rows, n) = (7, 1000);
+    let mut logits = random_vec(7, rows * n, 1.0);
+    // Row 0: ids 3 and 999 (different chunks); row 1: 600 and 601 (one vec4 load); row 2:
+    // 40 and 296 (one lane of the scalar loop, 256 apart); row 3: every id ties; row 4: id
+    // 123 is 59 or more above the rest; row 5: id 77 leads by 10 or more; row 6: id 500
+    // leads id 900 by 2 ulps.
+    for (row, ids) in [(0, [3, 999]), (1, [600, 601]), (2, [40, 296])] {
+        for id in ids {
+            logits[row * n + id] = 7.0;
+        }
+    }
+    logits[3 * n..4 * n].fill(-0.75);
+    logits[4 * n + 123] = 60.0;
+    logits[5 * n + 77] = 12.0;
+    logits[6 * n + 500] = 7.0;
+    logits[6 * n + 900] = 7.0 - 2.0 * f32::EPSILON * 4.0;
+    let pos = positions(rows);
+    let three = chunk_ranges(n, 3);
+    let reversed: Vec<_> = three.iter().rev().copied().collect();
+    let chunkings = [chunk_ranges(n, 1), three, reversed];
+    for kind in KINDS {
+        let params = SelectParams {
+            confidence: kind,
+            ..SelectParams::default()
+        };
+        let want = oracle_rows(&logits, None, n, &pos, &params);
+        assert_eq!(
+            want.iter().map(|c| c.0).collect::<Vec<_>>(),
+            vec![3, 600, 40, 0, 123, 77, 500]
+        );
+        match kind {
+            ConfidenceKind::Margin => {
+                assert!(want[..4].iter().all(|c| c.1 == 0.0), "{want:?}");
+                assert!(want[4].1 == 1.0 && want[5].1 > 0.99, "{want:?}");
+                assert!(want[6].1 > 0.0 && want[6].1 < 1e-5, "{want:?}");
+            }
+            ConfidenceKind::NegEntropy => {
+                assert!((want[3].1 as f64 + (n as f64).ln()).abs() < 1e-6);
+                assert!(want[4].1 <= 0.0 && want[4].1 > -1e-20, "{want:?}");
+                assert!(want[5].1 < -1e-3 && want[5].1 > -0.2, "{want:?}");
+            }
+            ConfidenceKind::Probability => {}
+        }
+        for (i, chunks) in chunkings.iter().enumerate() {
+            let got = run_gpu(&ctx, &logits, None, rows, n, &pos, chunks, &params);
+            let order = if i == 2 { " reversed" } else { "" };
+            assert_kind_choices(
+                &format!("ties and a dominant logit {}{order}", path(chunks)),
+                kind,
+                false,
+                &got,
+                &want,
+            );
+            match kind {
+                ConfidenceKind::Margin => assert_eq!(got[4].1, 1.0),
+                ConfidenceKind::NegEntropy => assert!(got[4].1 <= 0.0 && got[4].1 > -1e-20),
+                ConfidenceKind::Probability => {}
+            }
+        }
+    }
+}
+
+/// `conf_exclude` only changes the probability; the suppressed id leaves every kind's
+/// softmax.
+#[test]
+fn exclusions_only_change_the_probability() {
+    let ctx = ctx();
+    let (rows, n) = (3, 513);
+    let mut logits = random_vec(51, rows * n, 2.0);
+    // Id 10 is the argmax and excluded; id 20, the runner-up, is suppressed.
+    for r in 0..rows {
+        logits[r * n + 10] = 9.0;
+        logits[r * n + 20] = 8.5;
+    }
+    let pos = positions(rows);
+    for kind in KINDS {
+        let params = SelectParams {
+            conf_exclude: [Some(10), Some(30)],
+            suppress_token: Some(20),
+            confidence: kind,
+            ..SelectParams::default()
+        };
+        let want = oracle_rows(&logits, None, n, &pos, &params);
+        let unexcluded = SelectParams {
+            conf_exclude: [None; 2],
+            ..params
+        };
+        let unsuppressed = SelectParams {
+            suppress_token: None,
+            ..unexcluded
+        };
+        let unexcluded = oracle_rows(&logits, None, n, &pos, &unexcluded);
+        let unsuppressed = oracle_rows(&logits, None, n, &pos, &unsuppressed);
+        assert!(want.iter().all(|c| c.0 == 10));
+        if kind == ConfidenceKind::Probability {
+            assert!(want.iter().all(|c| c.1 == 0.0));
+        } else {
+            assert_eq!(want, unexcluded);
+            assert!(want.iter().zip(&unsuppressed).all(|(a, b)| a.1 != b.1));
+        }
+        for parts in [1, 4] {
+            let chunks = chunk_ranges(n, parts);
+            let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+            assert_kind_choices(
+                &format!("exclude 10, 30, suppress 20 {}", path(&chunks)),
+                kind,
+                false,
+                &got,
+                &want,
+            );
+        }
+    }
+}
+
+/// A Dream-sized vocabulary (152064 ids) in 5 chunks, with noise: the tolerances hold at
+/// full size.
+#[test]
+fn confidence_kinds_full_vocabulary() {
+    let ctx = ctx();
+    let (rows, n) = (4, 152_064);
+    let logits = random_vec(98, rows * n, 5.0);
+    let pos = positions(rows);
+    let chunks = chunk_ranges(n, 5);
+    for kind in KINDS {
+        let params = SelectParams {
+            temperature: 1.0,
+            seed: 8,
+            step: 1,
+            confidence: kind,
+            ..SelectParams::default()
+        };
+        let got = run_gpu(&ctx, &logits, None, rows, n, &pos, &chunks, &params);
+        let want = oracle_rows(&logits, None, n, &pos, &params);
+        assert_kind_choices(
+            &format!("n={n} T=1 {}", path(&chunks)),
+            kind,
+            false,
+            &got,
+            &want,
+        );
+    }
+}
+
 fn expect_shape_error(result: unmask_gpu::Result<()>, what: &str) {
     match result {
         Err(GpuError::Shape { .. }) => eprintln!("[check] {what}: rejected"),
@@ -459,7 +710,7 @@ fn rejects_bad_arguments() {
         "state aliasing positions",
     );
     expect_shape_error(
-        sel::select_finalize(&mut step, &state, &state, 4),
+        sel::select_finalize(&mut step, &state, &state, 4, p.confidence),
         "out aliasing state",
     );
     assert_eq!(

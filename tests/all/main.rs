@@ -7,6 +7,7 @@ mod common;
 mod bicache;
 mod cache_modes;
 mod checkpoint_errors;
+mod dream;
 mod generate_goldens;
 mod kernels_attention;
 mod kernels_elementwise;

@@ -9,7 +9,7 @@ use common::fixture_dir;
 use common::{assert_close, ctx, relative_error};
 use serde_json::Value;
 use unmask_gpu::WeightFormat;
-use unmask_gpu::model::LladaModel;
+use unmask_gpu::model::Model;
 
 fn goldens() -> Value {
     let text =
@@ -32,8 +32,8 @@ fn flat(v: &Value) -> Vec<f32> {
 
 fn check(format: WeightFormat, tol: f64) {
     let ctx = ctx();
-    let model = LladaModel::load(ctx.clone(), &fixture_dir(), format, &mut |_| {})
-        .expect("tiny model loads");
+    let model =
+        Model::load(ctx.clone(), &fixture_dir(), format, &mut |_| {}).expect("tiny model loads");
     let g = goldens();
     for case in g["cases"].as_array().unwrap() {
         let ids: Vec<u32> = case["ids"]
@@ -99,8 +99,8 @@ fn logits_match_reference_with_f16_weights() {
 #[test]
 fn logits_match_reference_with_chunked_vocabulary() {
     let ctx = common::ctx_with_binding_limit(32 * 1024);
-    let model = LladaModel::load(ctx, &fixture_dir(), WeightFormat::F32, &mut |_| {})
-        .expect("tiny model loads");
+    let model =
+        Model::load(ctx, &fixture_dir(), WeightFormat::F32, &mut |_| {}).expect("tiny model loads");
     assert!(
         model.weights.lm_head.chunks.len() > 1,
         "LM head should be chunked"

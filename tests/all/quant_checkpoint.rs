@@ -11,11 +11,11 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use common::{ctx, ctx_with_binding_limit, fixture_dir};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::quant::{self, QuantFormat};
 use unmask_core::safetensors_writer::{Dtype, SafetensorsWriter, TensorDecl};
 use unmask_gpu::model::checkpoint::{META_BLOCK, META_EMBED, META_LAYERS, META_ROW_ALIGN};
-use unmask_gpu::model::{Checkpoint, LladaWeights, WeightFormats, write_quantized};
+use unmask_gpu::model::{Checkpoint, ModelWeights, WeightFormats, write_quantized};
 use unmask_gpu::{GpuContext, Weight, WeightFormat};
 
 /// A fresh folder under the test target's scratch space.
@@ -26,8 +26,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn config() -> LladaConfig {
-    LladaConfig::from_file(fixture_dir().join("config.json")).unwrap()
+fn config() -> ModelConfig {
+    ModelConfig::from_file(fixture_dir().join("config.json")).unwrap()
 }
 
 /// Writes a quantized copy of the fixture into `dir` (checkpoint and config).
@@ -47,13 +47,13 @@ fn save(dir: &Path, layers: Option<QuantFormat>, embed: Option<QuantFormat>) -> 
     bytes
 }
 
-fn load(ctx: &GpuContext, dir: &Path, formats: WeightFormats) -> LladaWeights {
+fn load(ctx: &GpuContext, dir: &Path, formats: WeightFormats) -> ModelWeights {
     let ckpt = Checkpoint::open(dir).unwrap();
-    LladaWeights::load(ctx, &config(), &ckpt, formats, &mut |_| {}).unwrap()
+    ModelWeights::load(ctx, &config(), &ckpt, formats, &mut |_| {}).unwrap()
 }
 
 /// Every matrix of the model, named.
-fn matrices(w: &LladaWeights) -> Vec<(String, &Weight)> {
+fn matrices(w: &ModelWeights) -> Vec<(String, &Weight)> {
     let mut out = vec![("embedding".to_string(), &w.embedding)];
     for (i, l) in w.layers.iter().enumerate() {
         out.push((format!("{i}.qkv"), &l.qkv));
@@ -73,7 +73,7 @@ fn chunk_bytes(ctx: &GpuContext, w: &Weight) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn assert_same_gpu_bytes(ctx: &GpuContext, a: &LladaWeights, b: &LladaWeights) -> u64 {
+fn assert_same_gpu_bytes(ctx: &GpuContext, a: &ModelWeights, b: &ModelWeights) -> u64 {
     let mut compared = 0;
     for ((name, wa), (_, wb)) in matrices(a).into_iter().zip(matrices(b)) {
         assert_eq!(wa.format, wb.format, "{name}: format");

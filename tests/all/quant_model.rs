@@ -10,10 +10,10 @@ use std::path::Path;
 
 use common::{assert_close, ctx, ctx_with_binding_limit, fixture_dir};
 use unmask::{Engine, EngineOptions, GenerationParams, Request};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::quant::{self, QuantFormat};
 use unmask_core::safetensors_writer::{Dtype, SafetensorsWriter, TensorDecl};
-use unmask_gpu::model::{Checkpoint, LladaWeights, WeightFormats, weight_bytes};
+use unmask_gpu::model::{Checkpoint, ModelWeights, WeightFormats, weight_bytes};
 use unmask_gpu::{GpuContext, WeightFormat};
 
 fn engine(format: WeightFormat) -> Engine {
@@ -30,7 +30,7 @@ fn prompt() -> Vec<u32> {
 
 /// Writes a float32 copy of the fixture whose matrices are the `format`-dequantized ones.
 fn write_dequantized(dir: &Path, format: QuantFormat) {
-    let cfg = LladaConfig::from_file(fixture_dir().join("config.json")).unwrap();
+    let cfg = ModelConfig::from_file(fixture_dir().join("config.json")).unwrap();
     let ckpt = Checkpoint::open(&fixture_dir()).unwrap();
     let specs = cfg.tensor_specs();
     let decls = specs
@@ -179,11 +179,11 @@ fn q8_model_generates() {
 
 /// Live storage bytes the weights add on a fresh context, against `weight_bytes`.
 fn check_memory(ctx: &GpuContext, formats: WeightFormats) {
-    let cfg = LladaConfig::from_file(fixture_dir().join("config.json")).unwrap();
+    let cfg = ModelConfig::from_file(fixture_dir().join("config.json")).unwrap();
     let ckpt = Checkpoint::open(&fixture_dir()).unwrap();
     let predicted = weight_bytes(&cfg, formats, ctx.features.max_binding_bytes).unwrap();
     let before = ctx.memory.live_bytes();
-    let weights = LladaWeights::load(ctx, &cfg, &ckpt, formats, &mut |_| {}).unwrap();
+    let weights = ModelWeights::load(ctx, &cfg, &ckpt, formats, &mut |_| {}).unwrap();
     let allocated = ctx.memory.live_bytes() - before;
     eprintln!(
         "[check] tiny model {} / {} (binding limit {} B, LM head in {} chunks): {allocated} bytes allocated, {predicted} predicted",

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use unmask::{Engine, EngineOptions, WeightFormat};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::synth::{
     INIT_STD, SynthConfig, SynthError, SynthOptions, SynthSummary, WeightDtype, write_checkpoint,
 };
@@ -39,7 +39,7 @@ impl Drop for TempDir {
 
 /// LLaDA-8B's config.json at test size, written as a file (the `--config FILE` path).
 fn scaled_config(dir: &TempDir) -> SynthConfig {
-    let files = LladaConfig::preset_files("llada-8b").unwrap();
+    let files = ModelConfig::preset_files("llada-8b").unwrap();
     let mut value: Value = serde_json::from_str(&files.config_json).unwrap();
     for (key, v) in [
         ("d_model", 96),
@@ -63,7 +63,7 @@ fn scaled_config(dir: &TempDir) -> SynthConfig {
 }
 
 /// The parameter count from the architecture, written out independently of tensor_specs.
-fn formula_params(c: &LladaConfig) -> u64 {
+fn formula_params(c: &ModelConfig) -> u64 {
     let (d, h, e) = (
         c.d_model as u64,
         c.mlp_hidden_size as u64,
@@ -278,5 +278,50 @@ fn output_folder_checks() {
 
     // Unknown presets list the valid ones.
     let err = SynthConfig::resolve("llada-70b").unwrap_err().to_string();
-    assert!(err.contains("llada-8b, tiny"), "{err}");
+    assert!(
+        err.contains("llada-8b, tiny, dream-7b, tiny-dream"),
+        "{err}"
+    );
+}
+
+/// The Dream preset at test size: Qwen2 names, q/k/v biases (random, so their path is
+/// exercised), untied head; the engine loads it without a tokenizer, runs the forward and
+/// generates with Dream's schedule; `with_layers` writes Qwen2's layer key.
+#[test]
+fn dream_preset_synthesizes_loads_and_generates() {
+    let tmp = TempDir::new("dream");
+    let config = SynthConfig::preset("tiny-dream")
+        .unwrap()
+        .with_layers(3)
+        .unwrap();
+    let c = &config.config;
+    assert_eq!(c.family, unmask::ModelFamily::Dream);
+    assert_eq!(c.n_layers, 3);
+    assert!(config.config_json.contains("\"num_hidden_layers\": 3"));
+    let out = tmp.path().join("model");
+    let summary = synth(&config, &out, 3, 60_000);
+    let biases = 3 * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim();
+    assert_eq!(summary.params, formula_params(c) + biases as u64);
+    let ckpt = Checkpoint::open(&out).expect("checkpoint opens");
+    let bias = ckpt
+        .tensor("model.layers.2.self_attn.k_proj.bias", &[32])
+        .unwrap();
+    let mut values = vec![0f32; 32];
+    bias.read_f32(0, &mut values);
+    assert!(values.iter().any(|&v| v != 0.0), "random biases");
+    let options = EngineOptions {
+        weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_on(common::ctx(), &out, &options, &mut |_| {}).expect("loads");
+    let logits = engine
+        .model()
+        .logits(&[1, 5, 304, 304, 42])
+        .expect("forward");
+    assert!(logits.iter().all(|v| v.is_finite()));
+    let out = engine
+        .generate(&unmask::Request::ids(vec![1, 5, 42]).with_params(common::params(8, 4, 8)))
+        .expect("generates");
+    assert_eq!(out.ids.len(), 8);
+    assert!(!out.ids.contains(&304));
 }

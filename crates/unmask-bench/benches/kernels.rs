@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 use unmask_bench::{self as bench, KernelBenchOptions, KernelCase, Repeats};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -48,8 +48,10 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
 }
 
 /// LLaDA-8B's shapes, with K and N divided by `div`.
-fn llada_8b_shapes(div: usize, heads: usize) -> LladaConfig {
-    LladaConfig {
+fn llada_8b_shapes(div: usize, heads: usize) -> ModelConfig {
+    ModelConfig {
+        family: unmask_core::config::ModelFamily::Llada,
+        qkv_bias: false,
         d_model: 4096 / div,
         n_heads: heads,
         n_kv_heads: heads,

@@ -2,7 +2,7 @@
 //! adapter's datasheet peaks for the "share of peak" figures.
 
 use serde_json::{Map, Value, json};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_gpu::GpuContext;
 
 /// Peak arithmetic and memory throughput of an adapter, for the "share of peak" figures.
@@ -66,7 +66,7 @@ pub fn commit() -> String {
 }
 
 /// The environment every record carries.
-pub fn envelope(ctx: &GpuContext, model_name: &str, cfg: &LladaConfig, weights: &str) -> Value {
+pub fn envelope(ctx: &GpuContext, model_name: &str, cfg: &ModelConfig, weights: &str) -> Value {
     json!({
         "unmask": env!("CARGO_PKG_VERSION"),
         "commit": commit(),

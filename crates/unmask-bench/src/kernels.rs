@@ -2,7 +2,7 @@
 //! and kernel variant, and attention over one or two KV segments (the BiCache layout).
 
 use serde_json::{Value, json};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
 use unmask_gpu::ops::elementwise as ew;
 use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
@@ -68,7 +68,7 @@ impl KernelCase {
 /// The matmuls of one layer and the LM head, for each row count in `rows` (the rows a step
 /// computes: a block under a dual cache, the whole sequence without a cache), and the
 /// attention of those rows over `kv_lens` keys.
-pub fn model_kernel_cases(cfg: &LladaConfig, rows: &[usize], kv_lens: &[usize]) -> Vec<KernelCase> {
+pub fn model_kernel_cases(cfg: &ModelConfig, rows: &[usize], kv_lens: &[usize]) -> Vec<KernelCase> {
     let d = cfg.d_model;
     let hd = d / cfg.n_heads;
     let kv = cfg.n_kv_heads * hd;
@@ -425,8 +425,10 @@ mod tests {
         layers: usize,
         mlp: usize,
         vocab: usize,
-    ) -> LladaConfig {
-        LladaConfig {
+    ) -> ModelConfig {
+        ModelConfig {
+            family: unmask_core::config::ModelFamily::Llada,
+            qkv_bias: false,
             d_model: d,
             n_heads: heads,
             n_kv_heads: kv,
@@ -447,7 +449,7 @@ mod tests {
 
     #[test]
     fn llada_8b_cases_fit_the_host_bound() {
-        let cfg = LladaConfig::preset("llada-8b").unwrap();
+        let cfg = ModelConfig::preset("llada-8b").unwrap();
         let cases = model_kernel_cases(&cfg, &[1, 64, 512], &[512, 4096]);
         let largest = cases.iter().map(KernelCase::host_bytes).max().unwrap();
         assert!(

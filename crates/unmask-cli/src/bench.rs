@@ -12,7 +12,7 @@ use unmask::{CacheMode, EngineOptions, GenerationParams};
 use unmask_bench::{
     self as bench, Decoding, KernelBenchOptions, Peak, Repeats, RequestBenchOptions, Workload,
 };
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
 use crate::error::CliError;
@@ -151,24 +151,24 @@ fn formats(text: &str) -> Result<Vec<WeightFormat>, String> {
 fn shapes_config(
     config: Option<&str>,
     model: Option<&Path>,
-) -> Result<(String, LladaConfig), CliError> {
+) -> Result<(String, ModelConfig), CliError> {
     if let Some(dir) = model {
-        let cfg = LladaConfig::from_file(dir)
+        let cfg = ModelConfig::from_file(dir)
             .map_err(|e| CliError::context(format!("cannot read {}", dir.display()), e))?;
         return Ok((model_name(dir), cfg));
     }
     let name = config.unwrap_or("tiny");
     let path = PathBuf::from(name);
     if path.exists() {
-        let cfg = LladaConfig::from_file(&path)
+        let cfg = ModelConfig::from_file(&path)
             .map_err(|e| CliError::context(format!("cannot read {}", path.display()), e))?;
         return Ok((model_name(&path), cfg));
     }
-    let cfg = LladaConfig::preset(name).ok_or_else(|| {
+    let cfg = ModelConfig::preset(name).ok_or_else(|| {
         CliError::usage(format!(
             "invalid value for --config: expected a preset ({}) or an existing config.json, \
              found `{name}`",
-            LladaConfig::PRESETS.join(", ")
+            ModelConfig::PRESETS.join(", ")
         ))
     })?;
     Ok((name.to_string(), cfg))

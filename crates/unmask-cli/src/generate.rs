@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use clap::{ArgGroup, Args};
 use serde_json::{Value, json};
 use unmask::{
-    BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Remasking, Request,
+    BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Request, Schedule,
 };
 use unmask_core::chat::Message;
 
@@ -236,10 +236,13 @@ pub fn params_json(p: &GenerationParams) -> Value {
         "steps": p.steps,
         "block_length": p.block_length,
         "temperature": short_f32(p.temperature),
-        "remasking": match p.remasking {
-            Remasking::LowConfidence => "low_confidence",
-            Remasking::Random => "random",
+        "remasking": p.remasking.name(),
+        "schedule": match p.schedule {
+            Schedule::Auto => json!("auto"),
+            Schedule::Llada => json!("llada"),
+            Schedule::Dream { eps } => json!({"dream": {"eps": eps}}),
         },
+        "alg_temp": short_f32(p.alg_temp),
         "cfg_scale": short_f32(p.cfg_scale),
         "threshold": p.threshold.map(short_f32),
         "seed": p.seed,

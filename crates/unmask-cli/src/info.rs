@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use unmask::{Engine, EngineError};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::{ModelConfig, ModelFamily};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::{ContextOptions, GpuContext};
@@ -120,7 +120,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
 /// A model folder as its files describe it, without uploading anything.
 struct ModelFiles<'a> {
     dir: &'a Path,
-    config: LladaConfig,
+    config: ModelConfig,
     params: u64,
     /// Safetensors files holding the model's tensors.
     files: usize,
@@ -140,7 +140,7 @@ impl<'a> ModelFiles<'a> {
     fn read(dir: &'a Path) -> Result<Self, CliError> {
         let model_error = |e: ModelError| CliError::from(EngineError::from(e));
         let config =
-            LladaConfig::from_file(dir.join("config.json")).map_err(|e| model_error(e.into()))?;
+            ModelConfig::from_file(dir.join("config.json")).map_err(|e| model_error(e.into()))?;
         let checkpoint = Checkpoint::open(dir).map_err(|e| model_error(e.into()))?;
         let specs = config.tensor_specs();
         let mut paths = BTreeSet::new();
@@ -186,8 +186,16 @@ impl<'a> ModelFiles<'a> {
             0 => String::new(),
             n => format!(", {n} unused tensors"),
         };
+        let family = match c.family {
+            ModelFamily::Llada => "LLaDA (model.transformer.* tensors, no biases)",
+            ModelFamily::Dream => {
+                "Dream (Qwen2 tensors, q/k/v biases, logits shifted by one position, \
+                 Dream's timestep schedule, ChatML)"
+            }
+        };
         vec![
             format!("model: {}", self.dir.display()),
+            format!("  family: {family}"),
             format!(
                 "  config: d_model {}, {} layers, {} heads ({} key/value heads, head_dim {}), \
                  mlp hidden {}, vocab {} (embedding {}), max sequence {}, rope theta {}, tied embeddings {}",

@@ -5,7 +5,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Remasking};
+use unmask::{
+    CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Remasking, Schedule,
+};
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::WeightFormat;
@@ -268,9 +270,22 @@ pub struct SamplingArgs {
     /// 0 is greedy (default 0)
     #[arg(long, value_name = "T", value_parser = values::non_negative, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
-    /// low_confidence (default) or random
-    #[arg(long, value_name = "R", value_parser = values::choice(["low_confidence", "random"], remasking))]
+    /// which predictions a step keeps: low_confidence (default), random, topk_margin or
+    /// entropy; Dream's alg names maskgit_plus (= low_confidence) and origin (= random) too
+    #[arg(long, alias = "alg", value_name = "R", value_parser = values::choice(Remasking::NAMES, Remasking::parse))]
     pub remasking: Option<Remasking>,
+    /// how many positions a step unmasks: llada (blocks split evenly over their steps) or
+    /// dream (the timestep schedule; Fast-dLLM's block port with several blocks). Default:
+    /// the model family's
+    #[arg(long, value_name = "S", value_parser = values::choice(["llada", "dream"], |s: &str| Some(s.to_string())))]
+    pub schedule: Option<String>,
+    /// the last timestep of Dream's schedule, in (0, 1) (default 1e-3; implies --schedule dream)
+    #[arg(long, value_name = "E", value_parser = values::fraction::<f64>, allow_negative_numbers = true)]
+    pub eps: Option<f64>,
+    /// draw a step's positions by softmax(confidence / T) instead of highest first
+    /// (Dream's alg_temp; default 0: off)
+    #[arg(long, value_name = "T", value_parser = values::non_negative, allow_negative_numbers = true)]
+    pub alg_temp: Option<f32>,
     /// classifier-free guidance weight (default 0: off)
     #[arg(long, value_name = "W", value_parser = values::non_negative, allow_negative_numbers = true)]
     pub cfg_scale: Option<f32>,
@@ -292,14 +307,6 @@ pub struct SamplingArgs {
     /// commit different positions under the two
     #[arg(long, value_name = "P")]
     pub confidence_precision: Option<ConfidencePrecision>,
-}
-
-fn remasking(name: &str) -> Option<Remasking> {
-    match name {
-        "low_confidence" => Some(Remasking::LowConfidence),
-        "random" => Some(Remasking::Random),
-        _ => None,
-    }
 }
 
 /// Defaults of the generation flags that differ between commands.
@@ -347,6 +354,19 @@ impl SamplingArgs {
                 Some(p) => p == ConfidencePrecision::Bf16,
                 None => GenerationParams::default().round_confidence_bf16,
             },
+            schedule: match (self.schedule.as_deref(), self.eps) {
+                (Some("llada"), Some(_)) => {
+                    return Err(CliError::usage(
+                        "--eps belongs to --schedule dream, not --schedule llada",
+                    ));
+                }
+                (Some("llada"), None) => Schedule::Llada,
+                (Some(_), eps) | (None, eps @ Some(_)) => Schedule::Dream {
+                    eps: eps.unwrap_or(1e-3),
+                },
+                (None, None) => Schedule::Auto,
+            },
+            alg_temp: self.alg_temp.unwrap_or(0.0),
         };
         params
             .validate(1, usize::MAX)

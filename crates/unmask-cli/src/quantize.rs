@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::quant::QuantFormat;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats, weight_bytes, write_quantized};
@@ -56,7 +56,7 @@ pub fn run(args: &QuantizeArgs) -> Result<(), CliError> {
     let dir = args.model.dir()?;
     check_out_dir(&dir, out_dir)?;
 
-    let cfg = LladaConfig::from_file(dir.join("config.json")).map_err(ModelError::from)?;
+    let cfg = ModelConfig::from_file(dir.join("config.json")).map_err(ModelError::from)?;
     let ckpt = Checkpoint::open(&dir).map_err(ModelError::from)?;
     std::fs::create_dir_all(out_dir)
         .map_err(|e| CliError::context(format!("cannot create {}", out_dir.display()), e))?;
@@ -162,7 +162,7 @@ fn gb(bytes: u64) -> String {
 
 /// One line for `unmask info`: the bytes `cfg`'s weights take on the GPU in each format
 /// (`unmask_gpu::model::weight_bytes`, chunked for bindings of `max_binding_bytes`).
-pub fn gpu_weight_sizes(cfg: &LladaConfig, max_binding_bytes: u64) -> Result<String, CliError> {
+pub fn gpu_weight_sizes(cfg: &ModelConfig, max_binding_bytes: u64) -> Result<String, CliError> {
     let mut parts = Vec::new();
     for format in [
         WeightFormat::F32,

@@ -29,6 +29,9 @@ pub enum DepthTableError {
 /// The table shipped for LLaDA-8B-Instruct (τ = 0.97, 500 samples per ratio).
 pub const LLADA_8B_INSTRUCT: &str = include_str!("../../../policies/llada-8b-instruct.json");
 
+/// The table shipped for Dream-v0-Instruct-7B (τ = 0.97, 500 samples per ratio).
+pub const DREAM_V0_INSTRUCT_7B: &str = include_str!("../../../policies/dream-v0-instruct-7b.json");
+
 /// r = round(100 * P / (P + U + G)): the prefix's share of the whole request, canvas included.
 pub fn prefix_ratio(prefix: usize, rest: usize, gen_length: usize) -> u32 {
     let total = prefix + rest + gen_length;
@@ -101,6 +104,17 @@ mod tests {
         assert_eq!(t.depth(85), 16);
         assert_eq!(t.depth(99), 32);
         assert_eq!(t.depth(100), 32);
+    }
+
+    #[test]
+    fn shipped_dream_table_gives_the_profiled_depths() {
+        let t = DepthTable::from_json(DREAM_V0_INSTRUCT_7B, "dream-v0-instruct-7b.json").unwrap();
+        assert_eq!(t.n_layers, 28);
+        assert_eq!(t.depth(5), 1);
+        assert_eq!(t.depth(9), 2);
+        assert_eq!(t.depth(50), 7);
+        assert_eq!(t.depth(90), 14);
+        assert_eq!(t.depth(96), 28);
     }
 
     #[test]

@@ -145,4 +145,18 @@ pub enum SamplerError {
     ConfidenceCount { tokens: usize, confidences: usize },
     #[error("commit: generation is already finished")]
     Finished,
+    #[error("eps: expected a value in (0, 1) for Dream's timestep schedule, found {eps}")]
+    BadEps { eps: f64 },
+    #[error("alg_temp: expected a finite value >= 0, found {alg_temp}")]
+    BadAlgTemp { alg_temp: f32 },
+    #[error(
+        "steps: Dream's block schedule needs at least 2 steps per block (the first commits \
+         the block's first position), found {steps} for {num_blocks} blocks"
+    )]
+    TooFewDreamSteps { steps: usize, num_blocks: usize },
+    #[error(
+        "remasking: threshold decoding ranks by the token's probability (low_confidence / \
+         maskgit_plus), found {remasking}"
+    )]
+    ThresholdNeedsProbability { remasking: &'static str },
 }

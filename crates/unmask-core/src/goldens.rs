@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::sampler::{GenerationParams, Remasking};
+use crate::sampler::{GenerationParams, Remasking, Schedule};
 
 /// The cases of a goldens file, from its text.
 pub fn cases(text: &str) -> Vec<Value> {
@@ -13,18 +13,34 @@ pub fn cases(text: &str) -> Vec<Value> {
     v["cases"].as_array().expect("goldens have cases").clone()
 }
 
-/// A case's generation parameters.
+/// A case's generation parameters: LLaDA's (`remasking`) or Dream's (`alg`).
 pub fn params(case: &Value) -> GenerationParams {
     let p = &case["params"];
+    if let Some(alg) = p["alg"].as_str() {
+        return GenerationParams {
+            gen_length: p["gen_length"].as_u64().unwrap() as usize,
+            steps: p["steps"].as_u64().unwrap() as usize,
+            block_length: p["block_length"].as_u64().unwrap() as usize,
+            temperature: p["temperature"].as_f64().unwrap() as f32,
+            remasking: Remasking::parse(alg).unwrap_or_else(|| panic!("unknown alg {alg}")),
+            threshold: p["threshold"].as_f64().map(|t| t as f32),
+            seed: p["seed"].as_u64().unwrap(),
+            round_confidence_bf16: false,
+            schedule: Schedule::Dream {
+                eps: p["eps"].as_f64().unwrap(),
+            },
+            alg_temp: p["alg_temp"].as_f64().unwrap_or(0.0) as f32,
+            ..GenerationParams::default()
+        };
+    }
     GenerationParams {
         gen_length: p["gen_length"].as_u64().unwrap() as usize,
         steps: p["steps"].as_u64().unwrap() as usize,
         block_length: p["block_length"].as_u64().unwrap() as usize,
         temperature: p["temperature"].as_f64().unwrap() as f32,
-        remasking: match p["remasking"].as_str().unwrap() {
-            "low_confidence" => Remasking::LowConfidence,
-            "random" => Remasking::Random,
-            other => panic!("unknown remasking {other}"),
+        remasking: {
+            let name = p["remasking"].as_str().unwrap();
+            Remasking::parse(name).unwrap_or_else(|| panic!("unknown remasking {name}"))
         },
         cfg_scale: p["cfg_scale"].as_f64().unwrap() as f32,
         threshold: p["threshold"].as_f64().map(|t| t as f32),
@@ -33,6 +49,7 @@ pub fn params(case: &Value) -> GenerationParams {
         seed: p["seed"].as_u64().unwrap(),
         // The numpy reference ranks unrounded confidences; ours stay unrounded to compare.
         round_confidence_bf16: false,
+        ..GenerationParams::default()
     }
 }
 

@@ -2,7 +2,13 @@
 //! over the canvas. Each step the GPU predicts a (token, confidence) pair for the rows this
 //! sampler asks for; the sampler decides which predictions to commit. Committed tokens are
 //! final; the rest stay masked and are predicted again at the next step.
+//!
+//! Two schedules decide how many positions a step unmasks: LLaDA's (each block's masks
+//! split evenly over its steps) and Dream's timestep schedule (`dream`).
 
+mod dream;
+
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use half::bf16;
@@ -13,11 +19,74 @@ use crate::rng::SplitMix64;
 /// Which predictions a step keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Remasking {
-    /// Keep the most probable predictions.
+    /// Keep the most probable predictions (Dream's `maskgit_plus`).
     #[default]
     LowConfidence,
-    /// Keep predictions at uniformly random positions.
+    /// Keep predictions at random positions: a uniform subset of the step's quota under
+    /// LLaDA's schedule; each position with probability 1 - s/t under Dream's (`origin`).
     Random,
+    /// Keep the predictions whose top-1 probability most exceeds their top-2 (Dream's
+    /// `topk_margin`).
+    Margin,
+    /// Keep the predictions of lowest entropy (Dream's `entropy`: Σ p log p, highest first).
+    Entropy,
+}
+
+impl Remasking {
+    /// Every accepted spelling: LLaDA's names and Dream's `alg` names.
+    pub const NAMES: [&str; 7] = [
+        "low_confidence",
+        "random",
+        "maskgit_plus",
+        "origin",
+        "topk_margin",
+        "margin",
+        "entropy",
+    ];
+
+    /// LLaDA's `remasking` names and Dream's `alg` names.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "low_confidence" | "maskgit_plus" => Some(Self::LowConfidence),
+            "random" | "origin" => Some(Self::Random),
+            "topk_margin" | "margin" => Some(Self::Margin),
+            "entropy" => Some(Self::Entropy),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LowConfidence => "low_confidence",
+            Self::Random => "random",
+            Self::Margin => "topk_margin",
+            Self::Entropy => "entropy",
+        }
+    }
+}
+
+/// How many positions each step unmasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Schedule {
+    /// The model family's own: the engine picks `Dream` for Dream-family models and
+    /// `Llada` otherwise; a sampler made without a model runs `Llada`.
+    #[default]
+    Auto,
+    /// LLaDA's `generate`: each block's masks split evenly over its steps, the first
+    /// `n % steps` steps taking one more.
+    Llada,
+    /// Dream's timestep schedule `linspace(1, eps, steps + 1)`: step i unmasks
+    /// `int(#masked · (1 - t[i+1]/t[i]))` positions, all that remain at the last step.
+    /// With one block and no threshold this is Dream's `diffusion_generate` (every masked
+    /// position competes); with several blocks, or a threshold, it is Fast-dLLM's Dream
+    /// port: a block's first step commits its first position from that step's prediction,
+    /// the rest of the block follows the schedule (restarted per block) or the threshold.
+    Dream { eps: f64 },
+}
+
+impl Schedule {
+    /// Dream's default: `eps = 1e-3`.
+    pub const DREAM: Schedule = Schedule::Dream { eps: 1e-3 };
 }
 
 /// The parameters of the reference `generate`, plus Fast-dLLM's threshold decoding.
@@ -45,6 +114,10 @@ pub struct GenerationParams {
     /// Round confidences to bf16 before ranking, as the reference's bf16 softmax does; the
     /// ties this creates go to the lowest position.
     pub round_confidence_bf16: bool,
+    pub schedule: Schedule,
+    /// Dream's `alg_temp`: above 0, a step's positions are drawn without replacement with
+    /// weights `softmax(confidence / alg_temp)` instead of taken highest first.
+    pub alg_temp: f32,
 }
 
 impl Default for GenerationParams {
@@ -61,6 +134,8 @@ impl Default for GenerationParams {
             confidence_eos_eot_inf: false,
             seed: 0,
             round_confidence_bf16: true,
+            schedule: Schedule::Auto,
+            alg_temp: 0.0,
         }
     }
 }
@@ -85,6 +160,32 @@ impl GenerationParams {
             });
         }
         let num_blocks = self.gen_length / self.block_length;
+        if let Schedule::Dream { eps } = self.schedule {
+            if !(eps > 0.0 && eps < 1.0) {
+                return Err(SamplerError::BadEps { eps });
+            }
+            if self.threshold.is_some() && self.remasking != Remasking::LowConfidence {
+                return Err(SamplerError::ThresholdNeedsProbability {
+                    remasking: self.remasking.name(),
+                });
+            }
+            let blockwise = num_blocks > 1;
+            if self.threshold.is_none()
+                && blockwise
+                && self.steps.is_multiple_of(num_blocks)
+                && self.steps / num_blocks < 2
+            {
+                return Err(SamplerError::TooFewDreamSteps {
+                    steps: self.steps,
+                    num_blocks,
+                });
+            }
+        }
+        if !(self.alg_temp.is_finite() && self.alg_temp >= 0.0) {
+            return Err(SamplerError::BadAlgTemp {
+                alg_temp: self.alg_temp,
+            });
+        }
         match self.threshold {
             Some(threshold) => {
                 if !(threshold > 0.0 && threshold <= 1.0) {
@@ -139,6 +240,25 @@ pub struct StepRecord {
     pub committed: Vec<(u32, u32)>,
 }
 
+/// Which confidence of its prediction a row reports (the value positions are ranked by).
+/// All are computed on the CFG-combined, untempered logits after `suppress_token`; the
+/// chosen token is the same for every kind.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConfidenceKind {
+    /// The softmax probability of the chosen token (LLaDA `low_confidence`; Dream
+    /// `maskgit_plus`), with `SelectParams::conf_exclude` left out of the softmax.
+    #[default]
+    Probability,
+    /// Top-1 minus top-2 softmax probability of the row (Dream `topk_margin`): 0 when the
+    /// two largest logits tie, 1/Z with one column.
+    Margin,
+    /// Negative entropy `sum p log p` of the row's softmax (Dream `entropy`), at most 0.
+    /// Dream adds 1e-10 inside the log; this does not (the sum changes by less than
+    /// `vocab * 1e-10`, under 2e-5 at 152k ids).
+    NegEntropy,
+}
+
 /// How one row's token and confidence are chosen (LLaDA `generate`, one denoising step):
 /// what the GPU's selection kernel is given, and the CPU oracle reproduces.
 #[repr(C)]
@@ -155,8 +275,11 @@ pub struct SelectParams {
     /// `logits_eos_inf`: this id's logit is -inf before anything else.
     pub suppress_token: Option<u32>,
     /// Ids left out of the confidence softmax after the token was chosen
-    /// (`confidence_eos_eot_inf`); a chosen excluded id has confidence 0.
+    /// (`confidence_eos_eot_inf`); a chosen excluded id has confidence 0. Only
+    /// `ConfidenceKind::Probability` uses them; the other kinds see the whole row.
     pub conf_exclude: [Option<u32>; 2],
+    /// Which confidence the row reports.
+    pub confidence: ConfidenceKind,
 }
 
 impl Default for SelectParams {
@@ -168,6 +291,7 @@ impl Default for SelectParams {
             step: 0,
             suppress_token: None,
             conf_exclude: [None; 2],
+            confidence: ConfidenceKind::Probability,
         }
     }
 }
@@ -191,6 +315,8 @@ pub struct Sampler {
     step_in_block: usize,
     global_step: usize,
     rng: SplitMix64,
+    /// Uniform numbers to use before `rng`'s, in order (`with_draws`).
+    draws: VecDeque<f32>,
 }
 
 impl Sampler {
@@ -202,6 +328,10 @@ impl Sampler {
         mask_id: u32,
         max_len: usize,
     ) -> Result<Self, SamplerError> {
+        let mut params = params;
+        if params.schedule == Schedule::Auto {
+            params.schedule = Schedule::Llada;
+        }
         let num_blocks = params.validate(prompt.len(), max_len)?;
         let steps_per_block = match params.threshold {
             Some(_) => None,
@@ -225,10 +355,26 @@ impl Sampler {
             step_in_block: 0,
             global_step: 0,
             rng,
+            draws: VecDeque::new(),
         };
         sampler.enter_block();
         sampler.settle();
         Ok(sampler)
+    }
+
+    /// Uses `draws` as the next uniform numbers in [0, 1) (random remasking and
+    /// `alg_temp` draw them) before the seeded generator's: to replay a reference's draws.
+    pub fn with_draws(mut self, draws: impl IntoIterator<Item = f32>) -> Self {
+        self.draws.extend(draws);
+        self
+    }
+
+    /// The next uniform number in [0, 1).
+    fn draw(&mut self) -> f32 {
+        match self.draws.pop_front() {
+            Some(u) => u,
+            None => uniform_f32(&mut self.rng),
+        }
     }
 
     /// Prompt followed by the canvas (committed tokens and masks).
@@ -281,13 +427,24 @@ impl Sampler {
         self.global_step
     }
 
-    /// Commits this step will make, in quota mode.
+    /// Commits this step will make, in quota mode (under Dream's `origin`, the most it may
+    /// make).
     pub fn quota(&self) -> Option<usize> {
         if self.is_done() {
             return None;
         }
-        self.steps_per_block
-            .map(|_| self.quotas[self.step_in_block])
+        if self.dream_first_step() {
+            return Some(1);
+        }
+        self.steps_per_block.map(|_| self.step_quota())
+    }
+
+    /// Commits of the current step in quota mode.
+    fn step_quota(&self) -> usize {
+        match self.params.schedule {
+            Schedule::Dream { .. } => self.dream_quota(),
+            Schedule::Llada | Schedule::Auto => self.quotas[self.step_in_block],
+        }
     }
 
     pub fn params(&self) -> &GenerationParams {
@@ -317,6 +474,9 @@ impl Sampler {
         if self.is_done() {
             return Vec::new();
         }
+        if let Schedule::Dream { .. } = self.params.schedule {
+            return self.dream_rows();
+        }
         let end = self.block().end;
         (0..end)
             .filter(|&p| self.tokens[p] == self.mask_id)
@@ -339,19 +499,23 @@ impl Sampler {
             });
         }
         let tokens: Vec<u32> = predictions.iter().map(|&(t, _)| t).collect();
+        if let Schedule::Dream { .. } = self.params.schedule
+            && (self.dream_first_step() || self.params.remasking == Remasking::Random)
+        {
+            return Ok(self.dream_commit_unranked(&rows, &tokens));
+        }
         let confidences: Vec<f32> = match self.params.remasking {
-            Remasking::LowConfidence if self.params.round_confidence_bf16 => predictions
+            Remasking::Random => {
+                // One number per position of the whole sequence, as `torch.rand((B, T))`
+                // draws.
+                let uniforms: Vec<f32> = (0..self.tokens.len()).map(|_| self.draw()).collect();
+                rows.iter().map(|&p| uniforms[p as usize]).collect()
+            }
+            _ if self.params.round_confidence_bf16 => predictions
                 .iter()
                 .map(|&(_, c)| bf16::from_f32(c).to_f32())
                 .collect(),
-            Remasking::LowConfidence => predictions.iter().map(|&(_, c)| c).collect(),
-            // One number per position of the whole sequence, as `torch.rand((B, T))` draws.
-            Remasking::Random => {
-                let uniforms: Vec<f32> = (0..self.tokens.len())
-                    .map(|_| uniform_f32(&mut self.rng))
-                    .collect();
-                rows.iter().map(|&p| uniforms[p as usize]).collect()
-            }
+            _ => predictions.iter().map(|&(_, c)| c).collect(),
         };
         Ok(self.apply(&rows, &tokens, &confidences))
     }
@@ -398,20 +562,30 @@ impl Sampler {
                 .total_cmp(&key(confidences[a]))
                 .then(rows[a].cmp(&rows[b]))
         });
-        let take = match self.params.threshold {
-            None => self.quotas[self.step_in_block].min(rows.len()),
+        let chosen: Vec<usize> = match self.params.threshold {
+            None => {
+                let take = self.step_quota().min(rows.len());
+                if self.params.alg_temp > 0.0 {
+                    let weights = tempered_weights(confidences, self.params.alg_temp);
+                    self.draw_without_replacement(&weights, take)
+                } else {
+                    order[..take].to_vec()
+                }
+            }
             Some(threshold) => {
                 let confident = order
                     .iter()
                     .filter(|&&i| key(confidences[i]) >= threshold)
                     .count();
-                confident.max(1).min(rows.len())
+                order[..confident.max(1).min(rows.len())].to_vec()
             }
         };
-        let mut committed: Vec<(u32, u32)> = order[..take]
-            .iter()
-            .map(|&i| (rows[i], tokens[i]))
-            .collect();
+        let committed = chosen.iter().map(|&i| (rows[i], tokens[i])).collect();
+        self.finish_step(committed)
+    }
+
+    /// Writes a step's commits into the canvas and moves to the next step.
+    fn finish_step(&mut self, mut committed: Vec<(u32, u32)>) -> StepRecord {
         committed.sort_unstable();
         for &(position, token) in &committed {
             self.tokens[position as usize] = token;
@@ -427,11 +601,38 @@ impl Sampler {
         record
     }
 
+    /// `n` of the rows with the given weights (any scale, >= 0), drawn one at a time
+    /// without replacement: each draw u picks, among the rows not yet drawn in order, the
+    /// first whose running weight exceeds u times their total (the last one when rounding
+    /// leaves none).
+    fn draw_without_replacement(&mut self, weights: &[f64], n: usize) -> Vec<usize> {
+        let mut left: Vec<usize> = (0..weights.len()).collect();
+        let mut chosen = Vec::with_capacity(n);
+        for _ in 0..n.min(weights.len()) {
+            let total: f64 = left.iter().map(|&i| weights[i]).sum();
+            let target = f64::from(self.draw()) * total;
+            let mut running = 0.0;
+            let mut pick = left.len() - 1;
+            for (k, &i) in left.iter().enumerate() {
+                running += weights[i];
+                if running > target {
+                    pick = k;
+                    break;
+                }
+            }
+            chosen.push(left.remove(pick));
+        }
+        chosen
+    }
+
     /// Schedules the current block: the reference splits the block's masks over its steps,
     /// the first `n % steps` steps taking one more.
     fn enter_block(&mut self) {
         self.step_in_block = 0;
         self.quotas.clear();
+        if let Schedule::Dream { .. } = self.params.schedule {
+            return;
+        }
         if let Some(steps) = self.steps_per_block {
             let range = self.block();
             let n = self.tokens[range]
@@ -451,6 +652,16 @@ impl Sampler {
     /// not done the next step commits at least one token.
     fn settle(&mut self) {
         while !self.is_done() {
+            if let Schedule::Dream { .. } = self.params.schedule {
+                if !self.dream_block_finished() {
+                    return;
+                }
+                self.block += 1;
+                if !self.is_done() {
+                    self.enter_block();
+                }
+                continue;
+            }
             let finished = match self.steps_per_block {
                 Some(_) => {
                     let steps = self.quotas.len();
@@ -475,6 +686,21 @@ impl Sampler {
             }
         }
     }
+}
+
+/// `softmax(confidence / temperature)` in f64: the weights of `alg_temp` sampling (NaN
+/// weighs nothing).
+fn tempered_weights(confidences: &[f32], temperature: f32) -> Vec<f64> {
+    let scaled: Vec<f64> = confidences
+        .iter()
+        .map(|&c| f64::from(c) / f64::from(temperature))
+        .map(|x| if x.is_nan() { f64::NEG_INFINITY } else { x })
+        .collect();
+    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return vec![1.0; scaled.len()];
+    }
+    scaled.iter().map(|&x| (x - max).exp()).collect()
 }
 
 /// Uniform f32 in [0, 1) from the top 24 bits, exactly representable.

@@ -1,7 +1,7 @@
 //! The plan of one denoising step for a batch of N ≥ 1 sequences, whatever the cache mode
 //! (DESIGN.md §2–3): which rows the layers compute, where each row's K/V go in the arena,
 //! which arena rows each sequence attends to, which rows move into the deep layers, and
-//! which rows are sampled. `unmask_gpu` runs any plan (`LladaModel::encode_plan`); the cache
+//! which rows are sampled. `unmask_gpu` runs any plan (`Model::encode_plan`); the cache
 //! modes differ only in the `SeqStep`s they hand it (`cache::plan_step`, `cache::bicache_step`).
 //!
 //! Layers `0..depth` are the shallow pass: every sequence's computed rows, attending to
@@ -114,24 +114,37 @@ pub struct PlanError(pub String);
 
 impl StepPlan {
     /// The plan of a step over `seqs` (their arenas one after the other from `kv_base`)
-    /// that reads no shared prefix: one pass over every layer.
-    pub fn alone(seqs: &[SeqStep], n_layers: usize) -> Result<Self, PlanError> {
-        Self::build(seqs, None, n_layers)
+    /// that reads no shared prefix: one pass over every layer. With `shift_logits` (Dream)
+    /// the prediction for position p is read from the row of position p - 1 when the step
+    /// computes it, else from p's own row, as the reference shifts the logits of the rows
+    /// it computed.
+    pub fn alone(seqs: &[SeqStep], n_layers: usize, shift_logits: bool) -> Result<Self, PlanError> {
+        Self::build(seqs, None, n_layers, shift_logits)
     }
 
     /// The plan of a step over `seqs` whose shallow layers `0..depth` read one shared prefix
     /// entry (each sequence's `prefix_len` is its length); the deep layers get its rows from
     /// the boundary state on refresh.
-    pub fn shared(seqs: &[SeqStep], depth: usize, n_layers: usize) -> Result<Self, PlanError> {
+    pub fn shared(
+        seqs: &[SeqStep],
+        depth: usize,
+        n_layers: usize,
+        shift_logits: bool,
+    ) -> Result<Self, PlanError> {
         if depth > n_layers {
             return Err(PlanError(format!(
                 "depth {depth} past the model's {n_layers} layers"
             )));
         }
-        Self::build(seqs, Some(depth), n_layers)
+        Self::build(seqs, Some(depth), n_layers, shift_logits)
     }
 
-    fn build(seqs: &[SeqStep], depth: Option<usize>, n_layers: usize) -> Result<Self, PlanError> {
+    fn build(
+        seqs: &[SeqStep],
+        depth: Option<usize>,
+        n_layers: usize,
+        shift_logits: bool,
+    ) -> Result<Self, PlanError> {
         let shared_prefix = depth.is_some();
         let depth = depth.unwrap_or(n_layers);
         let deep_pass = depth < n_layers;
@@ -186,11 +199,22 @@ impl StepPlan {
                 plan.shallow.positions.push(pos as u32);
                 plan.shallow.kv_rows.push((s.kv_base + pos - p) as u32);
             }
+            // The position whose row predicts `pos`.
+            let source = |pos: u32| -> usize {
+                let pos = pos as usize;
+                let before = pos.wrapping_sub(1);
+                let computed = s.rows.contains(&before) || (deep_pass && s.refresh && before < p);
+                if shift_logits && pos > 0 && computed {
+                    before
+                } else {
+                    pos
+                }
+            };
             if !deep_pass {
                 plan.sampled.push(
                     s.predict
                         .iter()
-                        .map(|&pos| ((src + pos as usize - s.rows.start) as u32, pos))
+                        .map(|&pos| ((src + source(pos) - s.rows.start) as u32, pos))
                         .collect(),
                 );
                 continue;
@@ -220,10 +244,18 @@ impl StepPlan {
                 plan.deep.positions.push(pos as u32);
                 plan.deep.kv_rows.push((s.kv_base + pos) as u32);
             }
+            // Refreshed prefix rows sit at `first + position`, the sequence's own rows after.
+            let row_of = |position: usize| {
+                if position < s.rows.start {
+                    first + position
+                } else {
+                    own + position - s.rows.start
+                }
+            };
             plan.sampled.push(
                 s.predict
                     .iter()
-                    .map(|&pos| ((own + pos as usize - s.rows.start) as u32, pos))
+                    .map(|&pos| (row_of(source(pos)) as u32, pos))
                     .collect(),
             );
         }
@@ -297,7 +329,7 @@ mod tests {
 
     #[test]
     fn one_sequence_keeps_its_own_rows() {
-        let l = StepPlan::shared(&[seq(6..20, true, 0)], 1, 2).unwrap();
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 1, 2, false).unwrap();
         assert_eq!(l.shallow.positions, (6..20).collect::<Vec<u32>>());
         assert_eq!(l.shallow.kv_rows, (0..14).collect::<Vec<u32>>());
         assert_eq!(l.deep.positions, (0..20).collect::<Vec<u32>>());
@@ -327,7 +359,7 @@ mod tests {
             seq(6..20, true, 20),
             seq(16..20, false, 40),
         ];
-        let l = StepPlan::shared(&seqs, 1, 3).unwrap();
+        let l = StepPlan::shared(&seqs, 1, 3, false).unwrap();
         assert_eq!(l.shallow.len(), 4 + 14 + 4);
         assert_eq!(l.deep.len(), 4 + 20 + 4);
         for (i, s) in seqs.iter().enumerate() {
@@ -371,7 +403,7 @@ mod tests {
             predict: vec![9, 11],
             ..seq(8..12, false, 0)
         };
-        let l = StepPlan::alone(&[s], 4).unwrap();
+        let l = StepPlan::alone(&[s], 4, false).unwrap();
         assert!(!l.shared_prefix && l.deep.is_empty() && l.copies.is_empty());
         assert_eq!(l.output, Output::Shallow);
         assert_eq!(l.shallow.positions, vec![8, 9, 10, 11]);
@@ -386,22 +418,22 @@ mod tests {
             predict: vec![],
             ..seq(0..6, false, 0)
         };
-        let l = StepPlan::alone(&[warm], 4).unwrap();
+        let l = StepPlan::alone(&[warm], 4, false).unwrap();
         assert_eq!(l.shallow.windows[0].kv_len, 6);
     }
 
     #[test]
     fn a_prefix_read_by_every_layer_needs_no_deep_pass() {
         // Depth b = n_layers: every layer reads the entry; nothing is recomputed.
-        let l = StepPlan::shared(&[seq(6..20, true, 0)], 3, 3).unwrap();
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 3, 3, false).unwrap();
         assert!(l.shared_prefix && l.deep.is_empty() && l.copies.is_empty());
         assert_eq!(l.output, Output::Shallow);
         assert_eq!(l.shallow.kv_rows, (0..14).collect::<Vec<u32>>());
         assert_eq!(l.shallow.windows[0].kv_len, 14);
         assert_eq!(l.sampled[0][0], (0, 6));
-        assert!(StepPlan::shared(&[seq(6..20, true, 0)], 4, 3).is_err());
+        assert!(StepPlan::shared(&[seq(6..20, true, 0)], 4, 3, false).is_err());
         // Depth 0: the shallow pass is the embedding alone; every layer is deep.
-        let l = StepPlan::shared(&[seq(6..20, true, 0)], 0, 3).unwrap();
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 0, 3, false).unwrap();
         assert_eq!(l.deep.len(), 20);
         assert_eq!(l.token_layer_passes(), 20 * 3);
     }
@@ -412,14 +444,14 @@ mod tests {
             predict: vec![3],
             ..seq(6..20, false, 0)
         };
-        let e = StepPlan::shared(&[outside], 1, 2).unwrap_err();
+        let e = StepPlan::shared(&[outside], 1, 2, false).unwrap_err();
         assert!(e.0.contains("position 3"), "{e}");
         let into_prefix = seq(2..20, false, 0);
-        assert!(StepPlan::shared(&[into_prefix], 1, 2).is_err());
+        assert!(StepPlan::shared(&[into_prefix], 1, 2, false).is_err());
         let past_end = seq(6..21, false, 0);
-        assert!(StepPlan::alone(&[past_end], 2).is_err());
+        assert!(StepPlan::alone(&[past_end], 2, false).is_err());
         let refresh_alone = seq(6..20, true, 0);
-        assert!(StepPlan::alone(&[refresh_alone], 2).is_err());
+        assert!(StepPlan::alone(&[refresh_alone], 2, false).is_err());
     }
 
     #[test]
@@ -443,5 +475,41 @@ mod tests {
         let parts = split_by_rows(&[7; 20], 30);
         assert!(parts.iter().all(|r| r.len() == 4 || r.end == 20));
         assert_eq!(parts.iter().map(|r| r.len()).sum::<usize>(), 20);
+    }
+
+    /// Shifted logits (Dream): position p is predicted from the row of p - 1 whenever the
+    /// step computes it, also when p - 1 is a refreshed prefix row; otherwise from p's own.
+    #[test]
+    fn shifted_logits_read_the_row_before() {
+        // Alone, computing positions 6..20: 6 has no computed row before it.
+        let l = StepPlan::alone(
+            &[seq(6..20, false, 0)].map(|mut s| {
+                s.prefix_len = 0;
+                s
+            }),
+            2,
+            true,
+        )
+        .unwrap();
+        assert_eq!(l.sampled[0][0], (0, 6));
+        assert_eq!(l.sampled[0][1], (0, 7));
+        assert_eq!(l.sampled[0][13], (12, 19));
+        // Shared prefix of 6 refreshed in the deep layers: position 6 reads row 5.
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 1, 2, true).unwrap();
+        assert_eq!(l.sampled[0][0], (5, 6));
+        assert_eq!(l.sampled[0][13], (18, 19));
+        // Not refreshed: the deep pass holds only 6..20, so 6 reads its own row.
+        let l = StepPlan::shared(&[seq(6..20, false, 0)], 1, 2, true).unwrap();
+        assert_eq!(l.sampled[0][0], (0, 6));
+        assert_eq!(l.sampled[0][1], (0, 7));
+        // A block after a gap (dual cache): its first position reads its own row.
+        let mut block = seq(12..16, true, 0);
+        block.predict = vec![12, 13, 15];
+        let l = StepPlan::shared(&[block], 1, 2, true).unwrap();
+        // Deep rows: prefix 0..6 at rows 0..6, then 12..16 at rows 6..10.
+        assert_eq!(l.sampled[0], vec![(6, 12), (6, 13), (8, 15)]);
+        // Without the shift nothing moves.
+        let l = StepPlan::shared(&[seq(6..20, true, 0)], 1, 2, false).unwrap();
+        assert_eq!(l.sampled[0][0], (6, 6));
     }
 }

@@ -16,7 +16,7 @@ use half::{bf16, f16};
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use crate::config::LladaConfig;
+use crate::config::ModelConfig;
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
 use crate::safetensors_writer::{Dtype, SafetensorsError, SafetensorsWriter, TensorDecl};
@@ -29,7 +29,7 @@ pub const INIT_STD: f32 = 0.02;
 pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
 
 /// Names accepted by [`SynthConfig::preset`].
-pub const PRESET_NAMES: [&str; 2] = LladaConfig::PRESETS;
+pub const PRESET_NAMES: [&str; 4] = ModelConfig::PRESETS;
 
 /// The index that lists the shards of a multi-file checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -98,7 +98,7 @@ impl WeightDtype {
 #[derive(Debug, Error)]
 pub enum SynthError {
     #[error(
-        "unknown config `{given}`: expected a preset ({}) or the path of a LLaDA config.json",
+        "unknown config `{given}`: expected a preset ({}) or the path of a LLaDA or Dream config.json",
         PRESET_NAMES.join(", ")
     )]
     UnknownConfig { given: String },
@@ -141,18 +141,18 @@ pub struct SynthConfig {
     pub config_json: String,
     /// The `generation_config.json` written beside it, when there is one.
     pub generation_config_json: Option<String>,
-    pub config: LladaConfig,
+    pub config: ModelConfig,
 }
 
 impl SynthConfig {
-    /// A preset (see [`LladaConfig::preset`]); None for other names.
+    /// A preset (see [`ModelConfig::preset`]); None for other names.
     pub fn preset(name: &str) -> Option<Self> {
-        let files = LladaConfig::preset_files(name)?;
+        let files = ModelConfig::preset_files(name)?;
         Some(Self {
             source: name.to_string(),
             config_json: files.config_json,
             generation_config_json: Some(files.generation_config_json),
-            config: LladaConfig::preset(name)?,
+            config: ModelConfig::preset(name)?,
         })
     }
 
@@ -175,7 +175,7 @@ impl SynthConfig {
             })
         })?;
         // from_file also checks generation_config.json's token ids against the config.
-        let config = LladaConfig::from_file(&config_path).map_err(err)?;
+        let config = ModelConfig::from_file(&config_path).map_err(err)?;
         let generation_path = config_path.with_file_name("generation_config.json");
         let generation_config_json = if generation_path.is_file() {
             Some(std::fs::read_to_string(&generation_path).map_err(|source| {
@@ -211,10 +211,11 @@ impl SynthConfig {
             })
         })?;
         if let Some(obj) = value.as_object_mut() {
-            obj.insert("n_layers".into(), Value::from(n_layers));
+            let key = self.config.family.config_key("n_layers");
+            obj.insert(key.into(), Value::from(n_layers));
         }
         let config_json = pretty(&value);
-        self.config = LladaConfig::from_json_str(&config_json).map_err(err)?;
+        self.config = ModelConfig::from_json_str(&config_json).map_err(err)?;
         self.config_json = config_json;
         self.source = format!("{} with {n_layers} layers", self.source);
         Ok(self)
@@ -281,7 +282,7 @@ pub struct SynthSummary {
 }
 
 /// The tensors of a checkpoint of `config`, in checkpoint order, stored as `dtype`.
-pub fn tensor_decls(config: &LladaConfig, dtype: WeightDtype) -> Vec<TensorDecl> {
+pub fn tensor_decls(config: &ModelConfig, dtype: WeightDtype) -> Vec<TensorDecl> {
     config
         .tensor_specs()
         .into_iter()
@@ -346,10 +347,11 @@ pub fn fill_normal(seed: u64, name: &str, start: u64, out: &mut [f32]) {
     }
 }
 
-/// Values of tensor `decl` from element `start`: RMSNorm weights (LLaDA's only 1-D
-/// tensors; it has no biases) are 1 as at initialization, matrices are random.
+/// Values of tensor `decl` from element `start`: RMSNorm weights are 1 as at
+/// initialization; matrices and biases (Dream's q/k/v, random so their path is exercised)
+/// are random.
 fn fill_tensor(seed: u64, decl: &TensorDecl, start: u64, out: &mut [f32]) {
-    if decl.shape.len() == 1 {
+    if decl.shape.len() == 1 && !decl.name.ends_with(".bias") {
         out.fill(1.0);
     } else {
         fill_normal(seed, &decl.name, start, out);
@@ -533,7 +535,7 @@ mod tests {
         assert_eq!(two.config.d_model, full.config.d_model);
         assert_eq!(two.config.embedding_size, full.config.embedding_size);
         assert_eq!(two.generation_config_json, full.generation_config_json);
-        let reread = LladaConfig::from_json_str(&two.config_json).unwrap();
+        let reread = ModelConfig::from_json_str(&two.config_json).unwrap();
         assert_eq!(reread, two.config);
         assert!(two.source.contains("2 layers"), "{}", two.source);
     }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::config::LladaConfig;
+use crate::config::{ModelConfig, ModelFamily};
 use crate::error::TokenizerError;
 
 /// Token strings of LLaDA's special tokens.
@@ -14,6 +14,8 @@ pub const BOS_TOKEN: &str = "<|startoftext|>";
 pub const EOT_TOKEN: &str = "<|eot_id|>";
 pub const START_HEADER_TOKEN: &str = "<|start_header_id|>";
 pub const END_HEADER_TOKEN: &str = "<|end_header_id|>";
+/// Dream's mask token.
+pub const DREAM_MASK_TOKEN: &str = "<|mask|>";
 
 /// How generated ids become text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +42,7 @@ pub struct SpecialTokens {
 impl SpecialTokens {
     /// The ids a model without `tokenizer.json` uses: mask and EOS from the config, BOS
     /// from `generation_config.json` (else EOS); no chat-template tokens.
-    pub fn from_config(config: &LladaConfig) -> Self {
+    pub fn from_config(config: &ModelConfig) -> Self {
         Self {
             mask: config.mask_token_id,
             eos: config.eos_token_id,
@@ -54,7 +56,7 @@ impl SpecialTokens {
     /// Ids from the tokenizer when there is one, else from the config.
     pub fn resolve(
         tokenizer: Option<&Tokenizer>,
-        config: &LladaConfig,
+        config: &ModelConfig,
     ) -> Result<Self, TokenizerError> {
         match tokenizer {
             Some(t) => t.special_tokens(config),
@@ -269,10 +271,32 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// The special tokens, looked up by their LLaDA token strings. Where the config also
+    /// The special tokens, looked up by their token strings (LLaDA's, or Dream's: mask
+    /// `<|mask|>`, turn end `<|im_end|>`). Where the config also
     /// names an id (mask, EOS, BOS), the two must agree: a disagreement means the tokenizer
     /// belongs to another model. A token the tokenizer lacks falls back to the config's id.
-    pub fn special_tokens(&self, config: &LladaConfig) -> Result<SpecialTokens, TokenizerError> {
+    pub fn special_tokens(&self, config: &ModelConfig) -> Result<SpecialTokens, TokenizerError> {
+        if config.family == ModelFamily::Dream {
+            // Dream's config names `<|endoftext|>` as BOS too; its template writes none.
+            return Ok(SpecialTokens {
+                mask: self.agreeing_id(
+                    "mask",
+                    DREAM_MASK_TOKEN,
+                    "mask_token_id",
+                    Some(config.mask_token_id),
+                )?,
+                eos: self.agreeing_id(
+                    "EOS",
+                    EOS_TOKEN,
+                    "eos_token_id",
+                    Some(config.eos_token_id),
+                )?,
+                bos: config.bos_token_id.unwrap_or(config.eos_token_id),
+                eot: self.token_to_id(crate::chat::IM_END_TOKEN),
+                start_header: None,
+                end_header: None,
+            });
+        }
         let mask = self.agreeing_id(
             "mask",
             MASK_TOKEN,

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use unmask_core::chat::{Message, encode_chat, prefix_split, render_chat};
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::error::TokenizerError;
 use unmask_core::tokenizer::{DecodeMode, SpecialTokens, Tokenizer};
 
@@ -160,7 +160,7 @@ fn clean_decode_stops_at_end_of_turn_or_text() {
 #[test]
 fn ids_without_a_token_decode_as_nothing() {
     let tok = tokenizer();
-    let config = LladaConfig::from_file(fixture("config.json")).unwrap();
+    let config = ModelConfig::from_file(fixture("config.json")).unwrap();
     assert_eq!(tok.vocab_size(), 306);
     assert!(config.embedding_size > tok.vocab_size());
     let a = tok.encode("a").unwrap()[0];
@@ -175,7 +175,7 @@ fn ids_without_a_token_decode_as_nothing() {
 #[test]
 fn special_tokens_agree_with_the_config() {
     let tok = tokenizer();
-    let config = LladaConfig::from_file(fixture("config.json")).unwrap();
+    let config = ModelConfig::from_file(fixture("config.json")).unwrap();
     assert_eq!(
         tok.special_tokens(&config).unwrap(),
         SpecialTokens {
@@ -244,7 +244,7 @@ fn missing_tokens_are_reported() {
 
     // Without <|mdm_mask|> in the tokenizer the config's id is used.
     let no_mask = tokenizer_without(&["<|mdm_mask|>"]);
-    let config = LladaConfig::from_file(fixture("config.json")).unwrap();
+    let config = ModelConfig::from_file(fixture("config.json")).unwrap();
     assert_eq!(no_mask.special_tokens(&config).unwrap().mask, 305);
 
     // BOS is neither in the tokenizer nor in the config.
@@ -389,4 +389,75 @@ fn prefix_split_cuts_before_the_last_user_turn() {
     // A single user turn shares only the BOS.
     let split = prefix_split(&tok, &[Message::user("Hi")]).unwrap();
     assert_eq!(split.prefix, vec![300]);
+}
+
+/// Dream's ChatML template against the Dream fixture's jinja2 renderings: the text byte
+/// for byte, the ids (markup placed by id), the shared prefix (the system turn, the
+/// template's default one when the conversation has none), and the special ids.
+#[test]
+fn dream_chatml_matches_the_reference() {
+    use unmask_core::chat::ChatFormat;
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/tiny-dream"
+    );
+    let tok = Tokenizer::from_file(format!("{dir}/tokenizer.json")).unwrap();
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    let format = ChatFormat::from_template(config["chat_template"].as_str().unwrap()).unwrap();
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let mut markup_cases = 0;
+    for c in cases["cases"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let messages: Vec<Message> = serde_json::from_value(c["messages"].clone()).unwrap();
+        assert_eq!(
+            format.render(&messages, ""),
+            c["rendered"].as_str().unwrap(),
+            "{name}"
+        );
+        let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
+        let ids = format.encode(&tok, &messages).unwrap();
+        let prefix_tokens = c["system_prefix_tokens"].as_u64().unwrap() as usize;
+        let split = format.prefix_split(&tok, &messages).unwrap();
+        assert_eq!(split.whole, ids, "{name}");
+        if messages
+            .iter()
+            .filter(|m| m.role == unmask_core::chat::Role::User)
+            .count()
+            == 1
+        {
+            assert_eq!(
+                split.prefix.len(),
+                prefix_tokens,
+                "{name}: the system turn is shared"
+            );
+        }
+        let typed_markup = messages.iter().any(|m| m.content.contains("<|"));
+        if typed_markup {
+            // The reference's encode turns typed markup into special tokens; here it stays
+            // text, so a message cannot forge a turn: fewer special ids, same text.
+            markup_cases += 1;
+            let specials = |ids: &[u32]| ids.iter().filter(|&&id| tok.is_special(id)).count();
+            assert!(specials(&ids) < specials(&want), "{name}");
+            let text = tok.decode(&ids, DecodeMode::Raw).unwrap();
+            assert!(
+                text.len() > c["decoded_skip_special"].as_str().unwrap().len(),
+                "{name}: the markup is kept as text: {text:?}"
+            );
+        } else {
+            assert_eq!(ids, want, "{name}");
+        }
+    }
+    assert_eq!(markup_cases, 1);
+    let cfg = ModelConfig::from_file(format!("{dir}/config.json")).unwrap();
+    let special = SpecialTokens::resolve(Some(&tok), &cfg).unwrap();
+    assert_eq!(
+        (special.mask, special.eos, special.eot),
+        (304, 300, Some(302))
+    );
 }

@@ -94,8 +94,15 @@ pub struct Common {
     pub threshold: Option<f64>,
     #[serde(default)]
     pub cache: Option<String>,
-    #[serde(default)]
+    /// Also read as Dream's `alg` (maskgit_plus, topk_margin, entropy, origin).
+    #[serde(default, alias = "alg")]
     pub remasking: Option<String>,
+    /// Dream's `alg_temp`.
+    #[serde(default)]
+    pub alg_temp: Option<f64>,
+    /// Dream's timestep schedule's last value; sets the Dream schedule.
+    #[serde(default)]
+    pub eps: Option<f64>,
     // OpenAI fields this runtime does not implement: refused when set to anything but
     // their neutral value.
     #[serde(default)]
@@ -499,14 +506,16 @@ impl Common {
             }
         };
         let remasking = match self.remasking.as_deref() {
-            None | Some("low_confidence") => Remasking::LowConfidence,
-            Some("random") => Remasking::Random,
-            Some(other) => {
-                return Err(ApiError::invalid(
+            None => Remasking::LowConfidence,
+            Some(name) => Remasking::parse(name).ok_or_else(|| {
+                ApiError::invalid(
                     "remasking",
-                    format!("remasking: expected low_confidence or random, found {other:?}"),
-                ));
-            }
+                    format!(
+                        "remasking: expected one of {}, found {name:?}",
+                        Remasking::NAMES.join(", ")
+                    ),
+                )
+            })?,
         };
         let cache = match self.cache.as_deref() {
             None => limits.default_cache,
@@ -544,6 +553,26 @@ impl Common {
                 "stream_options: only allowed with \"stream\": true",
             ));
         }
+        let alg_temp = match self.alg_temp {
+            None => 0.0,
+            Some(t) if t.is_finite() && t >= 0.0 => t as f32,
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    "alg_temp",
+                    format!("alg_temp: expected a finite number >= 0, found {t}"),
+                ));
+            }
+        };
+        let schedule = match self.eps {
+            None => unmask::Schedule::Auto,
+            Some(eps) if eps > 0.0 && eps < 1.0 => unmask::Schedule::Dream { eps },
+            Some(eps) => {
+                return Err(ApiError::invalid(
+                    "eps",
+                    format!("eps: expected a number in (0, 1), found {eps}"),
+                ));
+            }
+        };
         let params = GenerationParams {
             gen_length: max_tokens,
             steps,
@@ -552,6 +581,8 @@ impl Common {
             remasking,
             threshold,
             seed: self.seed.unwrap_or(0),
+            alg_temp,
+            schedule,
             ..GenerationParams::default()
         };
         Ok(JobSpec {
@@ -663,6 +694,18 @@ mod tests {
             (
                 r#"{"messages":[{"role":"user","content":"q"}],"remasking":"top"}"#,
                 "remasking",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"alg":"greedy"}"#,
+                "remasking",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"alg_temp":-1}"#,
+                "alg_temp",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"eps":1.5}"#,
+                "eps",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"q"}],"stop":["a","b","c","d","e"]}"#,

@@ -13,7 +13,7 @@ use std::ops::RangeInclusive;
 use serde_json::{Value, json};
 use unmask::{
     CacheMode, DecodeMode, Engine, EngineOptions, Generation, GenerationParams, Message, Prompt,
-    Remasking, Request, Role, StepEvent, WeightFormat,
+    Remasking, Request, Role, Schedule, StepEvent, WeightFormat,
 };
 use unmask_core::tokenizer::Tokenizer;
 
@@ -297,13 +297,13 @@ fn params(obj: &Value, limits: &Limits) -> Result<GenerationParams, String> {
         temperature: real(obj, "temperature", "a finite number >= 0", |t| t >= 0.0)?
             .unwrap_or(d.temperature),
         remasking: match text(obj, "remasking")? {
-            None | Some("low_confidence") => Remasking::LowConfidence,
-            Some("random") => Remasking::Random,
-            Some(other) => {
-                return Err(format!(
-                    "remasking: expected \"low_confidence\" or \"random\", found {other:?}"
-                ));
-            }
+            None => Remasking::LowConfidence,
+            Some(name) => Remasking::parse(name).ok_or_else(|| {
+                format!(
+                    "remasking: expected one of {}, found {name:?}",
+                    Remasking::NAMES.join(", ")
+                )
+            })?,
         },
         cfg_scale: real(obj, "cfgScale", "a finite number >= 0", |c| c >= 0.0)?
             .unwrap_or(d.cfg_scale),
@@ -313,6 +313,25 @@ fn params(obj: &Value, limits: &Limits) -> Result<GenerationParams, String> {
             .unwrap_or(d.confidence_eos_eot_inf),
         seed: whole_in(obj, "seed", 0..=MAX_SAFE_INTEGER, safe)?.unwrap_or(d.seed),
         round_confidence_bf16: flag(obj, "roundConfidenceBf16")?.unwrap_or(d.round_confidence_bf16),
+        schedule: {
+            let eps = real(obj, "eps", "a number above 0 and below 1", |e| {
+                e > 0.0 && e < 1.0
+            })?;
+            match (text(obj, "schedule")?, eps) {
+                (Some("llada"), None) => Schedule::Llada,
+                (Some("dream"), eps) | (None, eps @ Some(_)) => Schedule::Dream {
+                    eps: eps.map_or(1e-3, f64::from),
+                },
+                (None, None) => Schedule::Auto,
+                (Some(other), _) => {
+                    return Err(format!(
+                        "schedule: expected \"llada\" or \"dream\" (eps only with dream), \
+                         found {other:?}"
+                    ));
+                }
+            }
+        },
+        alg_temp: real(obj, "algTemp", "a finite number >= 0", |t| t >= 0.0)?.unwrap_or(0.0),
     })
 }
 

@@ -187,7 +187,9 @@ impl WebEngine {
     }
 
     /// Loads from `File`s a person picked: config.json, tokenizer.json and the safetensors
-    /// files (with model.safetensors.index.json when sharded), found by name.
+    /// files (with model.safetensors.index.json when sharded), found by name; a LLaDA or a
+    /// Dream folder (the family comes from config.json; tokenizer_config.json, when picked,
+    /// gives the chat template).
     #[wasm_bindgen(js_name = fromFiles)]
     pub async fn from_files(
         files: Array,

@@ -46,6 +46,29 @@ const FIXTURE: [(&str, &[u8]); 7] = [
 
 const GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/generate.json");
 
+macro_rules! dream_file {
+    ($name:literal) => {
+        (
+            $name,
+            include_bytes!(concat!("../../../tests/fixtures/tiny-dream/", $name)).as_slice(),
+        )
+    };
+}
+
+/// The tiny Dream folder as a person would pick it (tokenizer_config.json included).
+const DREAM: [(&str, &[u8]); 7] = [
+    dream_file!("config.json"),
+    dream_file!("tokenizer.json"),
+    dream_file!("tokenizer_config.json"),
+    dream_file!("special_tokens_map.json"),
+    dream_file!("model.safetensors.index.json"),
+    dream_file!("model-00001-of-00002.safetensors"),
+    dream_file!("model-00002-of-00002.safetensors"),
+];
+
+const DREAM_GOLDENS: &str =
+    include_str!("../../../tests/fixtures/tiny-dream/goldens/generate.json");
+
 fn files(piece: usize) -> MemoryFiles {
     MemoryFiles::new(
         FIXTURE.iter().map(|(n, b)| (n.to_string(), b.to_vec())),
@@ -121,6 +144,51 @@ async fn the_tiny_fixture_generates_the_native_goldens() {
         assert_eq!(got, want, "{name}: tokens differ from the reference");
         web_sys::console::log_1(&format!("[golden] {name}: {} tokens equal", out.ids.len()).into());
     }
+}
+
+/// A Dream folder loads through the same API: the family from config.json, Dream's
+/// schedule by default, and its goldens without random draws come out token for token.
+#[wasm_bindgen_test]
+async fn a_dream_folder_generates_the_dream_goldens() {
+    let mut files = MemoryFiles::new(DREAM.iter().map(|(n, b)| (n.to_string(), b.to_vec())), 4099);
+    let web = match WebEngine::load(&mut files, js(r#"{"weights": "f32"}"#), None).await {
+        Ok(e) => e,
+        Err(e) => panic!("the Dream fixture loads: {:?}", JsValue::from(e)),
+    };
+    let engine = web.engine();
+    assert_eq!(engine.config().family, unmask::ModelFamily::Dream);
+    let mut checked = 0;
+    for c in goldens::cases(DREAM_GOLDENS) {
+        let random = c["params"]["alg"] == "origin" || !c["params"]["alg_temp"].is_null();
+        if random {
+            continue;
+        }
+        let name = c["name"].as_str().unwrap();
+        let mut p = params(&c);
+        p.schedule = unmask::Schedule::Auto;
+        let prompt = ids(&c["prompt"]);
+        let out = engine
+            .generate_async(&Request::ids(prompt.clone()).with_params(p), &mut |_| {})
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = prompt;
+        got.extend(&out.ids);
+        assert_eq!(
+            got,
+            ids(&c["output"]),
+            "{name}: tokens differ from the reference"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 7);
+    // A chat request from JavaScript is laid out as ChatML (the fixture's template).
+    let out = generate(
+        &web,
+        js(r#"{"system": "Be brief.", "prompt": "Hi", "genLength": 8, "blockLength": 8}"#),
+    )
+    .await
+    .expect("a chat request runs");
+    assert_eq!(out["ids"].as_array().map(Vec::len), Some(8), "{out}");
 }
 
 #[wasm_bindgen_test]

@@ -127,3 +127,24 @@ pub fn params(gen_len: usize, steps: usize, block: usize) -> unmask::GenerationP
 pub fn same_tokens(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x == y).count()
 }
+
+/// The tiny random Dream checkpoint and its goldens (tools/make_dream_fixture.py).
+pub fn dream_fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-dream")
+}
+
+/// The tiny Dream fixture loaded with f32 weights on the shared context.
+pub fn tiny_dream_engine() -> unmask::Engine {
+    let options = unmask::EngineOptions {
+        weight_format: unmask_gpu::WeightFormat::F32,
+        ..unmask::EngineOptions::default()
+    };
+    unmask::Engine::load_on(ctx(), &dream_fixture_dir(), &options, &mut |_| {})
+        .expect("tiny Dream model loads")
+}
+
+/// The Dream reference sampler's golden cases (tools/dream_ref.py).
+pub fn dream_golden_cases() -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dream_fixture_dir().join("goldens/generate.json")).unwrap();
+    unmask_core::goldens::cases(&text)
+}

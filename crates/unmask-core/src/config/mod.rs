@@ -1,11 +1,14 @@
-//! The LLaDA model configuration (`config.json`), read the way the reference
-//! `LLaDAConfig` reads it: start from the `ModelConfig` defaults and overwrite them with
-//! the file's keys. Unknown keys are ignored; options this runtime has no kernels for are
-//! rejected with an error that names the field.
+//! A model's configuration (`config.json`), read the way the reference reads it: the
+//! family's defaults overwritten by the file's keys. The family comes from `model_type`:
+//! `"llada"` (or none) reads LLaDA's keys as `LLaDAConfig` does, `"Dream"` reads the Qwen2
+//! keys of Dream-7B and DiffuCoder (`dream`). Unknown keys are ignored; options this
+//! runtime has no kernels for are rejected with an error that names the field.
 
 mod defaults;
+mod dream;
 mod fields;
 pub mod limits;
+mod names;
 mod parse;
 mod presets;
 
@@ -17,14 +20,52 @@ use crate::error::ConfigError;
 use fields::{Fields, json_kind};
 use parse::{check_token_in_range, parse_object};
 
-pub use presets::{LLADA_8B_CONFIG_JSON, PresetFiles};
+pub use names::LayerTensor;
+pub use presets::{DREAM_7B_CONFIG_JSON, LLADA_8B_CONFIG_JSON, PresetFiles};
 
 /// Largest head dimension the attention kernel supports.
 pub const MAX_HEAD_DIM: usize = 128;
 
-/// What the runtime needs to know about a LLaDA model, validated.
+/// The published architecture a checkpoint follows. It decides the tensor names, whether
+/// q/k/v have biases, whether a position's prediction comes from the hidden state before
+/// it, the chat format and the sampler's defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ModelFamily {
+    /// LLaDA-8B (Base, Instruct, 1.5): `model.transformer.*` names, no biases.
+    #[default]
+    Llada,
+    /// Dream-v0-7B (Base, Instruct) and DiffuCoder: Qwen2 names, q/k/v biases, logits
+    /// shifted by one position (the AR alignment Dream was initialised from).
+    Dream,
+}
+
+impl ModelFamily {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelFamily::Llada => "llada",
+            ModelFamily::Dream => "dream",
+        }
+    }
+
+    /// The prediction for position i is read from the hidden state of position i - 1
+    /// (position 0 from its own).
+    pub fn shifts_logits(self) -> bool {
+        self == ModelFamily::Dream
+    }
+}
+
+impl std::fmt::Display for ModelFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the runtime needs to know about a model, validated.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LladaConfig {
+pub struct ModelConfig {
+    pub family: ModelFamily,
+    /// The q, k and v projections add a bias (Qwen2 / Dream).
+    pub qkv_bias: bool,
     pub d_model: usize,
     pub n_heads: usize,
     /// Key/value heads; `n_heads` for plain multi-head attention, fewer for GQA.
@@ -48,7 +89,7 @@ pub struct LladaConfig {
     pub bos_token_id: Option<u32>,
 }
 
-impl LladaConfig {
+impl ModelConfig {
     /// Reads `config.json` (or `<dir>/config.json` when given a directory), and
     /// `generation_config.json` beside it when that file exists.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
@@ -126,33 +167,41 @@ impl LladaConfig {
             .sum()
     }
 
-    /// Every tensor of a Hugging Face LLaDA checkpoint with its expected shape
-    /// (`[out, in]` for linear weights), in checkpoint order.
+    /// Every tensor of the checkpoint with its expected shape (`[out, in]` for linear
+    /// weights, `[n]` for norms and biases), named as the family's published files name
+    /// them, in checkpoint order.
     pub fn tensor_specs(&self) -> Vec<(String, Vec<usize>)> {
         let d = self.d_model;
+        let q = self.n_heads * self.head_dim();
         let kv = self.n_kv_heads * self.head_dim();
         let hidden = self.mlp_hidden_size;
-        let mut specs = Vec::with_capacity(3 + 9 * self.n_layers);
+        let mut specs = Vec::with_capacity(3 + 12 * self.n_layers);
         specs.push((
-            "model.transformer.wte.weight".to_string(),
+            self.family.embedding_name().to_string(),
             vec![self.embedding_size, d],
         ));
         for i in 0..self.n_layers {
-            let block = |name: &str| format!("model.transformer.blocks.{i}.{name}.weight");
-            specs.push((block("attn_norm"), vec![d]));
-            specs.push((block("q_proj"), vec![d, d]));
-            specs.push((block("k_proj"), vec![kv, d]));
-            specs.push((block("v_proj"), vec![kv, d]));
-            specs.push((block("attn_out"), vec![d, d]));
-            specs.push((block("ff_norm"), vec![d]));
-            specs.push((block("ff_proj"), vec![hidden, d]));
-            specs.push((block("up_proj"), vec![hidden, d]));
-            specs.push((block("ff_out"), vec![d, hidden]));
+            for part in LayerTensor::ALL {
+                let shape = match part {
+                    LayerTensor::AttnNorm | LayerTensor::FfnNorm => vec![d],
+                    LayerTensor::Q => vec![q, d],
+                    LayerTensor::K | LayerTensor::V => vec![kv, d],
+                    LayerTensor::QBias => vec![q],
+                    LayerTensor::KBias | LayerTensor::VBias => vec![kv],
+                    LayerTensor::O => vec![d, q],
+                    LayerTensor::Gate | LayerTensor::Up => vec![hidden, d],
+                    LayerTensor::Down => vec![d, hidden],
+                };
+                if part.is_bias() && !self.qkv_bias {
+                    continue;
+                }
+                specs.push((self.family.layer_name(i, part), shape));
+            }
         }
-        specs.push(("model.transformer.ln_f.weight".to_string(), vec![d]));
+        specs.push((self.family.final_norm_name().to_string(), vec![d]));
         if !self.weight_tying {
             specs.push((
-                "model.transformer.ff_out.weight".to_string(),
+                self.family.lm_head_name().to_string(),
                 vec![self.embedding_size, d],
             ));
         }
@@ -171,19 +220,19 @@ mod tests {
     }
 
     /// The 8B config with one key replaced (or removed when `value` is None).
-    pub(super) fn with(key: &str, value: Option<Value>) -> Result<LladaConfig, ConfigError> {
+    pub(super) fn with(key: &str, value: Option<Value>) -> Result<ModelConfig, ConfigError> {
         let mut v: Value = serde_json::from_str(LLADA_8B).unwrap();
         let map = v.as_object_mut().unwrap();
         match value {
             Some(value) => map.insert(key.to_string(), value),
             None => map.remove(key),
         };
-        LladaConfig::from_json_value(&v)
+        ModelConfig::from_json_value(&v)
     }
 
     #[test]
     fn llada_8b_parses() {
-        let c = LladaConfig::from_json_str(LLADA_8B).unwrap();
+        let c = ModelConfig::from_json_str(LLADA_8B).unwrap();
         assert_eq!(c.head_dim(), 128);
         assert_eq!(c.n_layers, 32);
         assert_eq!(c.n_heads, 32);
@@ -204,7 +253,7 @@ mod tests {
 
     #[test]
     fn llada_8b_tensor_inventory() {
-        let c = LladaConfig::from_json_str(LLADA_8B).unwrap();
+        let c = ModelConfig::from_json_str(LLADA_8B).unwrap();
         let specs = c.tensor_specs();
         // llada.md §2.1: 291 tensors, 8,015,581,184 parameters.
         assert_eq!(specs.len(), 291);
@@ -249,7 +298,7 @@ mod tests {
 
     #[test]
     fn fixture_config_parses_with_generation_config() {
-        let c = LladaConfig::from_file(fixture_dir().join("config.json")).unwrap();
+        let c = ModelConfig::from_file(fixture_dir().join("config.json")).unwrap();
         assert_eq!(c.d_model, 64);
         assert_eq!(c.n_heads, 4);
         assert_eq!(c.n_kv_heads, 2);
@@ -262,12 +311,12 @@ mod tests {
         assert_eq!(c.eos_token_id, 301);
         assert_eq!(c.bos_token_id, Some(300));
         // A directory means its config.json.
-        assert_eq!(LladaConfig::from_file(fixture_dir()).unwrap(), c);
+        assert_eq!(ModelConfig::from_file(fixture_dir()).unwrap(), c);
     }
 
     #[test]
     fn fixture_tensor_specs_match_the_index() {
-        let c = LladaConfig::from_file(fixture_dir()).unwrap();
+        let c = ModelConfig::from_file(fixture_dir()).unwrap();
         let index =
             std::fs::read_to_string(fixture_dir().join("model.safetensors.index.json")).unwrap();
         let index: Value = serde_json::from_str(&index).unwrap();
@@ -291,14 +340,14 @@ mod tests {
 
     #[test]
     fn file_errors_name_the_file() {
-        let err = LladaConfig::from_file("/nonexistent/config.json").unwrap_err();
+        let err = ModelConfig::from_file("/nonexistent/config.json").unwrap_err();
         assert!(
             err.to_string().contains("/nonexistent/config.json"),
             "{err}"
         );
-        let err = LladaConfig::from_json_str("{ not json").unwrap_err();
+        let err = ModelConfig::from_json_str("{ not json").unwrap_err();
         assert!(matches!(err, ConfigError::Json { .. }), "{err:?}");
-        let err = LladaConfig::from_json_str("[1, 2]").unwrap_err();
+        let err = ModelConfig::from_json_str("[1, 2]").unwrap_err();
         assert!(matches!(err, ConfigError::NotAnObject { .. }), "{err:?}");
     }
 
@@ -312,13 +361,13 @@ mod tests {
             r#"{"bos_token_id": "x"}"#,
         )
         .unwrap();
-        let result = LladaConfig::from_file(&dir);
+        let result = ModelConfig::from_file(&dir);
         std::fs::write(
             dir.join("generation_config.json"),
             r#"{"bos_token_id": 126080}"#,
         )
         .unwrap();
-        let good = LladaConfig::from_file(&dir);
+        let good = ModelConfig::from_file(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
         match result {
             Err(ConfigError::WrongType { field, .. }) => {

@@ -1,14 +1,14 @@
-//! Reading `config.json` into a `LladaConfig`: the reference's defaults for missing keys,
+//! Reading `config.json` into a `ModelConfig`: the reference's defaults for missing keys,
 //! every option this runtime has no kernels for refused by name, and every size checked
 //! against `limits` before anything is built from it.
 
 use serde_json::{Map, Value};
 
 use super::fields::{Fields, json_kind};
-use super::{LladaConfig, MAX_HEAD_DIM, defaults, limits};
+use super::{MAX_HEAD_DIM, ModelConfig, ModelFamily, defaults, limits};
 use crate::error::ConfigError;
 
-impl LladaConfig {
+impl ModelConfig {
     pub(super) fn parse(text: &str, file: &str) -> Result<Self, ConfigError> {
         Self::from_map(&parse_object(text, file)?)
     }
@@ -16,8 +16,16 @@ impl LladaConfig {
     pub(super) fn from_map(map: &Map<String, Value>) -> Result<Self, ConfigError> {
         let f = Fields { map };
 
-        if let Some(model_type) = f.opt_str("model_type")? {
-            require_str("model_type", &model_type, "llada")?;
+        match f.opt_str("model_type")?.as_deref() {
+            None | Some("llada") => {}
+            Some("Dream" | "dream") => return Self::from_dream_fields(&f),
+            Some(other) => {
+                return Err(ConfigError::Unsupported {
+                    field: "model_type",
+                    expected: "\"llada\" or \"Dream\"".into(),
+                    found: format!("\"{other}\""),
+                });
+            }
         }
         require_str(
             "block_type",
@@ -107,67 +115,6 @@ impl LladaConfig {
         let rms_norm_eps = f.positive_float_or("rms_norm_eps", defaults::RMS_NORM_EPS)?;
         let weight_tying = f.bool_or("weight_tying", defaults::WEIGHT_TYING)?;
 
-        for (field, value, max) in [
-            ("d_model", d_model, limits::MAX_D_MODEL),
-            ("n_heads", n_heads, limits::MAX_HEADS),
-            ("n_layers", n_layers, limits::MAX_LAYERS),
-            ("mlp_hidden_size", mlp_hidden_size, limits::MAX_MLP_HIDDEN),
-            ("vocab_size", vocab_size, limits::MAX_VOCAB),
-            ("embedding_size", embedding_size, limits::MAX_VOCAB),
-            (
-                "max_sequence_length",
-                max_sequence_length,
-                limits::MAX_SEQUENCE_LENGTH,
-            ),
-        ] {
-            if value > max {
-                return Err(ConfigError::Invalid {
-                    field,
-                    expected: format!("at most {max} (the runtime's bound on this size)"),
-                    found: value.to_string(),
-                });
-            }
-        }
-        if !d_model.is_multiple_of(n_heads) {
-            return Err(ConfigError::Invalid {
-                field: "d_model",
-                expected: format!("a multiple of n_heads ({n_heads})"),
-                found: d_model.to_string(),
-            });
-        }
-        let head_dim = d_model / n_heads;
-        if head_dim > MAX_HEAD_DIM {
-            return Err(ConfigError::Invalid {
-                field: "d_model",
-                expected: format!(
-                    "head_dim = d_model / n_heads <= {MAX_HEAD_DIM} (the attention kernel's limit)"
-                ),
-                found: format!("{d_model} / {n_heads} = {head_dim}"),
-            });
-        }
-        // rotate_half pairs dimension d with d + head_dim/2.
-        if !head_dim.is_multiple_of(2) {
-            return Err(ConfigError::Invalid {
-                field: "d_model",
-                expected: "an even head_dim = d_model / n_heads (RoPE rotates pairs)".into(),
-                found: format!("{d_model} / {n_heads} = {head_dim}"),
-            });
-        }
-        if !n_heads.is_multiple_of(n_kv_heads) {
-            return Err(ConfigError::Invalid {
-                field: "n_kv_heads",
-                expected: format!("a divisor of n_heads ({n_heads})"),
-                found: n_kv_heads.to_string(),
-            });
-        }
-        if vocab_size > embedding_size {
-            return Err(ConfigError::Invalid {
-                field: "vocab_size",
-                expected: format!("at most embedding_size ({embedding_size})"),
-                found: vocab_size.to_string(),
-            });
-        }
-
         let mask_token_id = match f.opt_token_id("mask_token_id", "mask_token_id")? {
             Some(id) => id,
             None if f.map.contains_key("mask_token_id") => {
@@ -182,14 +129,9 @@ impl LladaConfig {
         let eos_token_id = f.token_id_or("eos_token_id", defaults::EOS_TOKEN_ID)?;
         let pad_token_id = f.token_id_or("pad_token_id", defaults::PAD_TOKEN_ID)?;
         let bos_token_id = f.opt_token_id("bos_token_id", "bos_token_id")?;
-        check_token_in_range("mask_token_id", mask_token_id, embedding_size)?;
-        check_token_in_range("eos_token_id", eos_token_id, embedding_size)?;
-        check_token_in_range("pad_token_id", pad_token_id, embedding_size)?;
-        if let Some(bos) = bos_token_id {
-            check_token_in_range("bos_token_id", bos, embedding_size)?;
-        }
-
-        let config = Self {
+        Self {
+            family: ModelFamily::Llada,
+            qkv_bias: false,
             d_model,
             n_heads,
             n_kv_heads,
@@ -205,12 +147,109 @@ impl LladaConfig {
             eos_token_id,
             pad_token_id,
             bos_token_id,
-        };
+        }
+        .checked()
+    }
+
+    /// Checks every size against its bound and against the kernels' limits, and every
+    /// special token id against the embedding table: what both families need before
+    /// anything is built from a config.
+    pub(super) fn checked(self) -> Result<Self, ConfigError> {
+        let Self {
+            d_model,
+            n_heads,
+            n_kv_heads,
+            n_layers,
+            mlp_hidden_size,
+            vocab_size,
+            embedding_size,
+            max_sequence_length,
+            mask_token_id,
+            eos_token_id,
+            pad_token_id,
+            bos_token_id,
+            ..
+        } = self;
+        let config = self;
+        // Errors name the key as the family's config.json spells it.
+        let key = |field: &'static str| config.family.config_key(field);
+        for (field, value, max) in [
+            (key("d_model"), d_model, limits::MAX_D_MODEL),
+            (key("n_heads"), n_heads, limits::MAX_HEADS),
+            (key("n_layers"), n_layers, limits::MAX_LAYERS),
+            (
+                key("mlp_hidden_size"),
+                mlp_hidden_size,
+                limits::MAX_MLP_HIDDEN,
+            ),
+            (key("vocab_size"), vocab_size, limits::MAX_VOCAB),
+            (key("embedding_size"), embedding_size, limits::MAX_VOCAB),
+            (
+                key("max_sequence_length"),
+                max_sequence_length,
+                limits::MAX_SEQUENCE_LENGTH,
+            ),
+        ] {
+            if value > max {
+                return Err(ConfigError::Invalid {
+                    field,
+                    expected: format!("at most {max} (the runtime's bound on this size)"),
+                    found: value.to_string(),
+                });
+            }
+        }
+        if !d_model.is_multiple_of(n_heads) {
+            return Err(ConfigError::Invalid {
+                field: key("d_model"),
+                expected: format!("a multiple of {} ({n_heads})", key("n_heads")),
+                found: d_model.to_string(),
+            });
+        }
+        let head_dim = d_model / n_heads;
+        if head_dim > MAX_HEAD_DIM {
+            return Err(ConfigError::Invalid {
+                field: key("d_model"),
+                expected: format!(
+                    "head_dim = d_model / n_heads <= {MAX_HEAD_DIM} (the attention kernel's limit)"
+                ),
+                found: format!("{d_model} / {n_heads} = {head_dim}"),
+            });
+        }
+        // rotate_half pairs dimension d with d + head_dim/2.
+        if !head_dim.is_multiple_of(2) {
+            return Err(ConfigError::Invalid {
+                field: key("d_model"),
+                expected: "an even head_dim = d_model / n_heads (RoPE rotates pairs)".into(),
+                found: format!("{d_model} / {n_heads} = {head_dim}"),
+            });
+        }
+        if !n_heads.is_multiple_of(n_kv_heads) {
+            return Err(ConfigError::Invalid {
+                field: key("n_kv_heads"),
+                expected: format!("a divisor of n_heads ({n_heads})"),
+                found: n_kv_heads.to_string(),
+            });
+        }
+        if vocab_size > embedding_size {
+            return Err(ConfigError::Invalid {
+                field: key("vocab_size"),
+                expected: format!("at most embedding_size ({embedding_size})"),
+                found: vocab_size.to_string(),
+            });
+        }
+
+        check_token_in_range("mask_token_id", mask_token_id, embedding_size)?;
+        check_token_in_range("eos_token_id", eos_token_id, embedding_size)?;
+        check_token_in_range("pad_token_id", pad_token_id, embedding_size)?;
+        if let Some(bos) = bos_token_id {
+            check_token_in_range("bos_token_id", bos, embedding_size)?;
+        }
+
         // Each size within its bound, the product still can be beyond any machine.
         let parameters = config.parameter_count();
         if parameters > limits::MAX_PARAMETERS {
             return Err(ConfigError::Invalid {
-                field: "n_layers",
+                field: key("n_layers"),
                 expected: format!(
                     "a model of at most {} parameters (the runtime's bound)",
                     limits::MAX_PARAMETERS
@@ -310,14 +349,14 @@ mod tests {
     use super::*;
     use crate::config::tests::{LLADA_8B, with};
 
-    fn unsupported_field(result: Result<LladaConfig, ConfigError>) -> &'static str {
+    fn unsupported_field(result: Result<ModelConfig, ConfigError>) -> &'static str {
         match result {
             Err(ConfigError::Unsupported { field, .. }) => field,
             other => panic!("expected ConfigError::Unsupported, got {other:?}"),
         }
     }
 
-    fn invalid_field(result: Result<LladaConfig, ConfigError>) -> &'static str {
+    fn invalid_field(result: Result<ModelConfig, ConfigError>) -> &'static str {
         match result {
             Err(ConfigError::Invalid { field, .. }) => field,
             other => panic!("expected ConfigError::Invalid, got {other:?}"),
@@ -358,7 +397,7 @@ mod tests {
         let mut v: Value = serde_json::from_str(LLADA_8B).unwrap();
         v["n_layers"] = 1000.into();
         v["mlp_hidden_size"] = (1u64 << 20).into();
-        let err = LladaConfig::from_json_value(&v).unwrap_err().to_string();
+        let err = ModelConfig::from_json_value(&v).unwrap_err().to_string();
         assert!(err.contains("parameters"), "{err}");
     }
 
@@ -378,7 +417,7 @@ mod tests {
             ("activation_type", "swiglu".into()),
             ("input_emb_norm", true.into()),
             ("scale_logits", true.into()),
-            ("model_type", "Dream".into()),
+            ("model_type", "qwen2".into()),
         ];
         for (key, value) in cases {
             assert_eq!(unsupported_field(with(key, Some(value))), key);
@@ -392,7 +431,7 @@ mod tests {
         v["bias_for_layer_norm"] = Value::Null;
         // include_bias itself is reported first.
         assert_eq!(
-            unsupported_field(LladaConfig::from_json_value(&v)),
+            unsupported_field(ModelConfig::from_json_value(&v)),
             "include_bias"
         );
     }
@@ -434,14 +473,14 @@ mod tests {
         let mut v: Value = serde_json::from_str(LLADA_8B).unwrap();
         v["n_kv_heads"] = Value::Null;
         v["multi_query_attention"] = true.into();
-        assert_eq!(LladaConfig::from_json_value(&v).unwrap().n_kv_heads, 1);
+        assert_eq!(ModelConfig::from_json_value(&v).unwrap().n_kv_heads, 1);
         v["n_kv_heads"] = 8.into();
         assert_eq!(
-            invalid_field(LladaConfig::from_json_value(&v)),
+            invalid_field(ModelConfig::from_json_value(&v)),
             "n_kv_heads"
         );
         v["n_kv_heads"] = 1.into();
-        assert_eq!(LladaConfig::from_json_value(&v).unwrap().n_kv_heads, 1);
+        assert_eq!(ModelConfig::from_json_value(&v).unwrap().n_kv_heads, 1);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Token selection from one row of LM-head logits, in f64: the reference for the GPU's
-//! streaming argmax / softmax-probability reduction.
+//! streaming argmax / confidence reduction.
 
 use crate::rng::{hash4, uniform_open};
-pub use crate::sampler::SelectParams;
+pub use crate::sampler::{ConfidenceKind, SelectParams};
 
 /// Standard Gumbel noise `-ln(-ln U)` for vocabulary id `token` of the row at `position`.
 pub fn gumbel(params: &SelectParams, position: u32, token: u32) -> f64 {
@@ -17,11 +17,17 @@ pub fn gumbel(params: &SelectParams, position: u32, token: u32) -> f64 {
     -(-u.ln()).ln()
 }
 
-/// The chosen token id of a full logits row and its untempered softmax probability.
+/// The chosen token id of a full logits row and its confidence, from the untempered
+/// softmax.
 ///
 /// Token: argmax of `l + T * gumbel` (first index on ties), where `l` is the
-/// CFG-combined, suppressed logit. Confidence: `softmax(l)[token]` over the ids not in
-/// `conf_exclude`, and 0 when the token is excluded.
+/// CFG-combined, suppressed logit. Confidence by `params.confidence`:
+/// - `Probability`: `softmax(l)[token]` over the ids not in `conf_exclude`, and 0 when the
+///   token is excluded or suppressed;
+/// - `Margin`: the largest minus the second largest entry of `softmax(l)`;
+/// - `NegEntropy`: `sum p ln p` over `p = softmax(l)` (terms with `p = 0` count 0).
+///
+/// The last two see every id but the suppressed one; a row without any is 0.
 pub fn select_token(
     logits: &[f32],
     uncond: Option<&[f32]>,
@@ -57,9 +63,18 @@ pub fn select_token(
             token = v;
         }
     }
-    let excluded = |v: usize| params.conf_exclude.contains(&Some(v as u32));
+    let confidence = match params.confidence {
+        ConfidenceKind::Probability => probability(&l, token, &params.conf_exclude),
+        ConfidenceKind::Margin => margin(&l),
+        ConfidenceKind::NegEntropy => neg_entropy(&l),
+    };
+    (token as u32, confidence as f32)
+}
+
+fn probability(l: &[f64], token: usize, conf_exclude: &[Option<u32>; 2]) -> f64 {
+    let excluded = |v: usize| conf_exclude.contains(&Some(v as u32));
     if excluded(token) || l[token] == f64::NEG_INFINITY {
-        return (token as u32, 0.0);
+        return 0.0;
     }
     let max = l
         .iter()
@@ -73,7 +88,41 @@ pub fn select_token(
         .filter(|(v, _)| !excluded(*v))
         .map(|(_, &x)| (x - max).exp())
         .sum();
-    (token as u32, ((l[token] - max).exp() / sum) as f32)
+    (l[token] - max).exp() / sum
+}
+
+/// The row's softmax over its finite logits, or `None` when it has none.
+fn softmax(l: &[f64]) -> Option<Vec<f64>> {
+    let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return None;
+    }
+    let e: Vec<f64> = l.iter().map(|&x| (x - max).exp()).collect();
+    let z: f64 = e.iter().sum();
+    Some(e.into_iter().map(|x| x / z).collect())
+}
+
+fn margin(l: &[f64]) -> f64 {
+    let Some(p) = softmax(l) else {
+        return 0.0;
+    };
+    let (mut top1, mut top2) = (0.0f64, 0.0f64);
+    for &x in &p {
+        if x > top1 {
+            top2 = top1;
+            top1 = x;
+        } else if x > top2 {
+            top2 = x;
+        }
+    }
+    top1 - top2
+}
+
+fn neg_entropy(l: &[f64]) -> f64 {
+    let Some(p) = softmax(l) else {
+        return 0.0;
+    };
+    p.iter().filter(|&&x| x > 0.0).map(|&x| x * x.ln()).sum()
 }
 
 #[cfg(test)]
@@ -104,6 +153,78 @@ mod tests {
             ..SelectParams::default()
         };
         assert_eq!(select_token(&logits, None, 0, &p), (1, 0.0));
+    }
+
+    #[test]
+    fn margin_and_negative_entropy() {
+        let logits = [1.0f32, 3.0, 2.0, 0.0];
+        let z: f64 = [1.0f64, 3.0, 2.0, 0.0].iter().map(|x| x.exp()).sum();
+        let p: Vec<f64> = [1.0f64, 3.0, 2.0, 0.0]
+            .iter()
+            .map(|x| x.exp() / z)
+            .collect();
+        let with = |confidence| SelectParams {
+            confidence,
+            // Ignored by both kinds.
+            conf_exclude: [Some(1), None],
+            ..SelectParams::default()
+        };
+        let (tok, m) = select_token(&logits, None, 0, &with(ConfidenceKind::Margin));
+        assert_eq!(tok, 1);
+        assert!((m as f64 - (p[1] - p[2])).abs() < 1e-7);
+        // (1 - e^(l2 - l1)) / Z with Z relative to the maximum, as the kernel computes it.
+        let z1 = z / 3f64.exp();
+        assert!((m as f64 - (1.0 - (-1f64).exp()) / z1).abs() < 1e-7);
+        let (tok, h) = select_token(&logits, None, 0, &with(ConfidenceKind::NegEntropy));
+        assert_eq!(tok, 1);
+        let want: f64 = p.iter().map(|x| x * x.ln()).sum();
+        assert!((h as f64 - want).abs() < 1e-6 && h < 0.0);
+        // Streaming form: S1 / S0 - ln S0 over d = l - max.
+        let s0: f64 = [1.0f64, 3.0, 2.0, 0.0]
+            .iter()
+            .map(|x| (x - 3.0).exp())
+            .sum();
+        let s1: f64 = [1.0f64, 3.0, 2.0, 0.0]
+            .iter()
+            .map(|x| (x - 3.0).exp() * (x - 3.0))
+            .sum();
+        assert!((s1 / s0 - s0.ln() - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn margin_ties_single_column_and_suppression() {
+        let margin = SelectParams {
+            confidence: ConfidenceKind::Margin,
+            ..SelectParams::default()
+        };
+        let entropy = SelectParams {
+            confidence: ConfidenceKind::NegEntropy,
+            ..SelectParams::default()
+        };
+        assert_eq!(select_token(&[2.0, 5.0, 5.0], None, 0, &margin), (1, 0.0));
+        assert_eq!(select_token(&[-4.0], None, 0, &margin), (0, 1.0));
+        assert_eq!(select_token(&[-4.0], None, 0, &entropy), (0, 0.0));
+        // Flat row of n: entropy ln n.
+        let (_, h) = select_token(&[0.5; 8], None, 0, &entropy);
+        assert!((h as f64 + 8f64.ln()).abs() < 1e-6);
+        // The suppressed id leaves the softmax: [_, 5, 5] -> margin 0; a suppressed
+        // single column has no confidence.
+        let suppress = |p: SelectParams, s| SelectParams {
+            suppress_token: Some(s),
+            ..p
+        };
+        assert_eq!(
+            select_token(&[9.0, 5.0, 5.0], None, 0, &suppress(margin, 0)),
+            (1, 0.0)
+        );
+        assert_eq!(
+            select_token(&[9.0], None, 0, &suppress(margin, 0)),
+            (0, 0.0)
+        );
+        assert_eq!(
+            select_token(&[9.0], None, 0, &suppress(entropy, 0)),
+            (0, 0.0)
+        );
     }
 
     #[test]

@@ -12,11 +12,11 @@
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 
 use super::ModelError;
 use super::checkpoint::Checkpoint;
-use super::weights::{LladaWeights, LoadProgress, WeightFormats};
+use super::weights::{LoadProgress, ModelWeights, WeightFormats};
 use crate::context::GpuContext;
 use crate::ops::attention::{self, AttentionShape, KvSegment};
 use crate::ops::elementwise::{self as ew, QkvShape};
@@ -25,10 +25,10 @@ use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
 /// A loaded LLaDA model.
-pub struct LladaModel {
+pub struct Model {
     pub ctx: Arc<GpuContext>,
-    pub cfg: LladaConfig,
-    pub weights: LladaWeights,
+    pub cfg: ModelConfig,
+    pub weights: ModelWeights,
     /// cos/sin rows for the positions requests have used so far (`RopeTable::rows`), grown
     /// on demand up to `max_pos`: a config's `max_sequence_length` alone never allocates.
     rope: RwLock<RopeTable>,
@@ -90,7 +90,7 @@ pub struct LayerPass<'a> {
 pub use super::select::{SelectBuffers, TokenChoice};
 pub use unmask_core::step_plan::SeqWindow;
 
-impl LladaModel {
+impl Model {
     /// Loads `dir/config.json` and the safetensors checkpoint beside it.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load(
@@ -99,27 +99,27 @@ impl LladaModel {
         formats: impl Into<WeightFormats>,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
-        let cfg = LladaConfig::from_file(dir.join("config.json"))?;
+        let cfg = ModelConfig::from_file(dir.join("config.json"))?;
         let ckpt = Checkpoint::open(dir)?;
         Self::from_checkpoint(ctx, cfg, &ckpt, formats, progress)
     }
 
     pub fn from_checkpoint(
         ctx: Arc<GpuContext>,
-        cfg: LladaConfig,
+        cfg: ModelConfig,
         ckpt: &Checkpoint,
         formats: impl Into<WeightFormats>,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
-        let weights = LladaWeights::load(&ctx, &cfg, ckpt, formats, progress)?;
+        let weights = ModelWeights::load(&ctx, &cfg, ckpt, formats, progress)?;
         Self::from_weights(ctx, cfg, weights)
     }
 
     /// The model over weights already on the GPU (e.g. uploaded from a stream).
     pub fn from_weights(
         ctx: Arc<GpuContext>,
-        cfg: LladaConfig,
-        weights: LladaWeights,
+        cfg: ModelConfig,
+        weights: ModelWeights,
     ) -> Result<Self, ModelError> {
         let max_pos = cfg.max_sequence_length.max(1);
         let rope = Self::build_rope(&ctx, &cfg, max_pos.min(ROPE_INITIAL_ROWS))?;
@@ -135,7 +135,7 @@ impl LladaModel {
 
     fn build_rope(
         ctx: &Arc<GpuContext>,
-        cfg: &LladaConfig,
+        cfg: &ModelConfig,
         rows: usize,
     ) -> Result<RopeTable, ModelError> {
         let hd = cfg.head_dim();
@@ -393,6 +393,7 @@ impl LladaModel {
                 pass.kv_index,
                 &arena.k,
                 &arena.v,
+                lw.qkv_bias.as_ref(),
                 QkvShape {
                     rows,
                     n_heads: h,

@@ -20,14 +20,12 @@ pub use checkpoint::{
     Checkpoint, CheckpointError, CheckpointLayout, FileHeader, QuantTensor, ShardIndex,
     StoredTensor,
 };
-pub use forward::{
-    ForwardState, KvLayer, LayerPass, LladaModel, SelectBuffers, SeqWindow, TokenChoice,
-};
+pub use forward::{ForwardState, KvLayer, LayerPass, Model, SelectBuffers, SeqWindow, TokenChoice};
 pub use plan::{DeepRows, SharedPrefix};
 pub use quant_checkpoint::write_quantized;
 pub use stream::BodyStream;
 pub use weights::{
-    LayerWeights, LladaWeights, LoadProgress, WeightFormats, WeightUpload, weight_bytes,
+    LayerWeights, LoadProgress, ModelWeights, WeightFormats, WeightUpload, weight_bytes,
 };
 
 #[derive(Debug, Error)]

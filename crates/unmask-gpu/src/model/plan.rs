@@ -5,7 +5,7 @@
 use unmask_core::step_plan::{Output, RowCopy, StepPlan};
 
 use super::ModelError;
-use super::forward::{ForwardState, KvLayer, LayerPass, LladaModel};
+use super::forward::{ForwardState, KvLayer, LayerPass, Model};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
@@ -29,7 +29,7 @@ pub struct SharedPrefix<'a> {
     pub boundary: &'a Tensor,
 }
 
-impl LladaModel {
+impl Model {
     /// Deep-pass rows for plans of up to `capacity` deep rows.
     pub fn new_deep_rows(&self, capacity: usize) -> Result<DeepRows, ModelError> {
         let cap = capacity.max(1);

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use unmask_core::config::LladaConfig;
+use unmask_core::config::ModelConfig;
 use unmask_core::quant::{self, QuantFormat};
 use unmask_core::safetensors_writer::{Dtype, SafetensorsWriter, TensorDecl};
 
@@ -21,12 +21,6 @@ use super::checkpoint::{
     QWEIGHT_SUFFIX, SCALES_SUFFIX, StoredDType,
 };
 use super::weights::{BLOCK_VALUES, LoadProgress, Source, index_row, matrix_source};
-
-/// Names of the embedding table and the untied LM head, which take the embed format.
-const EMBED_TENSORS: [&str; 2] = [
-    "model.transformer.wte.weight",
-    "model.transformer.ff_out.weight",
-];
 
 /// What one tensor of the output is made from.
 enum Plan<'a> {
@@ -86,7 +80,7 @@ fn format_name(f: Option<QuantFormat>) -> &'static str {
 /// in `layers`, the embedding table and LM head in `embed` (`None` keeps them as stored).
 /// Returns the bytes written.
 pub fn write_quantized(
-    cfg: &LladaConfig,
+    cfg: &ModelConfig,
     ckpt: &Checkpoint,
     layers: Option<QuantFormat>,
     embed: Option<QuantFormat>,
@@ -99,7 +93,8 @@ pub fn write_quantized(
     // The format each group of matrices is stored in, for the metadata: [blocks, tables].
     let mut stored: [Option<Option<QuantFormat>>; 2] = [None, None];
     for (name, shape) in cfg.tensor_specs() {
-        let is_table = EMBED_TENSORS.contains(&name.as_str());
+        // The embedding table and the untied LM head take the embed format.
+        let is_table = name == cfg.family.embedding_name() || name == cfg.family.lm_head_name();
         let target = if is_table { embed } else { layers };
         let (plan, format) = match (shape.as_slice(), target) {
             (&[rows, cols], Some(format)) => {

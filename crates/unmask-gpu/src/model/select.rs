@@ -4,7 +4,7 @@
 //! row is read back. Also the full-logits path used by parity checks.
 
 use super::ModelError;
-use super::forward::{ForwardState, LladaModel};
+use super::forward::{ForwardState, Model};
 use crate::ops::elementwise::{self as ew, RowWindow};
 use crate::ops::matmul;
 use crate::ops::sampling::{self, SelectParams};
@@ -28,14 +28,14 @@ pub struct SelectBuffers {
     pub out: Tensor,
 }
 
-/// The token chosen for one row and its confidence (softmax probability).
+/// The token chosen for one row and its confidence (`SelectParams::confidence`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TokenChoice {
     pub token: u32,
     pub confidence: f32,
 }
 
-impl LladaModel {
+impl Model {
     pub fn new_select(&self, capacity: usize) -> Result<SelectBuffers, ModelError> {
         let ctx = &self.ctx;
         let cap = capacity.max(1);
@@ -173,7 +173,7 @@ impl LladaModel {
                 params,
             )?;
         }
-        sampling::select_finalize(step, &sel.state, &sel.out, n)?;
+        sampling::select_finalize(step, &sel.state, &sel.out, n, params.confidence)?;
         Ok(())
     }
 

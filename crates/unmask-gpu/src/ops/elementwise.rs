@@ -41,7 +41,6 @@ pub fn variants() -> Vec<ShaderVariant> {
     for (kernel, entry) in [
         (RMSNORM, "main"),
         (ROPE, "main"),
-        (ROPE_QKV, "main"),
         (COPY_ROWS, "gather"),
         (COPY_ROWS, "scatter"),
         (SWIGLU, "main"),
@@ -51,6 +50,13 @@ pub fn variants() -> Vec<ShaderVariant> {
             kernel,
             entry,
             spec: Spec::new(),
+        });
+    }
+    for bias in [false, true] {
+        v.push(ShaderVariant {
+            kernel: ROPE_QKV,
+            entry: "main",
+            spec: Spec::new().flag_if(bias, "BIAS"),
         });
     }
     v
@@ -287,8 +293,9 @@ pub struct QkvShape {
 
 /// RoPE of the q heads in place, and the rotated k heads and the v heads of each row into
 /// row `kv_index[r]` of the K and V arenas `[.., n_kv_heads head_dim]`: one dispatch for
-/// what RoPE and two row scatters did.
-#[allow(clippy::too_many_arguments)] // the six buffers of one dispatch and its shape
+/// what RoPE and two row scatters did. `bias` (one value per QKV column) is added to q, k
+/// and v before anything else.
+#[allow(clippy::too_many_arguments)] // the buffers of one dispatch (bias optional) and its shape
 pub fn rope_qkv(
     step: &mut StepEncoder,
     qkv: &Tensor,
@@ -297,6 +304,7 @@ pub fn rope_qkv(
     kv_index: &Tensor,
     k_arena: &Tensor,
     v_arena: &Tensor,
+    bias: Option<&Tensor>,
     s: QkvShape,
 ) -> Result<()> {
     check(
@@ -313,8 +321,15 @@ pub fn rope_qkv(
     check_u32("rope_qkv kv_index", kv_index, s.rows)?;
     check_f32("rope_qkv k arena", k_arena, kv_w)?;
     check_f32("rope_qkv v arena", v_arena, kv_w)?;
+    if let Some(bias) = bias {
+        check_f32("rope_qkv bias", bias, row_stride)?;
+    }
     let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&ROPE_QKV, "main", &Spec::new())?;
+    let pipeline = ctx.pipeline(
+        &ROPE_QKV,
+        "main",
+        &Spec::new().flag_if(bias.is_some(), "BIAS"),
+    )?;
     let params = RopeQkvParams {
         rows: u32_of(s.rows),
         n_heads: u32_of(s.n_heads),
@@ -334,7 +349,10 @@ pub fn rope_qkv(
             kv_index.into(),
             k_arena.into(),
             v_arena.into(),
-        ],
+        ]
+        .into_iter()
+        .chain(bias.map(Into::into))
+        .collect::<Vec<_>>(),
         groups_2d(ctx, u32_of(s.rows)),
     );
     Ok(())

@@ -1,6 +1,7 @@
 //! Token selection from LM-head logits (DESIGN.md §2): per row, the argmax of the
-//! CFG-combined logits (plus Gumbel noise when T > 0) and its untempered softmax
-//! probability. Logits stay on the GPU; a row reads back 8 bytes.
+//! CFG-combined logits (plus Gumbel noise when T > 0) and a confidence from the untempered
+//! softmax: the chosen token's probability, the top-1 minus top-2 margin or the negative
+//! entropy (`ConfidenceKind`). Logits stay on the GPU; a row reads back 8 bytes.
 //!
 //! The LM head may produce the logits one vocabulary chunk at a time, so selection is a
 //! streaming reduction: `select_reset`, then `select_accumulate` once per chunk (any order
@@ -17,12 +18,13 @@ use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor};
 
-pub use unmask_core::sampler::SelectParams;
+pub use unmask_core::sampler::{ConfidenceKind, SelectParams};
 
 const SELECT: KernelSource = kernel_source!("select");
 
-/// u32 words of selection state per row.
-pub const STATE_WORDS: usize = 5;
+/// u32 words of selection state per row, the same for every confidence kind: best score,
+/// best id, its logit, softmax max, S0, second largest logit (margin), S1 (entropy).
+pub const STATE_WORDS: usize = 7;
 
 /// Invocations of the per-row `reset` / `finalize` kernels.
 const ROW_WG: usize = 64;
@@ -35,36 +37,57 @@ pub fn state_len(rows: usize) -> usize {
 /// Id value the kernel reserves for "none".
 const NONE: u32 = u32::MAX;
 
-fn accumulate_spec(cfg: bool, noise: bool, vec4: bool) -> Spec {
-    Spec::new()
+const KINDS: [ConfidenceKind; 3] = [
+    ConfidenceKind::Probability,
+    ConfidenceKind::Margin,
+    ConfidenceKind::NegEntropy,
+];
+
+/// The confidence kind is a shader flag of `accumulate` and `finalize` (none for the
+/// probability), so each variant only carries the statistics its kind needs.
+fn with_kind(spec: Spec, kind: ConfidenceKind) -> Spec {
+    match kind {
+        ConfidenceKind::Probability => spec,
+        ConfidenceKind::Margin => spec.flag("MARGIN"),
+        ConfidenceKind::NegEntropy => spec.flag("ENTROPY"),
+    }
+}
+
+fn accumulate_spec(cfg: bool, noise: bool, vec4: bool, kind: ConfidenceKind) -> Spec {
+    let spec = Spec::new()
         .flag("ACCUMULATE")
         .flag_if(cfg, "CFG")
         .flag_if(noise, "NOISE")
         .flag_if(vec4, "VEC4")
-        .constant("POS_BINDING", if cfg { 4 } else { 3 })
+        .constant("POS_BINDING", if cfg { 4 } else { 3 });
+    with_kind(spec, kind)
+}
+
+fn finalize_spec(kind: ConfidenceKind) -> Spec {
+    with_kind(Spec::new().flag("FINALIZE"), kind)
 }
 
 pub fn variants() -> Vec<ShaderVariant> {
-    let mut v = vec![
-        ShaderVariant {
-            kernel: SELECT,
-            entry: "reset",
-            spec: Spec::new().flag("RESET"),
-        },
-        ShaderVariant {
+    let mut v = vec![ShaderVariant {
+        kernel: SELECT,
+        entry: "reset",
+        spec: Spec::new().flag("RESET"),
+    }];
+    for kind in KINDS {
+        v.push(ShaderVariant {
             kernel: SELECT,
             entry: "finalize",
-            spec: Spec::new().flag("FINALIZE"),
-        },
-    ];
-    for cfg in [false, true] {
-        for noise in [false, true] {
-            for vec4 in [false, true] {
-                v.push(ShaderVariant {
-                    kernel: SELECT,
-                    entry: "accumulate",
-                    spec: accumulate_spec(cfg, noise, vec4),
-                });
+            spec: finalize_spec(kind),
+        });
+        for cfg in [false, true] {
+            for noise in [false, true] {
+                for vec4 in [false, true] {
+                    v.push(ShaderVariant {
+                        kernel: SELECT,
+                        entry: "accumulate",
+                        spec: accumulate_spec(cfg, noise, vec4, kind),
+                    });
+                }
             }
         }
     }
@@ -78,6 +101,9 @@ struct RowParams {
     _pad: [u32; 3],
 }
 
+/// The uniform of `accumulate`, built from `SelectParams` (which is not passed as is: its
+/// `Option`s become `NONE`, the seed two words). The confidence kind needs no word here: it
+/// picks the shader variant.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 struct AccumulateParams {
@@ -204,6 +230,11 @@ pub fn select_accumulate(
     let suppress = id_param("suppress_token", params.suppress_token)?;
     let exclude0 = id_param("conf_exclude[0]", params.conf_exclude[0])?;
     let exclude1 = id_param("conf_exclude[1]", params.conf_exclude[1])?;
+    // Only the probability leaves ids out of its softmax; margin and entropy see the row.
+    let (exclude0, exclude1) = match params.confidence {
+        ConfidenceKind::Probability => (exclude0, exclude1),
+        ConfidenceKind::Margin | ConfidenceKind::NegEntropy => (NONE, NONE),
+    };
     let elems = rows
         .checked_mul(n)
         .ok_or_else(|| shape_error(OP, "rows * n below 2^32".into(), format!("{rows} x {n}")))?;
@@ -234,7 +265,7 @@ pub fn select_accumulate(
     let vec4 = n.is_multiple_of(4)
         && logits.buffer.size().is_multiple_of(16)
         && uncond.is_none_or(|u| u.buffer.size().is_multiple_of(16));
-    let spec = accumulate_spec(uncond.is_some(), noise, vec4);
+    let spec = accumulate_spec(uncond.is_some(), noise, vec4, params.confidence);
     let ctx = step.ctx();
     let pipeline = ctx.pipeline(&SELECT, "accumulate", &spec)?;
     let p = AccumulateParams {
@@ -264,12 +295,14 @@ pub fn select_accumulate(
 }
 
 /// Writes `out` as u32 `[rows, 2]`: the chosen token id and the bits of its f32
-/// confidence.
+/// confidence of `kind`, which must be the `params.confidence` the chunks were accumulated
+/// with (only that kind's statistics are kept).
 pub fn select_finalize(
     step: &mut StepEncoder,
     state: &Tensor,
     out: &Tensor,
     rows: usize,
+    kind: ConfidenceKind,
 ) -> Result<()> {
     const OP: &str = "select_finalize";
     check_tensor(OP, "state", state, DType::U32, state_len(rows))?;
@@ -287,7 +320,7 @@ pub fn select_finalize(
     let n = rows_u32(OP, rows)?;
     let pipeline = step
         .ctx()
-        .pipeline(&SELECT, "finalize", &Spec::new().flag("FINALIZE"))?;
+        .pipeline(&SELECT, "finalize", &finalize_spec(kind))?;
     let params = RowParams {
         rows: n,
         _pad: [0; 3],

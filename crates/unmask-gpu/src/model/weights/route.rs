@@ -28,8 +28,13 @@ pub(super) enum Part {
         scales: bool,
         partner: String,
     },
-    /// A norm weight, kept in f32 (tiny, and read by every row): one row of `cols` values.
-    Vector { dst: Tensor, dtype: StoredDType },
+    /// A norm weight or a bias, kept in f32 (tiny, and read by every row): one row of
+    /// `cols` values, written from element `offset` of `dst`.
+    Vector {
+        dst: Tensor,
+        offset: usize,
+        dtype: StoredDType,
+    },
 }
 
 pub(super) struct Target {
@@ -179,11 +184,38 @@ impl Planner<'_> {
     }
 
     pub(super) fn vector(&mut self, name: &str, len: usize) -> Result<Tensor, ModelError> {
+        self.stacked_vector(name, &[(name.to_string(), len)])
+    }
+
+    /// Concatenates several 1-D tensors into one f32 vector, in order (the q, k and v
+    /// biases of the fused projection).
+    pub(super) fn stacked_vector(
+        &mut self,
+        label: &str,
+        parts: &[(String, usize)],
+    ) -> Result<Tensor, ModelError> {
+        let total = parts.iter().map(|(_, len)| len).sum::<usize>();
+        let dst = Tensor::zeros(self.ctx, DType::F32, &[total], label)?;
+        let mut offset = 0;
+        for (name, len) in parts {
+            self.route_vector(&dst, name, *len, offset)?;
+            offset += len;
+        }
+        Ok(dst)
+    }
+
+    fn route_vector(
+        &mut self,
+        dst: &Tensor,
+        name: &str,
+        len: usize,
+        offset: usize,
+    ) -> Result<(), ModelError> {
         let t = self.layout.tensor_entry(name, &[len])?;
-        let dst = Tensor::zeros(self.ctx, DType::F32, &[len], name)?;
         let target = Target {
             part: Part::Vector {
                 dst: dst.clone(),
+                offset,
                 dtype: t.dtype,
             },
             path: t.path.to_path_buf(),
@@ -194,6 +226,6 @@ impl Planner<'_> {
             received: 0,
         };
         self.add(name.to_string(), target);
-        Ok(dst)
+        Ok(())
     }
 }

@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use unmask_core::config::LladaConfig;
+use unmask_core::config::{LayerTensor, ModelConfig};
 use unmask_core::quant::{self, QuantFormat};
 
 use super::convert::{Source, check_finite, convert_rows};
 use super::route::{Part, Planner, Target};
-use super::{LayerWeights, LladaWeights, LoadProgress, WeightFormats};
+use super::{LayerWeights, LoadProgress, ModelWeights, WeightFormats};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::model::checkpoint::{CheckpointError, CheckpointLayout, QuantTensor, Span, TensorBytes};
@@ -22,7 +22,7 @@ const FLUSH_BYTES: u64 = 256 << 20;
 /// An upload of a checkpoint's weights in progress: buffers allocated, tensors arriving.
 pub struct WeightUpload<'a> {
     ctx: &'a GpuContext,
-    weights: LladaWeights,
+    weights: ModelWeights,
     targets: HashMap<String, Target>,
     /// Tensor names in model order.
     order: Vec<String>,
@@ -43,7 +43,7 @@ impl<'a> WeightUpload<'a> {
     /// keep their format; the others are converted to `formats`.
     pub fn plan(
         ctx: &'a GpuContext,
-        cfg: &LladaConfig,
+        cfg: &ModelConfig,
         layout: &CheckpointLayout,
         formats: impl Into<WeightFormats>,
         progress: &'a mut dyn FnMut(LoadProgress<'_>),
@@ -72,59 +72,63 @@ impl<'a> WeightUpload<'a> {
         let q_rows = cfg.n_heads * hd;
         let kv_rows = cfg.n_kv_heads * hd;
         let hidden = cfg.mlp_hidden_size;
-        let embedding = p.matrix(
-            "model.transformer.wte.weight",
-            cfg.embedding_size,
-            d,
-            embed_format,
-        )?;
+        let family = cfg.family;
+        let embedding = p.matrix(family.embedding_name(), cfg.embedding_size, d, embed_format)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
-            let name = |n: &str| format!("model.transformer.blocks.{i}.{n}.weight");
-            let attn_norm = p.vector(&name("attn_norm"), d)?;
+            let name = |part: LayerTensor| family.layer_name(i, part);
+            let attn_norm = p.vector(&name(LayerTensor::AttnNorm), d)?;
             let qkv = p.stacked(
                 &format!("blocks.{i}.qkv"),
                 &[
-                    (name("q_proj"), q_rows),
-                    (name("k_proj"), kv_rows),
-                    (name("v_proj"), kv_rows),
+                    (name(LayerTensor::Q), q_rows),
+                    (name(LayerTensor::K), kv_rows),
+                    (name(LayerTensor::V), kv_rows),
                 ],
                 d,
                 layers_format,
             )?;
-            let attn_out = p.matrix(&name("attn_out"), d, q_rows, layers_format)?;
-            let ff_norm = p.vector(&name("ff_norm"), d)?;
+            let qkv_bias = if cfg.qkv_bias {
+                Some(p.stacked_vector(
+                    &format!("blocks.{i}.qkv_bias"),
+                    &[
+                        (name(LayerTensor::QBias), q_rows),
+                        (name(LayerTensor::KBias), kv_rows),
+                        (name(LayerTensor::VBias), kv_rows),
+                    ],
+                )?)
+            } else {
+                None
+            };
+            let attn_out = p.matrix(&name(LayerTensor::O), d, q_rows, layers_format)?;
+            let ff_norm = p.vector(&name(LayerTensor::FfnNorm), d)?;
             let gate_up = p.paired(
                 &format!("blocks.{i}.gate_up"),
-                [name("ff_proj"), name("up_proj")],
+                [name(LayerTensor::Gate), name(LayerTensor::Up)],
                 hidden,
                 d,
                 layers_format,
             )?;
-            let down = p.matrix(&name("ff_out"), d, hidden, layers_format)?;
+            let down = p.matrix(&name(LayerTensor::Down), d, hidden, layers_format)?;
             layers.push(LayerWeights {
                 attn_norm,
                 qkv,
+                qkv_bias,
                 attn_out,
                 ff_norm,
                 gate_up,
                 down,
             });
         }
-        let ln_f = p.vector("model.transformer.ln_f.weight", d)?;
+        let ln_f = p.vector(family.final_norm_name(), d)?;
         let lm_head = if cfg.weight_tying {
             embedding.clone()
         } else {
-            p.matrix(
-                "model.transformer.ff_out.weight",
-                cfg.embedding_size,
-                d,
-                embed_format,
-            )?
+            p.matrix(family.lm_head_name(), cfg.embedding_size, d, embed_format)?
         };
         Ok(Self {
             ctx,
-            weights: LladaWeights {
+            weights: ModelWeights {
                 embedding,
                 layers,
                 ln_f,
@@ -197,7 +201,7 @@ impl<'a> WeightUpload<'a> {
                 });
                 convert_rows(self.ctx, dst, name, &src, n, cols, row_offset + first_row)?;
             }
-            Part::Vector { dst, dtype } => {
+            Part::Vector { dst, offset, dtype } => {
                 let shape = [cols];
                 let src = TensorBytes {
                     name,
@@ -209,7 +213,7 @@ impl<'a> WeightUpload<'a> {
                 let mut v = vec![0f32; cols];
                 src.read_f32(0, &mut v);
                 check_finite(name, &path, &v, cols, 0)?;
-                dst.write_f32(self.ctx, &v)?;
+                dst.write_at(self.ctx, (*offset * 4) as u64, bytemuck::cast_slice(&v))?;
             }
             Part::Quant {
                 dst,
@@ -308,7 +312,7 @@ impl<'a> WeightUpload<'a> {
     }
 
     /// The weights, once every row of every tensor has arrived.
-    pub fn finish(self) -> Result<LladaWeights, ModelError> {
+    pub fn finish(self) -> Result<ModelWeights, ModelError> {
         for name in &self.order {
             let t = &self.targets[name];
             if t.received < t.rows {

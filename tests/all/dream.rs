@@ -1,0 +1,350 @@
+//! Dream-family models on the tiny Dream checkpoint (tests/fixtures/tiny-dream: Qwen2 names,
+//! q/k/v biases, GQA, ChatML): the forward against the independent numpy reference
+//! (tools/dream_ref.py), and Dream's sampler (timestep schedule, each `alg`, `alg_temp`,
+//! Fast-dLLM's blocks and threshold) step for step against its goldens.
+
+use crate::common;
+
+use common::{assert_close, dream_fixture_dir};
+use serde_json::Value;
+use unmask::{CacheMode, Request};
+use unmask_core::config::ModelFamily;
+use unmask_core::goldens::{ids, params};
+use unmask_core::sampler::{Remasking, Sampler};
+use unmask_gpu::WeightFormat;
+use unmask_gpu::model::Model;
+
+fn logits_goldens() -> Value {
+    let text = std::fs::read_to_string(dream_fixture_dir().join("goldens/logits.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn flat(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+        })
+        .collect()
+}
+
+fn check_logits(format: WeightFormat, tol: f64) {
+    let model = Model::load(common::ctx(), &dream_fixture_dir(), format, &mut |_| {})
+        .expect("tiny Dream model loads");
+    assert_eq!(model.cfg.family, ModelFamily::Dream);
+    assert!(model.weights.layers.iter().all(|l| l.qkv_bias.is_some()));
+    for case in logits_goldens()["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        // The left-padded case's rows are the real tokens' under the reference's
+        // pad-aware positions: they must equal the unpadded prompt's logits, which is what
+        // the runtime computes (its batches are never padded).
+        let ids = ids(&case["ids"]);
+        let got = model.logits(&ids).expect("forward");
+        assert_close(
+            &format!(
+                "Dream logits {name} (T={}) weights={}",
+                ids.len(),
+                format.name()
+            ),
+            &got,
+            &flat(&case["logits_f32"]),
+            tol,
+        );
+    }
+}
+
+#[test]
+fn dream_logits_match_the_reference() {
+    check_logits(WeightFormat::F32, 1e-4);
+    check_logits(WeightFormat::F16Packed, 1e-2);
+}
+
+/// Per step, the positions committed (empty steps left out: the runtime skips steps that
+/// would commit nothing), with the step index.
+fn golden_steps(case: &Value) -> Vec<(usize, Vec<u32>)> {
+    case["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["step"].as_u64().unwrap() as usize, ids(&s["committed"])))
+        .filter(|(_, c)| !c.is_empty())
+        .collect()
+}
+
+fn golden_draws(case: &Value) -> Vec<f32> {
+    case["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["draws"].as_array())
+        .flatten()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// (token, confidence) of one logits row as Dream's `sample_tokens` at temperature 0
+/// ranks it, in f64.
+fn dream_choice(row: &[f32], kind: Remasking) -> (u32, f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let probs: Vec<f64> = row.iter().map(|&l| (l as f64 - max).exp() / z).collect();
+    let (best, p1) = probs
+        .iter()
+        .enumerate()
+        .fold((0, -1.0), |b, (i, &p)| if p > b.1 { (i, p) } else { b });
+    let conf = match kind {
+        Remasking::Margin => {
+            let p2 = probs
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != best)
+                .map(|(_, &p)| p)
+                .fold(0.0, f64::max);
+            p1 - p2
+        }
+        Remasking::Entropy => probs.iter().map(|&p| p * (p + 1e-10).ln()).sum(),
+        _ => p1,
+    };
+    (best as u32, conf as f32)
+}
+
+/// Every case through the sampler with full-sequence logits read back from the GPU,
+/// shifted as Dream shifts them, confidences computed on the host and the reference's
+/// random numbers replayed: the schedule, each `alg`, `origin` and `alg_temp`.
+#[test]
+fn dream_sampler_matches_the_goldens_over_gpu_logits() {
+    let engine = common::tiny_dream_engine();
+    let model = engine.model();
+    let vocab = model.cfg.embedding_size;
+    let mut checked = 0;
+    for case in common::dream_golden_cases() {
+        let name = case["name"].as_str().unwrap().to_string();
+        let p = params(&case);
+        let kind = p.remasking;
+        let prompt = ids(&case["prompt"]);
+        let mut sampler = Sampler::new(&prompt, p, engine.special().mask, 512)
+            .unwrap()
+            .with_draws(golden_draws(&case));
+        let mut steps = Vec::new();
+        while !sampler.is_done() {
+            let logits = model.logits(sampler.tokens()).unwrap();
+            let preds: Vec<(u32, f32)> = sampler
+                .rows_to_predict()
+                .iter()
+                .map(|&pos| {
+                    let src = (pos as usize).saturating_sub(1);
+                    dream_choice(&logits[src * vocab..(src + 1) * vocab], kind)
+                })
+                .collect();
+            let record = sampler.commit(&preds).unwrap();
+            if !record.committed.is_empty() {
+                steps.push((record.step, record.committed.iter().map(|c| c.0).collect()));
+            }
+        }
+        assert_eq!(sampler.tokens(), ids(&case["output"]), "{name}: output");
+        assert_eq!(steps, golden_steps(&case), "{name}: per-step commits");
+        eprintln!("[golden] Dream {name}: {} steps equal", steps.len());
+        checked += 1;
+    }
+    assert_eq!(checked, 9, "every Dream golden case ran");
+}
+
+/// The engine's own path (GPU token choice, the model family's schedule picked by
+/// default, shifted rows planned on the GPU) gives the goldens of every case without
+/// random draws, in `none` and in every cache mode that recomputes the whole sequence.
+#[test]
+fn dream_generation_through_the_engine_matches_the_goldens() {
+    let engine = common::tiny_dream_engine();
+    let mut checked = 0;
+    for case in common::dream_golden_cases() {
+        if !golden_draws(&case).is_empty() {
+            continue; // the seeded draws are the runtime's own; replayed above
+        }
+        let name = case["name"].as_str().unwrap().to_string();
+        let mut p = params(&case);
+        p.schedule = unmask::Schedule::Auto; // the engine picks Dream's for this model
+        let eps = params(&case).schedule;
+        assert_eq!(eps, unmask::Schedule::DREAM);
+        let prompt = ids(&case["prompt"]);
+        let request = Request::ids(prompt.clone()).with_params(p);
+        let out = engine
+            .generate(&request)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = prompt.clone();
+        got.extend(&out.ids);
+        let steps: Vec<(usize, Vec<u32>)> = out
+            .steps
+            .iter()
+            .map(|r| (r.step, r.committed.iter().map(|c| c.0).collect()))
+            .collect();
+        assert_eq!(steps, golden_steps(&case), "{name}: per-step commits");
+        assert_eq!(got, ids(&case["output"]), "{name}: output");
+        checked += 1;
+    }
+    assert_eq!(checked, 7);
+}
+
+const SYSTEM: &str = "You answer with one short sentence.";
+
+/// A ChatML request on the fixture's tokenizer: the system turn is the shared prefix.
+fn chat(question: &str, cache: CacheMode, p: unmask::GenerationParams) -> Request {
+    Request::chat(Some(SYSTEM), question)
+        .with_params(p)
+        .with_cache(cache)
+}
+
+/// BiCache at depth 0 refreshing every step computes every row in every layer; with the
+/// shift, the first canvas position reads the refreshed prefix's last row. It must equal
+/// `none` exactly, in both BiCache modes.
+#[test]
+fn dream_bicache_refreshing_every_step_from_depth_0_equals_none() {
+    let engine = common::tiny_dream_engine();
+    let p = common::params(16, 8, 16);
+    let none = engine
+        .generate(&chat("What is 2 + 3?", CacheMode::None, p.clone()))
+        .unwrap();
+    for mode in [CacheMode::Bicache, CacheMode::BicacheDual] {
+        let request = Request {
+            depth: Some(0),
+            refresh_every: 1,
+            ..chat("What is 2 + 3?", mode, p.clone())
+        };
+        let out = engine.generate(&request).unwrap();
+        let report = out.bicache.as_ref().expect("a BiCache report");
+        assert!(report.fallback.is_none(), "{mode}: {report:?}");
+        assert!(report.entry_tokens > 0, "the system turn is shared");
+        assert_eq!(out.ids, none.ids, "{mode}");
+        assert_eq!(out.steps, none.steps, "{mode}");
+    }
+}
+
+/// BiCache reading the entry in every layer is prefix-arm's computation with the prefix's
+/// K/V as a separate attention segment: the same tokens and commits.
+#[test]
+fn dream_bicache_at_full_depth_equals_prefix_arm() {
+    let engine = common::tiny_dream_engine();
+    let p = common::params(16, 8, 16);
+    let arm = engine
+        .generate(&chat("Name a colour.", CacheMode::PrefixArm, p.clone()))
+        .unwrap();
+    let request = Request {
+        depth: Some(engine.config().n_layers),
+        ..chat("Name a colour.", CacheMode::Bicache, p)
+    };
+    let out = engine.generate(&request).unwrap();
+    assert!(out.bicache.as_ref().is_some_and(|b| b.fallback.is_none()));
+    assert_eq!(out.ids, arm.ids);
+    assert_eq!(out.steps, arm.steps);
+}
+
+/// Every cache mode on Dream's block schedule: the canvas fills, every step commits inside
+/// its block (the block's first step exactly its first position), the Fast-dLLM modes'
+/// first step (a full pass) equals `none`'s, and a second request with the same system
+/// prompt hits the shared entry. Agreement with `none` is printed: on random weights it
+/// measures nothing about quality.
+#[test]
+fn dream_every_cache_mode_follows_the_block_schedule() {
+    let engine = common::tiny_dream_engine();
+    let p = common::params(16, 8, 8);
+    let none = engine
+        .generate(&chat("What is 7 times 8?", CacheMode::None, p.clone()))
+        .unwrap();
+    let prompt_len = engine
+        .encode_prompt(&chat("What is 7 times 8?", CacheMode::None, p.clone()).prompt)
+        .unwrap()
+        .len();
+    for mode in [
+        CacheMode::FastDllmPrefix,
+        CacheMode::FastDllmDual,
+        CacheMode::PrefixArm,
+        CacheMode::Bicache,
+        CacheMode::BicacheDual,
+    ] {
+        let request = Request {
+            depth: Some(1),
+            ..chat("What is 7 times 8?", mode, p.clone())
+        };
+        let out = engine.generate(&request).unwrap();
+        assert_eq!(out.ids.len(), 16, "{mode}");
+        assert!(
+            !out.ids.contains(&engine.special().mask),
+            "{mode}: canvas filled"
+        );
+        for s in &out.steps {
+            let block = prompt_len + 8 * s.block..prompt_len + 8 * (s.block + 1);
+            assert!(
+                s.committed
+                    .iter()
+                    .all(|(pos, _)| block.contains(&(*pos as usize))),
+                "{mode}: step {s:?} outside block {block:?}"
+            );
+            if s.step == 0 {
+                assert_eq!(
+                    s.committed.len(),
+                    1,
+                    "{mode}: a block opens with one commit"
+                );
+                assert_eq!(s.committed[0].0 as usize, block.start, "{mode}");
+            }
+        }
+        if matches!(mode, CacheMode::FastDllmPrefix | CacheMode::FastDllmDual) {
+            assert_eq!(out.steps[0], none.steps[0], "{mode}: the block's full pass");
+        }
+        if mode.is_bicache() {
+            let again = Request {
+                depth: Some(1),
+                ..chat("Name a colour.", mode, p.clone())
+            };
+            let second = engine.generate(&again).unwrap();
+            let report = second.bicache.as_ref().expect("a report");
+            assert!(
+                report.hit && report.fallback.is_none(),
+                "{mode}: {report:?}"
+            );
+        }
+        eprintln!(
+            "[dream] {mode}: {}/16 tokens as none, {} steps",
+            common::same_tokens(&out.ids, &none.ids),
+            out.steps.len()
+        );
+    }
+}
+
+/// Quantized weights on a Dream model (the q/k/v biases and norms stay f32): the logits
+/// stay within about 1.5 times the measured distance to the reference (q8 3.6 %, q4 36 %:
+/// random tiny weights are sensitive, as tests/all/quant_model.rs notes for LLaDA), and it
+/// generates a whole canvas.
+#[test]
+fn dream_quantized_weights_stay_close_and_generate() {
+    let case = &logits_goldens()["cases"][2];
+    let ids = ids(&case["ids"]);
+    let want = flat(&case["logits_f32"]);
+    for (format, bound) in [(WeightFormat::Q8, 0.06), (WeightFormat::Q4, 0.5)] {
+        let options = unmask::EngineOptions {
+            weight_format: format,
+            ..unmask::EngineOptions::default()
+        };
+        let engine =
+            unmask::Engine::load_on(common::ctx(), &dream_fixture_dir(), &options, &mut |_| {})
+                .unwrap();
+        let got = engine.model().logits(&ids).unwrap();
+        let err = common::relative_error(&got, &want);
+        eprintln!(
+            "[check] Dream {} logits: relative error {err:.3e} (bound {bound})",
+            format.name()
+        );
+        assert!(err <= bound, "{}: {err}", format.name());
+        let out = engine
+            .generate(&Request::chat(None, "What is 2 + 3?").with_params(common::params(16, 8, 8)))
+            .unwrap();
+        assert!(
+            !out.ids.contains(&engine.special().mask),
+            "{}",
+            format.name()
+        );
+    }
+}
