@@ -14,12 +14,16 @@ References
   `goldens/generate.json` (sampler cases with the whole output).  Cases with `random`
   remasking are listed as not comparable: the runtime and numpy draw different random
   numbers.
-* `--against torch`: tools/llada_torch.py on `--device` (default cuda when available)
+* `--against torch`: tools/llada_torch.py, or tools/dream_torch.py when the folder's
+  config.json has `"model_type": "Dream"`, on `--device` (default cuda when available)
   in `--ref-dtype f32` (default) or `bf16`, over `--ids` (repeatable; default: a
   pseudo-random prompt and the same prompt followed by masks, the shape of a generation
-  canvas) and one generation from `--gen-prompt-ids` (default: that prompt).  Without
-  PyTorch it prints "skipped: PyTorch is not installed" and exits 0, or 2 with
-  `--require-torch`.
+  canvas) and one generation from `--gen-prompt-ids` (default: that prompt).  A Dream
+  generation runs Dream's timestep schedule on both sides with `--remasking` (Dream's
+  alg: maskgit_plus, the default, topk_margin or entropy) and `--eps` (default 1e-3);
+  with `--block-length` below `--gen-length`, or `--threshold`, it is Fast-dLLM's block
+  schedule.  Without PyTorch it prints "skipped: PyTorch is not installed" and exits 0,
+  or 2 with `--require-torch`.
 
 Tolerances
 ----------
@@ -46,6 +50,8 @@ Examples (from the repository root):
     python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
     python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
     tools/.venv/bin/python tools/parity.py --against torch --device cpu --ref-dtype f32 --model models/tiny
+    tools/.venv/bin/python tools/parity.py --against torch --device cpu --model tests/fixtures/tiny-dream \\
+        --remasking entropy --block-length 32
 """
 
 from __future__ import annotations
@@ -407,11 +413,26 @@ def default_ids(cfg, n=12):
     return ids
 
 
+def is_dream_checkpoint(directory):
+    """Whether the folder's config.json has `"model_type": "Dream"`."""
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise SetupError(f"cannot read {directory}/config.json: {e}") from None
+    return str(raw.get("model_type", "")).lower() == "dream"
+
+
 def torch_cases(args, runtime, tol):
-    """Logit and generation comparisons against tools/llada_torch.py."""
+    """Logit and generation comparisons against tools/llada_torch.py, or tools/dream_torch.py
+    for a Dream checkpoint."""
     import torch  # noqa: F401  (checked importable by the caller)
     import llada_torch
 
+    if is_dream_checkpoint(args.model):
+        return dream_torch_cases(args, runtime, tol)
+    if args.remasking is not None or args.eps is not None:
+        raise SetupError("--remasking and --eps are Dream's generation options; this is not a Dream checkpoint")
     device = args.device or llada_torch.default_device()
     model = llada_torch.load(args.model, device, args.ref_dtype)
     cfg = model.config
@@ -459,6 +480,83 @@ def torch_cases(args, runtime, tol):
             )
         )
     return logit_results, gen_results, {"device": str(model.device), "dtype": args.ref_dtype}
+
+
+def reference_cases(args, model, runtime, tol):
+    """Logit comparisons of the default (or `--ids`) sequences against `model.forward`."""
+    mask = model.config.get("mask_token_id")
+    if args.ids:
+        cases = [(f"ids{i}", ids) for i, ids in enumerate(args.ids)]
+    else:
+        prompt = default_ids(model.config)
+        cases = [("prompt", prompt)]
+        if mask is not None:
+            cases.append(("canvas", prompt + [mask] * 20))
+    results = []
+    for name, ids in cases:
+        ref = model.forward(ids).cpu()
+        ref_rows = [array.array("f", row) for row in ref.tolist()]
+        got = runtime.logits(ids)
+        results.append(compare_logits(name, ids, got, ref_rows, tol))
+    return cases, results
+
+
+def dream_torch_cases(args, runtime, tol):
+    """Logit and generation comparisons of a Dream checkpoint against tools/dream_torch.py:
+    unshifted logits, and one generation on Dream's timestep schedule (`--remasking` is
+    Dream's alg) through both samplers."""
+    import dream_torch
+
+    unsupported = [
+        flag
+        for flag, given in (
+            ("--cfg-scale", args.cfg_scale),
+            ("--logits-eos-inf", args.logits_eos_inf),
+            ("--confidence-eos-eot-inf", args.confidence_eos_eot_inf),
+        )
+        if given
+    ]
+    if unsupported:
+        raise SetupError(f"{', '.join(unsupported)}: LLaDA's generation options, not Dream's")
+    alg = args.remasking or "maskgit_plus"
+    if args.threshold is not None and alg != "maskgit_plus":
+        raise SetupError("--threshold ranks probabilities: use it with --remasking maskgit_plus")
+    device = args.device or dream_torch.llada_torch.default_device()
+    try:
+        model = dream_torch.load(args.model, device, args.ref_dtype)
+    except (ValueError, NotImplementedError, FileNotFoundError) as e:
+        raise SetupError(f"tools/dream_torch.py cannot load {args.model}: {e}") from None
+    cases, logit_results = reference_cases(args, model, runtime, tol)
+    gen_results = []
+    if not args.no_generate:
+        mask = model.config.get("mask_token_id")
+        prompt = args.gen_prompt_ids or [t for t in cases[0][1] if t != mask]
+        params = {
+            "gen_length": args.gen_length,
+            "steps": args.steps if args.steps is not None else args.gen_length,
+            "block_length": args.block_length if args.block_length is not None else args.gen_length,
+            "threshold": args.threshold,
+            "alg": alg,
+            "eps": 1e-3 if args.eps is None else args.eps,
+        }
+        # every key of params is a generate() option of the same name in dream_torch; the
+        # "alg" key makes Runtime.generate pass --schedule dream, --eps and --remasking
+        precision = args.confidence_precision or args.ref_dtype
+        ref = model.generate(prompt, round_confidence_bf16=precision == "bf16", **params)
+        out = runtime.generate(prompt, dict(params, confidence_precision=precision))
+        want_steps = [(s["positions"], s["tokens"]) for s in ref["steps"]]
+        name = "dream generate gen_length={gen_length} steps={steps} block_length={block_length} alg={alg}".format(
+            **params
+        )
+        name += f" eps={params['eps']:g} confidences={precision}"
+        if params["threshold"] is not None:
+            name += f" threshold={params['threshold']:g}"
+        gen_results.append(
+            compare_generation(
+                name, prompt, out["ids"], runtime_steps(out), ref["ids"], want_steps, tol["gen_min_agreement"]
+            )
+        )
+    return logit_results, gen_results, {"device": str(model.device), "dtype": args.ref_dtype, "model": "dream"}
 
 
 # ---------------------------------------------------------------------------
@@ -539,6 +637,14 @@ def main(argv=None):
     add("--threshold", type=float, help="torch: Fast-dLLM threshold of the generation")
     add("--logits-eos-inf", action="store_true", help="torch: generation flag")
     add("--confidence-eos-eot-inf", action="store_true", help="torch: generation flag")
+    add(
+        "--remasking",
+        "--alg",
+        dest="remasking",
+        choices=["maskgit_plus", "topk_margin", "entropy"],
+        help="torch, Dream checkpoints: Dream's alg of the generation (default maskgit_plus)",
+    )
+    add("--eps", type=float, help="torch, Dream checkpoints: the timestep schedule's eps (default 1e-3)")
     add(
         "--confidence-precision",
         choices=["f32", "bf16"],

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # One run on a Linux machine with an NVIDIA GPU that has PyTorch and CUDA but nothing else:
-# parity against the PyTorch reference, the kernel benchmarks at LLaDA-8B's shapes and whole
-# requests per cache mode at LLaDA-8B's shape, all written under one folder.
+# parity against the PyTorch references (LLaDA and Dream), the kernel benchmarks at LLaDA-8B's
+# shapes and whole requests per cache mode at LLaDA-8B's shape, all written under one folder.
 #
 #   tools/device/run.sh OUT_DIR
+#
+# Phases, in order: info; LLaDA parity on tests/fixtures/tiny (f32, f16 weights); Dream
+# parity on tests/fixtures/tiny-dream (tools/dream_torch.py: f32 weights with Fast-dLLM's
+# block schedule, f16 weights with Dream's own schedule and topk_margin); synthetic LLaDA-8B
+# and its logits parity (f16, f32); the kernel and request benchmarks; the report; then a
+# synthetic Dream-7B of 2 layers (Qwen2 names, full width: hidden 3584, GQA 28/4, vocab
+# 152064; 3.1 GB of bf16) and its logits parity (f16, f32). The Dream phases are the ones added
+# to the original run; the synthetic Dream parity comes last, so it is what a slow machine
+# loses first.
 #
 # What it needs and brings:
 #   * the unmask binary: built with cargo when cargo is there, else $UNMASK_BIN, else
@@ -11,20 +20,25 @@
 #     x86-64 Linux machine and copy it along);
 #   * the Vulkan loader: when `ldconfig -p` has no libvulkan, the .deb files in .gl/ are
 #     unpacked (download them with the recipe in tools/device/README.md);
-#   * PyTorch for the reference (skipped with a message when absent).
+#   * PyTorch for the references (skipped with a message when absent).
 #
 # Environment:
-#   RUN_SCALE=small   tiny shapes everywhere (tests/fixtures/tiny, a scaled synthetic
-#                     checkpoint): an end-to-end check of this script on any adapter,
-#                     lavapipe included. Default: full (LLaDA-8B shapes).
+#   RUN_SCALE=small   tiny shapes everywhere (tests/fixtures/tiny and tiny-dream, scaled
+#                     synthetic checkpoints): an end-to-end check of this script on any
+#                     adapter, lavapipe included. Default: full (LLaDA-8B / Dream-7B shapes).
 #   TORCH_DEVICE      cuda (default when torch sees a GPU) or cpu.
 #   BACKEND           wgpu backend for unmask (default vulkan).
+#   RUN_BUDGET        seconds the phases may take together, counted from the start (default
+#                     520 at full scale, which keeps the run within 9 minutes even when a
+#                     phase has to be killed; 3600 at small scale).
 #
-# OUT_DIR ends up with at most 8 files: log.txt (everything printed), parity.jsonl,
-# bench-kernels.jsonl, bench-requests.jsonl, report.md, kernels.svg, requests.svg.
-# Each phase has a time limit so the whole run stays under 9 minutes; a phase that fails
-# or runs out of time is reported and the next one still runs. Exit status: 0 when every
-# phase passed.
+# OUT_DIR ends up with at most 8 files: log.txt (everything printed), parity.jsonl (one line
+# per parity phase, LLaDA and Dream), bench-kernels.jsonl, bench-requests.jsonl, report.md,
+# kernels.svg, requests.svg. Each phase has its own time limit (LIMITS below) and gets at most
+# what is left of RUN_BUDGET (bench-requests leaves 20 s of it to the report), so the whole
+# run stays under 9 minutes; once the budget is spent, the remaining phases get 1 s each and
+# report running out of time. A phase that fails or runs out of time is reported and the
+# next one still runs. Exit status: 0 when every phase passed.
 set -uo pipefail
 
 OUT="${1:?usage: tools/device/run.sh OUT_DIR}"
@@ -36,51 +50,90 @@ BACKEND="${BACKEND:-vulkan}"
 say "unmask device run, scale $SCALE, into $OUT"
 [ -n "$BIN" ] || exit 2
 
+# LIMITS: parity-tiny (each), synth, parity-synth (each), bench-kernels, bench-requests,
+# parity-tiny-dream (each), synth-dream, parity-synth-dream (each)
 if [ "$SCALE" = small ]; then
   SYNTH_CONFIG=tiny
+  DREAM_SYNTH=(--config tiny-dream)
   KERNEL_ARGS=(--config tiny --rows 8,96 --kv-lens 96)
   REQ_ARGS=(--gen-length 32 --steps 16 --block-length 8 --groups 1 --per-group 2 --prefix-tokens 48 --user-tokens 16)
-  LIMITS=(60 60 120 120 240)
+  LIMITS=(60 60 120 120 240 60 30 120)
+  BUDGET="${RUN_BUDGET:-3600}"
 else
   SYNTH_CONFIG=llada-8b
+  DREAM_SYNTH=(--config dream-7b --layers 2)
   # rows: a 32-token block (dual cache) and a whole 1024 + 64 + 256 request
   KERNEL_ARGS=(--config llada-8b --rows 32,1344 --kv-lens 1344)
   REQ_ARGS=(--gen-length 256 --steps 128 --block-length 32 --groups 1 --per-group 2 --prefix-tokens 1024 --user-tokens 64)
-  LIMITS=(60 90 150 90 200)
+  LIMITS=(60 90 150 90 200 45 45 75)
+  BUDGET="${RUN_BUDGET:-520}"
 fi
 
-phase info 60 "$BIN" info --model tests/fixtures/tiny --backend "$BACKEND"
+# left N [KEEP]: N, or the seconds left of BUDGET (less KEEP, kept for later phases) when
+# fewer; at least 1, so that a phase past the budget reports running out of time instead of
+# starting without a limit
+left() {
+  local rest=$((BUDGET - ($(date +%s) - START) - ${2:-0}))
+  [ "$rest" -lt 1 ] && rest=1
+  echo $(($1 < rest ? $1 : rest))
+}
+
+phase info "$(left 30)" "$BIN" info --model tests/fixtures/tiny --backend "$BACKEND"
 
 # --- parity against PyTorch ---------------------------------------------------------------
-: >"$OUT/parity.jsonl"
 for dtype in f32 f16; do
-  phase "parity-tiny-$dtype" "${LIMITS[0]}" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" \
+  phase "parity-tiny-$dtype" "$(left "${LIMITS[0]}")" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" \
     --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model tests/fixtures/tiny --unmask "$BIN" \
     --json "$OUT/parity-tiny-$dtype.json"
 done
+# Dream (tools/dream_torch.py): f32 with the default Fast-dLLM blocks (gen 32, block 16,
+# maskgit_plus), f16 with Dream's own schedule over the whole canvas (topk_margin)
+declare -A DREAM_GEN=([f32]="" [f16]="--block-length 32 --steps 16 --remasking topk_margin")
+for dtype in f32 f16; do
+  # shellcheck disable=SC2086  # DREAM_GEN holds several flags
+  phase "parity-tiny-dream-$dtype" "$(left "${LIMITS[5]}")" "$PY" tools/parity.py --against torch \
+    --device "$TORCH_DEVICE" --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" \
+    --model tests/fixtures/tiny-dream --unmask "$BIN" --json "$OUT/parity-tiny-dream-$dtype.json" ${DREAM_GEN[$dtype]}
+done
 SYNTH=$(mktemp -d)/synth
-phase synth "${LIMITS[1]}" "$BIN" synth --config "$SYNTH_CONFIG" --seed 0 --dtype bf16 --out "$SYNTH"
+phase synth "$(left "${LIMITS[1]}")" "$BIN" synth --config "$SYNTH_CONFIG" --seed 0 --dtype bf16 --out "$SYNTH"
 for dtype in f16 f32; do
-  phase "parity-synth-$SYNTH_CONFIG-$dtype" "${LIMITS[2]}" "$PY" tools/parity.py --against torch \
+  phase "parity-synth-$SYNTH_CONFIG-$dtype" "$(left "${LIMITS[2]}")" "$PY" tools/parity.py --against torch \
     --device "$TORCH_DEVICE" --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model "$SYNTH" \
     --unmask "$BIN" --json "$OUT/parity-synth-$dtype.json" --no-generate
 done
-for f in "$OUT"/parity-*.json; do
-  [ -f "$f" ] && { tr -d '\n' <"$f"; echo; } >>"$OUT/parity.jsonl" && rm -f "$f"
-done
 
 # --- benchmarks ---------------------------------------------------------------------------
-phase bench-kernels "${LIMITS[3]}" "$BIN" bench --only kernels --backend "$BACKEND" "${KERNEL_ARGS[@]}" \
+phase bench-kernels "$(left "${LIMITS[3]}")" "$BIN" bench --only kernels --backend "$BACKEND" "${KERNEL_ARGS[@]}" \
   --out "$OUT/bench-kernels.jsonl"
-phase bench-requests "${LIMITS[4]}" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
+phase bench-requests "$(left "${LIMITS[4]}" 20)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
   "${REQ_ARGS[@]}" --out "$OUT/bench-requests.jsonl"
 rm -rf "$(dirname "$SYNTH")"
 
-phase report 30 "$BIN" bench-report "$OUT/bench-kernels.jsonl" "$OUT/bench-requests.jsonl" --out "$OUT/report"
+phase report "$(left 30)" "$BIN" bench-report "$OUT/bench-kernels.jsonl" "$OUT/bench-requests.jsonl" --out "$OUT/report"
 for f in report.md kernels.svg requests.svg; do
   [ -f "$OUT/report/$f" ] && mv "$OUT/report/$f" "$OUT/$f"
 done
 rm -rf "$OUT/report"
+
+# --- synthetic Dream: logits parity at Dream-7B's width (last: the first to lose time) -----
+DREAM_DIR=$(mktemp -d)/synth-dream
+DREAM_NAME="${DREAM_SYNTH[1]}"
+phase "synth-$DREAM_NAME" "$(left "${LIMITS[6]}")" "$BIN" synth "${DREAM_SYNTH[@]}" --seed 0 --dtype bf16 \
+  --out "$DREAM_DIR"
+for dtype in f16 f32; do
+  phase "parity-synth-$DREAM_NAME-$dtype" "$(left "${LIMITS[7]}")" "$PY" tools/parity.py --against torch \
+    --device "$TORCH_DEVICE" --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model "$DREAM_DIR" \
+    --unmask "$BIN" --json "$OUT/parity-synth-dream-$dtype.json" --no-generate
+done
+rm -rf "$(dirname "$DREAM_DIR")"
+
+# one line per parity phase, in the order they ran
+: >"$OUT/parity.jsonl"
+for name in tiny-f32 tiny-f16 tiny-dream-f32 tiny-dream-f16 synth-f16 synth-f32 synth-dream-f16 synth-dream-f32; do
+  f="$OUT/parity-$name.json"
+  [ -f "$f" ] && { tr -d '\n' <"$f"; echo; } >>"$OUT/parity.jsonl" && rm -f "$f"
+done
 
 say "done in $(($(date +%s) - START)) s; failed phases: ${FAILED[*]:-none}"
 ls -la "$OUT" >>"$LOG"

@@ -1,4 +1,4 @@
-//! `unmask`: run LLaDA diffusion language models on the GPU from the command line.
+//! `unmask`: run diffusion language models (LLaDA, Dream) on the GPU from the command line.
 
 mod bench;
 mod bench_report;
@@ -32,7 +32,7 @@ use error::CliError;
 #[command(
     name = "unmask",
     version,
-    about = "WebGPU inference for diffusion language models (LLaDA)",
+    about = "WebGPU inference for diffusion language models (LLaDA, Dream)",
     help_template = "{name} {version}: {about}\n\n{usage-heading} {usage}\n\n{all-args}{after-help}",
     after_help = "Flags take a value as `--flag value` or `--flag=value`. \
                   See `unmask <command> --help` for each command's flags.",

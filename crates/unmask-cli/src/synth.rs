@@ -1,4 +1,4 @@
-//! `unmask synth`: a checkpoint with random weights and the real LLaDA tensor names and
+//! `unmask synth`: a checkpoint with random weights and the real LLaDA or Dream tensor names and
 //! shapes, in the Hugging Face layout, for load tests and benchmarks without real weights.
 
 use std::path::PathBuf;
@@ -21,8 +21,8 @@ const PROGRESS_FROM_BYTES: u64 = 256 << 20;
 
 #[derive(Args, Debug)]
 #[command(
-    about = "Write a LLaDA checkpoint with random weights (real names and shapes).",
-    override_usage = "unmask synth --config <llada-8b|tiny|FILE> --out <DIR> [--layers <N>] [--seed <S>] \
+    about = "Write a LLaDA or Dream checkpoint with random weights (real names and shapes).",
+    override_usage = "unmask synth --config <llada-8b|tiny|dream-7b|tiny-dream|FILE> --out <DIR> [--layers <N>] [--seed <S>] \
                       [--dtype <D>] [--shard-bytes <N>] [--force]",
     after_help = "Writes config.json (and generation_config.json for the presets, or when one is\n\
                   beside FILE), model.safetensors or model-0000K-of-0000N.safetensors with\n\
@@ -32,7 +32,8 @@ const PROGRESS_FROM_BYTES: u64 = 256 << 20;
                   written, so use token ids (e.g. `unmask logits --prompt-ids`)."
 )]
 pub struct SynthArgs {
-    /// llada-8b (LLaDA-8B-Instruct's config.json), tiny (test size), or a LLaDA config.json
+    /// llada-8b (LLaDA-8B-Instruct's config.json), tiny (test size), dream-7b (Dream-v0-7B and
+    /// DiffuCoder-7B), tiny-dream, or a LLaDA or Dream config.json
     /// (or its folder)
     #[arg(long, value_name = "C")]
     config: String,
@@ -50,10 +51,10 @@ pub struct SynthArgs {
     )]
     seed: u64,
     /// keep only N transformer layers (every other field as the config says), e.g. an
-    /// LLaDA-8B-shaped checkpoint of 2 layers
+    /// LLaDA-8B- or Dream-7B-shaped checkpoint of 2 layers
     #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
     layers: Option<usize>,
-    /// stored weight type: bf16 (default, as LLaDA ships), f16, f32
+    /// stored weight type: bf16 (default, as LLaDA and Dream ship), f16, f32
     #[arg(long, value_name = "D", value_parser = values::choice(WeightDtype::NAMES, WeightDtype::parse))]
     dtype: Option<WeightDtype>,
     /// most tensor bytes per file, e.g. 2G (K, M, G are powers of 1024); default 5000000000
