@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::{assert_close, dream_fixture_dir};
+use common::{assert_close, dream_fixture_dir, flat};
 use serde_json::Value;
 use unmask::{CacheMode, Request};
 use unmask_core::config::ModelFamily;
@@ -17,19 +17,6 @@ use unmask_gpu::model::Model;
 fn logits_goldens() -> Value {
     let text = std::fs::read_to_string(dream_fixture_dir().join("goldens/logits.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn flat(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-        })
-        .collect()
 }
 
 fn check_logits(format: WeightFormat, tol: f64) {

@@ -6,7 +6,7 @@ use crate::common;
 
 use common::fixture_dir;
 
-use common::{assert_close, ctx, relative_error};
+use common::{assert_close, ctx, flat, relative_error};
 use serde_json::Value;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
@@ -15,19 +15,6 @@ fn goldens() -> Value {
     let text =
         std::fs::read_to_string(fixture_dir().join("goldens/logits.json")).expect("logits goldens");
     serde_json::from_str(&text).expect("valid JSON")
-}
-
-fn flat(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-        })
-        .collect()
 }
 
 fn check(format: WeightFormat, tol: f64) {

@@ -725,7 +725,7 @@ mod tests {
     }
 
     /// Runs to the end, predicting token `1000 + position` with confidence `conf(position)`.
-    fn run(sampler: &mut Sampler, conf: impl Fn(u32) -> f32) -> Vec<StepRecord> {
+    pub(super) fn run(sampler: &mut Sampler, conf: impl Fn(u32) -> f32) -> Vec<StepRecord> {
         let mut records = Vec::new();
         while !sampler.is_done() {
             let rows = sampler.rows_to_predict();
@@ -736,7 +736,7 @@ mod tests {
         records
     }
 
-    fn counts(records: &[StepRecord]) -> Vec<usize> {
+    pub(super) fn counts(records: &[StepRecord]) -> Vec<usize> {
         records.iter().map(|r| r.committed.len()).collect()
     }
 

@@ -148,3 +148,17 @@ pub fn dream_golden_cases() -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(dream_fixture_dir().join("goldens/generate.json")).unwrap();
     unmask_core::goldens::cases(&text)
 }
+
+/// A JSON array of rows (golden logits) as one flat f32 vector.
+pub fn flat(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+        })
+        .collect()
+}

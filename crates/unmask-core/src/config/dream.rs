@@ -113,13 +113,7 @@ mod tests {
     use super::*;
 
     fn dream_with(key: &str, value: Option<Value>) -> Result<ModelConfig, ConfigError> {
-        let mut v: Value = serde_json::from_str(DREAM_7B_CONFIG_JSON).unwrap();
-        let map = v.as_object_mut().unwrap();
-        match value {
-            Some(value) => map.insert(key.to_string(), value),
-            None => map.remove(key),
-        };
-        ModelConfig::from_json_value(&v)
+        crate::config::tests::with_in(DREAM_7B_CONFIG_JSON, key, value)
     }
 
     #[test]

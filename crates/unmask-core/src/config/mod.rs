@@ -221,7 +221,16 @@ mod tests {
 
     /// The 8B config with one key replaced (or removed when `value` is None).
     pub(super) fn with(key: &str, value: Option<Value>) -> Result<ModelConfig, ConfigError> {
-        let mut v: Value = serde_json::from_str(LLADA_8B).unwrap();
+        with_in(LLADA_8B, key, value)
+    }
+
+    /// The config `base` with one key replaced (or removed when `value` is None).
+    pub(super) fn with_in(
+        base: &str,
+        key: &str,
+        value: Option<Value>,
+    ) -> Result<ModelConfig, ConfigError> {
+        let mut v: Value = serde_json::from_str(base).unwrap();
         let map = v.as_object_mut().unwrap();
         match value {
             Some(value) => map.insert(key.to_string(), value),

@@ -128,6 +128,7 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::super::GenerationParams;
+    use super::super::tests::{counts, run};
     use super::*;
     use crate::error::SamplerError;
 
@@ -142,21 +143,6 @@ mod tests {
             schedule: Schedule::DREAM,
             ..GenerationParams::default()
         }
-    }
-
-    /// Runs to the end, predicting token `1000 + position` with confidence `conf(position)`.
-    fn run(s: &mut Sampler, conf: impl Fn(u32) -> f32) -> Vec<StepRecord> {
-        let mut records = Vec::new();
-        while !s.is_done() {
-            let rows = s.rows_to_predict();
-            let predictions: Vec<(u32, f32)> = rows.iter().map(|&p| (1000 + p, conf(p))).collect();
-            records.push(s.commit(&predictions).unwrap());
-        }
-        records
-    }
-
-    fn counts(records: &[StepRecord]) -> Vec<usize> {
-        records.iter().map(|r| r.committed.len()).collect()
     }
 
     /// 16 masks over 4 steps of linspace(1, 1e-3, 5) = [1, .75025, .5005, .25075, .001]:
