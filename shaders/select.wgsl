@@ -10,12 +10,18 @@
 // state; `finalize` turns the state into (token id, confidence bits). Ties in the score go
 // to the lowest id everywhere, so the token does not depend on chunking or scheduling.
 //
-// One stage per pipeline (flag RESET, ACCUMULATE or FINALIZE), so each entry point only
-// declares the bindings it uses. ACCUMULATE takes CFG (unconditional logits bound) and
-// NOISE (Gumbel noise, temperature > 0). The confidence kind is a flag of ACCUMULATE and
-// FINALIZE: none for the chosen token's probability, MARGIN for top-1 minus top-2
-// probability, ENTROPY for sum p ln p; words 5 and 6 are only kept up to date by their
-// kind.
+// One stage per pipeline (flag RESET, THRESHOLD, ACCUMULATE or FINALIZE), so each entry
+// point only declares the bindings it uses. ACCUMULATE takes CFG (unconditional logits
+// bound), NOISE (Gumbel noise, temperature > 0) and CUT (a per-row threshold from
+// `threshold`). The confidence kind is a flag of ACCUMULATE and FINALIZE: none for the
+// chosen token's probability, MARGIN for top-1 minus top-2 probability, ENTROPY for
+// sum p ln p; words 5 and 6 are only kept up to date by their kind.
+//
+// The top-p / top-k cut needs each row whole, so with a cut the host keeps full rows and
+// runs `threshold` before a single `accumulate` over them: per row, the smallest key c of
+// the order-preserving map of logits to u32 such that fewer than k logits have a key
+// above c and the tempered probability above c is at most top_p. Ids with a key below c
+// are cut. Both conditions only loosen as c grows, so c is found by bisection.
 
 const STATE_WORDS: u32 = 7u;
 const NONE: u32 = 0xffffffffu;
@@ -51,6 +57,18 @@ fn one_minus_exp(x: f32) -> f32 {
     }
     let t = 1.0 + x / 6.0 * (1.0 + x / 7.0 * (1.0 + x / 8.0));
     return -x * (1.0 + x / 2.0 * (1.0 + x / 3.0 * (1.0 + x / 4.0 * (1.0 + x / 5.0 * t))));
+}
+
+// Maps f32 to u32 so that the u32 order is the f32 order (both zeros map to one key).
+fn order_key(x: f32) -> u32 {
+    var b = bitcast<u32>(x);
+    if (x == 0.0) {
+        b = 0u;
+    }
+    if ((b >> 31u) != 0u) {
+        return ~b;
+    }
+    return b | 0x80000000u;
 }
 
 //#if RESET
@@ -138,6 +156,114 @@ fn finalize(
 }
 //#endif
 
+//#if THRESHOLD
+struct Params {
+    rows: u32,
+    n: u32,
+    // Row of `cut` for row 0 of `logits`.
+    row_base: u32,
+    suppress: u32,      // NONE when absent
+    top_k: u32,         // 0 when absent
+    // Absent: 2.0 from the host, above any probability.
+    top_p: f32,
+    // 1/T at temperature T > 0, else 1: the probabilities of the cut are softmax(l * scale).
+    scale: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cut: array<u32>;
+
+const WG: u32 = 256u;
+
+var<workgroup> w_count: array<u32, WG>;
+var<workgroup> w_mass: array<f32, WG>;
+
+// Sums w_count and w_mass over the workgroup into slot 0, visible to all after it.
+fn reduce_sums(lid: u32) {
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        workgroupBarrier();
+        if (lid < stride) {
+            w_count[lid] += w_count[lid + stride];
+            w_mass[lid] += w_mass[lid + stride];
+        }
+    }
+    workgroupBarrier();
+}
+
+// One workgroup per row. 2 + 32 passes over the row: its maximum, its softmax sum, then
+// one pass per bisection step (the count and probability above the midpoint).
+@compute @workgroup_size(256)
+fn threshold(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.n;
+    var mx = NEG;
+    for (var v = lid; v < p.n; v += WG) {
+        if (v != p.suppress) {
+            mx = max(mx, logits[base + v]);
+        }
+    }
+    w_mass[lid] = mx;
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        workgroupBarrier();
+        if (lid < stride) {
+            w_mass[lid] = max(w_mass[lid], w_mass[lid + stride]);
+        }
+    }
+    workgroupBarrier();
+    mx = w_mass[0];
+    workgroupBarrier();
+    var total = 0.0;
+    for (var v = lid; v < p.n; v += WG) {
+        if (v != p.suppress) {
+            total += exp((logits[base + v] - mx) * p.scale);
+        }
+    }
+    w_mass[lid] = total;
+    w_count[lid] = 0u;
+    reduce_sums(lid);
+    let p_mass = p.top_p * w_mass[0];
+    // The key of the maximum passes both conditions (nothing lies above it).
+    var lo = 0u;
+    var hi = order_key(mx);
+    for (var it = 0u; it < 32u; it++) {
+        let mid = lo + (hi - lo) / 2u;
+        var count = 0u;
+        var mass = 0.0;
+        for (var v = lid; v < p.n; v += WG) {
+            let l = logits[base + v];
+            if (v != p.suppress && order_key(l) > mid) {
+                count += 1u;
+                mass += exp((l - mx) * p.scale);
+            }
+        }
+        workgroupBarrier();
+        w_count[lid] = count;
+        w_mass[lid] = mass;
+        reduce_sums(lid);
+        let holds = (p.top_k == 0u || w_count[0] < p.top_k) && w_mass[0] <= p_mass;
+        if (lo < hi) {
+            if (holds) {
+                hi = mid;
+            } else {
+                lo = mid + 1u;
+            }
+        }
+    }
+    if (lid == 0u) {
+        cut[p.row_base + row] = lo;
+    }
+}
+//#endif
+
 //#if ACCUMULATE
 struct Params {
     rows: u32,
@@ -151,9 +277,17 @@ struct Params {
     // see the whole row).
     exclude0: u32,
     exclude1: u32,
-    temperature: f32,
+    // T times `logit_scale`: the noise's weight on the scaled logits.
+    noise_scale: f32,
     cfg_scale: f32,
-    _pad: u32,
+    // 1/T for a tempered confidence at T > 0, else 1: logits are scaled by it on load, so
+    // the token (argmax of l + T g, or of l/T + g) is the same either way.
+    logit_scale: f32,
+    // Row of `state`, `positions` and `cut` for row 0 of `logits`.
+    row_base: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -173,6 +307,9 @@ struct Params {
 //#else
 @group(0) @binding(3) var<storage, read> uncond: array<f32>;
 //#endif
+//#endif
+//#if CUT
+@group(0) @binding({{CUT_BINDING}}) var<storage, read> cut: array<u32>;
 //#endif
 //#if NOISE
 @group(0) @binding({{POS_BINDING}}) var<storage, read> positions: array<u32>;
@@ -227,11 +364,14 @@ struct Partial {
 }
 
 // Folds logit `l_in` of vocabulary id `id` into `a`. Ids only grow within an invocation, so
-// a strict > keeps the lowest id on ties.
-fn visit(a: Partial, l_in: f32, id: u32, h_row: u32) -> Partial {
+// a strict > keeps the lowest id on ties. `cut_key`: the row's threshold (0 cuts nothing).
+fn visit(a: Partial, l_in: f32, id: u32, h_row: u32, cut_key: u32) -> Partial {
     var r = a;
-    var l = l_in;
-    let suppressed = id == p.suppress;
+    var l = l_in * p.logit_scale;
+    var suppressed = id == p.suppress;
+    //#if CUT
+    suppressed = suppressed || order_key(l_in) < cut_key;
+    //#endif
     if (suppressed) {
         l = NEG;
     }
@@ -240,8 +380,8 @@ fn visit(a: Partial, l_in: f32, id: u32, h_row: u32) -> Partial {
     //#if NOISE
     // The noise is below GUMBEL_MAX: a token that cannot reach the best score even with it
     // is lost anyway, and skipping its hash and logs changes nothing.
-    if (l + p.temperature * GUMBEL_MAX >= r.best_score) {
-        score = l + p.temperature * gumbel(pcg_hash(h_row ^ id));
+    if (l + p.noise_scale * GUMBEL_MAX >= r.best_score) {
+        score = l + p.noise_scale * gumbel(pcg_hash(h_row ^ id));
     }
     //#endif
     if (score > r.best_score || r.best_id == NONE) {
@@ -365,10 +505,15 @@ fn accumulate(
         return;
     }
     let base = row * p.n;
+    let srow = p.row_base + row;
     // hash4(seed_lo, seed_hi, step, position, id) with the row-constant part hoisted.
     var h_row = 0u;
     //#if NOISE
-    h_row = pcg_hash(pcg_hash(pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi)) ^ p.step) ^ positions[row]);
+    h_row = pcg_hash(pcg_hash(pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi)) ^ p.step) ^ positions[srow]);
+    //#endif
+    var cut_key = 0u;
+    //#if CUT
+    cut_key = cut[srow];
     //#endif
     var part = Partial(NEG, NONE, NEG, NEG, 0.0, NEG, 0.0);
 //#if VEC4
@@ -380,10 +525,10 @@ fn accumulate(
         l = u + (p.cfg_scale + 1.0) * (l - u);
         //#endif
         let id = p.vocab_offset + v;
-        part = visit(part, l.x, id, h_row);
-        part = visit(part, l.y, id + 1u, h_row);
-        part = visit(part, l.z, id + 2u, h_row);
-        part = visit(part, l.w, id + 3u, h_row);
+        part = visit(part, l.x, id, h_row, cut_key);
+        part = visit(part, l.y, id + 1u, h_row, cut_key);
+        part = visit(part, l.z, id + 2u, h_row, cut_key);
+        part = visit(part, l.w, id + 3u, h_row, cut_key);
     }
 //#else
     for (var v = lid; v < p.n; v += WG) {
@@ -392,7 +537,7 @@ fn accumulate(
         let u = uncond[base + v];
         l = u + (p.cfg_scale + 1.0) * (l - u);
         //#endif
-        part = visit(part, l, p.vocab_offset + v, h_row);
+        part = visit(part, l, p.vocab_offset + v, h_row, cut_key);
     }
 //#endif
     store_slot(lid, part);
@@ -403,7 +548,7 @@ fn accumulate(
         }
     }
     if (lid == 0u) {
-        let o = row * STATE_WORDS;
+        let o = srow * STATE_WORDS;
         store_state(o, merge(load_slot(0u), load_state(o)));
     }
 }

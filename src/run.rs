@@ -243,6 +243,10 @@ impl Engine {
                 Remasking::Entropy => ConfidenceKind::NegEntropy,
                 Remasking::LowConfidence | Remasking::Random => ConfidenceKind::Probability,
             },
+            // Dream's `sample_tokens` ranks by the tempered softmax; LLaDA's by the plain one.
+            tempered: matches!(p.schedule, Schedule::Dream { .. }),
+            top_p: p.top_p,
+            top_k: p.top_k,
         }
     }
 

@@ -243,6 +243,8 @@ pub fn params_json(p: &GenerationParams) -> Value {
             Schedule::Dream { eps } => json!({"dream": {"eps": eps}}),
         },
         "alg_temp": short_f32(p.alg_temp),
+        "top_p": p.top_p.map(short_f32),
+        "top_k": p.top_k,
         "cfg_scale": short_f32(p.cfg_scale),
         "threshold": p.threshold.map(short_f32),
         "seed": p.seed,

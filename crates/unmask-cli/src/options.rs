@@ -286,6 +286,14 @@ pub struct SamplingArgs {
     /// (Dream's alg_temp; default 0: off)
     #[arg(long, value_name = "T", value_parser = values::non_negative, allow_negative_numbers = true)]
     pub alg_temp: Option<f32>,
+    /// nucleus cut, in (0, 1]: each position samples (and ranks) among its most probable
+    /// tokens up to this probability (Dream's top_p; default: off)
+    #[arg(long, value_name = "P", value_parser = values::fraction::<f32>, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// each position samples (and ranks) among its K most likely tokens (Dream's top_k;
+    /// default: off)
+    #[arg(long, value_name = "K", value_parser = values::positive)]
+    pub top_k: Option<usize>,
     /// classifier-free guidance weight (default 0: off)
     #[arg(long, value_name = "W", value_parser = values::non_negative, allow_negative_numbers = true)]
     pub cfg_scale: Option<f32>,
@@ -367,6 +375,9 @@ impl SamplingArgs {
                 (None, None) => Schedule::Auto,
             },
             alg_temp: self.alg_temp.unwrap_or(0.0),
+            top_p: self.top_p,
+            // A k past the vocabulary keeps every id, as u32::MAX does.
+            top_k: self.top_k.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
         };
         params
             .validate(1, usize::MAX)

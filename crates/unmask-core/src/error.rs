@@ -149,6 +149,14 @@ pub enum SamplerError {
     BadEps { eps: f64 },
     #[error("alg_temp: expected a finite value >= 0, found {alg_temp}")]
     BadAlgTemp { alg_temp: f32 },
+    #[error("top_p: expected a value in (0, 1], found {top_p}")]
+    BadTopP { top_p: f32 },
+    #[error("top_k: expected at least 1, found 0")]
+    ZeroTopK,
+    #[error(
+        "top_p / top_k with cfg_scale > 0: the cut is not implemented over guided logits; drop one of them"
+    )]
+    CutWithCfg,
     #[error(
         "steps: Dream's block schedule needs at least 2 steps per block (the first commits \
          the block's first position), found {steps} for {num_blocks} blocks"

@@ -118,6 +118,11 @@ pub struct GenerationParams {
     /// Dream's `alg_temp`: above 0, a step's positions are drawn without replacement with
     /// weights `softmax(confidence / alg_temp)` instead of taken highest first.
     pub alg_temp: f32,
+    /// Nucleus cut: each row keeps its most probable ids up to this much probability
+    /// (`SelectParams::top_p`); `None` keeps all.
+    pub top_p: Option<f32>,
+    /// Each row keeps its `k` largest logits, ties included (`SelectParams::top_k`).
+    pub top_k: Option<u32>,
 }
 
 impl Default for GenerationParams {
@@ -136,6 +141,8 @@ impl Default for GenerationParams {
             round_confidence_bf16: true,
             schedule: Schedule::Auto,
             alg_temp: 0.0,
+            top_p: None,
+            top_k: None,
         }
     }
 }
@@ -217,6 +224,17 @@ impl GenerationParams {
                 cfg_scale: self.cfg_scale,
             });
         }
+        if let Some(top_p) = self.top_p
+            && !(top_p > 0.0 && top_p <= 1.0)
+        {
+            return Err(SamplerError::BadTopP { top_p });
+        }
+        if self.top_k == Some(0) {
+            return Err(SamplerError::ZeroTopK);
+        }
+        if self.cfg_scale > 0.0 && self.cuts() {
+            return Err(SamplerError::CutWithCfg);
+        }
         let total = prompt_len.saturating_add(self.gen_length);
         if total > max_len {
             return Err(SamplerError::TooLong {
@@ -227,6 +245,11 @@ impl GenerationParams {
             });
         }
         Ok(num_blocks)
+    }
+
+    /// Whether a top-p or top-k cut leaves ids out of some row (top-p 1 keeps all).
+    pub fn cuts(&self) -> bool {
+        self.top_p.is_some_and(|p| p < 1.0) || self.top_k.is_some()
     }
 }
 
@@ -241,8 +264,9 @@ pub struct StepRecord {
 }
 
 /// Which confidence of its prediction a row reports (the value positions are ranked by).
-/// All are computed on the CFG-combined, untempered logits after `suppress_token`; the
-/// chosen token is the same for every kind.
+/// All are computed on the CFG-combined logits after `suppress_token` and the top-p/top-k
+/// cut, untempered unless `SelectParams::tempered`; the chosen token is the same for every
+/// kind.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ConfidenceKind {
@@ -280,6 +304,25 @@ pub struct SelectParams {
     pub conf_exclude: [Option<u32>; 2],
     /// Which confidence the row reports.
     pub confidence: ConfidenceKind,
+    /// The confidence softmax is over `l / T` when T > 0 (Dream's `sample_tokens`) instead
+    /// of `l` (LLaDA's `generate`). The token is the same either way.
+    pub tempered: bool,
+    /// Nucleus cut before the token choice (Dream's `top_p_logits`): over the ids sorted by
+    /// logit, an id stays when the probability of the ids strictly above it is at most
+    /// `top_p` (so the most probable id always stays). The probabilities are `softmax(l / T)`
+    /// at T > 0 and `softmax(l)` at T = 0. Ids with equal logits stay or go together.
+    /// Cut ids are out of the token choice and of every confidence. `None` or 1 keeps all.
+    pub top_p: Option<f32>,
+    /// Keeps the ids whose logit is at least the k-th largest (Dream's `top_k_logits`, ties
+    /// included); with `top_p`, an id must pass both.
+    pub top_k: Option<u32>,
+}
+
+impl SelectParams {
+    /// Whether some ids may be cut from a row.
+    pub fn cuts(&self) -> bool {
+        self.top_p.is_some_and(|p| p < 1.0) || self.top_k.is_some()
+    }
 }
 
 impl Default for SelectParams {
@@ -292,6 +335,9 @@ impl Default for SelectParams {
             suppress_token: None,
             conf_exclude: [None; 2],
             confidence: ConfidenceKind::Probability,
+            tempered: false,
+            top_p: None,
+            top_k: None,
         }
     }
 }

@@ -75,6 +75,9 @@ pub struct Common {
     pub temperature: Option<f64>,
     #[serde(default)]
     pub top_p: Option<f64>,
+    /// Not OpenAI's; as vLLM and others take it (-1 and 0 turn it off).
+    #[serde(default)]
+    pub top_k: Option<i64>,
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
@@ -461,15 +464,26 @@ impl Common {
                 format!("temperature: expected a number in [0, 2], found {temperature}"),
             ));
         }
-        if let Some(p) = self.top_p.filter(|&p| p != 1.0) {
-            return Err(ApiError::invalid(
-                "top_p",
-                format!(
-                    "top_p: expected 1 (the diffusion sampler draws from the whole \
-                     distribution), found {p}"
-                ),
-            ));
-        }
+        let top_p = match self.top_p {
+            None => None,
+            Some(p) if p > 0.0 && p <= 1.0 => Some(p as f32),
+            Some(p) => {
+                return Err(ApiError::invalid(
+                    "top_p",
+                    format!("top_p: expected a number in (0, 1], found {p}"),
+                ));
+            }
+        };
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k: expected a whole number >= 1 (or -1 / 0: off), found {k}"),
+                ));
+            }
+        };
         let block_length = match whole("block_length", self.block_length)? {
             Some(b) => b,
             None if max_tokens.is_multiple_of(DEFAULT_BLOCK) => DEFAULT_BLOCK,
@@ -583,6 +597,8 @@ impl Common {
             seed: self.seed.unwrap_or(0),
             alg_temp,
             schedule,
+            top_p,
+            top_k,
             ..GenerationParams::default()
         };
         Ok(JobSpec {
@@ -634,6 +650,19 @@ mod tests {
         assert_eq!(spec.params.block_length, 48);
         assert_eq!(spec.cache, CacheMode::None);
         assert_eq!(spec.input, Input::Chat(vec![Message::user("ab")]));
+        assert_eq!((spec.params.top_p, spec.params.top_k), (None, None));
+        let cut = |body| {
+            let p = chat(body).unwrap().params;
+            (p.top_p, p.top_k)
+        };
+        assert_eq!(
+            cut(r#"{"messages":[{"role":"user","content":"q"}],"top_p":0.9,"top_k":20}"#),
+            (Some(0.9), Some(20))
+        );
+        assert_eq!(
+            cut(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1,"top_k":-1}"#),
+            (Some(1.0), None)
+        );
     }
 
     #[test]
@@ -671,8 +700,12 @@ mod tests {
                 "temperature",
             ),
             (
-                r#"{"messages":[{"role":"user","content":"q"}],"top_p":0.5}"#,
+                r#"{"messages":[{"role":"user","content":"q"}],"top_p":1.5}"#,
                 "top_p",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"top_k":-3}"#,
+                "top_k",
             ),
             (r#"{"messages":[{"role":"user","content":"q"}],"n":2}"#, "n"),
             (

@@ -332,6 +332,8 @@ fn params(obj: &Value, limits: &Limits) -> Result<GenerationParams, String> {
             }
         },
         alg_temp: real(obj, "algTemp", "a finite number >= 0", |t| t >= 0.0)?.unwrap_or(0.0),
+        top_p: real(obj, "topP", "a number in (0, 1]", |p| p > 0.0 && p <= 1.0)?,
+        top_k: whole_in(obj, "topK", 1..=u32::MAX as u64, "")?.map(|k| k as u32),
     })
 }
 

@@ -17,11 +17,12 @@ pub fn gumbel(params: &SelectParams, position: u32, token: u32) -> f64 {
     -(-u.ln()).ln()
 }
 
-/// The chosen token id of a full logits row and its confidence, from the untempered
-/// softmax.
+/// The chosen token id of a full logits row and its confidence.
 ///
 /// Token: argmax of `l + T * gumbel` (first index on ties), where `l` is the
-/// CFG-combined, suppressed logit. Confidence by `params.confidence`:
+/// CFG-combined, suppressed logit, -inf for ids the top-p/top-k cut removes (`cut_mask`).
+/// Confidence by `params.confidence`, over `l / T` when `params.tempered` and T > 0, over
+/// `l` otherwise:
 /// - `Probability`: `softmax(l)[token]` over the ids not in `conf_exclude`, and 0 when the
 ///   token is excluded or suppressed;
 /// - `Margin`: the largest minus the second largest entry of `softmax(l)`;
@@ -49,6 +50,14 @@ pub fn select_token(
     if let Some(x) = params.suppress_token.and_then(|s| l.get_mut(s as usize)) {
         *x = f64::NEG_INFINITY;
     }
+    if params.cuts() {
+        let keep = cut_mask(&l, params);
+        for (x, keep) in l.iter_mut().zip(keep) {
+            if !keep {
+                *x = f64::NEG_INFINITY;
+            }
+        }
+    }
     let t = params.temperature as f64;
     let mut token = 0usize;
     let mut best = f64::NEG_INFINITY;
@@ -63,12 +72,52 @@ pub fn select_token(
             token = v;
         }
     }
+    if params.tempered && t > 0.0 {
+        l.iter_mut().for_each(|x| *x /= t);
+    }
     let confidence = match params.confidence {
         ConfidenceKind::Probability => probability(&l, token, &params.conf_exclude),
         ConfidenceKind::Margin => margin(&l),
         ConfidenceKind::NegEntropy => neg_entropy(&l),
     };
     (token as u32, confidence as f32)
+}
+
+/// Which ids of a row of (CFG-combined, suppressed) logits survive the top-p / top-k cut
+/// of `params` (see `SelectParams::top_p`): id v stays when fewer than k ids have a larger
+/// logit and the probability `softmax(l / T)` (T = 1 at temperature 0) of the ids with a
+/// larger logit is at most `top_p`. Ids at -inf never stay.
+pub fn cut_mask(l: &[f64], params: &SelectParams) -> Vec<bool> {
+    let t = params.temperature as f64;
+    let scale = if t > 0.0 { 1.0 / t } else { 1.0 };
+    let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return vec![false; l.len()];
+    }
+    let weight = |x: f64| ((x - max) * scale).exp();
+    let total: f64 = l.iter().map(|&x| weight(x)).sum();
+    let mut order: Vec<usize> = (0..l.len()).filter(|&v| l[v] > f64::NEG_INFINITY).collect();
+    order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+    let mut keep = vec![false; l.len()];
+    // Walk groups of equal logits from the top: what lies strictly above a group decides it.
+    let (mut above, mut mass_above) = (0usize, 0.0f64);
+    let mut i = 0;
+    while i < order.len() {
+        let x = l[order[i]];
+        let end = i + order[i..].iter().take_while(|&&v| l[v] == x).count();
+        let by_k = params.top_k.is_none_or(|k| above < k as usize);
+        let by_p = params.top_p.is_none_or(|p| mass_above <= p as f64 * total);
+        if !(by_k && by_p) {
+            break;
+        }
+        for &v in &order[i..end] {
+            keep[v] = true;
+        }
+        above += end - i;
+        mass_above += order[i..end].iter().map(|&v| weight(l[v])).sum::<f64>();
+        i = end;
+    }
+    keep
 }
 
 fn probability(l: &[f64], token: usize, conf_exclude: &[Option<u32>; 2]) -> f64 {
@@ -238,5 +287,72 @@ mod tests {
         };
         // l = [2, 2]: tie, first wins.
         assert_eq!(select_token(&c, Some(&u), 0, &p).0, 0);
+    }
+
+    #[test]
+    fn top_k_keeps_ties_and_top_p_keeps_what_lies_under_p() {
+        let l = [1.0f64, 3.0, 2.0, 3.0, f64::NEG_INFINITY, 0.0];
+        let with = |top_p, top_k, temperature| SelectParams {
+            top_p,
+            top_k,
+            temperature,
+            ..SelectParams::default()
+        };
+        // k = 1 keeps both ids tied at the maximum; k = 3 reaches 2.0.
+        let k1 = cut_mask(&l, &with(None, Some(1), 0.0));
+        assert_eq!(k1, [false, true, false, true, false, false]);
+        let k3 = cut_mask(&l, &with(None, Some(3), 0.0));
+        assert_eq!(k3, [false, true, true, true, false, false]);
+        // p: the two maxima hold 2e^3 / Z; 2.0 stays while that is <= p.
+        let z: f64 = [1.0f64, 3.0, 2.0, 3.0, 0.0].iter().map(|x| x.exp()).sum();
+        let top2 = 2.0 * 3f64.exp() / z;
+        let below = with(Some((top2 - 1e-3) as f32), None, 0.0);
+        assert_eq!(cut_mask(&l, &below), k1);
+        let above = with(Some((top2 + 1e-3) as f32), None, 0.0);
+        assert_eq!(cut_mask(&l, &above), k3);
+        // A tiny p keeps the maximum; p = 1 keeps every finite id.
+        assert_eq!(cut_mask(&l, &with(Some(1e-6), None, 0.0)), k1);
+        let all = cut_mask(&l, &with(Some(1.0), None, 0.0));
+        assert_eq!(all, [true, true, true, true, false, true]);
+        // Both: an id must pass both.
+        assert_eq!(cut_mask(&l, &with(Some(1.0), Some(1), 0.0)), k1);
+        // Temperature sharpens (T < 1) the distribution the cut reads.
+        let z_cold: f64 = [1.0f64, 3.0, 2.0, 3.0, 0.0]
+            .iter()
+            .map(|x| (x / 0.25).exp())
+            .sum();
+        let top2_cold = 2.0 * (3.0f64 / 0.25).exp() / z_cold;
+        assert!(top2_cold > top2);
+        let p = ((top2 + top2_cold) / 2.0) as f32;
+        assert_eq!(cut_mask(&l, &with(Some(p), None, 1.0)), k3);
+        assert_eq!(cut_mask(&l, &with(Some(p), None, 0.25)), k1);
+    }
+
+    #[test]
+    fn cut_and_tempering_change_the_confidence_not_the_greedy_token() {
+        let logits = [1.0f32, 3.0, 2.0, 0.0];
+        let z: f64 = [1.0f64, 3.0, 2.0].iter().map(|x| x.exp()).sum();
+        let k3 = SelectParams {
+            top_k: Some(3),
+            ..SelectParams::default()
+        };
+        let (tok, conf) = select_token(&logits, None, 0, &k3);
+        assert_eq!(tok, 1);
+        assert!((conf as f64 - 3f64.exp() / z).abs() < 1e-7);
+        // Tempered at T = 0.5: softmax(2 l) over the kept ids; the noisy token is kept.
+        let hot = SelectParams {
+            temperature: 0.5,
+            tempered: true,
+            top_k: Some(2),
+            seed: 7,
+            ..SelectParams::default()
+        };
+        for position in 0..32 {
+            let (tok, conf) = select_token(&logits, None, position, &hot);
+            assert!(tok == 1 || tok == 2, "token {tok} was cut");
+            let z2 = 6f64.exp() + 4f64.exp();
+            let want = (2.0 * logits[tok as usize] as f64).exp() / z2;
+            assert!((conf as f64 - want).abs() < 1e-7);
+        }
     }
 }

@@ -3,6 +3,8 @@
 //! unconditional pass for classifier-free guidance). Only (token, confidence) per sampled
 //! row is read back. Also the full-logits path used by parity checks.
 
+use std::sync::OnceLock;
+
 use super::ModelError;
 use super::forward::{ForwardState, Model};
 use crate::ops::elementwise::{self as ew, RowWindow};
@@ -26,6 +28,24 @@ pub struct SelectBuffers {
     logits_uncond: Tensor,
     state: Tensor,
     pub out: Tensor,
+    /// Whole logits rows for a top-p / top-k cut, made on first use.
+    full: OnceLock<FullLogits>,
+}
+
+/// The sampled rows' whole logits, in groups of rows that each fit one binding, and each
+/// row's cut.
+struct FullLogits {
+    groups: Vec<RowGroup>,
+    cut: Tensor,
+}
+
+struct RowGroup {
+    first: usize,
+    rows: usize,
+    /// f32 `[rows, vocab]`.
+    logits: Tensor,
+    /// u32 `[rows]`: `first..first + rows`, the chunk rows this group copies.
+    index: Tensor,
 }
 
 /// The token chosen for one row and its confidence (`SelectParams::confidence`).
@@ -61,7 +81,49 @@ impl Model {
             logits_uncond: f32t(&[cap, chunk_cols], "logits uncond")?,
             state: Tensor::zeros(ctx, DType::U32, &[sampling::state_len(cap)], "select state")?,
             out: Tensor::zeros(ctx, DType::U32, &[cap, 2], "select out")?,
+            full: OnceLock::new(),
         })
+    }
+
+    /// Vocabulary ids the LM head produces.
+    fn head_vocab(&self) -> usize {
+        let head = &self.weights.lm_head;
+        head.chunks.last().map_or(0, |c| c.row_start + c.rows)
+    }
+
+    /// Whole-row logits buffers for `sel` (allocated on the first cut: `capacity` rows of
+    /// the whole vocabulary, in as few groups as the binding limit allows).
+    fn full_logits<'a>(&self, sel: &'a SelectBuffers) -> Result<&'a FullLogits, ModelError> {
+        if let Some(f) = sel.full.get() {
+            return Ok(f);
+        }
+        let ctx = &self.ctx;
+        let vocab = self.head_vocab();
+        let row_bytes = 4 * vocab as u64;
+        let limit = ctx.features.max_binding_bytes;
+        if row_bytes > limit {
+            return Err(ModelError::Input(format!(
+                "top-p / top-k need one row of logits ({row_bytes} bytes) in one binding; \
+                 this device binds at most {limit} bytes"
+            )));
+        }
+        let per_group = ((limit / row_bytes) as usize).min(sel.capacity);
+        let mut groups = Vec::new();
+        for first in (0..sel.capacity).step_by(per_group) {
+            let rows = per_group.min(sel.capacity - first);
+            let index = Tensor::zeros(ctx, DType::U32, &[rows], "cut row index")?;
+            let ids: Vec<u32> = (first as u32..(first + rows) as u32).collect();
+            index.write_u32(ctx, &ids)?;
+            groups.push(RowGroup {
+                first,
+                rows,
+                logits: Tensor::zeros(ctx, DType::F32, &[rows, vocab], "whole logits")?,
+                index,
+            });
+        }
+        let cut = Tensor::zeros(ctx, DType::U32, &[sel.capacity], "cut")?;
+        // Another caller may have filled it meanwhile; either value is equivalent.
+        Ok(sel.full.get_or_init(|| FullLogits { groups, cut }))
     }
 
     /// Writes which computed rows are sampled and their absolute positions.
@@ -144,6 +206,14 @@ impl Model {
             )?;
         }
         sampling::select_reset(step, &sel.state, n)?;
+        if params.cuts() {
+            if uncond.is_some() {
+                return Err(ModelError::Input(
+                    "top-p / top-k with classifier-free guidance".into(),
+                ));
+            }
+            return self.encode_cut_select(step, sel, n, params);
+        }
         let head = &self.weights.lm_head;
         for (ci, chunk) in head.chunks.iter().enumerate() {
             let part = head.chunk_view(ci);
@@ -168,6 +238,67 @@ impl Model {
                 n,
                 chunk.rows,
                 chunk.row_start,
+                &sel.positions,
+                &sel.state,
+                params,
+            )?;
+        }
+        sampling::select_finalize(step, &sel.state, &sel.out, n, params.confidence)?;
+        Ok(())
+    }
+
+    /// The LM head and token choice with a top-p / top-k cut: each chunk's logits are
+    /// copied into whole rows, then per group of rows the cut and one selection pass.
+    fn encode_cut_select(
+        &self,
+        step: &mut StepEncoder,
+        sel: &SelectBuffers,
+        n: usize,
+        params: &SelectParams,
+    ) -> Result<(), ModelError> {
+        let full = self.full_logits(sel)?;
+        let vocab = self.head_vocab();
+        let head = &self.weights.lm_head;
+        let groups: Vec<(&RowGroup, usize)> = full
+            .groups
+            .iter()
+            .filter(|g| g.first < n)
+            .map(|g| (g, g.rows.min(n - g.first)))
+            .collect();
+        for (ci, chunk) in head.chunks.iter().enumerate() {
+            let part = head.chunk_view(ci);
+            matmul::matmul(step, &sel.normed, &part, &sel.logits, n, self.matmul_kernel)?;
+            for &(g, rows) in &groups {
+                ew::gather_rows(
+                    step,
+                    &sel.logits,
+                    RowWindow {
+                        stride: chunk.rows,
+                        col: 0,
+                    },
+                    &g.index,
+                    &g.logits,
+                    RowWindow {
+                        stride: vocab,
+                        col: chunk.row_start,
+                    },
+                    rows,
+                    chunk.rows,
+                )?;
+            }
+        }
+        for &(g, rows) in &groups {
+            let at = sampling::FullRows {
+                row_base: g.first,
+                cut: &full.cut,
+            };
+            sampling::select_threshold(step, &g.logits, rows, vocab, at, params)?;
+            sampling::select_accumulate_cut(
+                step,
+                &g.logits,
+                rows,
+                vocab,
+                at,
                 &sel.positions,
                 &sel.state,
                 params,

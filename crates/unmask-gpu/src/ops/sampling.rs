@@ -6,6 +6,9 @@
 //! The LM head may produce the logits one vocabulary chunk at a time, so selection is a
 //! streaming reduction: `select_reset`, then `select_accumulate` once per chunk (any order
 //! of chunks gives the same answer), then `select_finalize`.
+//!
+//! A top-p / top-k cut needs whole rows: `select_threshold` finds each row's cut over full
+//! rows, then `select_accumulate_cut` folds those rows in one pass.
 
 use std::sync::Arc;
 
@@ -53,14 +56,22 @@ fn with_kind(spec: Spec, kind: ConfidenceKind) -> Spec {
     }
 }
 
-fn accumulate_spec(cfg: bool, noise: bool, vec4: bool, kind: ConfidenceKind) -> Spec {
+fn accumulate_spec(cfg: bool, noise: bool, vec4: bool, cut: bool, kind: ConfidenceKind) -> Spec {
+    // Optional bindings follow the fixed ones in this order: uncond (3), cut, positions.
+    let cut_binding = if cfg { 4 } else { 3 };
     let spec = Spec::new()
         .flag("ACCUMULATE")
         .flag_if(cfg, "CFG")
         .flag_if(noise, "NOISE")
         .flag_if(vec4, "VEC4")
-        .constant("POS_BINDING", if cfg { 4 } else { 3 });
+        .flag_if(cut, "CUT")
+        .constant("CUT_BINDING", cut_binding)
+        .constant("POS_BINDING", cut_binding + cut as u32);
     with_kind(spec, kind)
+}
+
+fn threshold_spec() -> Spec {
+    Spec::new().flag("THRESHOLD")
 }
 
 fn finalize_spec(kind: ConfidenceKind) -> Spec {
@@ -68,24 +79,32 @@ fn finalize_spec(kind: ConfidenceKind) -> Spec {
 }
 
 pub fn variants() -> Vec<ShaderVariant> {
-    let mut v = vec![ShaderVariant {
-        kernel: SELECT,
-        entry: "reset",
-        spec: Spec::new().flag("RESET"),
-    }];
+    let mut v = vec![
+        ShaderVariant {
+            kernel: SELECT,
+            entry: "reset",
+            spec: Spec::new().flag("RESET"),
+        },
+        ShaderVariant {
+            kernel: SELECT,
+            entry: "threshold",
+            spec: threshold_spec(),
+        },
+    ];
     for kind in KINDS {
         v.push(ShaderVariant {
             kernel: SELECT,
             entry: "finalize",
             spec: finalize_spec(kind),
         });
-        for cfg in [false, true] {
+        // The cut never runs with CFG (`GenerationParams::validate` refuses it).
+        for (cfg, cut) in [(false, false), (true, false), (false, true)] {
             for noise in [false, true] {
                 for vec4 in [false, true] {
                     v.push(ShaderVariant {
                         kernel: SELECT,
                         entry: "accumulate",
-                        spec: accumulate_spec(cfg, noise, vec4, kind),
+                        spec: accumulate_spec(cfg, noise, vec4, cut, kind),
                     });
                 }
             }
@@ -116,8 +135,24 @@ struct AccumulateParams {
     suppress: u32,
     exclude0: u32,
     exclude1: u32,
-    temperature: f32,
+    noise_scale: f32,
     cfg_scale: f32,
+    logit_scale: f32,
+    row_base: u32,
+    _pad: [u32; 3],
+}
+
+/// The uniform of `threshold`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct ThresholdParams {
+    rows: u32,
+    n: u32,
+    row_base: u32,
+    suppress: u32,
+    top_k: u32,
+    top_p: f32,
+    scale: f32,
     _pad: u32,
 }
 
@@ -202,6 +237,131 @@ pub fn select_accumulate(
     state: &Tensor,
     params: &SelectParams,
 ) -> Result<()> {
+    if params.cuts() {
+        return Err(shape_error(
+            "select_accumulate",
+            "no top-p / top-k cut (whole rows go through select_accumulate_cut)".into(),
+            format!("top_p {:?}, top_k {:?}", params.top_p, params.top_k),
+        ));
+    }
+    accumulate(
+        step,
+        logits,
+        uncond,
+        rows,
+        n,
+        vocab_offset,
+        positions,
+        state,
+        params,
+        None,
+    )
+}
+
+/// Where rows of full logits sit among the rows of the state: logits row r is state (and
+/// positions, and cut) row `row_base + r`.
+#[derive(Clone, Copy)]
+pub struct FullRows<'a> {
+    pub row_base: usize,
+    /// u32 `[row_base + rows]`: each row's threshold key from `select_threshold`.
+    pub cut: &'a Tensor,
+}
+
+/// Writes each row's cut (`SelectParams::top_p`, `top_k`) into `cut[row_base + r]`:
+/// `logits` holds f32 `[rows, vocab]`, whole rows. The tempered probabilities of the cut
+/// use `params.temperature`.
+pub fn select_threshold(
+    step: &mut StepEncoder,
+    logits: &Tensor,
+    rows: usize,
+    vocab: usize,
+    at: FullRows<'_>,
+    params: &SelectParams,
+) -> Result<()> {
+    const OP: &str = "select_threshold";
+    let elems = rows
+        .checked_mul(vocab)
+        .filter(|&e| e <= u32::MAX as usize)
+        .ok_or_else(|| shape_error(OP, "rows * vocab below 2^32".into(), format!("{rows} x {vocab}")))?;
+    check_tensor(OP, "logits", logits, DType::F32, elems)?;
+    check_tensor(OP, "cut", at.cut, DType::U32, at.row_base + rows)?;
+    if Arc::ptr_eq(&logits.buffer, &at.cut.buffer) {
+        return Err(shape_error(
+            OP,
+            "cut in a buffer of its own".into(),
+            "cut shares its buffer with logits".into(),
+        ));
+    }
+    if let Some(top_p) = params.top_p
+        && !(top_p > 0.0 && top_p <= 1.0)
+    {
+        return Err(shape_error(OP, "top_p in (0, 1]".into(), top_p.to_string()));
+    }
+    if params.top_k == Some(0) {
+        return Err(shape_error(OP, "top_k >= 1".into(), "0".into()));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let t = params.temperature;
+    let p = ThresholdParams {
+        rows: rows_u32(OP, rows)?,
+        n: vocab as u32,
+        row_base: rows_u32(OP, at.row_base)?,
+        suppress: id_param("suppress_token", params.suppress_token)?,
+        top_k: params.top_k.unwrap_or(0),
+        top_p: params.top_p.filter(|&p| p < 1.0).unwrap_or(2.0),
+        scale: if t > 0.0 { 1.0 / t } else { 1.0 },
+        _pad: 0,
+    };
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&SELECT, "threshold", &threshold_spec())?;
+    let groups = groups_2d(ctx, p.rows);
+    step.dispatch(&pipeline, &p, &[logits.into(), at.cut.into()], groups);
+    Ok(())
+}
+
+/// `select_accumulate` over whole rows after `select_threshold`: ids below their row's cut
+/// take no part. `logits` holds f32 `[rows, vocab]`; their state rows start at
+/// `at.row_base`. No CFG.
+#[allow(clippy::too_many_arguments)]
+pub fn select_accumulate_cut(
+    step: &mut StepEncoder,
+    logits: &Tensor,
+    rows: usize,
+    vocab: usize,
+    at: FullRows<'_>,
+    positions: &Tensor,
+    state: &Tensor,
+    params: &SelectParams,
+) -> Result<()> {
+    accumulate(
+        step,
+        logits,
+        None,
+        rows,
+        vocab,
+        0,
+        positions,
+        state,
+        params,
+        Some(at),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn accumulate(
+    step: &mut StepEncoder,
+    logits: &Tensor,
+    uncond: Option<&Tensor>,
+    rows: usize,
+    n: usize,
+    vocab_offset: usize,
+    positions: &Tensor,
+    state: &Tensor,
+    params: &SelectParams,
+    full: Option<FullRows<'_>>,
+) -> Result<()> {
     const OP: &str = "select_accumulate";
     if n == 0
         || vocab_offset
@@ -242,10 +402,25 @@ pub fn select_accumulate(
     if let Some(u) = uncond {
         check_tensor(OP, "uncond logits", u, DType::F32, elems)?;
     }
-    check_tensor(OP, "positions", positions, DType::U32, rows)?;
-    check_tensor(OP, "state", state, DType::U32, state_len(rows))?;
+    let row_base = full.map_or(0, |f| f.row_base);
+    let state_rows = row_base
+        .checked_add(rows)
+        .ok_or_else(|| shape_error(OP, "row_base + rows below 2^32".into(), row_base.to_string()))?;
+    check_tensor(OP, "positions", positions, DType::U32, state_rows)?;
+    check_tensor(OP, "state", state, DType::U32, state_len(state_rows))?;
+    if let Some(f) = full {
+        check_tensor(OP, "cut", f.cut, DType::U32, state_rows)?;
+        if uncond.is_some() {
+            return Err(shape_error(
+                OP,
+                "no unconditional logits with a cut".into(),
+                "unconditional logits".into(),
+            ));
+        }
+    }
     let mut inputs = vec![("logits", logits), ("positions", positions)];
     inputs.extend(uncond.map(|u| ("uncond logits", u)));
+    inputs.extend(full.map(|f| ("cut", f.cut)));
     if let Some((name, _)) = inputs
         .iter()
         .find(|(_, t)| Arc::ptr_eq(&t.buffer, &state.buffer))
@@ -265,9 +440,20 @@ pub fn select_accumulate(
     let vec4 = n.is_multiple_of(4)
         && logits.buffer.size().is_multiple_of(16)
         && uncond.is_none_or(|u| u.buffer.size().is_multiple_of(16));
-    let spec = accumulate_spec(uncond.is_some(), noise, vec4, params.confidence);
+    let spec = accumulate_spec(
+        uncond.is_some(),
+        noise,
+        vec4,
+        full.is_some(),
+        params.confidence,
+    );
     let ctx = step.ctx();
     let pipeline = ctx.pipeline(&SELECT, "accumulate", &spec)?;
+    let logit_scale = if params.tempered && noise {
+        1.0 / params.temperature
+    } else {
+        1.0
+    };
     let p = AccumulateParams {
         rows: rows32,
         n: n as u32,
@@ -278,13 +464,18 @@ pub fn select_accumulate(
         suppress,
         exclude0,
         exclude1,
-        temperature: params.temperature,
+        noise_scale: params.temperature * logit_scale,
         cfg_scale: params.cfg_scale,
-        _pad: 0,
+        logit_scale,
+        row_base: row_base as u32,
+        _pad: [0; 3],
     };
     let mut bindings: Vec<Binding> = vec![logits.into(), state.into()];
     if let Some(u) = uncond {
         bindings.push(u.into());
+    }
+    if let Some(f) = full {
+        bindings.push(f.cut.into());
     }
     if noise {
         bindings.push(positions.into());
@@ -338,6 +529,19 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
         host_params!("select", "finalize", RowParams { rows }),
         host_params!(
             "select",
+            "threshold",
+            ThresholdParams {
+                rows,
+                n,
+                row_base,
+                suppress,
+                top_k,
+                top_p,
+                scale,
+            }
+        ),
+        host_params!(
+            "select",
             "accumulate",
             AccumulateParams {
                 rows,
@@ -349,8 +553,10 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
                 suppress,
                 exclude0,
                 exclude1,
-                temperature,
+                noise_scale,
                 cfg_scale,
+                logit_scale,
+                row_base,
             }
         ),
     ]
