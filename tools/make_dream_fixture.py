@@ -485,6 +485,11 @@ CASE_SPECS = [
     ("i_long_shared_prefix", "original schedule, maskgit_plus, 32 steps for 32 tokens; the prompt "
      "continues case a's conversation, so case a's whole prompt is its prefix",
      dict(gen_length=32, steps=32, block_length=32, alg="maskgit_plus")),
+    ("j_top_p", "original schedule, maskgit_plus with top_p 0.9: the confidence is the chosen "
+     "token's share of its nucleus, 8 steps",
+     dict(gen_length=16, steps=8, block_length=16, alg="maskgit_plus", top_p=0.9)),
+    ("k_top_k_entropy", "original schedule, entropy over each row's top_k 3 tokens, 5 steps",
+     dict(gen_length=16, steps=5, block_length=16, alg="entropy", top_k=3)),
 ]
 THRESHOLD_CHOICES = [0.3, 0.25, 0.35, 0.2, 0.4, 0.5]
 ANSWERS = ["5.", "It is 5.", "2 + 3 = 5.", "The answer is 5.", "Sure. 2 + 3 = 5."]
@@ -499,8 +504,8 @@ def full_params(p):
         "alg_temp": p.get("alg_temp"),
         "eps": EPS,
         "temperature": 0.0,
-        "top_p": None,
-        "top_k": None,
+        "top_p": p.get("top_p"),
+        "top_k": p.get("top_k"),
         "threshold": p.get("threshold"),
         "mask_id": MASK_ID,
         "eos_id": EOS_ID,
@@ -576,6 +581,17 @@ def case_is_interesting(name, params, prompt, fp, out, trace):
         _, trace0 = run_case(params, prompt, base)
         if committed_list(trace0) == committed_list(trace):
             return False
+    if fp["top_p"] is not None or fp["top_k"] is not None:
+        # the cut must decide differently from the same alg without it, and a top_p must
+        # not sit next to a nucleus boundary (the same trace at p within 0.1 %)
+        _, trace0 = run_case(params, prompt, dict(fp, top_p=None, top_k=None))
+        if committed_list(trace0) == committed_list(trace):
+            return False
+        if fp["top_p"] is not None:
+            for q in (fp["top_p"] * 0.999, fp["top_p"] * 1.001):
+                _, tq = run_case(params, prompt, dict(fp, top_p=q))
+                if committed_list(tq) != committed_list(trace):
+                    return False
     if name == "d_origin":
         # some step must commit part, but not all, of the masks
         partial = any(0 < len(s["committed"]) < len(s["draws"]) for s in trace if "draws" in s)
@@ -844,7 +860,9 @@ NaN); only the rows of real tokens are stored, and they equal the unpadded case.
 
 ## Samplers (goldens/generate.json)
 
-All cases are temperature 0, top_p/top_k null, one full-sequence forward per step.
+All cases are temperature 0, one full-sequence forward per step. top_p / top_k (cases j
+and k) cut each row before its softmax as Dream's `top_p_logits` / `top_k_logits` do: the
+confidence is over the kept tokens only.
 
 * Original schedule (`block_length == gen_length`, no threshold): canvas = prompt +
   gen_length masks, `ts = linspace(1, eps, steps + 1)`; step i commits
@@ -881,6 +899,7 @@ def case_table(gen):
             sched = f"blocks of {p['block_length']}, {p['steps']} steps, {p['alg']}"
         else:
             sched = f"original, {p['steps']} steps, {p['alg']}" + (f", alg_temp {p['alg_temp']}" if p["alg_temp"] else "")
+            sched += "".join(f", {k} {p[k]}" for k in ("top_p", "top_k") if p.get(k) is not None)
         sizes = ",".join(str(len(s["committed"])) for s in c["steps"])
         mm = "-" if not math.isfinite(c["min_margin"]) else f"{c['min_margin']:.3g}"
         rows.append(f"| `{c['name']}` | {sched} | {len(c['steps'])} | {sizes} | {mm} | {c['min_logit_margin']:.3g} |")

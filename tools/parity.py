@@ -202,6 +202,10 @@ class Runtime:
             args += ["--schedule", "dream", "--eps", repr(float(params["eps"])), "--remasking", params["alg"]]
             if params.get("alg_temp"):
                 args += ["--alg-temp", repr(float(params["alg_temp"]))]
+            if params.get("top_p") is not None:
+                args += ["--top-p", repr(float(params["top_p"]))]
+            if params.get("top_k") is not None:
+                args += ["--top-k", str(int(params["top_k"]))]
         args += ["--confidence-precision", params.get("confidence_precision", "f32")]
         out = self._run(args)
         lines = [line for line in out.splitlines() if line.strip()]

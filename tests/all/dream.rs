@@ -10,6 +10,7 @@ use serde_json::Value;
 use unmask::{CacheMode, Request};
 use unmask_core::config::ModelFamily;
 use unmask_core::goldens::{ids, params};
+use unmask_core::oracle::sampling::{SelectParams, cut_mask};
 use unmask_core::sampler::{Remasking, Sampler};
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
@@ -75,10 +76,26 @@ fn golden_draws(case: &Value) -> Vec<f32> {
 
 /// (token, confidence) of one logits row as Dream's `sample_tokens` at temperature 0
 /// ranks it, in f64.
-fn dream_choice(row: &[f32], kind: Remasking) -> (u32, f32) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
-    let probs: Vec<f64> = row.iter().map(|&l| (l as f64 - max).exp() / z).collect();
+fn dream_choice(row: &[f32], p: &unmask::GenerationParams) -> (u32, f32) {
+    let kind = p.remasking;
+    // Dream's top_p / top_k at temperature 0: the cut ids leave the softmax.
+    let mut l: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+    let cut = SelectParams {
+        top_p: p.top_p,
+        top_k: p.top_k,
+        ..SelectParams::default()
+    };
+    if cut.cuts() {
+        let keep = cut_mask(&l, &cut);
+        for (x, keep) in l.iter_mut().zip(keep) {
+            if !keep {
+                *x = f64::NEG_INFINITY;
+            }
+        }
+    }
+    let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = l.iter().map(|&x| (x - max).exp()).sum();
+    let probs: Vec<f64> = l.iter().map(|&x| (x - max).exp() / z).collect();
     let (best, p1) = probs
         .iter()
         .enumerate()
@@ -101,7 +118,7 @@ fn dream_choice(row: &[f32], kind: Remasking) -> (u32, f32) {
 
 /// Every case through the sampler with full-sequence logits read back from the GPU,
 /// shifted as Dream shifts them, confidences computed on the host and the reference's
-/// random numbers replayed: the schedule, each `alg`, `origin` and `alg_temp`.
+/// random numbers replayed: the schedule, each `alg`, `origin`, `alg_temp`, top_p and top_k.
 #[test]
 fn dream_sampler_matches_the_goldens_over_gpu_logits() {
     let engine = common::tiny_dream_engine();
@@ -111,9 +128,8 @@ fn dream_sampler_matches_the_goldens_over_gpu_logits() {
     for case in common::dream_golden_cases() {
         let name = case["name"].as_str().unwrap().to_string();
         let p = params(&case);
-        let kind = p.remasking;
         let prompt = ids(&case["prompt"]);
-        let mut sampler = Sampler::new(&prompt, p, engine.special().mask, 512)
+        let mut sampler = Sampler::new(&prompt, p.clone(), engine.special().mask, 512)
             .unwrap()
             .with_draws(golden_draws(&case));
         let mut steps = Vec::new();
@@ -124,7 +140,7 @@ fn dream_sampler_matches_the_goldens_over_gpu_logits() {
                 .iter()
                 .map(|&pos| {
                     let src = (pos as usize).saturating_sub(1);
-                    dream_choice(&logits[src * vocab..(src + 1) * vocab], kind)
+                    dream_choice(&logits[src * vocab..(src + 1) * vocab], &p)
                 })
                 .collect();
             let record = sampler.commit(&preds).unwrap();
@@ -137,7 +153,7 @@ fn dream_sampler_matches_the_goldens_over_gpu_logits() {
         eprintln!("[golden] Dream {name}: {} steps equal", steps.len());
         checked += 1;
     }
-    assert_eq!(checked, 9, "every Dream golden case ran");
+    assert_eq!(checked, 11, "every Dream golden case ran");
 }
 
 /// The engine's own path (GPU token choice, the model family's schedule picked by
@@ -172,7 +188,7 @@ fn dream_generation_through_the_engine_matches_the_goldens() {
         assert_eq!(got, ids(&case["output"]), "{name}: output");
         checked += 1;
     }
-    assert_eq!(checked, 7);
+    assert_eq!(checked, 9);
 }
 
 const SYSTEM: &str = "You answer with one short sentence.";
@@ -333,5 +349,70 @@ fn dream_quantized_weights_stay_close_and_generate() {
             "{}",
             format.name()
         );
+    }
+}
+
+/// Whole logits rows in groups of 3 rows (as a binding limit splits them) choose exactly
+/// what one group does, and an LM head in vocabulary chunks (a 48 KiB binding limit)
+/// chooses the same tokens, for every confidence kind, greedy and sampled.
+#[test]
+fn dream_cut_in_row_groups_and_head_chunks_equals_one_pass() {
+    let options = unmask::EngineOptions {
+        weight_format: WeightFormat::F32,
+        ..unmask::EngineOptions::default()
+    };
+    let load = |ctx| unmask::Engine::load_on(ctx, &dream_fixture_dir(), &options, &mut |_| {});
+    let whole = load(common::ctx()).unwrap();
+    let chunked = load(common::ctx_with_binding_limit(48 * 1024)).unwrap();
+    assert_eq!(whole.model().weights.lm_head.chunks.len(), 1);
+    assert!(chunked.model().weights.lm_head.chunks.len() > 1);
+    let (n, d) = (11, whole.model().cfg.d_model);
+    let hidden = common::random_vec(5, n * d, 2.0);
+    let rows: Vec<u32> = (0..n as u32).collect();
+    let positions: Vec<u32> = rows.iter().map(|r| 40 + r).collect();
+    for (kind, temperature) in [
+        (unmask_core::sampler::ConfidenceKind::Probability, 0.0),
+        (unmask_core::sampler::ConfidenceKind::Margin, 0.8),
+        (unmask_core::sampler::ConfidenceKind::NegEntropy, 0.0),
+    ] {
+        let params = SelectParams {
+            temperature,
+            tempered: true,
+            top_p: Some(0.8),
+            top_k: Some(6),
+            confidence: kind,
+            seed: 3,
+            ..SelectParams::default()
+        };
+        let choose = |engine: &unmask::Engine, group_rows: Option<usize>| {
+            let model = engine.model();
+            let ctx = &model.ctx;
+            let x = unmask_gpu::Tensor::from_f32(ctx, &[n, d], &hidden, "x").unwrap();
+            let mut sel = model.new_select(n).unwrap();
+            if let Some(g) = group_rows {
+                sel.set_max_group_rows(g);
+            }
+            model.write_select(&sel, &rows, &positions).unwrap();
+            let mut step = unmask_gpu::StepEncoder::new(ctx, "cut groups");
+            model
+                .encode_select_from(&mut step, &x, None, &sel, n, &params)
+                .unwrap();
+            let slot = model.read_back_choices(&mut step, &sel, n);
+            let read = pollster::block_on(step.submit().unwrap().read_async()).unwrap();
+            Model::decode_choices(&read[slot])
+        };
+        let one = choose(&whole, None);
+        assert_eq!(one, choose(&whole, Some(3)), "{kind:?} T={temperature}");
+        // Rows whose cut keeps several ids have a non-zero confidence of every kind.
+        assert!(one.iter().any(|c| c.confidence != 0.0), "{one:?}");
+        for got in [choose(&chunked, None), choose(&chunked, Some(3))] {
+            for (g, w) in got.iter().zip(&one) {
+                assert_eq!(g.token, w.token, "{kind:?} T={temperature}: chunked head");
+                assert!(
+                    (g.confidence - w.confidence).abs() <= 1e-5,
+                    "{g:?} vs {w:?}"
+                );
+            }
+        }
     }
 }

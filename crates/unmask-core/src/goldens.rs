@@ -30,6 +30,8 @@ pub fn params(case: &Value) -> GenerationParams {
                 eps: p["eps"].as_f64().unwrap(),
             },
             alg_temp: p["alg_temp"].as_f64().unwrap_or(0.0) as f32,
+            top_p: p["top_p"].as_f64().map(|t| t as f32),
+            top_k: p["top_k"].as_u64().map(|k| k as u32),
             ..GenerationParams::default()
         };
     }

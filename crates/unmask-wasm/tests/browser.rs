@@ -180,7 +180,8 @@ async fn a_dream_folder_generates_the_dream_goldens() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 7);
+    // Cases j and k run Dream's top_p / top_k cut (the whole-row threshold kernel).
+    assert_eq!(checked, 9);
     // A chat request from JavaScript is laid out as ChatML (the fixture's template).
     let out = generate(
         &web,
@@ -342,6 +343,8 @@ async fn bad_requests_reject_naming_the_field_and_the_engine_stays_usable() {
             "robot",
         ),
         (js(r#"{"prompt": "hi", "cache": "lru"}"#), "cache", "lru"),
+        (js_with(chat, &[("topP", 1.5)]), "topP", "1.5"),
+        (js_with(chat, &[("topK", 0.0)]), "topK", "0"),
     ];
     for (i, (request, field, found)) in cases.into_iter().enumerate() {
         let shown = to_json(&request);

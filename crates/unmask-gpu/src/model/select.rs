@@ -30,6 +30,15 @@ pub struct SelectBuffers {
     pub out: Tensor,
     /// Whole logits rows for a top-p / top-k cut, made on first use.
     full: OnceLock<FullLogits>,
+    max_group_rows: usize,
+}
+
+impl SelectBuffers {
+    /// Caps the rows of one group of whole logits rows below what the binding limit
+    /// allows (tests use it to run several groups); takes effect before the first cut.
+    pub fn set_max_group_rows(&mut self, rows: usize) {
+        self.max_group_rows = rows.max(1);
+    }
 }
 
 /// The sampled rows' whole logits, in groups of rows that each fit one binding, and each
@@ -82,6 +91,7 @@ impl Model {
             state: Tensor::zeros(ctx, DType::U32, &[sampling::state_len(cap)], "select state")?,
             out: Tensor::zeros(ctx, DType::U32, &[cap, 2], "select out")?,
             full: OnceLock::new(),
+            max_group_rows: usize::MAX,
         })
     }
 
@@ -107,7 +117,9 @@ impl Model {
                  this device binds at most {limit} bytes"
             )));
         }
-        let per_group = ((limit / row_bytes) as usize).min(sel.capacity);
+        let per_group = ((limit / row_bytes) as usize)
+            .min(sel.capacity)
+            .min(sel.max_group_rows);
         let mut groups = Vec::new();
         for first in (0..sel.capacity).step_by(per_group) {
             let rows = per_group.min(sel.capacity - first);

@@ -282,7 +282,13 @@ pub fn select_threshold(
     let elems = rows
         .checked_mul(vocab)
         .filter(|&e| e <= u32::MAX as usize)
-        .ok_or_else(|| shape_error(OP, "rows * vocab below 2^32".into(), format!("{rows} x {vocab}")))?;
+        .ok_or_else(|| {
+            shape_error(
+                OP,
+                "rows * vocab below 2^32".into(),
+                format!("{rows} x {vocab}"),
+            )
+        })?;
     check_tensor(OP, "logits", logits, DType::F32, elems)?;
     check_tensor(OP, "cut", at.cut, DType::U32, at.row_base + rows)?;
     if Arc::ptr_eq(&logits.buffer, &at.cut.buffer) {
@@ -403,9 +409,13 @@ fn accumulate(
         check_tensor(OP, "uncond logits", u, DType::F32, elems)?;
     }
     let row_base = full.map_or(0, |f| f.row_base);
-    let state_rows = row_base
-        .checked_add(rows)
-        .ok_or_else(|| shape_error(OP, "row_base + rows below 2^32".into(), row_base.to_string()))?;
+    let state_rows = row_base.checked_add(rows).ok_or_else(|| {
+        shape_error(
+            OP,
+            "row_base + rows below 2^32".into(),
+            row_base.to_string(),
+        )
+    })?;
     check_tensor(OP, "positions", positions, DType::U32, state_rows)?;
     check_tensor(OP, "state", state, DType::U32, state_len(state_rows))?;
     if let Some(f) = full {
