@@ -76,6 +76,8 @@ impl Engine {
             backends,
             memory_budget: options.gpu_memory,
             runtime_checks: options.shader_checks,
+            tune: options.tune,
+            tune_file: options.tune_file.clone(),
             ..ContextOptions::default()
         })?;
         Self::load_on(ctx, dir, options, progress).map(|mut e| {
@@ -181,13 +183,14 @@ impl Engine {
 
     /// The engine around a loaded model: special tokens from the tokenizer (or the config).
     fn assemble(
-        model: Model,
+        mut model: Model,
         tokenizer: Option<Tokenizer>,
         (depth_table, chat): (Option<DepthTable>, ChatFormat),
         dir: &Path,
         options: &EngineOptions,
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
+        model.matmul_kernel = options.matmul_kernel;
         let cfg = &model.cfg;
         let special = match &tokenizer {
             Some(t) => t.special_tokens(cfg)?,

@@ -1,9 +1,13 @@
 //! How to load a model: `EngineOptions`, and the model folder's depth table.
 
+use std::path::PathBuf;
 use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::StoreBudget;
+
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::WeightFormats;
+use unmask_gpu::ops::matmul::MatmulKernel;
+use unmask_gpu::tune::TunePolicy;
 
 use crate::EngineError;
 
@@ -30,6 +34,13 @@ pub struct EngineOptions {
     /// Keep wgpu's runtime bounds checks in the kernels (the default). Natively they may be
     /// turned off (`ContextOptions::runtime_checks`); a browser always checks.
     pub shader_checks: bool,
+    /// The matmul kernel: `Auto` (the default) takes the measured or fixed choice per
+    /// shape; a concrete kernel is pinned for every shape it supports.
+    pub matmul_kernel: MatmulKernel,
+    /// When `Auto` kernels are chosen by timing them on the device (`unmask_gpu::tune`).
+    pub tune: TunePolicy,
+    /// Where measured choices are kept (`None`: `unmask_gpu::tune::default_tune_file`).
+    pub tune_file: Option<PathBuf>,
 }
 
 impl EngineOptions {
@@ -54,6 +65,9 @@ impl Default for EngineOptions {
             },
             gpu_memory: None,
             shader_checks: true,
+            matmul_kernel: MatmulKernel::Auto,
+            tune: TunePolicy::Auto,
+            tune_file: None,
         }
     }
 }

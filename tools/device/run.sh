@@ -8,7 +8,8 @@
 # Phases, in order: info; LLaDA parity on tests/fixtures/tiny (f32, f16 weights); Dream
 # parity on tests/fixtures/tiny-dream (tools/dream_torch.py: f32 weights with Fast-dLLM's
 # block schedule, f16 weights with Dream's own schedule and topk_margin); synthetic LLaDA-8B
-# and its logits parity (f16, f32); the kernel and request benchmarks; the report; then a
+# and its logits parity (f16, f32); the kernel and request benchmarks, and the PyTorch
+# reference `generate` on the same requests (tools/torch_bench.py); the report; then a
 # synthetic Dream-7B of 2 layers (Qwen2 names, full width: hidden 3584, GQA 28/4, vocab
 # 152064; 3.1 GB of bf16) and its logits parity (f16, f32). The Dream phases are the ones added
 # to the original run; the synthetic Dream parity comes last, so it is what a slow machine
@@ -32,9 +33,11 @@
 #                     520 at full scale, which keeps the run within 9 minutes even when a
 #                     phase has to be killed; 3600 at small scale).
 #
-# OUT_DIR ends up with at most 8 files: log.txt (everything printed), parity.jsonl (one line
-# per parity phase, LLaDA and Dream), bench-kernels.jsonl, bench-requests.jsonl, report.md,
-# kernels.svg, requests.svg. Each phase has its own time limit (LIMITS below) and gets at most
+# OUT_DIR ends up with at most 9 files: log.txt (everything printed), parity.jsonl (one line
+# per parity phase, LLaDA and Dream), bench-kernels.jsonl, bench-requests.jsonl (the
+# runtime's cache modes and the `pytorch-reference` rows), report.md (with the fastest mode
+# over the PyTorch reference), kernels.svg, requests.svg, kernel-choices.json (the kernels
+# `auto` measured per shape class on this GPU, with each candidate's time). Each phase has its own time limit (LIMITS below) and gets at most
 # what is left of RUN_BUDGET (bench-requests leaves 20 s of it to the report), so the whole
 # run stays under 9 minutes; once the budget is spent, the remaining phases get 1 s each and
 # report running out of time. A phase that fails or runs out of time is reported and the
@@ -51,13 +54,13 @@ say "unmask device run, scale $SCALE, into $OUT"
 [ -n "$BIN" ] || exit 2
 
 # LIMITS: parity-tiny (each), synth, parity-synth (each), bench-kernels, bench-requests,
-# parity-tiny-dream (each), synth-dream, parity-synth-dream (each)
+# parity-tiny-dream (each), synth-dream, parity-synth-dream (each), torch-requests
 if [ "$SCALE" = small ]; then
   SYNTH_CONFIG=tiny
   DREAM_SYNTH=(--config tiny-dream)
   KERNEL_ARGS=(--config tiny --rows 8,96 --kv-lens 96)
   REQ_ARGS=(--gen-length 32 --steps 16 --block-length 8 --groups 1 --per-group 2 --prefix-tokens 48 --user-tokens 16)
-  LIMITS=(60 60 120 120 240 60 30 120)
+  LIMITS=(60 60 120 120 240 60 30 120 120)
   BUDGET="${RUN_BUDGET:-3600}"
 else
   SYNTH_CONFIG=llada-8b
@@ -65,7 +68,7 @@ else
   # rows: a 32-token block (dual cache) and a whole 1024 + 64 + 256 request
   KERNEL_ARGS=(--config llada-8b --rows 32,1344 --kv-lens 1344)
   REQ_ARGS=(--gen-length 256 --steps 128 --block-length 32 --groups 1 --per-group 2 --prefix-tokens 1024 --user-tokens 64)
-  LIMITS=(60 90 150 90 200 45 45 75)
+  LIMITS=(60 90 150 90 200 45 45 75 70)
   BUDGET="${RUN_BUDGET:-520}"
 fi
 
@@ -77,6 +80,9 @@ left() {
   [ "$rest" -lt 1 ] && rest=1
   echo $(($1 < rest ? $1 : rest))
 }
+
+# The measured kernel choices of this run, kept with its results.
+export UNMASK_TUNE_FILE="$OUT/kernel-choices.json"
 
 phase info "$(left 30)" "$BIN" info --model tests/fixtures/tiny --backend "$BACKEND"
 
@@ -106,8 +112,12 @@ done
 # --- benchmarks ---------------------------------------------------------------------------
 phase bench-kernels "$(left "${LIMITS[3]}")" "$BIN" bench --only kernels --backend "$BACKEND" "${KERNEL_ARGS[@]}" \
   --out "$OUT/bench-kernels.jsonl"
-phase bench-requests "$(left "${LIMITS[4]}" 20)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
+phase bench-requests "$(left "${LIMITS[4]}" 90)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
   "${REQ_ARGS[@]}" --out "$OUT/bench-requests.jsonl"
+# the PyTorch reference on the same workload, as rows of the same file (bf16, as it runs)
+phase torch-requests "$(left "${LIMITS[8]}" 20)" "$PY" tools/torch_bench.py --model "$SYNTH" \
+  --like "$OUT/bench-requests.jsonl" --out "$OUT/bench-requests.jsonl" --device "$TORCH_DEVICE" \
+  --dtype bf16 --max-requests 2
 rm -rf "$(dirname "$SYNTH")"
 
 phase report "$(left 30)" "$BIN" bench-report "$OUT/bench-kernels.jsonl" "$OUT/bench-requests.jsonl" --out "$OUT/report"

@@ -9,6 +9,7 @@ use unmask::{Engine, EngineError};
 use unmask_core::config::{ModelConfig, ModelFamily};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
+use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::{ContextOptions, GpuContext};
 
 use crate::error::CliError;
@@ -43,6 +44,29 @@ pub fn context(backend: Option<&str>) -> Result<Arc<GpuContext>, CliError> {
     })?)
 }
 
+/// How `auto` kernels are chosen on this device, and the matmul kernels by name.
+fn kernel_choice(ctx: &GpuContext, pinned: MatmulKernel) -> String {
+    let t = &ctx.tuner;
+    let how = if !t.enabled() {
+        "fixed per shape (a CPU adapter or --tune off; --tune always measures)".to_string()
+    } else {
+        let entries = t.entries();
+        let file = t
+            .path()
+            .map_or("this process only".to_string(), |p| p.display().to_string());
+        format!(
+            "measured on first use per shape class; {} classes measured so far ({file})",
+            entries.len()
+        )
+    };
+    let names: Vec<&str> = MatmulKernel::CONCRETE.iter().map(|k| k.name()).collect();
+    format!(
+        "kernel choice: {how}\nmatmul kernels: {} (this run: {})",
+        names.join(", "),
+        pinned.name()
+    )
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
@@ -53,7 +77,17 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         Some(_) => Some(args.model.dir()?),
         None => None,
     };
-    let ctx = context(engine_options.backend.as_deref())?;
+    let backends = engine_options
+        .backend
+        .as_deref()
+        .map(unmask_gpu::parse_backend)
+        .transpose()?;
+    let ctx = GpuContext::new(&ContextOptions {
+        backends,
+        tune: engine_options.tune,
+        tune_file: engine_options.tune_file.clone(),
+        ..ContextOptions::default()
+    })?;
     let f = &ctx.features;
     let l = &ctx.limits;
     let subgroups = if f.subgroups {
@@ -82,6 +116,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             l.max_compute_workgroups_per_dimension,
             l.max_storage_buffers_per_shader_stage
         ),
+        kernel_choice(&ctx, engine_options.matmul_kernel),
     ];
     if let Some(dir) = model {
         let files = ModelFiles::read(&dir)?;

@@ -11,6 +11,8 @@ use unmask::{
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::WeightFormat;
+use unmask_gpu::ops::matmul::MatmulKernel;
+use unmask_gpu::tune::TunePolicy;
 
 use crate::error::CliError;
 use crate::live::LoadBar;
@@ -118,6 +120,18 @@ pub struct EngineArgs {
     /// --weights)
     #[arg(long, value_name = "W", value_parser = WEIGHT_FORMATS)]
     pub embed_weights: Option<String>,
+    /// matmul kernel for every shape: auto (default: measured per shape on a GPU, see
+    /// --tune) or one kernel by name (unmask info lists them)
+    #[arg(long, value_name = "KERNEL", value_parser = values::matmul_kernel)]
+    pub matmul: Option<MatmulKernel>,
+    /// choose auto kernels by timing them on first use: auto (default: on GPUs, not on CPU
+    /// adapters), always or off
+    #[arg(long, value_name = "WHEN", value_parser = values::choice(TunePolicy::NAMES, TunePolicy::parse))]
+    pub tune: Option<TunePolicy>,
+    /// file the measured choices are kept in (default: $UNMASK_TUNE_FILE, else
+    /// <user cache dir>/unmask/kernels.json)
+    #[arg(long, value_name = "PATH")]
+    pub tune_file: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -136,6 +150,9 @@ impl EngineArgs {
             backend: self.backend.backend.clone(),
             weight_format: format(name),
             embed_format: self.embed_weights.as_deref().map(format),
+            matmul_kernel: self.matmul.unwrap_or(MatmulKernel::Auto),
+            tune: self.tune.unwrap_or_default(),
+            tune_file: self.tune_file.clone(),
             ..EngineOptions::default()
         })
     }

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use unmask::{CacheBudget, CacheMode, EngineOptions};
+use unmask_gpu::ops::matmul::MatmulKernel;
 
 /// What a valid value of a list of cache modes looks like.
 const CACHE_MODES_EXPECTED: &str = "`all` or a comma-separated list of none, fast-dllm-prefix, \
@@ -21,6 +22,19 @@ fn parsed<T: FromStr>(text: &str, ok: impl Fn(&T) -> bool, what: &str) -> Result
         .ok()
         .filter(ok)
         .ok_or_else(|| expected(what))
+}
+
+/// A matmul kernel by name: `auto` or one of `MatmulKernel::CONCRETE`.
+pub fn matmul_kernel(text: &str) -> Result<MatmulKernel, String> {
+    let all = || {
+        MatmulKernel::CONCRETE
+            .into_iter()
+            .chain([MatmulKernel::Auto])
+    };
+    all().find(|k| k.name() == text).ok_or_else(|| {
+        let names: Vec<&str> = all().map(MatmulKernel::name).collect();
+        format!("expected one of {}, found {text:?}", names.join(", "))
+    })
 }
 
 /// A whole number >= 1.

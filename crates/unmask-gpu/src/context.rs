@@ -1,5 +1,6 @@
 //! Adapter choice, device creation and the features the kernels may use.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -7,6 +8,7 @@ use crate::error::{GpuError, Result};
 use crate::pipeline::PipelineCache;
 use crate::step::bind_groups::BindGroupCache;
 use crate::step::{HostCounters, ReadbackRing, TraceState};
+use crate::tune::{KernelTuner, TunePolicy, default_tune_file};
 
 /// How to pick the adapter and what the device may use.
 #[derive(Clone, Debug)]
@@ -27,6 +29,10 @@ pub struct ContextOptions {
     /// every index of `shaders/` is clamped in range by construction and the host checks
     /// each dispatch's parameters against its buffers. A browser always checks.
     pub runtime_checks: bool,
+    /// When `Auto` kernels are chosen by timing the candidates (`tune`).
+    pub tune: TunePolicy,
+    /// Where measured choices are kept across processes (`None`: `default_tune_file()`).
+    pub tune_file: Option<PathBuf>,
 }
 
 impl Default for ContextOptions {
@@ -38,6 +44,8 @@ impl Default for ContextOptions {
             max_binding_bytes: None,
             memory_budget: None,
             runtime_checks: true,
+            tune: TunePolicy::Auto,
+            tune_file: None,
         }
     }
 }
@@ -177,6 +185,8 @@ pub struct GpuContext {
     pub host: HostCounters,
     /// Whether kernels keep wgpu's runtime bounds checks (`ContextOptions::runtime_checks`).
     pub runtime_checks: bool,
+    /// Measured choices of `Auto` kernels on this device.
+    pub tuner: KernelTuner,
     pub(crate) pipelines: PipelineCache,
     pub(crate) params: crate::step::ParamArena,
     pub(crate) bind_groups: BindGroupCache,
@@ -317,7 +327,10 @@ impl GpuContext {
             });
         }
         let params = crate::step::ParamArena::new(limits.min_uniform_buffer_offset_alignment);
+        let tune_file = options.tune_file.clone().or_else(default_tune_file);
+        let tuner = KernelTuner::new(&info, options.tune, tune_file);
         Ok(Arc::new(Self {
+            tuner,
             memory: Arc::new(MemoryCounter::new(options.memory_budget)),
             faults,
             device,

@@ -14,6 +14,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod step;
 pub mod tensor;
+pub mod tune;
 
 pub use context::{ContextOptions, GpuContext, KernelFeatures, MemoryCounter, parse_backend};
 pub use error::{GpuError, Result};

@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 
 use super::collect::{Collected, Figures, KernelRow, RequestRow, Source};
 
+/// The cache name of `tools/torch_bench.py`'s rows: the PyTorch reference `generate`.
+pub(super) const REFERENCE_CACHE: &str = "pytorch-reference";
+
 /// The median of each figure over the measurements that have it (the mean of the middle
 /// two for an even count).
 fn merge(measurements: &[Figures]) -> Figures {
@@ -156,6 +159,47 @@ impl Merged {
         (base > 0.0).then(|| this / base)
     }
 
+    /// Per source with a `pytorch-reference` row (tools/torch_bench.py): the runtime's
+    /// fastest row of the same decoding and shape, and its canvas throughput over the
+    /// reference's: (source, reference row, fastest row, ratio).
+    pub(super) fn over_reference(&self) -> Vec<(usize, RequestRow, RequestRow, f64)> {
+        let mut out = Vec::new();
+        for ((source, row), figures) in &self.requests {
+            if row.cache != REFERENCE_CACHE {
+                continue;
+            }
+            let Some(&base) = figures.get("throughput_canvas").filter(|&&b| b > 0.0) else {
+                continue;
+            };
+            let same_shape = |r: &RequestRow| {
+                r.cache != REFERENCE_CACHE
+                    && (
+                        &r.decoding,
+                        &r.threshold,
+                        r.gen_length,
+                        r.steps,
+                        r.block_length,
+                    ) == (
+                        &row.decoding,
+                        &row.threshold,
+                        row.gen_length,
+                        row.steps,
+                        row.block_length,
+                    )
+            };
+            let best = self
+                .requests
+                .iter()
+                .filter(|((s, r), _)| s == source && same_shape(r))
+                .filter_map(|((_, r), f)| Some((r, *f.get("throughput_canvas")?)))
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((r, t)) = best {
+                out.push((*source, row.clone(), r.clone(), t / base));
+            }
+        }
+        out
+    }
+
     pub(super) fn id(&self, source: usize) -> String {
         format!("S{}", source + 1)
     }
@@ -178,6 +222,30 @@ impl Merged {
 mod tests {
     use super::super::build;
     use super::super::fixtures::{row_of, two_sources};
+
+    #[test]
+    fn the_fastest_mode_is_set_against_the_pytorch_reference() {
+        use super::super::fixtures::{input, request};
+        use super::REFERENCE_CACHE;
+        let lines = [
+            request("GPU A", "none", 100.0),
+            request("GPU A", "bicache-dual", 450.0),
+            request("GPU A", "fast-dllm-dual", 300.0),
+            request("GPU A", REFERENCE_CACHE, 150.0),
+        ];
+        let r = build(&[input("a.jsonl", &lines)], "unmask bench-report").unwrap();
+        assert!(
+            r.markdown.contains(
+                "S1: the fastest mode, bicache-dual (quota, 64/32/32), runs 3.00× the canvas \
+                 throughput of the PyTorch reference `generate` (64/32/32)."
+            ),
+            "{}",
+            r.markdown
+        );
+        // Without a reference row there is no such line.
+        let r = build(&[input("a.jsonl", &lines[..3])], "unmask bench-report").unwrap();
+        assert!(!r.markdown.contains("PyTorch reference"));
+    }
 
     #[test]
     fn speed_up_is_over_none_in_the_same_source() {
