@@ -23,3 +23,4 @@ mod shader_portability;
 mod step_program;
 mod streamed_load;
 mod synth;
+mod tune;

@@ -14,7 +14,7 @@ pub fn shader_checks() -> bool {
     std::env::var("UNMASK_SHADER_CHECKS").map_or(true, |v| v != "off")
 }
 
-fn options() -> ContextOptions {
+pub fn options() -> ContextOptions {
     ContextOptions {
         runtime_checks: shader_checks(),
         ..ContextOptions::default()

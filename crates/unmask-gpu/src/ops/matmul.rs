@@ -299,7 +299,7 @@ pub fn matmul_fused(
         return Err(too_big("elements of x or y", m.saturating_mul(n.max(k))));
     }
 
-    let (kernel, format) = kernel.plan(ctx, m, w.format);
+    let (kernel, format) = choose(ctx, kernel, x, w, m, n, fusion)?;
     let x_vec4 = k.is_multiple_of(4);
     let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu));
     let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
@@ -343,6 +343,79 @@ pub fn matmul_fused(
         step.dispatch(&pipeline, &params, &bindings, groups_2d(ctx, tiles));
     }
     Ok(())
+}
+
+/// The shape class of a matmul for measured kernel choice: the kernel source, the weight
+/// format, the fusions, N, K and M rounded up to a power of two.
+pub fn tune_class(
+    format: WeightFormat,
+    fusion: &Fusion<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> String {
+    let fused: String = [
+        (fusion.norm.is_some(), 'n'),
+        (fusion.residual, 'r'),
+        (fusion.swiglu, 's'),
+    ]
+    .iter()
+    .filter_map(|&(on, c)| on.then_some(c))
+    .collect();
+    format!(
+        "matmul@{:08x}/{}/{}/m{}/n{n}/k{k}",
+        crate::tune::source_hash(KERNEL.source),
+        format.name(),
+        if fused.is_empty() { "-" } else { &fused },
+        m.next_power_of_two()
+    )
+}
+
+/// `kernel.plan`, or for `Auto` on a device that measures (`GpuContext::tuner`) the
+/// measured winner of the shape class, timed now on scratch output when the class is new.
+// In a browser nothing is timed (no blocking waits), so x goes unused there.
+#[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
+fn choose(
+    ctx: &GpuContext,
+    kernel: MatmulKernel,
+    x: &Tensor,
+    w: &Weight,
+    m: usize,
+    n: usize,
+    fusion: Fusion<'_>,
+) -> Result<(MatmulKernel, WeightFormat)> {
+    let planned = kernel.plan(ctx, m, w.format);
+    if kernel != MatmulKernel::Auto || !ctx.tuner.enabled() {
+        return Ok(planned);
+    }
+    let format = planned.1;
+    let class = tune_class(format, &fusion, m, n, w.cols);
+    let by_name = |name: &str| {
+        MatmulKernel::CONCRETE
+            .into_iter()
+            .find(|k| k.name() == name)
+    };
+    if let Some(k) = ctx.tuner.winner(&class).as_deref().and_then(by_name) {
+        return Ok((k, format));
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        // The naive kernel is the correctness baseline, never a contender.
+        let candidates: Vec<&'static str> = MatmulKernel::CONCRETE
+            .into_iter()
+            .filter(|&k| k != MatmulKernel::Naive)
+            .map(MatmulKernel::name)
+            .collect();
+        let scratch = Tensor::zeros(ctx, DType::F32, &[m, n], "tune scratch")?;
+        let times = crate::tune::time_candidates(ctx, &candidates, |step, name| {
+            let k = by_name(name).expect("a candidate is a concrete kernel");
+            matmul_fused(step, x, w, &scratch, m, k, fusion)
+        })?;
+        if let Some(k) = ctx.tuner.record(&class, times).as_deref().and_then(by_name) {
+            return Ok((k, format));
+        }
+    }
+    Ok(planned)
 }
 
 #[cfg(test)]
