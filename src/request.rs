@@ -35,15 +35,10 @@ pub struct Request {
 }
 
 impl Request {
-    /// A single user turn, with an optional system prompt, and default parameters.
-    pub fn chat(system: Option<&str>, user: &str) -> Self {
-        let mut messages = Vec::new();
-        if let Some(s) = system {
-            messages.push(Message::system(s));
-        }
-        messages.push(Message::user(user));
+    /// A request for `prompt` with default parameters: no cache, clean decoding.
+    pub fn new(prompt: Prompt) -> Self {
         Self {
-            prompt: Prompt::Chat(messages),
+            prompt,
             params: GenerationParams::default(),
             decode: DecodeMode::Clean,
             cache: CacheMode::None,
@@ -54,17 +49,18 @@ impl Request {
         }
     }
 
-    pub fn ids(ids: Vec<u32>) -> Self {
-        Self {
-            prompt: Prompt::Ids(ids),
-            params: GenerationParams::default(),
-            decode: DecodeMode::Clean,
-            cache: CacheMode::None,
-            prefix_len: None,
-            recompute_all: false,
-            depth: None,
-            refresh_every: 16,
+    /// A single user turn, with an optional system prompt, and default parameters.
+    pub fn chat(system: Option<&str>, user: &str) -> Self {
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(Message::system(s));
         }
+        messages.push(Message::user(user));
+        Self::new(Prompt::Chat(messages))
+    }
+
+    pub fn ids(ids: Vec<u32>) -> Self {
+        Self::new(Prompt::Ids(ids))
     }
 
     pub fn with_params(mut self, params: GenerationParams) -> Self {

@@ -125,7 +125,8 @@ def raw_error_cases(server):
         ("max_tokens over the limit", "POST", "/v1/chat/completions", {**ok, "max_tokens": 10**6}, AUTH, 400, "max_tokens"),
         ("max_tokens a string", "POST", "/v1/chat/completions", {**ok, "max_tokens": "many"}, AUTH, 400, "max_tokens"),
         ("temperature -1", "POST", "/v1/chat/completions", {**ok, "temperature": -1}, AUTH, 400, "temperature"),
-        ("top_p 0.5", "POST", "/v1/chat/completions", {**ok, "top_p": 0.5}, AUTH, 400, "top_p"),
+        ("top_p 1.5", "POST", "/v1/chat/completions", {**ok, "top_p": 1.5}, AUTH, 400, "top_p"),
+        ("top_k -2", "POST", "/v1/chat/completions", {**ok, "top_k": -2}, AUTH, 400, "top_k"),
         ("n 2", "POST", "/v1/chat/completions", {**ok, "n": 2}, AUTH, 400, "n"),
         ("steps not a multiple of blocks", "POST", "/v1/chat/completions",
          {**ok, "max_tokens": 64, "block_length": 32, "steps": 3}, AUTH, 400, "steps"),
@@ -152,6 +153,10 @@ def raw_error_cases(server):
         check(good, f"{what}: {got} {json.dumps(reply)[:150]}")
     status, reply, _ = server.request("GET", "/health")
     check(status == 200 and reply.get("status") == "ok", f"/health needs no key: {status} {reply}")
+    # top_p and top_k are taken (the cut runs on the GPU); the answer is still an answer
+    status, reply, _ = server.request("POST", "/v1/chat/completions", {**ok, "top_p": 0.9, "top_k": 5}, AUTH)
+    text = reply.get("choices", [{}])[0].get("message", {}).get("content") if isinstance(reply, dict) else None
+    check(status == 200 and isinstance(text, str) and text, f"top_p 0.9 with top_k 5: {status} {json.dumps(reply)[:150]}")
 
 
 def canvas_case(server):

@@ -4,7 +4,9 @@
 
 use crate::common;
 
-use common::{fixture_dir, params, same_tokens};
+use common::{
+    fixture_dir, params, same_tokens, shared_prefix as prefix, shared_prefix_prompt as prompt,
+};
 
 use unmask::{CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Request};
 use unmask_gpu::model::{LayerPass, Model, SeqWindow};
@@ -23,30 +25,6 @@ fn engine_with(budget: CacheBudget) -> Engine {
 
 fn engine() -> Engine {
     engine_with(EngineOptions::default().cache_budget)
-}
-
-/// A shared "system" prefix of 24 tokens and a per-request question.
-fn prefix() -> Vec<u32> {
-    let mut p = vec![300, 302, 40, 41, 303];
-    p.extend((0..18u32).map(|i| 50 + (i * 37) % 200));
-    p.push(304);
-    p
-}
-
-fn prompt(question: u32) -> Vec<u32> {
-    let mut p = prefix();
-    p.extend([
-        302,
-        42,
-        303,
-        60 + question,
-        61 + question,
-        304,
-        302,
-        43,
-        303,
-    ]);
-    p
 }
 
 fn bicache_request(

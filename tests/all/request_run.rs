@@ -3,47 +3,23 @@
 
 use crate::common;
 
-use common::{fixture_dir, params};
+use common::params;
 
-use unmask::{CacheMode, Engine, EngineOptions, Request};
-use unmask_gpu::WeightFormat;
-
-fn engine() -> Engine {
-    let options = EngineOptions {
-        weight_format: WeightFormat::F32,
-        ..EngineOptions::default()
-    };
-    Engine::load_on(common::ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
-}
+use unmask::{CacheMode, Request};
 
 /// A 24-token shared prefix and a question, shared at depth 1.
 fn request(mode: CacheMode, question: u32) -> Request {
-    let mut prompt = vec![300, 302, 40, 41, 303];
-    prompt.extend((0..18u32).map(|i| 50 + (i * 37) % 200));
-    prompt.push(304);
-    let prefix = prompt.len();
-    prompt.extend([
-        302,
-        42,
-        303,
-        60 + question,
-        61 + question,
-        304,
-        302,
-        43,
-        303,
-    ]);
-    let mut r = Request::ids(prompt)
+    let mut r = Request::ids(common::shared_prefix_prompt(question))
         .with_params(params(16, 8, 8))
         .with_cache(mode);
-    r.prefix_len = Some(prefix);
+    r.prefix_len = Some(common::shared_prefix().len());
     r.depth = Some(1);
     r
 }
 
 #[test]
 fn stepping_equals_generate_in_every_mode() {
-    let engine = engine();
+    let engine = common::tiny_engine();
     for mode in CacheMode::ALL {
         let req = request(mode, 3);
         let whole = engine.generate(&req).expect("generates");
@@ -72,7 +48,7 @@ fn stepping_equals_generate_in_every_mode() {
 
 #[test]
 fn a_dropped_run_unpins_and_frees_its_state() {
-    let engine = engine();
+    let engine = common::tiny_engine();
     let modes = [CacheMode::Bicache, CacheMode::FastDllmDual];
     // A first request of each mode stores the prefix entry and fills the read-back ring.
     for mode in modes {

@@ -53,7 +53,9 @@ pub struct BenchArgs {
     /// time only the matmul kernel the runtime picks
     #[arg(long)]
     auto_only: bool,
-    #[arg(long, value_name = "MODE", help = options::CACHE_HELP, value_parser = values::cache_modes)]
+    /// cache modes to run, comma-separated: none, fast-dllm-prefix, fast-dllm-dual,
+    /// prefix-arm, bicache, bicache-dual (default: all of them)
+    #[arg(long, value_name = "LIST", value_parser = values::cache_modes)]
     cache: Option<::std::vec::Vec<CacheMode>>,
     /// quota, threshold or both (default quota,threshold)
     #[arg(long, value_name = "LIST", value_parser = decodings)]

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 use unmask::{CacheMode, GenerationParams, Message, Remasking, Role};
+use unmask_core::config::json_kind;
 
 use crate::error::ApiError;
 
@@ -187,21 +188,10 @@ fn object(body: &[u8]) -> Result<Value, ApiError> {
     if !value.is_object() {
         return Err(ApiError::unnamed(format!(
             "the body: expected a JSON object, found {}",
-            kind(&value)
+            json_kind(&value)
         )));
     }
     Ok(value)
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Deserializes `value`, naming the field at fault (`prefix` then serde's path).

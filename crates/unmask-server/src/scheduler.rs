@@ -218,10 +218,9 @@ fn engine_request(
             }
         },
     };
-    let mut request = Request::ids(Vec::new())
+    let mut request = Request::new(prompt)
         .with_params(spec.params.clone())
         .with_cache(spec.cache);
-    request.prompt = prompt;
     request.depth = config.depth;
     request.refresh_every = config.refresh_every;
     Ok(request)
@@ -342,8 +341,8 @@ impl<'e> Scheduler<'e> {
         let slot = &mut self.slots[k];
         match slot.session.submit(request.clone()) {
             Ok(id) => {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
                 slot.members.insert(id, Tracker::new(&job));
+                self.started();
                 let _ = job.events.send(JobEvent::Started);
                 None
             }
@@ -420,7 +419,7 @@ impl<'e> Scheduler<'e> {
             let Slot {
                 session, members, ..
             } = slot;
-            let done = pollster_step(session, members, engine);
+            let done = step_session(session, members, engine);
             if session.running() > 0 || !done.is_empty() {
                 m.batch_size
                     .observe((session.running() + done.len()) as f64);
@@ -502,8 +501,9 @@ fn record(recent: &mut VecDeque<(Instant, usize)>, result: &Result<Generation, E
     }
 }
 
-/// One step of a session, routing each request's step to its tracker.
-fn pollster_step(
+/// One step of a session, blocking this thread until it is done, routing each request's
+/// step to its tracker.
+fn step_session(
     session: &mut BatchSession<'_>,
     members: &mut HashMap<usize, Tracker>,
     engine: &Engine,

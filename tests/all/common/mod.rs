@@ -104,6 +104,31 @@ pub fn tiny_engine() -> unmask::Engine {
     unmask::Engine::load_on(ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
 }
 
+/// A shared "system" prefix of 24 tokens on the tiny fixture's vocabulary.
+pub fn shared_prefix() -> Vec<u32> {
+    let mut p = vec![300, 302, 40, 41, 303];
+    p.extend((0..18u32).map(|i| 50 + (i * 37) % 200));
+    p.push(304);
+    p
+}
+
+/// `shared_prefix()` then a per-request question (9 tokens) numbered `question`.
+pub fn shared_prefix_prompt(question: u32) -> Vec<u32> {
+    let mut p = shared_prefix();
+    p.extend([
+        302,
+        42,
+        303,
+        60 + question,
+        61 + question,
+        304,
+        302,
+        43,
+        303,
+    ]);
+    p
+}
+
 /// The reference sampler's golden cases on the tiny fixture (read with
 /// `unmask_core::goldens`).
 pub fn golden_cases() -> Vec<serde_json::Value> {

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use unmask::{CacheMode, DecodeMode, GenerationParams, Request};
+use unmask_core::config::json_kind;
 
 use crate::error::CliError;
 use crate::options::BicacheSettings;
@@ -94,7 +95,7 @@ fn parse_item(line: &str, number: usize) -> Result<Item, String> {
     let Value::Object(obj) = value else {
         return Err(format!(
             "expected a JSON object with id, task, system, user, answer; found {}",
-            kind_of(&value)
+            json_kind(&value)
         ));
     };
     let optional = |key: &str| -> Result<Option<String>, String> {
@@ -103,7 +104,7 @@ fn parse_item(line: &str, number: usize) -> Result<Item, String> {
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(other) => Err(format!(
                 "field \"{key}\" must be a string, found {}",
-                kind_of(other)
+                json_kind(other)
             )),
         }
     };
@@ -123,17 +124,6 @@ fn parse_item(line: &str, number: usize) -> Result<Item, String> {
         answer: required("answer")?,
         prompt_group: optional("prompt_group")?,
     })
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

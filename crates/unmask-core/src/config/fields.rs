@@ -4,7 +4,8 @@ use serde_json::{Map, Value};
 
 use crate::error::ConfigError;
 
-pub(super) fn json_kind(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, for "expected …, found …" messages.
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

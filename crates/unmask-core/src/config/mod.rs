@@ -17,9 +17,10 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::ConfigError;
-use fields::{Fields, json_kind};
+use fields::Fields;
 use parse::{check_token_in_range, parse_object};
 
+pub use fields::json_kind;
 pub use names::LayerTensor;
 pub use presets::{DREAM_7B_CONFIG_JSON, LLADA_8B_CONFIG_JSON, PresetFiles};
 
