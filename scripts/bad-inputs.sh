@@ -71,6 +71,10 @@ case_ "--gpu-memory 0" "gpu-memory" -- "$BIN" "${G[@]}" --model "$FIX" --gpu-mem
 case_ "--gpu-memory below the weights" "budget" -- "$BIN" "${G[@]}" --model "$FIX" --gpu-memory 64K
 case_ "--confidence-precision f8" "confidence-precision" -- "$BIN" "${G[@]}" --model "$FIX" --confidence-precision f8
 case_ "--prompt-ids past the vocabulary" "prompt-ids" -- "$BIN" generate --model "$FIX" --prompt-ids 300,999999
+case_ "--top-p 0" "--top-p" -- "$BIN" "${G[@]}" --model "$FIX" --top-p 0
+case_ "--top-k 0" "--top-k" -- "$BIN" "${G[@]}" --model "$FIX" --top-k 0
+case_ "--top-k with --cfg-scale" "cfg_scale" -- "$BIN" "${G[@]}" --model "$FIX" --top-k 5 --cfg-scale 1
+case_ "--matmul unknown" "--matmul" -- "$BIN" "${G[@]}" --model "$FIX" --matmul fastest
 
 echo "== files"
 mkdir -p "$WORK/fifo" && cp "$FIX"/*.json "$WORK/fifo/" && cp "$FIX"/model-00001-of-00002.safetensors "$WORK/fifo/"
