@@ -9,8 +9,6 @@ use unmask_core::config::ModelConfig;
 use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::{PrefixStore, SharedStore};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
-#[cfg(not(target_arch = "wasm32"))]
-use unmask_gpu::ContextOptions;
 use unmask_gpu::GpuContext;
 use unmask_gpu::model::{
     BodyStream, CheckpointLayout, LoadProgress, Model, ModelError, ShardIndex, WeightUpload,
@@ -67,19 +65,7 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let dir = dir.as_ref();
         let start = Stopwatch::start();
-        let backends = options
-            .backend
-            .as_deref()
-            .map(unmask_gpu::parse_backend)
-            .transpose()?;
-        let ctx = GpuContext::new(&ContextOptions {
-            backends,
-            memory_budget: options.gpu_memory,
-            runtime_checks: options.shader_checks,
-            tune: options.tune,
-            tune_file: options.tune_file.clone(),
-            ..ContextOptions::default()
-        })?;
+        let ctx = GpuContext::new(&options.context_options()?)?;
         Self::load_on(ctx, dir, options, progress).map(|mut e| {
             e.load_s = start.elapsed_s();
             e

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::StoreBudget;
 
-use unmask_gpu::WeightFormat;
 use unmask_gpu::model::WeightFormats;
+use unmask_gpu::{ContextOptions, WeightFormat};
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::tune::TunePolicy;
 
@@ -44,6 +44,24 @@ pub struct EngineOptions {
 }
 
 impl EngineOptions {
+    /// The GPU context these options ask for: backend, memory budget, bounds checks and
+    /// kernel tuning.
+    pub fn context_options(&self) -> Result<ContextOptions, EngineError> {
+        let backends = self
+            .backend
+            .as_deref()
+            .map(unmask_gpu::parse_backend)
+            .transpose()?;
+        Ok(ContextOptions {
+            backends,
+            memory_budget: self.gpu_memory,
+            runtime_checks: self.shader_checks,
+            tune: self.tune,
+            tune_file: self.tune_file.clone(),
+            ..ContextOptions::default()
+        })
+    }
+
     /// The storage formats asked for.
     pub fn formats(&self) -> WeightFormats {
         WeightFormats {

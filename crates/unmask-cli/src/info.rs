@@ -77,17 +77,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         Some(_) => Some(args.model.dir()?),
         None => None,
     };
-    let backends = engine_options
-        .backend
-        .as_deref()
-        .map(unmask_gpu::parse_backend)
-        .transpose()?;
-    let ctx = GpuContext::new(&ContextOptions {
-        backends,
-        tune: engine_options.tune,
-        tune_file: engine_options.tune_file.clone(),
-        ..ContextOptions::default()
-    })?;
+    let ctx = GpuContext::new(&engine_options.context_options()?)?;
     let f = &ctx.features;
     let l = &ctx.limits;
     let subgroups = if f.subgroups {

@@ -218,18 +218,53 @@ impl Model {
             )?;
         }
         sampling::select_reset(step, &sel.state, n)?;
-        if params.cuts() {
+        // A top-p / top-k cut needs whole rows: each chunk's logits are gathered into them,
+        // then per group of rows the cut and one selection pass.
+        let full = if params.cuts() {
             if uncond.is_some() {
                 return Err(ModelError::Input(
                     "top-p / top-k with classifier-free guidance".into(),
                 ));
             }
-            return self.encode_cut_select(step, sel, n, params);
-        }
+            Some(self.full_logits(sel)?)
+        } else {
+            None
+        };
+        let vocab = self.head_vocab();
+        let groups: Vec<(&RowGroup, usize)> = full.map_or(Vec::new(), |f| {
+            f.groups
+                .iter()
+                .filter(|g| g.first < n)
+                .map(|g| (g, g.rows.min(n - g.first)))
+                .collect()
+        });
         let head = &self.weights.lm_head;
         for (ci, chunk) in head.chunks.iter().enumerate() {
             let part = head.chunk_view(ci);
             matmul::matmul(step, &sel.normed, &part, &sel.logits, n, self.matmul_kernel)?;
+            if full.is_some() {
+                for &(g, rows) in &groups {
+                    let src = RowWindow {
+                        stride: chunk.rows,
+                        col: 0,
+                    };
+                    let dst = RowWindow {
+                        stride: vocab,
+                        col: chunk.row_start,
+                    };
+                    ew::gather_rows(
+                        step,
+                        &sel.logits,
+                        src,
+                        &g.index,
+                        &g.logits,
+                        dst,
+                        rows,
+                        chunk.rows,
+                    )?;
+                }
+                continue;
+            }
             let uncond_logits = if uncond.is_some() {
                 matmul::matmul(
                     step,
@@ -255,66 +290,24 @@ impl Model {
                 params,
             )?;
         }
-        sampling::select_finalize(step, &sel.state, &sel.out, n, params.confidence)?;
-        Ok(())
-    }
-
-    /// The LM head and token choice with a top-p / top-k cut: each chunk's logits are
-    /// copied into whole rows, then per group of rows the cut and one selection pass.
-    fn encode_cut_select(
-        &self,
-        step: &mut StepEncoder,
-        sel: &SelectBuffers,
-        n: usize,
-        params: &SelectParams,
-    ) -> Result<(), ModelError> {
-        let full = self.full_logits(sel)?;
-        let vocab = self.head_vocab();
-        let head = &self.weights.lm_head;
-        let groups: Vec<(&RowGroup, usize)> = full
-            .groups
-            .iter()
-            .filter(|g| g.first < n)
-            .map(|g| (g, g.rows.min(n - g.first)))
-            .collect();
-        for (ci, chunk) in head.chunks.iter().enumerate() {
-            let part = head.chunk_view(ci);
-            matmul::matmul(step, &sel.normed, &part, &sel.logits, n, self.matmul_kernel)?;
+        if let Some(f) = full {
             for &(g, rows) in &groups {
-                ew::gather_rows(
+                let at = sampling::FullRows {
+                    row_base: g.first,
+                    cut: &f.cut,
+                };
+                sampling::select_threshold(step, &g.logits, rows, vocab, at, params)?;
+                sampling::select_accumulate_cut(
                     step,
-                    &sel.logits,
-                    RowWindow {
-                        stride: chunk.rows,
-                        col: 0,
-                    },
-                    &g.index,
                     &g.logits,
-                    RowWindow {
-                        stride: vocab,
-                        col: chunk.row_start,
-                    },
                     rows,
-                    chunk.rows,
+                    vocab,
+                    at,
+                    &sel.positions,
+                    &sel.state,
+                    params,
                 )?;
             }
-        }
-        for &(g, rows) in &groups {
-            let at = sampling::FullRows {
-                row_base: g.first,
-                cut: &full.cut,
-            };
-            sampling::select_threshold(step, &g.logits, rows, vocab, at, params)?;
-            sampling::select_accumulate_cut(
-                step,
-                &g.logits,
-                rows,
-                vocab,
-                at,
-                &sel.positions,
-                &sel.state,
-                params,
-            )?;
         }
         sampling::select_finalize(step, &sel.state, &sel.out, n, params.confidence)?;
         Ok(())
