@@ -192,8 +192,8 @@ fn reduce_sums(lid: u32) {
     workgroupBarrier();
 }
 
-// One workgroup per row. 2 + 32 passes over the row: its maximum, its softmax sum, then
-// one pass per bisection step (the count and probability above the midpoint).
+// One workgroup per row. 2 + at most 32 passes over the row: its maximum, its softmax sum,
+// then one pass per bisection step (the count and probability above the midpoint).
 @compute @workgroup_size(256)
 fn threshold(
     @builtin(local_invocation_index) lid: u32,
@@ -218,29 +218,39 @@ fn threshold(
             w_mass[lid] = max(w_mass[lid], w_mass[lid + stride]);
         }
     }
-    workgroupBarrier();
-    mx = w_mass[0];
-    workgroupBarrier();
+    mx = workgroupUniformLoad(&w_mass[0]);
     var total = 0.0;
     for (var v = lid; v < p.n; v += WG) {
         if (v != p.suppress) {
             total += exp((logits[base + v] - mx) * p.scale);
         }
     }
+    // Every invocation has read the maximum before slot 0 is overwritten.
+    workgroupBarrier();
     w_mass[lid] = total;
     w_count[lid] = 0u;
     reduce_sums(lid);
-    let p_mass = p.top_p * w_mass[0];
-    // The key of the maximum passes both conditions (nothing lies above it).
+    let p_mass = p.top_p * workgroupUniformLoad(&w_mass[0]);
+    // Invariant: the answer lies in [lo, hi], and `above_*` are the count and probability
+    // of the keys above hi, so a pass only sums the keys in (mid, hi] (an exp each) and
+    // the ones outside cost a load and a compare. The key of the maximum passes both
+    // conditions (nothing lies above it). lo, hi and the sums are workgroup-uniform
+    // (read through workgroupUniformLoad), so the loop may stop once lo meets hi.
     var lo = 0u;
     var hi = order_key(mx);
+    var above_count = 0u;
+    var above_mass = 0.0;
     for (var it = 0u; it < 32u; it++) {
+        if (lo >= hi) {
+            break;
+        }
         let mid = lo + (hi - lo) / 2u;
         var count = 0u;
         var mass = 0.0;
         for (var v = lid; v < p.n; v += WG) {
             let l = logits[base + v];
-            if (v != p.suppress && order_key(l) > mid) {
+            let key = order_key(l);
+            if (key > mid && key <= hi && v != p.suppress) {
                 count += 1u;
                 mass += exp((l - mx) * p.scale);
             }
@@ -249,13 +259,16 @@ fn threshold(
         w_count[lid] = count;
         w_mass[lid] = mass;
         reduce_sums(lid);
-        let holds = (p.top_k == 0u || w_count[0] < p.top_k) && w_mass[0] <= p_mass;
-        if (lo < hi) {
-            if (holds) {
-                hi = mid;
-            } else {
-                lo = mid + 1u;
-            }
+        let band_count = workgroupUniformLoad(&w_count[0]);
+        let band_mass = workgroupUniformLoad(&w_mass[0]);
+        let holds = (p.top_k == 0u || above_count + band_count < p.top_k)
+            && above_mass + band_mass <= p_mass;
+        if (holds) {
+            hi = mid;
+            above_count += band_count;
+            above_mass += band_mass;
+        } else {
+            lo = mid + 1u;
         }
     }
     if (lid == 0u) {
