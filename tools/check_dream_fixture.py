@@ -24,6 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_common  # noqa: E402
 import dream_ref  # noqa: E402
 import fixture_common  # noqa: E402
 import make_dream_fixture as mdf  # noqa: E402
@@ -196,13 +197,13 @@ def check_schedule(c):
                 want = [q for q, u in zip(cand, s.get("draws", [])) if float(np.float32(u)) < p]
                 check(committed == want and len(s.get("draws", [])) == len(cand), f"generate {name} step {k}: origin draws")
             else:
-                check(n == dream_ref.quota(len(cand), ts[k], ts[k + 1], last), f"generate {name} step {k}: quota")
+                check(n == dream_common.quota(len(cand), ts[k], ts[k + 1], last), f"generate {name} step {k}: quota")
         elif s["step"] == 0:
             check(committed == [bs], f"generate {name} step {k}: block step 0 must commit the block start")
         elif fp["threshold"] is None:
             ts = np.linspace(1.0, fp["eps"], spb + 1)
             i = s["step"]
-            check(n == dream_ref.quota(len(cand), ts[i], ts[i + 1], i == spb - 1), f"generate {name} step {k}: quota")
+            check(n == dream_common.quota(len(cand), ts[i], ts[i + 1], i == spb - 1), f"generate {name} step {k}: quota")
         else:
             check(n >= 1, f"generate {name} step {k}: threshold step commits nothing")
         masked -= set(committed)

@@ -29,6 +29,7 @@ import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_common  # noqa: E402
 import dream_ref  # noqa: E402
 import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
@@ -322,7 +323,7 @@ def boost_eos(weights, tok):
     tail of the canvas with it): add to its LM-head row the smallest multiple of the mean
     final hidden state (over the masked positions of the question canvases) for which it
     is the argmax at EOS_TARGET_SHARE of those positions.  A random row alone never wins."""
-    params = {"config": dream_ref.resolve_config(model_config()), "tensors": weights}
+    params = {"config": dream_common.resolve_config(model_config()), "tensors": weights}
     rows = []
     for q in make_fixture.GENERATE_QUESTIONS:
         prompt = encode(tok, render_chat([{"role": "user", "content": q}]))

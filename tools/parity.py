@@ -432,12 +432,13 @@ def torch_cases(args, runtime, tol):
     for a Dream checkpoint."""
     import torch  # noqa: F401  (checked importable by the caller)
     import llada_torch
+    import torch_common
 
     if is_dream_checkpoint(args.model):
         return dream_torch_cases(args, runtime, tol)
     if args.remasking is not None or args.eps is not None:
         raise SetupError("--remasking and --eps are Dream's generation options; this is not a Dream checkpoint")
-    device = args.device or llada_torch.default_device()
+    device = args.device or torch_common.default_device()
     model = llada_torch.load(args.model, device, args.ref_dtype)
     cfg = model.config
     mask = cfg.get("mask_token_id")
@@ -510,6 +511,7 @@ def dream_torch_cases(args, runtime, tol):
     unshifted logits, and one generation on Dream's timestep schedule (`--remasking` is
     Dream's alg) through both samplers."""
     import dream_torch
+    import torch_common
 
     unsupported = [
         flag
@@ -525,7 +527,7 @@ def dream_torch_cases(args, runtime, tol):
     alg = args.remasking or "maskgit_plus"
     if args.threshold is not None and alg != "maskgit_plus":
         raise SetupError("--threshold ranks probabilities: use it with --remasking maskgit_plus")
-    device = args.device or dream_torch.llada_torch.default_device()
+    device = args.device or torch_common.default_device()
     try:
         model = dream_torch.load(args.model, device, args.ref_dtype)
     except (ValueError, NotImplementedError, FileNotFoundError) as e:
