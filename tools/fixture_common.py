@@ -286,11 +286,14 @@ def check_files(d, limit, limit_text):
     print(f"files ok, {size} bytes")
 
 
-def check_shards(d, index, tensors):
-    """Re-read every shard with the `safetensors` library and compare with `tensors`
-    (this repository's reader).  Returns the data bytes and (shard, name) of each tensor."""
+def check_shards(d, params):
+    """Re-read every shard with the `safetensors` library and compare with params (a
+    reference's load_checkpoint); every tensor must be stored as BF16.  Returns the data
+    bytes and (shard, name) of each tensor."""
     import safetensors
 
+    index = load(os.path.join(d, "model.safetensors.index.json"))
+    tensors = params["tensors"]
     total, placed = 0, []
     for fname in sorted(set(index["weight_map"].values())):
         path = os.path.join(d, fname)
@@ -309,6 +312,7 @@ def check_shards(d, index, tensors):
         with safetensors.safe_open(path, framework="numpy") as f:
             check(set(f.keys()) == {k for k, v in index["weight_map"].items() if v == fname}, f"{fname}: key set")
     check(index["metadata"]["total_size"] == total, "index total_size")
+    check(all(v == "BF16" for v in params["dtypes"].values()), "every tensor must be BF16")
     return total, placed
 
 

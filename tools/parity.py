@@ -440,21 +440,8 @@ def torch_cases(args, runtime, tol):
         raise SetupError("--remasking and --eps are Dream's generation options; this is not a Dream checkpoint")
     device = args.device or torch_common.default_device()
     model = llada_torch.load(args.model, device, args.ref_dtype)
-    cfg = model.config
-    mask = cfg.get("mask_token_id")
-    if args.ids:
-        cases = [(f"ids{i}", ids) for i, ids in enumerate(args.ids)]
-    else:
-        prompt = default_ids(cfg)
-        cases = [("prompt", prompt)]
-        if mask is not None:
-            cases.append(("canvas", prompt + [mask] * 20))
-    logit_results = []
-    for name, ids in cases:
-        ref = model.forward(ids).cpu()
-        ref_rows = [array.array("f", row) for row in ref.tolist()]
-        got = runtime.logits(ids)
-        logit_results.append(compare_logits(name, ids, got, ref_rows, tol))
+    mask = model.config.get("mask_token_id")
+    cases, logit_results = reference_cases(args, model, runtime, tol)
     gen_results = []
     if not args.no_generate:
         prompt = args.gen_prompt_ids or [t for t in cases[0][1] if t != mask]
