@@ -7,7 +7,7 @@ cases (plain and jinja2 rendering, ids, system-turn prefix), recomputes the logi
 goldens (and the left-padded case) and the generate goldens with tools/dream_ref.py,
 re-derives every step's commit count from Dream's schedule, the draws from the seed, and
 replays the cases from the stored draws.  The checks it shares with tools/check_fixture.py
-(file list, safetensors re-reading) are in tools/fixture_common.py.
+(file list, safetensors re-reading, tokenizer round trips) are in tools/fixture_common.py.
 
 Usage: tools/.venv/bin/python tools/check_dream_fixture.py [--dir tests/fixtures/tiny-dream]
 Exits with status 1 if any check fails.
@@ -94,12 +94,7 @@ def check_tokenizer(d, tok):
         "Unicode: café, naïve, 東京, emoji 🙂",
         "<|im_start|>user\nHi<|im_end|>\n<|endoftext|><|mask|><|beginoftext|>",
     ]
-    for t in texts:
-        without = tok.encode(t, add_special_tokens=False).ids
-        check(tok.encode(t, add_special_tokens=True).ids == without, f"add_special_tokens changes the encoding of {t!r}")
-        check(tok.decode(without, skip_special_tokens=False) == t, f"round trip of {t!r}")
-    for t, i in ids.items():
-        check(tok.encode(t, add_special_tokens=False).ids == [i], f"{t} is not one token")
+    fixture_common.check_round_trips(tok, texts, ids)
     # Qwen2 splits digits one by one
     digits = tok.encode("2024", add_special_tokens=False).ids
     check(len(digits) == 4, f"'2024' -> {digits}, expected 4 digit tokens")

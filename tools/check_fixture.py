@@ -5,7 +5,7 @@ repository's reader and with the `safetensors` library), the tokenizer (loading,
 round trips, special tokens, no added special tokens), the chat template cases (and,
 if jinja2 is installed, the template string itself), and recomputes the logits and
 generate goldens with tools/llada_ref.py.  The checks it shares with
-tools/check_dream_fixture.py (file list, safetensors re-reading) are in
+tools/check_dream_fixture.py (file list, safetensors re-reading, tokenizer round trips) are in
 tools/fixture_common.py.
 
 Usage: tools/.venv/bin/python tools/check_fixture.py [--dir tests/fixtures/tiny]
@@ -94,13 +94,7 @@ def check_tokenizer(tok):
         "Unicode: café, naïve, 東京, emoji 🙂",
         "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|endoftext|><|mdm_mask|>",
     ]
-    for t in texts:
-        with_sp = tok.encode(t, add_special_tokens=True).ids
-        without = tok.encode(t, add_special_tokens=False).ids
-        check(with_sp == without, f"add_special_tokens changes the encoding of {t!r}")
-        check(tok.decode(without, skip_special_tokens=False) == t, f"round trip of {t!r}")
-    for t, i in ids.items():
-        check(tok.encode(t, add_special_tokens=False).ids == [i], f"{t} is not one token")
+    fixture_common.check_round_trips(tok, texts, ids)
     enc = tok.encode("<|startoftext|>hi", add_special_tokens=False).ids
     check(enc[0] == ids["<|startoftext|>"] and len(enc) >= 2, f"'<|startoftext|>hi' -> {enc}")
     check(tok.decode(tok.encode("<|eot_id|>Hi<|endoftext|>", add_special_tokens=False).ids, skip_special_tokens=True) == "Hi",

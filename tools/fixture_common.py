@@ -286,6 +286,17 @@ def check_files(d, limit, limit_text):
     print(f"files ok, {size} bytes")
 
 
+def check_round_trips(tok, texts, special_ids):
+    """Encoding never adds tokens (no post-processor), every text decodes back to itself,
+    and every special token (name -> id) is that one token."""
+    for t in texts:
+        without = tok.encode(t, add_special_tokens=False).ids
+        check(tok.encode(t, add_special_tokens=True).ids == without, f"add_special_tokens changes the encoding of {t!r}")
+        check(tok.decode(without, skip_special_tokens=False) == t, f"round trip of {t!r}")
+    for t, i in special_ids.items():
+        check(tok.encode(t, add_special_tokens=False).ids == [i], f"{t} is not one token")
+
+
 def check_shards(d, params):
     """Re-read every shard with the `safetensors` library and compare with params (a
     reference's load_checkpoint); every tensor must be stored as BF16.  Returns the data
