@@ -5,8 +5,8 @@ repository's reader and with the `safetensors` library), the tokenizer (loading,
 round trips, special tokens, no added special tokens), the chat template cases (and,
 if jinja2 is installed, the template string itself), and recomputes the logits and
 generate goldens with tools/llada_ref.py.  The checks it shares with
-tools/check_dream_fixture.py (file list, safetensors re-reading, tokenizer round trips) are in
-tools/fixture_common.py.
+tools/check_dream_fixture.py (file list, safetensors re-reading, tokenizer round
+trips) are in tools/fixture_common.py.
 
 Usage: tools/.venv/bin/python tools/check_fixture.py [--dir tests/fixtures/tiny]
 Exits with status 1 on the first group of failures.
