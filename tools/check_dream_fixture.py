@@ -6,7 +6,8 @@ the tokenizer (special tokens, Qwen2 pre-tokenizer, round trips), the chat templ
 cases (plain and jinja2 rendering, ids, system-turn prefix), recomputes the logits
 goldens (and the left-padded case) and the generate goldens with tools/dream_ref.py,
 re-derives every step's commit count from Dream's schedule, the draws from the seed, and
-replays the cases from the stored draws.
+replays the cases from the stored draws.  The checks it shares with tools/check_fixture.py
+(file list, safetensors re-reading, tokenizer round trips) are in tools/fixture_common.py.
 
 Usage: tools/.venv/bin/python tools/check_dream_fixture.py [--dir tests/fixtures/tiny-dream]
 Exits with status 1 if any check fails.
@@ -15,48 +16,19 @@ Exits with status 1 if any check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
 from tokenizers import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_common  # noqa: E402
 import dream_ref  # noqa: E402
-import llada_ref  # noqa: E402
+import fixture_common  # noqa: E402
 import make_dream_fixture as mdf  # noqa: E402
-
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what)
-    return cond
-
-
-def load(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def check_files(d):
-    names = [
-        "README.md", "config.json", "generation_config.json", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json", "chat_template_cases.json",
-        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-        "model.safetensors.index.json", "goldens/logits.json", "goldens/generate.json",
-    ]
-    for n in names:
-        check(os.path.isfile(os.path.join(d, n)), f"missing file {n}")
-    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
-    check(size < 600_000, f"fixture is {size} bytes (limit 600 KB)")
-    print(f"files ok, {size} bytes")
-
+from fixture_common import check, load  # noqa: E402
 
 def check_config(d, tok):
     cfg = load(os.path.join(d, "config.json"))
@@ -84,28 +56,12 @@ def check_config(d, tok):
 
 
 def check_safetensors(d, cfg):
-    import safetensors
-
-    index = load(os.path.join(d, "model.safetensors.index.json"))
     params = dream_ref.load_checkpoint(d)
-    total = 0
+    total, placed = fixture_common.check_shards(d, params)
     shards_of_layer = {}
-    for fname in sorted(set(index["weight_map"].values())):
-        path = os.path.join(d, fname)
-        with open(path, "rb") as f:
-            raw = f.read()
-        (n,) = struct.unpack("<Q", raw[:8])
-        check((8 + n) % 8 == 0, f"{fname}: data start not 8-byte aligned")
-        for name, info in safetensors.deserialize(raw):
-            check(info["dtype"] in ("bfloat16", "BF16"), f"{fname}:{name} dtype {info['dtype']}")
-            bits = np.frombuffer(bytes(info["data"]), dtype="<u2").reshape(info["shape"])
-            check(np.array_equal(llada_ref.bf16_bits_to_f32(bits), params["tensors"][name]), f"{fname}:{name} differs between readers")
-            check(index["weight_map"][name] == fname, f"{name} not in the shard the index names")
-            total += bits.nbytes
-            if name.startswith("model.layers."):
-                shards_of_layer.setdefault(name.split(".")[2], set()).add(fname)
-    check(index["metadata"]["total_size"] == total, "index total_size")
-    check(all(v == "BF16" for v in params["dtypes"].values()), "every tensor must be BF16")
+    for fname, name in placed:
+        if name.startswith("model.layers."):
+            shards_of_layer.setdefault(name.split(".")[2], set()).add(fname)
     n_expected = 3 + 12 * cfg["num_hidden_layers"]
     check(len(params["tensors"]) == n_expected, f"{len(params['tensors'])} tensors, expected {n_expected}")
     check(all(len(s) == 2 for s in shards_of_layer.values()) and len(shards_of_layer) == cfg["num_hidden_layers"],
@@ -138,12 +94,7 @@ def check_tokenizer(d, tok):
         "Unicode: café, naïve, 東京, emoji 🙂",
         "<|im_start|>user\nHi<|im_end|>\n<|endoftext|><|mask|><|beginoftext|>",
     ]
-    for t in texts:
-        without = tok.encode(t, add_special_tokens=False).ids
-        check(tok.encode(t, add_special_tokens=True).ids == without, f"add_special_tokens changes the encoding of {t!r}")
-        check(tok.decode(without, skip_special_tokens=False) == t, f"round trip of {t!r}")
-    for t, i in ids.items():
-        check(tok.encode(t, add_special_tokens=False).ids == [i], f"{t} is not one token")
+    fixture_common.check_round_trips(tok, texts, ids)
     # Qwen2 splits digits one by one
     digits = tok.encode("2024", add_special_tokens=False).ids
     check(len(digits) == 4, f"'2024' -> {digits}, expected 4 digit tokens")
@@ -239,13 +190,13 @@ def check_schedule(c):
                 want = [q for q, u in zip(cand, s.get("draws", [])) if float(np.float32(u)) < p]
                 check(committed == want and len(s.get("draws", [])) == len(cand), f"generate {name} step {k}: origin draws")
             else:
-                check(n == dream_ref.quota(len(cand), ts[k], ts[k + 1], last), f"generate {name} step {k}: quota")
+                check(n == dream_common.quota(len(cand), ts[k], ts[k + 1], last), f"generate {name} step {k}: quota")
         elif s["step"] == 0:
             check(committed == [bs], f"generate {name} step {k}: block step 0 must commit the block start")
         elif fp["threshold"] is None:
             ts = np.linspace(1.0, fp["eps"], spb + 1)
             i = s["step"]
-            check(n == dream_ref.quota(len(cand), ts[i], ts[i + 1], i == spb - 1), f"generate {name} step {k}: quota")
+            check(n == dream_common.quota(len(cand), ts[i], ts[i + 1], i == spb - 1), f"generate {name} step {k}: quota")
         else:
             check(n >= 1, f"generate {name} step {k}: threshold step commits nothing")
         masked -= set(committed)
@@ -273,12 +224,12 @@ def check_generate(d, params, tok):
               f"generate {name}: draws differ from the reference's")
         check(c["output"][: len(c["prompt"])] == c["prompt"], f"generate {name}: prompt not kept")
         check(fp["mask_id"] not in c["output"][len(c["prompt"]):], f"generate {name}: mask left in output")
-        cm, lm = mdf.margins(trace)
+        cm, lm = fixture_common.margins(trace)
         for key, val in (("min_margin", cm), ("min_logit_margin", lm)):
             stored = c[key]
             if math.isfinite(val):
                 check(stored is not None and math.isclose(val, stored, rel_tol=1e-6), f"generate {name}: {key}")
-                check(val >= mdf.MARGIN_FLOOR, f"generate {name}: {key} below the floor")
+                check(val >= fixture_common.MARGIN_FLOOR, f"generate {name}: {key} below the floor")
             else:
                 check(stored is None, f"generate {name}: {key} should be null")
         check(mdf.quotas_are_robust(fp, trace), f"generate {name}: a quota depends on the precision")
@@ -308,7 +259,7 @@ def main():
     ap.add_argument("--dir", default=mdf.DEFAULT_OUT)
     args = ap.parse_args()
     d = args.dir
-    check_files(d)
+    fixture_common.check_files(d, 600_000, "600 KB")
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     cfg = check_config(d, tok)
     params = check_safetensors(d, cfg)
@@ -316,10 +267,7 @@ def main():
     check_chat(d, tok)
     check_logits(d, params)
     check_generate(d, params, tok)
-    if FAILURES:
-        print(f"{len(FAILURES)} check(s) failed")
-        sys.exit(1)
-    print("all checks passed")
+    fixture_common.finish_checks()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Checks the file layout and size, the config keys, the safetensors files (with th
 repository's reader and with the `safetensors` library), the tokenizer (loading,
 round trips, special tokens, no added special tokens), the chat template cases (and,
 if jinja2 is installed, the template string itself), and recomputes the logits and
-generate goldens with tools/llada_ref.py.
+generate goldens with tools/llada_ref.py.  The checks it shares with
+tools/check_dream_fixture.py (file list, safetensors re-reading, tokenizer round
+trips) are in tools/fixture_common.py.
 
 Usage: tools/.venv/bin/python tools/check_fixture.py [--dir tests/fixtures/tiny]
 Exits with status 1 on the first group of failures.
@@ -13,18 +15,18 @@ Exits with status 1 on the first group of failures.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
 from tokenizers import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
 import make_fixture  # noqa: E402
+from fixture_common import check, load  # noqa: E402
 
 # key order of the LLaDA-8B-Instruct config.json (llada.md section 1)
 SPEC_CONFIG_KEYS = [
@@ -39,35 +41,6 @@ SPEC_CONFIG_KEYS = [
     "rope", "rope_full_precision", "rope_theta", "scale_logits", "transformers_version",
     "use_cache", "vocab_size", "weight_tying",
 ]
-
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what)
-    return cond
-
-
-def load(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def check_files(d):
-    names = [
-        "README.md", "config.json", "generation_config.json", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json", "chat_template_cases.json",
-        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-        "model.safetensors.index.json", "goldens/logits.json", "goldens/generate.json",
-    ]
-    for n in names:
-        check(os.path.isfile(os.path.join(d, n)), f"missing file {n}")
-    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
-    check(size < 1 << 20, f"fixture is {size} bytes (limit 1 MiB)")
-    print(f"files ok, {size} bytes")
-
 
 def check_config(d, tok):
     cfg = load(os.path.join(d, "config.json"))
@@ -103,29 +76,8 @@ def check_config(d, tok):
 
 
 def check_safetensors(d, cfg):
-    import safetensors
-
-    index = load(os.path.join(d, "model.safetensors.index.json"))
     params = llada_ref.load_checkpoint(d)
-    total = 0
-    for fname in sorted(set(index["weight_map"].values())):
-        path = os.path.join(d, fname)
-        with open(path, "rb") as f:
-            raw = f.read()
-        (n,) = struct.unpack("<Q", raw[:8])
-        check((8 + n) % 8 == 0, f"{fname}: data start not 8-byte aligned")
-        # the safetensors library parses the file and hands back raw bytes per tensor
-        for name, info in safetensors.deserialize(raw):
-            check(info["dtype"] in ("bfloat16", "BF16"), f"{fname}:{name} dtype {info['dtype']}")
-            bits = np.frombuffer(bytes(info["data"]), dtype="<u2").reshape(info["shape"])
-            check(np.array_equal(llada_ref.bf16_bits_to_f32(bits), params["tensors"][name]),
-                  f"{fname}:{name} differs between readers")
-            check(index["weight_map"][name] == fname, f"{name} not in the shard the index names")
-            total += bits.nbytes
-        with safetensors.safe_open(path, framework="numpy") as f:
-            check(set(f.keys()) == {k for k, v in index["weight_map"].items() if v == fname}, f"{fname}: key set")
-    check(index["metadata"]["total_size"] == total, "index total_size")
-    check(all(v == "BF16" for v in params["dtypes"].values()), "every tensor must be BF16")
+    total, _ = fixture_common.check_shards(d, params)
     n_expected = 3 + 9 * cfg["n_layers"]
     check(len(params["tensors"]) == n_expected, f"{len(params['tensors'])} tensors, expected {n_expected}")
     print(f"safetensors ok ({len(params['tensors'])} tensors, {total} bytes)")
@@ -142,13 +94,7 @@ def check_tokenizer(tok):
         "Unicode: café, naïve, 東京, emoji 🙂",
         "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|endoftext|><|mdm_mask|>",
     ]
-    for t in texts:
-        with_sp = tok.encode(t, add_special_tokens=True).ids
-        without = tok.encode(t, add_special_tokens=False).ids
-        check(with_sp == without, f"add_special_tokens changes the encoding of {t!r}")
-        check(tok.decode(without, skip_special_tokens=False) == t, f"round trip of {t!r}")
-    for t, i in ids.items():
-        check(tok.encode(t, add_special_tokens=False).ids == [i], f"{t} is not one token")
+    fixture_common.check_round_trips(tok, texts, ids)
     enc = tok.encode("<|startoftext|>hi", add_special_tokens=False).ids
     check(enc[0] == ids["<|startoftext|>"] and len(enc) >= 2, f"'<|startoftext|>hi' -> {enc}")
     check(tok.decode(tok.encode("<|eot_id|>Hi<|endoftext|>", add_special_tokens=False).ids, skip_special_tokens=True) == "Hi",
@@ -208,11 +154,10 @@ def check_generate(d, params):
         check(fp["mask_id"] not in c["output"][len(c["prompt"]):], f"generate {c['name']}: mask left in output")
         committed = sorted(p for s in c["steps"] for p in s["committed"])
         check(committed == list(range(len(c["prompt"]), T)), f"generate {c['name']}: every position committed once")
-        cm = min(s["conf_margin"] for s in trace)
-        lm = min(s["logit_margin"] for s in trace)
+        cm, lm = fixture_common.margins(trace)
         check(math.isclose(cm, c["min_margin"], rel_tol=1e-6), f"generate {c['name']}: min_margin")
         check(math.isclose(lm, c["min_logit_margin"], rel_tol=1e-6), f"generate {c['name']}: min_logit_margin")
-        check(cm >= make_fixture.MARGIN_FLOOR and lm >= make_fixture.MARGIN_FLOOR, f"generate {c['name']}: margin below floor")
+        check(cm >= fixture_common.MARGIN_FLOOR and lm >= fixture_common.MARGIN_FLOOR, f"generate {c['name']}: margin below floor")
         if fp["threshold"] is None:
             nb = fp["gen_length"] // fp["block_length"]
             check(len(c["steps"]) == fp["steps"], f"generate {c['name']}: step count")
@@ -240,7 +185,7 @@ def main():
     ap.add_argument("--dir", default=make_fixture.DEFAULT_OUT)
     args = ap.parse_args()
     d = args.dir
-    check_files(d)
+    fixture_common.check_files(d, 1 << 20, "1 MiB")
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     cfg = check_config(d, tok)
     params = check_safetensors(d, cfg)
@@ -248,10 +193,7 @@ def main():
     check_chat(d, tok)
     check_logits(d, params)
     check_generate(d, params)
-    if FAILURES:
-        print(f"{len(FAILURES)} check(s) failed")
-        sys.exit(1)
-    print("all checks passed")
+    fixture_common.finish_checks()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Dream (Dream-v0-7B, DiffuCoder) is the Qwen2 decoder with the causal mask removed:
 q/k/v projections with biases, GQA, half-split ("rotate_half") RoPE, RMSNorm, SwiGLU
 MLP, untied LM head.  The prediction for position i is read from the model output at
-position i - 1 ("shifted logits"); position 0 reads its own row.
+position i - 1 ("shifted logits"); position 0 reads its own row.  The config, the
+expected tensors and the quota rule, shared with tools/dream_torch.py, are in
+tools/dream_common.py.
 
 Numerics
 --------
@@ -34,7 +36,6 @@ Conventions a second implementation must follow to match the goldens:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -42,6 +43,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_common  # noqa: E402
 import llada_common  # noqa: E402
 import llada_ref  # noqa: E402
 
@@ -51,91 +53,15 @@ ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 # config and checkpoint
 # ---------------------------------------------------------------------------
 
-CONFIG_DEFAULTS = {
-    "num_key_value_heads": None,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "rope_scaling": None,
-    "use_sliding_window": False,
-    "tie_word_embeddings": False,
-    "mask_token_id": None,
-}
-
-
-def resolve_config(raw):
-    """The Dream config with defaults applied and head_dim added; refuses what the
-    forward pass does not implement."""
-    cfg = dict(CONFIG_DEFAULTS)
-    cfg.update(raw)
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        if key not in cfg:
-            raise ValueError(f"config.json lacks {key}")
-    unsupported = []
-    if cfg["hidden_act"] != "silu":
-        unsupported.append(f"hidden_act {cfg['hidden_act']!r}")
-    if cfg["rope_scaling"] is not None:
-        unsupported.append("rope_scaling")
-    if cfg["use_sliding_window"]:
-        unsupported.append("use_sliding_window")
-    if unsupported:
-        raise NotImplementedError("unsupported config: " + ", ".join(unsupported))
-    if cfg["num_key_value_heads"] is None:
-        cfg["num_key_value_heads"] = cfg["num_attention_heads"]
-    D, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    if D % H or H % Hkv:
-        raise ValueError("hidden_size must divide by num_attention_heads and that by num_key_value_heads")
-    cfg["head_dim"] = D // H
-    return cfg
-
-
-def expected_shapes(cfg):
-    """Every tensor the forward pass reads (HF Qwen2 names), with its shape."""
-    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * cfg["head_dim"]
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    if not cfg["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (V, D)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (D,),
-                p + "self_attn.q_proj.weight": (D, D),
-                p + "self_attn.q_proj.bias": (D,),
-                p + "self_attn.k_proj.weight": (kv, D),
-                p + "self_attn.k_proj.bias": (kv,),
-                p + "self_attn.v_proj.weight": (kv, D),
-                p + "self_attn.v_proj.bias": (kv,),
-                p + "self_attn.o_proj.weight": (D, D),
-                p + "post_attention_layernorm.weight": (D,),
-                p + "mlp.gate_proj.weight": (F, D),
-                p + "mlp.up_proj.weight": (F, D),
-                p + "mlp.down_proj.weight": (D, F),
-            }
-        )
-    return shapes
-
 
 def load_checkpoint(directory):
     """config.json and the safetensors weights (single file or sharded by the index).
 
     Returns {"config", "tensors": name -> float32 array, "dtypes": name -> stored dtype}.
     """
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        cfg = resolve_config(json.load(f))
-    files, index = llada_common.checkpoint_files(directory)
-    tensors, dtypes = {}, {}
-    for name in files:
-        t, d = llada_ref.read_safetensors(os.path.join(directory, name))
-        llada_common.check_shard(tensors, t, name, index)
-        tensors.update(t)
-        dtypes.update(d)
-    if index is not None:
-        missing = set(index["weight_map"]) - set(tensors)
-        if missing:
-            raise ValueError(f"tensors listed in the index but absent: {sorted(missing)}")
-    shapes = expected_shapes(cfg)
+    cfg = dream_common.load_config(directory)
+    tensors, dtypes = llada_ref.read_checkpoint_tensors(directory)
+    shapes = dream_common.expected_shapes(cfg)
     llada_common.check_shapes(shapes, tensors)
     extra = set(tensors) - set(shapes)
     if extra:
@@ -361,14 +287,6 @@ def choose_sampled(positions, weights, draws):
 # ---------------------------------------------------------------------------
 
 
-def quota(num_masked, t, s, last):
-    """Dream's number of positions to commit at a step: int(num_masked * (1 - s/t)),
-    everything at the last step."""
-    if last:
-        return int(num_masked)
-    return int(num_masked * (1.0 - s / t))
-
-
 def generate(
     params,
     prompt_ids,
@@ -478,7 +396,7 @@ def generate(
                 _, x0 = sample_tokens(logits[chosen], temperature, top_p, top_k)
                 record(0, i, chosen, dict(zip(chosen, (int(t) for t in x0))), logits, margin, used)
             else:
-                n = quota(masked.shape[0], t, s, last)
+                n = dream_common.quota(masked.shape[0], t, s, last)
                 quota_step(0, i, masked, n, logits, (int(masked.shape[0]), i, steps + 1, last))
         return x, trace
 
@@ -503,7 +421,7 @@ def generate(
                 masked = bs + np.flatnonzero(x[bs:be] == mask_id)
                 logits = shifted_forward(params, x)
                 last = i == spb - 1
-                n = quota(masked.shape[0], float(ts[i]), float(ts[i + 1]), last)
+                n = dream_common.quota(masked.shape[0], float(ts[i]), float(ts[i + 1]), last)
                 quota_step(nb, i, masked, n, logits, (int(masked.shape[0]), i, spb + 1, last))
         else:
             i = 1

@@ -5,7 +5,9 @@ Dream-v0-7B, DiffuCoder), for one sequence at a time (batch size 1).  It is the 
 `tools/parity.py --against torch` uses for a checkpoint whose config.json says
 `"model_type": "Dream"`, and it has the shape of tools/llada_torch.py: `load(directory,
 device, dtype)` gives an object with `.config`, `.forward(ids)` (unshifted logits
-[T, vocab_size], float32) and `.generate(prompt_ids, ...)`.
+[T, vocab_size], float32) and `.generate(prompt_ids, ...)`.  The config, tensor shapes
+and quota rule it shares with tools/dream_ref.py are in tools/dream_common.py; checkpoint
+loading and .npy output, shared with tools/llada_torch.py, in tools/torch_common.py.
 
 Model: the Qwen2 decoder without the causal mask.  q/k/v projections with biases, GQA
 (query head h reads kv head h // (H / Hkv)), half-split ("rotate_half") RoPE, RMSNorm,
@@ -77,82 +79,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_common  # noqa: E402
 import llada_common  # noqa: E402
-import llada_torch  # noqa: E402
+import torch_common  # noqa: E402
 
-DTYPES = llada_torch.DTYPES
 ALGS = ("maskgit_plus", "topk_margin", "entropy", "origin")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# ---------------------------------------------------------------------------
-# config and checkpoint
-# ---------------------------------------------------------------------------
-
-# Qwen2 / Dream config fields the forward pass reads, with the defaults of DreamConfig
-_DEFAULTS = {
-    "num_key_value_heads": None,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "rope_scaling": None,
-    "use_sliding_window": False,
-    "tie_word_embeddings": False,
-    "mask_token_id": None,
-}
-
-
-def load_config(directory):
-    """The Dream config.json with defaults filled in and head_dim added; refuses what this
-    forward pass does not implement (another activation, RoPE scaling, sliding windows)."""
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        cfg = dict(_DEFAULTS, **json.load(f))
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        if key not in cfg:
-            raise ValueError(f"config.json lacks {key}")
-    problems = []
-    if cfg["hidden_act"] != "silu":
-        problems.append(f"hidden_act {cfg['hidden_act']!r}")
-    if cfg["rope_scaling"] is not None:
-        problems.append("rope_scaling")
-    if cfg["use_sliding_window"]:
-        problems.append("use_sliding_window")
-    if problems:
-        raise NotImplementedError("unsupported config: " + ", ".join(problems))
-    if cfg["num_key_value_heads"] is None:
-        cfg["num_key_value_heads"] = cfg["num_attention_heads"]
-    D, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    if D % H or H % Hkv:
-        raise ValueError("hidden_size must divide by num_attention_heads and that by num_key_value_heads")
-    cfg["head_dim"] = D // H
-    return cfg
-
-
-def tensor_shapes(cfg):
-    """Name -> shape of every tensor the forward pass reads (Hugging Face Qwen2 names)."""
-    D, Fh, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * cfg["head_dim"]
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    if not cfg["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (V, D)
-    per_layer = {
-        "input_layernorm.weight": (D,),
-        "self_attn.q_proj.weight": (D, D),
-        "self_attn.q_proj.bias": (D,),
-        "self_attn.k_proj.weight": (kv, D),
-        "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.weight": (kv, D),
-        "self_attn.v_proj.bias": (kv,),
-        "self_attn.o_proj.weight": (D, D),
-        "post_attention_layernorm.weight": (D,),
-        "mlp.gate_proj.weight": (Fh, D),
-        "mlp.up_proj.weight": (Fh, D),
-        "mlp.down_proj.weight": (D, Fh),
-    }
-    for i in range(cfg["num_hidden_layers"]):
-        for name, shape in per_layer.items():
-            shapes[f"model.layers.{i}.{name}"] = shape
-    return shapes
-
 
 # ---------------------------------------------------------------------------
 # model
@@ -188,11 +120,6 @@ def timesteps(steps, eps):
     """numpy.linspace(1, eps, steps + 1) as float64 values, by numpy's own formula."""
     step = (eps - 1.0) / steps
     return [i * step + 1.0 for i in range(steps)] + [float(eps)]
-
-
-def quota(num_masked, t, s, last):
-    """Dream's commits at one step: int(num_masked * (1 - s / t)), everything at the last."""
-    return int(num_masked) if last else int(num_masked * (1.0 - s / t))
 
 
 def pick_by_draws(weights, draws):
@@ -453,7 +380,7 @@ class Dream:
                 masked = torch.nonzero(x == mask_id)[:, 0]
                 last = i == steps - 1
                 if alg != "origin":
-                    quota_step(0, i, masked, quota(masked.shape[0], ts[i], ts[i + 1], last))
+                    quota_step(0, i, masked, dream_common.quota(masked.shape[0], ts[i], ts[i + 1], last))
                     continue
                 p_transfer = 1.0 if last else 1.0 - ts[i + 1] / ts[i]
                 used = uniforms(masked.shape[0]) if masked.shape[0] else None
@@ -481,7 +408,7 @@ class Dream:
                 if threshold is None:
                     for i in range(1, spb):
                         masked = b0 + torch.nonzero(x[b0:b1] == mask_id)[:, 0]
-                        n = quota(masked.shape[0], ts[i], ts[i + 1], i == spb - 1)
+                        n = dream_common.quota(masked.shape[0], ts[i], ts[i + 1], i == spb - 1)
                         quota_step(nb, i, masked, n)
                     continue
                 i = 1
@@ -503,25 +430,9 @@ class Dream:
 
 def load(directory, device="cpu", dtype="f32"):
     """Load a Hugging Face-layout Dream checkpoint onto `device` in `dtype` ("bf16"/"f32")."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
-    torch_dtype = DTYPES[dtype]
-    device = torch.device(device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: this PyTorch sees no CUDA device")
-        if dtype == "f32":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-    cfg = load_config(directory)
-    shapes = tensor_shapes(cfg)
-    files, index = llada_common.checkpoint_files(directory)
-    weights = {}
-    for name in files:
-        part = llada_torch.read_safetensors(os.path.join(directory, name), device, torch_dtype, set(shapes))
-        llada_common.check_shard(weights, part, name, index)
-        weights.update(part)
-    llada_common.check_shapes(shapes, weights)
+    device, torch_dtype = torch_common.prepare_device(device, dtype)
+    cfg = dream_common.load_config(directory)
+    weights = torch_common.load_weights(directory, dream_common.expected_shapes(cfg), device, torch_dtype)
     return Dream(cfg, weights, device, torch_dtype, directory)
 
 
@@ -610,12 +521,12 @@ def main(argv=None):
 
     lg = sub.add_parser("logits", help="write float32 unshifted logits [T, vocab_size] to a .npy file")
     common(lg)
-    lg.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and compute (default f32)")
+    lg.add_argument("--dtype", choices=sorted(torch_common.DTYPES), default="f32", help="weights and compute (default f32)")
     lg.add_argument("--out", required=True, help="output .npy path")
 
     gn = sub.add_parser("generate", help="run Dream's sampler")
     common(gn)
-    gn.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and compute (default f32)")
+    gn.add_argument("--dtype", choices=sorted(torch_common.DTYPES), default="f32", help="weights and compute (default f32)")
     gn.add_argument("--gen-length", type=int, default=64)
     gn.add_argument("--steps", type=int, default=None, help="default: gen-length")
     gn.add_argument("--block-length", type=int, default=None, help="default: gen-length (Dream's own schedule)")
@@ -636,12 +547,12 @@ def main(argv=None):
     st.set_defaults(model=os.path.join(ROOT, "tests", "fixtures", "tiny-dream"))
     args = ap.parse_args(argv)
 
-    device = args.device or llada_torch.default_device()
+    device = args.device or torch_common.default_device()
     if args.command == "self-test":
         return self_test(args.model, device)
     model = load(args.model, device, args.dtype)
     if args.command == "logits":
-        llada_torch.write_npy(args.out, model.forward(args.ids))
+        torch_common.write_npy(args.out, model.forward(args.ids))
         print(f"wrote {args.out}: float32 logits [{len(args.ids)}, {model.config['vocab_size']}]", file=sys.stderr)
         return 0
     same_name = (
@@ -654,11 +565,7 @@ def main(argv=None):
         round_confidence_bf16=args.bf16_confidence,
         **{key: getattr(args, key) for key in same_name},
     )
-    if args.json:
-        result["device"], result["dtype"] = str(model.device), args.dtype
-        print(json.dumps(result))
-    else:
-        print(",".join(str(t) for t in result["ids"]))
+    torch_common.print_generation(result, model, args.dtype, args.json)
     return 0
 
 

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_common  # noqa: E402
+import llada_common  # noqa: E402
 import llada_ref  # noqa: E402
 import make_fixture  # noqa: E402
 import tasks  # noqa: E402
@@ -55,27 +57,6 @@ def config_json(c):
         }
     )
     return cfg
-
-
-def tokenizer_config(tok):
-    decoder = {}
-    for t in train.SPECIAL_TOKENS:
-        decoder[str(tok.token_to_id(t))] = {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True,
-        }
-    return {
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "added_tokens_decoder": decoder,
-        "bos_token": "<|startoftext|>",
-        "chat_template": make_fixture.CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|endoftext|>",
-        "fast_tokenizer": True,
-        "model_max_length": 1000000000000000019884624838656,
-        "pad_token": "<|endoftext|>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
 
 
 def hf_weights(state_dict):
@@ -365,15 +346,16 @@ def main():
             os.remove(os.path.join(args.out, stale))
 
     weights = hf_weights(ck["model"])
-    st_bytes = make_fixture.write_safetensors(os.path.join(args.out, "model.safetensors"), weights)
-    make_fixture.write_json(os.path.join(args.out, "config.json"), config_json(cfg))
-    make_fixture.write_json(
+    st_bytes = fixture_common.write_safetensors(os.path.join(args.out, "model.safetensors"), weights)
+    fixture_common.write_json(os.path.join(args.out, "config.json"), config_json(cfg))
+    fixture_common.write_json(
         os.path.join(args.out, "generation_config.json"),
         {"_from_model_config": True, "bos_token_id": ids.bos, "eos_token_id": ids.eos, "transformers_version": "4.38.2"},
     )
     train.save_tokenizer(tok, os.path.join(args.out, "tokenizer.json"))
-    make_fixture.write_json(os.path.join(args.out, "tokenizer_config.json"), tokenizer_config(tok))
-    make_fixture.write_json(os.path.join(args.out, "special_tokens_map.json"), make_fixture.special_tokens_map())
+    special_ids = [tok.token_to_id(t) for t in llada_common.SPECIAL_TOKENS]
+    fixture_common.write_json(os.path.join(args.out, "tokenizer_config.json"), make_fixture.tokenizer_config(special_ids))
+    fixture_common.write_json(os.path.join(args.out, "special_tokens_map.json"), make_fixture.special_tokens_map())
 
     model = train.LLaDA(cfg)
     model.load_state_dict(ck["model"])
@@ -408,7 +390,7 @@ def main():
         "parity": par,
         "train_args": a,
     }
-    make_fixture.write_json(os.path.join(args.out, "export.json"), info)
+    fixture_common.write_json(os.path.join(args.out, "export.json"), info)
     card = CARD.format(
         n_params=n_params, n_params_m=n_params / 1e6, n_layers=cfg["n_layers"], d_model=cfg["d_model"],
         n_heads=cfg["n_heads"], head_dim=cfg["d_model"] // cfg["n_heads"], mlp=cfg["mlp_hidden_size"],
@@ -434,7 +416,7 @@ def main():
                      "    tools/.venv/bin/python tools/train.py --out runs/tiny --resume --threads 2 --final-steps 1025 --target 0"
                      if a.get("final_steps") == 1025 else "    # --resume continues a stopped run"),
     )
-    make_fixture.write_text(os.path.join(args.out, "README.md"), card)
+    fixture_common.write_text(os.path.join(args.out, "README.md"), card)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.out) for f in fs)
     print(json.dumps({k: v for k, v in info.items() if k not in ("train_args", "curve")}, indent=1))
     print(f"wrote {args.out} ({size} bytes)")

@@ -2,8 +2,9 @@
 
 tools/llada_ref.py (numpy), tools/llada_torch.py (PyTorch) and tools/parity.py read the
 same Hugging Face-layout checkpoints and take the same id lists.  This module holds what
-they share and uses the Python standard library only, so that `parity.py --against
-goldens` keeps running without numpy or torch.
+they share (and the LLaDA special-token list that tools/make_fixture.py and
+tools/train.py build their tokenizers with) and uses the Python standard library only, so
+that `parity.py --against goldens` keeps running without numpy or torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,18 @@ import json
 import math
 import os
 import struct
+
+# The special tokens of the LLaDA-Instruct tokenizer, in id order; the fixture
+# (tools/make_fixture.py) and the trained models (tools/train.py) append them after the
+# ordinary tokens.
+SPECIAL_TOKENS = [
+    "<|startoftext|>",  # BOS
+    "<|endoftext|>",  # EOS = PAD
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|mdm_mask|>",  # mask
+]
 
 # ---------------------------------------------------------------------------
 # config

@@ -99,13 +99,10 @@ def read_safetensors(path):
     return tensors, dtypes
 
 
-def load_checkpoint(directory):
-    """Load config.json and the safetensors weights (single file or sharded by index).
-
-    Returns {"config": resolved config dict, "tensors": name -> float32 array,
-    "dtypes": name -> dtype string as stored}.
-    """
-    cfg = llada_common.load_config(directory)
+def read_checkpoint_tensors(directory):
+    """Every tensor of a checkpoint folder, single file or sharded by the index (which
+    must name no tensor that is absent).  Returns (tensors, dtypes) as read_safetensors;
+    tools/dream_ref.py reads its checkpoints with it too."""
     files, index = llada_common.checkpoint_files(directory)
     tensors, dtypes = {}, {}
     for name in files:
@@ -117,6 +114,17 @@ def load_checkpoint(directory):
         missing = set(index["weight_map"]) - set(tensors)
         if missing:
             raise ValueError(f"tensors listed in the index but absent: {sorted(missing)}")
+    return tensors, dtypes
+
+
+def load_checkpoint(directory):
+    """Load config.json and the safetensors weights (single file or sharded by index).
+
+    Returns {"config": resolved config dict, "tensors": name -> float32 array,
+    "dtypes": name -> dtype string as stored}.
+    """
+    cfg = llada_common.load_config(directory)
+    tensors, dtypes = read_checkpoint_tensors(directory)
     if any(k.endswith(".bias") for k in tensors):
         raise NotImplementedError("checkpoints with bias tensors are not supported")
     llada_common.check_shapes(llada_common.expected_shapes(cfg), tensors)

@@ -3,7 +3,9 @@
 Implements the model of `shared/reference/llada.md` section 2.2 and the `generate`
 procedure of section 3.1 (plus Fast-dLLM's confidence-threshold decoding, which the
 runtime also offers), for one sequence at a time (batch size 1, no attention mask).
-It is the reference `tools/parity.py --against torch` compares the runtime with.
+It is the reference `tools/parity.py --against torch` compares the runtime with.  The
+checkpoint loading and .npy output it shares with tools/dream_torch.py are in
+tools/torch_common.py.
 
 Numerics
 --------
@@ -44,10 +46,8 @@ Command line (from the repository root; needs PyTorch):
 from __future__ import annotations
 
 import argparse
-import array
 import json
 import math
-import mmap
 import os
 import struct
 import sys
@@ -57,46 +57,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llada_common  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-
-# safetensors dtype name -> torch dtype of the stored values
-_ST_DTYPES = {
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-}
-
+import torch_common  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # checkpoint
 # ---------------------------------------------------------------------------
-
-
-def read_safetensors(path, device, dtype, wanted=None):
-    """Tensors of one .safetensors file, converted to `dtype` on `device`.
-
-    The file is memory-mapped and read one tensor at a time, so host memory holds at
-    most one tensor beyond what lands on the CPU.  `wanted` (a set of names) limits
-    what is read.
-    """
-    if sys.byteorder != "little":
-        raise NotImplementedError("safetensors data is little-endian; this host is not")
-    out = {}
-    with open(path, "rb") as f:
-        header, base = llada_common.read_safetensors_header(f)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-            for name, stored, shape, begin, end in llada_common.safetensors_entries(path, header, wanted):
-                st_dtype, count = _ST_DTYPES[stored], math.prod(shape)
-                # one copy per tensor into a writable buffer (torch.frombuffer wants one)
-                raw = bytearray(view[base + begin : base + end])
-                if count:
-                    t = torch.frombuffer(raw, dtype=st_dtype, count=count)
-                else:
-                    t = torch.empty(0, dtype=st_dtype)
-                out[name] = t.reshape(shape).to(device=device, dtype=dtype)
-    return out
 
 
 def special_id(directory, content):
@@ -368,68 +333,19 @@ class LLaDA:
 
 def load(directory, device="cpu", dtype="f32"):
     """Load a Hugging Face-layout LLaDA checkpoint onto `device` in `dtype` ("bf16"/"f32")."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
-    torch_dtype = DTYPES[dtype]
-    device = torch.device(device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: this PyTorch sees no CUDA device")
-        if dtype == "f32":
-            # true float32 products: TF32 would be a second source of error
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-        else:
-            # as the official LLaDAModel.__init__ does
-            torch.backends.cuda.enable_flash_sdp(True)
-            torch.backends.cuda.enable_mem_efficient_sdp(False)
+    device, torch_dtype = torch_common.prepare_device(device, dtype)
+    if device.type == "cuda" and dtype == "bf16":
+        # as the official LLaDAModel.__init__ does
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
     cfg = llada_common.load_config(directory)
-    shapes = llada_common.expected_shapes(cfg)
-    files, index = llada_common.checkpoint_files(directory)
-    weights = {}
-    for name in files:
-        part = read_safetensors(os.path.join(directory, name), device, torch_dtype, set(shapes))
-        llada_common.check_shard(weights, part, name, index)
-        weights.update(part)
-    llada_common.check_shapes(shapes, weights)
+    weights = torch_common.load_weights(directory, llada_common.expected_shapes(cfg), device, torch_dtype)
     return LLaDA(cfg, weights, device, torch_dtype, directory)
-
-
-# ---------------------------------------------------------------------------
-# .npy output
-# ---------------------------------------------------------------------------
-
-
-def write_npy(path, t):
-    """Write a tensor as a little-endian float32 .npy file (format 1.0); numpy is optional."""
-    t = t.detach().to("cpu", torch.float32).contiguous()
-    shape = tuple(t.shape)
-    shape_text = f"({shape[0]},)" if len(shape) == 1 else "(" + ", ".join(str(d) for d in shape) + ")"
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_text + ", }"
-    pad = (-(10 + len(header) + 1)) % 64  # data starts on a 64-byte boundary
-    header = header + " " * pad + "\n"
-    with open(path, "wb") as f:
-        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1"))
-        f.write(_float32_bytes(t))
-
-
-def _float32_bytes(t):
-    """Raw little-endian bytes of a contiguous float32 CPU tensor."""
-    try:
-        return t.numpy().tobytes()  # fast path when numpy is installed
-    except (RuntimeError, ImportError):
-        if sys.byteorder != "little":
-            raise NotImplementedError("writing .npy without numpy needs a little-endian host") from None
-        return array.array("f", t.reshape(-1).tolist()).tobytes()
 
 
 # ---------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------
-
-
-def default_device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main(argv=None):
@@ -440,7 +356,7 @@ def main(argv=None):
         p.add_argument("--model", required=True, help="checkpoint folder (config.json, *.safetensors)")
         p.add_argument("--ids", required=True, type=llada_common.parse_ids, help="token ids, e.g. 1,2,3")
         p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-        p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and compute (default f32)")
+        p.add_argument("--dtype", choices=sorted(torch_common.DTYPES), default="f32", help="weights and compute (default f32)")
 
     lg = sub.add_parser("logits", help="write float32 logits [T, embedding_size] to a .npy file")
     common(lg)
@@ -469,10 +385,10 @@ def main(argv=None):
     gn.add_argument("--json", action="store_true", help="print one JSON object instead of the ids")
     args = ap.parse_args(argv)
 
-    device = args.device or default_device()
+    device = args.device or torch_common.default_device()
     model = load(args.model, device, args.dtype)
     if args.command == "logits":
-        write_npy(args.out, model.forward(args.ids))
+        torch_common.write_npy(args.out, model.forward(args.ids))
         shape = f"[{len(args.ids)}, {model.config['embedding_size']}]"
         print(f"wrote {args.out}: float32 logits {shape}", file=sys.stderr)
         return 0
@@ -488,11 +404,7 @@ def main(argv=None):
         round_confidence_bf16=not args.exact_confidence,
         **{key: getattr(args, key) for key in same_name},
     )
-    if args.json:
-        result["device"], result["dtype"] = str(model.device), args.dtype
-        print(json.dumps(result))
-    else:
-        print(",".join(str(t) for t in result["ids"]))
+    torch_common.print_generation(result, model, args.dtype, args.json)
     return 0
 
 

@@ -12,26 +12,29 @@ Everything is derived from one seed (default 0):
 * goldens/logits.json and goldens/generate.json from tools/dream_ref.py;
 * chat_template_cases.json.
 
+The tokenizer training, safetensors and JSON writers and the golden-case search it shares
+with tools/make_fixture.py are in tools/fixture_common.py.
+
 Usage: tools/.venv/bin/python tools/make_dream_fixture.py [--seed 0] [--out tests/fixtures/tiny-dream]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import shutil
 import sys
 
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_common  # noqa: E402
 import dream_ref  # noqa: E402
+import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
 import make_fixture  # noqa: E402
-from make_fixture import Floats, to_json, write_json, write_text  # noqa: E402
+from fixture_common import MARGIN_FLOOR, Floats, encode, to_json, write_text  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "fixtures", "tiny-dream")
@@ -89,7 +92,6 @@ CHAT_TEMPLATE = (
 )
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
-MARGIN_FLOOR = make_fixture.MARGIN_FLOOR  # 1e-3
 QUOTA_FLOOR = 1e-4  # num_masked * (1 - s/t) must be this far from an integer
 EPS = 1e-3
 
@@ -108,27 +110,13 @@ def build_tokenizer():
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=N_ORDINARY,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    tok.train_from_iterator(make_fixture.CORPUS.splitlines(), trainer)
-    if tok.get_vocab_size(with_added_tokens=False) != N_ORDINARY:
-        raise RuntimeError(f"trained vocabulary has {tok.get_vocab_size()} tokens, wanted {N_ORDINARY}")
+    fixture_common.train_bpe(tok, make_fixture.CORPUS.splitlines(), N_ORDINARY)
     # the ByteLevel parts as Qwen2 writes them (trim_offsets only affects offsets)
     data = json.loads(tok.to_str())
     data["pre_tokenizer"]["pretokenizers"][1]["trim_offsets"] = False
     data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     tok = Tokenizer.from_str(json.dumps(data))
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False) for t in SPECIAL_TOKENS]
-    )
-    for i, t in enumerate(SPECIAL_TOKENS):
-        if tok.token_to_id(t) != N_ORDINARY + i:
-            raise RuntimeError(f"{t} got id {tok.token_to_id(t)}")
+    fixture_common.add_special_tokens(tok, SPECIAL_TOKENS, N_ORDINARY)
     return tok
 
 
@@ -157,10 +145,6 @@ def render_jinja(messages, add_generation_prompt=True):
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=add_generation_prompt)
-
-
-def encode(tok, text):
-    return [int(i) for i in tok.encode(text, add_special_tokens=False).ids]
 
 
 def prefix_info(tok, messages, ids):
@@ -331,20 +315,6 @@ def shard_of(name):
     return 1 if first else 2
 
 
-def write_checkpoint(out, weights):
-    shards = {1: {}, 2: {}}
-    for name, arr in weights.items():
-        shards[shard_of(name)][name] = arr
-    weight_map, total = {}, 0
-    for idx in (1, 2):
-        fname = f"model-{idx:05d}-of-00002.safetensors"
-        total += make_fixture.write_safetensors(os.path.join(out, fname), shards[idx])
-        for name in shards[idx]:
-            weight_map[name] = fname
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    write_json(os.path.join(out, "model.safetensors.index.json"), index)
-
-
 EOS_TARGET_SHARE = 0.15
 
 
@@ -353,7 +323,7 @@ def boost_eos(weights, tok):
     tail of the canvas with it): add to its LM-head row the smallest multiple of the mean
     final hidden state (over the masked positions of the question canvases) for which it
     is the argmax at EOS_TARGET_SHARE of those positions.  A random row alone never wins."""
-    params = {"config": dream_ref.resolve_config(model_config()), "tensors": weights}
+    params = {"config": dream_common.resolve_config(model_config()), "tensors": weights}
     rows = []
     for q in make_fixture.GENERATE_QUESTIONS:
         prompt = encode(tok, render_chat([{"role": "user", "content": q}]))
@@ -404,13 +374,7 @@ def check_biases_matter(params, ids):
 
 
 def logits_prompts(tok):
-    text = encode(tok, "The quick brown fox jumps over the lazy dog. Question: What is 7 times 8? Answer: 56.")
-    p1 = text[:5]
-    p2 = [BOS_ID] + text[:11]
-    p3 = [BOS_ID] + text[:14] + [MASK_ID] * 8
-    p3[6] = MASK_ID  # one mask inside the prompt as well
-    assert (len(p1), len(p2), len(p3)) == (5, 12, 23)
-    return [("len5", p1), ("len12_bos", p2), ("len23_masks", p3)]
+    return fixture_common.logits_prompts(tok, BOS_ID, MASK_ID)
 
 
 N_LEFT_PAD = 4
@@ -533,10 +497,6 @@ def run_case(params, prompt, fp, draws=None):
     )
 
 
-def margins(trace):
-    return min(s["conf_margin"] for s in trace), min(s["logit_margin"] for s in trace)
-
-
 def quota_f32(fp, num_masked, i, table_len, last):
     """The quota as Dream computes it in PyTorch (float32 timesteps and products)."""
     import torch
@@ -624,16 +584,6 @@ def case_record(name, desc, messages, prompt, fp, out, trace, cm, lm, tok):
     }
 
 
-def try_case(params, name, prompt, fp):
-    out, trace = run_case(params, prompt, fp)
-    cm, lm = margins(trace)
-    if cm < MARGIN_FLOOR or lm < MARGIN_FLOOR:
-        return None
-    if not case_is_interesting(name, params, prompt, fp, out, trace):
-        return None
-    return out, trace, cm, lm
-
-
 def generate_golden(params, tok):
     questions = make_fixture.GENERATE_QUESTIONS
     conv = {q: [{"role": "user", "content": q}] for q in questions}
@@ -653,7 +603,7 @@ def generate_golden(params, tok):
                 prompt = encode(tok, render_chat(msgs))
                 if prompt[: len(a_prompt)] != a_prompt:
                     raise RuntimeError("case a's prompt is not a prefix of case i's")
-                r = try_case(params, name, prompt, fp)
+                r = fixture_common.try_case(run_case, case_is_interesting, params, name, prompt, fp)
                 if r is not None:
                     chosen = (msgs, prompt, fp) + r
                     break
@@ -665,7 +615,7 @@ def generate_golden(params, tok):
                     q = questions[(ci + k) % len(questions)]  # each case starts at another question
                     for seed in seeds:
                         fp = full_params(dict(spec, seed=seed, threshold=th))
-                        r = try_case(params, name, prompts[q], fp)
+                        r = fixture_common.try_case(run_case, case_is_interesting, params, name, prompts[q], fp)
                         if r is not None:
                             chosen = (conv[q], prompts[q], fp) + r
                             break
@@ -907,27 +857,23 @@ def case_table(gen):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    args = ap.parse_args()
+    args = fixture_common.maker_args(__doc__.splitlines()[0], DEFAULT_OUT)
     out = args.out
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(os.path.join(out, "goldens"))
 
     print("tokenizer")
     tok = build_tokenizer()
-    make_fixture.save_tokenizer(tok, os.path.join(out, "tokenizer.json"))
-    write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
-    write_json(os.path.join(out, "special_tokens_map.json"), special_tokens_map())
-    write_json(os.path.join(out, "generation_config.json"), generation_config())
-    write_json(os.path.join(out, "config.json"), model_config())
+    fixture_common.save_tokenizer(tok, os.path.join(out, "tokenizer.json"), make_fixture.CORPUS + "<|beginoftext|>x<|mask|>")
+    fixture_common.write_json_files(out, {
+        "tokenizer_config.json": tokenizer_config(),
+        "special_tokens_map.json": special_tokens_map(),
+        "generation_config.json": generation_config(),
+        "config.json": model_config(),
+    })
 
     print("weights")
     rng = np.random.Generator(np.random.PCG64(args.seed))
     weights, eos_boost, eos_share = boost_eos(make_weights(rng), tok)
-    write_checkpoint(out, weights)
+    fixture_common.write_checkpoint(out, weights, shard_of)
 
     params = dream_ref.load_checkpoint(out)
     tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
@@ -952,10 +898,7 @@ def main():
             eos_boost=eos_boost, eos_share=eos_share,
         ),
     )
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
-    print(f"wrote {out} ({size} bytes)")
-    if size >= 1 << 20:
-        raise SystemExit("fixture is larger than 1 MiB")
+    fixture_common.report_size(out)
 
 
 if __name__ == "__main__":

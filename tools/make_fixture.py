@@ -10,37 +10,32 @@ Everything is derived from one seed (default 0):
 * goldens/logits.json and goldens/generate.json from tools/llada_ref.py;
 * chat_template_cases.json.
 
+The tokenizer training, safetensors and JSON writers and the golden-case search it shares
+with tools/make_dream_fixture.py are in tools/fixture_common.py.
+
 Usage: tools/.venv/bin/python tools/make_fixture.py [--seed 0] [--out tests/fixtures/tiny]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import shutil
-import struct
 import sys
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_common  # noqa: E402
+import llada_common  # noqa: E402
 import llada_ref  # noqa: E402
+from fixture_common import MARGIN_FLOOR, Floats, to_json, write_text  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "fixtures", "tiny")
 
 N_ORDINARY = 300
-SPECIAL_TOKENS = [
-    "<|startoftext|>",  # BOS
-    "<|endoftext|>",  # EOS = PAD
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|mdm_mask|>",  # mask
-]
+SPECIAL_TOKENS = llada_common.SPECIAL_TOKENS
 BOS_ID, EOS_ID, SHI_ID, EHI_ID, EOT_ID, MASK_ID = range(N_ORDINARY, N_ORDINARY + 6)
 VOCAB_SIZE = 320  # multiple of 64 above 306 tokens; rows 306..319 have no token
 
@@ -153,6 +148,9 @@ Rain is water that falls from the clouds in the sky.
 Every student must bring a pencil, a ruler and a notebook.
 """
 
+# the saved tokenizer.json must encode this as the trained tokenizer does
+TOKENIZER_PROBE = CORPUS + "<|startoftext|>x<|mdm_mask|>"
+
 GENERATE_QUESTIONS = [
     "What is 2 + 3?",
     "How many legs does a spider have?",
@@ -172,67 +170,6 @@ GENERATE_QUESTIONS = [
     "When does the train leave?",
 ]
 
-MARGIN_FLOOR = 1e-3
-
-
-# ---------------------------------------------------------------------------
-# JSON output with controlled float formatting
-# ---------------------------------------------------------------------------
-
-
-class Floats:
-    """A list of floats written with a given printf format (None/inf/nan -> null)."""
-
-    def __init__(self, values, fmt="%.7g"):
-        self.values, self.fmt = list(values), fmt
-
-
-def _fmt_float(v, fmt):
-    v = float(v)
-    if not math.isfinite(v):
-        return "null"
-    # "f32" = shortest decimal that reads back as the same float32 (exact for bf16 values)
-    s = str(np.float32(v)) if fmt == "f32" else fmt % v
-    if not any(c in s for c in ".en"):
-        s += ".0"  # keep floats recognisable as floats
-    return s
-
-
-def to_json(obj, indent=0, step=1):
-    pad = " " * (indent + step)
-    if isinstance(obj, Floats):
-        return "[" + ",".join(_fmt_float(v, obj.fmt) for v in obj.values) + "]"
-    if isinstance(obj, dict):
-        if not obj:
-            return "{}"
-        flat = "{" + ", ".join(f"{json.dumps(str(k))}: {to_json(v, 0, 0)}" for k, v in obj.items()) + "}"
-        if "\n" not in flat and len(flat) <= 100:
-            return flat  # short records stay on one line
-        items = [f"{pad}{json.dumps(str(k))}: {to_json(v, indent + step, step)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
-    if isinstance(obj, (list, tuple)):
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in obj):
-            return "[" + ",".join(str(int(v)) for v in obj) + "]"
-        if not obj:
-            return "[]"
-        items = [pad + to_json(v, indent + step, step) for v in obj]
-        return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
-    if isinstance(obj, float):
-        return _fmt_float(obj, "%.9g")
-    if isinstance(obj, np.integer):
-        return str(int(obj))
-    return json.dumps(obj, ensure_ascii=False)
-
-
-def write_text(path, text):
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-
-
-def write_json(path, obj):
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
 # ---------------------------------------------------------------------------
 # tokenizer
 # ---------------------------------------------------------------------------
@@ -242,42 +179,9 @@ def build_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=N_ORDINARY,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    tok.train_from_iterator(CORPUS.splitlines(), trainer)
-    if tok.get_vocab_size(with_added_tokens=False) != N_ORDINARY:
-        raise RuntimeError(f"trained vocabulary has {tok.get_vocab_size()} tokens, wanted {N_ORDINARY}")
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False) for t in SPECIAL_TOKENS]
-    )
-    for i, t in enumerate(SPECIAL_TOKENS):
-        if tok.token_to_id(t) != N_ORDINARY + i:
-            raise RuntimeError(f"{t} got id {tok.token_to_id(t)}")
+    fixture_common.train_bpe(tok, CORPUS.splitlines(), N_ORDINARY)
+    fixture_common.add_special_tokens(tok, SPECIAL_TOKENS, N_ORDINARY)
     return tok
-
-
-def save_tokenizer(tok, path):
-    """Save tokenizer.json with merges in the "left right" string form.
-
-    Every `tokenizers` release reads that form (newer ones also write [left, right]
-    pairs); byte-level tokens never contain a literal space, so it is unambiguous.
-    """
-    data = json.loads(tok.to_str())
-    merges = data["model"]["merges"]
-    for m in merges:
-        if isinstance(m, list) and any(" " in part for part in m):
-            raise RuntimeError(f"merge {m} contains a space")
-    data["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in merges]
-    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    reloaded = Tokenizer.from_file(path)
-    probe = CORPUS + "<|startoftext|>x<|mdm_mask|>"
-    if reloaded.encode(probe, add_special_tokens=False).ids != tok.encode(probe, add_special_tokens=False).ids:
-        raise RuntimeError("tokenizer.json does not reproduce the trained tokenizer")
 
 
 def render_chat(messages, bos_token="<|startoftext|>"):
@@ -357,9 +261,14 @@ def model_config():
     }
 
 
-def tokenizer_config():
+def tokenizer_config(special_ids=None):
+    """tokenizer_config.json as in LLaDA-8B-Instruct.  special_ids: the ids of
+    SPECIAL_TOKENS in order (default: this fixture's, after the ordinary tokens);
+    tools/export.py passes those of a trained tokenizer."""
+    if special_ids is None:
+        special_ids = range(N_ORDINARY, N_ORDINARY + len(SPECIAL_TOKENS))
     decoder = {
-        str(N_ORDINARY + i): {
+        str(i): {
             "content": t,
             "lstrip": False,
             "normalized": False,
@@ -367,7 +276,7 @@ def tokenizer_config():
             "single_word": False,
             "special": True,
         }
-        for i, t in enumerate(SPECIAL_TOKENS)
+        for i, t in zip(special_ids, SPECIAL_TOKENS)
     }
     return {
         "add_bos_token": False,
@@ -442,62 +351,14 @@ def shard_of(name):
     return 1 if first else 2
 
 
-def write_safetensors(path, tensors):
-    """Write name -> float32 array (bf16-exact) as a BF16 safetensors file."""
-    names = sorted(tensors)
-    header, blobs, offset = {}, [], 0
-    for name in names:
-        bits = llada_ref.f32_to_bf16_bits(tensors[name]).astype("<u2")
-        blob = bits.tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    header["__metadata__"] = {"format": "pt"}
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * ((-len(hb)) % 8)  # data start aligned to 8 bytes
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for blob in blobs:
-            f.write(blob)
-    return offset
-
-
-def write_checkpoint(out, weights):
-    shards = {1: {}, 2: {}}
-    for name, arr in weights.items():
-        shards[shard_of(name)][name] = arr
-    weight_map, total = {}, 0
-    for idx in (1, 2):
-        fname = f"model-{idx:05d}-of-00002.safetensors"
-        total += write_safetensors(os.path.join(out, fname), shards[idx])
-        for name in shards[idx]:
-            weight_map[name] = fname
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    write_json(os.path.join(out, "model.safetensors.index.json"), index)
-
-
 # ---------------------------------------------------------------------------
 # goldens
 # ---------------------------------------------------------------------------
 
 
-def logits_prompts(tok):
-    text = tok.encode(
-        "The quick brown fox jumps over the lazy dog. Question: What is 7 times 8? Answer: 56.",
-        add_special_tokens=False,
-    ).ids
-    p1 = text[:5]
-    p2 = [BOS_ID] + text[:11]
-    p3 = [BOS_ID] + text[:14] + [MASK_ID] * 8
-    p3[6] = MASK_ID  # one mask inside the prompt as well
-    assert (len(p1), len(p2), len(p3)) == (5, 12, 23)
-    return [("len5", p1), ("len12_bos", p2), ("len23_masks", p3)]
-
-
 def logits_golden(params, tok):
     cases = []
-    for name, ids in logits_prompts(tok):
+    for name, ids in fixture_common.logits_prompts(tok, BOS_ID, MASK_ID):
         lf = llada_ref.forward(params, ids, bf16_rounding=False)
         lb = llada_ref.forward(params, ids, bf16_rounding=True)
         top2 = np.sort(lf, axis=-1)[:, -2:]
@@ -587,10 +448,6 @@ def run_case(params, prompt, fp, rng_uniform=None):
     )
 
 
-def margins(trace):
-    return min(s["conf_margin"] for s in trace), min(s["logit_margin"] for s in trace)
-
-
 def case_is_interesting(name, params, prompt, fp, out, trace):
     """Extra conditions so that each option really changes something."""
     if MASK_ID in list(out[len(prompt):]):
@@ -624,14 +481,10 @@ def generate_golden(params, tok):
         # start each case at a different question so the cases do not share prompts
         for k in range(len(prompts)):
             qi = (ci + k) % len(prompts)
-            out, trace = run_case(params, prompts[qi], fp)
-            cm, lm = margins(trace)
-            if cm < MARGIN_FLOOR or lm < MARGIN_FLOOR:
-                continue
-            if not case_is_interesting(name, params, prompts[qi], fp, out, trace):
-                continue
-            chosen = (qi, out, trace, cm, lm)
-            break
+            r = fixture_common.try_case(run_case, case_is_interesting, params, name, prompts[qi], fp)
+            if r is not None:
+                chosen = (qi,) + r
+                break
         if chosen is None:
             raise RuntimeError(f"no prompt satisfies case {name}")
         qi, out, trace, cm, lm = chosen
@@ -778,26 +631,22 @@ counts the steps where that rule decided the commit).
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    args = ap.parse_args()
+    args = fixture_common.maker_args(__doc__.splitlines()[0], DEFAULT_OUT)
     out = args.out
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(os.path.join(out, "goldens"))
 
     print("tokenizer")
     tok = build_tokenizer()
-    save_tokenizer(tok, os.path.join(out, "tokenizer.json"))
-    write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
-    write_json(os.path.join(out, "special_tokens_map.json"), special_tokens_map())
-    write_json(os.path.join(out, "generation_config.json"), generation_config())
-    write_json(os.path.join(out, "config.json"), model_config())
+    fixture_common.save_tokenizer(tok, os.path.join(out, "tokenizer.json"), TOKENIZER_PROBE)
+    fixture_common.write_json_files(out, {
+        "tokenizer_config.json": tokenizer_config(),
+        "special_tokens_map.json": special_tokens_map(),
+        "generation_config.json": generation_config(),
+        "config.json": model_config(),
+    })
 
     print("weights")
     rng = np.random.Generator(np.random.PCG64(args.seed))
-    write_checkpoint(out, make_weights(rng))
+    fixture_common.write_checkpoint(out, make_weights(rng), shard_of)
 
     params = llada_ref.load_checkpoint(out)
     tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
@@ -817,10 +666,7 @@ def main():
             scale=EOS_EOT_HEAD_SCALE, mscale=MASK_HEAD_SCALE, sn=STD["norm_jitter"],
         ),
     )
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
-    print(f"wrote {out} ({size} bytes)")
-    if size >= 1 << 20:
-        raise SystemExit("fixture is larger than 1 MiB")
+    fixture_common.report_size(out)
 
 
 if __name__ == "__main__":

@@ -432,28 +432,16 @@ def torch_cases(args, runtime, tol):
     for a Dream checkpoint."""
     import torch  # noqa: F401  (checked importable by the caller)
     import llada_torch
+    import torch_common
 
     if is_dream_checkpoint(args.model):
         return dream_torch_cases(args, runtime, tol)
     if args.remasking is not None or args.eps is not None:
         raise SetupError("--remasking and --eps are Dream's generation options; this is not a Dream checkpoint")
-    device = args.device or llada_torch.default_device()
+    device = args.device or torch_common.default_device()
     model = llada_torch.load(args.model, device, args.ref_dtype)
-    cfg = model.config
-    mask = cfg.get("mask_token_id")
-    if args.ids:
-        cases = [(f"ids{i}", ids) for i, ids in enumerate(args.ids)]
-    else:
-        prompt = default_ids(cfg)
-        cases = [("prompt", prompt)]
-        if mask is not None:
-            cases.append(("canvas", prompt + [mask] * 20))
-    logit_results = []
-    for name, ids in cases:
-        ref = model.forward(ids).cpu()
-        ref_rows = [array.array("f", row) for row in ref.tolist()]
-        got = runtime.logits(ids)
-        logit_results.append(compare_logits(name, ids, got, ref_rows, tol))
+    mask = model.config.get("mask_token_id")
+    cases, logit_results = reference_cases(args, model, runtime, tol)
     gen_results = []
     if not args.no_generate:
         prompt = args.gen_prompt_ids or [t for t in cases[0][1] if t != mask]
@@ -510,6 +498,7 @@ def dream_torch_cases(args, runtime, tol):
     unshifted logits, and one generation on Dream's timestep schedule (`--remasking` is
     Dream's alg) through both samplers."""
     import dream_torch
+    import torch_common
 
     unsupported = [
         flag
@@ -525,7 +514,7 @@ def dream_torch_cases(args, runtime, tol):
     alg = args.remasking or "maskgit_plus"
     if args.threshold is not None and alg != "maskgit_plus":
         raise SetupError("--threshold ranks probabilities: use it with --remasking maskgit_plus")
-    device = args.device or dream_torch.llada_torch.default_device()
+    device = args.device or torch_common.default_device()
     try:
         model = dream_torch.load(args.model, device, args.ref_dtype)
     except (ValueError, NotImplementedError, FileNotFoundError) as e:

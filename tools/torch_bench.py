@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llada_torch  # noqa: E402
+import torch_common  # noqa: E402
 
 WORKLOAD_KEYS = ("gen_length", "steps", "block_length", "prefix_tokens", "user_tokens", "requests")
 
@@ -64,7 +65,7 @@ def main(argv=None):
     ap.add_argument("--like", required=True, help="unmask bench request records (JSON lines) to match")
     ap.add_argument("--out", required=True, help="JSON lines file to append the records to")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    ap.add_argument("--dtype", choices=sorted(llada_torch.DTYPES), default="bf16",
+    ap.add_argument("--dtype", choices=sorted(torch_common.DTYPES), default="bf16",
                     help="weights and compute (default bf16, as the official code runs)")
     ap.add_argument("--max-requests", type=int, default=None,
                     help="time at most this many of the workload's requests (default: all)")
@@ -72,7 +73,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     like = first_record(args.like)
-    device = torch.device(args.device or llada_torch.default_device())
+    device = torch.device(args.device or torch_common.default_device())
     model = llada_torch.load(args.model, device, args.dtype)
     cfg = model.config
     # a tied LM head is the embedding: count each tensor once

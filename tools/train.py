@@ -61,19 +61,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_common  # noqa: E402
+import llada_common  # noqa: E402
 import tasks  # noqa: E402
 
-SPECIAL_TOKENS = [
-    "<|startoftext|>",  # BOS
-    "<|endoftext|>",  # EOS = PAD
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|mdm_mask|>",  # mask
-]
+SPECIAL_TOKENS = llada_common.SPECIAL_TOKENS
 GEN_LEN = 32
 MAX_SEQ = 512  # max_sequence_length of the model
 DEVICE = torch.device("cpu")
@@ -112,13 +107,8 @@ def build_tokenizer(seed, target_total=1024):
         special_tokens=[],
     )
     tok.train_from_iterator(tokenizer_corpus(seed), trainer)
-    n_ord = tok.get_vocab_size(with_added_tokens=False)
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False) for t in SPECIAL_TOKENS]
-    )
-    for i, t in enumerate(SPECIAL_TOKENS):
-        if tok.token_to_id(t) != n_ord + i:
-            raise RuntimeError(f"{t} got id {tok.token_to_id(t)}")
+    # the trained vocabulary may be smaller than asked for; the special tokens follow it
+    fixture_common.add_special_tokens(tok, SPECIAL_TOKENS, tok.get_vocab_size(with_added_tokens=False))
     words = tasks.NAMES + tasks.FIELD_NAMES + [v for vs in tasks.FIELDS.values() for v in vs] + [":"]
     for w in words:
         if len(tok.encode(" " + w, add_special_tokens=False).ids) != 1:
@@ -130,18 +120,8 @@ def build_tokenizer(seed, target_total=1024):
 
 def save_tokenizer(tok, path):
     """tokenizer.json with merges in the "left right" string form (read by every release)."""
-    data = json.loads(tok.to_str())
-    merges = data["model"]["merges"]
-    for m in merges:
-        if isinstance(m, list) and any(" " in part for part in m):
-            raise RuntimeError(f"merge {m} contains a space")
-    data["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in merges]
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    reloaded = Tokenizer.from_file(path)
     probe = "\n".join(tokenizer_corpus(0, 5)) + "<|startoftext|>x 123<|mdm_mask|>"
-    if reloaded.encode(probe, add_special_tokens=False).ids != tok.encode(probe, add_special_tokens=False).ids:
-        raise RuntimeError("tokenizer.json does not reproduce the trained tokenizer")
+    fixture_common.save_tokenizer(tok, path, probe)
 
 
 class Ids:
