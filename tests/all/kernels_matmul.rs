@@ -7,7 +7,7 @@ use crate::common;
 
 use unmask_core::oracle::matmul::matmul_xwt;
 use unmask_core::quant::{self, QuantFormat};
-use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
+use unmask_gpu::ops::matmul::{MatmulKernel, gemm_bk16_bytes, gemm_k_depth, matmul};
 use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor, Weight, WeightFormat};
 
 const KERNELS: [MatmulKernel; 7] = [
@@ -535,6 +535,46 @@ fn quantized_weights_with_hoisted_scales() {
                     kernel_tolerance(&ctx, kernel, 1e-4),
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn gemm_fits_the_browser_workgroup_memory() {
+    // A device that allows the browser's 16 KiB must get 8-deep f32 tiles (16-deep ones need
+    // 32 KiB, which a browser refuses to build) and may keep 16-deep f16 ones.
+    let native = common::ctx();
+    eprintln!(
+        "[path] this device: {} bytes of workgroup memory, gemm k-tiles {} deep, gemm-f16 {}",
+        native.limits.max_compute_workgroup_storage_size,
+        gemm_k_depth(&native, MatmulKernel::Gemm),
+        gemm_k_depth(&native, MatmulKernel::GemmF16)
+    );
+    let ctx = common::ctx_with_workgroup_storage(16 * 1024);
+    assert!(ctx.limits.max_compute_workgroup_storage_size <= 16 * 1024);
+    assert!(gemm_bk16_bytes(false) > 16 * 1024);
+    assert_eq!(gemm_k_depth(&ctx, MatmulKernel::Gemm), 8);
+    assert_eq!(gemm_k_depth(&ctx, MatmulKernel::GemmF16), 16);
+    for (si, &(m, n, k)) in [(65usize, 131usize, 33usize), (130, 20, 64)]
+        .iter()
+        .enumerate()
+    {
+        let x = common::random_vec(500 + si as u64, m * k, 1.0);
+        let wd = common::random_vec(600 + si as u64, n * k, 0.5);
+        let want = matmul_xwt(&x, &wd, m, n, k);
+        let w = Weight::from_f32(&ctx, n, k, &wd, WeightFormat::F32, "w").expect("weight");
+        for kernel in [MatmulKernel::Gemm, MatmulKernel::GemmF16] {
+            let got = run(&ctx, &x, &w, m, 1, kernel);
+            common::assert_close(
+                &format!(
+                    "16 KiB: {} ({}-deep) m={m} n={n} k={k}",
+                    kernel.name(),
+                    gemm_k_depth(&ctx, kernel)
+                ),
+                &got,
+                &want,
+                kernel_tolerance(&ctx, kernel, 1e-4),
+            );
         }
     }
 }

@@ -78,23 +78,14 @@ impl MatmulKernel {
         if self != MatmulKernel::Auto {
             return (self, format);
         }
-        if ctx.info.device_type == wgpu::DeviceType::Cpu {
-            // On lavapipe/llvmpipe register tiling beat shared tiles on every shape, and
-            // unpacking the same f16 bytes with integer ops beat native f16 loads by ~1.3x.
-            let format = match format {
-                WeightFormat::F16Native => WeightFormat::F16Packed,
-                other => other,
-            };
-            (MatmulKernel::Tiled, format)
-        } else if m >= 64 {
-            // Hardware GPUs (not measured yet): 8 x 8 register tiles halve the workgroup
-            // memory reads per multiply-add of `TiledShared`, double buffering hides loads.
-            (MatmulKernel::Gemm, format)
-        } else {
-            // Below 64 rows a row-tiled kernel launches too few workgroups for a big GPU;
-            // `Narrow` launches one per 16 columns and splits K inside the workgroup.
-            (MatmulKernel::Narrow, format)
-        }
+        let kernel = auto_kernel(ctx.info.device_type, m);
+        let format = match (kernel, format) {
+            // On lavapipe/llvmpipe unpacking the same f16 bytes with integer ops beat native
+            // f16 loads by ~1.3x.
+            (MatmulKernel::Tiled, WeightFormat::F16Native) => WeightFormat::F16Packed,
+            (_, other) => other,
+        };
+        (kernel, format)
     }
 
     fn entry(self) -> &'static str {
@@ -170,10 +161,16 @@ pub fn gemm_bk16_bytes(half: bool) -> u32 {
     2 * 2 * 16 * 128 * if half { 2 } else { 4 }
 }
 
-/// Whether `Gemm` runs 16-deep k-tiles on this device: where its workgroup memory allows
-/// (natively 32 KiB or more for f32; the browser's 16 KiB fits the f16 tiles).
-fn gemm_bk16(ctx: &GpuContext, half: bool) -> bool {
-    ctx.limits.max_compute_workgroup_storage_size >= gemm_bk16_bytes(half)
+/// Depth of the k-tiles `kernel` (`Gemm` or `GemmF16` as planned) runs on this device: 16
+/// where the workgroup memory allows it (natively 32 KiB or more for f32 tiles; the
+/// browser's 16 KiB fits f16 tiles), else 8.
+pub fn gemm_k_depth(ctx: &GpuContext, kernel: MatmulKernel) -> u32 {
+    let half = kernel == MatmulKernel::GemmF16;
+    if ctx.limits.max_compute_workgroup_storage_size >= gemm_bk16_bytes(half) {
+        16
+    } else {
+        8
+    }
 }
 
 /// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format, whether x
@@ -207,6 +204,22 @@ fn spec(
     };
     // The naive kernel reads x one element at a time.
     spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
+}
+
+/// The kernel `Auto` runs for `m` rows on a device of this type.
+fn auto_kernel(device: wgpu::DeviceType, m: usize) -> MatmulKernel {
+    if device == wgpu::DeviceType::Cpu {
+        // On lavapipe/llvmpipe register tiling beat shared tiles on every shape.
+        MatmulKernel::Tiled
+    } else if m >= 64 {
+        // Hardware GPUs (not measured yet): 8 x 8 register tiles halve the workgroup memory
+        // reads per multiply-add of `TiledShared`, and double buffering hides the loads.
+        MatmulKernel::Gemm
+    } else {
+        // Below 64 rows a row-tiled kernel launches too few workgroups for a big GPU;
+        // `Narrow` launches one per 16 columns and splits K inside the workgroup.
+        MatmulKernel::Narrow
+    }
 }
 
 /// Output tile of one workgroup for `kernel`, with or without SwiGLU (which halves the
@@ -357,7 +370,7 @@ pub fn matmul_fused(
 
     let (kernel, format) = kernel.plan(ctx, m, w.format);
     let x_vec4 = k.is_multiple_of(4);
-    let bk16 = gemm_bk16(ctx, kernel == MatmulKernel::GemmF16);
+    let bk16 = gemm_k_depth(ctx, kernel) == 16;
     let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu, bk16));
     let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
     let (tile_m, tile_n) = tile_for(kernel, fusion.swiglu);
@@ -422,4 +435,53 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             up_off
         }
     )]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_by_device_and_rows() {
+        for device in [
+            wgpu::DeviceType::DiscreteGpu,
+            wgpu::DeviceType::IntegratedGpu,
+        ] {
+            for m in [1, 32, 63] {
+                assert_eq!(
+                    auto_kernel(device, m),
+                    MatmulKernel::Narrow,
+                    "{device:?} m={m}"
+                );
+            }
+            for m in [64, 65, 256, 4096] {
+                assert_eq!(
+                    auto_kernel(device, m),
+                    MatmulKernel::Gemm,
+                    "{device:?} m={m}"
+                );
+            }
+        }
+        for m in [1, 63, 64, 4096] {
+            assert_eq!(auto_kernel(wgpu::DeviceType::Cpu, m), MatmulKernel::Tiled);
+        }
+    }
+
+    #[test]
+    fn workgroup_counts_follow_n_for_small_m() {
+        // A T = 32 step's o-proj (N = 4096): the small-M tile launches a workgroup per 16
+        // columns whatever M < 64 is (two row tiles past 32), the row tiles of `Tiled` 64.
+        let count = |kernel: MatmulKernel, m: u32, n: u32| {
+            let (tm, tn) = tile_for(kernel, false);
+            m.div_ceil(tm) * n.div_ceil(tn)
+        };
+        assert_eq!(count(MatmulKernel::Narrow, 32, 4096), 256);
+        assert_eq!(count(MatmulKernel::Narrow, 1, 4096), 256);
+        assert_eq!(count(MatmulKernel::Narrow, 32, 12288), 768);
+        assert_eq!(count(MatmulKernel::Narrow, 63, 4096), 512);
+        assert_eq!(count(MatmulKernel::Tiled, 32, 4096), 64);
+        // SwiGLU halves the output columns of a tile, not the workgroups per weight row.
+        assert_eq!(tile_for(MatmulKernel::Narrow, true), (32, 8));
+        assert_eq!(tile_for(MatmulKernel::Gemm, true), (128, 64));
+    }
 }
