@@ -418,6 +418,11 @@ fn fused_norm_residual_and_swiglu_match_the_oracle() {
                         ("swiglu", false, false, true),
                     ];
                     for (what, norm, residual, swiglu) in cases {
+                        // Under the binding limit what is new is the paired gate|up chunking;
+                        // the new kernels' other fusions over chunks add only compile time.
+                        if new_kernel && limit.is_some() && !swiglu {
+                            continue;
+                        }
                         let yt = Tensor::from_f32(&ctx, &[m, n], &resid, "y").unwrap();
                         let mut step = StepEncoder::new(&ctx, "fused test");
                         let fusion = Fusion {

@@ -1,8 +1,8 @@
 //! `y = x · Wᵀ`: activations `x` f32 `[M, K]` times an `nn.Linear` weight `W` `[N, K]` in any
 //! `WeightFormat`, into `y` f32 `[M, N]`, accumulating in f32 (`GemmF16`: in f16 within a
 //! k-tile). One dispatch per weight chunk, each writing the output columns that belong to
-//! its rows. Quantized weights are decoded
-//! as each kernel loads them, so every kernel reads every format.
+//! its rows. Quantized weights are decoded as each kernel loads them, so every kernel reads
+//! every format.
 
 use bytemuck::{Pod, Zeroable};
 
