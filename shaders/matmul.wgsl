@@ -1,10 +1,11 @@
 // y = x · Wᵀ for one row chunk of a weight matrix W [N, K] (an nn.Linear weight [out, in]).
 //
 // x is f32 [M, K] with row stride K, y is f32 [M, N] with row stride N; this dispatch writes
-// the output columns [col0, col0 + rows) that belong to the chunk. Accumulation is f32.
+// the output columns [col0, col0 + rows) that belong to the chunk. Accumulation is f32
+// (HALF: f16 within one k-tile of GEMM, f32 across them).
 //
 // Flags pick the variant:
-//   NAIVE / TILED / SHARED  which entry point the file holds (one per spec)
+//   NAIVE / TILED / SHARED / GEMM / NARROW  which entry point the file holds (one per spec)
 //   WF32 / WPACKED / F16    weight storage: f32, f16 pairs in u32 words, native f16
 //   WQ8 / WQ4 (+ QUANT)     block-quantized weights, decoded as they are loaded
 //   XVEC4                   K % 4 == 0, so x rows are 16-byte aligned and read as vec4
@@ -18,6 +19,8 @@
 //   SWIGLU    the chunk holds gate rows then, from row up_off, the up rows of the same
 //             output columns; y = silu(x . Wg^T) * (x . Wu^T). (TILED needs WIDE: its second
 //             group of 4 columns holds the up sums of the first four.)
+//   BK16                    (GEMM) k-tiles 16 deep instead of 8
+//   HALF                    (GEMM) f16 tiles and f16 sums within a k-tile (needs shader-f16)
 // Constants (TILED): WGX x WGY invocations per workgroup.
 
 struct Params {
@@ -96,10 +99,14 @@ fn scale_of(block: u32) -> f32 {
 
 //#if WQ8
 // Elements 4i .. 4i + 3: the four signed bytes of word i, sign-extended by shifting each to
-// the top of an i32 and back.
-fn load_w4(i: u32) -> vec4<f32> {
+// the top of an i32 and back. `codes4` leaves the scale off for kernels that hoist it.
+fn codes4(i: u32) -> vec4<f32> {
     let b = vec4<u32>(w[i]) << vec4<u32>(24u, 16u, 8u, 0u);
-    return vec4<f32>(bitcast<vec4<i32>>(b) >> vec4<u32>(24u)) * scale_of(i >> 3u);
+    return vec4<f32>(bitcast<vec4<i32>>(b) >> vec4<u32>(24u));
+}
+
+fn load_w4(i: u32) -> vec4<f32> {
+    return codes4(i) * scale_of(i >> 3u);
 }
 
 fn load_w1(i: u32) -> f32 {
@@ -110,10 +117,14 @@ fn load_w1(i: u32) -> f32 {
 
 //#if WQ4
 // Elements 4i .. 4i + 3: four nibbles (code + 8) of word i / 2, low half for even i.
-fn load_w4(i: u32) -> vec4<f32> {
+fn codes4(i: u32) -> vec4<f32> {
     let half = w[i >> 1u] >> ((i & 1u) * 16u);
     let q = (vec4<u32>(half) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-    return (vec4<f32>(q) - 8.0) * scale_of(i >> 3u);
+    return vec4<f32>(q) - 8.0;
+}
+
+fn load_w4(i: u32) -> vec4<f32> {
+    return codes4(i) * scale_of(i >> 3u);
 }
 
 fn load_w1(i: u32) -> f32 {
@@ -168,6 +179,40 @@ fn x_at(base: u32, e: u32) -> f32 {
     return select(0.0, x[base + min(e, p.k - 1u)], e < p.k);
 }
 //#endif
+
+// Dot products of one x quad with four weight quads.
+fn dot4(r: vec4<f32>, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(r, a), dot(r, b), dot(r, c), dot(r, d));
+}
+
+// Quad q (elements 4q .. 4q + 3) of x row `row`, zero past K.
+fn x_quad(row: u32, q: u32) -> vec4<f32> {
+//#if XVEC4
+    let kq = p.k >> 2u;
+    return select(vec4<f32>(0.0), x[row * kq + min(q, kq - 1u)], q < kq);
+//#else
+    let b = row * p.k;
+    let e = q * 4u;
+    return vec4<f32>(x_at(b, e), x_at(b, e + 1u), x_at(b, e + 2u), x_at(b, e + 3u));
+//#endif
+}
+
+// Quad q of the weight row starting at quad `base`, zero past the row, times the norm weight
+// (NORM). Quantized codes are multiplied by `sc`, the scale the caller fetched once for the
+// whole block; other formats ignore it.
+fn w_quad(base: u32, q: u32, sc: f32) -> vec4<f32> {
+    let i = base + min(q, p.w_stride4 - 1u);
+//#if QUANT
+    var v = codes4(i) * sc;
+//#else
+    var v = load_w4(i);
+//#endif
+    v = select(vec4<f32>(0.0), v, q < p.w_stride4);
+//#if NORM
+    v *= norm4(q);
+//#endif
+    return v;
+}
 
 //#if NAIVE
 // One output per invocation, scalar loads: the baseline every other variant is measured against.
@@ -254,10 +299,6 @@ fn x_row4(b: u32, q: u32) -> vec4<f32> {
     // The last 1-3 elements of a row; W is zero padded there, x must be masked.
     return vec4<f32>(x_at(b, e), x_at(b, e + 1u), x_at(b, e + 2u), 0.0);
 //#endif
-}
-
-fn dot4(r: vec4<f32>, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(dot(r, a), dot(r, b), dot(r, c), dot(r, d));
 }
 
 @compute @workgroup_size(WGX, WGY)
@@ -523,5 +564,420 @@ fn tiled_shared(
     store4(r + 1u, c, acc[1]);
     store4(r + 2u, c, acc[2]);
     store4(r + 3u, c, acc[3]);
+}
+//#endif
+
+//#if GEMM
+// Large M: 128 x 128 output tiles (128 x 64 with SWIGLU, whose weight tile holds 64 gate rows
+// then the 64 up rows of the same columns), 256 invocations of 8 x 8 outputs each: rows
+// 4 ty .. +3 and 64 + 4 ty .. +3, columns 4 tx .. +3 and 64 + 4 tx .. +3, so every read of
+// workgroup memory is one vec4 and the 16 invocations along x read 256 consecutive bytes.
+// Tiles of x and W, BK deep, are stored k-major in two buffers: the next k-tile is fetched
+// into registers while the current one is multiplied, then stored into the other buffer, so
+// a k-tile costs one barrier. Loader invocation t owns tile row t % 128, so a subgroup's 32
+// stores of one k hit 32 consecutive words (distinct banks) without padding, which keeps
+// 2 x 2 x 8 x 128 f32 at 16 KiB, the browser limit.
+// BK16: 16 deep, where the device has the workgroup memory for it.
+// HALF: the tiles hold f16 and the products are summed in f16 over one k-tile (BK terms),
+// then added into f32 sums; the error is f16 rounding of x and W plus a BK-term f16 sum.
+//#if HALF
+alias GT = f16;
+//#else
+alias GT = f32;
+//#endif
+//#if BK16
+const BK: u32 = 16u;
+//#else
+const BK: u32 = 8u;
+//#endif
+// [buffer][k][row / 4]
+var<workgroup> ga: array<vec4<GT>, 2u * BK * 32u>;
+var<workgroup> gb: array<vec4<GT>, 2u * BK * 32u>;
+
+// Stores the x and W quads of loader row `lr` at quad `lq` of the k-tile in buffer `buf`.
+fn gemm_store(buf: u32, lq: u32, lr: u32, xv: vec4<f32>, wv: vec4<f32>) {
+    let at = (buf * BK + lq * 4u) * 32u + (lr >> 2u);
+    let lane = lr & 3u;
+    ga[at][lane] = GT(xv.x);
+    ga[at + 32u][lane] = GT(xv.y);
+    ga[at + 64u][lane] = GT(xv.z);
+    ga[at + 96u][lane] = GT(xv.w);
+    gb[at][lane] = GT(wv.x);
+    gb[at + 32u][lane] = GT(wv.y);
+    gb[at + 64u][lane] = GT(wv.z);
+    gb[at + 96u][lane] = GT(wv.w);
+}
+
+@compute @workgroup_size(16, 16)
+fn gemm(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    // Out-of-range workgroups still take part in the barriers; only their stores are skipped.
+    let tile = min(tile_index(wid, nwg), p.tiles - 1u);
+    let row0 = (tile / p.tiles_n) * 128u;
+    let lr = t & 127u;
+    let lq = t >> 7u; // first quad of each k-tile this invocation loads (and lq + 2 with BK16)
+    let x_row = min(row0 + lr, p.m - 1u);
+//#if SWIGLU
+    let col0 = (tile % p.tiles_n) * 64u;
+    let w_row = min(col0 + (lr & 63u), p.rows - 1u) + select(0u, p.up_off, lr >= 64u);
+//#else
+    let col0 = (tile % p.tiles_n) * 128u;
+    let w_row = min(col0 + lr, p.rows - 1u);
+//#endif
+    let wb = w_row * p.w_stride4;
+//#if QUANT
+    // A k-tile lies inside one 32-element block, so the scale is fetched once per block.
+    let blocks = p.w_stride4 >> 3u;
+    var sc = scale_of(w_row * blocks);
+//#else
+    let sc = 1.0;
+//#endif
+    var xv0 = x_quad(x_row, lq);
+    var wv0 = w_quad(wb, lq, sc);
+    gemm_store(0u, lq, lr, xv0, wv0);
+//#if BK16
+    var xv1 = x_quad(x_row, lq + 2u);
+    var wv1 = w_quad(wb, lq + 2u, sc);
+    gemm_store(0u, lq + 2u, lr, xv1, wv1);
+//#endif
+    workgroupBarrier();
+
+//#if HALF
+    var f0 = vec4<f32>(0.0);
+    var f1 = vec4<f32>(0.0);
+    var f2 = vec4<f32>(0.0);
+    var f3 = vec4<f32>(0.0);
+    var f4 = vec4<f32>(0.0);
+    var f5 = vec4<f32>(0.0);
+    var f6 = vec4<f32>(0.0);
+    var f7 = vec4<f32>(0.0);
+    var f8 = vec4<f32>(0.0);
+    var f9 = vec4<f32>(0.0);
+    var f10 = vec4<f32>(0.0);
+    var f11 = vec4<f32>(0.0);
+    var f12 = vec4<f32>(0.0);
+    var f13 = vec4<f32>(0.0);
+    var f14 = vec4<f32>(0.0);
+    var f15 = vec4<f32>(0.0);
+//#else
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    var s4 = vec4<f32>(0.0);
+    var s5 = vec4<f32>(0.0);
+    var s6 = vec4<f32>(0.0);
+    var s7 = vec4<f32>(0.0);
+    var s8 = vec4<f32>(0.0);
+    var s9 = vec4<f32>(0.0);
+    var s10 = vec4<f32>(0.0);
+    var s11 = vec4<f32>(0.0);
+    var s12 = vec4<f32>(0.0);
+    var s13 = vec4<f32>(0.0);
+    var s14 = vec4<f32>(0.0);
+    var s15 = vec4<f32>(0.0);
+//#endif
+//#if NORM
+    var ssa = vec4<f32>(0.0);
+    var ssb = vec4<f32>(0.0);
+//#endif
+    let k_tiles = (p.k + BK - 1u) / BK;
+    for (var kt = 0u; kt < k_tiles; kt++) {
+        let cur = kt & 1u;
+        let next = kt + 1u;
+        if next < k_tiles {
+            let q = next * (BK / 4u) + lq;
+//#if QUANT
+            if (next * BK) % 32u == 0u {
+                sc = scale_of(w_row * blocks + min(next * BK / 32u, blocks - 1u));
+            }
+//#endif
+            xv0 = x_quad(x_row, q);
+            wv0 = w_quad(wb, q, sc);
+//#if BK16
+            xv1 = x_quad(x_row, q + 2u);
+            wv1 = w_quad(wb, q + 2u, sc);
+//#endif
+        }
+//#if HALF
+        var s0 = vec4<f16>(0.0);
+        var s1 = vec4<f16>(0.0);
+        var s2 = vec4<f16>(0.0);
+        var s3 = vec4<f16>(0.0);
+        var s4 = vec4<f16>(0.0);
+        var s5 = vec4<f16>(0.0);
+        var s6 = vec4<f16>(0.0);
+        var s7 = vec4<f16>(0.0);
+        var s8 = vec4<f16>(0.0);
+        var s9 = vec4<f16>(0.0);
+        var s10 = vec4<f16>(0.0);
+        var s11 = vec4<f16>(0.0);
+        var s12 = vec4<f16>(0.0);
+        var s13 = vec4<f16>(0.0);
+        var s14 = vec4<f16>(0.0);
+        var s15 = vec4<f16>(0.0);
+//#endif
+        for (var kk = 0u; kk < BK; kk++) {
+            let at = (cur * BK + kk) * 32u;
+            let a = ga[at + lid.y];
+            let a2 = ga[at + 16u + lid.y];
+            let b = gb[at + lid.x];
+            let b2 = gb[at + 16u + lid.x];
+            s0 += a.x * b;
+            s1 += a.y * b;
+            s2 += a.z * b;
+            s3 += a.w * b;
+            s4 += a.x * b2;
+            s5 += a.y * b2;
+            s6 += a.z * b2;
+            s7 += a.w * b2;
+            s8 += a2.x * b;
+            s9 += a2.y * b;
+            s10 += a2.z * b;
+            s11 += a2.w * b;
+            s12 += a2.x * b2;
+            s13 += a2.y * b2;
+            s14 += a2.z * b2;
+            s15 += a2.w * b2;
+//#if NORM
+            // Every invocation of a row of the grid repeats these 8 sums; cheaper than a
+            // reduction through workgroup memory, which the double buffers leave no room for.
+            let fa = vec4<f32>(a);
+            let fa2 = vec4<f32>(a2);
+            ssa += fa * fa;
+            ssb += fa2 * fa2;
+//#endif
+        }
+//#if HALF
+        f0 += vec4<f32>(s0);
+        f1 += vec4<f32>(s1);
+        f2 += vec4<f32>(s2);
+        f3 += vec4<f32>(s3);
+        f4 += vec4<f32>(s4);
+        f5 += vec4<f32>(s5);
+        f6 += vec4<f32>(s6);
+        f7 += vec4<f32>(s7);
+        f8 += vec4<f32>(s8);
+        f9 += vec4<f32>(s9);
+        f10 += vec4<f32>(s10);
+        f11 += vec4<f32>(s11);
+        f12 += vec4<f32>(s12);
+        f13 += vec4<f32>(s13);
+        f14 += vec4<f32>(s14);
+        f15 += vec4<f32>(s15);
+//#endif
+        if next < k_tiles {
+            gemm_store(1u - cur, lq, lr, xv0, wv0);
+//#if BK16
+            gemm_store(1u - cur, lq + 2u, lr, xv1, wv1);
+//#endif
+        }
+        workgroupBarrier();
+    }
+    if tile_index(wid, nwg) >= p.tiles {
+        return;
+    }
+    // o[i]: row 4 ty + i, low columns; o[4 + i] its high columns; o[8 + i], o[12 + i]: row
+    // 64 + 4 ty + i.
+//#if HALF
+    var o = array<vec4<f32>, 16>(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15);
+//#else
+    var o = array<vec4<f32>, 16>(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15);
+//#endif
+//#if NORM
+    let ia = inv_rms(ssa);
+    let ib = inv_rms(ssb);
+    for (var i = 0u; i < 4u; i++) {
+        o[i] *= ia[i];
+        o[4u + i] *= ia[i];
+        o[8u + i] *= ib[i];
+        o[12u + i] *= ib[i];
+    }
+//#endif
+    let r = row0 + lid.y * 4u;
+    let c = col0 + lid.x * 4u;
+    for (var i = 0u; i < 4u; i++) {
+//#if SWIGLU
+        store4(r + i, c, glu(o[i], o[4u + i]));
+        store4(r + 64u + i, c, glu(o[8u + i], o[12u + i]));
+//#else
+        store4(r + i, c, o[i]);
+        store4(r + i, c + 64u, o[4u + i]);
+        store4(r + 64u + i, c, o[8u + i]);
+        store4(r + 64u + i, c + 64u, o[12u + i]);
+//#endif
+    }
+}
+//#endif
+
+//#if NARROW
+// Small M (the cached modes' steady state): a workgroup computes 32 rows x 16 weight rows
+// (16 output columns; 8 with SWIGLU, whose tile holds 8 gate then the 8 up rows), so the
+// workgroup count follows N, and M only in steps of 32. To keep 256 invocations busy on so
+// few outputs they split K eight ways: invocation (s, cg, rg) sums quads s and s + 8 of
+// every 64-deep chunk for rows 4 rg .. +3 and weight rows 4 cg .. +3; the eight partial sums
+// are added in workgroup memory at the end. Each chunk of W is decoded once into workgroup
+// memory and read by all 32 rows; a loader decodes 8 elements of one quantization block
+// with one scale. Reads of a quarter subgroup (8 slices) are 8 consecutive vec4s.
+const NQ: u32 = 16u; // quads per chunk
+var<workgroup> nx: array<vec4<f32>, 512>; // x chunk [32 rows][NQ]; then 4 x [32 rows][4] sums
+var<workgroup> nw: array<vec4<f32>, 256>; // W chunk [16 rows][NQ]
+//#if NORM
+var<workgroup> nss: array<vec4<f32>, 64>; // [slice][row group]: partial sums of squares
+//#endif
+
+// Stores one output (tile-local column c of this chunk), skipping those past the edge.
+fn store1(row: u32, c: u32, v: f32) {
+    if row >= p.m || c >= p.rows {
+        return;
+    }
+    let at = row * p.n + p.col0 + c;
+//#if RESIDUAL
+    y[at] += v;
+//#else
+    y[at] = v;
+//#endif
+}
+
+@compute @workgroup_size(256)
+fn narrow(
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let tile = min(tile_index(wid, nwg), p.tiles - 1u);
+    let row0 = (tile / p.tiles_n) * 32u;
+    // Loader roles: x quad t % 16 of tile rows t / 16 and 16 + t / 16; for t < 128, W quads
+    // 2 (t % 8) and 2 (t % 8) + 1 of tile row t / 8.
+    let xq = t & 15u;
+    let xr = t >> 4u;
+    let x_row0 = min(row0 + xr, p.m - 1u);
+    let x_row1 = min(row0 + 16u + xr, p.m - 1u);
+    let loads_w = t < 128u;
+    let wr = (t >> 3u) & 15u;
+    let wq = (t & 7u) * 2u;
+//#if SWIGLU
+    let col0 = (tile % p.tiles_n) * 8u;
+    let w_row = min(col0 + (wr & 7u), p.rows - 1u) + select(0u, p.up_off, wr >= 8u);
+//#else
+    let col0 = (tile % p.tiles_n) * 16u;
+    let w_row = min(col0 + wr, p.rows - 1u);
+//#endif
+    let wb = w_row * p.w_stride4;
+//#if QUANT
+    let blocks = p.w_stride4 >> 3u;
+//#endif
+    // Compute roles.
+    let s = t & 7u;
+    let cg = (t >> 3u) & 3u;
+    let rg = t >> 5u;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+//#if NORM
+    var ss = vec4<f32>(0.0);
+//#endif
+    let chunks = (p.k + 63u) / 64u;
+    for (var ch = 0u; ch < chunks; ch++) {
+        let q0 = ch * NQ;
+        nx[xr * NQ + xq] = x_quad(x_row0, q0 + xq);
+        nx[(16u + xr) * NQ + xq] = x_quad(x_row1, q0 + xq);
+        if loads_w {
+            let q = q0 + wq;
+//#if QUANT
+            let sc = scale_of(w_row * blocks + min(q >> 3u, blocks - 1u));
+//#else
+            let sc = 1.0;
+//#endif
+            nw[wr * NQ + wq] = w_quad(wb, q, sc);
+            nw[wr * NQ + wq + 1u] = w_quad(wb, q + 1u, sc);
+        }
+        workgroupBarrier();
+        for (var u = 0u; u < 2u; u++) {
+            let q = s + 8u * u;
+            let xa = rg * 4u * NQ + q;
+            let x0 = nx[xa];
+            let x1 = nx[xa + NQ];
+            let x2 = nx[xa + 2u * NQ];
+            let x3 = nx[xa + 3u * NQ];
+            let wa = cg * 4u * NQ + q;
+            let w0 = nw[wa];
+            let w1 = nw[wa + NQ];
+            let w2 = nw[wa + 2u * NQ];
+            let w3 = nw[wa + 3u * NQ];
+            a0 += dot4(x0, w0, w1, w2, w3);
+            a1 += dot4(x1, w0, w1, w2, w3);
+            a2 += dot4(x2, w0, w1, w2, w3);
+            a3 += dot4(x3, w0, w1, w2, w3);
+//#if NORM
+            ss += vec4<f32>(dot(x0, x0), dot(x1, x1), dot(x2, x2), dot(x3, x3));
+//#endif
+        }
+        workgroupBarrier();
+    }
+    // Slices 4..7 store their sums, 0..3 add theirs onto them: four sets of [row][column
+    // group] in nx, which the last barrier freed.
+    let red = rg * 16u + cg;
+    if s >= 4u {
+        let b = (s - 4u) * 128u + red;
+        nx[b] = a0;
+        nx[b + 4u] = a1;
+        nx[b + 8u] = a2;
+        nx[b + 12u] = a3;
+    }
+//#if NORM
+    if cg == 0u {
+        nss[s * 8u + rg] = ss;
+    }
+//#endif
+    workgroupBarrier();
+    if s < 4u {
+        let b = s * 128u + red;
+        nx[b] += a0;
+        nx[b + 4u] += a1;
+        nx[b + 8u] += a2;
+        nx[b + 12u] += a3;
+    }
+    workgroupBarrier();
+    if tile_index(wid, nwg) >= p.tiles {
+        return;
+    }
+    // Epilogue: invocation t finishes tile row t / 8.
+    let r = t >> 3u;
+    let row = row0 + r;
+//#if NORM
+    var sq = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        sq += nss[i * 8u + (r >> 2u)][r & 3u];
+    }
+    let inv = inv_rms(vec4<f32>(sq)).x;
+//#else
+    let inv = 1.0;
+//#endif
+//#if SWIGLU
+    let c = t & 7u;
+    var g = 0.0;
+    var up = 0.0;
+    for (var i = 0u; i < 4u; i++) {
+        let b = i * 128u + r * 4u;
+        g += nx[b + (c >> 2u)][c & 3u];
+        up += nx[b + 2u + (c >> 2u)][c & 3u];
+    }
+    store1(row, col0 + c, glu(vec4<f32>(g * inv), vec4<f32>(up * inv)).x);
+//#else
+    for (var j = 0u; j < 2u; j++) {
+        let c = (t & 7u) * 2u + j;
+        var v = 0.0;
+        for (var i = 0u; i < 4u; i++) {
+            v += nx[i * 128u + r * 4u + (c >> 2u)][c & 3u];
+        }
+        store1(row, col0 + c, v * inv);
+    }
+//#endif
 }
 //#endif

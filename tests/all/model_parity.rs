@@ -10,6 +10,7 @@ use common::{assert_close, ctx, flat, relative_error};
 use serde_json::Value;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
+use unmask_gpu::ops::matmul::MatmulKernel;
 
 fn goldens() -> Value {
     let text =
@@ -18,9 +19,14 @@ fn goldens() -> Value {
 }
 
 fn check(format: WeightFormat, tol: f64) {
+    check_with(format, MatmulKernel::Auto, tol);
+}
+
+fn check_with(format: WeightFormat, kernel: MatmulKernel, tol: f64) {
     let ctx = ctx();
-    let model =
+    let mut model =
         Model::load(ctx.clone(), &fixture_dir(), format, &mut |_| {}).expect("tiny model loads");
+    model.matmul_kernel = kernel;
     let g = goldens();
     for case in g["cases"].as_array().unwrap() {
         let ids: Vec<u32> = case["ids"]
@@ -34,9 +40,10 @@ fn check(format: WeightFormat, tol: f64) {
         let name = case["name"].as_str().unwrap();
         assert_close(
             &format!(
-                "logits {name} (T={}) weights={}",
+                "logits {name} (T={}) weights={} matmul={}",
                 ids.len(),
-                model.weights.embedding.format.name()
+                model.weights.embedding.format.name(),
+                kernel.name()
             ),
             &got,
             &want,
@@ -79,6 +86,15 @@ fn logits_match_reference_with_f32_weights() {
 fn logits_match_reference_with_f16_weights() {
     check(WeightFormat::F16Native, 1e-2);
     check(WeightFormat::F16Packed, 1e-2);
+}
+
+// The kernels `Auto` picks on hardware GPUs (narrow below 64 rows, gemm above), forced here,
+// through the whole forward with its fusions (norm into qkv and gate|up, SwiGLU, residuals).
+#[test]
+fn logits_match_reference_with_the_hardware_gpu_kernels() {
+    for kernel in [MatmulKernel::Narrow, MatmulKernel::Gemm] {
+        check_with(WeightFormat::F32, kernel, 1e-4);
+    }
 }
 
 // A 32 KiB binding limit splits the LM head (and embedding) over vocabulary chunks; the

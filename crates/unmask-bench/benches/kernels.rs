@@ -1,5 +1,6 @@
 //! Kernel benchmark:
-//! `cargo bench -p unmask-bench --bench kernels -- [--small] [--only matmul|attention]`.
+//! `cargo bench -p unmask-bench --bench kernels -- [--small] [--only matmul|attention]
+//! [--format NAME]...` (`--format` keeps only the named weight formats, e.g. `f32`, `q8`).
 //!
 //! Prints one JSON record per line on stdout (the environment, the kernel, variant, format,
 //! shape, median milliseconds, GFLOP/s and GB/s; the same records as `unmask bench`) and a
@@ -20,11 +21,14 @@ struct Options {
     small: bool,
     matmul: bool,
     attention: bool,
+    /// Weight format names to keep; empty keeps all.
+    formats: Vec<String>,
 }
 
 fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
     let mut small = ctx_is_cpu;
     let (mut matmul, mut attention) = (true, true);
+    let mut formats = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -36,6 +40,10 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
                     return Err(format!("--only takes matmul or attention, got {other:?}").into());
                 }
             },
+            "--format" => match args.next() {
+                Some(name) => formats.push(name),
+                None => return Err("--format takes a weight format name".into()),
+            },
             // `cargo bench` passes `--bench`; other harness flags are ignored too.
             _ => {}
         }
@@ -44,6 +52,7 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
         small,
         matmul,
         attention,
+        formats,
     })
 }
 
@@ -98,6 +107,12 @@ fn main() -> BenchResult<()> {
     }
     // the quantized formats LLaDA-8B needs to fit 8-12 GB GPUs and browsers
     formats.extend([WeightFormat::Q8, WeightFormat::Q4]);
+    if !options.formats.is_empty() {
+        formats.retain(|f| options.formats.iter().any(|n| n == f.name()));
+        if formats.is_empty() {
+            return Err(format!("no weight format named {:?} here", options.formats).into());
+        }
+    }
     let kernel_options = KernelBenchOptions {
         formats,
         all_variants: true,

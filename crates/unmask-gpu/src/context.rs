@@ -22,6 +22,10 @@ pub struct ContextOptions {
     /// Cap on the largest storage binding the kernels may use, below the device's own limit.
     /// Tests set it tiny to force the chunked-weight path.
     pub max_binding_bytes: Option<u64>,
+    /// Cap on workgroup memory per workgroup, below the device's own limit; the device is
+    /// created with it and kernels size their tiles by it. Tests set the browser's 16 KiB
+    /// to run the kernel variants a browser gets.
+    pub max_workgroup_storage_bytes: Option<u32>,
     /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
     /// past it is refused with an error naming what it was for (`None`: no budget).
     pub memory_budget: Option<u64>,
@@ -42,6 +46,7 @@ impl Default for ContextOptions {
             allow_shader_f16: true,
             allow_subgroups: true,
             max_binding_bytes: None,
+            max_workgroup_storage_bytes: None,
             memory_budget: None,
             runtime_checks: true,
             tune: TunePolicy::Auto,
@@ -281,7 +286,11 @@ impl GpuContext {
         if available.contains(wgpu::Features::TIMESTAMP_QUERY) {
             required |= wgpu::Features::TIMESTAMP_QUERY;
         }
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        if let Some(cap) = options.max_workgroup_storage_bytes {
+            limits.max_compute_workgroup_storage_size =
+                limits.max_compute_workgroup_storage_size.min(cap);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("unmask"),

@@ -3,8 +3,8 @@
 //!
 //! A kernel file may hold variants selected by a tiny preprocessor:
 //! `//#if FLAG`, `//#if !FLAG`, `//#else`, `//#endif` (nestable) keep or drop lines,
-//! and `{{NAME}}` is replaced by a specialisation constant. The flag `F16` also puts
-//! `enable f16;` at the top. Everything else is plain WGSL.
+//! and `{{NAME}}` is replaced by a specialisation constant. The flags `F16` and `HALF` also
+//! put `enable f16;` at the top. Everything else is plain WGSL.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -62,6 +62,12 @@ impl Spec {
     }
 }
 
+/// Whether a specialisation needs `shader-f16`: `F16` (native f16 storage) or `HALF` (f16
+/// arithmetic).
+pub fn uses_f16(spec: &Spec) -> bool {
+    spec.has("F16") || spec.has("HALF")
+}
+
 /// Expands the preprocessor directives of `source` for `spec`.
 pub fn render(kernel: &KernelSource, spec: &Spec) -> Result<String> {
     let fail = |message: String| GpuError::Shader {
@@ -71,7 +77,7 @@ pub fn render(kernel: &KernelSource, spec: &Spec) -> Result<String> {
         message,
     };
     let mut out = String::with_capacity(kernel.source.len() + 64);
-    if spec.has("F16") {
+    if uses_f16(spec) {
         out.push_str("enable f16;\n");
     }
     // Stack of (this branch active, any enclosing branch inactive).

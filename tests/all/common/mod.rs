@@ -46,6 +46,16 @@ pub fn ctx_with_binding_limit(bytes: u64) -> Arc<GpuContext> {
     .expect("GPU adapter")
 }
 
+/// A context whose device allows only `bytes` of workgroup memory per workgroup (the
+/// browser's 16 KiB), so kernels that size their tiles by the limit take the small ones.
+pub fn ctx_with_workgroup_storage(bytes: u32) -> Arc<GpuContext> {
+    GpuContext::new(&ContextOptions {
+        max_workgroup_storage_bytes: Some(bytes),
+        ..options()
+    })
+    .expect("GPU adapter")
+}
+
 /// `n` values uniform in [-scale, scale), none exactly zero.
 pub fn random_vec(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut rng = SplitMix64(seed);

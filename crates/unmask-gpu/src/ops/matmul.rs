@@ -1,7 +1,8 @@
 //! `y = x · Wᵀ`: activations `x` f32 `[M, K]` times an `nn.Linear` weight `W` `[N, K]` in any
-//! `WeightFormat`, into `y` f32 `[M, N]`, accumulating in f32. One dispatch per weight chunk,
-//! each writing the output columns that belong to its rows. Quantized weights are decoded
-//! as each kernel loads them, so every kernel reads every format.
+//! `WeightFormat`, into `y` f32 `[M, N]`, accumulating in f32 (`GemmF16`: in f16 within a
+//! k-tile). One dispatch per weight chunk, each writing the output columns that belong to
+//! its rows. Quantized weights are decoded as each kernel loads them, so every kernel reads
+//! every format.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -23,16 +24,29 @@ pub enum MatmulKernel {
     Tiled,
     /// 64 x 64 output tiles staged through workgroup memory, 4 x 4 outputs per invocation.
     TiledShared,
+    /// 128 x 128 output tiles, 8 x 8 outputs per invocation, double-buffered k-tiles: for
+    /// M >= 64 on hardware GPUs.
+    Gemm,
+    /// `Gemm` with f16 tiles and f16 sums within a k-tile (f32 across them); `Gemm` where
+    /// the device has no shader-f16. Never picked by `Auto`: f16 products overflow past
+    /// 65504, which raw residual-stream activations can reach.
+    GemmF16,
+    /// 32 x 16 output tiles with K split over the workgroup's invocations: for M < 64, so
+    /// the workgroup count follows N.
+    Narrow,
     /// The best measured kernel for the device and shape.
     Auto,
 }
 
 impl MatmulKernel {
     /// Every concrete kernel (not `Auto`).
-    pub const CONCRETE: [MatmulKernel; 3] = [
+    pub const CONCRETE: [MatmulKernel; 6] = [
         MatmulKernel::Naive,
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
+        MatmulKernel::Gemm,
+        MatmulKernel::GemmF16,
+        MatmulKernel::Narrow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,13 +54,17 @@ impl MatmulKernel {
             MatmulKernel::Naive => "naive",
             MatmulKernel::Tiled => "tiled",
             MatmulKernel::TiledShared => "tiled-shared",
+            MatmulKernel::Gemm => "gemm",
+            MatmulKernel::GemmF16 => "gemm-f16",
+            MatmulKernel::Narrow => "narrow",
             MatmulKernel::Auto => "auto",
         }
     }
 
     /// The concrete kernel and the weight decoding that run for `m` rows of a weight stored
     /// in `format` on this device. Explicit kernels run as asked (native f16 falls back to
-    /// packed without shader-f16); `Auto` picks what measured fastest.
+    /// packed and `GemmF16` to `Gemm` without shader-f16); `Auto` picks what measured
+    /// fastest. Every kernel supports every fusion, so the choice never depends on it.
     pub fn plan(
         self,
         ctx: &GpuContext,
@@ -54,24 +72,20 @@ impl MatmulKernel {
         format: WeightFormat,
     ) -> (MatmulKernel, WeightFormat) {
         let format = format.resolve(ctx);
+        if self == MatmulKernel::GemmF16 && !ctx.features.shader_f16 {
+            return (MatmulKernel::Gemm, format);
+        }
         if self != MatmulKernel::Auto {
             return (self, format);
         }
-        if ctx.info.device_type == wgpu::DeviceType::Cpu {
-            // On lavapipe/llvmpipe register tiling beat shared tiles on every shape, and
-            // unpacking the same f16 bytes with integer ops beat native f16 loads by ~1.3x.
-            let format = match format {
-                WeightFormat::F16Native => WeightFormat::F16Packed,
-                other => other,
-            };
-            (MatmulKernel::Tiled, format)
-        } else if m >= 64 {
-            // Hardware GPUs (not measured yet): shared tiles give coalesced loads once a
-            // 64-row tile is mostly full.
-            (MatmulKernel::TiledShared, format)
-        } else {
-            (MatmulKernel::Tiled, format)
-        }
+        let kernel = auto_kernel(ctx.info.device_type, m);
+        let format = match (kernel, format) {
+            // On lavapipe/llvmpipe unpacking the same f16 bytes with integer ops beat native
+            // f16 loads by ~1.3x.
+            (MatmulKernel::Tiled, WeightFormat::F16Native) => WeightFormat::F16Packed,
+            (_, other) => other,
+        };
+        (kernel, format)
     }
 
     fn entry(self) -> &'static str {
@@ -79,6 +93,8 @@ impl MatmulKernel {
             MatmulKernel::Naive => "naive",
             MatmulKernel::Tiled | MatmulKernel::Auto => "tiled",
             MatmulKernel::TiledShared => "tiled_shared",
+            MatmulKernel::Gemm | MatmulKernel::GemmF16 => "gemm",
+            MatmulKernel::Narrow => "narrow",
         }
     }
 
@@ -88,6 +104,8 @@ impl MatmulKernel {
             MatmulKernel::Naive => (16, 16),
             MatmulKernel::Tiled | MatmulKernel::Auto => (TILED_WGY * 4, TILED_WGX * TILED_TN),
             MatmulKernel::TiledShared => (64, 64),
+            MatmulKernel::Gemm | MatmulKernel::GemmF16 => (128, 128),
+            MatmulKernel::Narrow => (32, 16),
         }
     }
 }
@@ -137,9 +155,33 @@ impl Fusion<'_> {
     }
 }
 
-/// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format and whether x
-/// rows can be read as vec4 (K % 4 == 0).
-fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool, swiglu: bool) -> Spec {
+/// Workgroup memory of `Gemm` (`half`: `GemmF16`) with 16-deep k-tiles: two buffers of a
+/// 128-row x tile and W tile.
+pub fn gemm_bk16_bytes(half: bool) -> u32 {
+    2 * 2 * 16 * 128 * if half { 2 } else { 4 }
+}
+
+/// Depth of the k-tiles `kernel` (`Gemm` or `GemmF16` as planned) runs on this device: 16
+/// where the workgroup memory allows it (natively 32 KiB or more for f32 tiles; the
+/// browser's 16 KiB fits f16 tiles), else 8.
+pub fn gemm_k_depth(ctx: &GpuContext, kernel: MatmulKernel) -> u32 {
+    let half = kernel == MatmulKernel::GemmF16;
+    if ctx.limits.max_compute_workgroup_storage_size >= gemm_bk16_bytes(half) {
+        16
+    } else {
+        8
+    }
+}
+
+/// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format, whether x
+/// rows can be read as vec4 (K % 4 == 0) and (`Gemm`) 16-deep k-tiles.
+fn spec(
+    kernel: MatmulKernel,
+    format: WeightFormat,
+    x_vec4: bool,
+    swiglu: bool,
+    bk16: bool,
+) -> Spec {
     let spec = match kernel {
         MatmulKernel::Naive => Spec::new().flag("NAIVE"),
         MatmulKernel::Tiled | MatmulKernel::Auto => Spec::new()
@@ -149,6 +191,9 @@ fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool, swiglu: bool) 
             .constant("WGX", TILED_WGX)
             .constant("WGY", TILED_WGY),
         MatmulKernel::TiledShared => Spec::new().flag("SHARED"),
+        MatmulKernel::Gemm => Spec::new().flag("GEMM").flag_if(bk16, "BK16"),
+        MatmulKernel::GemmF16 => Spec::new().flag("GEMM").flag("HALF").flag_if(bk16, "BK16"),
+        MatmulKernel::Narrow => Spec::new().flag("NARROW"),
     };
     let spec = match format {
         WeightFormat::F32 => spec.flag("WF32"),
@@ -161,12 +206,29 @@ fn spec(kernel: MatmulKernel, format: WeightFormat, x_vec4: bool, swiglu: bool) 
     spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
 }
 
+/// The kernel `Auto` runs for `m` rows on a device of this type.
+fn auto_kernel(device: wgpu::DeviceType, m: usize) -> MatmulKernel {
+    if device == wgpu::DeviceType::Cpu {
+        // On lavapipe/llvmpipe register tiling beat shared tiles on every shape.
+        MatmulKernel::Tiled
+    } else if m >= 64 {
+        // Hardware GPUs (not measured yet): 8 x 8 register tiles halve the workgroup memory
+        // reads per multiply-add of `TiledShared`, and double buffering hides the loads.
+        MatmulKernel::Gemm
+    } else {
+        // Below 64 rows a row-tiled kernel launches too few workgroups for a big GPU;
+        // `Narrow` launches one per 16 columns and splits K inside the workgroup.
+        MatmulKernel::Narrow
+    }
+}
+
 /// Output tile of one workgroup for `kernel`, with or without SwiGLU (which halves the
-/// columns of a `Tiled` invocation: its second four sums are the up halves).
+/// columns of `Tiled`, `Gemm` and `Narrow`: half of their sums are the up halves).
 fn tile_for(kernel: MatmulKernel, swiglu: bool) -> (u32, u32) {
     let (m, n) = kernel.tile();
     match kernel {
         MatmulKernel::Tiled | MatmulKernel::Auto if swiglu => (m, TILED_WGX * 4),
+        MatmulKernel::Gemm | MatmulKernel::GemmF16 | MatmulKernel::Narrow if swiglu => (m, n / 2),
         _ => (m, n),
     }
 }
@@ -191,17 +253,24 @@ pub fn variants() -> Vec<ShaderVariant> {
             } else {
                 &[false, true]
             };
+            // Either k-tile depth of `Gemm`, as the device's workgroup memory decides.
+            let bk16_options: &[bool] = match kernel {
+                MatmulKernel::Gemm | MatmulKernel::GemmF16 => &[false, true],
+                _ => &[false],
+            };
             for &x_vec4 in x_vec4_options {
-                for (norm, residual, swiglu) in FUSIONS {
-                    let spec = spec(kernel, format, x_vec4, swiglu)
-                        .flag_if(norm, "NORM")
-                        .flag_if(residual, "RESIDUAL")
-                        .flag_if(swiglu, "SWIGLU");
-                    out.push(ShaderVariant {
-                        kernel: KERNEL,
-                        entry: kernel.entry(),
-                        spec,
-                    });
+                for &bk16 in bk16_options {
+                    for (norm, residual, swiglu) in FUSIONS {
+                        let spec = spec(kernel, format, x_vec4, swiglu, bk16)
+                            .flag_if(norm, "NORM")
+                            .flag_if(residual, "RESIDUAL")
+                            .flag_if(swiglu, "SWIGLU");
+                        out.push(ShaderVariant {
+                            kernel: KERNEL,
+                            entry: kernel.entry(),
+                            spec,
+                        });
+                    }
                 }
             }
         }
@@ -301,7 +370,8 @@ pub fn matmul_fused(
 
     let (kernel, format) = choose(ctx, kernel, x, w, m, n, fusion)?;
     let x_vec4 = k.is_multiple_of(4);
-    let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu));
+    let bk16 = gemm_k_depth(ctx, kernel) == 16;
+    let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu, bk16));
     let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
     let (tile_m, tile_n) = tile_for(kernel, fusion.swiglu);
     let tiles_m = m32.div_ceil(tile_m);
@@ -438,4 +508,53 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             up_off
         }
     )]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_by_device_and_rows() {
+        for device in [
+            wgpu::DeviceType::DiscreteGpu,
+            wgpu::DeviceType::IntegratedGpu,
+        ] {
+            for m in [1, 32, 63] {
+                assert_eq!(
+                    auto_kernel(device, m),
+                    MatmulKernel::Narrow,
+                    "{device:?} m={m}"
+                );
+            }
+            for m in [64, 65, 256, 4096] {
+                assert_eq!(
+                    auto_kernel(device, m),
+                    MatmulKernel::Gemm,
+                    "{device:?} m={m}"
+                );
+            }
+        }
+        for m in [1, 63, 64, 4096] {
+            assert_eq!(auto_kernel(wgpu::DeviceType::Cpu, m), MatmulKernel::Tiled);
+        }
+    }
+
+    #[test]
+    fn workgroup_counts_follow_n_for_small_m() {
+        // A T = 32 step's o-proj (N = 4096): the small-M tile launches a workgroup per 16
+        // columns whatever M < 64 is (two row tiles past 32), the row tiles of `Tiled` 64.
+        let count = |kernel: MatmulKernel, m: u32, n: u32| {
+            let (tm, tn) = tile_for(kernel, false);
+            m.div_ceil(tm) * n.div_ceil(tn)
+        };
+        assert_eq!(count(MatmulKernel::Narrow, 32, 4096), 256);
+        assert_eq!(count(MatmulKernel::Narrow, 1, 4096), 256);
+        assert_eq!(count(MatmulKernel::Narrow, 32, 12288), 768);
+        assert_eq!(count(MatmulKernel::Narrow, 63, 4096), 512);
+        assert_eq!(count(MatmulKernel::Tiled, 32, 4096), 64);
+        // SwiGLU halves the output columns of a tile, not the workgroups per weight row.
+        assert_eq!(tile_for(MatmulKernel::Narrow, true), (32, 8));
+        assert_eq!(tile_for(MatmulKernel::Gemm, true), (128, 64));
+    }
 }
