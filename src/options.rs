@@ -5,9 +5,9 @@ use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::StoreBudget;
 
 use unmask_gpu::model::WeightFormats;
-use unmask_gpu::{ContextOptions, WeightFormat};
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::tune::TunePolicy;
+use unmask_gpu::{ContextOptions, WeightFormat};
 
 use crate::EngineError;
 

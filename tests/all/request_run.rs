@@ -48,7 +48,15 @@ fn stepping_equals_generate_in_every_mode() {
 
 #[test]
 fn a_dropped_run_unpins_and_frees_its_state() {
-    let engine = common::tiny_engine();
+    // Its own context: the live-byte count of the shared one moves with the tests that
+    // run beside this one.
+    let ctx = unmask_gpu::GpuContext::new(&common::options()).expect("GPU adapter");
+    let options = unmask::EngineOptions {
+        weight_format: unmask_gpu::WeightFormat::F32,
+        ..unmask::EngineOptions::default()
+    };
+    let engine = unmask::Engine::load_on(ctx, &common::fixture_dir(), &options, &mut |_| {})
+        .expect("tiny model loads");
     let modes = [CacheMode::Bicache, CacheMode::FastDllmDual];
     // A first request of each mode stores the prefix entry and fills the read-back ring.
     for mode in modes {

@@ -50,11 +50,7 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     let entries = ctx.tuner.entries();
     let (got_class, measured) = &entries[0];
     assert_eq!(got_class, &class);
-    let names: Vec<&str> = MatmulKernel::CONCRETE
-        .iter()
-        .filter(|&&k| k != MatmulKernel::Naive)
-        .map(|k| k.name())
-        .collect();
+    let names: Vec<&str> = MatmulKernel::CANDIDATES.iter().map(|k| k.name()).collect();
     assert_eq!(
         measured
             .times

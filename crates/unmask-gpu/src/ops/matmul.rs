@@ -49,6 +49,15 @@ impl MatmulKernel {
         MatmulKernel::Narrow,
     ];
 
+    /// What `Auto` chooses among when it measures (`tune`): not the naive baseline, and
+    /// not `GemmF16`, whose f16 products can overflow.
+    pub const CANDIDATES: [MatmulKernel; 4] = [
+        MatmulKernel::Tiled,
+        MatmulKernel::TiledShared,
+        MatmulKernel::Gemm,
+        MatmulKernel::Narrow,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             MatmulKernel::Naive => "naive",
@@ -458,10 +467,13 @@ fn choose(
     if kernel != MatmulKernel::Auto || !ctx.tuner.enabled() {
         return Ok(planned);
     }
-    let format = planned.1;
+    // Measured kernels read the weight as the device best can (the fixed choice may pick
+    // another decoding for its own kernel).
+    let format = w.format.resolve(ctx);
     let class = tune_class(format, &fusion, m, n, w.cols);
+    // A winner read from the file is only taken when it is still a candidate.
     let by_name = |name: &str| {
-        MatmulKernel::CONCRETE
+        MatmulKernel::CANDIDATES
             .into_iter()
             .find(|k| k.name() == name)
     };
@@ -470,10 +482,8 @@ fn choose(
     }
     #[cfg(not(target_arch = "wasm32"))]
     {
-        // The naive kernel is the correctness baseline, never a contender.
-        let candidates: Vec<&'static str> = MatmulKernel::CONCRETE
+        let candidates: Vec<&'static str> = MatmulKernel::CANDIDATES
             .into_iter()
-            .filter(|&k| k != MatmulKernel::Naive)
             .map(MatmulKernel::name)
             .collect();
         let scratch = Tensor::zeros(ctx, DType::F32, &[m, n], "tune scratch")?;
