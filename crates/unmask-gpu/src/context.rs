@@ -67,6 +67,9 @@ pub struct KernelFeatures {
     pub max_buffer_bytes: u64,
     pub max_workgroup_invocations: u32,
     pub max_workgroups_per_dim: u32,
+    /// Workgroup memory a kernel may use, in bytes: the adapter's limit natively, 16 KiB
+    /// in a browser (the portable WebGPU default, whatever the adapter reports).
+    pub max_workgroup_storage_bytes: u32,
 }
 
 /// Bytes of storage buffers alive on the device (weights, activations, KV arenas, prefix
@@ -302,6 +305,13 @@ impl GpuContext {
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            max_workgroup_storage_bytes: if cfg!(target_arch = "wasm32")
+                || info.backend == wgpu::Backend::BrowserWebGpu
+            {
+                limits.max_compute_workgroup_storage_size.min(16 * 1024)
+            } else {
+                limits.max_compute_workgroup_storage_size
+            },
         };
         let faults = Arc::new(DeviceFaults::default());
         {
