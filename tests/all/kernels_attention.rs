@@ -72,10 +72,12 @@ fn f32_variants() -> Vec<Run> {
 
 fn describe(plan: &AttentionPlan) -> String {
     format!(
-        "{} {} slices={}",
+        "{} {} slices={} tile={}x{}",
         plan.kernel.name(),
         plan.read.name(),
-        plan.slices
+        plan.slices,
+        plan.tile.0,
+        plan.tile.1
     )
 }
 
@@ -436,46 +438,59 @@ fn batched_windows_equal_separate_problems() {
     );
     let rows: usize = sequences.iter().map(|s| s.0).sum();
     let width = heads * hd;
-    let out = Tensor::zeros(&ctx, DType::F32, &[rows, width], "out").unwrap();
-    let mut step = StepEncoder::new(&ctx, "batched attention");
-    let (mut row0, mut kv0) = (0, 0);
-    for c in &cases {
-        let seg_b = KvSegment {
-            k: &kb,
-            v: &vb,
-            start: kv0,
-            len: c.len_b,
+    let max_m = sequences.iter().map(|s| s.0).max().unwrap();
+    let floats = attn::split_scratch_floats(&ctx, shape, max_m, 64);
+    let scratch = Tensor::zeros(&ctx, DType::F32, &[floats], "split scratch").unwrap();
+    for run in [
+        Run::f32(AttentionKernel::Register),
+        Run::f32(AttentionKernel::Wide),
+        Run::split(2),
+    ] {
+        let out = Tensor::zeros(&ctx, DType::F32, &[rows, width], "out").unwrap();
+        let options = AttentionOptions {
+            kernel: run.kernel,
+            scratch: Some(&scratch),
+            slices: run.slices,
+            ..AttentionOptions::default()
         };
-        let seg_a = Some(KvSegment::first(&ka, &va, 11));
-        attn::attention(
-            &mut step,
-            &q,
-            c.q_stride,
-            0,
-            row0..row0 + c.m,
-            seg_a,
-            seg_b,
-            &out,
-            shape,
-        )
-        .unwrap();
-        row0 += c.m;
-        kv0 += c.len_b;
-    }
-    step.submit().unwrap();
-    let got = out.read_f32(&ctx).unwrap();
-    let mut row0 = 0;
-    for (c, d) in cases.iter().zip(&data) {
-        let alone = run_gpu(&ctx, c, d);
-        let part = &got[row0 * width..(row0 + c.m) * width];
-        assert_close(
-            &format!("{} (in a batch)", c.label()),
-            part,
-            &c.oracle(d),
-            TOL,
-        );
-        assert_eq!(part, &alone[..], "{}: batched and alone differ", c.label());
-        row0 += c.m;
+        let mut step = StepEncoder::new(&ctx, "batched attention");
+        let (mut row0, mut kv0) = (0, 0);
+        for c in &cases {
+            let seg_b = KvSegment {
+                k: &kb,
+                v: &vb,
+                start: kv0,
+                len: c.len_b,
+            };
+            let seg_a = Some(KvSegment::first(&ka, &va, 11));
+            // One scratch for every sequence: the dispatches run in order.
+            attn::attention_with(
+                &mut step,
+                &q,
+                c.q_stride,
+                0,
+                row0..row0 + c.m,
+                seg_a,
+                seg_b,
+                &out,
+                shape,
+                &options,
+            )
+            .unwrap();
+            row0 += c.m;
+            kv0 += c.len_b;
+        }
+        step.submit().unwrap();
+        let got = out.read_f32(&ctx).unwrap();
+        let mut row0 = 0;
+        for (c, d) in cases.iter().zip(&data) {
+            let (alone, plan) = run_with(&ctx, c, d, run);
+            let label = format!("{} [{}]", c.label(), describe(&plan));
+            let part = &got[row0 * width..(row0 + c.m) * width];
+            assert_close(&format!("{label} (in a batch)"), part, &c.oracle(d), TOL);
+            assert_eq!(part, &alone[..], "{label}: batched and alone differ");
+            row0 += c.m;
+        }
     }
     eprintln!(
         "[check] 3 sequences in one buffer: each window equals its problem alone, bit for bit"
@@ -918,4 +933,30 @@ fn rejects_what_a_variant_cannot_run() {
         );
     }
     assert_eq!(step.dispatch_count(), 0, "rejected calls record nothing");
+}
+
+#[test]
+fn browser_tiles_natively() {
+    // The wide kernel's tiles for 16 KiB of workgroup memory (the browser's), run here by
+    // capping the context: head dims 128 and 7, with and without a split.
+    let ctx = GpuContext::new(&unmask_gpu::ContextOptions {
+        max_workgroup_storage_bytes: Some(16 * 1024),
+        ..unmask_gpu::ContextOptions::default()
+    })
+    .expect("GPU adapter");
+    assert_eq!(ctx.features.max_workgroup_storage_bytes, 16 * 1024);
+    for i in [3, 4] {
+        let c = odd_case(i);
+        let d = c.data();
+        let want = c.oracle(&d);
+        for run in [Run::f32(AttentionKernel::Wide), Run::split(3)] {
+            let (got, plan) = run_with(&ctx, &c, &d, run);
+            let label = format!("{} [{}, 16 KiB tiles]", c.label(), describe(&plan));
+            if c.shape.head_dim == 128 {
+                // 8 units x 16 keys: the one tile of head dim 128 that fits 16 KiB.
+                assert_eq!(plan.tile, (8, 16), "{label}");
+            }
+            assert_close(&label, &got, &want, TOL);
+        }
+    }
 }

@@ -20,6 +20,9 @@ pub struct ContextOptions {
     /// Cap on the largest storage binding the kernels may use, below the device's own limit.
     /// Tests set it tiny to force the chunked-weight path.
     pub max_binding_bytes: Option<u64>,
+    /// Cap on the workgroup memory kernels may size their tiles for, below the device's own
+    /// limit. Tests set 16 KiB to run the browser's tiles natively.
+    pub max_workgroup_storage_bytes: Option<u32>,
     /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
     /// past it is refused with an error naming what it was for (`None`: no budget).
     pub memory_budget: Option<u64>,
@@ -36,6 +39,7 @@ impl Default for ContextOptions {
             allow_shader_f16: true,
             allow_subgroups: true,
             max_binding_bytes: None,
+            max_workgroup_storage_bytes: None,
             memory_budget: None,
             runtime_checks: true,
         }
@@ -305,12 +309,14 @@ impl GpuContext {
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
-            max_workgroup_storage_bytes: if cfg!(target_arch = "wasm32")
-                || info.backend == wgpu::Backend::BrowserWebGpu
-            {
-                limits.max_compute_workgroup_storage_size.min(16 * 1024)
-            } else {
-                limits.max_compute_workgroup_storage_size
+            max_workgroup_storage_bytes: {
+                let browser =
+                    cfg!(target_arch = "wasm32") || info.backend == wgpu::Backend::BrowserWebGpu;
+                let cap = options
+                    .max_workgroup_storage_bytes
+                    .or(browser.then_some(16 * 1024))
+                    .unwrap_or(u32::MAX);
+                limits.max_compute_workgroup_storage_size.min(cap)
             },
         };
         let faults = Arc::new(DeviceFaults::default());

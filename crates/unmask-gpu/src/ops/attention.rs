@@ -219,14 +219,21 @@ impl AttentionKernel {
                 let wanted = options
                     .slices
                     .unwrap_or_else(|| split_slices(base_groups, n_tiles, scratch_slices));
-                wanted.clamp(1, n_tiles.max(1)).min(scratch_slices)
+                // Two segments may take one tile more than their keys together;
+                // `attention_with` trims the count to the real tiles.
+                wanted.clamp(1, n_tiles + 1).min(scratch_slices)
             }
             _ => 1,
+        };
+        let tile = match kernel {
+            AttentionKernel::Register => (UNITS_PER_GROUP, Tile::for_head_dim(shape.head_dim).bk()),
+            _ => (tile.bq, tile.bk),
         };
         Ok(AttentionPlan {
             kernel,
             read,
             slices,
+            tile,
         })
     }
 }
@@ -266,6 +273,8 @@ pub struct AttentionPlan {
     pub read: KvRead,
     /// Key slices (1 unless `kernel` is `WideSplit`).
     pub slices: usize,
+    /// (query units, keys) of one workgroup's tile.
+    pub tile: (usize, usize),
 }
 
 /// Per-call choices of `attention_with`.
