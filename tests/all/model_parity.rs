@@ -18,7 +18,10 @@ fn goldens() -> Value {
 }
 
 fn check(format: WeightFormat, tol: f64) {
-    let ctx = ctx();
+    check_on(ctx(), format, tol);
+}
+
+fn check_on(ctx: std::sync::Arc<unmask_gpu::GpuContext>, format: WeightFormat, tol: f64) {
     let model =
         Model::load(ctx.clone(), &fixture_dir(), format, &mut |_| {}).expect("tiny model loads");
     let g = goldens();
@@ -110,4 +113,20 @@ fn logits_match_reference_with_chunked_vocabulary() {
         &flat(&case["logits_f32"]),
         1e-4,
     );
+}
+
+// Every attention kernel through the whole forward: the one the device picks above, and
+// here the others by name (on lavapipe: the wide kernel and its split over keys).
+#[test]
+fn logits_match_reference_with_every_attention_kernel() {
+    use unmask_gpu::ops::attention::AttentionKernel;
+    for kernel in AttentionKernel::CONCRETE {
+        let ctx = unmask_gpu::GpuContext::new(&unmask_gpu::ContextOptions {
+            attention_kernel: Some(kernel),
+            ..unmask_gpu::ContextOptions::default()
+        })
+        .expect("GPU adapter");
+        eprintln!("[attention] forward with the {} kernel", kernel.name());
+        check_on(ctx, WeightFormat::F32, 1e-4);
+    }
 }

@@ -23,6 +23,9 @@ pub struct ContextOptions {
     /// Cap on the workgroup memory kernels may size their tiles for, below the device's own
     /// limit. Tests set 16 KiB to run the browser's tiles natively.
     pub max_workgroup_storage_bytes: Option<u32>,
+    /// The attention kernel the forward pass asks for (`None`: `Auto`, chosen per device
+    /// and shape). Tests force each variant through the whole model.
+    pub attention_kernel: Option<crate::ops::attention::AttentionKernel>,
     /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
     /// past it is refused with an error naming what it was for (`None`: no budget).
     pub memory_budget: Option<u64>,
@@ -40,6 +43,7 @@ impl Default for ContextOptions {
             allow_subgroups: true,
             max_binding_bytes: None,
             max_workgroup_storage_bytes: None,
+            attention_kernel: None,
             memory_budget: None,
             runtime_checks: true,
         }
@@ -184,6 +188,8 @@ pub struct GpuContext {
     pub host: HostCounters,
     /// Whether kernels keep wgpu's runtime bounds checks (`ContextOptions::runtime_checks`).
     pub runtime_checks: bool,
+    /// `ContextOptions::attention_kernel`, or `Auto`.
+    pub attention_kernel: crate::ops::attention::AttentionKernel,
     pub(crate) pipelines: PipelineCache,
     pub(crate) params: crate::step::ParamArena,
     pub(crate) bind_groups: BindGroupCache,
@@ -343,6 +349,9 @@ impl GpuContext {
             limits,
             host: HostCounters::default(),
             runtime_checks: options.runtime_checks || cfg!(target_arch = "wasm32"),
+            attention_kernel: options
+                .attention_kernel
+                .unwrap_or(crate::ops::attention::AttentionKernel::Auto),
             pipelines: PipelineCache::default(),
             params,
             bind_groups: BindGroupCache::default(),

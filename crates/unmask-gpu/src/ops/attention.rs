@@ -216,9 +216,15 @@ impl AttentionKernel {
                         },
                     ));
                 }
-                let wanted = options
-                    .slices
-                    .unwrap_or_else(|| split_slices(base_groups, n_tiles, scratch_slices));
+                // Asked for by name, the split splits wherever there are two tiles.
+                let wanted = options.slices.unwrap_or_else(|| {
+                    let shape_says = split_slices(base_groups, n_tiles, scratch_slices);
+                    if self == AttentionKernel::WideSplit {
+                        shape_says.max(2)
+                    } else {
+                        shape_says
+                    }
+                });
                 // Two segments may take one tile more than their keys together;
                 // `attention_with` trims the count to the real tiles.
                 wanted.clamp(1, n_tiles + 1).min(scratch_slices)
