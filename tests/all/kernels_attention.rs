@@ -808,8 +808,9 @@ fn f16_kv_packed_and_native() {
 
 #[test]
 fn auto_plan_on_this_device() {
-    // lavapipe (device type Cpu) keeps the register kernel for f32 K/V; f16 K/V always go
-    // to a wide kernel (the register kernel reads f32 only); no scratch, no split.
+    // Off hardware GPUs (lavapipe: device type Cpu) the register kernel stays for f32 K/V;
+    // f16 K/V always go to a wide kernel (the register kernel reads f32 only); no scratch,
+    // no split.
     let ctx = ctx();
     let shape = AttentionShape {
         n_heads: 32,
@@ -830,14 +831,15 @@ fn auto_plan_on_this_device() {
         describe(&f32_plan),
         describe(&f16_plan)
     );
-    if ctx.info.device_type == wgpu::DeviceType::Cpu {
-        assert_eq!(f32_plan.kernel, AttentionKernel::Register);
-    } else {
+    let hardware = attn::is_hardware_gpu(&ctx);
+    if hardware {
         assert_eq!(f32_plan.kernel, AttentionKernel::Wide);
+    } else {
+        assert_eq!(f32_plan.kernel, AttentionKernel::Register);
     }
     assert_eq!(f16_plan.kernel, AttentionKernel::Wide);
     // With a scratch, 32 rows over 4096 keys split on a hardware GPU (64 workgroups
-    // alone) and not on lavapipe.
+    // alone) and not elsewhere.
     let floats = attn::split_scratch_floats(&ctx, shape, 32, 64);
     let scratch = Tensor::zeros(&ctx, DType::F32, &[floats], "scratch").unwrap();
     let with_scratch = AttentionOptions {
@@ -855,7 +857,7 @@ fn auto_plan_on_this_device() {
         describe(&long),
         describe(&many_rows)
     );
-    if ctx.info.device_type == wgpu::DeviceType::Cpu {
+    if !hardware {
         assert_eq!(long.kernel, AttentionKernel::Wide);
     } else {
         assert_eq!(long.kernel, AttentionKernel::WideSplit);

@@ -187,15 +187,15 @@ impl Model {
 
     /// f32 of the scratch that lets attention split over keys: on hardware GPUs, for up to
     /// `SPLIT_ROWS` query rows at `SPLIT_SLICES` slices (the split pays only for few rows;
-    /// more rows fill the GPU without it). None on CPU adapters, where the plan never splits
-    /// unless the context asks for the split kernel.
+    /// more rows fill the GPU without it). None elsewhere (lavapipe, browsers), where the
+    /// plan never splits unless the context asks for the split kernel.
     fn split_scratch_floats(&self, capacity: usize) -> usize {
         /// Query rows the scratch is sized for (a block under a dual cache is 32).
         const SPLIT_ROWS: usize = 64;
         /// Slices at `SPLIT_ROWS` rows; fewer rows may take more.
         const SPLIT_SLICES: usize = 32;
         let split_asked = self.ctx.attention_kernel == AttentionKernel::WideSplit;
-        if self.ctx.info.device_type == wgpu::DeviceType::Cpu && !split_asked {
+        if !attention::is_hardware_gpu(&self.ctx) && !split_asked {
             return 0;
         }
         let c = &self.cfg;

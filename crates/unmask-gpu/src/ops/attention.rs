@@ -151,9 +151,10 @@ impl AttentionKernel {
 
     /// The concrete kernel, K/V decoding and key slices for `m` query rows over `n_keys`
     /// keys stored as `kv`. Explicit kernels run as asked (`Register` cannot read f16 K/V;
-    /// `WideSplit` needs a scratch). `Auto`: on lavapipe (device type Cpu) `Register` for
-    /// f32 K/V, as measured; on hardware GPUs `Wide`, split when the (kv head, query
-    /// block) workgroups alone would leave the GPU idle and a scratch was given.
+    /// `WideSplit` needs a scratch). `Auto`: on hardware GPUs (discrete or integrated)
+    /// `Wide`, split when the (kv head, query block) workgroups alone would leave the GPU
+    /// idle and a scratch was given; elsewhere (lavapipe, browsers) `Register` for f32 K/V,
+    /// and `Wide` for f16 K/V, which only the wide kernel reads.
     pub fn plan(
         self,
         ctx: &GpuContext,
@@ -180,12 +181,14 @@ impl AttentionKernel {
             .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
         let kernel = match self {
             AttentionKernel::Auto => {
-                let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
-                if read == KvRead::F32 && cpu {
-                    // lavapipe: the register kernel beat the wide one (kernel bench, ratio
-                    // within one run); staging through workgroup memory is a copy there.
+                let hardware = is_hardware_gpu(ctx);
+                if read == KvRead::F32 && !hardware {
+                    // lavapipe: the register kernel beat the wide one ~6x (kernel bench,
+                    // ratios within one run); staging through workgroup memory is a copy
+                    // there. A browser's adapter has no device type (Other): unknown, so
+                    // today's kernel stays.
                     AttentionKernel::Register
-                } else if !cpu
+                } else if hardware
                     && scratch_slices >= 2
                     && split_slices(base_groups, n_tiles, scratch_slices) >= 2
                 {
@@ -242,6 +245,14 @@ impl AttentionKernel {
             tile,
         })
     }
+}
+
+/// A discrete or integrated GPU: where the wide kernels are meant to run.
+pub fn is_hardware_gpu(ctx: &GpuContext) -> bool {
+    matches!(
+        ctx.info.device_type,
+        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
+    )
 }
 
 /// How the kernel reads K and V.
