@@ -8,11 +8,11 @@
 // B's; the segment of a tile is the same for the whole workgroup.
 //
 // Per tile:
-//   stage K: invocation i loads elements i, i + WG, ... of the [BK, HD] tile, so
-//            consecutive invocations read consecutive addresses of a key row
+//   stage K: invocation i loads the 4-element spans i, i + WG, ... of the [BK, HD]
+//            tile, so consecutive invocations read consecutive addresses of a key row
 //   -- barrier --
-//   phase 1: scores of key lid % BK against units lid / BK + UB * r (one K value from
-//            workgroup memory feeds R1 products) -> ss
+//   phase 1: scores of key lid % BK against units lid / BK + UB * r (one vec4 of K
+//            from workgroup memory feeds 4 * R1 FMAs) -> ss
 //   -- barrier --
 //   stage V into the same tile memory; each unit's TPU invocations take the max of
 //   their share of its scores -> red
@@ -79,7 +79,10 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 const HD: u32 = {{HD}}u;
-const HDP: u32 = HD + 1u;  // tile row pitch: keys of one phase-1 warp hit distinct banks
+const H4: u32 = HD / 4u;    // vec4s per row
+// Tile row pitch in vec4s: one vec4 of padding, so the 16-byte reads of 8 consecutive
+// keys (phase 1) start 4 banks apart and cover all 32 banks without conflict.
+const P4: u32 = H4 + 1u;
 const WG: u32 = {{WG}}u;
 const BQ: u32 = {{BQ}}u;
 const BK: u32 = {{BK}}u;
@@ -91,8 +94,9 @@ const R3: u32 = BQ * HD / WG;
 // Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
 const NEG: f32 = -1.0e30;
 
-var<workgroup> qs: array<f32, {{QS_LEN}}>;   // [BQ, HD]
-var<workgroup> kvs: array<f32, {{KV_LEN}}>;  // [BK, HDP], K then V of the tile
+// vec4s: phase 1 reads four dims per load (one load feeds 4 * R1 FMAs).
+var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;   // [BQ, H4]
+var<workgroup> kvs: array<vec4<f32>, {{KV_LEN}}>;  // [BK, P4], K then V of the tile
 var<workgroup> ss: array<f32, {{SS_LEN}}>;   // [BQ, BK] scores, then probabilities
 var<workgroup> red: array<f32, WG>;          // [BQ, TPU] partial maxima, then sums
 var<workgroup> alpha: array<f32, BQ>;
@@ -133,16 +137,22 @@ fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
 }
 
 // Stages the [BK, HD] tile of keys (or values) starting at buffer row `row` into kvs;
-// rows past `keys` and dims past p.hd are zero.
+// rows past `keys` and dims past p.hd are zero. Invocation i takes the vec4s i, i + WG, ...
+// of the tile, so consecutive invocations read consecutive 16-byte spans of a row.
 fn stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
-    for (var i = lid; i < BK * HD; i += WG) {
-        let j = i / HD;
-        let d = i % HD;
-        var x = 0.0;
-        if (j < keys && d < p.hd) {
-            x = load_kv(in_a, values, (row + j) * p.kv_stride + kv_col + d);
+    for (var i = lid; i < BK * H4; i += WG) {
+        let j = i / H4;
+        let d = (i % H4) * 4u;
+        var x = vec4<f32>(0.0);
+        if (j < keys) {
+            let base = (row + j) * p.kv_stride + kv_col + d;
+            for (var c = 0u; c < 4u; c++) {
+                if (d + c < p.hd) {
+                    x[c] = load_kv(in_a, values, base + c);
+                }
+            }
         }
-        kvs[j * HDP + d] = x;
+        kvs[j * P4 + i % H4] = x;
     }
 }
 
@@ -164,15 +174,20 @@ fn main(
     let u0 = ublock * BQ;
     let kv_col = kvh * p.hd;
 
-    for (var i = lid; i < BQ * HD; i += WG) {
-        let ui = i / HD;
-        let d = i % HD;
-        var x = 0.0;
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let ui = i / H4;
+        let d = (i % H4) * 4u;
+        var x = vec4<f32>(0.0);
         let u = u0 + ui;
-        if (u < p.units && d < p.hd) {
+        if (u < p.units) {
             let row = p.row0 + u / p.group;
             let head = kvh * p.group + u % p.group;
-            x = q[row * p.q_stride + p.q_col + head * p.hd + d] * p.scale_log2;
+            let base = row * p.q_stride + p.q_col + head * p.hd + d;
+            for (var c = 0u; c < 4u; c++) {
+                if (d + c < p.hd) {
+                    x[c] = q[base + c] * p.scale_log2;
+                }
+            }
         }
         qs[i] = x;
     }
@@ -203,10 +218,10 @@ fn main(
         workgroupBarrier();
 
         var s: array<f32, R1>;
-        for (var d = 0u; d < HD; d++) {
-            let k = kvs[kk * HDP + d];
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let k = kvs[kk * P4 + d4];
             for (var r = 0u; r < R1; r++) {
-                s[r] += qs[(ub1 + UB * r) * HD + d] * k;
+                s[r] += dot(qs[(ub1 + UB * r) * H4 + d4], k);
             }
         }
         for (var r = 0u; r < R1; r++) {
@@ -244,7 +259,7 @@ fn main(
             acc[r] *= alpha[ub3 + DU * r];
         }
         for (var j = 0u; j < keys; j++) {
-            let v = kvs[j * HDP + d3];
+            let v = kvs[j * P4 + d3 / 4u][d3 % 4u];
             for (var r = 0u; r < R3; r++) {
                 acc[r] += ss[(ub3 + DU * r) * BK + j] * v;
             }

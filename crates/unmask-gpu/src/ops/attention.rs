@@ -395,9 +395,14 @@ impl WideTile {
         t
     }
 
+    /// Rows of the staged K/V tile, in f32: the head-dim class and one vec4 of padding.
+    fn kv_pitch(&self) -> usize {
+        self.hd_class + 4
+    }
+
     fn workgroup_bytes(&self) -> usize {
         let floats = self.bq * self.hd_class
-            + self.bk * (self.hd_class + 1)
+            + self.bk * self.kv_pitch()
             + self.bq * self.bk
             + WIDE_WG
             + self.bq;
@@ -420,8 +425,8 @@ impl WideTile {
             .constant("WG", WIDE_WG)
             .constant("BQ", self.bq)
             .constant("BK", self.bk)
-            .constant("QS_LEN", self.bq * self.hd_class)
-            .constant("KV_LEN", self.bk * (self.hd_class + 1))
+            .constant("QS_LEN", self.bq * self.hd_class / 4)
+            .constant("KV_LEN", self.bk * self.kv_pitch() / 4)
             .constant("SS_LEN", self.bq * self.bk)
             .flag(read.flag())
             .flag_if(split, "SPLIT")
