@@ -97,7 +97,9 @@ const NEG: f32 = -1.0e30;
 // vec4s: phase 1 reads four dims per load (one load feeds 4 * R1 FMAs).
 var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;   // [BQ, H4]
 var<workgroup> kvs: array<vec4<f32>, {{KV_LEN}}>;  // [BK, P4], K then V of the tile
-var<workgroup> ss: array<f32, {{SS_LEN}}>;   // [BQ, BK] scores, then probabilities
+// [BQ, BK] scores, then probabilities; vec4s of 4 keys, so phase 3 reads four
+// probabilities of a unit per load.
+var<workgroup> ss: array<vec4<f32>, {{SS_LEN}}>;
 var<workgroup> red: array<f32, WG>;          // [BQ, TPU] partial maxima, then sums
 var<workgroup> alpha: array<f32, BQ>;
 
@@ -225,14 +227,16 @@ fn main(
             }
         }
         for (var r = 0u; r < R1; r++) {
-            ss[(ub1 + UB * r) * BK + kk] = select(NEG, s[r], kk < keys);
+            let at = (ub1 + UB * r) * BK + kk;
+            ss[at / 4u][at % 4u] = select(NEG, s[r], kk < keys);
         }
         workgroupBarrier();
 
         stage(lid, in_a, true, seg_row0 + t0, keys, kv_col);
         var mx = NEG;
         for (var j = l2; j < BK; j += TPU) {
-            mx = max(mx, ss[u2 * BK + j]);
+            let at = u2 * BK + j;
+            mx = max(mx, ss[at / 4u][at % 4u]);
         }
         red[lid] = mx;
         workgroupBarrier();
@@ -243,8 +247,9 @@ fn main(
         }
         var sum = 0.0;
         for (var j = l2; j < BK; j += TPU) {
-            let pj = exp2(ss[u2 * BK + j] - mx);
-            ss[u2 * BK + j] = pj;
+            let at = u2 * BK + j;
+            let pj = exp2(ss[at / 4u][at % 4u] - mx);
+            ss[at / 4u][at % 4u] = pj;
             sum += pj;
         }
         let a = exp2(run_max - mx);
@@ -258,10 +263,20 @@ fn main(
         for (var r = 0u; r < R3; r++) {
             acc[r] *= alpha[ub3 + DU * r];
         }
-        for (var j = 0u; j < keys; j++) {
-            let v = kvs[j * P4 + d3 / 4u][d3 % 4u];
+        // Four keys at a time: past `keys` the probabilities are exactly 0 and the staged
+        // values 0, so the last group needs no mask.
+        let c3 = d3 / 4u;
+        let e3 = d3 % 4u;
+        for (var j4 = 0u; j4 < (keys + 3u) / 4u; j4++) {
+            let j = 4u * j4;
+            let v = vec4<f32>(
+                kvs[j * P4 + c3][e3],
+                kvs[(j + 1u) * P4 + c3][e3],
+                kvs[(j + 2u) * P4 + c3][e3],
+                kvs[(j + 3u) * P4 + c3][e3],
+            );
             for (var r = 0u; r < R3; r++) {
-                acc[r] += ss[(ub3 + DU * r) * BK + j] * v;
+                acc[r] += dot(ss[(ub3 + DU * r) * (BK / 4u) + j4], v);
             }
         }
         workgroupBarrier();

@@ -412,6 +412,8 @@ impl WideTile {
     /// The divisibilities the kernel's index maps rely on.
     fn is_consistent(&self) -> bool {
         WIDE_WG.is_multiple_of(self.bk)
+            && self.bk.is_multiple_of(4)
+            && self.hd_class.is_multiple_of(4)
             && WIDE_WG.is_multiple_of(self.bq)
             && WIDE_WG.is_multiple_of(self.hd_class)
             && (self.bq * self.bk).is_multiple_of(WIDE_WG)
@@ -427,7 +429,7 @@ impl WideTile {
             .constant("BK", self.bk)
             .constant("QS_LEN", self.bq * self.hd_class / 4)
             .constant("KV_LEN", self.bk * self.kv_pitch() / 4)
-            .constant("SS_LEN", self.bq * self.bk)
+            .constant("SS_LEN", self.bq * self.bk / 4)
             .flag(read.flag())
             .flag_if(split, "SPLIT")
             // Marks the variants only native adapters build (tests check the budget).
