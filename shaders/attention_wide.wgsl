@@ -26,7 +26,8 @@
 // HD is the head-dim class (16, 32, 64 or 128), the tile pitch; the real head dim p.hd
 // may be smaller: dims past it are zero in q, K and V, and are not stored.
 // K/V storage (one flag): KV_F32, KV_PACKED (f16 pairs in u32 words, no shader-f16
-// needed) or F16 (native f16). Workgroup memory holds f32 either way.
+// needed) or F16 (native f16). Workgroup memory holds f32 either way. KV_VEC: the head dim
+// is HD, so K/V are read four elements per load.
 // Scores are in the log2 domain (q is pre-scaled by log2(e)/sqrt(hd)) so exp2 can be used.
 // SPLIT: instead of normalised rows, a slice writes its unnormalised output, running max
 // and row sum per unit into `out` (the scratch of attention_combine.wgsl):
@@ -58,24 +59,33 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
+// One load's worth of K/V: with KV_VEC (the head dim is the class HD, so every row is
+// whole 4-element spans) four elements, else one (a u32 word holds two halves).
+//#if KV_VEC
 //#if KV_F32
-@group(0) @binding(2) var<storage, read> ka: array<f32>;
-@group(0) @binding(3) var<storage, read> va: array<f32>;
-@group(0) @binding(4) var<storage, read> kb: array<f32>;
-@group(0) @binding(5) var<storage, read> vb: array<f32>;
+alias KvWord = vec4<f32>;
 //#endif
 //#if KV_PACKED
-@group(0) @binding(2) var<storage, read> ka: array<u32>;
-@group(0) @binding(3) var<storage, read> va: array<u32>;
-@group(0) @binding(4) var<storage, read> kb: array<u32>;
-@group(0) @binding(5) var<storage, read> vb: array<u32>;
+alias KvWord = vec2<u32>;
 //#endif
 //#if F16
-@group(0) @binding(2) var<storage, read> ka: array<f16>;
-@group(0) @binding(3) var<storage, read> va: array<f16>;
-@group(0) @binding(4) var<storage, read> kb: array<f16>;
-@group(0) @binding(5) var<storage, read> vb: array<f16>;
+alias KvWord = vec4<f16>;
 //#endif
+//#else
+//#if KV_F32
+alias KvWord = f32;
+//#endif
+//#if KV_PACKED
+alias KvWord = u32;
+//#endif
+//#if F16
+alias KvWord = f16;
+//#endif
+//#endif
+@group(0) @binding(2) var<storage, read> ka: array<KvWord>;
+@group(0) @binding(3) var<storage, read> va: array<KvWord>;
+@group(0) @binding(4) var<storage, read> kb: array<KvWord>;
+@group(0) @binding(5) var<storage, read> vb: array<KvWord>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 const HD: u32 = {{HD}}u;
@@ -103,21 +113,10 @@ var<workgroup> ss: array<vec4<f32>, {{SS_LEN}}>;
 var<workgroup> red: array<f32, WG>;          // [BQ, TPU] partial maxima, then sums
 var<workgroup> alpha: array<f32, BQ>;
 
-// Element i of segment A's or B's keys (`values`: of its values), as f32. Branches, not
-// `select`: select evaluates (loads) both operands.
-fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
-//#if KV_F32
-    var x: f32;
-    let j = i;
-//#endif
-//#if KV_PACKED
-    var x: u32;
-    let j = i >> 1u;
-//#endif
-//#if F16
-    var x: f16;
-    let j = i;
-//#endif
+// Word j of segment A's or B's keys (`values`: of its values). Branches, not `select`:
+// select evaluates (loads) both operands.
+fn load_word(in_a: bool, values: bool, j: u32) -> KvWord {
+    var x: KvWord;
     if (in_a) {
         if (values) {
             x = va[j];
@@ -131,12 +130,29 @@ fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
             x = kb[j];
         }
     }
+    return x;
+}
+
+//#if KV_VEC
+// Elements 4 * i4 .. 4 * i4 + 3, as f32.
+fn load_kv4(in_a: bool, values: bool, i4: u32) -> vec4<f32> {
+    let w = load_word(in_a, values, i4);
 //#if KV_PACKED
-    return unpack2x16float(x)[i & 1u];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 //#else
-    return f32(x);
+    return vec4<f32>(w);
 //#endif
 }
+//#else
+// Element i, as f32.
+fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
+//#if KV_PACKED
+    return unpack2x16float(load_word(in_a, values, i >> 1u))[i & 1u];
+//#else
+    return f32(load_word(in_a, values, i));
+//#endif
+}
+//#endif
 
 // Stages the [BK, HD] tile of keys (or values) starting at buffer row `row` into kvs;
 // rows past `keys` and dims past p.hd are zero. Invocation i takes the vec4s i, i + WG, ...
@@ -148,11 +164,15 @@ fn stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
         var x = vec4<f32>(0.0);
         if (j < keys) {
             let base = (row + j) * p.kv_stride + kv_col + d;
+//#if KV_VEC
+            x = load_kv4(in_a, values, base / 4u);
+//#else
             for (var c = 0u; c < 4u; c++) {
                 if (d + c < p.hd) {
                     x[c] = load_kv(in_a, values, base + c);
                 }
             }
+//#endif
         }
         kvs[j * P4 + i % H4] = x;
     }

@@ -421,7 +421,8 @@ impl WideTile {
             && self.workgroup_bytes() <= 64 * 1024
     }
 
-    fn spec(&self, read: KvRead, split: bool) -> Spec {
+    /// `vec`: the head dim equals the class, so K/V rows are whole vec4s (KV_VEC).
+    fn spec(&self, read: KvRead, split: bool, vec: bool) -> Spec {
         Spec::new()
             .constant("HD", self.hd_class)
             .constant("WG", WIDE_WG)
@@ -432,6 +433,7 @@ impl WideTile {
             .constant("SS_LEN", self.bq * self.bk / 4)
             .flag(read.flag())
             .flag_if(split, "SPLIT")
+            .flag_if(vec, "KV_VEC")
             // Marks the variants only native adapters build (tests check the budget).
             .flag_if(self.workgroup_bytes() > WORKGROUP_BYTES, "NATIVE")
     }
@@ -460,11 +462,13 @@ pub fn variants() -> Vec<ShaderVariant> {
     for t in tiles {
         for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
             for split in [false, true] {
-                v.push(ShaderVariant {
-                    kernel: ATTENTION_WIDE,
-                    entry: "main",
-                    spec: t.spec(read, split),
-                });
+                for vec in [false, true] {
+                    v.push(ShaderVariant {
+                        kernel: ATTENTION_WIDE,
+                        entry: "main",
+                        spec: t.spec(read, split, vec),
+                    });
+                }
             }
         }
     }
@@ -709,14 +713,15 @@ pub fn attention_with(
             ));
         }
     }
-    // The vec4 kernel binds K and V as arrays of 16-byte elements (`Tensor` buffers are).
+    // The vec4 kernels bind K and V as arrays of 16-byte elements (`Tensor` buffers are).
     let misaligned = inputs[1..]
         .iter()
         .find(|(_, t)| !t.buffer.size().is_multiple_of(16));
-    if let (true, Some((name, t))) = (
-        plan.kernel == AttentionKernel::Register && head_dim.is_multiple_of(4),
-        misaligned,
-    ) {
+    let vec4_bindings = match plan.kernel {
+        AttentionKernel::Register => head_dim.is_multiple_of(4),
+        _ => HD_CLASSES.contains(&head_dim),
+    };
+    if let (true, Some((name, t))) = (vec4_bindings, misaligned) {
         return Err(shape_error(
             format!("{name}: a buffer size that is a multiple of 16 bytes"),
             format!("{} bytes", t.buffer.size()),
@@ -802,7 +807,8 @@ pub fn attention_with(
         to_u32("workgroups", unit_blocks * n_kv_heads * slices)?,
     );
     let split = plan.kernel == AttentionKernel::WideSplit;
-    let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &tile.spec(plan.read, split))?;
+    let vec = head_dim == tile.hd_class;
+    let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &tile.spec(plan.read, split, vec))?;
     let target = match scratch {
         Some(sc) if split => {
             let needed = slices * split_cell_floats(shape, m, tile);
