@@ -172,9 +172,24 @@ impl AttentionKernel {
                 return Err(shape_error("K/V in f32 or f16".into(), "u32 K/V".into()));
             }
         };
-        let tile = WideTile::new(shape.head_dim, ctx.features.max_workgroup_storage_bytes);
-        let group = shape.n_heads / shape.n_kv_heads;
-        let base_groups = (m * group).div_ceil(tile.bq) * shape.n_kv_heads;
+        let AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = shape;
+        if head_dim == 0
+            || head_dim > MAX_HEAD_DIM
+            || n_kv_heads == 0
+            || !n_heads.is_multiple_of(n_kv_heads)
+        {
+            return Err(shape_error(
+                format!("head_dim in 1..={MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads"),
+                format!("{shape:?}"),
+            ));
+        }
+        let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
+        let group = n_heads / n_kv_heads;
+        let base_groups = (m * group).div_ceil(tile.bq) * n_kv_heads;
         let n_tiles = n_keys.div_ceil(tile.bk);
         let scratch_slices = options
             .scratch
@@ -183,7 +198,7 @@ impl AttentionKernel {
             AttentionKernel::Auto => {
                 let hardware = is_hardware_gpu(ctx);
                 if read == KvRead::F32 && !hardware {
-                    // lavapipe: the register kernel beat the wide one ~6x (kernel bench,
+                    // lavapipe: the register kernel beat the wide one 4-7x (kernel bench,
                     // ratios within one run); staging through workgroup memory is a copy
                     // there. A browser's adapter has no device type (Other): unknown, so
                     // today's kernel stays.
@@ -235,7 +250,7 @@ impl AttentionKernel {
             _ => 1,
         };
         let tile = match kernel {
-            AttentionKernel::Register => (UNITS_PER_GROUP, Tile::for_head_dim(shape.head_dim).bk()),
+            AttentionKernel::Register => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
             _ => (tile.bq, tile.bk),
         };
         Ok(AttentionPlan {
