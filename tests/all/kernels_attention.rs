@@ -1,6 +1,8 @@
 //! Attention over two KV segments against the f64 oracle: MHA and GQA, head dims that are
 //! and are not multiples of the tiles, empty / one-row / non-dividing segments, strided q,
-//! and the split-equals-concatenation property the cache modes rely on.
+//! and the split-equals-concatenation property the cache modes rely on; every kernel
+//! variant (register, wide, wide split over keys at several slice counts) and f16 K/V
+//! (packed, and native where the device has shader-f16).
 
 use crate::common;
 
@@ -8,10 +10,76 @@ use std::time::Instant;
 
 use common::{assert_close, ctx, random_vec, relative_error};
 use unmask_core::oracle;
-use unmask_gpu::ops::attention::{self as attn, AttentionShape, KvSegment};
+use unmask_gpu::ops::attention::{
+    self as attn, AttentionKernel, AttentionOptions, AttentionPlan, AttentionShape, KvRead,
+    KvSegment,
+};
 use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor};
 
 const TOL: f64 = 1e-4;
+
+/// f16 K/V against the f32 oracle on the unrounded data: each K/V element is off by up to
+/// 2^-11 of itself, which moves scores (keys scaled to 2) and outputs by ~1e-3 relative.
+/// Against the oracle on the f16-rounded data the kernels are held to `TOL`.
+const F16_TOL: f64 = 5e-3;
+
+/// How one run reads its K/V and which kernel it asks for.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    kernel: AttentionKernel,
+    kv: DType,
+    native_f16: bool,
+    slices: Option<usize>,
+}
+
+impl Run {
+    fn f32(kernel: AttentionKernel) -> Self {
+        Run {
+            kernel,
+            kv: DType::F32,
+            native_f16: false,
+            slices: None,
+        }
+    }
+
+    fn split(slices: usize) -> Self {
+        Run {
+            slices: Some(slices),
+            ..Run::f32(AttentionKernel::WideSplit)
+        }
+    }
+
+    fn f16(kernel: AttentionKernel, native: bool) -> Self {
+        Run {
+            kv: DType::F16,
+            native_f16: native,
+            ..Run::f32(kernel)
+        }
+    }
+}
+
+/// Every concrete variant on f32 K/V: the split at a forced 2 and 3 slices and at the count
+/// the shape gives.
+fn f32_variants() -> Vec<Run> {
+    vec![
+        Run::f32(AttentionKernel::Register),
+        Run::f32(AttentionKernel::Wide),
+        Run::split(2),
+        Run::split(3),
+        Run::f32(AttentionKernel::WideSplit),
+    ]
+}
+
+fn describe(plan: &AttentionPlan) -> String {
+    format!(
+        "{} {} slices={} tile={}x{}",
+        plan.kernel.name(),
+        plan.read.name(),
+        plan.slices,
+        plan.tile.0,
+        plan.tile.1
+    )
+}
 
 /// One attention problem: host data for q and both segments.
 struct Case {
@@ -109,11 +177,30 @@ fn upload(ctx: &GpuContext, data: &[f32], label: &str) -> Tensor {
 }
 
 fn run_gpu(ctx: &GpuContext, c: &Case, d: &Data) -> Vec<f32> {
+    run_with(ctx, c, d, Run::f32(AttentionKernel::Auto)).0
+}
+
+/// K or V in the run's format.
+fn upload_kv(ctx: &GpuContext, data: &[f32], kv: DType, label: &str) -> Tensor {
+    match (kv, data.is_empty()) {
+        (DType::F16, false) => Tensor::from_f32_as_f16(ctx, &[data.len()], data, label).unwrap(),
+        (DType::F16, true) => Tensor::zeros(ctx, DType::F16, &[2], label).unwrap(),
+        _ => upload(ctx, data, label),
+    }
+}
+
+/// A scratch for up to 64 key slices of `c` (the split plan never asks for more here).
+fn split_scratch(ctx: &GpuContext, c: &Case) -> Tensor {
+    let floats = attn::split_scratch_floats(ctx, c.shape, c.m, 64);
+    Tensor::zeros(ctx, DType::F32, &[floats], "split scratch").unwrap()
+}
+
+fn run_with(ctx: &GpuContext, c: &Case, d: &Data, run: Run) -> (Vec<f32>, AttentionPlan) {
     let q = upload(ctx, &d.q, "q");
-    let ka = upload(ctx, &d.ka, "ka");
-    let va = upload(ctx, &d.va, "va");
-    let kb = upload(ctx, &d.kb, "kb");
-    let vb = upload(ctx, &d.vb, "vb");
+    let ka = upload_kv(ctx, &d.ka, run.kv, "ka");
+    let va = upload_kv(ctx, &d.va, run.kv, "va");
+    let kb = upload_kv(ctx, &d.kb, run.kv, "kb");
+    let vb = upload_kv(ctx, &d.vb, run.kv, "vb");
     let out = Tensor::zeros(
         ctx,
         DType::F32,
@@ -121,10 +208,18 @@ fn run_gpu(ctx: &GpuContext, c: &Case, d: &Data) -> Vec<f32> {
         "out",
     )
     .unwrap();
+    // `Auto` runs as the forward calls it, without a scratch (so without a split).
+    let scratch = split_scratch(ctx, c);
+    let options = AttentionOptions {
+        kernel: run.kernel,
+        native_f16: run.native_f16,
+        scratch: (run.kernel != AttentionKernel::Auto).then_some(&scratch),
+        slices: run.slices,
+    };
     let mut step = StepEncoder::new(ctx, "attention");
     let seg_a = c.len_a.map(|len| KvSegment::first(&ka, &va, len));
     let seg_b = KvSegment::first(&kb, &vb, c.len_b);
-    attn::attention(
+    let plan = attn::attention_with(
         &mut step,
         &q,
         c.q_stride,
@@ -134,10 +229,11 @@ fn run_gpu(ctx: &GpuContext, c: &Case, d: &Data) -> Vec<f32> {
         seg_b,
         &out,
         c.shape,
+        &options,
     )
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{} {run:?}: {e}", c.label()));
     step.submit().unwrap();
-    out.read_f32(ctx).unwrap()
+    (out.read_f32(ctx).unwrap(), plan)
 }
 
 fn check(c: &Case) -> Vec<f32> {
@@ -342,46 +438,59 @@ fn batched_windows_equal_separate_problems() {
     );
     let rows: usize = sequences.iter().map(|s| s.0).sum();
     let width = heads * hd;
-    let out = Tensor::zeros(&ctx, DType::F32, &[rows, width], "out").unwrap();
-    let mut step = StepEncoder::new(&ctx, "batched attention");
-    let (mut row0, mut kv0) = (0, 0);
-    for c in &cases {
-        let seg_b = KvSegment {
-            k: &kb,
-            v: &vb,
-            start: kv0,
-            len: c.len_b,
+    let max_m = sequences.iter().map(|s| s.0).max().unwrap();
+    let floats = attn::split_scratch_floats(&ctx, shape, max_m, 64);
+    let scratch = Tensor::zeros(&ctx, DType::F32, &[floats], "split scratch").unwrap();
+    for run in [
+        Run::f32(AttentionKernel::Register),
+        Run::f32(AttentionKernel::Wide),
+        Run::split(2),
+    ] {
+        let out = Tensor::zeros(&ctx, DType::F32, &[rows, width], "out").unwrap();
+        let options = AttentionOptions {
+            kernel: run.kernel,
+            scratch: Some(&scratch),
+            slices: run.slices,
+            ..AttentionOptions::default()
         };
-        let seg_a = Some(KvSegment::first(&ka, &va, 11));
-        attn::attention(
-            &mut step,
-            &q,
-            c.q_stride,
-            0,
-            row0..row0 + c.m,
-            seg_a,
-            seg_b,
-            &out,
-            shape,
-        )
-        .unwrap();
-        row0 += c.m;
-        kv0 += c.len_b;
-    }
-    step.submit().unwrap();
-    let got = out.read_f32(&ctx).unwrap();
-    let mut row0 = 0;
-    for (c, d) in cases.iter().zip(&data) {
-        let alone = run_gpu(&ctx, c, d);
-        let part = &got[row0 * width..(row0 + c.m) * width];
-        assert_close(
-            &format!("{} (in a batch)", c.label()),
-            part,
-            &c.oracle(d),
-            TOL,
-        );
-        assert_eq!(part, &alone[..], "{}: batched and alone differ", c.label());
-        row0 += c.m;
+        let mut step = StepEncoder::new(&ctx, "batched attention");
+        let (mut row0, mut kv0) = (0, 0);
+        for c in &cases {
+            let seg_b = KvSegment {
+                k: &kb,
+                v: &vb,
+                start: kv0,
+                len: c.len_b,
+            };
+            let seg_a = Some(KvSegment::first(&ka, &va, 11));
+            // One scratch for every sequence: the dispatches run in order.
+            attn::attention_with(
+                &mut step,
+                &q,
+                c.q_stride,
+                0,
+                row0..row0 + c.m,
+                seg_a,
+                seg_b,
+                &out,
+                shape,
+                &options,
+            )
+            .unwrap();
+            row0 += c.m;
+            kv0 += c.len_b;
+        }
+        step.submit().unwrap();
+        let got = out.read_f32(&ctx).unwrap();
+        let mut row0 = 0;
+        for (c, d) in cases.iter().zip(&data) {
+            let (alone, plan) = run_with(&ctx, c, d, run);
+            let label = format!("{} [{}]", c.label(), describe(&plan));
+            let part = &got[row0 * width..(row0 + c.m) * width];
+            assert_close(&format!("{label} (in a batch)"), part, &c.oracle(d), TOL);
+            assert_eq!(part, &alone[..], "{label}: batched and alone differ");
+            row0 += c.m;
+        }
     }
     eprintln!(
         "[check] 3 sequences in one buffer: each window equals its problem alone, bit for bit"
@@ -548,4 +657,308 @@ fn timed_block_step() {
         flops / secs / 1e9
     );
     assert_close(&c.label(), &got, &want, TOL);
+}
+
+/// Odd shapes for the variant table: (head_dim, heads, kv heads, query rows, segment A,
+/// segment B, q read from a fused QKV row at column head_dim). Query rows 1, 3 and 33; key
+/// counts that fill no tile; A empty, B empty; GQA groups 1 and 7; head dims 128 and 7.
+type OddShape = (usize, usize, usize, usize, Option<usize>, usize, bool);
+
+const ODD_SHAPES: [OddShape; 7] = [
+    (128, 2, 2, 1, None, 37, false),
+    (128, 7, 1, 3, Some(45), 0, true),
+    (7, 7, 1, 33, Some(0), 70, false),
+    (128, 4, 4, 33, Some(21), 50, false),
+    (7, 2, 2, 3, Some(100), 29, true),
+    (20, 14, 2, 5, Some(17), 65, false),
+    (64, 7, 1, 1, Some(3), 130, false),
+];
+
+fn odd_case(i: usize) -> Case {
+    let (hd, heads, kv, m, la, lb, fused) = ODD_SHAPES[i];
+    let shape = AttentionShape {
+        n_heads: heads,
+        n_kv_heads: kv,
+        head_dim: hd,
+    };
+    let (q_stride, q_col) = if fused {
+        ((heads + 2 * kv) * hd, hd)
+    } else {
+        (heads * hd, 0)
+    };
+    Case {
+        shape,
+        q_stride,
+        q_col,
+        seed: 3000 + 17 * i as u64,
+        ..Case::mha(hd, heads, m, la, lb)
+    }
+}
+
+#[test]
+fn every_variant_at_odd_shapes() {
+    let ctx = ctx();
+    for i in 0..ODD_SHAPES.len() {
+        let c = odd_case(i);
+        let d = c.data();
+        let want = c.oracle(&d);
+        for run in f32_variants() {
+            let (got, plan) = run_with(&ctx, &c, &d, run);
+            assert_eq!(plan.kernel, run.kernel, "{run:?} ran as {plan:?}");
+            assert_close(
+                &format!("{} [{}]", c.label(), describe(&plan)),
+                &got,
+                &want,
+                TOL,
+            );
+        }
+    }
+}
+
+#[test]
+fn split_at_several_slice_counts() {
+    // Several key tiles in each segment; slice counts from 1 to more than there are tiles
+    // (clamped), each against the oracle and against the unsplit wide kernel.
+    let ctx = ctx();
+    let c = Case {
+        shape: AttentionShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 128,
+        },
+        seed: 4242,
+        ..Case::mha(128, 4, 3, Some(70), 261)
+    };
+    let d = c.data();
+    let want = c.oracle(&d);
+    let (whole, _) = run_with(&ctx, &c, &d, Run::f32(AttentionKernel::Wide));
+    let mut seen = Vec::new();
+    for slices in [1, 2, 3, 5, 8, 1000] {
+        let (got, plan) = run_with(&ctx, &c, &d, Run::split(slices));
+        let label = format!("{} [{} of {slices} asked]", c.label(), describe(&plan));
+        assert_close(&label, &got, &want, TOL);
+        let diff = relative_error(&got, &whole);
+        eprintln!("[check] {label}: vs unsplit {diff:.3e} (tolerance 1e-5)");
+        assert!(
+            diff <= 1e-5,
+            "{label}: split and unsplit differ by {diff:.3e}"
+        );
+        assert!(
+            plan.slices <= slices && (slices == 1 || plan.slices >= 2),
+            "{label}: ran {} slices",
+            plan.slices
+        );
+        seen.push(plan.slices);
+    }
+    seen.dedup();
+    assert!(seen.len() >= 4, "slice counts run: {seen:?}");
+}
+
+#[test]
+fn f16_kv_packed_and_native() {
+    // The packed path always (it needs no shader-f16); the native one where the device has
+    // shader-f16. Each against the oracle on the f16-rounded K/V (the kernel's own error)
+    // and on the f32 originals (what storing the arena in f16 costs).
+    let ctx = ctx();
+    let mut paths = vec![false];
+    if ctx.features.shader_f16 {
+        paths.push(true);
+    } else {
+        eprintln!("[f16] no shader-f16 on this device: the packed path only");
+    }
+    let round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect() };
+    for i in [1, 2, 4] {
+        let c = odd_case(i);
+        let d = c.data();
+        let rounded = Data {
+            q: d.q.clone(),
+            ka: round(&d.ka),
+            va: round(&d.va),
+            kb: round(&d.kb),
+            vb: round(&d.vb),
+        };
+        let want_rounded = c.oracle(&rounded);
+        let want_f32 = c.oracle(&d);
+        for &native in &paths {
+            let split = Run {
+                slices: Some(2),
+                ..Run::f16(AttentionKernel::WideSplit, native)
+            };
+            for run in [
+                Run::f16(AttentionKernel::Wide, native),
+                split,
+                Run::f16(AttentionKernel::Auto, native),
+            ] {
+                let (got, plan) = run_with(&ctx, &c, &d, run);
+                let expected = if native {
+                    KvRead::F16Native
+                } else {
+                    KvRead::F16Packed
+                };
+                assert_eq!(plan.read, expected, "{run:?}");
+                eprintln!("[f16] {} ran the {} path", c.label(), plan.read.name());
+                let label = format!("{} [{}]", c.label(), describe(&plan));
+                assert_close(&format!("{label} vs rounded"), &got, &want_rounded, TOL);
+                assert_close(&format!("{label} vs f32"), &got, &want_f32, F16_TOL);
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_plan_on_this_device() {
+    // Off hardware GPUs (lavapipe: device type Cpu) the register kernel stays for f32 K/V;
+    // f16 K/V always go to a wide kernel (the register kernel reads f32 only); no scratch,
+    // no split.
+    let ctx = ctx();
+    let shape = AttentionShape {
+        n_heads: 32,
+        n_kv_heads: 32,
+        head_dim: 128,
+    };
+    let auto = AttentionKernel::Auto;
+    let plain = AttentionOptions::default();
+    let f32_plan = auto
+        .plan(&ctx, shape, 32, 4096, DType::F32, &plain)
+        .unwrap();
+    let f16_plan = auto
+        .plan(&ctx, shape, 32, 4096, DType::F16, &plain)
+        .unwrap();
+    eprintln!(
+        "[plan] {:?}: f32 K/V -> {}, f16 K/V -> {}",
+        ctx.info.device_type,
+        describe(&f32_plan),
+        describe(&f16_plan)
+    );
+    let hardware = attn::is_hardware_gpu(&ctx);
+    if hardware {
+        assert_eq!(f32_plan.kernel, AttentionKernel::Wide);
+    } else {
+        assert_eq!(f32_plan.kernel, AttentionKernel::Register);
+    }
+    assert_eq!(f16_plan.kernel, AttentionKernel::Wide);
+    // With a scratch, 32 rows over 4096 keys split on a hardware GPU (64 workgroups
+    // alone) and not elsewhere.
+    let floats = attn::split_scratch_floats(&ctx, shape, 32, 64);
+    let scratch = Tensor::zeros(&ctx, DType::F32, &[floats], "scratch").unwrap();
+    let with_scratch = AttentionOptions {
+        scratch: Some(&scratch),
+        ..plain
+    };
+    let long = auto
+        .plan(&ctx, shape, 32, 4096, DType::F16, &with_scratch)
+        .unwrap();
+    let many_rows = auto
+        .plan(&ctx, shape, 1024, 4096, DType::F16, &with_scratch)
+        .unwrap();
+    eprintln!(
+        "[plan] with a scratch: 32 rows -> {}, 1024 rows -> {}",
+        describe(&long),
+        describe(&many_rows)
+    );
+    if !hardware {
+        assert_eq!(long.kernel, AttentionKernel::Wide);
+    } else {
+        assert_eq!(long.kernel, AttentionKernel::WideSplit);
+        assert!(32usize.div_ceil(16) * 32 * long.slices >= 256, "{long:?}");
+    }
+    assert_eq!(many_rows.slices, 1, "{many_rows:?}");
+}
+
+#[test]
+fn rejects_what_a_variant_cannot_run() {
+    let ctx = ctx();
+    let shape = AttentionShape {
+        n_heads: 2,
+        n_kv_heads: 2,
+        head_dim: 16,
+    };
+    let q = Tensor::zeros(&ctx, DType::F32, &[64], "q").unwrap();
+    let out = Tensor::zeros(&ctx, DType::F32, &[64], "out").unwrap();
+    let kh = Tensor::zeros(&ctx, DType::F16, &[64], "k16").unwrap();
+    let vh = Tensor::zeros(&ctx, DType::F16, &[64], "v16").unwrap();
+    let k = Tensor::zeros(&ctx, DType::F32, &[64], "k").unwrap();
+    let v = Tensor::zeros(&ctx, DType::F32, &[64], "v").unwrap();
+    let tiny = Tensor::zeros(&ctx, DType::F32, &[4], "tiny scratch").unwrap();
+    let mut step = StepEncoder::new(&ctx, "errors");
+    {
+        let mut call = |seg_a: Option<KvSegment>, seg_b: KvSegment, options: AttentionOptions| {
+            attn::attention_with(
+                &mut step,
+                &q,
+                32,
+                0,
+                0..1,
+                seg_a,
+                seg_b,
+                &out,
+                shape,
+                &options,
+            )
+            .map(|_| ())
+        };
+        let f16_b = KvSegment::first(&kh, &vh, 1);
+        let f32_a = Some(KvSegment::first(&k, &v, 1));
+        let options = |kernel, scratch| AttentionOptions {
+            kernel,
+            scratch,
+            ..AttentionOptions::default()
+        };
+        expect_shape_error(
+            call(None, f16_b, options(AttentionKernel::Register, None)),
+            "f16 K/V on the register kernel",
+        );
+        expect_shape_error(
+            call(None, f16_b, options(AttentionKernel::WideSplit, None)),
+            "the split without a scratch",
+        );
+        expect_shape_error(
+            call(
+                None,
+                f16_b,
+                options(AttentionKernel::WideSplit, Some(&tiny)),
+            ),
+            "the split with a scratch too small for one slice",
+        );
+        expect_shape_error(
+            call(f32_a, f16_b, options(AttentionKernel::Wide, None)),
+            "segment A in f32, segment B in f16",
+        );
+        expect_shape_error(
+            call(
+                None,
+                KvSegment::first(&k, &v, 1),
+                options(AttentionKernel::WideSplit, Some(&k)),
+            ),
+            "the scratch aliasing the keys",
+        );
+    }
+    assert_eq!(step.dispatch_count(), 0, "rejected calls record nothing");
+}
+
+#[test]
+fn browser_tiles_natively() {
+    // The wide kernel's tiles for 16 KiB of workgroup memory (the browser's), run here by
+    // capping the context: head dims 128 and 7, with and without a split.
+    let ctx = GpuContext::new(&unmask_gpu::ContextOptions {
+        max_workgroup_storage_bytes: Some(16 * 1024),
+        ..unmask_gpu::ContextOptions::default()
+    })
+    .expect("GPU adapter");
+    assert_eq!(ctx.features.max_workgroup_storage_bytes, 16 * 1024);
+    for i in [3, 4] {
+        let c = odd_case(i);
+        let d = c.data();
+        let want = c.oracle(&d);
+        for run in [Run::f32(AttentionKernel::Wide), Run::split(3)] {
+            let (got, plan) = run_with(&ctx, &c, &d, run);
+            let label = format!("{} [{}, 16 KiB tiles]", c.label(), describe(&plan));
+            if c.shape.head_dim == 128 {
+                // 8 units x 16 keys: the one tile of head dim 128 that fits 16 KiB.
+                assert_eq!(plan.tile, (8, 16), "{label}");
+            }
+            assert_close(&label, &got, &want, TOL);
+        }
+    }
 }

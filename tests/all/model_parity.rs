@@ -19,11 +19,19 @@ fn goldens() -> Value {
 }
 
 fn check(format: WeightFormat, tol: f64) {
-    check_with(format, MatmulKernel::Auto, tol);
+    check_on(ctx(), format, MatmulKernel::Auto, tol);
 }
 
 fn check_with(format: WeightFormat, kernel: MatmulKernel, tol: f64) {
-    let ctx = ctx();
+    check_on(ctx(), format, kernel, tol);
+}
+
+fn check_on(
+    ctx: std::sync::Arc<unmask_gpu::GpuContext>,
+    format: WeightFormat,
+    kernel: MatmulKernel,
+    tol: f64,
+) {
     let mut model =
         Model::load(ctx.clone(), &fixture_dir(), format, &mut |_| {}).expect("tiny model loads");
     model.matmul_kernel = kernel;
@@ -126,4 +134,20 @@ fn logits_match_reference_with_chunked_vocabulary() {
         &flat(&case["logits_f32"]),
         1e-4,
     );
+}
+
+// Every attention kernel through the whole forward: the one the device picks above, and
+// here the others by name (on lavapipe: the wide kernel and its split over keys).
+#[test]
+fn logits_match_reference_with_every_attention_kernel() {
+    use unmask_gpu::ops::attention::AttentionKernel;
+    for kernel in AttentionKernel::CONCRETE {
+        let ctx = unmask_gpu::GpuContext::new(&unmask_gpu::ContextOptions {
+            attention_kernel: Some(kernel),
+            ..common::options()
+        })
+        .expect("GPU adapter");
+        eprintln!("[attention] forward with the {} kernel", kernel.name());
+        check_on(ctx, WeightFormat::F32, MatmulKernel::Auto, 1e-4);
+    }
 }

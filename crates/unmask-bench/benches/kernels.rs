@@ -1,6 +1,7 @@
 //! Kernel benchmark:
 //! `cargo bench -p unmask-bench --bench kernels -- [--small] [--only matmul|attention]
-//! [--format NAME]...` (`--format` keeps only the named weight formats, e.g. `f32`, `q8`).
+//! [--rows 32,256] [--keys 256,512] [--format NAME]...` (`--format` keeps only the named
+//! weight formats, e.g. `f32`, `q8`).
 //!
 //! Prints one JSON record per line on stdout (the environment, the kernel, variant, format,
 //! shape, median milliseconds, GFLOP/s and GB/s; the same records as `unmask bench`) and a
@@ -23,16 +24,34 @@ struct Options {
     attention: bool,
     /// Weight format names to keep; empty keeps all.
     formats: Vec<String>,
+    /// Rows per step (query rows of attention).
+    rows: Vec<usize>,
+    /// Keys of the attention cases.
+    keys: Vec<usize>,
+}
+
+/// A comma-separated list of positive counts, as `--rows` and `--keys` take.
+fn counts(flag: &str, text: Option<String>) -> BenchResult<Vec<usize>> {
+    let text = text.ok_or_else(|| format!("{flag} takes a list such as 32,256"))?;
+    text.split(',')
+        .map(|t| match t.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{flag}: `{t}` is not a positive count").into()),
+        })
+        .collect()
 }
 
 fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
     let mut small = ctx_is_cpu;
     let (mut matmul, mut attention) = (true, true);
     let mut formats = Vec::new();
+    let (mut rows, mut keys) = (vec![32, 256], vec![256, 512]);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--small" => small = true,
+            "--rows" => rows = counts("--rows", args.next())?,
+            "--keys" => keys = counts("--keys", args.next())?,
             "--only" => match args.next().as_deref() {
                 Some("matmul") => attention = false,
                 Some("attention") => matmul = false,
@@ -53,6 +72,8 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
         matmul,
         attention,
         formats,
+        rows,
+        keys,
     })
 }
 
@@ -120,7 +141,7 @@ fn main() -> BenchResult<()> {
         peak: bench::known_peak(&ctx.info.name),
     };
     let mut cases = Vec::new();
-    for m in [32usize, 256] {
+    for &m in &options.rows {
         if options.matmul {
             cases.extend(
                 bench::model_kernel_cases(&cfg, &[m], &[])
@@ -129,7 +150,7 @@ fn main() -> BenchResult<()> {
             );
         }
         if options.attention {
-            for lkv in [256usize, 512] {
+            for &lkv in &options.keys {
                 for split in [false, true] {
                     cases.push(KernelCase::Attention {
                         lq: m,
@@ -150,7 +171,9 @@ fn main() -> BenchResult<()> {
         })?;
         summary.extend(summarize(&records));
     }
-    eprintln!("summary (best variant per shape and format, speed-up over naive):");
+    eprintln!(
+        "summary (best variant per shape and format, speed-up over naive matmul / register attention):"
+    );
     for line in summary {
         eprintln!("{line}");
     }
@@ -177,7 +200,10 @@ fn summarize(records: &[Value]) -> Vec<String> {
         };
         let naive = group
             .iter()
-            .find(|r| s(r, "variant") == "naive")
+            .find(|r| {
+                let v = s(r, "variant");
+                v == "naive" || v.starts_with("register/")
+            })
             .map(|r| f(r, "ms"));
         let shape = if s(best, "kernel") == "matmul" {
             format!(
@@ -188,11 +214,13 @@ fn summarize(records: &[Value]) -> Vec<String> {
                 f(best, "k")
             )
         } else {
+            // The variant is `kernel/segments`: the segments are part of the shape.
+            let variant = s(best, "variant");
             format!(
                 "attention lq={} lkv={} {}",
                 f(best, "lq"),
                 f(best, "lkv"),
-                s(best, "variant")
+                variant.rsplit('/').next().unwrap_or("?")
             )
         };
         out.push(format!(
@@ -200,7 +228,7 @@ fn summarize(records: &[Value]) -> Vec<String> {
             s(best, "variant"),
             f(best, "gflops"),
             naive
-                .map(|n| format!(", {:.2}x naive", n / f(best, "ms")))
+                .map(|n| format!(", {:.2}x the baseline", n / f(best, "ms")))
                 .unwrap_or_default()
         ));
     }

@@ -3,7 +3,10 @@
 
 use serde_json::{Value, json};
 use unmask_core::config::ModelConfig;
-use unmask_gpu::ops::attention::{AttentionShape, KvSegment, attention};
+use unmask_gpu::ops::attention::{
+    AttentionKernel, AttentionOptions, AttentionShape, KvSegment, attention_with,
+    split_scratch_floats,
+};
 use unmask_gpu::ops::elementwise as ew;
 use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
@@ -289,38 +292,107 @@ pub fn run_kernel_case(
             let out = Tensor::zeros(ctx, DType::F32, &[lq, q_width], "bench.o")?;
             let len_a = if split { lkv / 2 } else { 0 };
             let len_b = lkv - len_a;
-            let kv = |seed: u64, rows: usize, label: &str| {
-                Tensor::from_f32(
-                    ctx,
-                    &[rows.max(1), kv_width],
-                    &pseudo_random(seed, rows.max(1) * kv_width, 1.0),
-                    label,
-                )
+            let host = |seed: u64, rows: usize| pseudo_random(seed, rows.max(1) * kv_width, 1.0);
+            let kv = |dtype: DType, seed: u64, rows: usize, label: &str| {
+                let shape = [rows.max(1), kv_width];
+                match dtype {
+                    DType::F16 => Tensor::from_f32_as_f16(ctx, &shape, &host(seed, rows), label),
+                    _ => Tensor::from_f32(ctx, &shape, &host(seed, rows), label),
+                }
             };
-            let (kb, vb) = (kv(4, len_b, "bench.kb")?, kv(5, len_b, "bench.vb")?);
-            let (ka, va) = (kv(6, len_a, "bench.ka")?, kv(7, len_a, "bench.va")?);
-            let s = time_step(ctx, options.repeats, |step| {
-                let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
-                let seg_b = KvSegment::first(&kb, &vb, len_b);
-                attention(step, &q, q_width, 0, 0..lq, seg_a, seg_b, &out, shape)
-            })?;
+            // A scratch for the split kernel at up to 64 slices (the plan stays below).
+            let scratch = Tensor::zeros(
+                ctx,
+                DType::F32,
+                &[split_scratch_floats(ctx, shape, lq, 64)],
+                "bench.attention scratch",
+            )?;
+            let mut kv_formats = vec![DType::F32];
+            if options.all_variants {
+                kv_formats.push(DType::F16);
+            }
+            let segments = if split { "two-segments" } else { "one-segment" };
             let flops = 4.0 * (heads * lq * lkv * head_dim) as f64;
-            let bytes = 4.0 * (2 * lq * q_width + 2 * lkv * kv_width) as f64;
-            let fields = json!({
-                "kernel": "attention",
-                "case": "attention",
-                "variant": if split { "two-segments" } else { "one-segment" },
-                "format": "f32",
-                "lq": lq, "lkv": lkv, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-            });
-            emit(kernel_record(
-                envelope,
-                fields,
-                s,
-                flops,
-                bytes,
-                &options.peak,
-            ));
+            for kv_dtype in kv_formats {
+                let (kb, vb) = (
+                    kv(kv_dtype, 4, len_b, "bench.kb")?,
+                    kv(kv_dtype, 5, len_b, "bench.vb")?,
+                );
+                let (ka, va) = (
+                    kv(kv_dtype, 6, len_a, "bench.ka")?,
+                    kv(kv_dtype, 7, len_a, "bench.va")?,
+                );
+                // f16 K/V: the packed path always, the native one where the device has it.
+                let native_paths: &[bool] = match kv_dtype {
+                    DType::F16 if ctx.features.shader_f16 => &[false, true],
+                    DType::F16 => &[false],
+                    _ => &[true],
+                };
+                let kernels: Vec<AttentionKernel> = if options.all_variants {
+                    AttentionKernel::CONCRETE
+                        .into_iter()
+                        .filter(|&k| kv_dtype == DType::F32 || k != AttentionKernel::Register)
+                        .chain([AttentionKernel::Auto])
+                        .collect()
+                } else {
+                    vec![AttentionKernel::Auto]
+                };
+                for &native_f16 in native_paths {
+                    for &kernel in &kernels {
+                        let attn_options = AttentionOptions {
+                            kernel,
+                            native_f16,
+                            scratch: Some(&scratch),
+                            slices: None,
+                        };
+                        let mut plan = None;
+                        let s = time_step(ctx, options.repeats, |step| {
+                            let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
+                            let seg_b = KvSegment::first(&kb, &vb, len_b);
+                            plan = Some(attention_with(
+                                step,
+                                &q,
+                                q_width,
+                                0,
+                                0..lq,
+                                seg_a,
+                                seg_b,
+                                &out,
+                                shape,
+                                &attn_options,
+                            )?);
+                            Ok(())
+                        })?;
+                        let plan = plan.expect("the step ran at least once");
+                        let kv_bytes = kv_dtype.size_bytes() as f64;
+                        let bytes = 4.0 * (2 * lq * q_width) as f64
+                            + kv_bytes * (2 * lkv * kv_width) as f64;
+                        let name = if kernel == AttentionKernel::Auto {
+                            format!("auto:{}", plan.kernel.name())
+                        } else {
+                            kernel.name().to_string()
+                        };
+                        let fields = json!({
+                            "kernel": "attention",
+                            "case": "attention",
+                            "variant": format!("{name}/{segments}"),
+                            "format": plan.read.name(),
+                            "slices": plan.slices,
+                            "tile": format!("{}x{}", plan.tile.0, plan.tile.1),
+                            "lq": lq, "lkv": lkv, "heads": heads, "kv_heads": kv_heads,
+                            "head_dim": head_dim,
+                        });
+                        emit(kernel_record(
+                            envelope,
+                            fields,
+                            s,
+                            flops,
+                            bytes,
+                            &options.peak,
+                        ));
+                    }
+                }
+            }
         }
     }
     Ok(records)

@@ -26,6 +26,9 @@ pub struct ContextOptions {
     /// created with it and kernels size their tiles by it. Tests set the browser's 16 KiB
     /// to run the kernel variants a browser gets.
     pub max_workgroup_storage_bytes: Option<u32>,
+    /// The attention kernel the forward pass asks for (`None`: `Auto`, chosen per device
+    /// and shape). Tests force each variant through the whole model.
+    pub attention_kernel: Option<crate::ops::attention::AttentionKernel>,
     /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
     /// past it is refused with an error naming what it was for (`None`: no budget).
     pub memory_budget: Option<u64>,
@@ -47,6 +50,7 @@ impl Default for ContextOptions {
             allow_subgroups: true,
             max_binding_bytes: None,
             max_workgroup_storage_bytes: None,
+            attention_kernel: None,
             memory_budget: None,
             runtime_checks: true,
             tune: TunePolicy::Auto,
@@ -80,6 +84,9 @@ pub struct KernelFeatures {
     pub max_buffer_bytes: u64,
     pub max_workgroup_invocations: u32,
     pub max_workgroups_per_dim: u32,
+    /// Workgroup memory a kernel may use, in bytes: the adapter's limit natively, 16 KiB
+    /// in a browser (the portable WebGPU default, whatever the adapter reports).
+    pub max_workgroup_storage_bytes: u32,
 }
 
 /// Bytes of storage buffers alive on the device (weights, activations, KV arenas, prefix
@@ -192,6 +199,8 @@ pub struct GpuContext {
     pub runtime_checks: bool,
     /// Measured choices of `Auto` kernels on this device.
     pub tuner: KernelTuner,
+    /// `ContextOptions::attention_kernel`, or `Auto`.
+    pub attention_kernel: crate::ops::attention::AttentionKernel,
     pub(crate) pipelines: PipelineCache,
     pub(crate) params: crate::step::ParamArena,
     pub(crate) bind_groups: BindGroupCache,
@@ -321,6 +330,15 @@ impl GpuContext {
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            max_workgroup_storage_bytes: {
+                let browser =
+                    cfg!(target_arch = "wasm32") || info.backend == wgpu::Backend::BrowserWebGpu;
+                let cap = options
+                    .max_workgroup_storage_bytes
+                    .or(browser.then_some(16 * 1024))
+                    .unwrap_or(u32::MAX);
+                limits.max_compute_workgroup_storage_size.min(cap)
+            },
         };
         let faults = Arc::new(DeviceFaults::default());
         {
@@ -349,6 +367,9 @@ impl GpuContext {
             limits,
             host: HostCounters::default(),
             runtime_checks: options.runtime_checks || cfg!(target_arch = "wasm32"),
+            attention_kernel: options
+                .attention_kernel
+                .unwrap_or(crate::ops::attention::AttentionKernel::Auto),
             pipelines: PipelineCache::default(),
             params,
             bind_groups: BindGroupCache::default(),

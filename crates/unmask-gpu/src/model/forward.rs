@@ -18,7 +18,7 @@ use super::ModelError;
 use super::checkpoint::Checkpoint;
 use super::weights::{LoadProgress, ModelWeights, WeightFormats};
 use crate::context::GpuContext;
-use crate::ops::attention::{self, AttentionShape, KvSegment};
+use crate::ops::attention::{self, AttentionKernel, AttentionOptions, AttentionShape, KvSegment};
 use crate::ops::elementwise::{self as ew, QkvShape};
 use crate::ops::matmul::{self, Fusion, MatmulKernel};
 use crate::step::StepEncoder;
@@ -65,6 +65,9 @@ pub struct ForwardState {
     qkv: Tensor,
     attn: Tensor,
     act: Tensor,
+    /// Partial results of attention split over keys (hardware GPUs only; see
+    /// `ForwardModel::split_scratch_floats`).
+    attn_parts: Option<Tensor>,
     pub kv: Vec<KvLayer>,
 }
 
@@ -179,7 +182,34 @@ impl Model {
         let per_row =
             c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + c.mlp_hidden_size + 3;
         let kv = 2 * c.n_layers * seq_len * c.n_kv_heads * c.head_dim();
-        ((capacity * per_row + kv) * 4) as u64
+        ((capacity * per_row + kv + self.split_scratch_floats(capacity)) * 4) as u64
+    }
+
+    /// f32 of the scratch that lets attention split over keys: on hardware GPUs, for up to
+    /// `SPLIT_ROWS` query rows at `SPLIT_SLICES` slices (the split pays only for few rows;
+    /// more rows fill the GPU without it). None elsewhere (lavapipe, browsers), where the
+    /// plan never splits unless the context asks for the split kernel.
+    fn split_scratch_floats(&self, capacity: usize) -> usize {
+        /// Query rows the scratch is sized for (a block under a dual cache is 32).
+        const SPLIT_ROWS: usize = 64;
+        /// Slices at `SPLIT_ROWS` rows; fewer rows may take more.
+        const SPLIT_SLICES: usize = 32;
+        let split_asked = self.ctx.attention_kernel == AttentionKernel::WideSplit;
+        if !attention::is_hardware_gpu(&self.ctx) && !split_asked {
+            return 0;
+        }
+        let c = &self.cfg;
+        let shape = AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim(),
+        };
+        attention::split_scratch_floats(
+            &self.ctx,
+            shape,
+            capacity.clamp(1, SPLIT_ROWS),
+            SPLIT_SLICES,
+        )
     }
 
     /// The most rows (and arena positions) one `ForwardState` can hold on this device: its
@@ -253,6 +283,10 @@ impl Model {
             qkv: f32t(&[cap, self.qkv_width()], "qkv")?,
             attn: f32t(&[cap, c.n_heads * c.head_dim()], "attn")?,
             act: f32t(&[cap, c.mlp_hidden_size], "act")?,
+            attn_parts: match self.split_scratch_floats(cap) {
+                0 => None,
+                floats => Some(f32t(&[floats], "attention split scratch")?),
+            },
             kv,
         })
     }
@@ -417,7 +451,12 @@ impl Model {
                     n_kv_heads: hkv,
                     head_dim: hd,
                 };
-                attention::attention(
+                let options = AttentionOptions {
+                    kernel: self.ctx.attention_kernel,
+                    scratch: st.attn_parts.as_ref(),
+                    ..AttentionOptions::default()
+                };
+                attention::attention_with(
                     step,
                     &st.qkv,
                     qkv_w,
@@ -427,6 +466,7 @@ impl Model {
                     seg_b,
                     &st.attn,
                     shape,
+                    &options,
                 )?;
             }
             let residual = Fusion {

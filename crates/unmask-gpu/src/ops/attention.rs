@@ -2,17 +2,28 @@
 //! all keys of segment A (a shared or per-request prefix, possibly empty) and of segment B
 //! (the request's KV arena), with one online softmax across both. No causal mask.
 //!
-//! One dispatch, one kernel (`shaders/attention.wgsl`, specialised per head dim): a
-//! workgroup takes 8 (query row, query head) pairs of one kv head and walks the keys in
-//! tiles, with 8 x 8 register blocks in both products. There is no subgroup variant: the
-//! invocations exchange data by broadcast through workgroup memory, not by reductions, and
-//! the one reduction (the row max, phase 2) is a few percent of the instructions on lavapipe.
+//! Three kernels (`AttentionKernel`), chosen per call by `AttentionKernel::plan`:
+//! - `Register` (`shaders/attention.wgsl`, specialised per head dim): a workgroup takes 8
+//!   (query row, query head) pairs of one kv head and walks the keys in tiles, with 8 x 8
+//!   register blocks in both products and no workgroup staging of K/V; the fastest on
+//!   lavapipe, where loads per FMA decide the speed. f32 K/V only.
+//! - `Wide` (`shaders/attention_wide.wgsl`): 128 invocations, K/V tiles staged through
+//!   workgroup memory by coalesced loads, the tile sized from the adapter's workgroup-memory
+//!   limit (16 KiB in a browser); K/V in f32 or f16 (packed in u32 words, or native).
+//! - `WideSplit`: the wide kernel over slices of the keys (flash-decoding), each writing
+//!   partial (max, sum, output) to a scratch buffer, then `shaders/attention_combine.wgsl`
+//!   merges the slices: for few query rows over many keys, where one workgroup per
+//!   (kv head, query block) would leave most of a GPU idle.
+//!
+//! There is no subgroup variant: the invocations exchange data by broadcast through
+//! workgroup memory, and the one reduction (the row max) is a few percent of the work.
 
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
 use super::ShaderVariant;
+use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::kernel_source;
 use crate::pipeline::{KernelSource, Spec};
@@ -20,6 +31,8 @@ use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor};
 
 const ATTENTION: KernelSource = kernel_source!("attention");
+const ATTENTION_WIDE: KernelSource = kernel_source!("attention_wide");
+const ATTENTION_COMBINE: KernelSource = kernel_source!("attention_combine");
 
 /// Largest head dimension the kernel supports (LLaDA-8B uses 128).
 pub const MAX_HEAD_DIM: usize = 128;
@@ -35,7 +48,7 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// Keys and values of one segment: f32 rows `[.., n_kv_heads * head_dim]`, contiguous,
+/// Keys and values of one segment: f32 or f16 rows `[.., n_kv_heads * head_dim]`, contiguous,
 /// keys already rotated (RoPE) at their absolute positions. Rows `start..start + len` are
 /// read: a batch keeps every sequence's arena in one buffer, one after the other.
 #[derive(Clone, Copy, Debug)]
@@ -106,15 +119,380 @@ impl Tile {
     }
 }
 
-/// Every attention pipeline the runtime can build: one per head dimension.
+/// Which attention kernel runs (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKernel {
+    /// 8 x 8 register blocks, no K/V staging; f32 K/V only.
+    Register,
+    /// 128 invocations, coalesced K/V tiles through workgroup memory.
+    Wide,
+    /// `Wide` over slices of the keys, then a combine pass; needs a scratch buffer.
+    WideSplit,
+    /// `plan` picks one for the device and shape.
+    Auto,
+}
+
+impl AttentionKernel {
+    /// Every concrete kernel (not `Auto`).
+    pub const CONCRETE: [AttentionKernel; 3] = [
+        AttentionKernel::Register,
+        AttentionKernel::Wide,
+        AttentionKernel::WideSplit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Register => "register",
+            AttentionKernel::Wide => "wide",
+            AttentionKernel::WideSplit => "wide-split",
+            AttentionKernel::Auto => "auto",
+        }
+    }
+
+    /// The concrete kernel, K/V decoding and key slices for `m` query rows over `n_keys`
+    /// keys stored as `kv`. Explicit kernels run as asked (`Register` cannot read f16 K/V;
+    /// `WideSplit` needs a scratch). `Auto`: on hardware GPUs (discrete or integrated)
+    /// `Wide`, split when the (kv head, query block) workgroups alone would leave the GPU
+    /// idle and a scratch was given; elsewhere (lavapipe, browsers) `Register` for f32 K/V,
+    /// and `Wide` for f16 K/V, which only the wide kernel reads.
+    pub fn plan(
+        self,
+        ctx: &GpuContext,
+        shape: AttentionShape,
+        m: usize,
+        n_keys: usize,
+        kv: DType,
+        options: &AttentionOptions,
+    ) -> Result<AttentionPlan> {
+        let read = match kv {
+            DType::F32 => KvRead::F32,
+            DType::F16 if options.native_f16 && ctx.features.shader_f16 => KvRead::F16Native,
+            DType::F16 => KvRead::F16Packed,
+            DType::U32 => {
+                return Err(shape_error("K/V in f32 or f16".into(), "u32 K/V".into()));
+            }
+        };
+        let AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = shape;
+        if head_dim == 0
+            || head_dim > MAX_HEAD_DIM
+            || n_kv_heads == 0
+            || !n_heads.is_multiple_of(n_kv_heads)
+        {
+            return Err(shape_error(
+                format!("head_dim in 1..={MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads"),
+                format!("{shape:?}"),
+            ));
+        }
+        let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
+        let group = n_heads / n_kv_heads;
+        let base_groups = (m * group).div_ceil(tile.bq) * n_kv_heads;
+        let n_tiles = n_keys.div_ceil(tile.bk);
+        let scratch_slices = options
+            .scratch
+            .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
+        let kernel = match self {
+            AttentionKernel::Auto => {
+                let hardware = is_hardware_gpu(ctx);
+                if read == KvRead::F32 && !hardware {
+                    // lavapipe: the register kernel beat the wide one 4-7x (kernel bench,
+                    // ratios within one run); staging through workgroup memory is a copy
+                    // there. A browser's adapter has no device type (Other): unknown, so
+                    // today's kernel stays.
+                    AttentionKernel::Register
+                } else if hardware
+                    && scratch_slices >= 2
+                    && split_slices(base_groups, n_tiles, scratch_slices) >= 2
+                {
+                    AttentionKernel::WideSplit
+                } else {
+                    AttentionKernel::Wide
+                }
+            }
+            AttentionKernel::Register if read != KvRead::F32 => {
+                return Err(shape_error(
+                    "f32 K/V for the register kernel".into(),
+                    format!("{kv:?} K/V"),
+                ));
+            }
+            other => other,
+        };
+        let slices = match kernel {
+            AttentionKernel::WideSplit => {
+                if scratch_slices == 0 {
+                    return Err(shape_error(
+                        format!(
+                            "a scratch of at least {} f32 for the split kernel",
+                            split_cell_floats(shape, m, tile)
+                        ),
+                        match options.scratch {
+                            Some(t) => format!("{:?} {:?}", t.dtype, t.shape),
+                            None => "no scratch".into(),
+                        },
+                    ));
+                }
+                // Asked for by name, the split splits wherever there are two tiles.
+                let wanted = options.slices.unwrap_or_else(|| {
+                    let shape_says = split_slices(base_groups, n_tiles, scratch_slices);
+                    if self == AttentionKernel::WideSplit {
+                        shape_says.max(2)
+                    } else {
+                        shape_says
+                    }
+                });
+                // Two segments may take one tile more than their keys together;
+                // `attention_with` trims the count to the real tiles.
+                wanted.clamp(1, n_tiles + 1).min(scratch_slices)
+            }
+            _ => 1,
+        };
+        let tile = match kernel {
+            AttentionKernel::Register => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
+            _ => (tile.bq, tile.bk),
+        };
+        Ok(AttentionPlan {
+            kernel,
+            read,
+            slices,
+            tile,
+        })
+    }
+}
+
+/// A discrete or integrated GPU: where the wide kernels are meant to run.
+pub fn is_hardware_gpu(ctx: &GpuContext) -> bool {
+    matches!(
+        ctx.info.device_type,
+        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
+    )
+}
+
+/// How the kernel reads K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvRead {
+    F32,
+    /// f16 pairs in u32 words, unpacked in the shader (no shader-f16 needed).
+    F16Packed,
+    /// Native f16 loads (shader-f16).
+    F16Native,
+}
+
+impl KvRead {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRead::F32 => "f32",
+            KvRead::F16Packed => "f16-packed",
+            KvRead::F16Native => "f16-native",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            KvRead::F32 => "KV_F32",
+            KvRead::F16Packed => "KV_PACKED",
+            KvRead::F16Native => "F16",
+        }
+    }
+}
+
+/// What `AttentionKernel::plan` chose for one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    pub kernel: AttentionKernel,
+    pub read: KvRead,
+    /// Key slices (1 unless `kernel` is `WideSplit`).
+    pub slices: usize,
+    /// (query units, keys) of one workgroup's tile.
+    pub tile: (usize, usize),
+}
+
+/// Per-call choices of `attention_with`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionOptions<'a> {
+    pub kernel: AttentionKernel,
+    /// Read f16 K/V with native f16 loads where the device has shader-f16 (else packed).
+    pub native_f16: bool,
+    /// f32 scratch for the split kernel's partial results (`split_scratch_floats` per
+    /// slice); without one there is no split.
+    pub scratch: Option<&'a Tensor>,
+    /// Forces the number of key slices of the split kernel (clamped to the key tiles and
+    /// to what the scratch holds); `None`: chosen from the shape.
+    pub slices: Option<usize>,
+}
+
+impl Default for AttentionOptions<'_> {
+    fn default() -> Self {
+        Self {
+            kernel: AttentionKernel::Auto,
+            native_f16: true,
+            scratch: None,
+            slices: None,
+        }
+    }
+}
+
+/// Workgroups the split aims for: about 4 per SM on GPUs of 100-150 SMs, enough to hide
+/// the latency of the K/V loads.
+const TARGET_WORKGROUPS: usize = 512;
+
+/// Fewest key tiles per slice: below it the partial writes and the combine pass cost more
+/// than the extra parallelism gains.
+const MIN_TILES_PER_SLICE: usize = 4;
+
+/// Key slices for `base_groups` (kv head, query block) workgroups over `n_tiles` key tiles,
+/// at most `cap`.
+fn split_slices(base_groups: usize, n_tiles: usize, cap: usize) -> usize {
+    if base_groups >= TARGET_WORKGROUPS / 2 {
+        return 1;
+    }
+    let want = TARGET_WORKGROUPS.div_ceil(base_groups.max(1));
+    want.min(n_tiles / MIN_TILES_PER_SLICE).min(cap).max(1)
+}
+
+/// f32 of scratch one key slice needs: output, max and sum of every (query row, head).
+fn split_cell_floats(shape: AttentionShape, m: usize, tile: WideTile) -> usize {
+    (m * shape.n_heads * (tile.hd_class + 2)).max(1)
+}
+
+/// f32 a scratch needs for `slices` key slices of `m` query rows on this device.
+pub fn split_scratch_floats(
+    ctx: &GpuContext,
+    shape: AttentionShape,
+    m: usize,
+    slices: usize,
+) -> usize {
+    let tile = WideTile::new(shape.head_dim, ctx.features.max_workgroup_storage_bytes);
+    slices * split_cell_floats(shape, m, tile)
+}
+
+/// Invocations of a wide workgroup: 4 warps of 32, 2 waves of 64.
+const WIDE_WG: usize = 128;
+
+/// Head-dim classes of the wide kernel: the tile pitch; a head dim runs in the smallest
+/// class that holds it.
+const HD_CLASSES: [usize; 4] = [16, 32, 64, 128];
+
+/// (query units, keys) per wide tile, best first: more of both means fewer K/V reads per
+/// FMA, bounded by workgroup memory.
+const WIDE_TILES: [(usize, usize); 5] = [(16, 64), (16, 32), (16, 16), (8, 32), (8, 16)];
+
+/// Workgroup-memory budgets `variants` builds the wide kernel for: the browser's, and the
+/// common native limits (32 KiB Apple / Intel, 48 KiB NVIDIA, 64 KiB AMD).
+const WORKGROUP_BUDGETS: [u32; 4] = [16 * 1024, 32 * 1024, 48 * 1024, 64 * 1024];
+
+/// Tile of the wide kernel for one head-dim class and workgroup-memory budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WideTile {
+    hd_class: usize,
+    bq: usize,
+    bk: usize,
+}
+
+impl WideTile {
+    fn new(head_dim: usize, budget_bytes: u32) -> Self {
+        let hd_class = HD_CLASSES
+            .into_iter()
+            .find(|&c| c >= head_dim)
+            .unwrap_or(MAX_HEAD_DIM);
+        // The last candidate fits 16 KiB at every class: the floor WebGPU guarantees.
+        let (bq, bk) = WIDE_TILES
+            .into_iter()
+            .find(|&(bq, bk)| {
+                let t = WideTile { hd_class, bq, bk };
+                t.workgroup_bytes() <= budget_bytes as usize
+            })
+            .unwrap_or(WIDE_TILES[WIDE_TILES.len() - 1]);
+        let t = WideTile { hd_class, bq, bk };
+        debug_assert!(t.is_consistent(), "{t:?}");
+        t
+    }
+
+    /// Rows of the staged K/V tile, in f32: the head-dim class and one vec4 of padding.
+    fn kv_pitch(&self) -> usize {
+        self.hd_class + 4
+    }
+
+    fn workgroup_bytes(&self) -> usize {
+        let floats = self.bq * self.hd_class
+            + self.bk * self.kv_pitch()
+            + self.bq * self.bk
+            + WIDE_WG
+            + self.bq;
+        4 * floats
+    }
+
+    /// The divisibilities the kernel's index maps rely on.
+    fn is_consistent(&self) -> bool {
+        WIDE_WG.is_multiple_of(self.bk)
+            && self.bk.is_multiple_of(4)
+            && self.hd_class.is_multiple_of(4)
+            && WIDE_WG.is_multiple_of(self.bq)
+            && WIDE_WG.is_multiple_of(self.hd_class)
+            && (self.bq * self.bk).is_multiple_of(WIDE_WG)
+            && (self.bq * self.hd_class).is_multiple_of(WIDE_WG)
+            && self.workgroup_bytes() <= 64 * 1024
+    }
+
+    /// `vec`: the head dim equals the class, so K/V rows are whole vec4s (KV_VEC).
+    fn spec(&self, read: KvRead, split: bool, vec: bool) -> Spec {
+        Spec::new()
+            .constant("HD", self.hd_class)
+            .constant("WG", WIDE_WG)
+            .constant("BQ", self.bq)
+            .constant("BK", self.bk)
+            .constant("QS_LEN", self.bq * self.hd_class / 4)
+            .constant("KV_LEN", self.bk * self.kv_pitch() / 4)
+            .constant("SS_LEN", self.bq * self.bk / 4)
+            .flag(read.flag())
+            .flag_if(split, "SPLIT")
+            .flag_if(vec, "KV_VEC")
+            // Marks the variants only native adapters build (tests check the budget).
+            .flag_if(self.workgroup_bytes() > WORKGROUP_BYTES, "NATIVE")
+    }
+}
+
+/// Every attention pipeline the runtime can build: the register kernel per head dim, the
+/// wide kernel per head-dim class, tile (workgroup budget), K/V format and split, and the
+/// combine pass.
 pub fn variants() -> Vec<ShaderVariant> {
-    (1..=MAX_HEAD_DIM)
+    let mut v: Vec<ShaderVariant> = (1..=MAX_HEAD_DIM)
         .map(|hd| ShaderVariant {
             kernel: ATTENTION,
             entry: "main",
             spec: Tile::for_head_dim(hd).spec(),
         })
-        .collect()
+        .collect();
+    let mut tiles = Vec::new();
+    for class in HD_CLASSES {
+        for budget in WORKGROUP_BUDGETS {
+            let t = WideTile::new(class, budget);
+            if !tiles.contains(&t) {
+                tiles.push(t);
+            }
+        }
+    }
+    for t in tiles {
+        for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
+            for split in [false, true] {
+                for vec in [false, true] {
+                    v.push(ShaderVariant {
+                        kernel: ATTENTION_WIDE,
+                        entry: "main",
+                        spec: t.spec(read, split, vec),
+                    });
+                }
+            }
+        }
+    }
+    v.push(ShaderVariant {
+        kernel: ATTENTION_COMBINE,
+        entry: "main",
+        spec: Spec::new(),
+    });
+    v
 }
 
 #[repr(C)]
@@ -137,6 +515,46 @@ struct Params {
     _pad: u32,
 }
 
+/// Uniform of `attention_wide.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct WideParams {
+    units: u32,
+    group: u32,
+    q_stride: u32,
+    q_col: u32,
+    len_a: u32,
+    len_b: u32,
+    kv_stride: u32,
+    out_stride: u32,
+    unit_blocks: u32,
+    n_kv_heads: u32,
+    scale_log2: f32,
+    row0: u32,
+    b_row0: u32,
+    a_row0: u32,
+    slices: u32,
+    tiles_per_slice: u32,
+    hd: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+/// Uniform of `attention_combine.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct CombineParams {
+    units: u32,
+    group: u32,
+    n_kv_heads: u32,
+    slices: u32,
+    hd: u32,
+    pitch: u32,
+    out_stride: u32,
+    row0: u32,
+}
+
 fn shape_error(expected: String, found: String) -> GpuError {
     GpuError::Shape {
         op: "attention",
@@ -145,12 +563,12 @@ fn shape_error(expected: String, found: String) -> GpuError {
     }
 }
 
-fn check_f32(what: &str, t: &Tensor, min_elems: usize) -> Result<()> {
-    if t.dtype == DType::F32 && t.numel() >= min_elems {
+fn check_tensor(what: &str, t: &Tensor, dtypes: &[DType], min_elems: usize) -> Result<()> {
+    if dtypes.contains(&t.dtype) && t.numel() >= min_elems {
         Ok(())
     } else {
         Err(shape_error(
-            format!("{what}: f32 tensor with at least {min_elems} elements"),
+            format!("{what}: {dtypes:?} tensor with at least {min_elems} elements"),
             format!("{:?} {:?}", t.dtype, t.shape),
         ))
     }
@@ -160,13 +578,9 @@ fn to_u32(what: &str, x: usize) -> Result<u32> {
     u32::try_from(x).map_err(|_| shape_error(format!("{what} below 2^32"), x.to_string()))
 }
 
-/// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`.
-///
-/// Query row `r`, head `h` is read at `q[r * q_stride + q_col + h * head_dim ..]` (q is
-/// usually a slice of the fused QKV projection output, RoPE applied). The result goes to
-/// rows `rows` of `out`, f32 `[.., n_heads * head_dim]`. Scale `1/sqrt(head_dim)`; query
-/// head `h` uses kv head `h / (n_heads / n_kv_heads)`. A batch calls this once per
-/// sequence, each with its own rows and arena window, into one shared `out`.
+/// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`, with
+/// the kernel `AttentionKernel::Auto` picks and no split (no scratch): see
+/// `attention_with`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     step: &mut StepEncoder,
@@ -179,6 +593,43 @@ pub fn attention(
     out: &Tensor,
     shape: AttentionShape,
 ) -> Result<()> {
+    attention_with(
+        step,
+        q,
+        q_stride,
+        q_col,
+        rows,
+        seg_a,
+        seg_b,
+        out,
+        shape,
+        &AttentionOptions::default(),
+    )
+    .map(|_| ())
+}
+
+/// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`, and
+/// returns the plan that ran.
+///
+/// Query row `r`, head `h` is read at `q[r * q_stride + q_col + h * head_dim ..]` (q is
+/// usually a slice of the fused QKV projection output, RoPE applied). The result goes to
+/// rows `rows` of `out`, f32 `[.., n_heads * head_dim]`. Scale `1/sqrt(head_dim)`; query
+/// head `h` uses kv head `h / (n_heads / n_kv_heads)`. K and V of both segments are f32,
+/// or all f16. A batch calls this once per sequence, each with its own rows and arena
+/// window, into one shared `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with(
+    step: &mut StepEncoder,
+    q: &Tensor,
+    q_stride: usize,
+    q_col: usize,
+    rows: std::ops::Range<usize>,
+    seg_a: Option<KvSegment>,
+    seg_b: KvSegment,
+    out: &Tensor,
+    shape: AttentionShape,
+    options: &AttentionOptions,
+) -> Result<AttentionPlan> {
     let AttentionShape {
         n_heads,
         n_kv_heads,
@@ -213,17 +664,35 @@ pub fn attention(
         ));
     }
     let m = rows.len();
-    if m == 0 {
-        return Ok(());
-    }
     let kv_stride = n_kv_heads * head_dim;
-    check_f32("q", q, (rows.end - 1) * q_stride + q_col + q_width)?;
-    check_f32("out", out, rows.end * q_width)?;
+    let kv_dtype = seg_b.k.dtype;
+    let kv_dtypes = [kv_dtype];
+    if !matches!(kv_dtype, DType::F32 | DType::F16) {
+        return Err(shape_error(
+            "segment B keys: f32 or f16".into(),
+            format!("{kv_dtype:?}"),
+        ));
+    }
+    let ctx = step.ctx();
+    let plan = options
+        .kernel
+        .plan(ctx, shape, m.max(1), n_keys, kv_dtype, options)?;
+    if m == 0 {
+        return Ok(plan);
+    }
+    check_tensor(
+        "q",
+        q,
+        &[DType::F32],
+        (rows.end - 1) * q_stride + q_col + q_width,
+    )?;
+    check_tensor("out", out, &[DType::F32], rows.end * q_width)?;
     for (name, seg) in [("segment A", seg_a), ("segment B", Some(seg_b))] {
         if let Some(s) = seg {
             let end = (s.start + s.len) * kv_stride;
-            check_f32(&format!("{name} keys"), s.k, end)?;
-            check_f32(&format!("{name} values"), s.v, end)?;
+            // Both segments in one format: the kernel has one K/V decoding.
+            check_tensor(&format!("{name} keys"), s.k, &kv_dtypes, end)?;
+            check_tensor(&format!("{name} values"), s.v, &kv_dtypes, end)?;
         }
     }
     let mut inputs = vec![
@@ -234,32 +703,99 @@ pub fn attention(
     if let Some(a) = &seg_a {
         inputs.extend([("segment A keys", a.k), ("segment A values", a.v)]);
     }
-    if let Some((name, _)) = inputs
-        .iter()
-        .find(|(_, t)| Arc::ptr_eq(&t.buffer, &out.buffer))
-    {
-        return Err(shape_error(
-            "out in a buffer of its own".into(),
-            format!("out shares its buffer with {name}"),
-        ));
+    let scratch = options
+        .scratch
+        .filter(|_| plan.kernel == AttentionKernel::WideSplit);
+    if let Some(sc) = scratch {
+        check_tensor("split scratch", sc, &[DType::F32], 1)?;
+        inputs.push(("split scratch", sc));
     }
-    // The vec4 kernel binds K and V as arrays of 16-byte elements (`Tensor` buffers are).
+    for (i, (name, t)) in inputs.iter().enumerate() {
+        let clash = |o: &Tensor| Arc::ptr_eq(&t.buffer, &o.buffer);
+        if clash(out) {
+            return Err(shape_error(
+                "out in a buffer of its own".into(),
+                format!("out shares its buffer with {name}"),
+            ));
+        }
+        if let Some(sc) = scratch
+            && i + 1 < inputs.len()
+            && clash(sc)
+        {
+            return Err(shape_error(
+                "the split scratch in a buffer of its own".into(),
+                format!("the scratch shares its buffer with {name}"),
+            ));
+        }
+    }
+    // The vec4 kernels bind K and V as arrays of 16-byte elements (`Tensor` buffers are).
     let misaligned = inputs[1..]
         .iter()
         .find(|(_, t)| !t.buffer.size().is_multiple_of(16));
-    if let (true, Some((name, t))) = (head_dim.is_multiple_of(4), misaligned) {
+    let vec4_bindings = match plan.kernel {
+        AttentionKernel::Register => head_dim.is_multiple_of(4),
+        _ => HD_CLASSES.contains(&head_dim),
+    };
+    if let (true, Some((name, t))) = (vec4_bindings, misaligned) {
         return Err(shape_error(
             format!("{name}: a buffer size that is a multiple of 16 bytes"),
             format!("{} bytes", t.buffer.size()),
         ));
     }
 
-    let ctx = step.ctx();
-    let tile = Tile::for_head_dim(head_dim);
     let group = n_heads / n_kv_heads;
     let units = m * group;
-    let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
-    let params = Params {
+    let scale_log2 = std::f32::consts::LOG2_E / (head_dim as f32).sqrt();
+    let row0 = to_u32("first query row", rows.start)?;
+    let b_row0 = to_u32("segment B start", seg_b.start)?;
+    let a_row0 = to_u32("segment A start", seg_a.map_or(0, |s| s.start))?;
+    // Without segment A, B's buffers stand in for it (read-only bindings may alias).
+    let (ka, va) = match &seg_a {
+        Some(a) => (a.k, a.v),
+        None => (seg_b.k, seg_b.v),
+    };
+    if plan.kernel == AttentionKernel::Register {
+        let tile = Tile::for_head_dim(head_dim);
+        let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
+        let params = Params {
+            units: to_u32("query units", units)?,
+            group: group as u32,
+            q_stride: to_u32("q_stride", q_stride)?,
+            q_col: to_u32("q_col", q_col)?,
+            len_a: to_u32("segment A length", len_a)?,
+            len_b: to_u32("segment B length", seg_b.len)?,
+            kv_stride: kv_stride as u32,
+            out_stride: q_width as u32,
+            unit_blocks: to_u32("query blocks", unit_blocks)?,
+            n_kv_heads: n_kv_heads as u32,
+            scale_log2,
+            row0,
+            b_row0,
+            a_row0,
+            _pad: 0,
+        };
+        let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
+        let pipeline = ctx.pipeline(&ATTENTION, "main", &tile.spec())?;
+        let bindings: [Binding; 6] = [
+            q.into(),
+            ka.into(),
+            va.into(),
+            seg_b.k.into(),
+            seg_b.v.into(),
+            out.into(),
+        ];
+        step.dispatch(&pipeline, &params, &bindings, groups);
+        return Ok(plan);
+    }
+
+    let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
+    let unit_blocks = units.div_ceil(tile.bq);
+    let n_tiles = len_a.div_ceil(tile.bk) + seg_b.len.div_ceil(tile.bk);
+    let tiles_per_slice = n_tiles.div_ceil(plan.slices);
+    // Every slice gets at least one tile (its max and sum are then finite).
+    let slices = n_tiles.div_ceil(tiles_per_slice);
+    let plan = AttentionPlan { slices, ..plan };
+    let params = WideParams {
         units: to_u32("query units", units)?,
         group: group as u32,
         q_stride: to_u32("q_stride", q_stride)?,
@@ -270,18 +806,31 @@ pub fn attention(
         out_stride: q_width as u32,
         unit_blocks: to_u32("query blocks", unit_blocks)?,
         n_kv_heads: n_kv_heads as u32,
-        scale_log2: std::f32::consts::LOG2_E / (head_dim as f32).sqrt(),
-        row0: to_u32("first query row", rows.start)?,
-        b_row0: to_u32("segment B start", seg_b.start)?,
-        a_row0: to_u32("segment A start", seg_a.map_or(0, |s| s.start))?,
-        _pad: 0,
+        scale_log2,
+        row0,
+        b_row0,
+        a_row0,
+        slices: slices as u32,
+        tiles_per_slice: tiles_per_slice as u32,
+        hd: head_dim as u32,
+        _pad0: 0,
+        _pad1: 0,
+        _pad2: 0,
     };
-    let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
-    let pipeline = ctx.pipeline(&ATTENTION, "main", &tile.spec())?;
-    // Without segment A, B's buffers stand in for it (read-only bindings may alias).
-    let (ka, va) = match &seg_a {
-        Some(a) => (a.k, a.v),
-        None => (seg_b.k, seg_b.v),
+    let groups = groups_2d(
+        ctx,
+        to_u32("workgroups", unit_blocks * n_kv_heads * slices)?,
+    );
+    let split = plan.kernel == AttentionKernel::WideSplit;
+    let vec = head_dim == tile.hd_class;
+    let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &tile.spec(plan.read, split, vec))?;
+    let target = match scratch {
+        Some(sc) if split => {
+            let needed = slices * split_cell_floats(shape, m, tile);
+            check_tensor("split scratch", sc, &[DType::F32], needed)?;
+            sc
+        }
+        _ => out,
     };
     let bindings: [Binding; 6] = [
         q.into(),
@@ -289,35 +838,95 @@ pub fn attention(
         va.into(),
         seg_b.k.into(),
         seg_b.v.into(),
-        out.into(),
+        target.into(),
     ];
     step.dispatch(&pipeline, &params, &bindings, groups);
-    Ok(())
+    if split {
+        let combine = CombineParams {
+            units: units as u32,
+            group: group as u32,
+            n_kv_heads: n_kv_heads as u32,
+            slices: slices as u32,
+            hd: head_dim as u32,
+            pitch: tile.hd_class as u32,
+            out_stride: q_width as u32,
+            row0,
+        };
+        let elems = to_u32("combined outputs", units * n_kv_heads * head_dim)?;
+        let pipeline = ctx.pipeline(&ATTENTION_COMBINE, "main", &Spec::new())?;
+        let bindings: [Binding; 2] = [target.into(), out.into()];
+        step.dispatch(
+            &pipeline,
+            &combine,
+            &bindings,
+            groups_2d(ctx, elems.div_ceil(256)),
+        );
+    }
+    Ok(plan)
 }
 
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
-    vec![host_params!(
-        "attention",
-        "*",
-        Params {
-            units,
-            group,
-            q_stride,
-            q_col,
-            len_a,
-            len_b,
-            kv_stride,
-            out_stride,
-            unit_blocks,
-            n_kv_heads,
-            scale_log2,
-            row0,
-            b_row0,
-            a_row0,
-        }
-    )]
+    vec![
+        host_params!(
+            "attention",
+            "*",
+            Params {
+                units,
+                group,
+                q_stride,
+                q_col,
+                len_a,
+                len_b,
+                kv_stride,
+                out_stride,
+                unit_blocks,
+                n_kv_heads,
+                scale_log2,
+                row0,
+                b_row0,
+                a_row0,
+            }
+        ),
+        host_params!(
+            "attention_wide",
+            "*",
+            WideParams {
+                units,
+                group,
+                q_stride,
+                q_col,
+                len_a,
+                len_b,
+                kv_stride,
+                out_stride,
+                unit_blocks,
+                n_kv_heads,
+                scale_log2,
+                row0,
+                b_row0,
+                a_row0,
+                slices,
+                tiles_per_slice,
+                hd,
+            }
+        ),
+        host_params!(
+            "attention_combine",
+            "*",
+            CombineParams {
+                units,
+                group,
+                n_kv_heads,
+                slices,
+                hd,
+                pitch,
+                out_stride,
+                row0,
+            }
+        ),
+    ]
 }
 
 #[cfg(test)]
@@ -330,5 +939,36 @@ mod tests {
             let t = Tile::for_head_dim(hd);
             assert!(t.is_consistent(), "{t:?}");
         }
+    }
+
+    #[test]
+    fn wide_tiles_fit_their_budget() {
+        for hd in 1..=MAX_HEAD_DIM {
+            for budget in WORKGROUP_BUDGETS {
+                let t = WideTile::new(hd, budget);
+                assert!(t.is_consistent(), "{t:?}");
+                assert!(
+                    t.workgroup_bytes() <= budget as usize,
+                    "{t:?} over {budget}"
+                );
+                assert!(t.hd_class >= hd, "{t:?} for head dim {hd}");
+            }
+        }
+        // The largest budget buys the largest tile at head dim 128 (more FMAs per load).
+        assert_eq!(WideTile::new(128, 48 * 1024).bk, 64);
+        assert_eq!(WideTile::new(128, 16 * 1024).bq, 8);
+    }
+
+    #[test]
+    fn split_fills_a_large_gpu_for_few_rows() {
+        // LLaDA-8B, 32 query rows, 4096 keys: 2 query blocks x 32 heads = 64 workgroups.
+        let tile = WideTile::new(128, 48 * 1024);
+        let base = 32usize.div_ceil(tile.bq) * 32;
+        let slices = split_slices(base, 4096usize.div_ceil(tile.bk), 64);
+        assert!(base * slices >= TARGET_WORKGROUPS, "{base} x {slices}");
+        // Many rows fill the GPU alone: no split.
+        assert_eq!(split_slices(1024 * 32 / 16, 64, 64), 1);
+        // Few keys: no slice below the minimum of tiles.
+        assert_eq!(split_slices(64, 5, 64), 1);
     }
 }

@@ -162,6 +162,25 @@ impl Tensor {
         Ok(t)
     }
 
+    /// An f16 tensor (`DType::F16`, two halves per 32-bit word) of `data` rounded to f16.
+    pub fn from_f32_as_f16(
+        ctx: &GpuContext,
+        shape: &[usize],
+        data: &[f32],
+        label: &str,
+    ) -> Result<Self> {
+        let t = Self::zeros(ctx, DType::F16, shape, label)?;
+        t.check_len(data.len(), "from_f32_as_f16")?;
+        let mut halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+        // Buffer writes go in whole 32-bit words.
+        if halves.len() % 2 == 1 {
+            halves.push(half::f16::ZERO);
+        }
+        ctx.queue
+            .write_buffer(&t.buffer, 0, bytemuck::cast_slice(&halves));
+        Ok(t)
+    }
+
     pub fn from_u32(ctx: &GpuContext, shape: &[usize], data: &[u32], label: &str) -> Result<Self> {
         let t = Self::zeros(ctx, DType::U32, shape, label)?;
         t.check_len(data.len(), "from_u32")?;

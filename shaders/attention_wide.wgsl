@@ -1,0 +1,341 @@
+// Bidirectional attention over two key/value segments (A then B) for hardware GPUs: a wide
+// workgroup (WG = 128 invocations), K and V tiles staged through workgroup memory with
+// coalesced loads, and optionally a split over keys (flash-decoding).
+//
+// A workgroup owns one kv head, BQ query units (a unit is a (query row, query head) pair
+// of that head's GQA group, so grouped heads share every K/V read) and, with SPLIT, one
+// slice of the key tiles. Keys are walked in tiles of BK: segment A's tiles first, then
+// B's; the segment of a tile is the same for the whole workgroup.
+//
+// Per tile:
+//   stage K: invocation i loads the 4-element spans i, i + WG, ... of the [BK, HD]
+//            tile, so consecutive invocations read consecutive addresses of a key row
+//   -- barrier --
+//   phase 1: scores of key lid % BK against units lid / BK + UB * r (one vec4 of K
+//            from workgroup memory feeds 4 * R1 FMAs) -> ss
+//   -- barrier --
+//   stage V into the same tile memory; each unit's TPU invocations take the max of
+//   their share of its scores -> red
+//   -- barrier --
+//   phase 2: row max, probabilities in place in ss, rescale factor -> alpha; each
+//            invocation keeps a partial row sum of its own keys (summed once at the end)
+//   -- barrier --
+//   phase 3: O = O * alpha + P V: dim lid % HD of units lid / HD + (WG / HD) * r
+//   -- barrier -- (the next tile overwrites the tile memory phase 3 reads)
+//
+// HD is the head-dim class (16, 32, 64 or 128), the tile pitch; the real head dim p.hd
+// may be smaller: dims past it are zero in q, K and V, and are not stored.
+// K/V storage (one flag): KV_F32, KV_PACKED (f16 pairs in u32 words, no shader-f16
+// needed) or F16 (native f16). Workgroup memory holds f32 either way. KV_VEC: the head dim
+// is HD, so K/V are read four elements per load.
+// Scores are in the log2 domain (q is pre-scaled by log2(e)/sqrt(hd)) so exp2 can be used.
+// SPLIT: instead of normalised rows, a slice writes its unnormalised output, running max
+// and row sum per unit into `out` (the scratch of attention_combine.wgsl):
+//   o:     [slices, n_kv_heads * units, HD] from 0
+//   stats: [slices, n_kv_heads * units, 2] (max, sum) after the o part.
+
+struct Params {
+    units: u32,           // m * group
+    group: u32,           // n_heads / n_kv_heads
+    q_stride: u32,
+    q_col: u32,
+    len_a: u32,
+    len_b: u32,
+    kv_stride: u32,       // n_kv_heads * hd
+    out_stride: u32,      // n_heads * hd
+    unit_blocks: u32,     // ceil(units / BQ)
+    n_kv_heads: u32,
+    scale_log2: f32,      // log2(e) / sqrt(hd)
+    row0: u32,            // first query row of q and out (one sequence of a batch)
+    b_row0: u32,          // first key row of segment B in kb / vb
+    a_row0: u32,          // first key row of segment A in ka / va
+    slices: u32,          // 1 without SPLIT
+    tiles_per_slice: u32, // key tiles per slice (all of them without SPLIT)
+    hd: u32,              // real head dim, <= HD
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+// One load's worth of K/V: with KV_VEC (the head dim is the class HD, so every row is
+// whole 4-element spans) four elements, else one (a u32 word holds two halves).
+//#if KV_VEC
+//#if KV_F32
+alias KvWord = vec4<f32>;
+//#endif
+//#if KV_PACKED
+alias KvWord = vec2<u32>;
+//#endif
+//#if F16
+alias KvWord = vec4<f16>;
+//#endif
+//#else
+//#if KV_F32
+alias KvWord = f32;
+//#endif
+//#if KV_PACKED
+alias KvWord = u32;
+//#endif
+//#if F16
+alias KvWord = f16;
+//#endif
+//#endif
+@group(0) @binding(2) var<storage, read> ka: array<KvWord>;
+@group(0) @binding(3) var<storage, read> va: array<KvWord>;
+@group(0) @binding(4) var<storage, read> kb: array<KvWord>;
+@group(0) @binding(5) var<storage, read> vb: array<KvWord>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+const HD: u32 = {{HD}}u;
+const H4: u32 = HD / 4u;    // vec4s per row
+// Tile row pitch in vec4s: one vec4 of padding, so the 16-byte reads of 8 consecutive
+// keys (phase 1) start 4 banks apart and cover all 32 banks without conflict.
+const P4: u32 = H4 + 1u;
+const WG: u32 = {{WG}}u;
+const BQ: u32 = {{BQ}}u;
+const BK: u32 = {{BK}}u;
+const UB: u32 = WG / BK;   // phase 1: unit stride between an invocation's scores
+const R1: u32 = BQ * BK / WG;
+const TPU: u32 = WG / BQ;  // phase 2: invocations per unit
+const DU: u32 = WG / HD;   // phase 3: unit stride between an invocation's outputs
+const R3: u32 = BQ * HD / WG;
+// Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
+const NEG: f32 = -1.0e30;
+
+// vec4s: phase 1 reads four dims per load (one load feeds 4 * R1 FMAs).
+var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;   // [BQ, H4]
+var<workgroup> kvs: array<vec4<f32>, {{KV_LEN}}>;  // [BK, P4], K then V of the tile
+// [BQ, BK] scores, then probabilities; vec4s of 4 keys, so phase 3 reads four
+// probabilities of a unit per load.
+var<workgroup> ss: array<vec4<f32>, {{SS_LEN}}>;
+var<workgroup> red: array<f32, WG>;          // [BQ, TPU] partial maxima, then sums
+var<workgroup> alpha: array<f32, BQ>;
+
+// Word j of segment A's or B's keys (`values`: of its values). Branches, not `select`:
+// select evaluates (loads) both operands.
+fn load_word(in_a: bool, values: bool, j: u32) -> KvWord {
+    var x: KvWord;
+    if (in_a) {
+        if (values) {
+            x = va[j];
+        } else {
+            x = ka[j];
+        }
+    } else {
+        if (values) {
+            x = vb[j];
+        } else {
+            x = kb[j];
+        }
+    }
+    return x;
+}
+
+//#if KV_VEC
+// Elements 4 * i4 .. 4 * i4 + 3, as f32.
+fn load_kv4(in_a: bool, values: bool, i4: u32) -> vec4<f32> {
+    let w = load_word(in_a, values, i4);
+//#if KV_PACKED
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+//#else
+    return vec4<f32>(w);
+//#endif
+}
+//#else
+// Element i, as f32.
+fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
+//#if KV_PACKED
+    return unpack2x16float(load_word(in_a, values, i >> 1u))[i & 1u];
+//#else
+    return f32(load_word(in_a, values, i));
+//#endif
+}
+//#endif
+
+// Stages the [BK, HD] tile of keys (or values) starting at buffer row `row` into kvs;
+// rows past `keys` and dims past p.hd are zero. Invocation i takes the vec4s i, i + WG, ...
+// of the tile, so consecutive invocations read consecutive 16-byte spans of a row.
+fn stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
+    for (var i = lid; i < BK * H4; i += WG) {
+        let j = i / H4;
+        let d = (i % H4) * 4u;
+        var x = vec4<f32>(0.0);
+        if (j < keys) {
+            let base = (row + j) * p.kv_stride + kv_col + d;
+//#if KV_VEC
+            x = load_kv4(in_a, values, base / 4u);
+//#else
+            for (var c = 0u; c < 4u; c++) {
+                if (d + c < p.hd) {
+                    x[c] = load_kv(in_a, values, base + c);
+                }
+            }
+//#endif
+        }
+        kvs[j * P4 + i % H4] = x;
+    }
+}
+
+@compute @workgroup_size({{WG}})
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let gid = wid.x + wid.y * nwg.x;
+    // Unit blocks innermost: consecutive workgroups read the same keys, which stay in cache.
+    let ublock = gid % p.unit_blocks;
+    let rest = gid / p.unit_blocks;
+    let slice = rest % p.slices;
+    let kvh = rest / p.slices;
+    if (kvh >= p.n_kv_heads) {
+        return;
+    }
+    let u0 = ublock * BQ;
+    let kv_col = kvh * p.hd;
+
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let ui = i / H4;
+        let d = (i % H4) * 4u;
+        var x = vec4<f32>(0.0);
+        let u = u0 + ui;
+        if (u < p.units) {
+            let row = p.row0 + u / p.group;
+            let head = kvh * p.group + u % p.group;
+            let base = row * p.q_stride + p.q_col + head * p.hd + d;
+            for (var c = 0u; c < 4u; c++) {
+                if (d + c < p.hd) {
+                    x[c] = q[base + c] * p.scale_log2;
+                }
+            }
+        }
+        qs[i] = x;
+    }
+
+    let kk = lid % BK;        // phase 1 key
+    let ub1 = lid / BK;       // phase 1 first unit
+    let u2 = lid / TPU;       // phase 2 unit
+    let l2 = lid % TPU;       // phase 2 share of that unit's keys
+    let d3 = lid % HD;        // phase 3 dim
+    let ub3 = lid / HD;       // phase 3 first unit
+    var acc: array<f32, R3>;
+    var run_max = NEG;        // of unit u2, the same in all its TPU invocations
+    var run_sum = 0.0;        // of unit u2, over this invocation's keys only
+
+    let tiles_a = (p.len_a + BK - 1u) / BK;
+    let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
+    let t_begin = slice * p.tiles_per_slice;
+    let t_end = min(t_begin + p.tiles_per_slice, n_tiles);
+    for (var t = t_begin; t < t_end; t++) {
+        let in_a = t < tiles_a;
+        let t0 = select(t - tiles_a, t, in_a) * BK;
+        let seg_len = select(p.len_b, p.len_a, in_a);
+        // First buffer row of the segment: B may start inside a larger (batched) arena.
+        let seg_row0 = select(p.b_row0, p.a_row0, in_a);
+        let keys = min(BK, seg_len - t0);
+
+        stage(lid, in_a, false, seg_row0 + t0, keys, kv_col);
+        workgroupBarrier();
+
+        var s: array<f32, R1>;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let k = kvs[kk * P4 + d4];
+            for (var r = 0u; r < R1; r++) {
+                s[r] += dot(qs[(ub1 + UB * r) * H4 + d4], k);
+            }
+        }
+        for (var r = 0u; r < R1; r++) {
+            let at = (ub1 + UB * r) * BK + kk;
+            ss[at / 4u][at % 4u] = select(NEG, s[r], kk < keys);
+        }
+        workgroupBarrier();
+
+        stage(lid, in_a, true, seg_row0 + t0, keys, kv_col);
+        var mx = NEG;
+        for (var j = l2; j < BK; j += TPU) {
+            let at = u2 * BK + j;
+            mx = max(mx, ss[at / 4u][at % 4u]);
+        }
+        red[lid] = mx;
+        workgroupBarrier();
+
+        mx = run_max;
+        for (var l = 0u; l < TPU; l++) {
+            mx = max(mx, red[u2 * TPU + l]);
+        }
+        var sum = 0.0;
+        for (var j = l2; j < BK; j += TPU) {
+            let at = u2 * BK + j;
+            let pj = exp2(ss[at / 4u][at % 4u] - mx);
+            ss[at / 4u][at % 4u] = pj;
+            sum += pj;
+        }
+        let a = exp2(run_max - mx);
+        run_sum = run_sum * a + sum;
+        run_max = mx;
+        if (l2 == 0u) {
+            alpha[u2] = a;
+        }
+        workgroupBarrier();
+
+        for (var r = 0u; r < R3; r++) {
+            acc[r] *= alpha[ub3 + DU * r];
+        }
+        // Four keys at a time: past `keys` the probabilities are exactly 0 and the staged
+        // values 0, so the last group needs no mask.
+        let c3 = d3 / 4u;
+        let e3 = d3 % 4u;
+        for (var j4 = 0u; j4 < (keys + 3u) / 4u; j4++) {
+            let j = 4u * j4;
+            let v = vec4<f32>(
+                kvs[j * P4 + c3][e3],
+                kvs[(j + 1u) * P4 + c3][e3],
+                kvs[(j + 2u) * P4 + c3][e3],
+                kvs[(j + 3u) * P4 + c3][e3],
+            );
+            for (var r = 0u; r < R3; r++) {
+                acc[r] += dot(ss[(ub3 + DU * r) * (BK / 4u) + j4], v);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // Row sums from the per-invocation partials.
+    red[lid] = run_sum;
+    workgroupBarrier();
+//#if SPLIT
+    let n_units = p.n_kv_heads * p.units;
+    let cell0 = slice * n_units + kvh * p.units;
+    if (l2 == 0u && u0 + u2 < p.units) {
+        var total = 0.0;
+        for (var l = 0u; l < TPU; l++) {
+            total += red[u2 * TPU + l];
+        }
+        let stats = (p.slices * n_units * HD) + (cell0 + u0 + u2) * 2u;
+        out[stats] = run_max;
+        out[stats + 1u] = total;
+    }
+    for (var r = 0u; r < R3; r++) {
+        let u = ub3 + DU * r;
+        if (u0 + u < p.units && d3 < p.hd) {
+            out[(cell0 + u0 + u) * HD + d3] = acc[r];
+        }
+    }
+//#else
+    for (var r = 0u; r < R3; r++) {
+        let ui = ub3 + DU * r;
+        let u = u0 + ui;
+        if (u < p.units && d3 < p.hd) {
+            var total = 0.0;
+            for (var l = 0u; l < TPU; l++) {
+                total += red[ui * TPU + l];
+            }
+            let row = p.row0 + u / p.group;
+            let head = kvh * p.group + u % p.group;
+            out[row * p.out_stride + head * p.hd + d3] = acc[r] / total;
+        }
+    }
+//#endif
+}
