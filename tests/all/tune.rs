@@ -86,3 +86,94 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     assert!(text.contains(&class), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Attention's `Auto` with a split scratch measures register, wide and wide-split once per
+/// shape class, and the output is right whatever wins.
+#[test]
+fn attention_shape_classes_are_measured_too() {
+    use unmask_core::oracle::attention::attention as oracle;
+    use unmask_gpu::ops::attention::{
+        self as attn, AttentionKernel, AttentionOptions, AttentionShape, KvSegment,
+    };
+    let dir = std::env::temp_dir().join(format!("unmask-tune-attn-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ctx = context(TunePolicy::Always, &dir.join("kernels.json"));
+    let shape = AttentionShape {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 32,
+    };
+    let (m, len_a, len_b) = (6, 40, 9);
+    let (width, kv_width) = (4 * 32, 2 * 32);
+    let qd = random_vec(11, m * width, 1.0);
+    let (ka, va) = (
+        random_vec(12, len_a * kv_width, 1.0),
+        random_vec(13, len_a * kv_width, 1.0),
+    );
+    let (kb, vb) = (
+        random_vec(14, len_b * kv_width, 1.0),
+        random_vec(15, len_b * kv_width, 1.0),
+    );
+    let up = |d: &[f32], l| Tensor::from_f32(&ctx, &[d.len()], d, l).unwrap();
+    let (q, kat, vat, kbt, vbt) = (
+        up(&qd, "q"),
+        up(&ka, "ka"),
+        up(&va, "va"),
+        up(&kb, "kb"),
+        up(&vb, "vb"),
+    );
+    let out = Tensor::zeros(&ctx, DType::F32, &[m, width], "out").unwrap();
+    let floats = attn::split_scratch_floats(&ctx, shape, m, 64);
+    let scratch = Tensor::zeros(&ctx, DType::F32, &[floats], "split scratch").unwrap();
+    let options = AttentionOptions {
+        kernel: AttentionKernel::Auto,
+        scratch: Some(&scratch),
+        ..AttentionOptions::default()
+    };
+    let run = || {
+        let mut step = StepEncoder::new(&ctx, "tuned attention");
+        let seg_a = Some(KvSegment::first(&kat, &vat, len_a));
+        let plan = attn::attention_with(
+            &mut step,
+            &q,
+            width,
+            0,
+            0..m,
+            seg_a,
+            KvSegment::first(&kbt, &vbt, len_b),
+            &out,
+            shape,
+            &options,
+        )
+        .unwrap();
+        step.submit().unwrap();
+        (plan, out.read_f32(&ctx).unwrap())
+    };
+    let want = oracle(
+        &qd,
+        width,
+        0,
+        m,
+        Some((&ka, &va, len_a)),
+        (&kb, &vb, len_b),
+        4,
+        2,
+        32,
+    );
+    let (plan, got) = run();
+    assert_close("tuned attention", &got, &want, 1e-4);
+    assert_eq!(ctx.tuner.measurements(), 1);
+    let (class, measured) = &ctx.tuner.entries()[0];
+    assert!(
+        class.starts_with("attention@") && class.ends_with("/split"),
+        "{class}"
+    );
+    let names: Vec<&str> = measured.times.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["register", "wide", "wide-split"]);
+    assert_eq!(plan.kernel.name(), measured.winner, "the winner ran");
+    eprintln!("[tune] {class}: {measured:?}");
+    let (again, _) = run();
+    assert_eq!(again.kernel, plan.kernel);
+    assert_eq!(ctx.tuner.measurements(), 1, "measured once");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,7 +8,7 @@ use unmask_gpu::ops::attention::{
     split_scratch_floats,
 };
 use unmask_gpu::ops::elementwise as ew;
-use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
+use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused, tune_class};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
 use crate::env::{Peak, with_envelope};
@@ -218,7 +218,14 @@ pub fn run_kernel_case(
                         matmul_fused(step, &x, &w, &y, m, kernel, fusion)
                     })?;
                     let variant = if kernel == MatmulKernel::Auto {
-                        format!("auto:{}", kernel.plan(ctx, m, format).0.name())
+                        // The measured winner where the device tunes (the run above
+                        // measured the class), else the fixed choice.
+                        let class = tune_class(format, &fusion, m, y_cols, k);
+                        let chosen = ctx
+                            .tuner
+                            .winner(&class)
+                            .unwrap_or_else(|| kernel.plan(ctx, m, format).0.name().to_string());
+                        format!("auto:{chosen}")
                     } else {
                         kernel.name().to_string()
                     };

@@ -608,6 +608,105 @@ pub fn attention(
     .map(|_| ())
 }
 
+/// The shape class of an attention call for measured kernel choice: the kernel sources,
+/// the K/V format, the heads, query rows and keys rounded up to powers of two, and whether
+/// there are two segments and a split scratch.
+pub fn tune_class(
+    shape: AttentionShape,
+    m: usize,
+    n_keys: usize,
+    kv: DType,
+    two_segments: bool,
+    split: bool,
+) -> String {
+    let sources = [ATTENTION, ATTENTION_WIDE, ATTENTION_COMBINE]
+        .iter()
+        .fold(0u32, |h, k| {
+            h ^ crate::tune::source_hash(k.source).rotate_left(7)
+        });
+    format!(
+        "attention@{sources:08x}/{kv:?}/h{}/kv{}/d{}/m{}/keys{}/{}{}",
+        shape.n_heads,
+        shape.n_kv_heads,
+        shape.head_dim,
+        m.next_power_of_two(),
+        n_keys.next_power_of_two(),
+        if two_segments { "ab" } else { "b" },
+        if split { "/split" } else { "" }
+    )
+}
+
+/// For `Auto` on a device that measures (`GpuContext::tuner`): the measured kernel of this
+/// shape class, timed now into a scratch output when the class is new. `None`: keep the
+/// plan's fixed choice (no measuring, or nothing to choose between).
+#[allow(clippy::too_many_arguments)]
+// In a browser nothing is timed (no blocking waits), so the tensors go unused there.
+#[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
+fn measured_kernel(
+    ctx: &GpuContext,
+    q: &Tensor,
+    q_stride: usize,
+    q_col: usize,
+    rows: &std::ops::Range<usize>,
+    seg_a: Option<KvSegment>,
+    seg_b: KvSegment,
+    out: &Tensor,
+    shape: AttentionShape,
+    options: &AttentionOptions,
+) -> Result<Option<AttentionKernel>> {
+    if options.kernel != AttentionKernel::Auto || !ctx.tuner.enabled() || rows.is_empty() {
+        return Ok(None);
+    }
+    let kv = seg_b.k.dtype;
+    let n_keys = seg_a.map_or(0, |a| a.len) + seg_b.len;
+    // The register kernel reads f32 K/V only; the split needs its scratch.
+    let candidates: Vec<AttentionKernel> = AttentionKernel::CONCRETE
+        .into_iter()
+        .filter(|&k| k != AttentionKernel::Register || kv == DType::F32)
+        .filter(|&k| k != AttentionKernel::WideSplit || options.scratch.is_some())
+        .collect();
+    if candidates.len() < 2 {
+        return Ok(None);
+    }
+    let class = tune_class(
+        shape,
+        rows.len(),
+        n_keys,
+        kv,
+        seg_a.is_some(),
+        options.scratch.is_some(),
+    );
+    let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
+    if let Some(k) = ctx.tuner.winner(&class).as_deref().and_then(by_name) {
+        return Ok(Some(k));
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let names: Vec<&'static str> = candidates.iter().map(|k| k.name()).collect();
+        let scratch_out = Tensor::zeros(ctx, DType::F32, &[out.numel()], "tune attention out")?;
+        let times = crate::tune::time_candidates(ctx, &names, |step, name| {
+            let kernel = by_name(name).expect("a candidate");
+            let o = AttentionOptions { kernel, ..*options };
+            attention_with(
+                step,
+                q,
+                q_stride,
+                q_col,
+                rows.clone(),
+                seg_a,
+                seg_b,
+                &scratch_out,
+                shape,
+                &o,
+            )
+            .map(|_| ())
+        })?;
+        return Ok(ctx.tuner.record(&class, times).as_deref().and_then(by_name));
+    }
+    #[allow(unreachable_code)]
+    Ok(None)
+}
+
 /// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`, and
 /// returns the plan that ran.
 ///
@@ -674,6 +773,16 @@ pub fn attention_with(
         ));
     }
     let ctx = step.ctx();
+    let measured;
+    let options = match measured_kernel(
+        ctx, q, q_stride, q_col, &rows, seg_a, seg_b, out, shape, options,
+    )? {
+        Some(kernel) => {
+            measured = AttentionOptions { kernel, ..*options };
+            &measured
+        }
+        None => options,
+    };
     let plan = options
         .kernel
         .plan(ctx, shape, m.max(1), n_keys, kv_dtype, options)?;
