@@ -119,6 +119,10 @@ impl DirFiles {
 #[cfg(not(target_arch = "wasm32"))]
 impl ModelFiles for DirFiles {
     fn location(&self, name: &str) -> String {
+        // The folder itself as given (joining "" would add a trailing separator).
+        if name.is_empty() {
+            return self.dir.display().to_string();
+        }
         self.dir.join(name).display().to_string()
     }
 
