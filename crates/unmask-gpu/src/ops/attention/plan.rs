@@ -1,0 +1,387 @@
+//! Which attention kernel runs, with what tile and how many key slices: the variants, the
+//! fixed choice per device and shape, and the sizes the split's scratch needs.
+
+use super::*;
+
+/// Query units per workgroup (fixed by the kernel's register blocks).
+pub(super) const UNITS_PER_GROUP: usize = 8;
+
+/// Workgroup shape of one head dimension. The kernel gives every invocation 8 keys in the
+/// score phase and 8 head dims in the P·V phase, so `wg` covers the head dim 8 at a time
+/// (at least 8, the units of phase 2) and a key tile holds `8 * wg` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Tile {
+    pub(super) head_dim: usize,
+    pub(super) wg: usize,
+}
+
+impl Tile {
+    pub(super) fn for_head_dim(head_dim: usize) -> Self {
+        let wg = head_dim
+            .div_ceil(8)
+            .next_multiple_of(8)
+            .max(UNITS_PER_GROUP);
+        let tile = Tile { head_dim, wg };
+        debug_assert!(tile.is_consistent(), "{tile:?}");
+        tile
+    }
+
+    pub(super) fn bk(&self) -> usize {
+        8 * self.wg
+    }
+
+    pub(super) fn is_consistent(&self) -> bool {
+        8 * self.wg >= self.head_dim
+            && self.wg >= UNITS_PER_GROUP
+            && self.wg <= 256
+            && self.workgroup_bytes() <= WORKGROUP_BYTES
+    }
+
+    pub(super) fn workgroup_bytes(&self) -> usize {
+        4 * UNITS_PER_GROUP * (self.head_dim + 2 * self.bk() + 2)
+    }
+
+    pub(super) fn spec(&self) -> Spec {
+        Spec::new()
+            .constant("HD", self.head_dim)
+            .constant("WG", self.wg)
+            .constant("QS_LEN", 2 * self.head_dim)
+            .constant("PS_LEN", 2 * self.bk())
+            .flag_if(self.head_dim.is_multiple_of(4), "VEC4")
+    }
+}
+
+/// Which attention kernel runs (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKernel {
+    /// 8 x 8 register blocks, no K/V staging; f32 K/V only.
+    Register,
+    /// 128 invocations, coalesced K/V tiles through workgroup memory.
+    Wide,
+    /// `Wide` over slices of the keys, then a combine pass; needs a scratch buffer.
+    WideSplit,
+    /// `plan` picks one for the device and shape.
+    Auto,
+}
+
+impl AttentionKernel {
+    /// Every concrete kernel (not `Auto`).
+    pub const CONCRETE: [AttentionKernel; 3] = [
+        AttentionKernel::Register,
+        AttentionKernel::Wide,
+        AttentionKernel::WideSplit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Register => "register",
+            AttentionKernel::Wide => "wide",
+            AttentionKernel::WideSplit => "wide-split",
+            AttentionKernel::Auto => "auto",
+        }
+    }
+
+    /// The concrete kernel, K/V decoding and key slices for `m` query rows over `n_keys`
+    /// keys stored as `kv`. Explicit kernels run as asked (`Register` cannot read f16 K/V;
+    /// `WideSplit` needs a scratch). `Auto`: on hardware GPUs (discrete or integrated)
+    /// `Wide`, split when the (kv head, query block) workgroups alone would leave the GPU
+    /// idle and a scratch was given; elsewhere (lavapipe, browsers) `Register` for f32 K/V,
+    /// and `Wide` for f16 K/V, which only the wide kernel reads.
+    pub fn plan(
+        self,
+        ctx: &GpuContext,
+        shape: AttentionShape,
+        m: usize,
+        n_keys: usize,
+        kv: DType,
+        options: &AttentionOptions,
+    ) -> Result<AttentionPlan> {
+        let read = match kv {
+            DType::F32 => KvRead::F32,
+            DType::F16 if options.native_f16 && ctx.features.shader_f16 => KvRead::F16Native,
+            DType::F16 => KvRead::F16Packed,
+            DType::U32 => {
+                return Err(shape_error("K/V in f32 or f16".into(), "u32 K/V".into()));
+            }
+        };
+        let AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = shape;
+        if head_dim == 0
+            || head_dim > MAX_HEAD_DIM
+            || n_kv_heads == 0
+            || !n_heads.is_multiple_of(n_kv_heads)
+        {
+            return Err(shape_error(
+                format!("head_dim in 1..={MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads"),
+                format!("{shape:?}"),
+            ));
+        }
+        let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
+        let group = n_heads / n_kv_heads;
+        let base_groups = (m * group).div_ceil(tile.bq) * n_kv_heads;
+        let n_tiles = n_keys.div_ceil(tile.bk);
+        let scratch_slices = options
+            .scratch
+            .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
+        let kernel = match self {
+            AttentionKernel::Auto => {
+                let hardware = is_hardware_gpu(ctx);
+                if read == KvRead::F32 && !hardware {
+                    // lavapipe: the register kernel beat the wide one 4-7x (kernel bench,
+                    // ratios within one run); staging through workgroup memory is a copy
+                    // there. A browser's adapter has no device type (Other): unknown, so
+                    // today's kernel stays.
+                    AttentionKernel::Register
+                } else if hardware
+                    && scratch_slices >= 2
+                    && split_slices(base_groups, n_tiles, scratch_slices) >= 2
+                {
+                    AttentionKernel::WideSplit
+                } else {
+                    AttentionKernel::Wide
+                }
+            }
+            AttentionKernel::Register if read != KvRead::F32 => {
+                return Err(shape_error(
+                    "f32 K/V for the register kernel".into(),
+                    format!("{kv:?} K/V"),
+                ));
+            }
+            other => other,
+        };
+        let slices = match kernel {
+            AttentionKernel::WideSplit => {
+                if scratch_slices == 0 {
+                    return Err(shape_error(
+                        format!(
+                            "a scratch of at least {} f32 for the split kernel",
+                            split_cell_floats(shape, m, tile)
+                        ),
+                        match options.scratch {
+                            Some(t) => format!("{:?} {:?}", t.dtype, t.shape),
+                            None => "no scratch".into(),
+                        },
+                    ));
+                }
+                // Asked for by name, the split splits wherever there are two tiles.
+                let wanted = options.slices.unwrap_or_else(|| {
+                    let shape_says = split_slices(base_groups, n_tiles, scratch_slices);
+                    if self == AttentionKernel::WideSplit {
+                        shape_says.max(2)
+                    } else {
+                        shape_says
+                    }
+                });
+                // Two segments may take one tile more than their keys together;
+                // `attention_with` trims the count to the real tiles.
+                wanted.clamp(1, n_tiles + 1).min(scratch_slices)
+            }
+            _ => 1,
+        };
+        let tile = match kernel {
+            AttentionKernel::Register => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
+            _ => (tile.bq, tile.bk),
+        };
+        Ok(AttentionPlan {
+            kernel,
+            read,
+            slices,
+            tile,
+        })
+    }
+}
+
+/// A discrete or integrated GPU: where the wide kernels are meant to run.
+pub fn is_hardware_gpu(ctx: &GpuContext) -> bool {
+    matches!(
+        ctx.info.device_type,
+        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
+    )
+}
+
+/// How the kernel reads K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvRead {
+    F32,
+    /// f16 pairs in u32 words, unpacked in the shader (no shader-f16 needed).
+    F16Packed,
+    /// Native f16 loads (shader-f16).
+    F16Native,
+}
+
+impl KvRead {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRead::F32 => "f32",
+            KvRead::F16Packed => "f16-packed",
+            KvRead::F16Native => "f16-native",
+        }
+    }
+
+    pub(super) fn flag(self) -> &'static str {
+        match self {
+            KvRead::F32 => "KV_F32",
+            KvRead::F16Packed => "KV_PACKED",
+            KvRead::F16Native => "F16",
+        }
+    }
+}
+
+/// What `AttentionKernel::plan` chose for one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    pub kernel: AttentionKernel,
+    pub read: KvRead,
+    /// Key slices (1 unless `kernel` is `WideSplit`).
+    pub slices: usize,
+    /// (query units, keys) of one workgroup's tile.
+    pub tile: (usize, usize),
+}
+
+/// Per-call choices of `attention_with`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionOptions<'a> {
+    pub kernel: AttentionKernel,
+    /// Read f16 K/V with native f16 loads where the device has shader-f16 (else packed).
+    pub native_f16: bool,
+    /// f32 scratch for the split kernel's partial results (`split_scratch_floats` per
+    /// slice); without one there is no split.
+    pub scratch: Option<&'a Tensor>,
+    /// Forces the number of key slices of the split kernel (clamped to the key tiles and
+    /// to what the scratch holds); `None`: chosen from the shape.
+    pub slices: Option<usize>,
+}
+
+impl Default for AttentionOptions<'_> {
+    fn default() -> Self {
+        Self {
+            kernel: AttentionKernel::Auto,
+            native_f16: true,
+            scratch: None,
+            slices: None,
+        }
+    }
+}
+
+/// Workgroups the split aims for: about 4 per SM on GPUs of 100-150 SMs, enough to hide
+/// the latency of the K/V loads.
+pub(super) const TARGET_WORKGROUPS: usize = 512;
+
+/// Fewest key tiles per slice: below it the partial writes and the combine pass cost more
+/// than the extra parallelism gains.
+pub(super) const MIN_TILES_PER_SLICE: usize = 4;
+
+/// Key slices for `base_groups` (kv head, query block) workgroups over `n_tiles` key tiles,
+/// at most `cap`.
+pub(super) fn split_slices(base_groups: usize, n_tiles: usize, cap: usize) -> usize {
+    if base_groups >= TARGET_WORKGROUPS / 2 {
+        return 1;
+    }
+    let want = TARGET_WORKGROUPS.div_ceil(base_groups.max(1));
+    want.min(n_tiles / MIN_TILES_PER_SLICE).min(cap).max(1)
+}
+
+/// f32 of scratch one key slice needs: output, max and sum of every (query row, head).
+pub(super) fn split_cell_floats(shape: AttentionShape, m: usize, tile: WideTile) -> usize {
+    (m * shape.n_heads * (tile.hd_class + 2)).max(1)
+}
+
+/// f32 a scratch needs for `slices` key slices of `m` query rows on this device.
+pub fn split_scratch_floats(
+    ctx: &GpuContext,
+    shape: AttentionShape,
+    m: usize,
+    slices: usize,
+) -> usize {
+    let tile = WideTile::new(shape.head_dim, ctx.features.max_workgroup_storage_bytes);
+    slices * split_cell_floats(shape, m, tile)
+}
+
+/// Invocations of a wide workgroup: 4 warps of 32, 2 waves of 64.
+pub(super) const WIDE_WG: usize = 128;
+
+/// Head-dim classes of the wide kernel: the tile pitch; a head dim runs in the smallest
+/// class that holds it.
+pub(super) const HD_CLASSES: [usize; 4] = [16, 32, 64, 128];
+
+/// (query units, keys) per wide tile, best first: more of both means fewer K/V reads per
+/// FMA, bounded by workgroup memory.
+pub(super) const WIDE_TILES: [(usize, usize); 5] = [(16, 64), (16, 32), (16, 16), (8, 32), (8, 16)];
+
+/// Workgroup-memory budgets `variants` builds the wide kernel for: the browser's, and the
+/// common native limits (32 KiB Apple / Intel, 48 KiB NVIDIA, 64 KiB AMD).
+pub(super) const WORKGROUP_BUDGETS: [u32; 4] = [16 * 1024, 32 * 1024, 48 * 1024, 64 * 1024];
+
+/// Tile of the wide kernel for one head-dim class and workgroup-memory budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WideTile {
+    pub(super) hd_class: usize,
+    pub(super) bq: usize,
+    pub(super) bk: usize,
+}
+
+impl WideTile {
+    pub(super) fn new(head_dim: usize, budget_bytes: u32) -> Self {
+        let hd_class = HD_CLASSES
+            .into_iter()
+            .find(|&c| c >= head_dim)
+            .unwrap_or(MAX_HEAD_DIM);
+        // The last candidate fits 16 KiB at every class: the floor WebGPU guarantees.
+        let (bq, bk) = WIDE_TILES
+            .into_iter()
+            .find(|&(bq, bk)| {
+                let t = WideTile { hd_class, bq, bk };
+                t.workgroup_bytes() <= budget_bytes as usize
+            })
+            .unwrap_or(WIDE_TILES[WIDE_TILES.len() - 1]);
+        let t = WideTile { hd_class, bq, bk };
+        debug_assert!(t.is_consistent(), "{t:?}");
+        t
+    }
+
+    /// Rows of the staged K/V tile, in f32: the head-dim class and one vec4 of padding.
+    pub(super) fn kv_pitch(&self) -> usize {
+        self.hd_class + 4
+    }
+
+    pub(super) fn workgroup_bytes(&self) -> usize {
+        let floats = self.bq * self.hd_class
+            + self.bk * self.kv_pitch()
+            + self.bq * self.bk
+            + WIDE_WG
+            + self.bq;
+        4 * floats
+    }
+
+    /// The divisibilities the kernel's index maps rely on.
+    pub(super) fn is_consistent(&self) -> bool {
+        WIDE_WG.is_multiple_of(self.bk)
+            && self.bk.is_multiple_of(4)
+            && self.hd_class.is_multiple_of(4)
+            && WIDE_WG.is_multiple_of(self.bq)
+            && WIDE_WG.is_multiple_of(self.hd_class)
+            && (self.bq * self.bk).is_multiple_of(WIDE_WG)
+            && (self.bq * self.hd_class).is_multiple_of(WIDE_WG)
+            && self.workgroup_bytes() <= 64 * 1024
+    }
+
+    /// `vec`: the head dim equals the class, so K/V rows are whole vec4s (KV_VEC).
+    pub(super) fn spec(&self, read: KvRead, split: bool, vec: bool) -> Spec {
+        Spec::new()
+            .constant("HD", self.hd_class)
+            .constant("WG", WIDE_WG)
+            .constant("BQ", self.bq)
+            .constant("BK", self.bk)
+            .constant("QS_LEN", self.bq * self.hd_class / 4)
+            .constant("KV_LEN", self.bk * self.kv_pitch() / 4)
+            .constant("SS_LEN", self.bq * self.bk / 4)
+            .flag(read.flag())
+            .flag_if(split, "SPLIT")
+            .flag_if(vec, "KV_VEC")
+            // Marks the variants only native adapters build (tests check the budget).
+            .flag_if(self.workgroup_bytes() > WORKGROUP_BYTES, "NATIVE")
+    }
+}
