@@ -144,10 +144,11 @@ def find_unmask(given):
 
 
 class Runtime:
-    """Runs the `unmask` binary with the --backend / --dtype given to this script."""
+    """Runs the `unmask` binary with the --backend / --dtype / --matmul given to this script."""
 
-    def __init__(self, binary, model, backend, dtype):
+    def __init__(self, binary, model, backend, dtype, matmul=None):
         self.binary, self.model, self.backend, self.dtype = binary, model, backend, dtype
+        self.matmul = matmul
         self.env = dict(os.environ)
         if not self.env.get("XDG_RUNTIME_DIR"):
             # Vulkan loaders and Mesa look for it; without one they print warnings
@@ -160,6 +161,8 @@ class Runtime:
             cmd += ["--backend", self.backend]
         if self.dtype:
             cmd += ["--dtype", self.dtype]
+        if self.matmul:
+            cmd += ["--matmul", self.matmul]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
         if proc.returncode != 0:
             command = " ".join(cmd)
@@ -617,6 +620,7 @@ def main(argv=None):
     add("--unmask", help="runtime binary (default target/release/unmask, else target/debug/unmask)")
     add("--backend", help="passed to unmask as --backend")
     add("--dtype", help="passed to unmask as --dtype (f16, f16-packed, f32)")
+    add("--matmul", help="passed to unmask as --matmul (a kernel: tiled, gemm, narrow, coop, ...)")
     add("--golden-logits", choices=["f32", "bf16"], default="f32", help="goldens: which logits path (default f32)")
     add("--device", help="torch: cpu or cuda (default cuda when available)")
     add("--ref-dtype", choices=["f32", "bf16"], default="f32", help="torch: reference numerics (default f32)")
@@ -675,7 +679,7 @@ def main(argv=None):
         else args.gen_min_agreement,
     }
     try:
-        runtime = Runtime(find_unmask(args.unmask), args.model, args.backend, args.dtype)
+        runtime = Runtime(find_unmask(args.unmask), args.model, args.backend, args.dtype, args.matmul)
         reference = {"against": args.against}
         if args.against == "goldens":
             logit_results, gen_results = goldens_cases(args, runtime, tol)
@@ -712,6 +716,7 @@ def main(argv=None):
             "unmask": runtime.binary,
             "backend": args.backend,
             "dtype": args.dtype,
+            "matmul": args.matmul,
             "reference": reference,
             "tolerance": tol,
             "logits": logit_results,

@@ -1,22 +1,24 @@
 //! Matmul kernels (`y = x · Wᵀ`) against the f64 CPU oracle: every kernel, every weight
 //! format the device has, shapes that do and do not divide the tiles, chunked weights.
-//! `gemm-f16` runs f16 arithmetic where the device has shader-f16 and `gemm` otherwise; each
+//! `gemm-f16` runs f16 arithmetic where the device has shader-f16 and `gemm` otherwise;
+//! `coop` runs cooperative matrices where the device has them and `gemm` otherwise; each
 //! test prints which.
 
 use crate::common;
 
 use unmask_core::oracle::matmul::matmul_xwt;
 use unmask_core::quant::{self, QuantFormat};
-use unmask_gpu::ops::matmul::{MatmulKernel, gemm_bk16_bytes, gemm_k_depth, matmul};
+use unmask_gpu::ops::matmul::{MatmulKernel, coop_k_depth, gemm_bk16_bytes, gemm_k_depth, matmul};
 use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor, Weight, WeightFormat};
 
-const KERNELS: [MatmulKernel; 7] = [
+const KERNELS: [MatmulKernel; 8] = [
     MatmulKernel::Naive,
     MatmulKernel::Tiled,
     MatmulKernel::TiledShared,
     MatmulKernel::Gemm,
     MatmulKernel::GemmF16,
     MatmulKernel::Narrow,
+    MatmulKernel::Coop,
     MatmulKernel::Auto,
 ];
 
@@ -56,9 +58,13 @@ fn tolerance(format: WeightFormat) -> f64 {
     }
 }
 
-/// Whether `kernel` runs f16 arithmetic here (`gemm-f16` with shader-f16).
+/// Whether `kernel` rounds its inputs to f16 here (`gemm-f16` with shader-f16, `coop` with
+/// cooperative matrices).
 fn f16_arithmetic(ctx: &GpuContext, kernel: MatmulKernel) -> bool {
-    kernel.plan(ctx, 1, WeightFormat::F32).0 == MatmulKernel::GemmF16
+    matches!(
+        kernel.plan(ctx, 1, WeightFormat::F32).0,
+        MatmulKernel::GemmF16 | MatmulKernel::Coop
+    )
 }
 
 /// The f16-arithmetic GEMM rounds x and W to f16 (2^-11 relative) and sums 8 or 16 products
@@ -72,7 +78,7 @@ fn kernel_tolerance(ctx: &GpuContext, kernel: MatmulKernel, tol: f64) -> f64 {
     }
 }
 
-/// Says which path `gemm-f16` takes on this device.
+/// Says which paths `gemm-f16` and `coop` take on this device.
 fn print_f16_path(ctx: &GpuContext) {
     eprintln!(
         "[path] gemm-f16 runs {}",
@@ -82,6 +88,27 @@ fn print_f16_path(ctx: &GpuContext) {
             "the f32 gemm (no shader-f16)"
         }
     );
+    let coop = MatmulKernel::Coop.plan(ctx, 1, WeightFormat::F32).0;
+    match coop_k_depth(ctx) {
+        Some(bk) => {
+            assert_eq!(coop, MatmulKernel::Coop);
+            eprintln!(
+                "[path] coop runs cooperative matrices (subgroup size {}, {bk}-deep k-tiles)",
+                ctx.features.subgroup_max_size
+            );
+        }
+        None => {
+            assert_eq!(coop, MatmulKernel::Gemm);
+            eprintln!(
+                "[path] coop runs the f32 gemm (no cooperative matrices: {})",
+                if ctx.features.cooperative_configs.is_empty() {
+                    "the adapter reports none".to_string()
+                } else {
+                    format!("{:?}", ctx.features.cooperative_configs)
+                }
+            );
+        }
+    }
 }
 
 /// Runs one matmul with `x` and `y` allocated `extra` rows bigger than `m`; checks that the
@@ -406,7 +433,10 @@ fn fused_norm_residual_and_swiglu_match_the_oracle() {
                     // this file's time on lavapipe) in bounds.
                     let new_kernel = matches!(
                         kernel,
-                        MatmulKernel::Gemm | MatmulKernel::GemmF16 | MatmulKernel::Narrow
+                        MatmulKernel::Gemm
+                            | MatmulKernel::GemmF16
+                            | MatmulKernel::Narrow
+                            | MatmulKernel::Coop
                     );
                     if new_kernel && !matches!(format, WeightFormat::F32 | WeightFormat::Q4) {
                         continue;

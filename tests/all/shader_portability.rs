@@ -5,8 +5,8 @@
 use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator};
 use unmask_gpu::ops::all_variants;
-use unmask_gpu::ops::matmul::gemm_bk16_bytes;
-use unmask_gpu::pipeline::{render, uses_f16};
+use unmask_gpu::ops::matmul::{coop_bytes, gemm_bk16_bytes};
+use unmask_gpu::pipeline::{render, uses_cooperative_matrix, uses_f16};
 
 struct Outcome {
     name: String,
@@ -31,6 +31,10 @@ fn translate(variant: &unmask_gpu::ops::ShaderVariant) -> Result<Outcome, String
     }
     if uses_subgroups {
         caps |= Capabilities::SUBGROUP;
+    }
+    let coop = uses_cooperative_matrix(&variant.spec);
+    if coop {
+        caps |= Capabilities::COOPERATIVE_MATRIX;
     }
     let info = Validator::new(ValidationFlags::all(), caps)
         .subgroup_stages(ShaderStages::COMPUTE)
@@ -60,6 +64,11 @@ fn translate(variant: &unmask_gpu::ops::ShaderVariant) -> Result<Outcome, String
         "{name}: not a SPIR-V module"
     );
     targets.push("spirv");
+    // Cooperative matrices reach wgpu's Vulkan backend only (16 x 16 f16 tiles; Metal's
+    // simdgroup matrices are 8 x 8).
+    if coop {
+        return Ok(Outcome { name, targets });
+    }
 
     let msl_options = msl::Options {
         lang_version: (2, 4),
@@ -167,6 +176,9 @@ fn kernels_stay_within_browser_limits() {
         if uses_f16(&v.spec) {
             caps |= Capabilities::SHADER_FLOAT16;
         }
+        if uses_cooperative_matrix(&v.spec) {
+            caps |= Capabilities::COOPERATIVE_MATRIX;
+        }
         let info = Validator::new(ValidationFlags::all(), caps)
             .subgroup_stages(ShaderStages::COMPUTE)
             .subgroup_operations(SubgroupOperationSet::all())
@@ -194,7 +206,16 @@ fn kernels_stay_within_browser_limits() {
         }
         // The 16-deep f32 GEMM is built only where the device allows the bytes that
         // `plan` asks for, which must be what it really uses.
-        let limit = if v.spec.has("BK16") {
+        // `Coop` is native only (no browser has cooperative matrices); its plan asks for
+        // `coop_bytes`, which must be what it uses.
+        let limit = if uses_cooperative_matrix(&v.spec) {
+            let bk = if v.spec.key().contains("BK=32") {
+                32
+            } else {
+                16
+            };
+            u64::from(coop_bytes(bk))
+        } else if v.spec.has("BK16") {
             u64::from(gemm_bk16_bytes(v.spec.has("HALF")))
         } else if v.spec.has("NATIVE") {
             64 * 1024
@@ -223,11 +244,15 @@ fn ep_index(module: &naga::Module, entry: &str) -> usize {
 fn quantized_weight_kernels_need_no_shader_f16() {
     // q8 / q4 scales are f16 packed in u32 words, unpacked with unpack2x16float, so every
     // quantized variant must build where shader-f16 is missing (SwiftShader, many Chromes).
-    // (The f16-arithmetic GEMM needs shader-f16 whatever its weights; `plan` runs `Gemm`
-    // in its place without it.)
+    // (The f16-arithmetic GEMM and the cooperative-matrix kernel need shader-f16 whatever
+    // their weights; `plan` runs `Gemm` in their place without it.)
     let quantized: Vec<_> = all_variants()
         .into_iter()
-        .filter(|v| (v.spec.has("QUANT") || v.spec.has("W_QUANT")) && !v.spec.has("HALF"))
+        .filter(|v| {
+            (v.spec.has("QUANT") || v.spec.has("W_QUANT"))
+                && !v.spec.has("HALF")
+                && !uses_cooperative_matrix(&v.spec)
+        })
         .collect();
     // naive, tiled (x scalar / vec4), tiled-shared (x scalar / vec4), gemm (x scalar / vec4,
     // 8- or 16-deep k-tiles), narrow (x scalar / vec4), each with its five fusions (none,

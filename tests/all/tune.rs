@@ -50,7 +50,11 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     let entries = ctx.tuner.entries();
     let (got_class, measured) = &entries[0];
     assert_eq!(got_class, &class);
-    let names: Vec<&str> = MatmulKernel::CANDIDATES.iter().map(|k| k.name()).collect();
+    let names: Vec<&str> = MatmulKernel::candidates(&ctx)
+        .iter()
+        .map(|k| k.name())
+        .collect();
+    eprintln!("[path] measured candidates here: {names:?}");
     assert_eq!(
         measured
             .times
@@ -175,5 +179,40 @@ fn attention_shape_classes_are_measured_too() {
     let (again, _) = run();
     assert_eq!(again.kernel, plan.kernel);
     assert_eq!(ctx.tuner.measurements(), 1, "measured once");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A candidate whose output disagrees with the reference is left out of the measurement and
+/// never wins, however fast it is; an erroring one likewise.
+#[test]
+fn candidates_that_compute_wrong_outputs_never_win() {
+    use unmask_gpu::tune::{outputs_agree, time_verified_candidates};
+    let dir = std::env::temp_dir().join(format!("unmask-tune-verify-{}", std::process::id()));
+    let ctx = context(TunePolicy::Always, &dir.join("kernels.json"));
+    let times = time_verified_candidates(
+        &ctx,
+        &["right", "wrong", "failing"],
+        |name| match name {
+            "right" => Ok(true),
+            "wrong" => Ok(false),
+            _ => Err(unmask_gpu::GpuError::Validation {
+                context: "test".into(),
+                message: "no such kernel".into(),
+            }),
+        },
+        |_step, _name| Ok(()),
+    )
+    .unwrap();
+    let by_name = |n: &str| times.iter().find(|(name, _)| name == n).unwrap().1;
+    assert!(by_name("right").is_finite(), "{times:?}");
+    assert!(by_name("wrong").is_nan(), "{times:?}");
+    assert!(by_name("failing").is_nan(), "{times:?}");
+    assert_eq!(ctx.tuner.record("c", times).as_deref(), Some("right"));
+
+    let reference = [1.0f32, -2.0, 4.0];
+    assert!(outputs_agree(&reference, &[1.01, -2.0, 4.0], 1e-2));
+    assert!(!outputs_agree(&reference, &[1.05, -2.0, 4.0], 1e-2));
+    assert!(!outputs_agree(&reference, &[1.0, -2.0], 1e-2));
+    assert!(!outputs_agree(&reference, &[f32::NAN, -2.0, 4.0], 1e-2));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,6 +92,11 @@ for dtype in f32 f16; do
     --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model tests/fixtures/tiny --unmask "$BIN" \
     --json "$OUT/parity-tiny-$dtype.json"
 done
+# The cooperative-matrix (tensor-core) matmul forced through the whole forward; `unmask info`
+# above says whether this GPU has cooperative matrices (without them it runs `gemm`).
+phase parity-tiny-coop "$(left "${LIMITS[0]}")" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" \
+  --ref-dtype f32 --dtype f16 --matmul coop --backend "$BACKEND" --model tests/fixtures/tiny --unmask "$BIN" \
+  --json "$OUT/parity-tiny-coop.json"
 # Dream (tools/dream_torch.py): f32 with the default Fast-dLLM blocks (gen 32, block 16,
 # maskgit_plus), f16 with Dream's own schedule over the whole canvas (topk_margin)
 declare -A DREAM_GEN=([f32]="" [f16]="--block-length 32 --steps 16 --remasking topk_margin")

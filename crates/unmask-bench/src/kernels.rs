@@ -9,6 +9,7 @@ use unmask_gpu::ops::attention::{
 };
 use unmask_gpu::ops::elementwise as ew;
 use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused, tune_class};
+use unmask_gpu::tune::max_relative_error;
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
 use crate::env::{Peak, with_envelope};
@@ -213,7 +214,28 @@ pub fn run_kernel_case(
                 };
                 let flops = 2.0 * (m * n * k) as f64;
                 let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * y_cols) as f64;
+                // Each variant's output from zero, checked against `Tiled`'s: a kernel that
+                // is fast and wrong on this device shows in its record.
+                let output = |kernel: MatmulKernel| -> unmask_gpu::Result<Vec<f32>> {
+                    y.write_f32(ctx, &vec![0.0; m * y_cols])?;
+                    let mut step = unmask_gpu::StepEncoder::new(ctx, "bench check");
+                    matmul_fused(&mut step, &x, &w, &y, m, kernel, fusion)?;
+                    step.submit()?;
+                    y.read_f32(ctx)
+                };
+                let reference = output(MatmulKernel::Tiled)?;
                 for kernel in variants {
+                    let error = max_relative_error(&reference, &output(kernel)?);
+                    let ran = kernel.plan(ctx, m, format).0;
+                    let agrees = error <= ran.tolerance();
+                    if !agrees {
+                        eprintln!(
+                            "unmask bench: matmul {case} {} ({}) m={m}: off the tiled kernel's \
+                             output by {error:e} of its largest value",
+                            kernel.name(),
+                            format.name()
+                        );
+                    }
                     let s = time_step(ctx, options.repeats, |step| {
                         matmul_fused(step, &x, &w, &y, m, kernel, fusion)
                     })?;
@@ -236,6 +258,8 @@ pub fn run_kernel_case(
                         "fused": fused.name(),
                         "format": format.name(),
                         "m": m, "n": n, "k": k,
+                        "max_rel_err": error,
+                        "agrees": agrees,
                     });
                     emit(kernel_record(
                         envelope,

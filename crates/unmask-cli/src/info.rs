@@ -88,10 +88,28 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     } else {
         "no".to_string()
     };
+    let coop_configs: Vec<String> = f
+        .cooperative_configs
+        .iter()
+        .map(|c| {
+            format!(
+                "{}x{}x{} {:?}->{:?}",
+                c.m_size, c.n_size, c.k_size, c.ab_type, c.cr_type
+            )
+        })
+        .collect();
+    let coop = match (f.cooperative_matrix, coop_configs.is_empty()) {
+        (true, _) => format!("yes ({})", coop_configs.join(", ")),
+        (false, true) => "no".to_string(),
+        (false, false) => format!(
+            "not used (needs 16x16x16 F16->F32, shader-f16 and a fixed subgroup size; adapter has {})",
+            coop_configs.join(", ")
+        ),
+    };
     let mut lines = vec![
         format!("adapter: {}", ctx.describe()),
         format!(
-            "kernel features: shader-f16 {}, subgroups {subgroups}",
+            "kernel features: shader-f16 {}, subgroups {subgroups}, cooperative matrices {coop}",
             if f.shader_f16 { "yes" } else { "no" }
         ),
         format!("device features: {:?}", ctx.device.features()),

@@ -19,6 +19,9 @@ pub struct ContextOptions {
     pub allow_shader_f16: bool,
     /// Use subgroup operations when the adapter has them.
     pub allow_subgroups: bool,
+    /// Use cooperative matrices (tensor cores) when the adapter has a 16 x 16 x 16 f16
+    /// configuration with f32 accumulators (wgpu's experimental feature; native only).
+    pub allow_cooperative_matrix: bool,
     /// Cap on the largest storage binding the kernels may use, below the device's own limit.
     /// Tests set it tiny to force the chunked-weight path.
     pub max_binding_bytes: Option<u64>,
@@ -48,6 +51,7 @@ impl Default for ContextOptions {
             backends: None,
             allow_shader_f16: true,
             allow_subgroups: true,
+            allow_cooperative_matrix: true,
             max_binding_bytes: None,
             max_workgroup_storage_bytes: None,
             attention_kernel: None,
@@ -79,6 +83,13 @@ pub struct KernelFeatures {
     pub subgroups: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
+    /// Cooperative matrices are enabled: the adapter multiplies 16 x 16 f16 tiles into f32
+    /// accumulators per subgroup, and its subgroup size is fixed (the `coop` matmul splits
+    /// its tile by subgroup).
+    pub cooperative_matrix: bool,
+    /// Every cooperative-matrix configuration the adapter reports, enabled or not (for
+    /// `unmask info`).
+    pub cooperative_configs: Vec<wgpu::CooperativeMatrixProperties>,
     /// Largest storage buffer binding a kernel may use, in bytes.
     pub max_binding_bytes: u64,
     pub max_buffer_bytes: u64,
@@ -208,6 +219,13 @@ pub struct GpuContext {
     pub(crate) trace: TraceState,
 }
 
+/// The configuration the `coop` matmul uses: 16 x 16 x 16, f16 inputs, f32 accumulators.
+fn is_coop_f16_16x16(c: &wgpu::CooperativeMatrixProperties) -> bool {
+    (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+        && c.ab_type == wgpu::CooperativeScalarType::F16
+        && c.cr_type == wgpu::CooperativeScalarType::F32
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
     let device = match info.device_type {
@@ -291,6 +309,16 @@ impl GpuContext {
         if subgroups {
             required |= wgpu::Features::SUBGROUP;
         }
+        let cooperative_configs = adapter.cooperative_matrix_properties();
+        let cooperative_matrix = options.allow_cooperative_matrix
+            && shader_f16
+            && subgroups
+            && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && info.subgroup_min_size == info.subgroup_max_size
+            && cooperative_configs.iter().any(is_coop_f16_16x16);
+        if cooperative_matrix {
+            required |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         // Only `unmask trace` and benchmarks time dispatches; asking costs nothing.
         if available.contains(wgpu::Features::TIMESTAMP_QUERY) {
             required |= wgpu::Features::TIMESTAMP_QUERY;
@@ -305,7 +333,14 @@ impl GpuContext {
                 label: Some("unmask"),
                 required_features: required,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features: if cooperative_matrix {
+                    // SAFETY: the only experimental feature asked for is cooperative
+                    // matrices, used by the `coop` matmul alone, which the kernel tests
+                    // check against the CPU oracle on every adapter that has them.
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
@@ -326,6 +361,8 @@ impl GpuContext {
             subgroups,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
+            cooperative_matrix,
+            cooperative_configs,
             max_binding_bytes,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,

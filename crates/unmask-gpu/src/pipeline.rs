@@ -3,8 +3,9 @@
 //!
 //! A kernel file may hold variants selected by a tiny preprocessor:
 //! `//#if FLAG`, `//#if !FLAG`, `//#else`, `//#endif` (nestable) keep or drop lines,
-//! and `{{NAME}}` is replaced by a specialisation constant. The flags `F16` and `HALF` also
-//! put `enable f16;` at the top. Everything else is plain WGSL.
+//! and `{{NAME}}` is replaced by a specialisation constant. The flags `F16`, `HALF` and
+//! `COOP` also put `enable f16;` at the top, `COOP` `enable wgpu_cooperative_matrix;` too.
+//! Everything else is plain WGSL.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -62,10 +63,15 @@ impl Spec {
     }
 }
 
-/// Whether a specialisation needs `shader-f16`: `F16` (native f16 storage) or `HALF` (f16
-/// arithmetic).
+/// Whether a specialisation needs `shader-f16`: `F16` (native f16 storage), `HALF` (f16
+/// arithmetic) or `COOP` (f16 cooperative matrices).
 pub fn uses_f16(spec: &Spec) -> bool {
-    spec.has("F16") || spec.has("HALF")
+    spec.has("F16") || spec.has("HALF") || uses_cooperative_matrix(spec)
+}
+
+/// Whether a specialisation needs wgpu's cooperative matrices (`COOP`).
+pub fn uses_cooperative_matrix(spec: &Spec) -> bool {
+    spec.has("COOP")
 }
 
 /// Expands the preprocessor directives of `source` for `spec`.
@@ -79,6 +85,9 @@ pub fn render(kernel: &KernelSource, spec: &Spec) -> Result<String> {
     let mut out = String::with_capacity(kernel.source.len() + 64);
     if uses_f16(spec) {
         out.push_str("enable f16;\n");
+    }
+    if uses_cooperative_matrix(spec) {
+        out.push_str("enable wgpu_cooperative_matrix;\n");
     }
     // Stack of (this branch active, any enclosing branch inactive).
     let mut stack: Vec<(bool, bool)> = Vec::new();

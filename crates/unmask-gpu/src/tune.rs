@@ -319,6 +319,64 @@ pub fn time_candidates(
     Ok(out)
 }
 
+/// The largest difference between `found` and `expected`, relative to the largest reference
+/// magnitude; infinite when the lengths differ or a value is not finite.
+pub fn max_relative_error(expected: &[f32], found: &[f32]) -> f32 {
+    if expected.len() != found.len() {
+        return f32::INFINITY;
+    }
+    let scale = expected
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()))
+        .max(1e-6);
+    expected.iter().zip(found).fold(0.0f32, |worst, (e, f)| {
+        let d = (e - f).abs() / scale;
+        if d.is_nan() {
+            f32::INFINITY
+        } else {
+            worst.max(d)
+        }
+    })
+}
+
+/// Whether a candidate's output `found` agrees with the reference kernel's `expected`: every
+/// element within `tol` times the largest reference magnitude. A kernel that computes
+/// nonsense on some driver (an experimental feature, a miscompiled variant) is never kept,
+/// however fast it ran.
+pub fn outputs_agree(expected: &[f32], found: &[f32], tol: f32) -> bool {
+    max_relative_error(expected, found) <= tol
+}
+
+/// Times each candidate that `verify` accepts; a rejected or failing one is recorded with
+/// NaN, so it never wins. `verify` runs the candidate once and compares its output with a
+/// reference kernel's.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn time_verified_candidates(
+    ctx: &crate::GpuContext,
+    candidates: &[&'static str],
+    mut verify: impl FnMut(&'static str) -> crate::Result<bool>,
+    record: impl FnMut(&mut crate::StepEncoder, &'static str) -> crate::Result<()>,
+) -> crate::Result<Vec<(String, f64)>> {
+    let mut accepted = Vec::new();
+    let mut rejected = Vec::new();
+    for &name in candidates {
+        match verify(name) {
+            Ok(true) => accepted.push(name),
+            Ok(false) => rejected.push((
+                name,
+                "its output differs from the reference kernel's".to_string(),
+            )),
+            Err(e) => rejected.push((name, e.to_string())),
+        }
+    }
+    for (name, why) in &rejected {
+        eprintln!("unmask: kernel candidate {name} left out of the measured choice: {why}");
+    }
+    let mut times = time_candidates(ctx, &accepted, record)?;
+    times.extend(rejected.into_iter().map(|(n, _)| (n.to_string(), f64::NAN)));
+    Ok(times)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

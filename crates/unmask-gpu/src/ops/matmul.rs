@@ -34,29 +34,54 @@ pub enum MatmulKernel {
     /// 32 x 16 output tiles with K split over the workgroup's invocations: for M < 64, so
     /// the workgroup count follows N.
     Narrow,
+    /// Tensor cores: 64 x 128 output tiles of 16 x 16 cooperative matrices, f16 inputs and
+    /// f32 accumulators (`KernelFeatures::cooperative_matrix`); `Gemm` where the device has
+    /// none.
+    Coop,
     /// The best measured kernel for the device and shape.
     Auto,
 }
 
 impl MatmulKernel {
     /// Every concrete kernel (not `Auto`).
-    pub const CONCRETE: [MatmulKernel; 6] = [
+    pub const CONCRETE: [MatmulKernel; 7] = [
         MatmulKernel::Naive,
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
         MatmulKernel::Gemm,
         MatmulKernel::GemmF16,
         MatmulKernel::Narrow,
+        MatmulKernel::Coop,
     ];
 
-    /// What `Auto` chooses among when it measures (`tune`): not the naive baseline, and
-    /// not `GemmF16`, whose f16 products can overflow.
-    pub const CANDIDATES: [MatmulKernel; 4] = [
+    /// What `Auto` may choose among when it measures (`tune`): not the naive baseline, and
+    /// not `GemmF16`, whose f16 products can overflow. `Coop` only where the device has
+    /// cooperative matrices (`candidates`).
+    pub const CANDIDATES: [MatmulKernel; 5] = [
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
         MatmulKernel::Gemm,
         MatmulKernel::Narrow,
+        MatmulKernel::Coop,
     ];
+
+    /// The candidates `Auto` measures on this device.
+    pub fn candidates(ctx: &GpuContext) -> Vec<MatmulKernel> {
+        Self::CANDIDATES
+            .into_iter()
+            .filter(|&k| k != MatmulKernel::Coop || coop_k_depth(ctx).is_some())
+            .collect()
+    }
+
+    /// Whether this kernel runs as asked on the device (`plan` replaces `GemmF16` without
+    /// shader-f16 and `Coop` without cooperative matrices by `Gemm`).
+    pub fn runs_on(self, ctx: &GpuContext) -> bool {
+        match self {
+            MatmulKernel::GemmF16 => ctx.features.shader_f16,
+            MatmulKernel::Coop => coop_k_depth(ctx).is_some(),
+            _ => true,
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -66,6 +91,7 @@ impl MatmulKernel {
             MatmulKernel::Gemm => "gemm",
             MatmulKernel::GemmF16 => "gemm-f16",
             MatmulKernel::Narrow => "narrow",
+            MatmulKernel::Coop => "coop",
             MatmulKernel::Auto => "auto",
         }
     }
@@ -81,7 +107,7 @@ impl MatmulKernel {
         format: WeightFormat,
     ) -> (MatmulKernel, WeightFormat) {
         let format = format.resolve(ctx);
-        if self == MatmulKernel::GemmF16 && !ctx.features.shader_f16 {
+        if !self.runs_on(ctx) {
             return (MatmulKernel::Gemm, format);
         }
         if self != MatmulKernel::Auto {
@@ -97,6 +123,16 @@ impl MatmulKernel {
         (kernel, format)
     }
 
+    /// How far this kernel's output may be from an f32 reference, relative to the largest
+    /// output: f32 kernels differ by summation order only; `Coop` and `GemmF16` round their
+    /// inputs to f16 (a relative error of 2^-11 each).
+    pub fn tolerance(self) -> f32 {
+        match self {
+            MatmulKernel::Coop | MatmulKernel::GemmF16 => 1e-2,
+            _ => 1e-3,
+        }
+    }
+
     fn entry(self) -> &'static str {
         match self {
             MatmulKernel::Naive => "naive",
@@ -104,6 +140,7 @@ impl MatmulKernel {
             MatmulKernel::TiledShared => "tiled_shared",
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => "gemm",
             MatmulKernel::Narrow => "narrow",
+            MatmulKernel::Coop => "coop",
         }
     }
 
@@ -115,6 +152,7 @@ impl MatmulKernel {
             MatmulKernel::TiledShared => (64, 64),
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => (128, 128),
             MatmulKernel::Narrow => (32, 16),
+            MatmulKernel::Coop => (64, 128),
         }
     }
 }
@@ -182,14 +220,40 @@ pub fn gemm_k_depth(ctx: &GpuContext, kernel: MatmulKernel) -> u32 {
     }
 }
 
+/// Workgroup memory of `Coop` with k-tiles `bk` deep: two buffers of 64 x rows and 128 W
+/// rows of `bk + 8` halves, the 8 subgroups' 16 x 16 f32 output tiles and 64 row scales.
+pub fn coop_bytes(bk: u32) -> u32 {
+    2 * (64 + 128) * (bk + 8) * 2 + 8 * 256 * 4 + 64 * 4
+}
+
+/// Depth of `Coop`'s k-tiles on this device (32 where workgroup memory allows, else 16), or
+/// `None` where it cannot run: no cooperative matrices, a subgroup size other than 8 to 64
+/// (its 8 subgroups must cover the 64 tile rows), or too little workgroup memory.
+pub fn coop_k_depth(ctx: &GpuContext) -> Option<u32> {
+    let f = &ctx.features;
+    let sg = f.subgroup_max_size;
+    if !f.cooperative_matrix
+        || !(8..=64).contains(&sg)
+        || !sg.is_power_of_two()
+        || 8 * sg > f.max_workgroup_invocations
+    {
+        return None;
+    }
+    [32, 16]
+        .into_iter()
+        .find(|&bk| coop_bytes(bk) <= f.max_workgroup_storage_bytes)
+}
+
 /// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format, whether x
-/// rows can be read as vec4 (K % 4 == 0) and (`Gemm`) 16-deep k-tiles.
+/// rows can be read as vec4 (K % 4 == 0) and the tile depth: `Gemm`'s 16-deep k-tiles
+/// (`bk16`), `Coop`'s subgroup size and k-tile depth (`coop`).
 fn spec(
     kernel: MatmulKernel,
     format: WeightFormat,
     x_vec4: bool,
     swiglu: bool,
     bk16: bool,
+    coop: (u32, u32),
 ) -> Spec {
     let spec = match kernel {
         MatmulKernel::Naive => Spec::new().flag("NAIVE"),
@@ -203,6 +267,10 @@ fn spec(
         MatmulKernel::Gemm => Spec::new().flag("GEMM").flag_if(bk16, "BK16"),
         MatmulKernel::GemmF16 => Spec::new().flag("GEMM").flag("HALF").flag_if(bk16, "BK16"),
         MatmulKernel::Narrow => Spec::new().flag("NARROW"),
+        MatmulKernel::Coop => Spec::new()
+            .flag("COOP")
+            .constant("SG", coop.0)
+            .constant("BK", coop.1),
     };
     let spec = match format {
         WeightFormat::F32 => spec.flag("WF32"),
@@ -237,7 +305,11 @@ fn tile_for(kernel: MatmulKernel, swiglu: bool) -> (u32, u32) {
     let (m, n) = kernel.tile();
     match kernel {
         MatmulKernel::Tiled | MatmulKernel::Auto if swiglu => (m, TILED_WGX * 4),
-        MatmulKernel::Gemm | MatmulKernel::GemmF16 | MatmulKernel::Narrow if swiglu => (m, n / 2),
+        MatmulKernel::Gemm | MatmulKernel::GemmF16 | MatmulKernel::Narrow | MatmulKernel::Coop
+            if swiglu =>
+        {
+            (m, n / 2)
+        }
         _ => (m, n),
     }
 }
@@ -267,10 +339,18 @@ pub fn variants() -> Vec<ShaderVariant> {
                 MatmulKernel::Gemm | MatmulKernel::GemmF16 => &[false, true],
                 _ => &[false],
             };
+            // `Coop` at an NVIDIA GPU's subgroup size and lavapipe's, either tile depth.
+            let coop_options: &[(u32, u32)] = match kernel {
+                MatmulKernel::Coop => &[(32, 32), (32, 16), (8, 16)],
+                _ => &[(0, 0)],
+            };
             for &x_vec4 in x_vec4_options {
-                for &bk16 in bk16_options {
+                for (&bk16, &coop) in bk16_options
+                    .iter()
+                    .flat_map(|b| coop_options.iter().map(move |c| (b, c)))
+                {
                     for (norm, residual, swiglu) in FUSIONS {
-                        let spec = spec(kernel, format, x_vec4, swiglu, bk16)
+                        let spec = spec(kernel, format, x_vec4, swiglu, bk16, coop)
                             .flag_if(norm, "NORM")
                             .flag_if(residual, "RESIDUAL")
                             .flag_if(swiglu, "SWIGLU");
@@ -380,7 +460,11 @@ pub fn matmul_fused(
     let (kernel, format) = choose(ctx, kernel, x, w, m, n, fusion)?;
     let x_vec4 = k.is_multiple_of(4);
     let bk16 = gemm_k_depth(ctx, kernel) == 16;
-    let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu, bk16));
+    let coop = (
+        ctx.features.subgroup_max_size,
+        coop_k_depth(ctx).unwrap_or(16),
+    );
+    let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop));
     let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
     let (tile_m, tile_n) = tile_for(kernel, fusion.swiglu);
     let tiles_m = m32.div_ceil(tile_m);
@@ -471,26 +555,41 @@ fn choose(
     // another decoding for its own kernel).
     let format = w.format.resolve(ctx);
     let class = tune_class(format, &fusion, m, n, w.cols);
-    // A winner read from the file is only taken when it is still a candidate.
-    let by_name = |name: &str| {
-        MatmulKernel::CANDIDATES
-            .into_iter()
-            .find(|k| k.name() == name)
-    };
+    // A winner read from the file is only taken when it is still a candidate here.
+    let candidates = MatmulKernel::candidates(ctx);
+    let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
     if let Some(k) = ctx.tuner.winner(&class).as_deref().and_then(by_name) {
         return Ok((k, format));
     }
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let candidates: Vec<&'static str> = MatmulKernel::CANDIDATES
-            .into_iter()
-            .map(MatmulKernel::name)
-            .collect();
+        let names: Vec<&'static str> = candidates.iter().map(|k| k.name()).collect();
         let scratch = Tensor::zeros(ctx, DType::F32, &[m, n], "tune scratch")?;
-        let times = crate::tune::time_candidates(ctx, &candidates, |step, name| {
-            let k = by_name(name).expect("a candidate is a concrete kernel");
-            matmul_fused(step, x, w, &scratch, m, k, fusion)
-        })?;
+        // Each candidate's output from zero, against `Tiled`'s (f32, tested on every device).
+        let run_once = |kernel: MatmulKernel| -> Result<Vec<f32>> {
+            scratch.write_f32(ctx, &vec![0.0; m * n])?;
+            let mut step = crate::StepEncoder::new(ctx, "tune check");
+            matmul_fused(&mut step, x, w, &scratch, m, kernel, fusion)?;
+            step.submit()?;
+            scratch.read_f32(ctx)
+        };
+        let reference = run_once(MatmulKernel::Tiled)?;
+        let times = crate::tune::time_verified_candidates(
+            ctx,
+            &names,
+            |name| {
+                let kernel = by_name(name).expect("a candidate is a concrete kernel");
+                Ok(crate::tune::outputs_agree(
+                    &reference,
+                    &run_once(kernel)?,
+                    kernel.tolerance(),
+                ))
+            },
+            |step, name| {
+                let k = by_name(name).expect("a candidate is a concrete kernel");
+                matmul_fused(step, x, w, &scratch, m, k, fusion)
+            },
+        )?;
         if let Some(k) = ctx.tuner.record(&class, times).as_deref().and_then(by_name) {
             return Ok((k, format));
         }
