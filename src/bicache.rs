@@ -70,11 +70,10 @@ impl PrefixEntry {
     }
 }
 
-/// Bytes an entry of `tokens` prefix tokens takes for its K/V and one boundary state.
+/// Bytes an entry of `tokens` prefix tokens takes for its K/V (in the model's K/V storage)
+/// and one f32 boundary state.
 pub fn entry_bytes(model: &Model, tokens: usize) -> u64 {
-    let c = &model.cfg;
-    let kv = 2 * c.n_layers * tokens * c.n_kv_heads * c.head_dim();
-    ((kv + tokens * c.d_model) * 4) as u64
+    model.kv_bytes(tokens) + (tokens * model.cfg.d_model * 4) as u64
 }
 
 /// Records a prefix-only pass of the first `prefix.len()` rows (ids and positions already
@@ -120,14 +119,9 @@ pub fn build_entry(
 ) -> Result<PrefixEntry, ModelError> {
     let c = &model.cfg;
     let p = prefix.len();
-    let kv_w = c.n_kv_heads * c.head_dim();
-    let mut kv = Vec::with_capacity(c.n_layers);
-    for i in 0..c.n_layers {
-        kv.push(KvLayer {
-            k: Tensor::zeros(&model.ctx, DType::F32, &[p, kv_w], &format!("prefix k{i}"))?,
-            v: Tensor::zeros(&model.ctx, DType::F32, &[p, kv_w], &format!("prefix v{i}"))?,
-        });
-    }
+    let kv = (0..c.n_layers)
+        .map(|i| model.kv_layer(p, &format!("prefix layer {i}")))
+        .collect::<Result<Vec<_>, _>>()?;
     let boundary = Tensor::zeros(&model.ctx, DType::F32, &[p, c.d_model], "prefix boundary")?;
     let positions: Vec<u32> = (0..p as u32).collect();
     model.write_rows(st, prefix, &positions)?;

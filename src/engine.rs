@@ -9,11 +9,11 @@ use unmask_core::config::ModelConfig;
 use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::{PrefixStore, SharedStore};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
-use unmask_gpu::GpuContext;
 use unmask_gpu::model::{
     BodyStream, CheckpointLayout, LoadProgress, Model, ModelError, ShardIndex, WeightUpload,
 };
 use unmask_gpu::ops::matmul::MatmulKernel;
+use unmask_gpu::{DType, GpuContext};
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::files::DirFiles;
@@ -177,6 +177,17 @@ impl Engine {
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
         model.matmul_kernel = options.matmul_kernel;
+        model.kv_dtype = match options.kv_dtype {
+            DType::F32 => DType::F32,
+            DType::F16 if model.cfg.head_dim().is_multiple_of(4) => DType::F16,
+            other => {
+                return Err(EngineError::Model(ModelError::Input(format!(
+                    "K/V storage {other:?} for a head_dim of {}: expected f32, or f16 with a \
+                     head_dim that is a multiple of 4",
+                    model.cfg.head_dim()
+                ))));
+            }
+        };
         let cfg = &model.cfg;
         let special = match &tokenizer {
             Some(t) => t.special_tokens(cfg)?,

@@ -7,7 +7,7 @@ use unmask_core::prefix_store::StoreBudget;
 use unmask_gpu::model::WeightFormats;
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::tune::TunePolicy;
-use unmask_gpu::{ContextOptions, WeightFormat};
+use unmask_gpu::{ContextOptions, DType, WeightFormat};
 
 use crate::EngineError;
 
@@ -41,6 +41,9 @@ pub struct EngineOptions {
     pub tune: TunePolicy,
     /// Where measured choices are kept (`None`: `unmask_gpu::tune::default_tune_file`).
     pub tune_file: Option<PathBuf>,
+    /// Storage of the K/V arenas and BiCache prefix entries: `F32` (the default) or `F16`
+    /// (half the memory; K and V rounded to f16 once, as they are written).
+    pub kv_dtype: DType,
 }
 
 impl EngineOptions {
@@ -86,6 +89,7 @@ impl Default for EngineOptions {
             matmul_kernel: MatmulKernel::Auto,
             tune: TunePolicy::Auto,
             tune_file: None,
+            kv_dtype: DType::F32,
         }
     }
 }

@@ -297,13 +297,8 @@ async fn layer_similarity(
 ) -> Result<Vec<f64>, EngineError> {
     let c = &engine.model().cfg;
     let width = c.n_kv_heads * c.head_dim();
-    let bytes = (p * width * 4) as u64;
     let read = async |t: &unmask_gpu::Tensor| -> Result<Vec<f32>, EngineError> {
-        let raw = engine.ctx().read_bytes_async(&t.buffer, 0, bytes).await?;
-        Ok(raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        Ok(t.read_values_async(engine.ctx(), p * width).await?)
     };
     let mut out = Vec::with_capacity(c.n_layers);
     for (a, j) in alone.kv.iter().zip(&joint.kv) {

@@ -144,11 +144,11 @@ def find_unmask(given):
 
 
 class Runtime:
-    """Runs the `unmask` binary with the --backend / --dtype / --matmul given to this script."""
+    """Runs the `unmask` binary with the --backend / --dtype / --matmul / --kv given to this script."""
 
-    def __init__(self, binary, model, backend, dtype, matmul=None):
+    def __init__(self, binary, model, backend, dtype, matmul=None, kv=None):
         self.binary, self.model, self.backend, self.dtype = binary, model, backend, dtype
-        self.matmul = matmul
+        self.matmul, self.kv = matmul, kv
         self.env = dict(os.environ)
         if not self.env.get("XDG_RUNTIME_DIR"):
             # Vulkan loaders and Mesa look for it; without one they print warnings
@@ -163,6 +163,8 @@ class Runtime:
             cmd += ["--dtype", self.dtype]
         if self.matmul:
             cmd += ["--matmul", self.matmul]
+        if self.kv:
+            cmd += ["--kv", self.kv]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
         if proc.returncode != 0:
             command = " ".join(cmd)
@@ -621,6 +623,7 @@ def main(argv=None):
     add("--backend", help="passed to unmask as --backend")
     add("--dtype", help="passed to unmask as --dtype (f16, f16-packed, f32)")
     add("--matmul", help="passed to unmask as --matmul (a kernel: tiled, gemm, narrow, coop, ...)")
+    add("--kv", choices=["f32", "f16"], help="passed to unmask as --kv (K/V arena storage)")
     add("--golden-logits", choices=["f32", "bf16"], default="f32", help="goldens: which logits path (default f32)")
     add("--device", help="torch: cpu or cuda (default cuda when available)")
     add("--ref-dtype", choices=["f32", "bf16"], default="f32", help="torch: reference numerics (default f32)")
@@ -679,7 +682,7 @@ def main(argv=None):
         else args.gen_min_agreement,
     }
     try:
-        runtime = Runtime(find_unmask(args.unmask), args.model, args.backend, args.dtype, args.matmul)
+        runtime = Runtime(find_unmask(args.unmask), args.model, args.backend, args.dtype, args.matmul, args.kv)
         reference = {"against": args.against}
         if args.against == "goldens":
             logit_results, gen_results = goldens_cases(args, runtime, tol)
@@ -717,6 +720,7 @@ def main(argv=None):
             "backend": args.backend,
             "dtype": args.dtype,
             "matmul": args.matmul,
+            "kv": args.kv,
             "reference": reference,
             "tolerance": tol,
             "logits": logit_results,

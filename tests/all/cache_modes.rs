@@ -309,3 +309,62 @@ fn bicache_reading_the_entry_in_every_layer_equals_prefix_arm() {
     assert_eq!(out.ids, arm.ids);
     assert_eq!(out.steps, arm.steps);
 }
+
+/// Every cache mode with the K/V arena and the BiCache entries in f16 commits the same
+/// tokens at the same steps as with f32 on this fixture (the f16 rounding moves logits by
+/// about 1e-3 of their scale, below its decision margins), and a BiCache entry takes half
+/// the K/V bytes.
+#[test]
+fn every_cache_mode_with_an_f16_kv_arena_commits_as_f32() {
+    let load = |kv_dtype| {
+        let options = unmask::EngineOptions {
+            weight_format: unmask_gpu::WeightFormat::F32,
+            kv_dtype,
+            ..unmask::EngineOptions::default()
+        };
+        Engine::load_on(common::ctx(), &common::fixture_dir(), &options, &mut |_| {})
+            .expect("tiny model loads")
+    };
+    let (full, half) = (load(unmask_gpu::DType::F32), load(unmask_gpu::DType::F16));
+    assert_eq!(half.model().kv_dtype, unmask_gpu::DType::F16);
+    for mode in CacheMode::ALL {
+        let request = Request {
+            prefix_len: Some(5),
+            ..Request::ids(prompt())
+                .with_params(params(16, 8, 8))
+                .with_cache(mode)
+        };
+        let (a, b) = (
+            full.generate(&request).unwrap(),
+            half.generate(&request).unwrap(),
+        );
+        assert_eq!(b.ids, a.ids, "{mode}");
+        assert_eq!(b.steps, a.steps, "{mode}");
+        if let (Some(ra), Some(rb)) = (&a.bicache, &b.bicache) {
+            // K/V of every layer plus one f32 boundary state.
+            let t = rb.entry_tokens;
+            let boundary = (t * full.config().d_model * 4) as u64;
+            assert_eq!(ra.entry_tokens, t);
+            assert_eq!(
+                ra.entry_bytes,
+                full.model().kv_bytes(t) + boundary,
+                "{mode}"
+            );
+            assert_eq!(
+                rb.entry_bytes,
+                half.model().kv_bytes(t) + boundary,
+                "{mode}"
+            );
+            assert_eq!(
+                half.model().kv_bytes(t) * 2,
+                full.model().kv_bytes(t),
+                "{mode}: an f16 entry's K/V take half the bytes"
+            );
+            eprintln!(
+                "[kv] {mode}: an entry of {t} tokens takes {} bytes in f32, {} in f16",
+                ra.entry_bytes, rb.entry_bytes
+            );
+        }
+        eprintln!("[kv] {mode}: f16 K/V commits as f32");
+    }
+}

@@ -251,3 +251,89 @@ fn shape_errors_name_the_op() {
     let err = ew::embed(&mut step, &ids, &table, &x, 2).unwrap_err();
     assert!(err.to_string().contains("u32"), "{err}");
 }
+
+/// RoPE + K/V into the arena with an f16 arena: every arena value is exactly the f32
+/// arena's value rounded to f16 (the same kernel math, words written two halves at a time),
+/// q is rotated exactly as with the f32 arena, rows land at `kv_index`, and an arena row no
+/// computed row maps to stays zero. GQA 6/2 heads of 12, with a bias; head_dim 6 (not a
+/// multiple of 4) is refused for f16 with a shape error.
+#[test]
+fn rope_qkv_into_an_f16_arena_rounds_the_f32_values() {
+    use ew::QkvShape;
+    let ctx = ctx();
+    let (rows, heads, kv_heads, hd, max_pos) = (5, 6, 2, 12, 64);
+    let stride = (heads + 2 * kv_heads) * hd;
+    let kv_w = kv_heads * hd;
+    let arena_rows = 8;
+    let x = random_vec(41, rows * stride, 2.0);
+    let bias = random_vec(42, stride, 0.5);
+    let positions: Vec<u32> = vec![3, 17, 0, 63, 40];
+    let kv_index: Vec<u32> = vec![7, 0, 2, 5, 1];
+    let table = ew::rope_table(10_000.0, hd, max_pos);
+    let tt = Tensor::from_f32(&ctx, &[max_pos, hd], &table, "table").unwrap();
+    let pt = Tensor::from_u32(&ctx, &[rows], &positions, "pos").unwrap();
+    let it = Tensor::from_u32(&ctx, &[rows], &kv_index, "kv index").unwrap();
+    let bt = Tensor::from_f32(&ctx, &[stride], &bias, "bias").unwrap();
+    let shape = QkvShape {
+        rows,
+        n_heads: heads,
+        n_kv_heads: kv_heads,
+        head_dim: hd,
+        max_pos,
+    };
+    let run = |dtype: DType| {
+        let qkv = Tensor::from_f32(&ctx, &[rows, stride], &x, "qkv").unwrap();
+        let k = Tensor::zeros(&ctx, dtype, &[arena_rows, kv_w], "k").unwrap();
+        let v = Tensor::zeros(&ctx, dtype, &[arena_rows, kv_w], "v").unwrap();
+        let mut step = StepEncoder::new(&ctx, "rope_qkv");
+        ew::rope_qkv(&mut step, &qkv, &pt, &tt, &it, &k, &v, Some(&bt), shape).unwrap();
+        step.submit().unwrap();
+        (
+            qkv.read_f32(&ctx).unwrap(),
+            k.read_values(&ctx).unwrap(),
+            v.read_values(&ctx).unwrap(),
+        )
+    };
+    let (q32, k32, v32) = run(DType::F32);
+    let (q16, k16, v16) = run(DType::F16);
+    let round =
+        |a: &[f32]| -> Vec<f32> { a.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect() };
+    assert_eq!(q16, q32, "q is rotated alike whatever the arena holds");
+    assert_eq!(k16, round(&k32), "k: the f32 values rounded to f16");
+    assert_eq!(v16, round(&v32), "v: the f32 values rounded to f16");
+    // v rows are the biased v columns, at kv_index.
+    for (r, &at) in kv_index.iter().enumerate() {
+        let src = r * stride + (heads + kv_heads) * hd;
+        for c in 0..kv_w {
+            assert_eq!(
+                v32[at as usize * kv_w + c],
+                x[src + c] + bias[(heads + kv_heads) * hd + c]
+            );
+        }
+    }
+    // Arena rows 3, 4 and 6 receive nothing.
+    for row in [3, 4, 6] {
+        assert!(k16[row * kv_w..(row + 1) * kv_w].iter().all(|&v| v == 0.0));
+    }
+    eprintln!("[path] rope_qkv into f32 and f16 arenas: f16 = f32 rounded, {rows} rows");
+
+    // f16 arenas need head_dim % 4 == 0 (a word holds two neighbouring rotated pairs).
+    let hd6 = QkvShape {
+        head_dim: 6,
+        max_pos: 8,
+        ..shape
+    };
+    let qkv = Tensor::zeros(&ctx, DType::F32, &[rows, (heads + 2 * kv_heads) * 6], "q").unwrap();
+    let t6 = Tensor::zeros(&ctx, DType::F32, &[8, 6], "t").unwrap();
+    let k = Tensor::zeros(&ctx, DType::F16, &[8, kv_heads * 6], "k").unwrap();
+    let v = Tensor::zeros(&ctx, DType::F16, &[8, kv_heads * 6], "v").unwrap();
+    let mut step = StepEncoder::new(&ctx, "rope_qkv hd6");
+    let err = ew::rope_qkv(&mut step, &qkv, &pt, &t6, &it, &k, &v, None, hd6).unwrap_err();
+    assert!(err.to_string().contains("multiple of 4"), "{err}");
+    // Mixed storage is refused too.
+    let v32 = Tensor::zeros(&ctx, DType::F32, &[arena_rows, kv_w], "v32").unwrap();
+    let k16 = Tensor::zeros(&ctx, DType::F16, &[arena_rows, kv_w], "k16").unwrap();
+    let qkv = Tensor::from_f32(&ctx, &[rows, stride], &x, "qkv").unwrap();
+    let err = ew::rope_qkv(&mut step, &qkv, &pt, &tt, &it, &k16, &v32, None, shape).unwrap_err();
+    assert!(err.to_string().contains("both f16"), "{err}");
+}

@@ -119,12 +119,16 @@ phase bench-kernels "$(left "${LIMITS[3]}")" "$BIN" bench --only kernels --backe
   --out "$OUT/bench-kernels.jsonl"
 phase bench-requests "$(left "${LIMITS[4]}" 90)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
   "${REQ_ARGS[@]}" --out "$OUT/bench-requests.jsonl"
+# the best-placed mode again with the K/V arena and prefix entries in f16 (records say "kv")
+phase bench-requests-kv-f16 "$(left 60 110)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
+  "${REQ_ARGS[@]}" --cache bicache-dual --kv f16 --out "$OUT/bench-requests-kv-f16.jsonl"
 # the PyTorch reference on the same workload, as rows of the same file (bf16, as it runs)
 phase torch-requests "$(left "${LIMITS[8]}" 20)" "$PY" tools/torch_bench.py --model "$SYNTH" \
   --like "$OUT/bench-requests.jsonl" --out "$OUT/bench-requests.jsonl" --device "$TORCH_DEVICE" \
   --dtype bf16 --max-requests 2
 rm -rf "$(dirname "$SYNTH")"
 
+[ -f "$OUT/bench-requests-kv-f16.jsonl" ] && cat "$OUT/bench-requests-kv-f16.jsonl" >> "$OUT/bench-requests.jsonl"
 phase report "$(left 30)" "$BIN" bench-report "$OUT/bench-kernels.jsonl" "$OUT/bench-requests.jsonl" --out "$OUT/report"
 for f in report.md kernels.svg requests.svg; do
   [ -f "$OUT/report/$f" ] && mv "$OUT/report/$f" "$OUT/$f"

@@ -76,6 +76,7 @@ pub fn envelope(ctx: &GpuContext, model_name: &str, cfg: &ModelConfig, weights: 
         "driver": format!("{} {}", ctx.info.driver, ctx.info.driver_info).trim().to_string(),
         "shader_f16": ctx.features.shader_f16,
         "subgroups": ctx.features.subgroups,
+        "cooperative_matrix": ctx.features.cooperative_matrix,
         "model": {
             "name": model_name,
             "d_model": cfg.d_model,
@@ -91,7 +92,7 @@ pub fn envelope(ctx: &GpuContext, model_name: &str, cfg: &ModelConfig, weights: 
 }
 
 /// `envelope` with the record's own fields added (theirs win on a name clash).
-pub(crate) fn with_envelope(envelope: &Value, fields: Value) -> Value {
+pub fn with_envelope(envelope: &Value, fields: Value) -> Value {
     let mut out: Map<String, Value> = envelope.as_object().cloned().unwrap_or_default();
     if let Value::Object(f) = fields {
         out.extend(f);

@@ -21,7 +21,7 @@ mod kernels;
 mod requests;
 mod timing;
 
-pub use env::{Peak, commit, envelope, known_peak};
+pub use env::{Peak, commit, envelope, known_peak, with_envelope};
 pub use kernels::{
     KernelBenchOptions, KernelCase, MAX_CASE_HOST_BYTES, model_kernel_cases, run_kernel_case,
 };

@@ -468,7 +468,17 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         }
         .requests(ordinary, &avoid)
         .remove(0);
-        let envelope = bench::envelope(engine.ctx(), &name, cfg, &weights);
+        // Which K/V storage the requests ran with (`--kv`); f16 K/V make a source of their
+        // own in `bench-report` (its weights name says so).
+        let kv = format!("{:?}", engine.model().kv_dtype).to_lowercase();
+        let source_weights = match kv.as_str() {
+            "f32" => weights.clone(),
+            _ => format!("{weights}, kv {kv}"),
+        };
+        let envelope = bench::with_envelope(
+            &bench::envelope(engine.ctx(), &name, cfg, &source_weights),
+            serde_json::json!({ "kv": kv }),
+        );
         let request_options = RequestBenchOptions {
             params,
             modes,

@@ -132,6 +132,9 @@ pub struct EngineArgs {
     /// <user cache dir>/unmask/kernels.json)
     #[arg(long, value_name = "PATH")]
     pub tune_file: Option<PathBuf>,
+    /// storage of the K/V arena and cached prefixes: f32 (default) or f16 (half the memory)
+    #[arg(long = "kv", value_name = "D", value_parser = ["f32", "f16"])]
+    pub kv: Option<String>,
 }
 
 impl EngineArgs {
@@ -153,6 +156,10 @@ impl EngineArgs {
             matmul_kernel: self.matmul.unwrap_or(MatmulKernel::Auto),
             tune: self.tune.unwrap_or_default(),
             tune_file: self.tune_file.clone(),
+            kv_dtype: match self.kv.as_deref() {
+                Some("f16") => unmask_gpu::DType::F16,
+                _ => unmask_gpu::DType::F32,
+            },
             ..EngineOptions::default()
         })
     }

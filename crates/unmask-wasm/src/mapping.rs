@@ -139,9 +139,16 @@ pub fn weight_format(name: &str) -> Result<WeightFormat, String> {
     }
 }
 
-/// Load options: `{weights, embedWeights, cacheTokens, cacheBytes}`, all optional.
+/// Load options: `{weights, embedWeights, kv, cacheTokens, cacheBytes}`, all optional.
 pub fn engine_options(obj: &Value) -> Result<EngineOptions, String> {
     let mut o = EngineOptions::default();
+    if let Some(kv) = text(obj, "kv")? {
+        o.kv_dtype = match kv {
+            "f32" => unmask_gpu::DType::F32,
+            "f16" => unmask_gpu::DType::F16,
+            other => return Err(format!("kv: expected \"f32\" or \"f16\", found {other:?}")),
+        };
+    }
     if let Some(w) = text(obj, "weights")? {
         o.weight_format = weight_format(w)?;
     }
@@ -658,6 +665,15 @@ mod tests {
         assert!(err(json!({})).contains("prompt"));
         assert!(err(json!([1, 2])).contains("must be an object"));
         assert!(engine_options(&json!({"weights": "q3"})).is_err());
+        assert!(
+            engine_options(&json!({"kv": "bf16"}))
+                .unwrap_err()
+                .contains("kv")
+        );
+        assert_eq!(
+            engine_options(&json!({"kv": "f16"})).unwrap().kv_dtype,
+            unmask_gpu::DType::F16
+        );
         let o = engine_options(&json!({"weights": "q4", "embedWeights": "f16"})).unwrap();
         assert_eq!(
             (o.weight_format, o.embed_format),

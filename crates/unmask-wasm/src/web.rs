@@ -175,8 +175,8 @@ impl WebEngine {
 #[wasm_bindgen(js_class = Engine)]
 impl WebEngine {
     /// Loads the model folder at `baseUrl` (config.json, tokenizer.json, model.safetensors
-    /// or its index and shards). `options`: `{weights, embedWeights, cacheTokens,
-    /// cacheBytes, maxBindingBytes, shaderF16}`.
+    /// or its index and shards). `options`: `{weights, embedWeights, kv, cacheTokens,
+    /// cacheBytes, maxBindingBytes, shaderF16}` (`kv`: "f32" or "f16" K/V storage).
     #[wasm_bindgen(js_name = fromUrl)]
     pub async fn from_url(
         base_url: String,

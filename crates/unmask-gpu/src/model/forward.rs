@@ -34,6 +34,10 @@ pub struct Model {
     rope: RwLock<RopeTable>,
     max_pos: usize,
     pub matmul_kernel: MatmulKernel,
+    /// Storage of the K/V arenas (and of BiCache prefix entries, which must match them):
+    /// `F32`, or `F16` for half the memory. Set before the first state is made; attention
+    /// refuses segments of mixed storage.
+    pub kv_dtype: DType,
 }
 
 struct RopeTable {
@@ -133,6 +137,7 @@ impl Model {
             rope: RwLock::new(rope),
             max_pos,
             matmul_kernel: MatmulKernel::Auto,
+            kv_dtype: DType::F32,
         })
     }
 
@@ -181,8 +186,24 @@ impl Model {
         // x; qkv; attn; act; three u32 row indices.
         let per_row =
             c.d_model + self.qkv_width() + c.n_heads * c.head_dim() + c.mlp_hidden_size + 3;
-        let kv = 2 * c.n_layers * seq_len * c.n_kv_heads * c.head_dim();
-        ((capacity * per_row + kv + self.split_scratch_floats(capacity)) * 4) as u64
+        let words = capacity * per_row + self.split_scratch_floats(capacity);
+        (words * 4) as u64 + self.kv_bytes(seq_len)
+    }
+
+    /// Bytes of K/V for `positions` positions of every layer, in `kv_dtype`.
+    pub fn kv_bytes(&self, positions: usize) -> u64 {
+        let c = &self.cfg;
+        (2 * c.n_layers * positions * c.n_kv_heads * c.head_dim() * self.kv_dtype.size_bytes())
+            as u64
+    }
+
+    /// A zeroed K/V layer of `positions` rows in `kv_dtype` (an arena's or a prefix entry's).
+    pub fn kv_layer(&self, positions: usize, label: &str) -> Result<KvLayer, ModelError> {
+        let shape = [positions, self.cfg.n_kv_heads * self.cfg.head_dim()];
+        Ok(KvLayer {
+            k: Tensor::zeros(&self.ctx, self.kv_dtype, &shape, &format!("{label} k"))?,
+            v: Tensor::zeros(&self.ctx, self.kv_dtype, &shape, &format!("{label} v"))?,
+        })
     }
 
     /// f32 of the scratch that lets attention split over keys: on hardware GPUs, for up to
@@ -221,13 +242,14 @@ impl Model {
             self.qkv_width(),
             c.n_heads * c.head_dim(),
             c.mlp_hidden_size,
-            c.n_kv_heads * c.head_dim(),
         ]
         .into_iter()
         .max()
-        .unwrap_or(1)
-        .max(1);
-        (self.ctx.features.max_binding_bytes / (4 * widest as u64)) as usize
+        .unwrap_or(1);
+        let row_bytes = (4 * widest)
+            .max(c.n_kv_heads * c.head_dim() * self.kv_dtype.size_bytes())
+            .max(1);
+        (self.ctx.features.max_binding_bytes / row_bytes as u64) as usize
     }
 
     pub fn new_state(&self, capacity: usize, seq_len: usize) -> Result<ForwardState, ModelError> {
@@ -265,14 +287,9 @@ impl Model {
         let ctx = &self.ctx;
         let cap = capacity.max(1);
         let f32t = |shape: &[usize], label: &str| Tensor::zeros(ctx, DType::F32, shape, label);
-        let kv_width = c.n_kv_heads * c.head_dim();
-        let mut kv = Vec::with_capacity(c.n_layers);
-        for i in 0..c.n_layers {
-            kv.push(KvLayer {
-                k: f32t(&[seq_len, kv_width], &format!("k{i}"))?,
-                v: f32t(&[seq_len, kv_width], &format!("v{i}"))?,
-            });
-        }
+        let kv = (0..c.n_layers)
+            .map(|i| self.kv_layer(seq_len, &format!("layer {i}")))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(ForwardState {
             capacity: cap,
             seq_len,

@@ -53,11 +53,13 @@ pub fn variants() -> Vec<ShaderVariant> {
         });
     }
     for bias in [false, true] {
-        v.push(ShaderVariant {
-            kernel: ROPE_QKV,
-            entry: "main",
-            spec: Spec::new().flag_if(bias, "BIAS"),
-        });
+        for kv_f16 in [false, true] {
+            v.push(ShaderVariant {
+                kernel: ROPE_QKV,
+                entry: "main",
+                spec: Spec::new().flag_if(bias, "BIAS").flag_if(kv_f16, "KV_F16"),
+            });
+        }
     }
     v
 }
@@ -319,8 +321,29 @@ pub fn rope_qkv(
     check_u32("rope_qkv positions", positions, s.rows)?;
     check_f32("rope_qkv table", table, s.max_pos * s.head_dim)?;
     check_u32("rope_qkv kv_index", kv_index, s.rows)?;
-    check_f32("rope_qkv k arena", k_arena, kv_w)?;
-    check_f32("rope_qkv v arena", v_arena, kv_w)?;
+    // The arenas: f32, or f16 (two per word, written a word at a time).
+    let kv_f16 = k_arena.dtype == DType::F16;
+    check(
+        "rope_qkv arenas",
+        matches!(k_arena.dtype, DType::F32 | DType::F16)
+            && v_arena.dtype == k_arena.dtype
+            && k_arena.numel() >= kv_w
+            && v_arena.numel() >= kv_w
+            && (!kv_f16 || s.head_dim.is_multiple_of(4)),
+        || {
+            format!(
+                "K and V arenas both f32 or both f16 with at least {kv_w} elements (f16: \
+                 head_dim a multiple of 4, head_dim {})",
+                s.head_dim
+            )
+        },
+        || {
+            format!(
+                "K {:?} {:?}, V {:?} {:?}",
+                k_arena.dtype, k_arena.shape, v_arena.dtype, v_arena.shape
+            )
+        },
+    )?;
     if let Some(bias) = bias {
         check_f32("rope_qkv bias", bias, row_stride)?;
     }
@@ -328,7 +351,9 @@ pub fn rope_qkv(
     let pipeline = ctx.pipeline(
         &ROPE_QKV,
         "main",
-        &Spec::new().flag_if(bias.is_some(), "BIAS"),
+        &Spec::new()
+            .flag_if(bias.is_some(), "BIAS")
+            .flag_if(kv_f16, "KV_F16"),
     )?;
     let params = RopeQkvParams {
         rows: u32_of(s.rows),

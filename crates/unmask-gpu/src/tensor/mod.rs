@@ -249,6 +249,36 @@ impl Tensor {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
+    /// The first `elems` values as f32, whatever the float dtype (f16 widened exactly).
+    pub async fn read_values_async(&self, ctx: &GpuContext, elems: usize) -> Result<Vec<f32>> {
+        let width = self.dtype.size_bytes();
+        let elems = elems.min(self.numel());
+        // Reads go in whole 32-bit words.
+        let bytes = ((elems * width) as u64).next_multiple_of(4);
+        let raw = ctx.read_bytes_async(&self.buffer, 0, bytes).await?;
+        Ok(match self.dtype {
+            DType::F32 => bytemuck::pod_collect_to_vec(&raw),
+            DType::F16 => raw
+                .chunks_exact(2)
+                .take(elems)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            DType::U32 => {
+                return Err(GpuError::Shape {
+                    op: "read_values",
+                    expected: "an f32 or f16 tensor".into(),
+                    found: format!("{:?} {:?}", self.dtype, self.shape),
+                });
+            }
+        })
+    }
+
+    /// Every value as f32 (f16 widened exactly).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_values(&self, ctx: &GpuContext) -> Result<Vec<f32>> {
+        pollster::block_on(self.read_values_async(ctx, self.numel()))
+    }
+
     pub async fn read_u32_async(&self, ctx: &GpuContext) -> Result<Vec<u32>> {
         let bytes = ctx
             .read_bytes_async(&self.buffer, 0, self.size_bytes())
