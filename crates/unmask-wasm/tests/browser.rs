@@ -192,6 +192,28 @@ async fn a_dream_folder_generates_the_dream_goldens() {
     assert_eq!(out["ids"].as_array().map(Vec::len), Some(8), "{out}");
 }
 
+/// The K/V arena in f16 (packed in u32 words: no shader-f16 in SwiftShader) through the
+/// browser's wide attention at 16 KiB of workgroup memory: the goldens come out the same.
+#[wasm_bindgen_test]
+async fn an_f16_kv_arena_generates_the_native_goldens() {
+    let web = load(r#"{"weights": "f32", "kv": "f16"}"#, 4099).await;
+    let engine = web.engine();
+    assert_eq!(engine.model().kv_dtype, unmask_gpu::DType::F16);
+    for (name, prompt, params, want) in golden_cases().into_iter().take(3) {
+        let out = engine
+            .generate_async(
+                &Request::ids(prompt.clone()).with_params(params),
+                &mut |_| {},
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = prompt;
+        got.extend(&out.ids);
+        assert_eq!(got, want, "{name}: f16 K/V change the tokens");
+        web_sys::console::log_1(&format!("[kv f16] {name}: {} tokens equal", out.ids.len()).into());
+    }
+}
+
 #[wasm_bindgen_test]
 async fn weights_split_over_small_bindings_give_the_same_tokens() {
     // 48 KiB bindings split the embedding and LM head into chunks, as 128 MiB bindings

@@ -308,8 +308,7 @@ fn measured_kernel(
     {
         let names: Vec<&'static str> = candidates.iter().map(|k| k.name()).collect();
         let scratch_out = Tensor::zeros(ctx, DType::F32, &[out.numel()], "tune attention out")?;
-        let times = crate::tune::time_candidates(ctx, &names, |step, name| {
-            let kernel = by_name(name).expect("a candidate");
+        let record = |step: &mut StepEncoder, kernel: AttentionKernel| {
             let o = AttentionOptions { kernel, ..*options };
             attention_with(
                 step,
@@ -324,7 +323,27 @@ fn measured_kernel(
                 &o,
             )
             .map(|_| ())
-        })?;
+        };
+        // Each candidate's output from zero, against the first candidate's (register for
+        // f32 K/V, wide for f16: the fixed choice off hardware GPUs, tested everywhere).
+        let run_once = |kernel: AttentionKernel| -> Result<Vec<f32>> {
+            scratch_out.write_f32(ctx, &vec![0.0; out.numel()])?;
+            let mut step = StepEncoder::new(ctx, "tune check");
+            record(&mut step, kernel)?;
+            step.submit()?;
+            scratch_out.read_f32(ctx)
+        };
+        let reference = run_once(candidates[0])?;
+        let times = crate::tune::time_verified_candidates(
+            ctx,
+            &names,
+            |name| {
+                let found = run_once(by_name(name).expect("a candidate"))?;
+                // All variants sum in f32; they differ in summation order only.
+                Ok(crate::tune::outputs_agree(&reference, &found, 1e-3))
+            },
+            |step, name| record(step, by_name(name).expect("a candidate")),
+        )?;
         Ok(ctx.tuner.record(&class, times).as_deref().and_then(by_name))
     }
     // In a browser nothing is timed: the plan's fixed choice.
