@@ -8,35 +8,39 @@ use unmask_gpu::GpuContext;
 /// Peak arithmetic and memory throughput of an adapter, for the "share of peak" figures.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Peak {
+    /// FP32 vector rate.
     pub gflops: Option<f64>,
+    /// Dense f16 tensor-core rate with f32 accumulation (the `coop` matmul's).
+    pub tensor_gflops: Option<f64>,
     pub gbs: Option<f64>,
     /// Where the figures come from (a datasheet, or the command line).
     pub source: String,
 }
 
-/// Datasheet peaks of adapters the benchmarks were run on. The kernels use no tensor
-/// cores (WGSL has no matrix instructions yet), so the arithmetic peak is the FP32
-/// vector rate; memory is the HBM bandwidth. Figures from NVIDIA's H100/H200 datasheets
-/// (SXM parts).
+/// Datasheet peaks of adapters the benchmarks were run on: the FP32 vector rate (every
+/// kernel but `coop`), the dense FP16 tensor-core rate with FP32 accumulation (`coop`;
+/// the datasheets print twice that, with sparsity) and the HBM bandwidth. Figures from
+/// NVIDIA's H100/H200 datasheets (SXM parts).
 pub fn known_peak(adapter: &str) -> Option<Peak> {
     let name = adapter.to_ascii_uppercase();
     let (gflops, gbs, part) = if name.contains("H200") {
         (
             67_000.0,
             4_800.0,
-            "NVIDIA H200 SXM datasheet: 67 TFLOP/s FP32, 4.8 TB/s",
+            "NVIDIA H200 SXM datasheet: 67 TFLOP/s FP32, 989 TFLOP/s dense FP16 tensor, 4.8 TB/s",
         )
     } else if name.contains("H100") {
         (
             67_000.0,
             3_350.0,
-            "NVIDIA H100 SXM datasheet: 67 TFLOP/s FP32, 3.35 TB/s",
+            "NVIDIA H100 SXM datasheet: 67 TFLOP/s FP32, 989 TFLOP/s dense FP16 tensor, 3.35 TB/s",
         )
     } else {
         return None;
     };
     Some(Peak {
         gflops: Some(gflops),
+        tensor_gflops: Some(989_400.0),
         gbs: Some(gbs),
         source: part.to_string(),
     })

@@ -117,6 +117,8 @@ pub struct KernelBenchOptions {
 /// A kernel record: the case's own fields, then the timing figures shared by every kernel
 /// (median and fastest run, GFLOP/s and GB/s from the work done) and the shares of the
 /// adapter's peak when it is known.
+/// One kernel record. `tensor_cores`: the kernel ran on tensor cores, so its FLOP/s are
+/// compared with the adapter's f16 tensor peak (`peak_flops` says which peak).
 fn kernel_record(
     envelope: &Value,
     case_fields: Value,
@@ -124,6 +126,7 @@ fn kernel_record(
     flops: f64,
     bytes: f64,
     peak: &Option<Peak>,
+    tensor_cores: bool,
 ) -> Value {
     let gflops = flops / (sample.median_ms * 1e6);
     let gbs = bytes / (sample.median_ms * 1e6);
@@ -138,11 +141,17 @@ fn kernel_record(
         f.insert("gflops".into(), json!(round3(gflops)));
         f.insert("gbs".into(), json!(round3(gbs)));
         if let Some(p) = peak {
-            if let Some(g) = p.gflops {
+            let (arith, kind) = if tensor_cores {
+                (p.tensor_gflops, "f16 tensor")
+            } else {
+                (p.gflops, "fp32")
+            };
+            if let Some(g) = arith {
                 f.insert(
                     "peak_gflops_share".into(),
                     json!(round3(gflops / g * 1e3) / 1e3),
                 );
+                f.insert("peak_flops".into(), json!(kind));
             }
             if let Some(b) = p.gbs {
                 f.insert("peak_gbs_share".into(), json!(round3(gbs / b * 1e3) / 1e3));
@@ -225,8 +234,25 @@ pub fn run_kernel_case(
                 };
                 let reference = output(MatmulKernel::Tiled)?;
                 for kernel in variants {
+                    // (For `Auto` this first run also measures the class where the device
+                    // tunes.)
                     let error = max_relative_error(&reference, &output(kernel)?);
-                    let ran = kernel.plan(ctx, m, format).0;
+                    // The kernel that ran: for `Auto` the measured winner, else the fixed
+                    // choice; a pinned kernel as `plan` runs it (`coop` is `gemm` without
+                    // cooperative matrices).
+                    let ran = if kernel == MatmulKernel::Auto {
+                        let class = tune_class(format, &fusion, m, y_cols, k);
+                        ctx.tuner
+                            .winner(&class)
+                            .and_then(|name| {
+                                MatmulKernel::CONCRETE
+                                    .into_iter()
+                                    .find(|c| c.name() == name)
+                            })
+                            .unwrap_or_else(|| kernel.plan(ctx, m, format).0)
+                    } else {
+                        kernel.plan(ctx, m, format).0
+                    };
                     let agrees = error <= ran.tolerance();
                     if !agrees {
                         eprintln!(
@@ -240,17 +266,11 @@ pub fn run_kernel_case(
                         matmul_fused(step, &x, &w, &y, m, kernel, fusion)
                     })?;
                     let variant = if kernel == MatmulKernel::Auto {
-                        // The measured winner where the device tunes (the run above
-                        // measured the class), else the fixed choice.
-                        let class = tune_class(format, &fusion, m, y_cols, k);
-                        let chosen = ctx
-                            .tuner
-                            .winner(&class)
-                            .unwrap_or_else(|| kernel.plan(ctx, m, format).0.name().to_string());
-                        format!("auto:{chosen}")
+                        format!("auto:{}", ran.name())
                     } else {
                         kernel.name().to_string()
                     };
+                    let tensor_cores = ran == MatmulKernel::Coop;
                     let fields = json!({
                         "kernel": "matmul",
                         "case": case,
@@ -268,6 +288,7 @@ pub fn run_kernel_case(
                         flops,
                         bytes,
                         &options.peak,
+                        tensor_cores,
                     ));
                 }
                 // The same work as separate dispatches (norm, matmul, SwiGLU or add), as
@@ -295,6 +316,7 @@ pub fn run_kernel_case(
                         flops,
                         bytes,
                         &options.peak,
+                        false,
                     ));
                 }
             }
@@ -420,6 +442,7 @@ pub fn run_kernel_case(
                             flops,
                             bytes,
                             &options.peak,
+                            false,
                         ));
                     }
                 }

@@ -363,14 +363,15 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         (None, None) => bench::known_peak(&ctx.info.name),
         (g, b) => Some(Peak {
             gflops: g,
+            tensor_gflops: None,
             gbs: b,
             source: "command line".into(),
         }),
     };
     if let Some(p) = &peak {
         eprintln!(
-            "peak: {:?} GFLOP/s, {:?} GB/s ({})",
-            p.gflops, p.gbs, p.source
+            "peak: {:?} GFLOP/s ({:?} on tensor cores), {:?} GB/s ({})",
+            p.gflops, p.tensor_gflops, p.gbs, p.source
         );
     }
     // What the loaded model holds (a quantized checkpoint keeps its stored format), else

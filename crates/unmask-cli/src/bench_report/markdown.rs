@@ -123,9 +123,18 @@ pub(super) fn kernels_table(md: &mut String, m: &Merged, rows: &[&KernelRow]) {
                         cell(variant)
                     );
                     let pct = |k: &str| f.get(k).map(|v| format!("{:.0}%", v * 100.0));
+                    // `coop` is measured against the f16 tensor-core peak, the others
+                    // against the FP32 one.
+                    let tensor = if variant.ends_with("coop") {
+                        " (tensor)"
+                    } else {
+                        ""
+                    };
                     match (pct("peak_gflops_share"), pct("peak_gbs_share")) {
-                        (Some(c), Some(b)) => text.push_str(&format!(" · {c} / {b} of peak")),
-                        (Some(c), None) => text.push_str(&format!(" · {c} of peak FLOP/s")),
+                        (Some(c), Some(b)) => {
+                            text.push_str(&format!(" · {c}{tensor} / {b} of peak"))
+                        }
+                        (Some(c), None) => text.push_str(&format!(" · {c} of peak FLOP/s{tensor}")),
                         (None, Some(b)) => text.push_str(&format!(" · {b} of peak GB/s")),
                         (None, None) => {}
                     }
