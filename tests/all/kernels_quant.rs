@@ -1,7 +1,9 @@
 //! Kernels reading block-quantized weights (q8, q4) against the CPU oracle applied to the
 //! *dequantized* weights, so only the kernel's own error is measured: every matmul kernel,
 //! the embedding gather and the LM head + token selection, on shapes that do and do not
-//! divide the 32-weight blocks, with weights split over several chunks.
+//! divide the 32-weight blocks, with weights split over several chunks. `narrow-dot`, which
+//! also quantizes x, is checked against a host copy of its x quantization (its own error)
+//! and against exact x (the error that quantization adds).
 
 use crate::common;
 
@@ -263,4 +265,238 @@ fn lm_head_token_choice_reads_quantized_tables() {
             assert!(worst <= TOL, "confidence error {worst:.3e}");
         }
     }
+}
+
+/// x as `narrow-dot` multiplies it: per row and 32-element block (zero past K), the codes
+/// round(x * (127 / max|x_block|)) clamped to -127..=127, times the scale max / 127, with the
+/// scale, its inverse and the product in f32 as the kernel computes them. WGSL's `round`
+/// takes halves to the even neighbour. Blocks whose largest magnitude is below 1e-30 are
+/// zero, as in the kernel.
+fn quantize_x_like_narrow_dot(x: &[f32], k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (row, out_row) in x.chunks(k).zip(out.chunks_mut(k)) {
+        for (block, out_block) in row.chunks(32).zip(out_row.chunks_mut(32)) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if amax < 1e-30 {
+                continue;
+            }
+            let inv = 127.0f32 / amax;
+            let sx = amax / 127.0f32;
+            for (o, &v) in out_block.iter_mut().zip(block) {
+                *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) * sx;
+            }
+        }
+    }
+    out
+}
+
+/// What a fused matmul of `narrow-dot` computes, on the host in f64: the norm weight `g`
+/// multiplies x (f32, as in the kernel), `quantize_x` then rounds that to the kernel's x
+/// codes (or leaves it exact), the sums with the gate (and up) rows are scaled by each
+/// row's 1 / rms (from the raw x, eps 1e-5), SwiGLU pairs them and the residual is added.
+#[allow(clippy::too_many_arguments)]
+fn narrow_dot_reference(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    norm: Option<&[f32]>,
+    quantize_x: bool,
+    gate: &[f32],
+    up: Option<&[f32]>,
+    residual: Option<&[f32]>,
+) -> Vec<f32> {
+    let n = gate.len() / k;
+    let xg: Vec<f32> = match norm {
+        Some(g) => x.iter().enumerate().map(|(i, &v)| v * g[i % k]).collect(),
+        None => x.to_vec(),
+    };
+    let xin = if quantize_x {
+        quantize_x_like_narrow_dot(&xg, k)
+    } else {
+        xg
+    };
+    let inv_rms: Vec<f64> = x
+        .chunks(k)
+        .map(|row| match norm {
+            Some(_) => {
+                let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / k as f64;
+                1.0 / (ms + 1e-5).sqrt()
+            }
+            None => 1.0,
+        })
+        .collect();
+    let scaled = |w: &[f32]| -> Vec<f64> {
+        matmul_xwt(&xin, w, m, n, k)
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| f64::from(v) * inv_rms[i / n])
+            .collect()
+    };
+    let mut y = scaled(gate);
+    if let Some(up) = up {
+        for (g, u) in y.iter_mut().zip(scaled(up)) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    }
+    y.iter()
+        .enumerate()
+        .map(|(i, &v)| (v + residual.map_or(0.0, |r| f64::from(r[i]))) as f32)
+        .collect()
+}
+
+/// The fusions of the forward pass: (name, norm, residual, swiglu).
+const DOT_FUSIONS: [(&str, bool, bool, bool); 5] = [
+    ("plain", false, false, false),
+    ("norm", true, false, false),
+    ("residual", false, true, false),
+    ("swiglu", false, false, true),
+    ("norm+swiglu", true, false, true),
+];
+
+/// x with block magnitudes that differ from block to block (so a scale kept for the wrong
+/// block shows), and some all-zero blocks: block 0 of row 0 (all of row 0 when K = 32) and,
+/// from 3 rows on, all of row 2.
+fn dot_x(seed: u64, m: usize, k: usize) -> Vec<f32> {
+    let mut x = random_vec(seed, m * k, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= [1.0, 4.0, 0.25][(i % k / 32) % 3];
+    }
+    x[..k.min(32)].fill(0.0);
+    if m >= 3 {
+        x[2 * k..3 * k].fill(0.0);
+    }
+    x
+}
+
+/// Runs `narrow-dot` for every fusion on (m, n, k) in both quantized formats and checks it
+/// twice: against the host computing with the kernel's own x codes (only summation order
+/// and f32 rounding differ: 1e-4), and against exact x (the error of x's 8-bit codes,
+/// within `MatmulKernel::NarrowDot.tolerance()`). Weights are the quantized ones in both, so
+/// their own quantization error is not counted. Returns the largest error of the second
+/// check.
+fn check_narrow_dot(ctx: &GpuContext, seed: u64, m: usize, n: usize, k: usize) -> f64 {
+    use unmask_gpu::ops::matmul::{Fusion, matmul_fused};
+    let x = dot_x(seed, m, k);
+    let g = random_vec(seed + 1, k, 1.5);
+    let gate = weights(seed + 2, n, k);
+    let up = weights(seed + 3, n, k);
+    let resid = random_vec(seed + 4, m * n, 1.0);
+    let xt = Tensor::from_f32(ctx, &[m, k], &x, "x").unwrap();
+    let gt = Tensor::from_f32(ctx, &[k], &g, "g").unwrap();
+    let loose = f64::from(MatmulKernel::NarrowDot.tolerance());
+    let mut worst = 0f64;
+    for (format, q) in FORMATS {
+        assert_eq!(
+            MatmulKernel::NarrowDot.plan(ctx, m, format).0,
+            MatmulKernel::NarrowDot
+        );
+        let (gate_d, up_d) = (dequantized(q, &gate, n, k), dequantized(q, &up, n, k));
+        let plain = Weight::from_f32(ctx, n, k, &gate, format, "gate").unwrap();
+        let pair = Weight::zeros_paired(ctx, n, k, format, "gate_up").unwrap();
+        pair.write_rows_f32(ctx, 0, &gate).unwrap();
+        pair.write_rows_f32(ctx, n, &up).unwrap();
+        let chunks = format!("{}+{} chunks", plain.chunks.len(), pair.chunks.len());
+        for (what, norm, residual, swiglu) in DOT_FUSIONS {
+            let yt = Tensor::from_f32(ctx, &[m, n], &resid, "y").unwrap();
+            let fusion = Fusion {
+                norm: norm.then_some((&gt, 1e-5)),
+                residual,
+                swiglu,
+            };
+            let w = if swiglu { &pair } else { &plain };
+            let mut step = StepEncoder::new(ctx, "narrow-dot test");
+            matmul_fused(&mut step, &xt, w, &yt, m, MatmulKernel::NarrowDot, fusion).unwrap();
+            step.submit().unwrap();
+            let got = yt.read_f32(ctx).unwrap();
+            let label = format!(
+                "narrow-dot {what} {} m={m} n={n} k={k} ({chunks})",
+                format.name()
+            );
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "{label}: non-finite output (zero x blocks?)"
+            );
+            let want = |quantize_x: bool| {
+                narrow_dot_reference(
+                    &x,
+                    m,
+                    k,
+                    norm.then_some(&g[..]),
+                    quantize_x,
+                    &gate_d,
+                    swiglu.then_some(&up_d[..]),
+                    residual.then_some(&resid[..]),
+                )
+            };
+            assert_close(
+                &format!("{label}, x codes as the kernel's"),
+                &got,
+                &want(true),
+                TOL,
+            );
+            let exact = want(false);
+            assert_close(&format!("{label}, exact x"), &got, &exact, loose);
+            worst = worst.max(common::relative_error(&got, &exact));
+        }
+    }
+    worst
+}
+
+#[test]
+fn narrow_dot_matches_host_x_quantization_and_exact_x() {
+    let ctx = ctx();
+    let f32_plan = MatmulKernel::NarrowDot.plan(&ctx, 5, WeightFormat::F32).0;
+    eprintln!(
+        "[path] narrow-dot: q8 and q4 run {} (dot4I8Packed), f32 weights run {}",
+        MatmulKernel::NarrowDot
+            .plan(&ctx, 5, WeightFormat::Q8)
+            .0
+            .name(),
+        f32_plan.name()
+    );
+    assert_eq!(f32_plan, MatmulKernel::Narrow);
+    // M at 1, 5, 33 and 63 (one and two 32-row tiles, partial ones); K of 1, 3 and 5 blocks
+    // (one 256-deep chunk, part of it idle) and 45 (x rows read as scalars, a block cut off
+    // by K); N past a multiple of 16.
+    let mut worst = 0f64;
+    for (si, &(m, n, k)) in [
+        (1usize, 19usize, 96usize),
+        (5, 37, 160),
+        (33, 21, 32),
+        (63, 23, 96),
+        (5, 17, 45),
+    ]
+    .iter()
+    .enumerate()
+    {
+        worst = worst.max(check_narrow_dot(&ctx, 1000 + 10 * si as u64, m, n, k));
+    }
+    eprintln!(
+        "[check] narrow-dot against exact x: largest relative error {worst:.3e} (tolerance {:.0e})",
+        MatmulKernel::NarrowDot.tolerance()
+    );
+}
+
+#[test]
+fn narrow_dot_over_chunks_and_its_fallback() {
+    // 16 KiB bindings split a [150, 288] weight (340 bytes a row in q8, 180 in q4) and its
+    // gate|up pair over several chunks; K = 288 is two 256-deep stages (9 blocks).
+    let small = ctx_with_binding_limit(16 * 1024);
+    let (m, n, k) = (9, 150, 288);
+    for format in [WeightFormat::Q8, WeightFormat::Q4] {
+        let w = Weight::zeros(&small, n, k, format, "w").unwrap();
+        assert!(w.chunks.len() > 1, "{}: one chunk", format.name());
+    }
+    let worst = check_narrow_dot(&small, 77, m, n, k);
+    eprintln!("[check] narrow-dot over chunks against exact x: {worst:.3e}");
+    // Float weights run `narrow`, output for output.
+    let ctx = ctx();
+    let (m, n, k) = (5, 40, 70);
+    let x = random_vec(5, m * k, 1.0);
+    let w = Weight::from_f32(&ctx, n, k, &weights(6, n, k), WeightFormat::F32, "w").unwrap();
+    assert_eq!(
+        run_matmul(&ctx, &x, &w, m, MatmulKernel::NarrowDot),
+        run_matmul(&ctx, &x, &w, m, MatmulKernel::Narrow),
+        "narrow-dot with f32 weights is narrow"
+    );
 }

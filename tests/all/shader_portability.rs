@@ -24,7 +24,11 @@ fn translate(variant: &unmask_gpu::ops::ShaderVariant) -> Result<Outcome, String
     let module = naga::front::wgsl::parse_str(&source)
         .map_err(|e| format!("{name}: parse: {}", e.emit_to_string(&source)))?;
     let uses_f16 = uses_f16(&variant.spec);
-    let uses_subgroups = source.contains("subgroup");
+    // Code, not comments: matmul.wgsl's header mentions subgroups in every variant, which
+    // kept all its variants from the GLSL check.
+    let uses_subgroups = source
+        .lines()
+        .any(|line| line.split("//").next().unwrap_or("").contains("subgroup"));
     let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
     if uses_f16 {
         caps |= Capabilities::SHADER_FLOAT16;
@@ -90,25 +94,40 @@ fn translate(variant: &unmask_gpu::ops::ShaderVariant) -> Result<Outcome, String
     );
     targets.push("msl");
 
-    let hlsl_options = hlsl::Options {
-        shader_model: hlsl::ShaderModel::V6_2,
-        ..hlsl::Options::default()
+    let write_hlsl = |shader_model: hlsl::ShaderModel| -> Result<String, String> {
+        let hlsl_options = hlsl::Options {
+            shader_model,
+            ..hlsl::Options::default()
+        };
+        let mut hlsl_text = String::new();
+        hlsl::Writer::new(
+            &mut hlsl_text,
+            &hlsl_options,
+            &hlsl::PipelineOptions {
+                entry_point: Some((stage, entry.clone())),
+            },
+        )
+        .write(&module, &info, None)
+        .map_err(|e| format!("{name}: hlsl {shader_model:?}: {e}"))?;
+        assert!(
+            hlsl_text.contains("numthreads"),
+            "{name}: HLSL has no compute entry"
+        );
+        Ok(hlsl_text)
     };
-    let mut hlsl_text = String::new();
-    hlsl::Writer::new(
-        &mut hlsl_text,
-        &hlsl_options,
-        &hlsl::PipelineOptions {
-            entry_point: Some((stage, entry.clone())),
-        },
-    )
-    .write(&module, &info, None)
-    .map_err(|e| format!("{name}: hlsl: {e}"))?;
-    assert!(
-        hlsl_text.contains("numthreads"),
-        "{name}: HLSL has no compute entry"
-    );
+    write_hlsl(hlsl::ShaderModel::V6_2)?;
     targets.push("hlsl");
+    // Integer dot products: SM 6.2 gets naga's byte-by-byte expansion (checked above); DX12
+    // compiles for the highest shader model the device has, and from 6.4 on naga emits the
+    // hardware instruction.
+    if source.contains("dot4I8Packed") {
+        let text = write_hlsl(hlsl::ShaderModel::V6_4)?;
+        assert!(
+            text.contains("dot4add_i8packed"),
+            "{name}: HLSL 6.4 has no dot4add_i8packed"
+        );
+        targets.push("hlsl-6.4");
+    }
 
     // GL has no f16 and no subgroups: wgpu never builds those variants there.
     if !uses_f16 && !uses_subgroups {
@@ -255,11 +274,12 @@ fn quantized_weight_kernels_need_no_shader_f16() {
         })
         .collect();
     // naive, tiled (x scalar / vec4), tiled-shared (x scalar / vec4), gemm (x scalar / vec4,
-    // 8- or 16-deep k-tiles), narrow (x scalar / vec4), each with its five fusions (none,
-    // norm, residual, norm + swiglu, swiglu), and the embedding gather, for q8 and for q4.
+    // 8- or 16-deep k-tiles), narrow (x scalar / vec4), narrow-dot (x scalar / vec4; built
+    // for quantized weights only), each with its five fusions (none, norm, residual, norm +
+    // swiglu, swiglu), and the embedding gather, for q8 and for q4.
     assert_eq!(
         quantized.len(),
-        2 * (5 * (1 + 2 + 2 + 4 + 2) + 1),
+        2 * (5 * (1 + 2 + 2 + 4 + 2 + 2) + 1),
         "quantized variants"
     );
     for v in quantized {

@@ -50,11 +50,16 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     let entries = ctx.tuner.entries();
     let (got_class, measured) = &entries[0];
     assert_eq!(got_class, &class);
-    let names: Vec<&str> = MatmulKernel::candidates(&ctx)
+    let names: Vec<&str> = MatmulKernel::candidates(&ctx, WeightFormat::F32)
         .iter()
         .map(|k| k.name())
         .collect();
     eprintln!("[path] measured candidates here: {names:?}");
+    // Integer dot products are a candidate for quantized weights only.
+    assert!(!names.contains(&MatmulKernel::NarrowDot.name()));
+    for format in [WeightFormat::Q8, WeightFormat::Q4] {
+        assert!(MatmulKernel::candidates(&ctx, format).contains(&MatmulKernel::NarrowDot));
+    }
     assert_eq!(
         measured
             .times
@@ -88,6 +93,37 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     assert_eq!(off.tuner.measurements(), 0);
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.contains(&class), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A quantized weight's class also measures `narrow-dot`, whose output passes the check
+/// against `tiled` (x quantization stays inside its tolerance); a float class does not.
+#[test]
+fn quantized_classes_measure_the_integer_dot_kernel() {
+    let dir = std::env::temp_dir().join(format!("unmask-tune-dot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ctx = context(TunePolicy::Always, &dir.join("kernels.json"));
+    let (m, n, k) = (5, 40, 96);
+    let x = random_vec(21, m * k, 1.0);
+    let w = random_vec(22, n * k, 0.5);
+    let xt = Tensor::from_f32(&ctx, &[m, k], &x, "x").unwrap();
+    let y = Tensor::zeros(&ctx, DType::F32, &[m, n], "y").unwrap();
+    for format in [WeightFormat::Q8, WeightFormat::Q4] {
+        let wt = Weight::from_f32(&ctx, n, k, &w, format, "w").unwrap();
+        let mut step = StepEncoder::new(&ctx, "tuned quantized matmul");
+        matmul(&mut step, &xt, &wt, &y, m, MatmulKernel::Auto).unwrap();
+        step.submit().unwrap();
+        let class = tune_class(format, &Fusion::default(), m, n, k);
+        let entries = ctx.tuner.entries();
+        let (_, measured) = entries.iter().find(|(c, _)| *c == class).unwrap();
+        eprintln!("[tune] {class}: {measured:?}");
+        let dot = measured
+            .times
+            .iter()
+            .find(|(name, _)| name == MatmulKernel::NarrowDot.name())
+            .expect("narrow-dot is measured for quantized weights");
+        assert!(dot.1.is_finite(), "narrow-dot was rejected: {measured:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -280,6 +280,10 @@ pub fn run_kernel_case(
                         "m": m, "n": n, "k": k,
                         "max_rel_err": error,
                         "agrees": agrees,
+                        // What ran: the variant itself, or its fallback where it does not run
+                        // here (gemm-f16 without shader-f16, coop without cooperative
+                        // matrices, narrow-dot with float weights).
+                        "ran": ran.name(),
                     });
                     emit(kernel_record(
                         envelope,

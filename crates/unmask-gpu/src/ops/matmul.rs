@@ -38,13 +38,17 @@ pub enum MatmulKernel {
     /// f32 accumulators (`KernelFeatures::cooperative_matrix`); `Gemm` where the device has
     /// none.
     Coop,
+    /// `Narrow`'s tiles with integer dot products (`dot4I8Packed`) for q8 / q4 weights: x is
+    /// quantized per row and 32-element block as it is staged, the weight codes are never
+    /// converted to float. `Narrow` for float weights.
+    NarrowDot,
     /// The best measured kernel for the device and shape.
     Auto,
 }
 
 impl MatmulKernel {
     /// Every concrete kernel (not `Auto`).
-    pub const CONCRETE: [MatmulKernel; 7] = [
+    pub const CONCRETE: [MatmulKernel; 8] = [
         MatmulKernel::Naive,
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
@@ -52,34 +56,48 @@ impl MatmulKernel {
         MatmulKernel::GemmF16,
         MatmulKernel::Narrow,
         MatmulKernel::Coop,
+        MatmulKernel::NarrowDot,
     ];
 
     /// What `Auto` may choose among when it measures (`tune`): not the naive baseline, and
     /// not `GemmF16`, whose f16 products can overflow. `Coop` only where the device has
-    /// cooperative matrices (`candidates`).
-    pub const CANDIDATES: [MatmulKernel; 5] = [
+    /// cooperative matrices, `NarrowDot` only for quantized weights (`candidates`).
+    pub const CANDIDATES: [MatmulKernel; 6] = [
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
         MatmulKernel::Gemm,
         MatmulKernel::Narrow,
         MatmulKernel::Coop,
+        MatmulKernel::NarrowDot,
     ];
 
-    /// The candidates `Auto` measures on this device.
-    pub fn candidates(ctx: &GpuContext) -> Vec<MatmulKernel> {
+    /// The candidates `Auto` measures on this device for weights stored in `format`: those
+    /// that run as themselves there (a fallback would only time another candidate again).
+    pub fn candidates(ctx: &GpuContext, format: WeightFormat) -> Vec<MatmulKernel> {
         Self::CANDIDATES
             .into_iter()
-            .filter(|&k| k != MatmulKernel::Coop || coop_k_depth(ctx).is_some())
+            .filter(|&k| k.runs_on(ctx, format))
             .collect()
     }
 
-    /// Whether this kernel runs as asked on the device (`plan` replaces `GemmF16` without
-    /// shader-f16 and `Coop` without cooperative matrices by `Gemm`).
-    pub fn runs_on(self, ctx: &GpuContext) -> bool {
+    /// Whether this kernel runs as asked on the device for weights in `format`; where not,
+    /// `plan` runs `fallback()` instead: `Gemm` for `GemmF16` without shader-f16 and for
+    /// `Coop` without cooperative matrices, `Narrow` for `NarrowDot` with float weights
+    /// (integer dot products need integer weight codes).
+    pub fn runs_on(self, ctx: &GpuContext, format: WeightFormat) -> bool {
         match self {
             MatmulKernel::GemmF16 => ctx.features.shader_f16,
             MatmulKernel::Coop => coop_k_depth(ctx).is_some(),
+            MatmulKernel::NarrowDot => format.quant().is_some(),
             _ => true,
+        }
+    }
+
+    /// What `plan` runs where this kernel does not run (`runs_on`).
+    pub fn fallback(self) -> MatmulKernel {
+        match self {
+            MatmulKernel::NarrowDot => MatmulKernel::Narrow,
+            _ => MatmulKernel::Gemm,
         }
     }
 
@@ -92,14 +110,16 @@ impl MatmulKernel {
             MatmulKernel::GemmF16 => "gemm-f16",
             MatmulKernel::Narrow => "narrow",
             MatmulKernel::Coop => "coop",
+            MatmulKernel::NarrowDot => "narrow-dot",
             MatmulKernel::Auto => "auto",
         }
     }
 
     /// The concrete kernel and the weight decoding that run for `m` rows of a weight stored
-    /// in `format` on this device. Explicit kernels run as asked (native f16 falls back to
-    /// packed and `GemmF16` to `Gemm` without shader-f16); `Auto` picks what measured
-    /// fastest. Every kernel supports every fusion, so the choice never depends on it.
+    /// in `format` on this device. Explicit kernels run as asked where they can (`runs_on`;
+    /// else their `fallback`), native f16 falls back to packed without shader-f16; `Auto`
+    /// picks what measured fastest. Every kernel supports every fusion, so the choice never
+    /// depends on it.
     pub fn plan(
         self,
         ctx: &GpuContext,
@@ -107,8 +127,8 @@ impl MatmulKernel {
         format: WeightFormat,
     ) -> (MatmulKernel, WeightFormat) {
         let format = format.resolve(ctx);
-        if !self.runs_on(ctx) {
-            return (MatmulKernel::Gemm, format);
+        if !self.runs_on(ctx, format) {
+            return (self.fallback(), format);
         }
         if self != MatmulKernel::Auto {
             return (self, format);
@@ -126,9 +146,20 @@ impl MatmulKernel {
     /// How far this kernel's output may be from an f32 reference, relative to the largest
     /// output: f32 kernels differ by summation order only; `Coop` and `GemmF16` round their
     /// inputs to f16 (a relative error of 2^-11 each).
+    ///
+    /// `NarrowDot` rounds x to 8-bit codes per 32-element block: each element moves by at
+    /// most max|x_block| / 254, about uniformly, so an output moves by a sum of K
+    /// independent errors x_err * w, about sqrt(K) * max|x_block| / (254 * sqrt(3)) * rms(w),
+    /// while a typical output is sqrt(K) * rms(x) * rms(w). A block's max is a few times its
+    /// rms (about 2.5x for 32 Gaussian values, more for heavy-tailed activations), which
+    /// makes the typical error about 2.5 / 440 = 0.6% of a typical output; the worst of many
+    /// outputs is a few such deviations, and SwiGLU multiplies two perturbed sums, so 2e-2 of
+    /// the largest output leaves room (the tests measure 3e-3 to 1.3e-2, the most at small K
+    /// with SwiGLU). A wrong index or scale is off by O(1).
     pub fn tolerance(self) -> f32 {
         match self {
             MatmulKernel::Coop | MatmulKernel::GemmF16 => 1e-2,
+            MatmulKernel::NarrowDot => 2e-2,
             _ => 1e-3,
         }
     }
@@ -141,6 +172,7 @@ impl MatmulKernel {
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => "gemm",
             MatmulKernel::Narrow => "narrow",
             MatmulKernel::Coop => "coop",
+            MatmulKernel::NarrowDot => "narrow_dot",
         }
     }
 
@@ -151,7 +183,7 @@ impl MatmulKernel {
             MatmulKernel::Tiled | MatmulKernel::Auto => (TILED_WGY * 4, TILED_WGX * TILED_TN),
             MatmulKernel::TiledShared => (64, 64),
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => (128, 128),
-            MatmulKernel::Narrow => (32, 16),
+            MatmulKernel::Narrow | MatmulKernel::NarrowDot => (32, 16),
             MatmulKernel::Coop => (64, 128),
         }
     }
@@ -267,6 +299,7 @@ fn spec(
         MatmulKernel::Gemm => Spec::new().flag("GEMM").flag_if(bk16, "BK16"),
         MatmulKernel::GemmF16 => Spec::new().flag("GEMM").flag("HALF").flag_if(bk16, "BK16"),
         MatmulKernel::Narrow => Spec::new().flag("NARROW"),
+        MatmulKernel::NarrowDot => Spec::new().flag("NDOT"),
         MatmulKernel::Coop => Spec::new()
             .flag("COOP")
             .constant("SG", coop.0)
@@ -300,12 +333,16 @@ fn auto_kernel(device: wgpu::DeviceType, m: usize) -> MatmulKernel {
 }
 
 /// Output tile of one workgroup for `kernel`, with or without SwiGLU (which halves the
-/// columns of `Tiled`, `Gemm` and `Narrow`: half of their sums are the up halves).
+/// columns of `Tiled`, `Gemm`, `Narrow` and the others: half of their sums are the up halves).
 fn tile_for(kernel: MatmulKernel, swiglu: bool) -> (u32, u32) {
     let (m, n) = kernel.tile();
     match kernel {
         MatmulKernel::Tiled | MatmulKernel::Auto if swiglu => (m, TILED_WGX * 4),
-        MatmulKernel::Gemm | MatmulKernel::GemmF16 | MatmulKernel::Narrow | MatmulKernel::Coop
+        MatmulKernel::Gemm
+        | MatmulKernel::GemmF16
+        | MatmulKernel::Narrow
+        | MatmulKernel::NarrowDot
+        | MatmulKernel::Coop
             if swiglu =>
         {
             (m, n / 2)
@@ -329,6 +366,10 @@ pub fn variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
     for kernel in MatmulKernel::CONCRETE {
         for format in WeightFormat::ALL {
+            // `NarrowDot` reads quantized weights only (`plan` runs `Narrow` for the others).
+            if kernel == MatmulKernel::NarrowDot && format.quant().is_none() {
+                continue;
+            }
             let x_vec4_options: &[bool] = if kernel == MatmulKernel::Naive {
                 &[false]
             } else {
@@ -555,8 +596,9 @@ fn choose(
     // another decoding for its own kernel).
     let format = w.format.resolve(ctx);
     let class = tune_class(format, &fusion, m, n, w.cols);
-    // A winner read from the file is only taken when it is still a candidate here.
-    let candidates = MatmulKernel::candidates(ctx);
+    // A winner read from the file is only taken when it is still a candidate here, for
+    // this weight format (`NarrowDot` is one for quantized weights only).
+    let candidates = MatmulKernel::candidates(ctx, format);
     let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
     if let Some(k) = ctx.tuner.winner(&class).as_deref().and_then(by_name) {
         return Ok((k, format));
@@ -665,5 +707,22 @@ mod tests {
         // SwiGLU halves the output columns of a tile, not the workgroups per weight row.
         assert_eq!(tile_for(MatmulKernel::Narrow, true), (32, 8));
         assert_eq!(tile_for(MatmulKernel::Gemm, true), (128, 64));
+        // The integer-dot kernel shares `Narrow`'s tiles.
+        assert_eq!(count(MatmulKernel::NarrowDot, 63, 4096), 512);
+        assert_eq!(tile_for(MatmulKernel::NarrowDot, true), (32, 8));
+    }
+
+    #[test]
+    fn narrow_dot_variants_read_quantized_weights_only() {
+        let dot: Vec<_> = variants()
+            .into_iter()
+            .filter(|v| v.entry == MatmulKernel::NarrowDot.entry())
+            .collect();
+        // q8 and q4, x scalar and vec4, five fusions.
+        assert_eq!(dot.len(), 2 * 2 * FUSIONS.len());
+        assert!(
+            dot.iter()
+                .all(|v| v.spec.has("QUANT") && v.spec.has("NDOT"))
+        );
     }
 }
