@@ -27,7 +27,8 @@
 // A batch runs one dispatch per sequence: row0 offsets the query and output rows, and
 // a_row0 / b_row0 the key rows of each segment within its buffer.
 // Specialisation: HD (head dim, 1..=128), WG (>= 8 and >= HD / 8), VEC4 (HD % 4 == 0:
-// K and V rows are read four dims per load).
+// K and V rows are read four dims per load), KV_PACKED (with VEC4: K/V stored as f16, four
+// per vec2<u32>, unpacked as they are loaded; no shader-f16 needed).
 // Workgroup memory: 8 * (HD + 2 * BK + 2) floats.
 
 struct Params {
@@ -51,10 +52,30 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 //#if VEC4
+//#if KV_PACKED
+@group(0) @binding(2) var<storage, read> ka: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> va: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> kb: array<vec2<u32>>;
+@group(0) @binding(5) var<storage, read> vb: array<vec2<u32>>;
+
+fn unpack4(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+fn ka4(i: u32) -> vec4<f32> { return unpack4(ka[i]); }
+fn va4(i: u32) -> vec4<f32> { return unpack4(va[i]); }
+fn kb4(i: u32) -> vec4<f32> { return unpack4(kb[i]); }
+fn vb4(i: u32) -> vec4<f32> { return unpack4(vb[i]); }
+//#else
 @group(0) @binding(2) var<storage, read> ka: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> va: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> kb: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> vb: array<vec4<f32>>;
+
+fn ka4(i: u32) -> vec4<f32> { return ka[i]; }
+fn va4(i: u32) -> vec4<f32> { return va[i]; }
+fn kb4(i: u32) -> vec4<f32> { return kb[i]; }
+fn vb4(i: u32) -> vec4<f32> { return vb[i]; }
+//#endif
 //#else
 @group(0) @binding(2) var<storage, read> ka: array<f32>;
 @group(0) @binding(3) var<storage, read> va: array<f32>;
@@ -205,23 +226,23 @@ fn main(
             var k6: vec4<f32>;
             var k7: vec4<f32>;
             if (in_a) {
-                k0 = ka[rlo4.x + d4];
-                k1 = ka[rlo4.y + d4];
-                k2 = ka[rlo4.z + d4];
-                k3 = ka[rlo4.w + d4];
-                k4 = ka[rhi4.x + d4];
-                k5 = ka[rhi4.y + d4];
-                k6 = ka[rhi4.z + d4];
-                k7 = ka[rhi4.w + d4];
+                k0 = ka4(rlo4.x + d4);
+                k1 = ka4(rlo4.y + d4);
+                k2 = ka4(rlo4.z + d4);
+                k3 = ka4(rlo4.w + d4);
+                k4 = ka4(rhi4.x + d4);
+                k5 = ka4(rhi4.y + d4);
+                k6 = ka4(rhi4.z + d4);
+                k7 = ka4(rhi4.w + d4);
             } else {
-                k0 = kb[rlo4.x + d4];
-                k1 = kb[rlo4.y + d4];
-                k2 = kb[rlo4.z + d4];
-                k3 = kb[rlo4.w + d4];
-                k4 = kb[rhi4.x + d4];
-                k5 = kb[rhi4.y + d4];
-                k6 = kb[rhi4.z + d4];
-                k7 = kb[rhi4.w + d4];
+                k0 = kb4(rlo4.x + d4);
+                k1 = kb4(rlo4.y + d4);
+                k2 = kb4(rlo4.z + d4);
+                k3 = kb4(rlo4.w + d4);
+                k4 = kb4(rhi4.x + d4);
+                k5 = kb4(rhi4.y + d4);
+                k6 = kb4(rhi4.z + d4);
+                k7 = kb4(rhi4.w + d4);
             }
             var q0: vec4<f32>;
             var q1: vec4<f32>;
@@ -406,11 +427,11 @@ fn main(
             var vhi: vec4<f32>;
 //#if VEC4
             if (in_a) {
-                vlo = va[(vrow + dlo) / 4u];
-                vhi = va[(vrow + dhi) / 4u];
+                vlo = va4((vrow + dlo) / 4u);
+                vhi = va4((vrow + dhi) / 4u);
             } else {
-                vlo = vb[(vrow + dlo) / 4u];
-                vhi = vb[(vrow + dhi) / 4u];
+                vlo = vb4((vrow + dlo) / 4u);
+                vhi = vb4((vrow + dhi) / 4u);
             }
 //#else
             let rl = vec4<u32>(vrow) + dlo;

@@ -785,13 +785,18 @@ fn f16_kv_packed_and_native() {
                 slices: Some(2),
                 ..Run::f16(AttentionKernel::WideSplit, native)
             };
-            for run in [
-                Run::f16(AttentionKernel::Wide, native),
-                split,
-                Run::f16(AttentionKernel::Auto, native),
-            ] {
+            // The register kernel reads f16 at head dims that are multiples of 4.
+            let register = c.shape.head_dim.is_multiple_of(4);
+            let runs = [
+                Some(Run::f16(AttentionKernel::Wide, native)),
+                Some(split),
+                Some(Run::f16(AttentionKernel::Auto, native)),
+                register.then(|| Run::f16(AttentionKernel::Register, native)),
+            ];
+            for run in runs.into_iter().flatten() {
                 let (got, plan) = run_with(&ctx, &c, &d, run);
-                let expected = if native {
+                // The register kernel unpacks f16 words whatever the device has.
+                let expected = if native && plan.kernel != AttentionKernel::Register {
                     KvRead::F16Native
                 } else {
                     KvRead::F16Packed
@@ -808,9 +813,9 @@ fn f16_kv_packed_and_native() {
 
 #[test]
 fn auto_plan_on_this_device() {
-    // Off hardware GPUs (lavapipe: device type Cpu) the register kernel stays for f32 K/V;
-    // f16 K/V always go to a wide kernel (the register kernel reads f32 only); no scratch,
-    // no split.
+    // Off hardware GPUs (lavapipe: device type Cpu) the register kernel stays, for f32 K/V
+    // and (head dim 128, a multiple of 4) for f16; no scratch, no split. Hardware GPUs run
+    // the wide kernel.
     let ctx = ctx();
     let shape = AttentionShape {
         n_heads: 32,
@@ -834,10 +839,19 @@ fn auto_plan_on_this_device() {
     let hardware = attn::is_hardware_gpu(&ctx);
     if hardware {
         assert_eq!(f32_plan.kernel, AttentionKernel::Wide);
+        assert_eq!(f16_plan.kernel, AttentionKernel::Wide);
     } else {
         assert_eq!(f32_plan.kernel, AttentionKernel::Register);
+        assert_eq!(f16_plan.kernel, AttentionKernel::Register);
+        assert_eq!(f16_plan.read, KvRead::F16Packed);
     }
-    assert_eq!(f16_plan.kernel, AttentionKernel::Wide);
+    // Off hardware GPUs a head dim the register kernel cannot read f16 at goes wide.
+    let odd = AttentionShape {
+        head_dim: 6,
+        ..shape
+    };
+    let odd_plan = auto.plan(&ctx, odd, 32, 64, DType::F16, &plain).unwrap();
+    assert_eq!(odd_plan.kernel, AttentionKernel::Wide, "{odd_plan:?}");
     // With a scratch, 32 rows over 4096 keys split on a hardware GPU (64 workgroups
     // alone) and not elsewhere.
     let floats = attn::split_scratch_floats(&ctx, shape, 32, 64);
@@ -858,7 +872,7 @@ fn auto_plan_on_this_device() {
         describe(&many_rows)
     );
     if !hardware {
-        assert_eq!(long.kernel, AttentionKernel::Wide);
+        assert_eq!(long.kernel, AttentionKernel::Register);
     } else {
         assert_eq!(long.kernel, AttentionKernel::WideSplit);
         assert!(32usize.div_ceil(16) * 32 * long.slices >= 256, "{long:?}");
@@ -906,10 +920,6 @@ fn rejects_what_a_variant_cannot_run() {
             ..AttentionOptions::default()
         };
         expect_shape_error(
-            call(None, f16_b, options(AttentionKernel::Register, None)),
-            "f16 K/V on the register kernel",
-        );
-        expect_shape_error(
             call(None, f16_b, options(AttentionKernel::WideSplit, None)),
             "the split without a scratch",
         );
@@ -934,6 +944,30 @@ fn rejects_what_a_variant_cannot_run() {
             "the scratch aliasing the keys",
         );
     }
+    // f16 K/V on the register kernel at a head dim that is not a multiple of 4.
+    let shape6 = AttentionShape {
+        head_dim: 6,
+        ..shape
+    };
+    expect_shape_error(
+        attn::attention_with(
+            &mut step,
+            &q,
+            12,
+            0,
+            0..1,
+            None,
+            KvSegment::first(&kh, &vh, 1),
+            &out,
+            shape6,
+            &AttentionOptions {
+                kernel: AttentionKernel::Register,
+                ..AttentionOptions::default()
+            },
+        )
+        .map(|_| ()),
+        "f16 K/V on the register kernel at head_dim 6",
+    );
     assert_eq!(step.dispatch_count(), 0, "rejected calls record nothing");
 }
 

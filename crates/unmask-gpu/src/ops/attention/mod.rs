@@ -6,7 +6,8 @@
 //! - `Register` (`shaders/attention.wgsl`, specialised per head dim): a workgroup takes 8
 //!   (query row, query head) pairs of one kv head and walks the keys in tiles, with 8 x 8
 //!   register blocks in both products and no workgroup staging of K/V; the fastest on
-//!   lavapipe, where loads per FMA decide the speed. f32 K/V only.
+//!   lavapipe, where loads per FMA decide the speed. f32 K/V, or f16 unpacked from u32
+//!   words as they load (head dims that are multiples of 4).
 //! - `Wide` (`shaders/attention_wide.wgsl`): 128 invocations, K/V tiles staged through
 //!   workgroup memory by coalesced loads, the tile sized from the adapter's workgroup-memory
 //!   limit (16 KiB in a browser); K/V in f32 or f16 (packed in u32 words, or native).
@@ -83,10 +84,18 @@ impl<'a> KvSegment<'a> {
 /// combine pass.
 pub fn variants() -> Vec<ShaderVariant> {
     let mut v: Vec<ShaderVariant> = (1..=MAX_HEAD_DIM)
-        .map(|hd| ShaderVariant {
-            kernel: ATTENTION,
-            entry: "main",
-            spec: Tile::for_head_dim(hd).spec(),
+        .flat_map(|hd| {
+            // f32 K/V at every head dim; packed f16 where it is a multiple of 4.
+            let packed: &[bool] = if hd.is_multiple_of(4) {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            packed.iter().map(move |&packed| ShaderVariant {
+                kernel: ATTENTION,
+                entry: "main",
+                spec: Tile::for_head_dim(hd).spec(packed),
+            })
         })
         .collect();
     let mut tiles = Vec::new();
@@ -283,10 +292,13 @@ fn measured_kernel(
     }
     let kv = seg_b.k.dtype;
     let n_keys = seg_a.map_or(0, |a| a.len) + seg_b.len;
-    // The register kernel reads f32 K/V only; the split needs its scratch.
+    // The register kernel reads f16 K/V only at head dims that are multiples of 4; the
+    // split needs its scratch.
     let candidates: Vec<AttentionKernel> = AttentionKernel::CONCRETE
         .into_iter()
-        .filter(|&k| k != AttentionKernel::Register || kv == DType::F32)
+        .filter(|&k| {
+            k != AttentionKernel::Register || kv == DType::F32 || shape.head_dim.is_multiple_of(4)
+        })
         .filter(|&k| k != AttentionKernel::WideSplit || options.scratch.is_some())
         .collect();
     if candidates.len() < 2 {
@@ -528,7 +540,8 @@ pub fn attention_with(
             _pad: 0,
         };
         let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
-        let pipeline = ctx.pipeline(&ATTENTION, "main", &tile.spec())?;
+        let packed = plan.read != KvRead::F32;
+        let pipeline = ctx.pipeline(&ATTENTION, "main", &tile.spec(packed))?;
         let bindings: [Binding; 6] = [
             q.into(),
             ka.into(),

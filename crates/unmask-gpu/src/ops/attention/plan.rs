@@ -41,20 +41,23 @@ impl Tile {
         4 * UNITS_PER_GROUP * (self.head_dim + 2 * self.bk() + 2)
     }
 
-    pub(super) fn spec(&self) -> Spec {
+    /// `packed`: K/V in f16, four per vec2<u32> (needs a head dim that is a multiple of 4).
+    pub(super) fn spec(&self, packed: bool) -> Spec {
         Spec::new()
             .constant("HD", self.head_dim)
             .constant("WG", self.wg)
             .constant("QS_LEN", 2 * self.head_dim)
             .constant("PS_LEN", 2 * self.bk())
             .flag_if(self.head_dim.is_multiple_of(4), "VEC4")
+            .flag_if(packed, "KV_PACKED")
     }
 }
 
 /// Which attention kernel runs (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttentionKernel {
-    /// 8 x 8 register blocks, no K/V staging; f32 K/V only.
+    /// 8 x 8 register blocks, no K/V staging; f32 K/V, or f16 (packed) where the head dim
+    /// is a multiple of 4.
     Register,
     /// 128 invocations, coalesced K/V tiles through workgroup memory.
     Wide,
@@ -82,11 +85,12 @@ impl AttentionKernel {
     }
 
     /// The concrete kernel, K/V decoding and key slices for `m` query rows over `n_keys`
-    /// keys stored as `kv`. Explicit kernels run as asked (`Register` cannot read f16 K/V;
-    /// `WideSplit` needs a scratch). `Auto`: on hardware GPUs (discrete or integrated)
-    /// `Wide`, split when the (kv head, query block) workgroups alone would leave the GPU
-    /// idle and a scratch was given; elsewhere (lavapipe, browsers) `Register` for f32 K/V,
-    /// and `Wide` for f16 K/V, which only the wide kernel reads.
+    /// keys stored as `kv`. Explicit kernels run as asked (`Register` reads f16 K/V only
+    /// with a head dim that is a multiple of 4, always packed; `WideSplit` needs a
+    /// scratch). `Auto`: on hardware GPUs (discrete or integrated) `Wide`, split when the
+    /// (kv head, query block) workgroups alone would leave the GPU idle and a scratch was
+    /// given; elsewhere (lavapipe, browsers) `Register` where it can read the K/V, else
+    /// `Wide`.
     pub fn plan(
         self,
         ctx: &GpuContext,
@@ -126,10 +130,11 @@ impl AttentionKernel {
         let scratch_slices = options
             .scratch
             .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
+        let register_reads = read == KvRead::F32 || head_dim.is_multiple_of(4);
         let kernel = match self {
             AttentionKernel::Auto => {
                 let hardware = is_hardware_gpu(ctx);
-                if read == KvRead::F32 && !hardware {
+                if register_reads && !hardware {
                     // lavapipe: the register kernel beat the wide one 4-7x (kernel bench,
                     // ratios within one run); staging through workgroup memory is a copy
                     // there. A browser's adapter has no device type (Other): unknown, so
@@ -144,13 +149,20 @@ impl AttentionKernel {
                     AttentionKernel::Wide
                 }
             }
-            AttentionKernel::Register if read != KvRead::F32 => {
+            AttentionKernel::Register if !register_reads => {
                 return Err(shape_error(
-                    "f32 K/V for the register kernel".into(),
-                    format!("{kv:?} K/V"),
+                    "f32 K/V for the register kernel, or f16 with a head_dim that is a \
+                     multiple of 4"
+                        .into(),
+                    format!("{kv:?} K/V, head_dim {head_dim}"),
                 ));
             }
             other => other,
+        };
+        // The register kernel reads f16 K/V packed, whatever the device has.
+        let read = match (kernel, read) {
+            (AttentionKernel::Register, KvRead::F16Native) => KvRead::F16Packed,
+            (_, read) => read,
         };
         let slices = match kernel {
             AttentionKernel::WideSplit => {
