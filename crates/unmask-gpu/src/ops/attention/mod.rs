@@ -336,8 +336,8 @@ fn measured_kernel(
             )
             .map(|_| ())
         };
-        // Each candidate's output from zero, against the first candidate's (register for
-        // f32 K/V, wide for f16: the fixed choice off hardware GPUs, tested everywhere).
+        // Each candidate's output from zero, against the first candidate's (the register
+        // kernel where it reads the K/V, else wide: the fixed choice off hardware GPUs).
         let run_once = |kernel: AttentionKernel| -> Result<Vec<f32>> {
             scratch_out.write_f32(ctx, &vec![0.0; out.numel()])?;
             let mut step = StepEncoder::new(ctx, "tune check");
