@@ -189,20 +189,7 @@ fn kernels_stay_within_browser_limits() {
     // Browsers allow 256 invocations per workgroup and (portably) 16 KiB of workgroup memory.
     // Variants flagged NATIVE are built only where the adapter reports more (up to 64 KiB).
     for v in all_variants() {
-        let source = render(&v.kernel, &v.spec).unwrap();
-        let module = naga::front::wgsl::parse_str(&source).unwrap();
-        let mut caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-        if uses_f16(&v.spec) {
-            caps |= Capabilities::SHADER_FLOAT16;
-        }
-        if uses_cooperative_matrix(&v.spec) {
-            caps |= Capabilities::COOPERATIVE_MATRIX;
-        }
-        let info = Validator::new(ValidationFlags::all(), caps)
-            .subgroup_stages(ShaderStages::COMPUTE)
-            .subgroup_operations(SubgroupOperationSet::all())
-            .validate(&module)
-            .unwrap();
+        let (module, info) = validated(&v);
         let ep = module
             .entry_points
             .iter()
@@ -249,6 +236,26 @@ fn kernels_stay_within_browser_limits() {
             v.spec.key()
         );
     }
+}
+
+/// A variant parsed and validated with every capability the adapters that build it have
+/// (subgroups, f16 where it asks for it, cooperative matrices where it uses them).
+fn validated(v: &unmask_gpu::ops::ShaderVariant) -> (naga::Module, naga::valid::ModuleInfo) {
+    let source = render(&v.kernel, &v.spec).unwrap();
+    let module = naga::front::wgsl::parse_str(&source).unwrap();
+    let mut caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    if uses_f16(&v.spec) {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
+    if uses_cooperative_matrix(&v.spec) {
+        caps |= Capabilities::COOPERATIVE_MATRIX;
+    }
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .subgroup_stages(ShaderStages::COMPUTE)
+        .subgroup_operations(SubgroupOperationSet::all())
+        .validate(&module)
+        .unwrap();
+    (module, info)
 }
 
 fn ep_index(module: &naga::Module, entry: &str) -> usize {
@@ -331,20 +338,7 @@ fn every_spirv_module_passes_the_khronos_validator() {
         .collect();
     for (i, v) in variants.iter().enumerate() {
         let name = format!("{}:{}[{}]", v.kernel.name, v.entry, v.spec.key());
-        let source = render(&v.kernel, &v.spec).unwrap();
-        let module = naga::front::wgsl::parse_str(&source).unwrap();
-        let mut caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-        if uses_f16(&v.spec) {
-            caps |= Capabilities::SHADER_FLOAT16;
-        }
-        if uses_cooperative_matrix(&v.spec) {
-            caps |= Capabilities::COOPERATIVE_MATRIX;
-        }
-        let info = Validator::new(ValidationFlags::all(), caps)
-            .subgroup_stages(ShaderStages::COMPUTE)
-            .subgroup_operations(SubgroupOperationSet::all())
-            .validate(&module)
-            .unwrap();
+        let (module, info) = validated(v);
         let mut capabilities: naga::FastHashSet<spv::Capability> = [
             spv::Capability::Shader,
             spv::Capability::Float16,
