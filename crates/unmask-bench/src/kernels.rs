@@ -9,7 +9,7 @@ use unmask_gpu::ops::attention::{
 };
 use unmask_gpu::ops::elementwise as ew;
 use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused, tune_class};
-use unmask_gpu::tune::max_relative_error;
+use unmask_gpu::tune::{max_relative_error, output_from_zero};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
 use crate::env::{Peak, with_envelope};
@@ -225,12 +225,10 @@ pub fn run_kernel_case(
                 let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * y_cols) as f64;
                 // Each variant's output from zero, checked against `Tiled`'s: a kernel that
                 // is fast and wrong on this device shows in its record.
-                let output = |kernel: MatmulKernel| -> unmask_gpu::Result<Vec<f32>> {
-                    y.write_f32(ctx, &vec![0.0; m * y_cols])?;
-                    let mut step = unmask_gpu::StepEncoder::new(ctx, "bench check");
-                    matmul_fused(&mut step, &x, &w, &y, m, kernel, fusion)?;
-                    step.submit()?;
-                    y.read_f32(ctx)
+                let output = |kernel: MatmulKernel| {
+                    output_from_zero(ctx, &y, |step| {
+                        matmul_fused(step, &x, &w, &y, m, kernel, fusion)
+                    })
                 };
                 let reference = output(MatmulKernel::Tiled)?;
                 for kernel in variants {

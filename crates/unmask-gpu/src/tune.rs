@@ -347,6 +347,21 @@ pub fn outputs_agree(expected: &[f32], found: &[f32], tol: f32) -> bool {
     max_relative_error(expected, found) <= tol
 }
 
+/// What one kernel writes into `out` from zero: `out` is cleared, `record` runs alone in a
+/// step, and `out` is read back. How candidates are checked against a reference kernel.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn output_from_zero(
+    ctx: &crate::GpuContext,
+    out: &crate::Tensor,
+    record: impl FnOnce(&mut crate::StepEncoder) -> crate::Result<()>,
+) -> crate::Result<Vec<f32>> {
+    out.write_f32(ctx, &vec![0.0; out.numel()])?;
+    let mut step = crate::StepEncoder::new(ctx, "output check");
+    record(&mut step)?;
+    step.submit()?;
+    out.read_f32(ctx)
+}
+
 /// Times each candidate that `verify` accepts; a rejected or failing one is recorded with
 /// NaN, so it never wins. `verify` runs the candidate once and compares its output with a
 /// reference kernel's.

@@ -608,12 +608,10 @@ fn choose(
         let names: Vec<&'static str> = candidates.iter().map(|k| k.name()).collect();
         let scratch = Tensor::zeros(ctx, DType::F32, &[m, n], "tune scratch")?;
         // Each candidate's output from zero, against `Tiled`'s (f32, tested on every device).
-        let run_once = |kernel: MatmulKernel| -> Result<Vec<f32>> {
-            scratch.write_f32(ctx, &vec![0.0; m * n])?;
-            let mut step = crate::StepEncoder::new(ctx, "tune check");
-            matmul_fused(&mut step, x, w, &scratch, m, kernel, fusion)?;
-            step.submit()?;
-            scratch.read_f32(ctx)
+        let run_once = |kernel: MatmulKernel| {
+            crate::tune::output_from_zero(ctx, &scratch, |step| {
+                matmul_fused(step, x, w, &scratch, m, kernel, fusion)
+            })
         };
         let reference = run_once(MatmulKernel::Tiled)?;
         let times = crate::tune::time_verified_candidates(

@@ -338,12 +338,8 @@ fn measured_kernel(
         };
         // Each candidate's output from zero, against the first candidate's (the register
         // kernel where it reads the K/V, else wide: the fixed choice off hardware GPUs).
-        let run_once = |kernel: AttentionKernel| -> Result<Vec<f32>> {
-            scratch_out.write_f32(ctx, &vec![0.0; out.numel()])?;
-            let mut step = StepEncoder::new(ctx, "tune check");
-            record(&mut step, kernel)?;
-            step.submit()?;
-            scratch_out.read_f32(ctx)
+        let run_once = |kernel: AttentionKernel| {
+            crate::tune::output_from_zero(ctx, &scratch_out, |step| record(step, kernel))
         };
         let reference = run_once(candidates[0])?;
         let times = crate::tune::time_verified_candidates(
