@@ -30,6 +30,18 @@ fi
 UNMASK_SPIRV_VAL="$PWD/$SPV_VENV/bin/spirv-val" cargo test --workspace --test all --quiet -- \
   --ignored shader_portability::every_spirv_module_passes_the_khronos_validator
 
+phase "the tensor-core matmul on Mesa 26 lavapipe's cooperative matrices (scripts/lavapipe-coop.sh)"
+# Debian's lavapipe has none, so above `coop` ran its `gemm` fallback. Mesa 26's reports
+# 8 x 8 x 8 f16 -> f32 and computes 16 x 16 fragments too: the matmul kernel tests, the
+# measured choice and the whole forward run the real kernel at both fragment sides (an NVIDIA
+# GPU's is 16). UNMASK_COOP_FRAGMENT makes them fail if cooperative matrices are off.
+coop_runner=$(scripts/lavapipe-coop.sh)
+for side in 8 16; do
+  UNMASK_COOP_FRAGMENT=$side CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$coop_runner" \
+    cargo test --workspace --test all --quiet -- kernels_matmul tune:: \
+    model_parity::logits_match_reference_with_the_tensor_core_kernel
+done
+
 # target/debug/unmask was built by the tests above (unmask-cli's integration tests run it)
 phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask

@@ -23,7 +23,7 @@
 //             group of 4 columns holds the up sums of the first four.)
 //   BK16                    (GEMM) k-tiles 16 deep instead of 8
 //   COOP                    cooperative-matrix tiles (needs wgpu_cooperative_matrix, f16 and
-//                           subgroups); constants SG and BK
+//                           subgroups); constants SG, FR and BK
 //   HALF                    (GEMM) f16 tiles and f16 sums within a k-tile (needs shader-f16)
 // Constants (TILED): WGX x WGY invocations per workgroup.
 
@@ -1262,37 +1262,43 @@ fn narrow_dot(
 //#endif
 
 //#if COOP
-// Tensor cores through cooperative matrices (wgpu's `wgpu_cooperative_matrix`): a workgroup
-// of 8 subgroups computes a 64 x 128 tile (SWIGLU: 64 gate and the matching 64 up weight
-// rows, 64 output columns); subgroup s owns the 32 x 32 block (s / 4, s % 4) as 2 x 2
-// accumulators of 16 x 16 f32. Each k-tile of x and W is decoded once into workgroup memory
-// as f16, row-major with 8 halves of padding per row (16-byte aligned rows, rotating banks),
-// double-buffered, so one barrier per k-tile. x and W are rounded to f16 on the way in and
-// products summed in f32 by the hardware; NORM scales the x rows by 1 / rms (found first, in
-// f32, over the whole row) before the rounding, so the f16 inputs stay near 1 in magnitude.
-// The accumulators leave through a 16 x 16 f32 tile per subgroup in workgroup memory, where
-// the residual add, SwiGLU and the edges are applied. Constants: SG, the device's (fixed)
-// subgroup size; BK, 32 or 16 deep k-tiles as workgroup memory allows.
+// Tensor cores through cooperative matrices (wgpu's `wgpu_cooperative_matrix`) of FR x FR
+// fragments (16 on NVIDIA GPUs, 8 where an adapter offers only 8 x 8 x 8, as lavapipe does):
+// a workgroup of 8 subgroups computes a TM x TN = 4 FR x 8 FR tile (64 x 128 at FR 16;
+// SWIGLU: TN / 2 gate and the matching TN / 2 up weight rows, TN / 2 output columns);
+// subgroup s owns the 2 FR x 2 FR block (s / 4, s % 4) as 2 x 2 accumulators of FR x FR f32.
+// Each k-tile of x and W is decoded once into workgroup memory as f16, row-major with 8 halves
+// of padding per row (16-byte aligned rows, rotating banks), double-buffered, so one barrier
+// per k-tile. x and W are rounded to f16 on the way in and products summed in f32 by the
+// hardware; NORM scales the x rows by 1 / rms (found first, in f32, over the whole row) before
+// the rounding, so the f16 inputs stay near 1 in magnitude. The accumulators leave through an
+// FR x FR f32 tile per subgroup in workgroup memory, where the residual add, SwiGLU and the
+// edges are applied. Constants: SG, the device's (fixed) subgroup size; FR, the fragment size;
+// BK, 32 or 16 deep k-tiles as workgroup memory allows.
 const SG: u32 = {{SG}}u;
 const CWG: u32 = 8u * SG;
+const FR: u32 = {{FR}}u;
+const FF: u32 = FR * FR; // elements of one fragment
+const TM: u32 = 4u * FR; // tile rows (x rows)
+const TN: u32 = 8u * FR; // tile weight rows
 const BK: u32 = {{BK}}u;
 const XS: u32 = BK + 8u; // row stride of the staged tiles, in halves
 const KQ: u32 = BK / 4u; // quads per staged row
-var<workgroup> ca: array<f16, 2u * 64u * XS>;  // [buffer][x row][k]
-var<workgroup> cb: array<f16, 2u * 128u * XS>; // [buffer][W row][k]
-var<workgroup> cc: array<f32, 8u * 256u>;      // [subgroup][16 x 16]; NORM: partial sums first
-var<workgroup> cinv: array<f32, 64>;           // NORM: 1 / rms of the tile's rows
+var<workgroup> ca: array<f16, 2u * TM * XS>; // [buffer][x row][k]
+var<workgroup> cb: array<f16, 2u * TN * XS>; // [buffer][W row][k]
+var<workgroup> cc: array<f32, 8u * FF>;      // [subgroup][FR x FR]; NORM: partial sums first
+var<workgroup> cinv: array<f32, TM>;         // NORM: 1 / rms of the tile's rows
 
-// Decodes k-tile `kt` of the tile's 64 x rows and 128 W rows into buffer `buf`.
+// Decodes k-tile `kt` of the tile's TM x rows and TN W rows into buffer `buf`.
 fn coop_stage(t: u32, buf: u32, kt: u32, row0: u32, wcol0: u32) {
-    for (var i = t; i < 64u * KQ; i += CWG) {
+    for (var i = t; i < TM * KQ; i += CWG) {
         let r = i / KQ;
         let q = i % KQ;
         var v = x_quad(min(row0 + r, p.m - 1u), kt * KQ + q);
 //#if NORM
         v *= cinv[r];
 //#endif
-        let at = (buf * 64u + r) * XS + q * 4u;
+        let at = (buf * TM + r) * XS + q * 4u;
         ca[at] = f16(v.x);
         ca[at + 1u] = f16(v.y);
         ca[at + 2u] = f16(v.z);
@@ -1301,11 +1307,11 @@ fn coop_stage(t: u32, buf: u32, kt: u32, row0: u32, wcol0: u32) {
 //#if QUANT
     let blocks = p.w_stride4 >> 3u;
 //#endif
-    for (var i = t; i < 128u * KQ; i += CWG) {
+    for (var i = t; i < TN * KQ; i += CWG) {
         let r = i / KQ;
         let q = i % KQ;
 //#if SWIGLU
-        let w_row = min(wcol0 + (r & 63u), p.rows - 1u) + select(0u, p.up_off, r >= 64u);
+        let w_row = min(wcol0 + (r % (TN / 2u)), p.rows - 1u) + select(0u, p.up_off, r >= TN / 2u);
 //#else
         let w_row = min(wcol0 + r, p.rows - 1u);
 //#endif
@@ -1316,7 +1322,7 @@ fn coop_stage(t: u32, buf: u32, kt: u32, row0: u32, wcol0: u32) {
         let sc = 1.0;
 //#endif
         let v = w_quad(w_row * p.w_stride4, kt * KQ + q, sc);
-        let at = (buf * 128u + r) * XS + q * 4u;
+        let at = (buf * TN + r) * XS + q * 4u;
         cb[at] = f16(v.x);
         cb[at + 1u] = f16(v.y);
         cb[at + 2u] = f16(v.z);
@@ -1324,24 +1330,24 @@ fn coop_stage(t: u32, buf: u32, kt: u32, row0: u32, wcol0: u32) {
     }
 }
 
-// Writes accumulator (a, b) of every subgroup: tile rows sm * 32 + a * 16 .. +16, weight
-// rows sn * 32 + b * 16 .. +16 of subgroup s = 4 sm + sn.
-fn coop_out(t: u32, sg: u32, acc: coop_mat16x16<f32, C>, a: u32, b: u32, row0: u32, col0: u32) {
+// Writes accumulator (a, b) of every subgroup: tile rows sm * 2 FR + a * FR .. +FR, weight
+// rows sn * 2 FR + b * FR .. +FR of subgroup s = 4 sm + sn.
+fn coop_out(t: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, a: u32, b: u32, row0: u32, col0: u32) {
     // Every index and stride of a cooperative load or store is a `let` of its own.
-    let at = sg * 256u;
-    let stride = 16u;
+    let at = sg * FF;
+    let stride = FR;
     coopStoreT(acc, &cc[at], stride);
     workgroupBarrier();
-    for (var e = t; e < 2048u; e += CWG) {
-        let s = e >> 8u;
+    for (var e = t; e < 8u * FF; e += CWG) {
+        let s = e / FF;
         let sn = s & 3u;
-        let row = row0 + (s >> 2u) * 32u + a * 16u + ((e >> 4u) & 15u);
-        let c = sn * 32u + b * 16u + (e & 15u);
+        let row = row0 + (s >> 2u) * 2u * FR + a * FR + (e / FR) % FR;
+        let c = sn * 2u * FR + b * FR + e % FR;
 //#if SWIGLU
         // Gate sums in subgroups sn = 0, 1; the up sums of the same columns two subgroups on.
         if sn < 2u {
             let g = cc[e];
-            store1(row, col0 + c, g / (1.0 + exp(-g)) * cc[e + 512u]);
+            store1(row, col0 + c, g / (1.0 + exp(-g)) * cc[e + 2u * FF]);
         }
 //#else
         store1(row, col0 + c, cc[e]);
@@ -1358,27 +1364,27 @@ fn coop(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let tile = min(tile_index(wid, nwg), p.tiles - 1u);
-    let row0 = (tile / p.tiles_n) * 64u;
+    let row0 = (tile / p.tiles_n) * TM;
 //#if SWIGLU
-    let col0 = (tile % p.tiles_n) * 64u;
+    let col0 = (tile % p.tiles_n) * (TN / 2u);
 //#else
-    let col0 = (tile % p.tiles_n) * 128u;
+    let col0 = (tile % p.tiles_n) * TN;
 //#endif
 //#if NORM
-    // Sums of squares of the tile's 64 rows over all of K: invocation t takes row t % 64 and
-    // every (CWG / 64)-th quad from t / 64; the partial sums meet in `cc`.
+    // Sums of squares of the tile's TM rows over all of K: invocation t takes row t % TM and
+    // every (CWG / TM)-th quad from t / TM; the partial sums meet in `cc` (CWG <= 8 FF).
     var ss = 0.0;
     let kq = (p.k + 3u) / 4u;
-    for (var q = t / 64u; q < kq; q += CWG / 64u) {
-        let v = x_quad(min(row0 + (t & 63u), p.m - 1u), q);
+    for (var q = t / TM; q < kq; q += CWG / TM) {
+        let v = x_quad(min(row0 + t % TM, p.m - 1u), q);
         ss += dot(v, v);
     }
     cc[t] = ss;
     workgroupBarrier();
-    if t < 64u {
+    if t < TM {
         var sum = 0.0;
-        for (var j = 0u; j < CWG / 64u; j++) {
-            sum += cc[t + 64u * j];
+        for (var j = 0u; j < CWG / TM; j++) {
+            sum += cc[t + TM * j];
         }
         cinv[t] = inverseSqrt(sum / f32(p.k) + p.eps);
     }
@@ -1388,27 +1394,27 @@ fn coop(
     workgroupBarrier();
     let sm = sg >> 2u;
     let sn = sg & 3u;
-    var acc00 = coop_mat16x16<f32, C>();
-    var acc01 = coop_mat16x16<f32, C>();
-    var acc10 = coop_mat16x16<f32, C>();
-    var acc11 = coop_mat16x16<f32, C>();
+    var acc00 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc01 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc10 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc11 = coop_mat{{FR}}x{{FR}}<f32, C>();
     let k_tiles = (p.k + BK - 1u) / BK;
     for (var kt = 0u; kt < k_tiles; kt++) {
         let cur = kt & 1u;
         if kt + 1u < k_tiles {
             coop_stage(t, 1u - cur, kt + 1u, row0, col0);
         }
-        for (var kk = 0u; kk < BK; kk += 16u) {
+        for (var kk = 0u; kk < BK; kk += FR) {
             let stride = XS;
-            let xa0 = (cur * 64u + sm * 32u) * XS + kk;
-            let xa1 = xa0 + 16u * XS;
-            let wa0 = (cur * 128u + sn * 32u) * XS + kk;
-            let wa1 = wa0 + 16u * XS;
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ca[xa0], stride);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ca[xa1], stride);
+            let xa0 = (cur * TM + sm * 2u * FR) * XS + kk;
+            let xa1 = xa0 + FR * XS;
+            let wa0 = (cur * TN + sn * 2u * FR) * XS + kk;
+            let wa1 = wa0 + FR * XS;
+            let a0 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&ca[xa0], stride);
+            let a1 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&ca[xa1], stride);
             // W rows are B's columns: a column-major load.
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&cb[wa0], stride);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&cb[wa1], stride);
+            let b0 = coopLoad<coop_mat{{FR}}x{{FR}}<f16, B>>(&cb[wa0], stride);
+            let b1 = coopLoad<coop_mat{{FR}}x{{FR}}<f16, B>>(&cb[wa1], stride);
             acc00 = coopMultiplyAdd(a0, b0, acc00);
             acc01 = coopMultiplyAdd(a0, b1, acc01);
             acc10 = coopMultiplyAdd(a1, b0, acc10);

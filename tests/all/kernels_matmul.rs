@@ -8,7 +8,7 @@ use crate::common;
 
 use unmask_core::oracle::matmul::matmul_xwt;
 use unmask_core::quant::{self, QuantFormat};
-use unmask_gpu::ops::matmul::{MatmulKernel, coop_k_depth, gemm_bk16_bytes, gemm_k_depth, matmul};
+use unmask_gpu::ops::matmul::{MatmulKernel, coop_shape, gemm_bk16_bytes, gemm_k_depth, matmul};
 use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor, Weight, WeightFormat};
 
 const KERNELS: [MatmulKernel; 8] = [
@@ -89,15 +89,23 @@ fn print_f16_path(ctx: &GpuContext) {
         }
     );
     let coop = MatmulKernel::Coop.plan(ctx, 1, WeightFormat::F32).0;
-    match coop_k_depth(ctx) {
-        Some(bk) => {
+    match coop_shape(ctx) {
+        Some(shape) => {
             assert_eq!(coop, MatmulKernel::Coop);
+            if let Some(side) = common::coop_fragment() {
+                assert_eq!(shape.fragment, side, "UNMASK_COOP_FRAGMENT");
+            }
             eprintln!(
-                "[path] coop runs cooperative matrices (subgroup size {}, {bk}-deep k-tiles)",
-                ctx.features.subgroup_max_size
+                "[path] coop runs cooperative matrices ({0}x{0} fragments, subgroup size {1}, \
+                 {2}-deep k-tiles)",
+                shape.fragment, shape.subgroup, shape.k_depth
             );
         }
         None => {
+            assert!(
+                common::coop_fragment().is_none(),
+                "UNMASK_COOP_FRAGMENT is set but this adapter runs no cooperative matrices"
+            );
             assert_eq!(coop, MatmulKernel::Gemm);
             eprintln!(
                 "[path] coop runs the f32 gemm (no cooperative matrices: {})",

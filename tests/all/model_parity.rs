@@ -109,6 +109,23 @@ fn logits_match_reference_with_the_hardware_gpu_kernels() {
     }
 }
 
+// The tensor-core kernel through the whole forward (norm, SwiGLU and residual fusions, the
+// LM head): every matmul input rounded to f16, sums in f32, so the f16 budget of 1e-2. Where
+// the adapter has no cooperative matrices it runs `gemm`, and the test says so.
+#[test]
+fn logits_match_reference_with_the_tensor_core_kernel() {
+    let ctx = ctx();
+    let path = match unmask_gpu::ops::matmul::coop_shape(&ctx) {
+        Some(shape) => format!(
+            "cooperative matrices, {0}x{0} fragments, subgroup size {1}",
+            shape.fragment, shape.subgroup
+        ),
+        None => "the f32 gemm (no cooperative matrices here)".to_string(),
+    };
+    eprintln!("[path] coop through the forward runs {path}");
+    check_with(WeightFormat::F32, MatmulKernel::Coop, 1e-2);
+}
+
 // A 32 KiB binding limit splits the LM head (and embedding) over vocabulary chunks; the
 // logits must not change.
 #[test]

@@ -5,7 +5,7 @@
 use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator};
 use unmask_gpu::ops::all_variants;
-use unmask_gpu::ops::matmul::{coop_bytes, gemm_bk16_bytes};
+use unmask_gpu::ops::matmul::{CoopShape, gemm_bk16_bytes};
 use unmask_gpu::pipeline::{render, uses_cooperative_matrix, uses_f16};
 
 struct Outcome {
@@ -213,14 +213,21 @@ fn kernels_stay_within_browser_limits() {
         // The 16-deep f32 GEMM is built only where the device allows the bytes that
         // `plan` asks for, which must be what it really uses.
         // `Coop` is native only (no browser has cooperative matrices); its plan asks for
-        // `coop_bytes`, which must be what it uses.
+        // `CoopShape::bytes`, which must be what it uses.
         let limit = if uses_cooperative_matrix(&v.spec) {
-            let bk = if v.spec.key().contains("BK=32") {
-                32
-            } else {
-                16
+            let key = v.spec.key();
+            let constant = |name: &str| -> u32 {
+                key.split(',')
+                    .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|value| value.parse().ok())
+                    .unwrap_or_else(|| panic!("{key} has no constant {name}"))
             };
-            u64::from(coop_bytes(bk))
+            let shape = CoopShape {
+                subgroup: constant("SG"),
+                fragment: constant("FR"),
+                k_depth: constant("BK"),
+            };
+            u64::from(shape.bytes())
         } else if v.spec.has("BK16") {
             u64::from(gemm_bk16_bytes(v.spec.has("HALF")))
         } else if v.spec.has("NATIVE") {
@@ -330,12 +337,18 @@ fn every_spirv_module_passes_the_khronos_validator() {
         .into_iter()
         .filter(|v| {
             if uses_cooperative_matrix(&v.spec) {
-                v.spec.key().contains("BK=32,SG=32")
+                v.spec.key().contains("BK=32,FR=16,SG=32")
             } else {
                 seen.insert((v.kernel.name, v.entry))
             }
         })
         .collect();
+    let coop = variants
+        .iter()
+        .filter(|v| uses_cooperative_matrix(&v.spec))
+        .count();
+    assert!(coop > 0, "no cooperative-matrix variant matched the filter");
+    eprintln!("[spirv-val] {coop} of the modules are cooperative-matrix variants");
     for (i, v) in variants.iter().enumerate() {
         let name = format!("{}:{}[{}]", v.kernel.name, v.entry, v.spec.key());
         let (module, info) = validated(v);

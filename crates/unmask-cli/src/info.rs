@@ -99,10 +99,14 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         })
         .collect();
     let coop = match (f.cooperative_matrix, coop_configs.is_empty()) {
-        (true, _) => format!("yes ({})", coop_configs.join(", ")),
+        (true, _) => format!(
+            "yes, {0}x{0} fragments (adapter has {1})",
+            f.cooperative_fragment,
+            coop_configs.join(", ")
+        ),
         (false, true) => "no".to_string(),
         (false, false) => format!(
-            "not used (needs 16x16x16 F16->F32, shader-f16 and a fixed subgroup size; adapter has {})",
+            "not used (needs 16x16x16 or 8x8x8 F16->F32, shader-f16 and a fixed subgroup size; adapter has {})",
             coop_configs.join(", ")
         ),
     };

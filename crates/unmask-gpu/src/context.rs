@@ -19,9 +19,16 @@ pub struct ContextOptions {
     pub allow_shader_f16: bool,
     /// Use subgroup operations when the adapter has them.
     pub allow_subgroups: bool,
-    /// Use cooperative matrices (tensor cores) when the adapter has a 16 x 16 x 16 f16
-    /// configuration with f32 accumulators (wgpu's experimental feature; native only).
+    /// Use cooperative matrices (tensor cores) when the adapter has a 16 x 16 x 16 or
+    /// 8 x 8 x 8 f16 configuration with f32 accumulators (wgpu's experimental feature;
+    /// native only).
     pub allow_cooperative_matrix: bool,
+    /// Side of the `coop` matmul's fragments (8 or 16) instead of the adapter's best, where
+    /// cooperative matrices are on at all. For tests: lavapipe lowers cooperative matrices
+    /// generically and computes 16 x 16 fragments correctly although it reports only
+    /// 8 x 8 x 8, which runs the very tile arithmetic an NVIDIA GPU runs. Outside what the
+    /// adapter reports the result is up to the driver; never set it for real work.
+    pub cooperative_fragment: Option<u32>,
     /// Cap on the largest storage binding the kernels may use, below the device's own limit.
     /// Tests set it tiny to force the chunked-weight path.
     pub max_binding_bytes: Option<u64>,
@@ -52,6 +59,7 @@ impl Default for ContextOptions {
             allow_shader_f16: true,
             allow_subgroups: true,
             allow_cooperative_matrix: true,
+            cooperative_fragment: None,
             max_binding_bytes: None,
             max_workgroup_storage_bytes: None,
             attention_kernel: None,
@@ -83,10 +91,14 @@ pub struct KernelFeatures {
     pub subgroups: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
-    /// Cooperative matrices are enabled: the adapter multiplies 16 x 16 f16 tiles into f32
-    /// accumulators per subgroup, and its subgroup size is fixed (the `coop` matmul splits
-    /// its tile by subgroup).
+    /// Cooperative matrices are enabled: the adapter multiplies square f16 fragments into
+    /// f32 accumulators per subgroup, and its subgroup size is fixed (the `coop` matmul
+    /// splits its tile by subgroup).
     pub cooperative_matrix: bool,
+    /// Side of the fragments the `coop` matmul multiplies: 16 where the adapter offers
+    /// 16 x 16 x 16 (NVIDIA's tensor cores), else 8 (8 x 8 x 8, e.g. lavapipe); 0 when
+    /// cooperative matrices are off.
+    pub cooperative_fragment: u32,
     /// Every cooperative-matrix configuration the adapter reports, enabled or not (for
     /// `unmask info`).
     pub cooperative_configs: Vec<wgpu::CooperativeMatrixProperties>,
@@ -219,11 +231,17 @@ pub struct GpuContext {
     pub(crate) trace: TraceState,
 }
 
-/// The configuration the `coop` matmul uses: 16 x 16 x 16, f16 inputs, f32 accumulators.
-fn is_coop_f16_16x16(c: &wgpu::CooperativeMatrixProperties) -> bool {
-    (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
-        && c.ab_type == wgpu::CooperativeScalarType::F16
-        && c.cr_type == wgpu::CooperativeScalarType::F32
+/// The fragment side the `coop` matmul can use among an adapter's configurations: square
+/// f16 inputs with f32 accumulators, 16 x 16 x 16 preferred (more work per instruction),
+/// else 8 x 8 x 8.
+pub fn coop_fragment(configs: &[wgpu::CooperativeMatrixProperties]) -> Option<u32> {
+    [16, 8].into_iter().find(|&side| {
+        configs.iter().any(|c| {
+            (c.m_size, c.n_size, c.k_size) == (side, side, side)
+                && c.ab_type == wgpu::CooperativeScalarType::F16
+                && c.cr_type == wgpu::CooperativeScalarType::F32
+        })
+    })
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -298,6 +316,16 @@ impl GpuContext {
         adapter: wgpu::Adapter,
         options: &ContextOptions,
     ) -> Result<Arc<Self>> {
+        if let Some(side) = options.cooperative_fragment
+            && side != 8
+            && side != 16
+        {
+            return Err(GpuError::Shape {
+                op: "ContextOptions::cooperative_fragment",
+                expected: "8 or 16".into(),
+                found: side.to_string(),
+            });
+        }
         let info = adapter.get_info();
         let available = adapter.features();
         let mut required = wgpu::Features::empty();
@@ -315,7 +343,7 @@ impl GpuContext {
             && subgroups
             && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
             && info.subgroup_min_size == info.subgroup_max_size
-            && cooperative_configs.iter().any(is_coop_f16_16x16);
+            && coop_fragment(&cooperative_configs).is_some();
         if cooperative_matrix {
             required |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -362,6 +390,11 @@ impl GpuContext {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             cooperative_matrix,
+            cooperative_fragment: match (cooperative_matrix, options.cooperative_fragment) {
+                (false, _) => 0,
+                (true, Some(forced)) => forced,
+                (true, None) => coop_fragment(&cooperative_configs).unwrap_or(0),
+            },
             cooperative_configs,
             max_binding_bytes,
             max_buffer_bytes: limits.max_buffer_size,

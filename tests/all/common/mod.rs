@@ -14,9 +14,23 @@ pub fn shader_checks() -> bool {
     std::env::var("UNMASK_SHADER_CHECKS").map_or(true, |v| v != "off")
 }
 
+/// The fragment side the `coop` matmul must run with here, from `UNMASK_COOP_FRAGMENT`
+/// (8 or 16), or `None` to take the adapter's. When it is set the tests also require
+/// cooperative matrices to be on: scripts/test.sh runs the matmul and model tests so on
+/// Mesa 26's lavapipe (`scripts/lavapipe-coop.sh`) with either side, and a fallback to
+/// `gemm` must not pass for them.
+pub fn coop_fragment() -> Option<u32> {
+    let value = std::env::var("UNMASK_COOP_FRAGMENT").ok()?;
+    match value.parse() {
+        Ok(side @ (8 | 16)) => Some(side),
+        _ => panic!("UNMASK_COOP_FRAGMENT={value:?}: expected 8 or 16"),
+    }
+}
+
 pub fn options() -> ContextOptions {
     ContextOptions {
         runtime_checks: shader_checks(),
+        cooperative_fragment: coop_fragment(),
         ..ContextOptions::default()
     }
 }

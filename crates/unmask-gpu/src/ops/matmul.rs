@@ -34,9 +34,9 @@ pub enum MatmulKernel {
     /// 32 x 16 output tiles with K split over the workgroup's invocations: for M < 64, so
     /// the workgroup count follows N.
     Narrow,
-    /// Tensor cores: 64 x 128 output tiles of 16 x 16 cooperative matrices, f16 inputs and
-    /// f32 accumulators (`KernelFeatures::cooperative_matrix`); `Gemm` where the device has
-    /// none.
+    /// Tensor cores: 64 x 128 output tiles of 16 x 16 cooperative matrices (32 x 64 of
+    /// 8 x 8 where the adapter offers only those), f16 inputs and f32 accumulators
+    /// (`KernelFeatures::cooperative_matrix`); `Gemm` where the device has none.
     Coop,
     /// `Narrow`'s tiles with integer dot products (`dot4I8Packed`) for q8 / q4 weights: x is
     /// quantized per row and 32-element block as it is staged, the weight codes are never
@@ -87,7 +87,7 @@ impl MatmulKernel {
     pub fn runs_on(self, ctx: &GpuContext, format: WeightFormat) -> bool {
         match self {
             MatmulKernel::GemmF16 => ctx.features.shader_f16,
-            MatmulKernel::Coop => coop_k_depth(ctx).is_some(),
+            MatmulKernel::Coop => coop_shape(ctx).is_some(),
             MatmulKernel::NarrowDot => format.quant().is_some(),
             _ => true,
         }
@@ -184,8 +184,34 @@ impl MatmulKernel {
             MatmulKernel::TiledShared => (64, 64),
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => (128, 128),
             MatmulKernel::Narrow | MatmulKernel::NarrowDot => (32, 16),
+            // At 16 x 16 fragments; `dispatch` takes the device's from `CoopShape::tile`.
             MatmulKernel::Coop => (64, 128),
         }
+    }
+}
+
+/// How `Coop` is built for a device: its (fixed) subgroup size, the side of its cooperative
+/// fragments and the depth of its k-tiles. A workgroup of 8 subgroups computes a
+/// 4 `fragment` x 8 `fragment` tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopShape {
+    pub subgroup: u32,
+    pub fragment: u32,
+    pub k_depth: u32,
+}
+
+impl CoopShape {
+    /// Output tile of one workgroup: (rows, weight rows).
+    pub fn tile(&self) -> (u32, u32) {
+        (4 * self.fragment, 8 * self.fragment)
+    }
+
+    /// Workgroup memory: two buffers of the tile's x rows and W rows of `k_depth + 8`
+    /// halves, the 8 subgroups' f32 output fragments and a scale per tile row.
+    pub fn bytes(&self) -> u32 {
+        let (tm, tn) = self.tile();
+        let fr = self.fragment;
+        2 * (tm + tn) * (self.k_depth + 8) * 2 + 8 * fr * fr * 4 + tm * 4
     }
 }
 
@@ -252,40 +278,42 @@ pub fn gemm_k_depth(ctx: &GpuContext, kernel: MatmulKernel) -> u32 {
     }
 }
 
-/// Workgroup memory of `Coop` with k-tiles `bk` deep: two buffers of 64 x rows and 128 W
-/// rows of `bk + 8` halves, the 8 subgroups' 16 x 16 f32 output tiles and 64 row scales.
-pub fn coop_bytes(bk: u32) -> u32 {
-    2 * (64 + 128) * (bk + 8) * 2 + 8 * 256 * 4 + 64 * 4
-}
-
-/// Depth of `Coop`'s k-tiles on this device (32 where workgroup memory allows, else 16), or
-/// `None` where it cannot run: no cooperative matrices, a subgroup size other than 8 to 64
-/// (its 8 subgroups must cover the 64 tile rows), or too little workgroup memory.
-pub fn coop_k_depth(ctx: &GpuContext) -> Option<u32> {
+/// How `Coop` runs on this device (k-tiles 32 deep where workgroup memory allows, else 16),
+/// or `None` where it cannot: no cooperative matrices, or a subgroup size that is not a power
+/// of two whose 8 subgroups cover the tile's rows (the NORM prologue gives each row an
+/// invocation) and fit a workgroup, or too little workgroup memory.
+pub fn coop_shape(ctx: &GpuContext) -> Option<CoopShape> {
     let f = &ctx.features;
-    let sg = f.subgroup_max_size;
+    let (subgroup, fragment) = (f.subgroup_max_size, f.cooperative_fragment);
     if !f.cooperative_matrix
-        || !(8..=64).contains(&sg)
-        || !sg.is_power_of_two()
-        || 8 * sg > f.max_workgroup_invocations
+        || fragment == 0
+        || !subgroup.is_power_of_two()
+        || 8 * subgroup < 4 * fragment
+        || 8 * subgroup > 8 * fragment * fragment
+        || 8 * subgroup > f.max_workgroup_invocations
     {
         return None;
     }
     [32, 16]
         .into_iter()
-        .find(|&bk| coop_bytes(bk) <= f.max_workgroup_storage_bytes)
+        .map(|k_depth| CoopShape {
+            subgroup,
+            fragment,
+            k_depth,
+        })
+        .find(|shape| shape.bytes() <= f.max_workgroup_storage_bytes)
 }
 
 /// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format, whether x
 /// rows can be read as vec4 (K % 4 == 0) and the tile depth: `Gemm`'s 16-deep k-tiles
-/// (`bk16`), `Coop`'s subgroup size and k-tile depth (`coop`).
+/// (`bk16`), `Coop`'s shape (`coop`).
 fn spec(
     kernel: MatmulKernel,
     format: WeightFormat,
     x_vec4: bool,
     swiglu: bool,
     bk16: bool,
-    coop: (u32, u32),
+    coop: CoopShape,
 ) -> Spec {
     let spec = match kernel {
         MatmulKernel::Naive => Spec::new().flag("NAIVE"),
@@ -302,8 +330,9 @@ fn spec(
         MatmulKernel::NarrowDot => Spec::new().flag("NDOT"),
         MatmulKernel::Coop => Spec::new()
             .flag("COOP")
-            .constant("SG", coop.0)
-            .constant("BK", coop.1),
+            .constant("SG", coop.subgroup)
+            .constant("FR", coop.fragment)
+            .constant("BK", coop.k_depth),
     };
     let spec = match format {
         WeightFormat::F32 => spec.flag("WF32"),
@@ -380,10 +409,16 @@ pub fn variants() -> Vec<ShaderVariant> {
                 MatmulKernel::Gemm | MatmulKernel::GemmF16 => &[false, true],
                 _ => &[false],
             };
-            // `Coop` at an NVIDIA GPU's subgroup size and lavapipe's, either tile depth.
-            let coop_options: &[(u32, u32)] = match kernel {
-                MatmulKernel::Coop => &[(32, 32), (32, 16), (8, 16)],
-                _ => &[(0, 0)],
+            // `Coop` at an NVIDIA GPU's subgroup size and fragments, either tile depth, and
+            // at lavapipe's (8 wide subgroups, 8 x 8 fragments).
+            let shape = |subgroup, fragment, k_depth| CoopShape {
+                subgroup,
+                fragment,
+                k_depth,
+            };
+            let coop_options: &[CoopShape] = match kernel {
+                MatmulKernel::Coop => &[shape(32, 16, 32), shape(32, 16, 16), shape(8, 8, 32)],
+                _ => &[shape(0, 0, 0)],
             };
             for &x_vec4 in x_vec4_options {
                 for (&bk16, &coop) in bk16_options
@@ -501,13 +536,20 @@ pub fn matmul_fused(
     let (kernel, format) = choose(ctx, kernel, x, w, m, n, fusion)?;
     let x_vec4 = k.is_multiple_of(4);
     let bk16 = gemm_k_depth(ctx, kernel) == 16;
-    let coop = (
-        ctx.features.subgroup_max_size,
-        coop_k_depth(ctx).unwrap_or(16),
-    );
+    // `plan` runs `Coop` only where it has a shape.
+    let coop = coop_shape(ctx).unwrap_or(CoopShape {
+        subgroup: 32,
+        fragment: 16,
+        k_depth: 16,
+    });
     let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop));
     let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
-    let (tile_m, tile_n) = tile_for(kernel, fusion.swiglu);
+    let (tile_m, tile_n) = if kernel == MatmulKernel::Coop {
+        let (tm, tn) = coop.tile();
+        (tm, if fusion.swiglu { tn / 2 } else { tn })
+    } else {
+        tile_for(kernel, fusion.swiglu)
+    };
     let tiles_m = m32.div_ceil(tile_m);
     for chunk in &w.chunks {
         // Output columns of the chunk: a paired chunk holds two rows per column.
