@@ -24,6 +24,9 @@
 //   BK16                    (GEMM) k-tiles 16 deep instead of 8
 //   COOP                    cooperative-matrix tiles (needs wgpu_cooperative_matrix, f16 and
 //                           subgroups); constants SG, FR and BK
+//   SPLITK                  (COOP) K split into slices of p.kt_slice k-tiles, one workgroup
+//                           per tile and slice, raw partial sums into y (the split scratch);
+//                           `matmul_split.wgsl` sums the slices and applies the epilogue
 //   HALF                    (GEMM) f16 tiles and f16 sums within a k-tile (needs shader-f16)
 // Constants (TILED): WGX x WGY invocations per workgroup.
 
@@ -39,7 +42,7 @@ struct Params {
     s_off: u32,     // WQ8 / WQ4: word of the chunk where the scales start
     eps: f32,       // NORM: RMSNorm epsilon
     up_off: u32,    // SWIGLU: chunk row of the up row of output column 0
-    _pad0: u32,
+    kt_slice: u32,  // SPLITK: k-tiles of one slice of K
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -1363,7 +1366,20 @@ fn coop(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
+    let k_tiles = (p.k + BK - 1u) / BK;
+//#if SPLITK
+    // Workgroup w computes tile w % tiles over the k-tiles of slice w / tiles.
+    let groups = p.tiles * ((k_tiles + p.kt_slice - 1u) / p.kt_slice);
+    let w = min(tile_index(wid, nwg), groups - 1u);
+    let tile = w % p.tiles;
+    let kt0 = (w / p.tiles) * p.kt_slice;
+    let kt1 = min(kt0 + p.kt_slice, k_tiles);
+//#else
+    let groups = p.tiles;
     let tile = min(tile_index(wid, nwg), p.tiles - 1u);
+    let kt0 = 0u;
+    let kt1 = k_tiles;
+//#endif
     let row0 = (tile / p.tiles_n) * TM;
 //#if SWIGLU
     let col0 = (tile % p.tiles_n) * (TN / 2u);
@@ -1390,7 +1406,7 @@ fn coop(
     }
     workgroupBarrier();
 //#endif
-    coop_stage(t, 0u, 0u, row0, col0);
+    coop_stage(t, 0u, kt0, row0, col0);
     workgroupBarrier();
     let sm = sg >> 2u;
     let sn = sg & 3u;
@@ -1398,10 +1414,9 @@ fn coop(
     var acc01 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc10 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc11 = coop_mat{{FR}}x{{FR}}<f32, C>();
-    let k_tiles = (p.k + BK - 1u) / BK;
-    for (var kt = 0u; kt < k_tiles; kt++) {
-        let cur = kt & 1u;
-        if kt + 1u < k_tiles {
+    for (var kt = kt0; kt < kt1; kt++) {
+        let cur = (kt - kt0) & 1u;
+        if kt + 1u < kt1 {
             coop_stage(t, 1u - cur, kt + 1u, row0, col0);
         }
         for (var kk = 0u; kk < BK; kk += FR) {
@@ -1424,12 +1439,30 @@ fn coop(
     }
     // Out-of-range workgroups took part in the barriers above; the tile they repeat is
     // written once (the whole workgroup leaves together, so the barriers below stay uniform).
-    if tile_index(wid, nwg) >= p.tiles {
+    if tile_index(wid, nwg) >= groups {
         return;
     }
+//#if SPLITK
+    // The slice's raw sums go straight to the scratch: slice-major, then rows padded to whole
+    // tiles, `tiles_n * TN` columns per row in the tile's weight-row order (SWIGLU: TN / 2
+    // gate then TN / 2 up columns per tile); the scratch holds every padded row and column.
+    let stride = p.tiles_n * TN;
+    let rows_padded = (p.tiles / p.tiles_n) * TM;
+    let base = (kt0 / p.kt_slice) * rows_padded * stride + (row0 + sm * 2u * FR) * stride
+        + (tile % p.tiles_n) * TN + sn * 2u * FR;
+    let at00 = base;
+    let at01 = base + FR;
+    let at10 = base + FR * stride;
+    let at11 = at10 + FR;
+    coopStoreT(acc00, &y[at00], stride);
+    coopStoreT(acc01, &y[at01], stride);
+    coopStoreT(acc10, &y[at10], stride);
+    coopStoreT(acc11, &y[at11], stride);
+//#else
     coop_out(t, sg, acc00, 0u, 0u, row0, col0);
     coop_out(t, sg, acc01, 0u, 1u, row0, col0);
     coop_out(t, sg, acc10, 1u, 0u, row0, col0);
     coop_out(t, sg, acc11, 1u, 1u, row0, col0);
+//#endif
 }
 //#endif

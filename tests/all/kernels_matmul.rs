@@ -11,7 +11,7 @@ use unmask_core::quant::{self, QuantFormat};
 use unmask_gpu::ops::matmul::{MatmulKernel, coop_shape, gemm_bk16_bytes, gemm_k_depth, matmul};
 use unmask_gpu::{DType, GpuContext, GpuError, StepEncoder, Tensor, Weight, WeightFormat};
 
-const KERNELS: [MatmulKernel; 8] = [
+const KERNELS: [MatmulKernel; 9] = [
     MatmulKernel::Naive,
     MatmulKernel::Tiled,
     MatmulKernel::TiledShared,
@@ -19,6 +19,7 @@ const KERNELS: [MatmulKernel; 8] = [
     MatmulKernel::GemmF16,
     MatmulKernel::Narrow,
     MatmulKernel::Coop,
+    MatmulKernel::CoopSplit,
     MatmulKernel::Auto,
 ];
 
@@ -63,7 +64,7 @@ fn tolerance(format: WeightFormat) -> f64 {
 fn f16_arithmetic(ctx: &GpuContext, kernel: MatmulKernel) -> bool {
     matches!(
         kernel.plan(ctx, 1, WeightFormat::F32).0,
-        MatmulKernel::GemmF16 | MatmulKernel::Coop
+        MatmulKernel::GemmF16 | MatmulKernel::Coop | MatmulKernel::CoopSplit
     )
 }
 
@@ -445,6 +446,7 @@ fn fused_norm_residual_and_swiglu_match_the_oracle() {
                             | MatmulKernel::GemmF16
                             | MatmulKernel::Narrow
                             | MatmulKernel::Coop
+                            | MatmulKernel::CoopSplit
                     );
                     if new_kernel && !matches!(format, WeightFormat::F32 | WeightFormat::Q4) {
                         continue;
@@ -618,6 +620,124 @@ fn gemm_fits_the_browser_workgroup_memory() {
                 &want,
                 kernel_tolerance(&ctx, kernel, 1e-4),
             );
+        }
+    }
+}
+
+/// `coop-split` sums K in slices over several workgroups, then adds the slices and applies
+/// the epilogue in a second pass. Shapes of few rows and long K split (one slice would leave
+/// a large GPU idle); the uneven last slice, every fusion, quantized weights and chunked
+/// weights (each chunk has its own scratch layout) against the oracle. Without cooperative
+/// matrices it runs `narrow`, and says so.
+#[test]
+fn coop_split_sums_slices_of_k_with_every_fusion() {
+    use unmask_gpu::ops::matmul::{Fusion, matmul_fused, split_k_tiles};
+    let ctx = common::ctx();
+    let planned = MatmulKernel::CoopSplit.plan(&ctx, 1, WeightFormat::F32).0;
+    let shape = coop_shape(&ctx);
+    eprintln!(
+        "[path] coop-split runs {}",
+        match shape {
+            Some(s) => format!("cooperative matrices ({0}x{0} fragments)", s.fragment),
+            None => "narrow (no cooperative matrices)".to_string(),
+        }
+    );
+    assert_eq!(
+        planned,
+        if shape.is_some() {
+            MatmulKernel::CoopSplit
+        } else {
+            MatmulKernel::Narrow
+        }
+    );
+    let chunked = common::ctx_with_binding_limit(16384);
+    for (m, n, k) in [
+        (1usize, 40usize, 320usize),
+        (5, 70, 1000),
+        (33, 130, 544),
+        (63, 37, 257),
+    ] {
+        let x = common::random_vec(31, m * k, 1.0);
+        let g = common::random_vec(32, k, 1.0);
+        let gate = common::random_vec(33, n * k, 0.3);
+        let up = common::random_vec(34, n * k, 0.3);
+        let resid = common::random_vec(35, m * n, 1.0);
+        if let Some(s) = shape {
+            // The split this shape gets: several slices, the last one shorter where K does
+            // not divide evenly.
+            let (tm, tn) = s.tile();
+            let tiles = (m as u32).div_ceil(tm) * (n as u32).div_ceil(tn);
+            let k_tiles = (k as u32).div_ceil(s.k_depth);
+            let per = split_k_tiles(tiles, k_tiles, u32::MAX);
+            eprintln!(
+                "[split] m={m} n={n} k={k}: {} slices of {per} k-tiles ({k_tiles} in all)",
+                k_tiles.div_ceil(per)
+            );
+            assert!(k_tiles.div_ceil(per) > 1, "m={m} n={n} k={k} is not split");
+        }
+        // Chunked weights where x itself fits the 16 KiB binding.
+        let mut runs = vec![(
+            &ctx,
+            &[WeightFormat::F32, WeightFormat::Q8, WeightFormat::Q4][..],
+        )];
+        if m * k * 4 <= 16384 {
+            runs.push((&chunked, &[WeightFormat::F32][..]));
+        }
+        for (ctx, formats) in runs {
+            let xt = Tensor::from_f32(ctx, &[m, k], &x, "x").unwrap();
+            let gt = Tensor::from_f32(ctx, &[k], &g, "g").unwrap();
+            for &format in formats {
+                if format.quant().is_some() && k % 32 != 0 {
+                    continue;
+                }
+                let pair = Weight::zeros_paired(ctx, n, k, format, "gate_up").unwrap();
+                pair.write_rows_f32(ctx, 0, &gate).unwrap();
+                pair.write_rows_f32(ctx, n, &up).unwrap();
+                let plain = Weight::from_f32(ctx, n, k, &gate, format, "gate").unwrap();
+                // Quantized weights are compared with the oracle on their dequantized values.
+                let (gate_s, up_s) = match format.quant() {
+                    Some(q) => (dequantized(q, &gate, n, k), dequantized(q, &up, n, k)),
+                    None => (gate.clone(), up.clone()),
+                };
+                for (norm, residual, swiglu) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (false, true, false),
+                    (true, true, true),
+                    (false, false, true),
+                ] {
+                    let yt = Tensor::from_f32(ctx, &[m, n], &resid, "y").unwrap();
+                    let mut step = StepEncoder::new(ctx, "split test");
+                    let fusion = Fusion {
+                        norm: norm.then_some((&gt, 1e-5)),
+                        residual,
+                        swiglu,
+                    };
+                    let w = if swiglu { &pair } else { &plain };
+                    matmul_fused(&mut step, &xt, w, &yt, m, MatmulKernel::CoopSplit, fusion)
+                        .unwrap();
+                    step.submit().unwrap();
+                    let want = fused_oracle(
+                        &x,
+                        m,
+                        k,
+                        norm.then_some(&g[..]),
+                        &gate_s,
+                        swiglu.then_some(&up_s[..]),
+                        residual.then_some(&resid[..]),
+                    );
+                    common::assert_close(
+                        &format!(
+                            "coop-split {format:?} norm={norm} residual={residual} \
+                             swiglu={swiglu} m{m} n{n} k{k} chunks {}",
+                            w.chunks.len()
+                        ),
+                        &yt.read_f32(ctx).unwrap(),
+                        &want,
+                        kernel_tolerance(ctx, MatmulKernel::CoopSplit, 1e-3),
+                    );
+                }
+            }
         }
     }
 }

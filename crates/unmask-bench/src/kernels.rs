@@ -268,7 +268,7 @@ pub fn run_kernel_case(
                     } else {
                         kernel.name().to_string()
                     };
-                    let tensor_cores = ran == MatmulKernel::Coop;
+                    let tensor_cores = matches!(ran, MatmulKernel::Coop | MatmulKernel::CoopSplit);
                     let fields = json!({
                         "kernel": "matmul",
                         "case": case,

@@ -229,6 +229,9 @@ pub struct GpuContext {
     pub(crate) bind_groups: BindGroupCache,
     pub(crate) readback: ReadbackRing,
     pub(crate) trace: TraceState,
+    /// Partial sums of the split-K matmul (`coop-split`), grown to the largest asked for and
+    /// shared by every dispatch: dispatches run in order, so one buffer serves them all.
+    pub(crate) split_scratch: Mutex<Option<crate::tensor::Tensor>>,
 }
 
 /// The fragment side the `coop` matmul can use among an adapter's configurations: square
@@ -445,7 +448,28 @@ impl GpuContext {
             bind_groups: BindGroupCache::default(),
             readback: ReadbackRing::default(),
             trace: TraceState::default(),
+            split_scratch: Mutex::new(None),
         }))
+    }
+
+    /// An f32 scratch of at least `floats` elements for split-K partial sums: the context's
+    /// one scratch, replaced by a bigger one when it is too small (a step that recorded the
+    /// old one keeps it alive until it ran).
+    pub(crate) fn split_scratch(&self, floats: usize) -> Result<crate::tensor::Tensor> {
+        let mut slot = self.split_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = slot.as_ref()
+            && t.numel() >= floats
+        {
+            return Ok(t.clone());
+        }
+        let t = crate::tensor::Tensor::zeros(
+            self,
+            crate::tensor::DType::F32,
+            &[floats],
+            "split-K partial sums",
+        )?;
+        *slot = Some(t.clone());
+        Ok(t)
     }
 
     /// Bind groups cached now (for tests of the cache's lifetime rules).

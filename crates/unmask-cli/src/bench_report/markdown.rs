@@ -123,9 +123,9 @@ pub(super) fn kernels_table(md: &mut String, m: &Merged, rows: &[&KernelRow]) {
                         cell(variant)
                     );
                     let pct = |k: &str| f.get(k).map(|v| format!("{:.0}%", v * 100.0));
-                    // `coop` is measured against the f16 tensor-core peak, the others
-                    // against the FP32 one.
-                    let tensor = if variant.ends_with("coop") {
+                    // `coop` and `coop-split` are measured against the f16 tensor-core peak,
+                    // the others against the FP32 one.
+                    let tensor = if variant.ends_with("coop") || variant.ends_with("coop-split") {
                         " (tensor)"
                     } else {
                         ""

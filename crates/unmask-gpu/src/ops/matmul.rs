@@ -14,6 +14,8 @@ use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor, Weight, WeightFormat};
 
 pub const KERNEL: KernelSource = crate::kernel_source!("matmul");
+/// The second pass of `CoopSplit`: sums of the K slices and the epilogue.
+pub const SPLIT_REDUCE: KernelSource = crate::kernel_source!("matmul_split");
 
 /// Which matmul kernel to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,6 +40,11 @@ pub enum MatmulKernel {
     /// 8 x 8 where the adapter offers only those), f16 inputs and f32 accumulators
     /// (`KernelFeatures::cooperative_matrix`); `Gemm` where the device has none.
     Coop,
+    /// `Coop` with K split into slices when its tiles alone are too few to fill a large GPU
+    /// (few rows: the cached steps' M = 32): one workgroup per tile and slice writes partial
+    /// sums, a second pass adds them and applies the epilogue. `Narrow` where the device has
+    /// no cooperative matrices.
+    CoopSplit,
     /// `Narrow`'s tiles with integer dot products (`dot4I8Packed`) for q8 / q4 weights: x is
     /// quantized per row and 32-element block as it is staged, the weight codes are never
     /// converted to float. `Narrow` for float weights.
@@ -48,7 +55,7 @@ pub enum MatmulKernel {
 
 impl MatmulKernel {
     /// Every concrete kernel (not `Auto`).
-    pub const CONCRETE: [MatmulKernel; 8] = [
+    pub const CONCRETE: [MatmulKernel; 9] = [
         MatmulKernel::Naive,
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
@@ -56,18 +63,20 @@ impl MatmulKernel {
         MatmulKernel::GemmF16,
         MatmulKernel::Narrow,
         MatmulKernel::Coop,
+        MatmulKernel::CoopSplit,
         MatmulKernel::NarrowDot,
     ];
 
     /// What `Auto` may choose among when it measures (`tune`): not the naive baseline, and
     /// not `GemmF16`, whose f16 products can overflow. `Coop` only where the device has
     /// cooperative matrices, `NarrowDot` only for quantized weights (`candidates`).
-    pub const CANDIDATES: [MatmulKernel; 6] = [
+    pub const CANDIDATES: [MatmulKernel; 7] = [
         MatmulKernel::Tiled,
         MatmulKernel::TiledShared,
         MatmulKernel::Gemm,
         MatmulKernel::Narrow,
         MatmulKernel::Coop,
+        MatmulKernel::CoopSplit,
         MatmulKernel::NarrowDot,
     ];
 
@@ -87,7 +96,7 @@ impl MatmulKernel {
     pub fn runs_on(self, ctx: &GpuContext, format: WeightFormat) -> bool {
         match self {
             MatmulKernel::GemmF16 => ctx.features.shader_f16,
-            MatmulKernel::Coop => coop_shape(ctx).is_some(),
+            MatmulKernel::Coop | MatmulKernel::CoopSplit => coop_shape(ctx).is_some(),
             MatmulKernel::NarrowDot => format.quant().is_some(),
             _ => true,
         }
@@ -96,7 +105,7 @@ impl MatmulKernel {
     /// What `plan` runs where this kernel does not run (`runs_on`).
     pub fn fallback(self) -> MatmulKernel {
         match self {
-            MatmulKernel::NarrowDot => MatmulKernel::Narrow,
+            MatmulKernel::NarrowDot | MatmulKernel::CoopSplit => MatmulKernel::Narrow,
             _ => MatmulKernel::Gemm,
         }
     }
@@ -110,6 +119,7 @@ impl MatmulKernel {
             MatmulKernel::GemmF16 => "gemm-f16",
             MatmulKernel::Narrow => "narrow",
             MatmulKernel::Coop => "coop",
+            MatmulKernel::CoopSplit => "coop-split",
             MatmulKernel::NarrowDot => "narrow-dot",
             MatmulKernel::Auto => "auto",
         }
@@ -158,7 +168,7 @@ impl MatmulKernel {
     /// with SwiGLU). A wrong index or scale is off by O(1).
     pub fn tolerance(self) -> f32 {
         match self {
-            MatmulKernel::Coop | MatmulKernel::GemmF16 => 1e-2,
+            MatmulKernel::Coop | MatmulKernel::CoopSplit | MatmulKernel::GemmF16 => 1e-2,
             MatmulKernel::NarrowDot => 2e-2,
             _ => 1e-3,
         }
@@ -171,7 +181,7 @@ impl MatmulKernel {
             MatmulKernel::TiledShared => "tiled_shared",
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => "gemm",
             MatmulKernel::Narrow => "narrow",
-            MatmulKernel::Coop => "coop",
+            MatmulKernel::Coop | MatmulKernel::CoopSplit => "coop",
             MatmulKernel::NarrowDot => "narrow_dot",
         }
     }
@@ -185,7 +195,7 @@ impl MatmulKernel {
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => (128, 128),
             MatmulKernel::Narrow | MatmulKernel::NarrowDot => (32, 16),
             // At 16 x 16 fragments; `dispatch` takes the device's from `CoopShape::tile`.
-            MatmulKernel::Coop => (64, 128),
+            MatmulKernel::Coop | MatmulKernel::CoopSplit => (64, 128),
         }
     }
 }
@@ -236,7 +246,47 @@ struct MatmulParams {
     s_off: u32,
     eps: f32,
     up_off: u32,
-    _pad: u32,
+    kt_slice: u32,
+}
+
+/// Parameters of the split-K second pass; mirrors `struct Params` in
+/// `shaders/matmul_split.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct SplitParams {
+    m: u32,
+    rows: u32,
+    col0: u32,
+    n: u32,
+    stride: u32,
+    slice_len: u32,
+    slices: u32,
+    tile_n: u32,
+}
+
+/// Workgroups a split is sized to reach: a few per streaming multiprocessor of a large GPU
+/// (an H200 has 132), so each slice streams its weights with others in flight.
+const SPLIT_TARGET_WORKGROUPS: u32 = 512;
+/// Fewest k-tiles a slice keeps, so the partial sums' traffic stays small next to the weights.
+const SPLIT_MIN_K_TILES: u32 = 2;
+/// Most slices of K.
+const SPLIT_MAX_SLICES: u32 = 16;
+
+/// k-tiles per slice of `CoopSplit` for `tiles` output tiles over K of `k_tiles` k-tiles,
+/// with at most `max_slices` slices (the scratch must fit a binding); every slice non-empty.
+/// `k_tiles` (one slice) when the tiles fill the GPU alone.
+pub fn split_k_tiles(tiles: u32, k_tiles: u32, max_slices: u32) -> u32 {
+    let k_tiles = k_tiles.max(1);
+    if tiles >= SPLIT_TARGET_WORKGROUPS / 2 {
+        return k_tiles;
+    }
+    let slices = SPLIT_TARGET_WORKGROUPS
+        .div_ceil(tiles.max(1))
+        .min(k_tiles / SPLIT_MIN_K_TILES)
+        .min(SPLIT_MAX_SLICES)
+        .min(max_slices)
+        .max(1);
+    k_tiles.div_ceil(slices)
 }
 
 /// What a matmul does around `x · Wᵀ` (see `shaders/matmul.wgsl`): RMSNorm of the x rows
@@ -328,8 +378,9 @@ fn spec(
         MatmulKernel::GemmF16 => Spec::new().flag("GEMM").flag("HALF").flag_if(bk16, "BK16"),
         MatmulKernel::Narrow => Spec::new().flag("NARROW"),
         MatmulKernel::NarrowDot => Spec::new().flag("NDOT"),
-        MatmulKernel::Coop => Spec::new()
+        MatmulKernel::Coop | MatmulKernel::CoopSplit => Spec::new()
             .flag("COOP")
+            .flag_if(kernel == MatmulKernel::CoopSplit, "SPLITK")
             .constant("SG", coop.subgroup)
             .constant("FR", coop.fragment)
             .constant("BK", coop.k_depth),
@@ -372,6 +423,7 @@ fn tile_for(kernel: MatmulKernel, swiglu: bool) -> (u32, u32) {
         | MatmulKernel::Narrow
         | MatmulKernel::NarrowDot
         | MatmulKernel::Coop
+        | MatmulKernel::CoopSplit
             if swiglu =>
         {
             (m, n / 2)
@@ -417,7 +469,9 @@ pub fn variants() -> Vec<ShaderVariant> {
                 k_depth,
             };
             let coop_options: &[CoopShape] = match kernel {
-                MatmulKernel::Coop => &[shape(32, 16, 32), shape(32, 16, 16), shape(8, 8, 32)],
+                MatmulKernel::Coop | MatmulKernel::CoopSplit => {
+                    &[shape(32, 16, 32), shape(32, 16, 16), shape(8, 8, 32)]
+                }
                 _ => &[shape(0, 0, 0)],
             };
             for &x_vec4 in x_vec4_options {
@@ -426,6 +480,10 @@ pub fn variants() -> Vec<ShaderVariant> {
                     .flat_map(|b| coop_options.iter().map(move |c| (b, c)))
                 {
                     for (norm, residual, swiglu) in FUSIONS {
+                        // The split pass leaves the residual add to the second pass.
+                        if kernel == MatmulKernel::CoopSplit && residual {
+                            continue;
+                        }
                         let spec = spec(kernel, format, x_vec4, swiglu, bk16, coop)
                             .flag_if(norm, "NORM")
                             .flag_if(residual, "RESIDUAL")
@@ -438,6 +496,17 @@ pub fn variants() -> Vec<ShaderVariant> {
                     }
                 }
             }
+        }
+    }
+    for residual in [false, true] {
+        for swiglu in [false, true] {
+            out.push(ShaderVariant {
+                kernel: SPLIT_REDUCE,
+                entry: "main",
+                spec: Spec::new()
+                    .flag_if(residual, "RESIDUAL")
+                    .flag_if(swiglu, "SWIGLU"),
+            });
         }
     }
     out
@@ -542,9 +611,15 @@ pub fn matmul_fused(
         fragment: 16,
         k_depth: 16,
     });
-    let spec = fusion.flags(spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop));
-    let pipeline = ctx.pipeline(&KERNEL, kernel.entry(), &spec)?;
-    let (tile_m, tile_n) = if kernel == MatmulKernel::Coop {
+    // `CoopSplit` runs the plain `Coop` kernel where K is not split.
+    let direct = if kernel == MatmulKernel::CoopSplit {
+        MatmulKernel::Coop
+    } else {
+        kernel
+    };
+    let spec_of = |kernel| spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop);
+    let pipeline = ctx.pipeline(&KERNEL, direct.entry(), &fusion.flags(spec_of(direct)))?;
+    let (tile_m, tile_n) = if direct == MatmulKernel::Coop {
         let (tm, tn) = coop.tile();
         (tm, if fusion.swiglu { tn / 2 } else { tn })
     } else {
@@ -580,11 +655,62 @@ pub fn matmul_fused(
             s_off: w.scales_word_offset(chunk.rows) as u32,
             eps: fusion.norm.map_or(0.0, |(_, eps)| eps),
             up_off: width as u32,
-            _pad: 0,
+            kt_slice: 0,
         };
         let mut bindings = vec![Binding::from(x), Binding::from(chunk), Binding::from(y)];
         if let Some((g, _)) = fusion.norm {
             bindings.push(Binding::from(g));
+        }
+        if kernel == MatmulKernel::CoopSplit {
+            let (tm, tn) = coop.tile();
+            let stride = tiles_n as usize * tn as usize;
+            let slice_len = tiles_m as usize * tm as usize * stride;
+            let max_slices = (ctx.features.max_binding_bytes as usize / 4 / slice_len)
+                .min(u32::MAX as usize) as u32;
+            let k_tiles = k32.div_ceil(coop.k_depth);
+            let kt_slice = split_k_tiles(tiles, k_tiles, max_slices);
+            let slices = k_tiles.div_ceil(kt_slice);
+            if slices > 1 {
+                let scratch = ctx.split_scratch(slices as usize * slice_len)?;
+                // Pass 1: raw partial sums of every tile and slice into the scratch (the
+                // residual add waits for pass 2; NORM and SwiGLU's row pairing stay).
+                let split_spec = spec_of(kernel)
+                    .flag_if(fusion.norm.is_some(), "NORM")
+                    .flag_if(fusion.swiglu, "SWIGLU");
+                let split = ctx.pipeline(&KERNEL, kernel.entry(), &split_spec)?;
+                bindings[2] = Binding::from(&scratch);
+                let groups = tiles
+                    .checked_mul(slices)
+                    .ok_or_else(|| too_big("workgroups", tiles as usize * slices as usize))?;
+                step.dispatch(
+                    &split,
+                    &MatmulParams { kt_slice, ..params },
+                    &bindings,
+                    groups_2d(ctx, groups),
+                );
+                // Pass 2: the slices' sums and the epilogue into y.
+                let reduce_spec = Spec::new()
+                    .flag_if(fusion.residual, "RESIDUAL")
+                    .flag_if(fusion.swiglu, "SWIGLU");
+                let reduce = ctx.pipeline(&SPLIT_REDUCE, "main", &reduce_spec)?;
+                let reduce_params = SplitParams {
+                    m: m32,
+                    rows: rows32,
+                    col0: params.col0,
+                    n: n32,
+                    stride: stride as u32,
+                    slice_len: slice_len as u32,
+                    slices,
+                    tile_n: tn,
+                };
+                step.dispatch(
+                    &reduce,
+                    &reduce_params,
+                    &[Binding::from(&scratch), Binding::from(y)],
+                    groups_2d(ctx, (m32 * rows32).div_ceil(64)),
+                );
+                continue;
+            }
         }
         step.dispatch(&pipeline, &params, &bindings, groups_2d(ctx, tiles));
     }
@@ -682,23 +808,40 @@ fn choose(
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
-    vec![host_params!(
-        "matmul",
-        "*",
-        MatmulParams {
-            m,
-            k,
-            rows,
-            col0,
-            n,
-            w_stride4,
-            tiles_n,
-            tiles,
-            s_off,
-            eps,
-            up_off
-        }
-    )]
+    vec![
+        host_params!(
+            "matmul",
+            "*",
+            MatmulParams {
+                m,
+                k,
+                rows,
+                col0,
+                n,
+                w_stride4,
+                tiles_n,
+                tiles,
+                s_off,
+                eps,
+                up_off,
+                kt_slice
+            }
+        ),
+        host_params!(
+            "matmul_split",
+            "main",
+            SplitParams {
+                m,
+                rows,
+                col0,
+                n,
+                stride,
+                slice_len,
+                slices,
+                tile_n
+            }
+        ),
+    ]
 }
 
 #[cfg(test)]
@@ -750,6 +893,34 @@ mod tests {
         // The integer-dot kernel shares `Narrow`'s tiles.
         assert_eq!(count(MatmulKernel::NarrowDot, 63, 4096), 512);
         assert_eq!(tile_for(MatmulKernel::NarrowDot, true), (32, 8));
+    }
+
+    #[test]
+    fn split_k_fills_a_large_gpu_for_few_rows() {
+        // LLaDA-8B at M = 32 with 64 x 128 tiles and 32-deep k-tiles: the o-proj (N = K =
+        // 4096) has 32 tiles over 128 k-tiles, the down projection (K = 12288) 384 k-tiles.
+        assert_eq!(split_k_tiles(32, 128, u32::MAX), 8); // 16 slices: 512 workgroups
+        assert_eq!(split_k_tiles(32, 384, u32::MAX), 24);
+        // gate|up (192 tiles): 3 slices.
+        assert_eq!(128u32.div_ceil(split_k_tiles(192, 128, u32::MAX)), 3);
+        // Enough tiles alone (M = 1344): no split.
+        assert_eq!(split_k_tiles(21 * 32, 128, u32::MAX), 128);
+        assert_eq!(split_k_tiles(256, 128, u32::MAX), 128);
+        // Short K keeps 2 k-tiles a slice; a scratch that fits 3 slices caps them.
+        assert_eq!(split_k_tiles(1, 5, u32::MAX), 3);
+        assert_eq!(split_k_tiles(1, 1, u32::MAX), 1);
+        assert_eq!(split_k_tiles(1, 0, u32::MAX), 1);
+        assert_eq!(128u32.div_ceil(split_k_tiles(32, 128, 3)), 3);
+        assert_eq!(split_k_tiles(32, 128, 0), 128);
+        // Every slice has work: the last starts before K ends.
+        for tiles in [1, 7, 32, 100, 255] {
+            for k_tiles in 1..200 {
+                let per = split_k_tiles(tiles, k_tiles, u32::MAX);
+                let slices = k_tiles.div_ceil(per);
+                assert!((slices - 1) * per < k_tiles, "{tiles} {k_tiles}");
+                assert!(slices <= 16);
+            }
+        }
     }
 
     #[test]
