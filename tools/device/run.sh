@@ -93,10 +93,12 @@ for dtype in f32 f16; do
     --json "$OUT/parity-tiny-$dtype.json"
 done
 # The cooperative-matrix (tensor-core) matmul forced through the whole forward; `unmask info`
-# above says whether this GPU has cooperative matrices (without them it runs `gemm`).
+# above says whether this GPU has cooperative matrices (without them it runs `gemm`). Its
+# inputs are rounded to f16, so its logits are held to coop's 1e-2 of the largest (Mesa 26
+# lavapipe measures 2.7e-3 against the f32 goldens, every generation equal).
 phase parity-tiny-coop "$(left "${LIMITS[0]}")" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" \
-  --ref-dtype f32 --dtype f16 --matmul coop --backend "$BACKEND" --model tests/fixtures/tiny --unmask "$BIN" \
-  --json "$OUT/parity-tiny-coop.json"
+  --ref-dtype f32 --dtype f16 --matmul coop --rtol 1e-2 --backend "$BACKEND" --model tests/fixtures/tiny \
+  --unmask "$BIN" --json "$OUT/parity-tiny-coop.json"
 # Dream (tools/dream_torch.py): f32 with the default Fast-dLLM blocks (gen 32, block 16,
 # maskgit_plus), f16 with Dream's own schedule over the whole canvas (topk_margin)
 declare -A DREAM_GEN=([f32]="" [f16]="--block-length 32 --steps 16 --remasking topk_margin")
@@ -149,7 +151,7 @@ rm -rf "$(dirname "$DREAM_DIR")"
 
 # one line per parity phase, in the order they ran
 : >"$OUT/parity.jsonl"
-for name in tiny-f32 tiny-f16 tiny-dream-f32 tiny-dream-f16 synth-f16 synth-f32 synth-dream-f16 synth-dream-f32; do
+for name in tiny-f32 tiny-f16 tiny-coop tiny-dream-f32 tiny-dream-f16 synth-f16 synth-f32 synth-dream-f16 synth-dream-f32; do
   f="$OUT/parity-$name.json"
   [ -f "$f" ] && { tr -d '\n' <"$f"; echo; } >>"$OUT/parity.jsonl" && rm -f "$f"
 done
