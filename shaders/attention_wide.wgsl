@@ -88,6 +88,7 @@ alias KvWord = f16;
 @group(0) @binding(5) var<storage, read> vb: array<KvWord>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
+//#if !COOP
 const HD: u32 = {{HD}}u;
 const H4: u32 = HD / 4u;    // vec4s per row
 // Tile row pitch in vec4s: one vec4 of padding, so the 16-byte reads of 8 consecutive
@@ -112,6 +113,8 @@ var<workgroup> kvs: array<vec4<f32>, {{KV_LEN}}>;  // [BK, P4], K then V of the 
 var<workgroup> ss: array<vec4<f32>, {{SS_LEN}}>;
 var<workgroup> red: array<f32, WG>;          // [BQ, TPU] partial maxima, then sums
 var<workgroup> alpha: array<f32, BQ>;
+
+//#endif
 
 // Word j of segment A's or B's keys (`values`: of its values). Branches, not `select`:
 // select evaluates (loads) both operands.
@@ -154,6 +157,7 @@ fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
 }
 //#endif
 
+//#if !COOP
 // Stages the [BK, HD] tile of keys (or values) starting at buffer row `row` into kvs;
 // rows past `keys` and dims past p.hd are zero. Invocation i takes the vec4s i, i + WG, ...
 // of the tile, so consecutive invocations read consecutive 16-byte spans of a row.
@@ -339,3 +343,204 @@ fn main(
     }
 //#endif
 }
+//#endif
+
+//#if COOP
+// Tensor cores (wgpu's `wgpu_cooperative_matrix`, FR x FR f16 fragments with f32
+// accumulators) for head dim HD = 8 FR (128 on NVIDIA GPUs): a workgroup of 4 subgroups
+// owns BQ = 2 FR query units of one kv head and walks the keys in tiles of BK = 2 FR, twice.
+//   pass 1: S = Q K^T per tile (subgroup s computes the score fragment (s / 2, s % 2)),
+//           then each unit's running max and sum of exp2(S - max), one invocation per unit;
+//   pass 2: S again, P = exp2(S - max) / sum as f16, O += P V (subgroup s owns the output
+//           columns s * 2 FR .. + 2 FR as 2 x 2 accumulators).
+// With the final max and sum known before any P V product, the accumulators never need a
+// rescale, which cooperative matrices cannot do per row; the price is a second Q K^T, cheap
+// on tensor cores. Q (scaled by log2(e) / sqrt(hd)), K, V and P are rounded to f16 (2^-11
+// relative), scores and outputs summed in f32. Rows past p.units and keys past a segment's
+// end are zero in Q, K and V; a key past the end gets probability 0. Needs p.hd == HD.
+const SG: u32 = {{SG}}u;
+const FR: u32 = {{FR}}u;
+const FF: u32 = FR * FR;
+const CWG: u32 = 4u * SG;
+const HD: u32 = 8u * FR;
+const BQ: u32 = 2u * FR;
+const BK: u32 = 2u * FR;
+const PS: u32 = HD + 8u; // row pitch of the staged Q and K/V tiles, in halves
+const PP: u32 = BK + 8u; // row pitch of P, in halves
+const NEG: f32 = -1.0e30;
+var<workgroup> cq: array<f16, BQ * PS>;  // [unit][dim]
+var<workgroup> ckv: array<f16, BK * PS>; // [key][dim], K then V of the tile
+var<workgroup> cs: array<f32, BQ * BK>;  // [unit][key] scores; [subgroup][FR x FR] at the end
+var<workgroup> cp: array<f16, BQ * PP>;  // [unit][key] probabilities
+var<workgroup> cmax: array<f32, BQ>;
+var<workgroup> csum: array<f32, BQ>;
+
+// Stages keys (or values) `row` .. `row + keys` of the tile as f16; rows past `keys` zero.
+fn coop_stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
+    for (var i = lid; i < BK * HD / 4u; i += CWG) {
+        let j = i / (HD / 4u);
+        let d = (i % (HD / 4u)) * 4u;
+        var x = vec4<f32>(0.0);
+        if (j < keys) {
+            x = load_kv4(in_a, values, ((row + j) * p.kv_stride + kv_col + d) / 4u);
+        }
+        let at = j * PS + d;
+        ckv[at] = f16(x.x);
+        ckv[at + 1u] = f16(x.y);
+        ckv[at + 2u] = f16(x.z);
+        ckv[at + 3u] = f16(x.w);
+    }
+}
+
+// S = Q K^T of the staged tile into cs: subgroup s computes fragment (s / 2, s % 2).
+fn coop_scores(sg: u32) {
+    var acc = coop_mat{{FR}}x{{FR}}<f32, C>();
+    let qa = (sg >> 1u) * FR * PS;
+    let ka = (sg & 1u) * FR * PS;
+    for (var kk = 0u; kk < HD; kk += FR) {
+        let stride = PS;
+        let at_q = qa + kk;
+        let at_k = ka + kk;
+        let a = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&cq[at_q], stride);
+        // K rows are K^T's columns: a column-major load.
+        let b = coopLoad<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[at_k], stride);
+        acc = coopMultiplyAdd(a, b, acc);
+    }
+    let at_s = (sg >> 1u) * FR * BK + (sg & 1u) * FR;
+    let stride_s = BK;
+    coopStoreT(acc, &cs[at_s], stride_s);
+}
+
+// Writes accumulator (i, j) of every subgroup (units i * FR .., columns s * 2 FR + j * FR ..)
+// to `out` through cs.
+fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u32, u0: u32, kvh: u32) {
+    let at = sg * FF;
+    let stride = FR;
+    coopStoreT(acc, &cs[at], stride);
+    workgroupBarrier();
+    for (var e = lid; e < 4u * FF; e += CWG) {
+        let u = u0 + i * FR + (e / FR) % FR;
+        let d = (e / FF) * 2u * FR + j * FR + e % FR;
+        if (u < p.units) {
+            let row = p.row0 + u / p.group;
+            let head = kvh * p.group + u % p.group;
+            out[row * p.out_stride + head * p.hd + d] = cs[e];
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(CWG)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    // Unit blocks innermost, as in the wide kernel. A workgroup past the last leaves whole.
+    let gid = wid.x + wid.y * nwg.x;
+    let ublock = gid % p.unit_blocks;
+    let kvh = gid / p.unit_blocks;
+    if (kvh >= p.n_kv_heads) {
+        return;
+    }
+    let u0 = ublock * BQ;
+    let kv_col = kvh * p.hd;
+    for (var i = lid; i < BQ * HD; i += CWG) {
+        let ui = i / HD;
+        let d = i % HD;
+        let u = u0 + ui;
+        var x = 0.0;
+        if (u < p.units) {
+            let row = p.row0 + u / p.group;
+            let head = kvh * p.group + u % p.group;
+            x = q[row * p.q_stride + p.q_col + head * p.hd + d] * p.scale_log2;
+        }
+        cq[ui * PS + d] = f16(x);
+    }
+    let tiles_a = (p.len_a + BK - 1u) / BK;
+    let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
+
+    // Pass 1: each unit's max and sum of exp2(s - max) over all keys (invocation t < BQ
+    // keeps unit t's).
+    var run_max = NEG;
+    var run_sum = 0.0;
+    for (var t = 0u; t < n_tiles; t++) {
+        let in_a = t < tiles_a;
+        let t0 = select(t - tiles_a, t, in_a) * BK;
+        let keys = min(BK, select(p.len_b, p.len_a, in_a) - t0);
+        workgroupBarrier();
+        coop_stage(lid, in_a, false, select(p.b_row0, p.a_row0, in_a) + t0, keys, kv_col);
+        workgroupBarrier();
+        coop_scores(sg);
+        workgroupBarrier();
+        if (lid < BQ) {
+            var mx = run_max;
+            for (var j = 0u; j < keys; j++) {
+                mx = max(mx, cs[lid * BK + j]);
+            }
+            var sum = 0.0;
+            for (var j = 0u; j < keys; j++) {
+                sum += exp2(cs[lid * BK + j] - mx);
+            }
+            run_sum = run_sum * exp2(run_max - mx) + sum;
+            run_max = mx;
+        }
+    }
+    if (lid < BQ) {
+        cmax[lid] = run_max;
+        csum[lid] = run_sum;
+    }
+
+    // Pass 2: O = P V with the final max and sum.
+    let c0 = sg * 2u * FR;
+    var acc00 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc01 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc10 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc11 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    for (var t = 0u; t < n_tiles; t++) {
+        let in_a = t < tiles_a;
+        let t0 = select(t - tiles_a, t, in_a) * BK;
+        let keys = min(BK, select(p.len_b, p.len_a, in_a) - t0);
+        let row = select(p.b_row0, p.a_row0, in_a) + t0;
+        workgroupBarrier();
+        coop_stage(lid, in_a, false, row, keys, kv_col);
+        workgroupBarrier();
+        coop_scores(sg);
+        workgroupBarrier();
+        for (var e = lid; e < BQ * BK; e += CWG) {
+            let u = e / BK;
+            let j = e % BK;
+            var pr = 0.0;
+            if (j < keys && csum[u] > 0.0) {
+                pr = exp2(cs[e] - cmax[u]) / csum[u];
+            }
+            cp[u * PP + j] = f16(pr);
+        }
+        coop_stage(lid, in_a, true, row, keys, kv_col);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk += FR) {
+            let sp = PP;
+            let sv = PS;
+            let pa0 = kk;
+            let pa1 = FR * PP + kk;
+            let vb0 = kk * PS + c0;
+            let vb1 = vb0 + FR;
+            let a0 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&cp[pa0], sp);
+            let a1 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&cp[pa1], sp);
+            // V rows are keys: a row-major [key, dim] B.
+            let b0 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[vb0], sv);
+            let b1 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[vb1], sv);
+            acc00 = coopMultiplyAdd(a0, b0, acc00);
+            acc01 = coopMultiplyAdd(a0, b1, acc01);
+            acc10 = coopMultiplyAdd(a1, b0, acc10);
+            acc11 = coopMultiplyAdd(a1, b1, acc11);
+        }
+    }
+    workgroupBarrier();
+    coop_out(lid, sg, acc00, 0u, 0u, u0, kvh);
+    coop_out(lid, sg, acc01, 0u, 1u, u0, kvh);
+    coop_out(lid, sg, acc10, 1u, 0u, u0, kvh);
+    coop_out(lid, sg, acc11, 1u, 1u, u0, kvh);
+}
+//#endif

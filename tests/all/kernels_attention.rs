@@ -996,3 +996,84 @@ fn browser_tiles_natively() {
         }
     }
 }
+
+/// The tensor-core kernel (`coop`): Q K^T and P V as cooperative-matrix products, two passes
+/// over the keys. MHA and GQA (query units of several heads in one tile), one and two
+/// segments, empty and one-key segments, lengths that divide no tile, strided q, f32 and f16
+/// K/V, at the head dim it serves (8 fragments) and at one it does not (runs `wide`). Its
+/// inputs are rounded to f16: the f16 budget against the oracle on the unrounded data.
+/// Without cooperative matrices it runs `wide`, and says so.
+#[test]
+fn coop_attention_matches_the_oracle() {
+    let ctx = ctx();
+    let served = attn::coop_attention(&ctx, 64)
+        .or_else(|| attn::coop_attention(&ctx, 128))
+        .map(|c| 8 * c.fragment as usize);
+    eprintln!(
+        "[path] coop attention runs {}",
+        match served {
+            Some(hd) => format!("cooperative matrices at head dim {hd}"),
+            None => "the wide kernel (no cooperative matrices)".to_string(),
+        }
+    );
+    if common::coop_fragment().is_some() {
+        assert!(
+            served.is_some(),
+            "UNMASK_COOP_FRAGMENT is set, no coop attention here"
+        );
+    }
+    let hd = served.unwrap_or(128);
+    let cases = [
+        (4, 4, 1, None, 1),
+        (4, 4, 5, None, 37),
+        (2, 2, 33, Some(21), 10),
+        (4, 2, 13, Some(0), 40),
+        (8, 2, 7, Some(65), 3),
+        (4, 1, 40, Some(17), 100),
+    ];
+    for (heads, kv_heads, m, len_a, len_b) in cases {
+        let width = heads * hd;
+        let c = Case {
+            shape: AttentionShape {
+                n_heads: heads,
+                n_kv_heads: kv_heads,
+                head_dim: hd,
+            },
+            q_stride: width + 3 * hd,
+            q_col: 2 * hd,
+            len_a,
+            seed: (heads * 100 + m + len_b) as u64,
+            ..Case::mha(hd, heads, m, None, len_b)
+        };
+        let d = c.data();
+        let want = c.oracle(&d);
+        for run in [
+            Run::f32(AttentionKernel::Coop),
+            Run::f16(AttentionKernel::Coop, false),
+            Run::f16(AttentionKernel::Coop, true),
+        ] {
+            let (got, plan) = run_with(&ctx, &c, &d, run);
+            let expected = if served.is_some() {
+                AttentionKernel::Coop
+            } else {
+                AttentionKernel::Wide
+            };
+            assert_eq!(plan.kernel, expected, "{}", c.label());
+            let tol = if served.is_some() || run.kv == DType::F16 {
+                F16_TOL
+            } else {
+                TOL
+            };
+            assert_close(
+                &format!("{} {}", c.label(), describe(&plan)),
+                &got,
+                &want,
+                tol,
+            );
+        }
+    }
+    // A head dim the kernel does not serve runs `wide`.
+    let other = Case::mha(hd / 2, 2, 5, None, 9);
+    let (_, plan) = run_with(&ctx, &other, &other.data(), Run::f32(AttentionKernel::Coop));
+    assert_eq!(plan.kernel, AttentionKernel::Wide);
+}

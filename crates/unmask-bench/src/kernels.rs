@@ -436,7 +436,10 @@ pub fn run_kernel_case(
                             "tile": format!("{}x{}", plan.tile.0, plan.tile.1),
                             "lq": lq, "lkv": lkv, "heads": heads, "kv_heads": kv_heads,
                             "head_dim": head_dim,
+                            "ran": plan.kernel.name(),
                         });
+                        // `coop` runs Q K^T twice (its two passes); its FLOP/s count the
+                        // useful work, like the others'.
                         emit(kernel_record(
                             envelope,
                             fields,
@@ -444,7 +447,7 @@ pub fn run_kernel_case(
                             flops,
                             bytes,
                             &options.peak,
-                            false,
+                            plan.kernel == AttentionKernel::Coop,
                         ));
                     }
                 }

@@ -123,9 +123,9 @@ pub(super) fn kernels_table(md: &mut String, m: &Merged, rows: &[&KernelRow]) {
                         cell(variant)
                     );
                     let pct = |k: &str| f.get(k).map(|v| format!("{:.0}%", v * 100.0));
-                    // `coop` and `coop-split` are measured against the f16 tensor-core peak,
-                    // the others against the FP32 one.
-                    let tensor = if variant.ends_with("coop") || variant.ends_with("coop-split") {
+                    // The tensor-core kernels are measured against the f16 tensor-core
+                    // peak, the others against the FP32 one.
+                    let tensor = if on_tensor_cores(variant) {
                         " (tensor)"
                     } else {
                         ""
@@ -226,12 +226,21 @@ pub(super) fn requests_table(md: &mut String, m: &Merged, rows: &[&RequestRow]) 
     md.push('\n');
 }
 
+/// Whether a kernel record's variant (`coop`, `auto:coop-split`, `coop/2seg`, ...) ran on
+/// tensor cores.
+fn on_tensor_cores(variant: &str) -> bool {
+    let kernel = variant.split('/').next().unwrap_or(variant);
+    let kernel = kernel.rsplit(':').next().unwrap_or(kernel);
+    matches!(kernel, "coop" | "coop-split")
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
 
     use super::super::build;
     use super::super::fixtures::{input, request, row_of};
+    use super::on_tensor_cores;
 
     #[test]
     fn batch_sizes_are_rows_of_their_own() {
@@ -253,5 +262,28 @@ mod tests {
         let four = row_of(md, "| bicache-dual (batch 4) | quota | 64/32/32 |");
         assert!(four.contains("| 300 | 75.0 | 3.00× |"), "{four}");
         assert!(md.find("| bicache-dual |").unwrap() < md.find("(batch 4)").unwrap());
+    }
+
+    #[test]
+    fn tensor_core_variants_are_told_apart() {
+        for v in [
+            "coop",
+            "auto:coop",
+            "coop-split",
+            "auto:coop-split",
+            "coop/1seg",
+            "auto:coop/2seg",
+        ] {
+            assert!(on_tensor_cores(v), "{v}");
+        }
+        for v in [
+            "gemm",
+            "auto:tiled",
+            "wide/1seg",
+            "auto:wide-split/2seg",
+            "narrow-dot",
+        ] {
+            assert!(!on_tensor_cores(v), "{v}");
+        }
     }
 }

@@ -35,7 +35,8 @@ mod plan;
 
 use plan::*;
 pub use plan::{
-    AttentionKernel, AttentionOptions, AttentionPlan, KvRead, is_hardware_gpu, split_scratch_floats,
+    AttentionKernel, AttentionOptions, AttentionPlan, KvRead, coop_attention, coop_attention_bytes,
+    is_hardware_gpu, split_scratch_floats,
 };
 
 const ATTENTION: KernelSource = kernel_source!("attention");
@@ -120,12 +121,34 @@ pub fn variants() -> Vec<ShaderVariant> {
             }
         }
     }
+    // The tensor-core kernel at an NVIDIA GPU's subgroup size and fragments and at
+    // lavapipe's (8 x 8, and the 16 x 16 the tests force there).
+    for (subgroup, fragment) in [(32, 16), (8, 8), (8, 16)] {
+        for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
+            v.push(ShaderVariant {
+                kernel: ATTENTION_WIDE,
+                entry: "main",
+                spec: coop_spec(read, subgroup, fragment),
+            });
+        }
+    }
     v.push(ShaderVariant {
         kernel: ATTENTION_COMBINE,
         entry: "main",
         spec: Spec::new(),
     });
     v
+}
+
+/// The tensor-core variant of `attention_wide.wgsl` (head dim 8 `fragment`, K/V read as
+/// vec4s).
+fn coop_spec(read: KvRead, subgroup: u32, fragment: u32) -> Spec {
+    Spec::new()
+        .flag("COOP")
+        .flag("KV_VEC")
+        .flag(read.flag())
+        .constant("SG", subgroup)
+        .constant("FR", fragment)
 }
 
 #[repr(C)]
@@ -300,6 +323,7 @@ fn measured_kernel(
             k != AttentionKernel::Register || kv == DType::F32 || shape.head_dim.is_multiple_of(4)
         })
         .filter(|&k| k != AttentionKernel::WideSplit || options.scratch.is_some())
+        .filter(|&k| k != AttentionKernel::Coop || coop_attention(ctx, shape.head_dim).is_some())
         .collect();
     if candidates.len() < 2 {
         return Ok(None);
@@ -550,6 +574,46 @@ pub fn attention_with(
         return Ok(plan);
     }
 
+    if let (AttentionKernel::Coop, Some(coop)) = (plan.kernel, coop_attention(ctx, head_dim)) {
+        let (bq, bk) = plan.tile;
+        let unit_blocks = units.div_ceil(bq);
+        let n_tiles = len_a.div_ceil(bk) + seg_b.len.div_ceil(bk);
+        let params = WideParams {
+            units: to_u32("query units", units)?,
+            group: group as u32,
+            q_stride: to_u32("q_stride", q_stride)?,
+            q_col: to_u32("q_col", q_col)?,
+            len_a: to_u32("segment A length", len_a)?,
+            len_b: to_u32("segment B length", seg_b.len)?,
+            kv_stride: kv_stride as u32,
+            out_stride: q_width as u32,
+            unit_blocks: to_u32("query blocks", unit_blocks)?,
+            n_kv_heads: n_kv_heads as u32,
+            scale_log2,
+            row0,
+            b_row0,
+            a_row0,
+            slices: 1,
+            tiles_per_slice: to_u32("key tiles", n_tiles)?,
+            hd: head_dim as u32,
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
+        };
+        let spec = coop_spec(plan.read, coop.subgroup, coop.fragment);
+        let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &spec)?;
+        let bindings: [Binding; 6] = [
+            q.into(),
+            ka.into(),
+            va.into(),
+            seg_b.k.into(),
+            seg_b.v.into(),
+            out.into(),
+        ];
+        let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
+        step.dispatch(&pipeline, &params, &bindings, groups);
+        return Ok(plan);
+    }
     let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
     let unit_blocks = units.div_ceil(tile.bq);
     let n_tiles = len_a.div_ceil(tile.bk) + seg_b.len.div_ceil(tile.bk);

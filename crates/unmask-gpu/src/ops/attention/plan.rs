@@ -63,16 +63,20 @@ pub enum AttentionKernel {
     Wide,
     /// `Wide` over slices of the keys, then a combine pass; needs a scratch buffer.
     WideSplit,
+    /// Tensor cores: Q K^T and P V as cooperative-matrix products (f16 inputs, f32 sums),
+    /// for a head dim of 8 fragments (128 at NVIDIA's 16 x 16); `Wide` elsewhere.
+    Coop,
     /// `plan` picks one for the device and shape.
     Auto,
 }
 
 impl AttentionKernel {
     /// Every concrete kernel (not `Auto`).
-    pub const CONCRETE: [AttentionKernel; 3] = [
+    pub const CONCRETE: [AttentionKernel; 4] = [
         AttentionKernel::Register,
         AttentionKernel::Wide,
         AttentionKernel::WideSplit,
+        AttentionKernel::Coop,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +84,7 @@ impl AttentionKernel {
             AttentionKernel::Register => "register",
             AttentionKernel::Wide => "wide",
             AttentionKernel::WideSplit => "wide-split",
+            AttentionKernel::Coop => "coop",
             AttentionKernel::Auto => "auto",
         }
     }
@@ -157,6 +162,9 @@ impl AttentionKernel {
                     format!("{kv:?} K/V, head_dim {head_dim}"),
                 ));
             }
+            AttentionKernel::Coop if coop_attention(ctx, head_dim).is_none() => {
+                AttentionKernel::Wide
+            }
             other => other,
         };
         // The register kernel reads f16 K/V packed, whatever the device has.
@@ -193,8 +201,9 @@ impl AttentionKernel {
             }
             _ => 1,
         };
-        let tile = match kernel {
-            AttentionKernel::Register => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
+        let tile = match (kernel, coop_attention(ctx, head_dim)) {
+            (AttentionKernel::Register, _) => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
+            (AttentionKernel::Coop, Some(c)) => (2 * c.fragment as usize, 2 * c.fragment as usize),
             _ => (tile.bq, tile.bk),
         };
         Ok(AttentionPlan {
@@ -204,6 +213,27 @@ impl AttentionKernel {
             tile,
         })
     }
+}
+
+/// How the tensor-core attention runs here for `head_dim`: the matmul's cooperative shape
+/// (subgroup size and fragment side), or `None` where it cannot: no cooperative matrices, a
+/// head dim other than 8 fragments, or 4 subgroups too few for a unit each of the 2
+/// fragments of query units or too many for a workgroup.
+pub fn coop_attention(ctx: &GpuContext, head_dim: usize) -> Option<crate::ops::matmul::CoopShape> {
+    crate::ops::matmul::coop_shape(ctx).filter(|c| {
+        head_dim == 8 * c.fragment as usize
+            && coop_attention_bytes(c.fragment) <= ctx.features.max_workgroup_storage_bytes
+            && 4 * c.subgroup >= 2 * c.fragment
+            && 4 * c.subgroup <= ctx.features.max_workgroup_invocations
+    })
+}
+
+/// Workgroup memory of the tensor-core attention at fragment side `fragment`: the staged Q
+/// and K/V tiles (2 fragments of rows, 8 fragments and 8 halves of pitch), the f32 scores,
+/// the f16 probabilities (2 fragments and 8 halves of pitch) and two f32 per query unit.
+pub fn coop_attention_bytes(fragment: u32) -> u32 {
+    let (bq, bk, hd) = (2 * fragment, 2 * fragment, 8 * fragment);
+    2 * bq * (hd + 8) * 2 + bq * bk * 4 + bq * (bk + 8) * 2 + 2 * bq * 4
 }
 
 /// A discrete or integrated GPU: where the wide kernels are meant to run.
