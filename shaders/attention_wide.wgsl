@@ -358,6 +358,8 @@ fn main(
 // on tensor cores. Q (scaled by log2(e) / sqrt(hd)), K, V and P are rounded to f16 (2^-11
 // relative), scores and outputs summed in f32. Rows past p.units and keys past a segment's
 // end are zero in Q, K and V; a key past the end gets probability 0. Needs p.hd == HD.
+// SPLIT: a workgroup takes one slice of the key tiles, as the wide kernel does, and writes
+// the same scratch: P = exp2(S - max) unnormalised, the output, and the slice's max and sum.
 const SG: u32 = {{SG}}u;
 const FR: u32 = {{FR}}u;
 const FF: u32 = FR * FR;
@@ -412,8 +414,8 @@ fn coop_scores(sg: u32) {
 }
 
 // Writes accumulator (i, j) of every subgroup (units i * FR .., columns s * 2 FR + j * FR ..)
-// to `out` through cs.
-fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u32, u0: u32, kvh: u32) {
+// to `out` through cs; SPLIT: to the slice's cells `cell0 + unit` of the scratch.
+fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u32, u0: u32, kvh: u32, cell0: u32) {
     let at = sg * FF;
     let stride = FR;
     coopStoreT(acc, &cs[at], stride);
@@ -422,9 +424,13 @@ fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u3
         let u = u0 + i * FR + (e / FR) % FR;
         let d = (e / FF) * 2u * FR + j * FR + e % FR;
         if (u < p.units) {
+//#if SPLIT
+            out[(cell0 + u) * HD + d] = cs[e];
+//#else
             let row = p.row0 + u / p.group;
             let head = kvh * p.group + u % p.group;
             out[row * p.out_stride + head * p.hd + d] = cs[e];
+//#endif
         }
     }
     workgroupBarrier();
@@ -440,12 +446,15 @@ fn main(
     // Unit blocks innermost, as in the wide kernel. A workgroup past the last leaves whole.
     let gid = wid.x + wid.y * nwg.x;
     let ublock = gid % p.unit_blocks;
-    let kvh = gid / p.unit_blocks;
+    let rest = gid / p.unit_blocks;
+    let slice = rest % p.slices;
+    let kvh = rest / p.slices;
     if (kvh >= p.n_kv_heads) {
         return;
     }
     let u0 = ublock * BQ;
     let kv_col = kvh * p.hd;
+    let cell0 = slice * p.n_kv_heads * p.units + kvh * p.units;
     for (var i = lid; i < BQ * HD; i += CWG) {
         let ui = i / HD;
         let d = i % HD;
@@ -460,12 +469,14 @@ fn main(
     }
     let tiles_a = (p.len_a + BK - 1u) / BK;
     let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
+    let t_begin = slice * p.tiles_per_slice;
+    let t_end = min(t_begin + p.tiles_per_slice, n_tiles);
 
     // Pass 1: each unit's max and sum of exp2(s - max) over all keys (invocation t < BQ
     // keeps unit t's).
     var run_max = NEG;
     var run_sum = 0.0;
-    for (var t = 0u; t < n_tiles; t++) {
+    for (var t = t_begin; t < t_end; t++) {
         let in_a = t < tiles_a;
         let t0 = select(t - tiles_a, t, in_a) * BK;
         let keys = min(BK, select(p.len_b, p.len_a, in_a) - t0);
@@ -490,6 +501,13 @@ fn main(
     if (lid < BQ) {
         cmax[lid] = run_max;
         csum[lid] = run_sum;
+//#if SPLIT
+        if (u0 + lid < p.units) {
+            let stats = p.slices * p.n_kv_heads * p.units * HD + (cell0 + u0 + lid) * 2u;
+            out[stats] = run_max;
+            out[stats + 1u] = run_sum;
+        }
+//#endif
     }
 
     // Pass 2: O = P V with the final max and sum.
@@ -498,7 +516,7 @@ fn main(
     var acc01 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc10 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc11 = coop_mat{{FR}}x{{FR}}<f32, C>();
-    for (var t = 0u; t < n_tiles; t++) {
+    for (var t = t_begin; t < t_end; t++) {
         let in_a = t < tiles_a;
         let t0 = select(t - tiles_a, t, in_a) * BK;
         let keys = min(BK, select(p.len_b, p.len_a, in_a) - t0);
@@ -512,9 +530,16 @@ fn main(
             let u = e / BK;
             let j = e % BK;
             var pr = 0.0;
+//#if SPLIT
+            // Unnormalised: the combine pass weighs the slices by their max and sum.
+            if (j < keys) {
+                pr = exp2(cs[e] - cmax[u]);
+            }
+//#else
             if (j < keys && csum[u] > 0.0) {
                 pr = exp2(cs[e] - cmax[u]) / csum[u];
             }
+//#endif
             cp[u * PP + j] = f16(pr);
         }
         coop_stage(lid, in_a, true, row, keys, kv_col);
@@ -538,9 +563,9 @@ fn main(
         }
     }
     workgroupBarrier();
-    coop_out(lid, sg, acc00, 0u, 0u, u0, kvh);
-    coop_out(lid, sg, acc01, 0u, 1u, u0, kvh);
-    coop_out(lid, sg, acc10, 1u, 0u, u0, kvh);
-    coop_out(lid, sg, acc11, 1u, 1u, u0, kvh);
+    coop_out(lid, sg, acc00, 0u, 0u, u0, kvh, cell0);
+    coop_out(lid, sg, acc01, 0u, 1u, u0, kvh, cell0);
+    coop_out(lid, sg, acc10, 1u, 0u, u0, kvh, cell0);
+    coop_out(lid, sg, acc11, 1u, 1u, u0, kvh, cell0);
 }
 //#endif

@@ -5,6 +5,7 @@ use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::StoreBudget;
 
 use unmask_gpu::model::WeightFormats;
+use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::tune::TunePolicy;
 use unmask_gpu::{ContextOptions, DType, WeightFormat};
@@ -37,6 +38,9 @@ pub struct EngineOptions {
     /// The matmul kernel: `Auto` (the default) takes the measured or fixed choice per
     /// shape; a concrete kernel is pinned for every shape it supports.
     pub matmul_kernel: MatmulKernel,
+    /// The attention kernel: `Auto` (the default) takes the measured or fixed choice per
+    /// shape; a concrete kernel is pinned where it runs (else its fallback runs).
+    pub attention_kernel: AttentionKernel,
     /// When `Auto` kernels are chosen by timing them on the device (`unmask_gpu::tune`).
     pub tune: TunePolicy,
     /// Where measured choices are kept (`None`: `unmask_gpu::tune::default_tune_file`).
@@ -59,6 +63,7 @@ impl EngineOptions {
             backends,
             memory_budget: self.gpu_memory,
             runtime_checks: self.shader_checks,
+            attention_kernel: Some(self.attention_kernel).filter(|&k| k != AttentionKernel::Auto),
             tune: self.tune,
             tune_file: self.tune_file.clone(),
             ..ContextOptions::default()
@@ -87,6 +92,7 @@ impl Default for EngineOptions {
             gpu_memory: None,
             shader_checks: true,
             matmul_kernel: MatmulKernel::Auto,
+            attention_kernel: AttentionKernel::Auto,
             tune: TunePolicy::Auto,
             tune_file: None,
             kv_dtype: DType::F32,

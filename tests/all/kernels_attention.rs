@@ -997,12 +997,12 @@ fn browser_tiles_natively() {
     }
 }
 
-/// The tensor-core kernel (`coop`): Q K^T and P V as cooperative-matrix products, two passes
-/// over the keys. MHA and GQA (query units of several heads in one tile), one and two
+/// The tensor-core kernels (`coop`, and `coop-split` over 2, 3 and the shape's count of key
+/// slices): Q K^T and P V as cooperative-matrix products, two passes over the keys. MHA and GQA (query units of several heads in one tile), one and two
 /// segments, empty and one-key segments, lengths that divide no tile, strided q, f32 and f16
 /// K/V, at the head dim it serves (8 fragments) and at one it does not (runs `wide`). Its
 /// inputs are rounded to f16: the f16 budget against the oracle on the unrounded data.
-/// Without cooperative matrices it runs `wide`, and says so.
+/// Without cooperative matrices they run `wide` and `wide-split`, and say so.
 #[test]
 fn coop_attention_matches_the_oracle() {
     let ctx = ctx();
@@ -1047,16 +1047,25 @@ fn coop_attention_matches_the_oracle() {
         };
         let d = c.data();
         let want = c.oracle(&d);
+        let coop_split = |slices| Run {
+            slices,
+            ..Run::f32(AttentionKernel::CoopSplit)
+        };
         for run in [
             Run::f32(AttentionKernel::Coop),
             Run::f16(AttentionKernel::Coop, false),
             Run::f16(AttentionKernel::Coop, true),
+            coop_split(None),
+            coop_split(Some(2)),
+            coop_split(Some(3)),
+            Run::f16(AttentionKernel::CoopSplit, true),
         ] {
             let (got, plan) = run_with(&ctx, &c, &d, run);
-            let expected = if served.is_some() {
-                AttentionKernel::Coop
-            } else {
-                AttentionKernel::Wide
+            let expected = match (run.kernel, served.is_some()) {
+                (AttentionKernel::Coop, true) => AttentionKernel::Coop,
+                (AttentionKernel::Coop, false) => AttentionKernel::Wide,
+                (_, true) => AttentionKernel::CoopSplit,
+                (_, false) => AttentionKernel::WideSplit,
             };
             assert_eq!(plan.kernel, expected, "{}", c.label());
             let tol = if served.is_some() || run.kv == DType::F16 {

@@ -9,6 +9,7 @@ use unmask::{Engine, EngineError};
 use unmask_core::config::{ModelConfig, ModelFamily};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
+use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::{ContextOptions, GpuContext};
 
@@ -60,10 +61,14 @@ fn kernel_choice(ctx: &GpuContext, pinned: MatmulKernel) -> String {
         )
     };
     let names: Vec<&str> = MatmulKernel::CONCRETE.iter().map(|k| k.name()).collect();
+    let attention: Vec<&str> = AttentionKernel::CONCRETE.iter().map(|k| k.name()).collect();
     format!(
-        "kernel choice: {how}\nmatmul kernels: {} (this run: {})",
+        "kernel choice: {how}\nmatmul kernels: {} (this run: {})\nattention kernels: {} (this \
+         run: {})",
         names.join(", "),
-        pinned.name()
+        pinned.name(),
+        attention.join(", "),
+        ctx.attention_kernel.name()
     )
 }
 

@@ -11,6 +11,7 @@ use unmask::{
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::WeightFormat;
+use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::tune::TunePolicy;
 
@@ -124,6 +125,10 @@ pub struct EngineArgs {
     /// --tune) or one kernel by name (unmask info lists them)
     #[arg(long, value_name = "KERNEL", value_parser = values::matmul_kernel)]
     pub matmul: Option<MatmulKernel>,
+    /// attention kernel: auto (default: measured per shape on a GPU, see --tune) or one
+    /// kernel by name (unmask info lists them; one that cannot run here runs its fallback)
+    #[arg(long, value_name = "KERNEL", value_parser = values::attention_kernel)]
+    pub attention: Option<AttentionKernel>,
     /// choose auto kernels by timing them on first use: auto (default: on GPUs, not on CPU
     /// adapters), always or off
     #[arg(long, value_name = "WHEN", value_parser = values::choice(TunePolicy::NAMES, TunePolicy::parse))]
@@ -154,6 +159,7 @@ impl EngineArgs {
             weight_format: format(name),
             embed_format: self.embed_weights.as_deref().map(format),
             matmul_kernel: self.matmul.unwrap_or(MatmulKernel::Auto),
+            attention_kernel: self.attention.unwrap_or(AttentionKernel::Auto),
             tune: self.tune.unwrap_or_default(),
             tune_file: self.tune_file.clone(),
             kv_dtype: match self.kv.as_deref() {

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use unmask::{CacheBudget, CacheMode, EngineOptions};
+use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
 
 /// What a valid value of a list of cache modes looks like.
@@ -33,6 +34,19 @@ pub fn matmul_kernel(text: &str) -> Result<MatmulKernel, String> {
     };
     all().find(|k| k.name() == text).ok_or_else(|| {
         let names: Vec<&str> = all().map(MatmulKernel::name).collect();
+        format!("expected one of {}, found {text:?}", names.join(", "))
+    })
+}
+
+/// An attention kernel by name: `auto` or one of `AttentionKernel::CONCRETE`.
+pub fn attention_kernel(text: &str) -> Result<AttentionKernel, String> {
+    let all = || {
+        AttentionKernel::CONCRETE
+            .into_iter()
+            .chain([AttentionKernel::Auto])
+    };
+    all().find(|k| k.name() == text).ok_or_else(|| {
+        let names: Vec<&str> = all().map(AttentionKernel::name).collect();
         format!("expected one of {}, found {text:?}", names.join(", "))
     })
 }

@@ -215,7 +215,10 @@ impl Model {
         const SPLIT_ROWS: usize = 64;
         /// Slices at `SPLIT_ROWS` rows; fewer rows may take more.
         const SPLIT_SLICES: usize = 32;
-        let split_asked = self.ctx.attention_kernel == AttentionKernel::WideSplit;
+        let split_asked = matches!(
+            self.ctx.attention_kernel,
+            AttentionKernel::WideSplit | AttentionKernel::CoopSplit
+        );
         if !attention::is_hardware_gpu(&self.ctx) && !split_asked {
             return 0;
         }

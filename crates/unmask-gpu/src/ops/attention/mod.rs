@@ -125,11 +125,13 @@ pub fn variants() -> Vec<ShaderVariant> {
     // lavapipe's (8 x 8, and the 16 x 16 the tests force there).
     for (subgroup, fragment) in [(32, 16), (8, 8), (8, 16)] {
         for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
-            v.push(ShaderVariant {
-                kernel: ATTENTION_WIDE,
-                entry: "main",
-                spec: coop_spec(read, subgroup, fragment),
-            });
+            for split in [false, true] {
+                v.push(ShaderVariant {
+                    kernel: ATTENTION_WIDE,
+                    entry: "main",
+                    spec: coop_spec(read, subgroup, fragment).flag_if(split, "SPLIT"),
+                });
+            }
         }
     }
     v.push(ShaderVariant {
@@ -322,8 +324,14 @@ fn measured_kernel(
         .filter(|&k| {
             k != AttentionKernel::Register || kv == DType::F32 || shape.head_dim.is_multiple_of(4)
         })
-        .filter(|&k| k != AttentionKernel::WideSplit || options.scratch.is_some())
-        .filter(|&k| k != AttentionKernel::Coop || coop_attention(ctx, shape.head_dim).is_some())
+        .filter(|&k| {
+            !matches!(k, AttentionKernel::WideSplit | AttentionKernel::CoopSplit)
+                || options.scratch.is_some()
+        })
+        .filter(|&k| {
+            !matches!(k, AttentionKernel::Coop | AttentionKernel::CoopSplit)
+                || coop_attention(ctx, shape.head_dim).is_some()
+        })
         .collect();
     if candidates.len() < 2 {
         return Ok(None);
@@ -488,9 +496,12 @@ pub fn attention_with(
     if let Some(a) = &seg_a {
         inputs.extend([("segment A keys", a.k), ("segment A values", a.v)]);
     }
-    let scratch = options
-        .scratch
-        .filter(|_| plan.kernel == AttentionKernel::WideSplit);
+    let scratch = options.scratch.filter(|_| {
+        matches!(
+            plan.kernel,
+            AttentionKernel::WideSplit | AttentionKernel::CoopSplit
+        )
+    });
     if let Some(sc) = scratch {
         check_tensor("split scratch", sc, &[DType::F32], 1)?;
         inputs.push(("split scratch", sc));
@@ -574,49 +585,20 @@ pub fn attention_with(
         return Ok(plan);
     }
 
-    if let (AttentionKernel::Coop, Some(coop)) = (plan.kernel, coop_attention(ctx, head_dim)) {
-        let (bq, bk) = plan.tile;
-        let unit_blocks = units.div_ceil(bq);
-        let n_tiles = len_a.div_ceil(bk) + seg_b.len.div_ceil(bk);
-        let params = WideParams {
-            units: to_u32("query units", units)?,
-            group: group as u32,
-            q_stride: to_u32("q_stride", q_stride)?,
-            q_col: to_u32("q_col", q_col)?,
-            len_a: to_u32("segment A length", len_a)?,
-            len_b: to_u32("segment B length", seg_b.len)?,
-            kv_stride: kv_stride as u32,
-            out_stride: q_width as u32,
-            unit_blocks: to_u32("query blocks", unit_blocks)?,
-            n_kv_heads: n_kv_heads as u32,
-            scale_log2,
-            row0,
-            b_row0,
-            a_row0,
-            slices: 1,
-            tiles_per_slice: to_u32("key tiles", n_tiles)?,
-            hd: head_dim as u32,
-            _pad0: 0,
-            _pad1: 0,
-            _pad2: 0,
-        };
-        let spec = coop_spec(plan.read, coop.subgroup, coop.fragment);
-        let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &spec)?;
-        let bindings: [Binding; 6] = [
-            q.into(),
-            ka.into(),
-            va.into(),
-            seg_b.k.into(),
-            seg_b.v.into(),
-            out.into(),
-        ];
-        let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
-        step.dispatch(&pipeline, &params, &bindings, groups);
-        return Ok(plan);
-    }
     let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
-    let unit_blocks = units.div_ceil(tile.bq);
-    let n_tiles = len_a.div_ceil(tile.bk) + seg_b.len.div_ceil(tile.bk);
+    let coop = coop_attention(ctx, head_dim).filter(|_| {
+        matches!(
+            plan.kernel,
+            AttentionKernel::Coop | AttentionKernel::CoopSplit
+        )
+    });
+    // Both kernel families walk key tiles of their own size, `slices` slices of them.
+    let (bq, bk) = match coop {
+        Some(_) => plan.tile,
+        None => (tile.bq, tile.bk),
+    };
+    let unit_blocks = units.div_ceil(bq);
+    let n_tiles = len_a.div_ceil(bk) + seg_b.len.div_ceil(bk);
     let tiles_per_slice = n_tiles.div_ceil(plan.slices);
     // Every slice gets at least one tile (its max and sum are then finite).
     let slices = n_tiles.div_ceil(tiles_per_slice);
@@ -647,9 +629,15 @@ pub fn attention_with(
         ctx,
         to_u32("workgroups", unit_blocks * n_kv_heads * slices)?,
     );
-    let split = plan.kernel == AttentionKernel::WideSplit;
-    let vec = head_dim == tile.hd_class;
-    let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &tile.spec(plan.read, split, vec))?;
+    let split = matches!(
+        plan.kernel,
+        AttentionKernel::WideSplit | AttentionKernel::CoopSplit
+    );
+    let spec = match coop {
+        Some(c) => coop_spec(plan.read, c.subgroup, c.fragment).flag_if(split, "SPLIT"),
+        None => tile.spec(plan.read, split, head_dim == tile.hd_class),
+    };
+    let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &spec)?;
     let target = match scratch {
         Some(sc) if split => {
             let needed = slices * split_cell_floats(shape, m, tile);

@@ -66,17 +66,21 @@ pub enum AttentionKernel {
     /// Tensor cores: Q K^T and P V as cooperative-matrix products (f16 inputs, f32 sums),
     /// for a head dim of 8 fragments (128 at NVIDIA's 16 x 16); `Wide` elsewhere.
     Coop,
+    /// `Coop` over slices of the keys, then `WideSplit`'s combine pass; needs its scratch.
+    /// `WideSplit` where `Coop` does not run.
+    CoopSplit,
     /// `plan` picks one for the device and shape.
     Auto,
 }
 
 impl AttentionKernel {
     /// Every concrete kernel (not `Auto`).
-    pub const CONCRETE: [AttentionKernel; 4] = [
+    pub const CONCRETE: [AttentionKernel; 5] = [
         AttentionKernel::Register,
         AttentionKernel::Wide,
         AttentionKernel::WideSplit,
         AttentionKernel::Coop,
+        AttentionKernel::CoopSplit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +89,7 @@ impl AttentionKernel {
             AttentionKernel::Wide => "wide",
             AttentionKernel::WideSplit => "wide-split",
             AttentionKernel::Coop => "coop",
+            AttentionKernel::CoopSplit => "coop-split",
             AttentionKernel::Auto => "auto",
         }
     }
@@ -136,6 +141,7 @@ impl AttentionKernel {
             .scratch
             .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
         let register_reads = read == KvRead::F32 || head_dim.is_multiple_of(4);
+        let coop = coop_attention(ctx, head_dim);
         let kernel = match self {
             AttentionKernel::Auto => {
                 let hardware = is_hardware_gpu(ctx);
@@ -162,9 +168,8 @@ impl AttentionKernel {
                     format!("{kv:?} K/V, head_dim {head_dim}"),
                 ));
             }
-            AttentionKernel::Coop if coop_attention(ctx, head_dim).is_none() => {
-                AttentionKernel::Wide
-            }
+            AttentionKernel::Coop if coop.is_none() => AttentionKernel::Wide,
+            AttentionKernel::CoopSplit if coop.is_none() => AttentionKernel::WideSplit,
             other => other,
         };
         // The register kernel reads f16 K/V packed, whatever the device has.
@@ -172,8 +177,18 @@ impl AttentionKernel {
             (AttentionKernel::Register, KvRead::F16Native) => KvRead::F16Packed,
             (_, read) => read,
         };
+        // The chosen kernel's tile: the split sizes its slices by it.
+        let (bq, bk) = match (kernel, coop) {
+            (AttentionKernel::Register, _) => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
+            (AttentionKernel::Coop | AttentionKernel::CoopSplit, Some(c)) => {
+                (2 * c.fragment as usize, 2 * c.fragment as usize)
+            }
+            _ => (tile.bq, tile.bk),
+        };
+        let base_groups = (m * group).div_ceil(bq) * n_kv_heads;
+        let n_tiles = n_keys.div_ceil(bk);
         let slices = match kernel {
-            AttentionKernel::WideSplit => {
+            AttentionKernel::WideSplit | AttentionKernel::CoopSplit => {
                 if scratch_slices == 0 {
                     return Err(shape_error(
                         format!(
@@ -189,7 +204,10 @@ impl AttentionKernel {
                 // Asked for by name, the split splits wherever there are two tiles.
                 let wanted = options.slices.unwrap_or_else(|| {
                     let shape_says = split_slices(base_groups, n_tiles, scratch_slices);
-                    if self == AttentionKernel::WideSplit {
+                    if matches!(
+                        self,
+                        AttentionKernel::WideSplit | AttentionKernel::CoopSplit
+                    ) {
                         shape_says.max(2)
                     } else {
                         shape_says
@@ -201,16 +219,11 @@ impl AttentionKernel {
             }
             _ => 1,
         };
-        let tile = match (kernel, coop_attention(ctx, head_dim)) {
-            (AttentionKernel::Register, _) => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
-            (AttentionKernel::Coop, Some(c)) => (2 * c.fragment as usize, 2 * c.fragment as usize),
-            _ => (tile.bq, tile.bk),
-        };
         Ok(AttentionPlan {
             kernel,
             read,
             slices,
-            tile,
+            tile: (bq, bk),
         })
     }
 }
