@@ -378,9 +378,13 @@ fn measured_kernel(
             ctx,
             &names,
             |name| {
-                let found = run_once(by_name(name).expect("a candidate"))?;
-                // All variants sum in f32; they differ in summation order only.
-                Ok(crate::tune::outputs_agree(&reference, &found, 1e-3))
+                let kernel = by_name(name).expect("a candidate");
+                let found = run_once(kernel)?;
+                Ok(crate::tune::outputs_agree(
+                    &reference,
+                    &found,
+                    kernel.tolerance(),
+                ))
             },
             |step, name| record(step, by_name(name).expect("a candidate")),
         )?;
