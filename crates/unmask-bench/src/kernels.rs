@@ -392,33 +392,54 @@ pub fn run_kernel_case(
                 } else {
                     vec![AttentionKernel::Auto]
                 };
+                let record = |step: &mut StepEncoder, kernel, native_f16| {
+                    let attn_options = AttentionOptions {
+                        kernel,
+                        native_f16,
+                        scratch: Some(&scratch),
+                        slices: None,
+                    };
+                    let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
+                    let seg_b = KvSegment::first(&kb, &vb, len_b);
+                    attention_with(
+                        step,
+                        &q,
+                        q_width,
+                        0,
+                        0..lq,
+                        seg_a,
+                        seg_b,
+                        &out,
+                        shape,
+                        &attn_options,
+                    )
+                };
+                // Each variant's output from zero against the wide kernel's on the same K/V
+                // (it runs everywhere): a kernel fast and wrong on this device shows.
+                let output = |kernel, native_f16| {
+                    output_from_zero(ctx, &out, |step| {
+                        record(step, kernel, native_f16).map(|_| ())
+                    })
+                };
+                let reference = output(AttentionKernel::Wide, false)?;
                 for &native_f16 in native_paths {
                     for &kernel in &kernels {
-                        let attn_options = AttentionOptions {
-                            kernel,
-                            native_f16,
-                            scratch: Some(&scratch),
-                            slices: None,
-                        };
+                        let error = max_relative_error(&reference, &output(kernel, native_f16)?);
                         let mut plan = None;
                         let s = time_step(ctx, options.repeats, |step| {
-                            let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
-                            let seg_b = KvSegment::first(&kb, &vb, len_b);
-                            plan = Some(attention_with(
-                                step,
-                                &q,
-                                q_width,
-                                0,
-                                0..lq,
-                                seg_a,
-                                seg_b,
-                                &out,
-                                shape,
-                                &attn_options,
-                            )?);
+                            plan = Some(record(step, kernel, native_f16)?);
                             Ok(())
                         })?;
                         let plan = plan.expect("the step ran at least once");
+                        let agrees = error <= plan.kernel.tolerance();
+                        if !agrees {
+                            eprintln!(
+                                "unmask bench: attention {} ({}) lq={lq} lkv={lkv}: off the wide \
+                                 kernel's output by {error:e} of its largest value",
+                                kernel.name(),
+                                plan.read.name()
+                            );
+                        }
                         let kv_bytes = kv_dtype.size_bytes() as f64;
                         let bytes = 4.0 * (2 * lq * q_width) as f64
                             + kv_bytes * (2 * lkv * kv_width) as f64;
@@ -437,6 +458,8 @@ pub fn run_kernel_case(
                             "lq": lq, "lkv": lkv, "heads": heads, "kv_heads": kv_heads,
                             "head_dim": head_dim,
                             "ran": plan.kernel.name(),
+                            "max_rel_err": error,
+                            "agrees": agrees,
                         });
                         // `coop` runs Q K^T twice (its two passes); its FLOP/s count the
                         // useful work, like the others'.
