@@ -157,6 +157,34 @@ fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
 }
 //#endif
 
+// Elements d .. d + 3 of key (or value) `j` of a tile starting at buffer row `row`, as
+// f32: zero for j past `keys` and for dims past p.hd.
+fn kv_quad(in_a: bool, values: bool, row: u32, j: u32, keys: u32, kv_col: u32, d: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (j < keys) {
+        let base = (row + j) * p.kv_stride + kv_col + d;
+//#if KV_VEC
+        x = load_kv4(in_a, values, base / 4u);
+//#else
+        for (var c = 0u; c < 4u; c++) {
+            if (d + c < p.hd) {
+                x[c] = load_kv(in_a, values, base + c);
+            }
+        }
+//#endif
+    }
+    return x;
+}
+
+// Index of element 0 of query unit u (of kv head kvh) in q, and in out.
+fn q_at(u: u32, kvh: u32) -> u32 {
+    return (p.row0 + u / p.group) * p.q_stride + p.q_col + (kvh * p.group + u % p.group) * p.hd;
+}
+
+fn out_at(u: u32, kvh: u32) -> u32 {
+    return (p.row0 + u / p.group) * p.out_stride + (kvh * p.group + u % p.group) * p.hd;
+}
+
 //#if !COOP
 // Stages the [BK, HD] tile of keys (or values) starting at buffer row `row` into kvs;
 // rows past `keys` and dims past p.hd are zero. Invocation i takes the vec4s i, i + WG, ...
@@ -164,21 +192,7 @@ fn load_kv(in_a: bool, values: bool, i: u32) -> f32 {
 fn stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
     for (var i = lid; i < BK * H4; i += WG) {
         let j = i / H4;
-        let d = (i % H4) * 4u;
-        var x = vec4<f32>(0.0);
-        if (j < keys) {
-            let base = (row + j) * p.kv_stride + kv_col + d;
-//#if KV_VEC
-            x = load_kv4(in_a, values, base / 4u);
-//#else
-            for (var c = 0u; c < 4u; c++) {
-                if (d + c < p.hd) {
-                    x[c] = load_kv(in_a, values, base + c);
-                }
-            }
-//#endif
-        }
-        kvs[j * P4 + i % H4] = x;
+        kvs[j * P4 + i % H4] = kv_quad(in_a, values, row, j, keys, kv_col, (i % H4) * 4u);
     }
 }
 
@@ -206,9 +220,7 @@ fn main(
         var x = vec4<f32>(0.0);
         let u = u0 + ui;
         if (u < p.units) {
-            let row = p.row0 + u / p.group;
-            let head = kvh * p.group + u % p.group;
-            let base = row * p.q_stride + p.q_col + head * p.hd + d;
+            let base = q_at(u, kvh) + d;
             for (var c = 0u; c < 4u; c++) {
                 if (d + c < p.hd) {
                     x[c] = q[base + c] * p.scale_log2;
@@ -336,9 +348,7 @@ fn main(
             for (var l = 0u; l < TPU; l++) {
                 total += red[ui * TPU + l];
             }
-            let row = p.row0 + u / p.group;
-            let head = kvh * p.group + u % p.group;
-            out[row * p.out_stride + head * p.hd + d3] = acc[r] / total;
+            out[out_at(u, kvh) + d3] = acc[r] / total;
         }
     }
 //#endif
@@ -382,10 +392,7 @@ fn coop_stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u
     for (var i = lid; i < BK * HD / 4u; i += CWG) {
         let j = i / (HD / 4u);
         let d = (i % (HD / 4u)) * 4u;
-        var x = vec4<f32>(0.0);
-        if (j < keys) {
-            x = load_kv4(in_a, values, ((row + j) * p.kv_stride + kv_col + d) / 4u);
-        }
+        let x = kv_quad(in_a, values, row, j, keys, kv_col, d);
         let at = j * PS + d;
         ckv[at] = f16(x.x);
         ckv[at + 1u] = f16(x.y);
@@ -427,9 +434,7 @@ fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u3
 //#if SPLIT
             out[(cell0 + u) * HD + d] = cs[e];
 //#else
-            let row = p.row0 + u / p.group;
-            let head = kvh * p.group + u % p.group;
-            out[row * p.out_stride + head * p.hd + d] = cs[e];
+            out[out_at(u, kvh) + d] = cs[e];
 //#endif
         }
     }
@@ -443,7 +448,9 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    // Unit blocks innermost, as in the wide kernel. A workgroup past the last leaves whole.
+    // Unit blocks innermost, as in the wide kernel; inline, not a shared function: naga's
+    // uniformity analysis does not follow a call's result, and the cooperative operations
+    // below need this return and the key range uniform. A workgroup past the last leaves whole.
     let gid = wid.x + wid.y * nwg.x;
     let ublock = gid % p.unit_blocks;
     let rest = gid / p.unit_blocks;
@@ -461,9 +468,7 @@ fn main(
         let u = u0 + ui;
         var x = 0.0;
         if (u < p.units) {
-            let row = p.row0 + u / p.group;
-            let head = kvh * p.group + u % p.group;
-            x = q[row * p.q_stride + p.q_col + head * p.hd + d] * p.scale_log2;
+            x = q[q_at(u, kvh) + d] * p.scale_log2;
         }
         cq[ui * PS + d] = f16(x);
     }

@@ -25,30 +25,30 @@ fn parsed<T: FromStr>(text: &str, ok: impl Fn(&T) -> bool, what: &str) -> Result
         .ok_or_else(|| expected(what))
 }
 
+/// One of `choices` by its name (`name`), or what the valid names are.
+fn by_name<K: Copy>(text: &str, choices: &[K], name: fn(K) -> &'static str) -> Result<K, String> {
+    choices
+        .iter()
+        .copied()
+        .find(|&k| name(k) == text)
+        .ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|&k| name(k)).collect();
+            format!("expected one of {}, found {text:?}", names.join(", "))
+        })
+}
+
 /// A matmul kernel by name: `auto` or one of `MatmulKernel::CONCRETE`.
 pub fn matmul_kernel(text: &str) -> Result<MatmulKernel, String> {
-    let all = || {
-        MatmulKernel::CONCRETE
-            .into_iter()
-            .chain([MatmulKernel::Auto])
-    };
-    all().find(|k| k.name() == text).ok_or_else(|| {
-        let names: Vec<&str> = all().map(MatmulKernel::name).collect();
-        format!("expected one of {}, found {text:?}", names.join(", "))
-    })
+    let mut all = MatmulKernel::CONCRETE.to_vec();
+    all.push(MatmulKernel::Auto);
+    by_name(text, &all, MatmulKernel::name)
 }
 
 /// An attention kernel by name: `auto` or one of `AttentionKernel::CONCRETE`.
 pub fn attention_kernel(text: &str) -> Result<AttentionKernel, String> {
-    let all = || {
-        AttentionKernel::CONCRETE
-            .into_iter()
-            .chain([AttentionKernel::Auto])
-    };
-    all().find(|k| k.name() == text).ok_or_else(|| {
-        let names: Vec<&str> = all().map(AttentionKernel::name).collect();
-        format!("expected one of {}, found {text:?}", names.join(", "))
-    })
+    let mut all = AttentionKernel::CONCRETE.to_vec();
+    all.push(AttentionKernel::Auto);
+    by_name(text, &all, AttentionKernel::name)
 }
 
 /// A whole number >= 1.
