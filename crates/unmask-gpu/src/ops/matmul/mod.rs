@@ -13,6 +13,10 @@ use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor, Weight, WeightFormat};
 
+mod coop;
+
+pub use coop::{CoopShape, coop_shape, split_k_tiles};
+
 pub const KERNEL: KernelSource = crate::kernel_source!("matmul");
 /// The second pass of `CoopSplit`: sums of the K slices and the epilogue.
 pub const SPLIT_REDUCE: KernelSource = crate::kernel_source!("matmul_split");
@@ -186,42 +190,16 @@ impl MatmulKernel {
         }
     }
 
-    /// Output tile of one workgroup: (rows, columns).
-    fn tile(self) -> (u32, u32) {
+    /// Output tile of one workgroup: (rows, columns); `Coop`'s from the device's `coop`.
+    fn tile(self, coop: CoopShape) -> (u32, u32) {
         match self {
             MatmulKernel::Naive => (16, 16),
             MatmulKernel::Tiled | MatmulKernel::Auto => (TILED_WGY * 4, TILED_WGX * TILED_TN),
             MatmulKernel::TiledShared => (64, 64),
             MatmulKernel::Gemm | MatmulKernel::GemmF16 => (128, 128),
             MatmulKernel::Narrow | MatmulKernel::NarrowDot => (32, 16),
-            // At 16 x 16 fragments; `dispatch` takes the device's from `CoopShape::tile`.
-            MatmulKernel::Coop | MatmulKernel::CoopSplit => (64, 128),
+            MatmulKernel::Coop | MatmulKernel::CoopSplit => coop.tile(),
         }
-    }
-}
-
-/// How `Coop` is built for a device: its (fixed) subgroup size, the side of its cooperative
-/// fragments and the depth of its k-tiles. A workgroup of 8 subgroups computes a
-/// 4 `fragment` x 8 `fragment` tile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CoopShape {
-    pub subgroup: u32,
-    pub fragment: u32,
-    pub k_depth: u32,
-}
-
-impl CoopShape {
-    /// Output tile of one workgroup: (rows, weight rows).
-    pub fn tile(&self) -> (u32, u32) {
-        (4 * self.fragment, 8 * self.fragment)
-    }
-
-    /// Workgroup memory: two buffers of the tile's x rows and W rows of `k_depth + 8`
-    /// halves, the 8 subgroups' f32 output fragments and a scale per tile row.
-    pub fn bytes(&self) -> u32 {
-        let (tm, tn) = self.tile();
-        let fr = self.fragment;
-        2 * (tm + tn) * (self.k_depth + 8) * 2 + 8 * fr * fr * 4 + tm * 4
     }
 }
 
@@ -247,46 +225,6 @@ struct MatmulParams {
     eps: f32,
     up_off: u32,
     kt_slice: u32,
-}
-
-/// Parameters of the split-K second pass; mirrors `struct Params` in
-/// `shaders/matmul_split.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct SplitParams {
-    m: u32,
-    rows: u32,
-    col0: u32,
-    n: u32,
-    stride: u32,
-    slice_len: u32,
-    slices: u32,
-    tile_n: u32,
-}
-
-/// Workgroups a split is sized to reach: a few per streaming multiprocessor of a large GPU
-/// (an H200 has 132), so each slice streams its weights with others in flight.
-const SPLIT_TARGET_WORKGROUPS: u32 = 512;
-/// Fewest k-tiles a slice keeps, so the partial sums' traffic stays small next to the weights.
-const SPLIT_MIN_K_TILES: u32 = 2;
-/// Most slices of K.
-const SPLIT_MAX_SLICES: u32 = 16;
-
-/// k-tiles per slice of `CoopSplit` for `tiles` output tiles over K of `k_tiles` k-tiles,
-/// with at most `max_slices` slices (the scratch must fit a binding); every slice non-empty.
-/// `k_tiles` (one slice) when the tiles fill the GPU alone.
-pub fn split_k_tiles(tiles: u32, k_tiles: u32, max_slices: u32) -> u32 {
-    let k_tiles = k_tiles.max(1);
-    if tiles >= SPLIT_TARGET_WORKGROUPS / 2 {
-        return k_tiles;
-    }
-    let slices = SPLIT_TARGET_WORKGROUPS
-        .div_ceil(tiles.max(1))
-        .min(k_tiles / SPLIT_MIN_K_TILES)
-        .min(SPLIT_MAX_SLICES)
-        .min(max_slices)
-        .max(1);
-    k_tiles.div_ceil(slices)
 }
 
 /// What a matmul does around `x · Wᵀ` (see `shaders/matmul.wgsl`): RMSNorm of the x rows
@@ -326,32 +264,6 @@ pub fn gemm_k_depth(ctx: &GpuContext, kernel: MatmulKernel) -> u32 {
     } else {
         8
     }
-}
-
-/// How `Coop` runs on this device (k-tiles 32 deep where workgroup memory allows, else 16),
-/// or `None` where it cannot: no cooperative matrices, or a subgroup size that is not a power
-/// of two whose 8 subgroups cover the tile's rows (the NORM prologue gives each row an
-/// invocation) and fit a workgroup, or too little workgroup memory.
-pub fn coop_shape(ctx: &GpuContext) -> Option<CoopShape> {
-    let f = &ctx.features;
-    let (subgroup, fragment) = (f.subgroup_max_size, f.cooperative_fragment);
-    if !f.cooperative_matrix
-        || fragment == 0
-        || !subgroup.is_power_of_two()
-        || 8 * subgroup < 4 * fragment
-        || 8 * subgroup > 8 * fragment * fragment
-        || 8 * subgroup > f.max_workgroup_invocations
-    {
-        return None;
-    }
-    [32, 16]
-        .into_iter()
-        .map(|k_depth| CoopShape {
-            subgroup,
-            fragment,
-            k_depth,
-        })
-        .find(|shape| shape.bytes() <= f.max_workgroup_storage_bytes)
 }
 
 /// The specialisation of `shaders/matmul.wgsl` for a kernel, a weight format, whether x
@@ -414,8 +326,8 @@ fn auto_kernel(device: wgpu::DeviceType, m: usize) -> MatmulKernel {
 
 /// Output tile of one workgroup for `kernel`, with or without SwiGLU (which halves the
 /// columns of `Tiled`, `Gemm`, `Narrow` and the others: half of their sums are the up halves).
-fn tile_for(kernel: MatmulKernel, swiglu: bool) -> (u32, u32) {
-    let (m, n) = kernel.tile();
+fn tile_for(kernel: MatmulKernel, swiglu: bool, coop: CoopShape) -> (u32, u32) {
+    let (m, n) = kernel.tile(coop);
     match kernel {
         MatmulKernel::Tiled | MatmulKernel::Auto if swiglu => (m, TILED_WGX * 4),
         MatmulKernel::Gemm
@@ -512,6 +424,15 @@ pub fn variants() -> Vec<ShaderVariant> {
     out
 }
 
+/// A count past what the kernels' u32 indices reach.
+fn too_big(what: &str, v: usize) -> GpuError {
+    GpuError::TooLarge {
+        what: format!("matmul {what}"),
+        needed: v as u64,
+        limit: u64::from(u32::MAX),
+    }
+}
+
 fn shape_error(expected: String, found: String) -> GpuError {
     GpuError::Shape {
         op: "matmul",
@@ -588,11 +509,6 @@ pub fn matmul_fused(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let too_big = |what: &str, v: usize| GpuError::TooLarge {
-        what: format!("matmul {what}"),
-        needed: v as u64,
-        limit: u64::from(u32::MAX),
-    };
     let m32 = u32::try_from(m).map_err(|_| too_big("rows", m))?;
     let k32 = u32::try_from(k).map_err(|_| too_big("K", k))?;
     let n32 = u32::try_from(n).map_err(|_| too_big("N", n))?;
@@ -619,12 +535,7 @@ pub fn matmul_fused(
     };
     let spec_of = |kernel| spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop);
     let pipeline = ctx.pipeline(&KERNEL, direct.entry(), &fusion.flags(spec_of(direct)))?;
-    let (tile_m, tile_n) = if direct == MatmulKernel::Coop {
-        let (tm, tn) = coop.tile();
-        (tm, if fusion.swiglu { tn / 2 } else { tn })
-    } else {
-        tile_for(kernel, fusion.swiglu)
-    };
+    let (tile_m, tile_n) = tile_for(direct, fusion.swiglu, coop);
     let tiles_m = m32.div_ceil(tile_m);
     for chunk in &w.chunks {
         // Output columns of the chunk: a paired chunk holds two rows per column.
@@ -662,53 +573,11 @@ pub fn matmul_fused(
             bindings.push(Binding::from(g));
         }
         if kernel == MatmulKernel::CoopSplit {
-            let (tm, tn) = coop.tile();
-            let stride = tiles_n as usize * tn as usize;
-            let slice_len = tiles_m as usize * tm as usize * stride;
-            let max_slices = (ctx.features.max_binding_bytes as usize / 4 / slice_len)
-                .min(u32::MAX as usize) as u32;
-            let k_tiles = k32.div_ceil(coop.k_depth);
-            let kt_slice = split_k_tiles(tiles, k_tiles, max_slices);
-            let slices = k_tiles.div_ceil(kt_slice);
-            if slices > 1 {
-                let scratch = ctx.split_scratch(slices as usize * slice_len)?;
-                // Pass 1: raw partial sums of every tile and slice into the scratch (the
-                // residual add waits for pass 2; NORM and SwiGLU's row pairing stay).
-                let split_spec = spec_of(kernel)
-                    .flag_if(fusion.norm.is_some(), "NORM")
-                    .flag_if(fusion.swiglu, "SWIGLU");
-                let split = ctx.pipeline(&KERNEL, kernel.entry(), &split_spec)?;
-                bindings[2] = Binding::from(&scratch);
-                let groups = tiles
-                    .checked_mul(slices)
-                    .ok_or_else(|| too_big("workgroups", tiles as usize * slices as usize))?;
-                step.dispatch(
-                    &split,
-                    &MatmulParams { kt_slice, ..params },
-                    &bindings,
-                    groups_2d(ctx, groups),
-                );
-                // Pass 2: the slices' sums and the epilogue into y.
-                let reduce_spec = Spec::new()
-                    .flag_if(fusion.residual, "RESIDUAL")
-                    .flag_if(fusion.swiglu, "SWIGLU");
-                let reduce = ctx.pipeline(&SPLIT_REDUCE, "main", &reduce_spec)?;
-                let reduce_params = SplitParams {
-                    m: m32,
-                    rows: rows32,
-                    col0: params.col0,
-                    n: n32,
-                    stride: stride as u32,
-                    slice_len: slice_len as u32,
-                    slices,
-                    tile_n: tn,
-                };
-                step.dispatch(
-                    &reduce,
-                    &reduce_params,
-                    &[Binding::from(&scratch), Binding::from(y)],
-                    groups_2d(ctx, (m32 * rows32).div_ceil(64)),
-                );
+            // Pass 1 without the residual add, which waits for pass 2.
+            let split_spec = spec_of(kernel)
+                .flag_if(fusion.norm.is_some(), "NORM")
+                .flag_if(fusion.swiglu, "SWIGLU");
+            if coop::dispatch_split(step, &split_spec, params, &bindings, coop, &fusion, y)? {
                 continue;
             }
         }
@@ -808,45 +677,39 @@ fn choose(
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
-    vec![
-        host_params!(
-            "matmul",
-            "*",
-            MatmulParams {
-                m,
-                k,
-                rows,
-                col0,
-                n,
-                w_stride4,
-                tiles_n,
-                tiles,
-                s_off,
-                eps,
-                up_off,
-                kt_slice
-            }
-        ),
-        host_params!(
-            "matmul_split",
-            "main",
-            SplitParams {
-                m,
-                rows,
-                col0,
-                n,
-                stride,
-                slice_len,
-                slices,
-                tile_n
-            }
-        ),
-    ]
+    vec![host_params!(
+        "matmul",
+        "*",
+        MatmulParams {
+            m,
+            k,
+            rows,
+            col0,
+            n,
+            w_stride4,
+            tiles_n,
+            tiles,
+            s_off,
+            eps,
+            up_off,
+            kt_slice
+        }
+    )]
+    .into_iter()
+    .chain(coop::host_params())
+    .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An NVIDIA GPU's `Coop`: 32-wide subgroups, 16 x 16 fragments.
+    const NVIDIA: CoopShape = CoopShape {
+        subgroup: 32,
+        fragment: 16,
+        k_depth: 32,
+    };
 
     #[test]
     fn auto_picks_by_device_and_rows() {
@@ -879,7 +742,7 @@ mod tests {
         // A T = 32 step's o-proj (N = 4096): the small-M tile launches a workgroup per 16
         // columns whatever M < 64 is (two row tiles past 32), the row tiles of `Tiled` 64.
         let count = |kernel: MatmulKernel, m: u32, n: u32| {
-            let (tm, tn) = tile_for(kernel, false);
+            let (tm, tn) = tile_for(kernel, false, NVIDIA);
             m.div_ceil(tm) * n.div_ceil(tn)
         };
         assert_eq!(count(MatmulKernel::Narrow, 32, 4096), 256);
@@ -888,11 +751,11 @@ mod tests {
         assert_eq!(count(MatmulKernel::Narrow, 63, 4096), 512);
         assert_eq!(count(MatmulKernel::Tiled, 32, 4096), 64);
         // SwiGLU halves the output columns of a tile, not the workgroups per weight row.
-        assert_eq!(tile_for(MatmulKernel::Narrow, true), (32, 8));
-        assert_eq!(tile_for(MatmulKernel::Gemm, true), (128, 64));
+        assert_eq!(tile_for(MatmulKernel::Narrow, true, NVIDIA), (32, 8));
+        assert_eq!(tile_for(MatmulKernel::Gemm, true, NVIDIA), (128, 64));
         // The integer-dot kernel shares `Narrow`'s tiles.
         assert_eq!(count(MatmulKernel::NarrowDot, 63, 4096), 512);
-        assert_eq!(tile_for(MatmulKernel::NarrowDot, true), (32, 8));
+        assert_eq!(tile_for(MatmulKernel::NarrowDot, true, NVIDIA), (32, 8));
     }
 
     #[test]
