@@ -370,9 +370,88 @@ fn fused_oracle(
     y
 }
 
+/// One fused matmul problem: host x `[m, k]`, norm weight g, gate and up rows `[n, k]` and
+/// the residual y `[m, n]` (seeds `seed + 1 ..= seed + 5`).
+struct FusedCase {
+    m: usize,
+    n: usize,
+    k: usize,
+    x: Vec<f32>,
+    g: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    resid: Vec<f32>,
+}
+
+impl FusedCase {
+    fn new(seed: u64, m: usize, n: usize, k: usize) -> Self {
+        FusedCase {
+            m,
+            n,
+            k,
+            x: common::random_vec(seed + 1, m * k, 1.0),
+            g: common::random_vec(seed + 2, k, 1.0),
+            gate: common::random_vec(seed + 3, n * k, 0.3),
+            up: common::random_vec(seed + 4, n * k, 0.3),
+            resid: common::random_vec(seed + 5, m * n, 1.0),
+        }
+    }
+
+    /// The gate|up pair and the gate rows alone, stored in `format`.
+    fn weights(&self, ctx: &GpuContext, format: WeightFormat) -> (Weight, Weight) {
+        let (n, k) = (self.n, self.k);
+        let pair = Weight::zeros_paired(ctx, n, k, format, "gate_up").unwrap();
+        pair.write_rows_f32(ctx, 0, &self.gate).unwrap();
+        pair.write_rows_f32(ctx, n, &self.up).unwrap();
+        let plain = Weight::from_f32(ctx, n, k, &self.gate, format, "gate").unwrap();
+        (pair, plain)
+    }
+
+    /// y after `kernel` with the fusions (norm, residual, swiglu) over `weights`, y starting
+    /// as the residual; x and g as uploaded in `xt`, `gt`.
+    fn run(
+        &self,
+        ctx: &GpuContext,
+        (xt, gt): (&Tensor, &Tensor),
+        (pair, plain): (&Weight, &Weight),
+        kernel: MatmulKernel,
+        (norm, residual, swiglu): (bool, bool, bool),
+    ) -> Vec<f32> {
+        use unmask_gpu::ops::matmul::{Fusion, matmul_fused};
+        let yt = Tensor::from_f32(ctx, &[self.m, self.n], &self.resid, "y").unwrap();
+        let mut step = StepEncoder::new(ctx, "fused test");
+        let fusion = Fusion {
+            norm: norm.then_some((gt, 1e-5)),
+            residual,
+            swiglu,
+        };
+        let w = if swiglu { pair } else { plain };
+        matmul_fused(&mut step, xt, w, &yt, self.m, kernel, fusion).unwrap();
+        step.submit().unwrap();
+        yt.read_f32(ctx).unwrap()
+    }
+
+    /// The oracle of the same fusions, on the gate and up rows as the format stores them.
+    fn want(
+        &self,
+        gate: &[f32],
+        up: &[f32],
+        (norm, residual, swiglu): (bool, bool, bool),
+    ) -> Vec<f32> {
+        fused_oracle(
+            &self.x,
+            self.m,
+            self.k,
+            norm.then_some(&self.g[..]),
+            gate,
+            swiglu.then_some(up),
+            residual.then_some(&self.resid[..]),
+        )
+    }
+}
+
 #[test]
 fn fused_norm_residual_and_swiglu_match_the_oracle() {
-    use unmask_gpu::ops::matmul::{Fusion, matmul_fused};
     // A binding limit of 16 KiB splits every paired weight over several chunks (gate and
     // up rows of the same columns stay together), and the plain ones too.
     let probe_ctx = common::ctx();
@@ -390,13 +469,9 @@ fn fused_norm_residual_and_swiglu_match_the_oracle() {
             (70, 40, 36),
             (65, 21, 32),
         ] {
-            let x = common::random_vec(1, m * k, 1.0);
-            let g = common::random_vec(2, k, 1.0);
-            let gate = common::random_vec(3, n * k, 0.3);
-            let up = common::random_vec(4, n * k, 0.3);
-            let resid = common::random_vec(5, m * n, 1.0);
-            let xt = Tensor::from_f32(&ctx, &[m, k], &x, "x").unwrap();
-            let gt = Tensor::from_f32(&ctx, &[k], &g, "g").unwrap();
+            let case = FusedCase::new(0, m, n, k);
+            let xt = Tensor::from_f32(&ctx, &[m, k], &case.x, "x").unwrap();
+            let gt = Tensor::from_f32(&ctx, &[k], &case.g, "g").unwrap();
             for &format in &formats {
                 // Quantized formats need whole blocks of 32 columns.
                 if matches!(format, WeightFormat::Q8 | WeightFormat::Q4) && k % 32 != 0 {
@@ -420,11 +495,8 @@ fn fused_norm_residual_and_swiglu_match_the_oracle() {
                         .map(|j| cols[(j % k) * rows + j / k])
                         .collect()
                 };
-                let (gate_s, up_s) = (stored(&gate, n), stored(&up, n));
-                let pair = Weight::zeros_paired(&ctx, n, k, format, "gate_up").unwrap();
-                pair.write_rows_f32(&ctx, 0, &gate).unwrap();
-                pair.write_rows_f32(&ctx, n, &up).unwrap();
-                let plain = Weight::from_f32(&ctx, n, k, &gate, format, "gate").unwrap();
+                let (gate_s, up_s) = (stored(&case.gate, n), stored(&case.up, n));
+                let (pair, plain) = case.weights(&ctx, format);
                 if let Some(limit) = limit.filter(|&l| 2 * n as u64 * format.row_bytes(k) > l) {
                     assert!(
                         pair.chunks.len() > 1,
@@ -463,26 +535,9 @@ fn fused_norm_residual_and_swiglu_match_the_oracle() {
                         if new_kernel && limit.is_some() && !swiglu {
                             continue;
                         }
-                        let yt = Tensor::from_f32(&ctx, &[m, n], &resid, "y").unwrap();
-                        let mut step = StepEncoder::new(&ctx, "fused test");
-                        let fusion = Fusion {
-                            norm: norm.then_some((&gt, 1e-5)),
-                            residual,
-                            swiglu,
-                        };
-                        let w = if swiglu { &pair } else { &plain };
-                        matmul_fused(&mut step, &xt, w, &yt, m, kernel, fusion).unwrap();
-                        step.submit().unwrap();
-                        let got = yt.read_f32(&ctx).unwrap();
-                        let want = fused_oracle(
-                            &x,
-                            m,
-                            k,
-                            norm.then_some(&g[..]),
-                            &gate_s,
-                            swiglu.then_some(&up_s[..]),
-                            residual.then_some(&resid[..]),
-                        );
+                        let flags = (norm, residual, swiglu);
+                        let got = case.run(&ctx, (&xt, &gt), (&pair, &plain), kernel, flags);
+                        let want = case.want(&gate_s, &up_s, flags);
                         common::assert_close(
                             &format!(
                                 "{what} {} {format:?} m{m} n{n} k{k} limit {limit:?}",
@@ -631,7 +686,7 @@ fn gemm_fits_the_browser_workgroup_memory() {
 /// matrices it runs `narrow`, and says so.
 #[test]
 fn coop_split_sums_slices_of_k_with_every_fusion() {
-    use unmask_gpu::ops::matmul::{Fusion, matmul_fused, split_k_tiles};
+    use unmask_gpu::ops::matmul::split_k_tiles;
     let ctx = common::ctx();
     let planned = MatmulKernel::CoopSplit.plan(&ctx, 1, WeightFormat::F32).0;
     let shape = coop_shape(&ctx);
@@ -657,11 +712,7 @@ fn coop_split_sums_slices_of_k_with_every_fusion() {
         (33, 130, 544),
         (63, 37, 257),
     ] {
-        let x = common::random_vec(31, m * k, 1.0);
-        let g = common::random_vec(32, k, 1.0);
-        let gate = common::random_vec(33, n * k, 0.3);
-        let up = common::random_vec(34, n * k, 0.3);
-        let resid = common::random_vec(35, m * n, 1.0);
+        let case = FusedCase::new(30, m, n, k);
         if let Some(s) = shape {
             // The split this shape gets: several slices, the last one shorter where K does
             // not divide evenly.
@@ -684,20 +735,20 @@ fn coop_split_sums_slices_of_k_with_every_fusion() {
             runs.push((&chunked, &[WeightFormat::F32][..]));
         }
         for (ctx, formats) in runs {
-            let xt = Tensor::from_f32(ctx, &[m, k], &x, "x").unwrap();
-            let gt = Tensor::from_f32(ctx, &[k], &g, "g").unwrap();
+            let xt = Tensor::from_f32(ctx, &[m, k], &case.x, "x").unwrap();
+            let gt = Tensor::from_f32(ctx, &[k], &case.g, "g").unwrap();
             for &format in formats {
                 if format.quant().is_some() && k % 32 != 0 {
                     continue;
                 }
-                let pair = Weight::zeros_paired(ctx, n, k, format, "gate_up").unwrap();
-                pair.write_rows_f32(ctx, 0, &gate).unwrap();
-                pair.write_rows_f32(ctx, n, &up).unwrap();
-                let plain = Weight::from_f32(ctx, n, k, &gate, format, "gate").unwrap();
+                let (pair, plain) = case.weights(ctx, format);
                 // Quantized weights are compared with the oracle on their dequantized values.
                 let (gate_s, up_s) = match format.quant() {
-                    Some(q) => (dequantized(q, &gate, n, k), dequantized(q, &up, n, k)),
-                    None => (gate.clone(), up.clone()),
+                    Some(q) => (
+                        dequantized(q, &case.gate, n, k),
+                        dequantized(q, &case.up, n, k),
+                    ),
+                    None => (case.gate.clone(), case.up.clone()),
                 };
                 for (norm, residual, swiglu) in [
                     (false, false, false),
@@ -706,33 +757,22 @@ fn coop_split_sums_slices_of_k_with_every_fusion() {
                     (true, true, true),
                     (false, false, true),
                 ] {
-                    let yt = Tensor::from_f32(ctx, &[m, n], &resid, "y").unwrap();
-                    let mut step = StepEncoder::new(ctx, "split test");
-                    let fusion = Fusion {
-                        norm: norm.then_some((&gt, 1e-5)),
-                        residual,
-                        swiglu,
-                    };
-                    let w = if swiglu { &pair } else { &plain };
-                    matmul_fused(&mut step, &xt, w, &yt, m, MatmulKernel::CoopSplit, fusion)
-                        .unwrap();
-                    step.submit().unwrap();
-                    let want = fused_oracle(
-                        &x,
-                        m,
-                        k,
-                        norm.then_some(&g[..]),
-                        &gate_s,
-                        swiglu.then_some(&up_s[..]),
-                        residual.then_some(&resid[..]),
+                    let flags = (norm, residual, swiglu);
+                    let got = case.run(
+                        ctx,
+                        (&xt, &gt),
+                        (&pair, &plain),
+                        MatmulKernel::CoopSplit,
+                        flags,
                     );
+                    let want = case.want(&gate_s, &up_s, flags);
                     common::assert_close(
                         &format!(
                             "coop-split {format:?} norm={norm} residual={residual} \
                              swiglu={swiglu} m{m} n{n} k{k} chunks {}",
-                            w.chunks.len()
+                            if swiglu { &pair } else { &plain }.chunks.len()
                         ),
-                        &yt.read_f32(ctx).unwrap(),
+                        &got,
                         &want,
                         kernel_tolerance(ctx, MatmulKernel::CoopSplit, 1e-3),
                     );
