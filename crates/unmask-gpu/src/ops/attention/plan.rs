@@ -146,8 +146,6 @@ impl AttentionKernel {
         }
         let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
         let group = n_heads / n_kv_heads;
-        let base_groups = (m * group).div_ceil(tile.bq) * n_kv_heads;
-        let n_tiles = n_keys.div_ceil(tile.bk);
         let scratch_slices = options
             .scratch
             .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
@@ -164,7 +162,11 @@ impl AttentionKernel {
                     AttentionKernel::Register
                 } else if hardware
                     && scratch_slices >= 2
-                    && split_slices(base_groups, n_tiles, scratch_slices) >= 2
+                    && split_slices(
+                        (m * group).div_ceil(tile.bq) * n_kv_heads,
+                        n_keys.div_ceil(tile.bk),
+                        scratch_slices,
+                    ) >= 2
                 {
                     AttentionKernel::WideSplit
                 } else {
