@@ -2,10 +2,22 @@
 //!
 //! For every item the prefix's K/V are computed twice — by a forward pass over the prefix
 //! alone and by one over the whole request (prefix, rest of the prompt and, optionally, the
-//! masked canvas) — and each layer scores the mean cosine similarity of the two, over prefix
-//! tokens and over K and V. Items are grouped by the prefix ratio r; a layer is safe at r when
-//! it and every layer below it score above τ. The safe depths form the `DepthTable` the
-//! engine looks b up in (`bicache_depth.json` in the model folder).
+//! masked canvas) — and each layer l gets a score s_l from the cosine similarity of the two,
+//! row by row over the prefix tokens, for K and for V. How the rows become one score is the
+//! `RowStatistic`: the mean over rows and over K and V (`Mean`, the official profiler), or
+//! the smallest cosine of any row in K or V (`Min`). Items are grouped by the prefix ratio r
+//! and a bucket's s_l is the mean of its items' scores. The depth at r follows from the
+//! bucket's scores by the `DepthRule`, and the depths, kept where they grow with r, form the
+//! `DepthTable` the engine looks b up in (`bicache_depth.json` in the model folder).
+//!
+//! The default rule is `Boundary`, not the official `Leading`. With n the number of leading
+//! layers scoring above τ, `Leading` reuses n layers. But BiCache at depth b reuses more
+//! than the stored K/V of layers < b: it also starts layer b from the stored hidden state
+//! after layer b - 1, computed without the request. Layer l's K/V are projections of its
+//! input, the output of layer l - 1, so s_b measures how far that boundary state drifts
+//! when the request is present. At b = n the boundary state feeds layer n, whose K/V failed
+//! τ: `Leading` reuses a state it measured as too different. `Boundary` takes b = n - 1
+//! (layers 0..=b all pass, the boundary state included), and every layer when all pass.
 //!
 //! Keys are compared after RoPE: both passes rotate a prefix token's key by the same angles,
 //! and a rotation keeps the cosine.
@@ -38,6 +50,97 @@ impl ProfileItem {
     }
 }
 
+/// How a layer's per-row cosines (one per prefix row, for K and for V) become the layer's
+/// score s_l for one item.
+///
+/// `Min` exists because the mean hides a few rows that change completely: when only a few
+/// prefix rows read the request (the table row a question asks about), the other rows' K/V
+/// barely move, the mean stays near 1 and the layer passes τ, while the rows that matter
+/// have K/V unlike those stored. The per-row minimum sees those rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowStatistic {
+    /// s_l = (mean over rows of cos K + mean over rows of cos V) / 2: the official profiler.
+    #[default]
+    Mean,
+    /// s_l = min over rows of min(cos K(row), cos V(row)).
+    Min,
+}
+
+impl RowStatistic {
+    /// The name written into tables and used by the CLI (`mean`, `min`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RowStatistic::Mean => "mean",
+            RowStatistic::Min => "min",
+        }
+    }
+
+    /// What s_l is, for a table's `source`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RowStatistic::Mean => "s_l = mean over prefix rows of the K and V cosines",
+            RowStatistic::Min => "s_l = min over prefix rows of min(cos K, cos V)",
+        }
+    }
+
+    /// s_l of one layer from the per-row cosines of its K (`k`) and V (`v`); 1 without rows.
+    /// A NaN cosine makes the score NaN (so the layer fails τ) under either statistic.
+    pub fn score(self, k: &[f64], v: &[f64]) -> f64 {
+        match self {
+            RowStatistic::Mean => (mean(k) + mean(v)) / 2.0,
+            RowStatistic::Min => {
+                let m =
+                    k.iter().chain(v).fold(
+                        f64::INFINITY,
+                        |m, &x| if x.is_nan() || x < m { x } else { m },
+                    );
+                if m == f64::INFINITY { 1.0 } else { m }
+            }
+        }
+    }
+}
+
+/// How a bucket's layer scores give the depth b at its ratio. With n the number of leading
+/// layers whose score exceeds τ (`safe_depth`):
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DepthRule {
+    /// b = n: the official profiler.
+    Leading,
+    /// b = n - 1 when n < n_layers (0 when n = 0), else n_layers: the hidden state BiCache
+    /// starts layer b from must be stable too, and s_b measures its drift (see the module
+    /// comment). Layers 0..=b all pass.
+    #[default]
+    Boundary,
+}
+
+impl DepthRule {
+    /// The name written into tables and used by the CLI (`leading`, `boundary`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DepthRule::Leading => "leading",
+            DepthRule::Boundary => "boundary",
+        }
+    }
+
+    /// How b follows from the scores, for a table's `source`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            DepthRule::Leading => "b = n, the number of leading layers above tau",
+            DepthRule::Boundary => {
+                "b = n - 1 when layer n fails tau (layers 0..=b pass), all layers when none fails"
+            }
+        }
+    }
+
+    /// b for the layer scores `similarity` (one per layer) under `tau`.
+    pub fn depth(self, similarity: &[f64], tau: f64) -> usize {
+        match self {
+            DepthRule::Leading => safe_depth(similarity, tau),
+            DepthRule::Boundary => boundary_depth(similarity, tau),
+        }
+    }
+}
+
 /// How to profile.
 #[derive(Clone, Debug)]
 pub struct ProfileOptions {
@@ -48,8 +151,13 @@ pub struct ProfileOptions {
     pub gen_length: usize,
     /// The table's `model_id`; `None` takes the model folder's name.
     pub model_id: Option<String>,
-    /// The table's `source` (how it was made, e.g. the command line).
+    /// The table's `source` (how it was made, e.g. the command line); the statistic and the
+    /// rule are appended to it.
     pub source: String,
+    /// How a layer's per-row cosines become its score (default `Mean`, the official one).
+    pub statistic: RowStatistic,
+    /// How the scores give the depth (default `Boundary`; `Leading` is the official one).
+    pub rule: DepthRule,
 }
 
 impl Default for ProfileOptions {
@@ -59,6 +167,8 @@ impl Default for ProfileOptions {
             gen_length: 0,
             model_id: None,
             source: String::new(),
+            statistic: RowStatistic::default(),
+            rule: DepthRule::default(),
         }
     }
 }
@@ -71,7 +181,7 @@ pub struct ItemProfile {
     pub prefix_len: usize,
     pub rest_len: usize,
     pub ratio: u32,
-    /// s_l for every layer.
+    /// s_l for every layer (under the options' statistic).
     pub similarity: Vec<f64>,
 }
 
@@ -91,18 +201,22 @@ pub enum ItemOutcome {
 pub struct Profile {
     /// r → b, ready to be written as `bicache_depth.json`.
     pub table: DepthTable,
-    /// Per ratio bucket, ascending: (r, samples, mean s_l of every layer).
+    /// Per ratio bucket, ascending: (r, samples, mean over the items of s_l, every layer).
     pub similarity: Vec<(u32, usize, Vec<f64>)>,
     /// Items left out, with the reason: (index, reason).
     pub skipped: Vec<(usize, String)>,
+    /// The statistic the scores were made with.
+    pub statistic: RowStatistic,
+    /// The rule the depths were taken by.
+    pub rule: DepthRule,
 }
 
 impl Profile {
-    /// n(r) of every bucket of `similarity`, in its order.
+    /// The depth of every bucket of `similarity` under the profile's rule, in its order.
     pub fn depths(&self) -> Vec<usize> {
         self.similarity
             .iter()
-            .map(|(_, _, s)| safe_depth(s, self.table.tau))
+            .map(|(_, _, s)| self.rule.depth(s, self.table.tau))
             .collect()
     }
 }
@@ -204,7 +318,8 @@ pub async fn profile_async(
         ids.extend(std::iter::repeat_n(engine.special().mask, opts.gen_length));
         forward(engine, &alone, &prefix)?;
         forward(engine, &joint, &ids)?;
-        let similarity = layer_similarity(engine, &alone, &joint, prefix.len()).await?;
+        let similarity =
+            layer_similarity(engine, &alone, &joint, prefix.len(), opts.statistic).await?;
         let ratio = prefix_ratio(prefix.len(), rest.len(), opts.gen_length);
         let bucket = buckets
             .entry(ratio)
@@ -249,15 +364,34 @@ pub async fn profile_async(
         tau: opts.tau,
         ratio_definition,
         samples_per_ratio,
-        source: opts.source.clone(),
+        source: table_source(&opts.source, opts.statistic, opts.rule),
         n_layers,
-        entries: depth_entries(&similarity, opts.tau),
+        entries: depth_entries(&similarity, opts.tau, opts.rule),
     };
     Ok(Profile {
         table,
         similarity,
         skipped,
+        statistic: opts.statistic,
+        rule: opts.rule,
     })
+}
+
+/// A table's `source`: how it was made (`source`), then the statistic and the rule, so a
+/// reader of the table knows which made it (`DepthTable` has no fields of its own for them).
+pub fn table_source(source: &str, statistic: RowStatistic, rule: DepthRule) -> String {
+    let method = format!(
+        "row statistic: {} ({}); depth rule: {} ({})",
+        statistic.name(),
+        statistic.describe(),
+        rule.name(),
+        rule.describe()
+    );
+    if source.is_empty() {
+        method
+    } else {
+        format!("{source}; {method}")
+    }
 }
 
 /// The prefix and the rest of an item's prompt.
@@ -288,12 +422,13 @@ fn forward(engine: &Engine, st: &ForwardState, ids: &[u32]) -> Result<(), Engine
 }
 
 /// s_l for every layer: the cosine of each of the first `p` rows of K (and of V) in the two
-/// arenas, averaged over rows and over K and V.
+/// arenas, made one score by `statistic`.
 async fn layer_similarity(
     engine: &Engine,
     alone: &ForwardState,
     joint: &ForwardState,
     p: usize,
+    statistic: RowStatistic,
 ) -> Result<Vec<f64>, EngineError> {
     let c = &engine.model().cfg;
     let width = c.n_kv_heads * c.head_dim();
@@ -302,25 +437,36 @@ async fn layer_similarity(
     };
     let mut out = Vec::with_capacity(c.n_layers);
     for (a, j) in alone.kv.iter().zip(&joint.kv) {
-        let k = mean_row_cosine(&read(&a.k).await?, &read(&j.k).await?, width);
-        let v = mean_row_cosine(&read(&a.v).await?, &read(&j.v).await?, width);
-        out.push((k + v) / 2.0);
+        let k = row_cosines(&read(&a.k).await?, &read(&j.k).await?, width);
+        let v = row_cosines(&read(&a.v).await?, &read(&j.v).await?, width);
+        out.push(statistic.score(&k, &v));
     }
     Ok(out)
 }
 
-/// Mean over rows of the cosine similarity of matching rows of `a` and `b` (f64).
-pub fn mean_row_cosine(a: &[f32], b: &[f32], width: usize) -> f64 {
-    let rows = a.len().min(b.len()) / width.max(1);
-    if rows == 0 {
-        return 1.0;
+/// The cosine similarity of every pair of matching rows of `a` and `b` (f64).
+pub fn row_cosines(a: &[f32], b: &[f32], width: usize) -> Vec<f64> {
+    if width == 0 {
+        return Vec::new();
     }
-    let sum: f64 = a
-        .chunks_exact(width)
+    a.chunks_exact(width)
         .zip(b.chunks_exact(width))
         .map(|(x, y)| cosine(x, y))
-        .sum();
-    sum / rows as f64
+        .collect()
+}
+
+/// Mean over rows of the cosine similarity of matching rows of `a` and `b` (f64).
+pub fn mean_row_cosine(a: &[f32], b: &[f32], width: usize) -> f64 {
+    mean(&row_cosines(a, b, width))
+}
+
+/// The mean of `values`; 1 (identical) when there are none.
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        1.0
+    } else {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
 }
 
 /// Cosine similarity; two zero vectors count as identical, one zero vector as unrelated.
@@ -339,17 +485,34 @@ fn cosine(x: &[f32], y: &[f32]) -> f64 {
     }
 }
 
-/// Leading layers whose similarity exceeds `tau` (stops at the first that does not).
+/// Leading layers whose similarity exceeds `tau` (stops at the first that does not): n, the
+/// depth of `DepthRule::Leading`.
 pub fn safe_depth(similarity: &[f64], tau: f64) -> usize {
     similarity.iter().take_while(|&&s| s > tau).count()
 }
 
+/// The depth of `DepthRule::Boundary`: with n = `safe_depth`, n - 1 when a layer fails (the
+/// layer whose K/V failed is fed by the boundary state, so that state is not reused; 0 when
+/// the first layer fails), every layer when none fails.
+pub fn boundary_depth(similarity: &[f64], tau: f64) -> usize {
+    let n = safe_depth(similarity, tau);
+    if n < similarity.len() {
+        n.saturating_sub(1)
+    } else {
+        n
+    }
+}
+
 /// The table r → b: r = 0 with the smallest depth of any bucket, then every ratio whose
-/// depth exceeds the depths of all smaller ratios (a monotone step function).
-pub fn depth_entries(similarity: &[(u32, usize, Vec<f64>)], tau: f64) -> Vec<(u32, usize)> {
+/// depth (under `rule`) exceeds the depths of all smaller ratios (a monotone step function).
+pub fn depth_entries(
+    similarity: &[(u32, usize, Vec<f64>)],
+    tau: f64,
+    rule: DepthRule,
+) -> Vec<(u32, usize)> {
     let depths: Vec<(u32, usize)> = similarity
         .iter()
-        .map(|(r, _, s)| (*r, safe_depth(s, tau)))
+        .map(|(r, _, s)| (*r, rule.depth(s, tau)))
         .collect();
     let floor = depths.iter().map(|d| d.1).min().unwrap_or(0);
     let mut entries = vec![(0, floor)];
@@ -383,11 +546,99 @@ mod tests {
             b(50, &[0.99, 0.5, 0.5]),
             b(90, &[0.99, 0.99, 0.99]),
         ];
-        assert_eq!(depth_entries(&sim, 0.97), vec![(0, 1), (40, 2), (90, 3)]);
+        let leading = DepthRule::Leading;
+        assert_eq!(
+            depth_entries(&sim, 0.97, leading),
+            vec![(0, 1), (40, 2), (90, 3)]
+        );
+        // One layer less wherever a layer fails; all three where none does.
+        assert_eq!(
+            depth_entries(&sim, 0.97, DepthRule::Boundary),
+            vec![(0, 0), (40, 1), (90, 3)]
+        );
         // The floor at r = 0 is the smallest depth seen anywhere.
         let sim = vec![b(0, &[0.99, 0.99, 0.5]), b(30, &[0.5, 0.5, 0.5])];
-        assert_eq!(depth_entries(&sim, 0.97), vec![(0, 0)]);
-        assert_eq!(depth_entries(&[], 0.97), vec![(0, 0)]);
+        assert_eq!(depth_entries(&sim, 0.97, leading), vec![(0, 0)]);
+        assert_eq!(depth_entries(&[], 0.97, leading), vec![(0, 0)]);
+        assert_eq!(depth_entries(&[], 0.97, DepthRule::Boundary), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn boundary_rule_keeps_the_state_feeding_a_failed_layer_out() {
+        let s = [1.0, 1.0, 1.0, 0.3];
+        assert_eq!(DepthRule::Leading.depth(&s, 0.97), 3);
+        assert_eq!(DepthRule::Boundary.depth(&s, 0.97), 2);
+        assert_eq!(boundary_depth(&s, 0.97), 2);
+        // Every layer passes: every layer is reused under both rules.
+        let s = [1.0, 0.99, 0.98, 0.975];
+        assert_eq!(DepthRule::Leading.depth(&s, 0.97), 4);
+        assert_eq!(DepthRule::Boundary.depth(&s, 0.97), 4);
+        // The first layer fails: nothing is reused (no underflow).
+        let s = [0.5, 1.0, 1.0, 1.0];
+        assert_eq!(DepthRule::Leading.depth(&s, 0.97), 0);
+        assert_eq!(DepthRule::Boundary.depth(&s, 0.97), 0);
+        // A later layer passing again does not count; no layers, no depth.
+        assert_eq!(boundary_depth(&[0.99, 0.5, 0.99], 0.97), 0);
+        assert_eq!(boundary_depth(&[], 0.97), 0);
+        assert_eq!(DepthRule::default(), DepthRule::Boundary);
+        assert_eq!(ProfileOptions::default().rule, DepthRule::Boundary);
+    }
+
+    #[test]
+    fn min_statistic_sees_one_changed_row_the_mean_hides() {
+        // 100 prefix rows of width 4; the request changes row 37's K completely (orthogonal)
+        // and nothing else.
+        let width = 4;
+        let rows = 100;
+        let alone: Vec<f32> = (0..rows * width)
+            .map(|i| 1.0 + (i % 7) as f32 * 0.25)
+            .collect();
+        let mut joint_k = alone.clone();
+        let row = &mut joint_k[37 * width..38 * width];
+        let old: Vec<f32> = row.to_vec();
+        // (a, b, c, d) -> (-b, a, -d, c) is orthogonal to (a, b, c, d).
+        row.copy_from_slice(&[-old[1], old[0], -old[3], old[2]]);
+        let k = row_cosines(&alone, &joint_k, width);
+        let v = row_cosines(&alone, &alone, width);
+        assert_eq!(k.len(), rows);
+        assert!(k[37].abs() < 1e-9, "{}", k[37]);
+
+        let mean = RowStatistic::Mean.score(&k, &v);
+        let min = RowStatistic::Min.score(&k, &v);
+        // Mean: (0.99 + 1.0) / 2, well above tau; min: the changed row.
+        assert!((mean - 0.995).abs() < 1e-9, "{mean}");
+        assert!(min.abs() < 1e-9, "{min}");
+        assert!((mean - (mean_row_cosine(&alone, &joint_k, width) + 1.0) / 2.0).abs() < 1e-12);
+        // The changed row makes the layer fail only under the minimum.
+        let layers = |s: f64| [1.0, s, 0.99];
+        assert_eq!(DepthRule::Leading.depth(&layers(mean), 0.97), 3);
+        assert_eq!(DepthRule::Leading.depth(&layers(min), 0.97), 1);
+        // The minimum takes V's rows too, whichever of K and V is smaller.
+        assert!(RowStatistic::Min.score(&v, &k).abs() < 1e-9);
+        assert!((RowStatistic::Min.score(&v, &v) - 1.0).abs() < 1e-12);
+        // No rows count as identical; a NaN row fails.
+        assert_eq!(RowStatistic::Min.score(&[], &[]), 1.0);
+        assert_eq!(RowStatistic::Mean.score(&[], &[]), 1.0);
+        assert!(
+            RowStatistic::Min
+                .score(&[1.0, f64::NAN, 0.5], &[1.0])
+                .is_nan()
+        );
+        assert!(RowStatistic::Min.score(&[f64::NAN, 1.0], &[0.5]).is_nan());
+        assert_eq!(RowStatistic::default(), RowStatistic::Mean);
+    }
+
+    #[test]
+    fn the_table_source_names_the_statistic_and_the_rule() {
+        let s = table_source("unmask profile --x", RowStatistic::Min, DepthRule::Boundary);
+        assert!(s.starts_with("unmask profile --x; "), "{s}");
+        assert!(
+            s.contains("row statistic: min") && s.contains("depth rule: boundary"),
+            "{s}"
+        );
+        let s = table_source("", RowStatistic::Mean, DepthRule::Leading);
+        assert!(s.starts_with("row statistic: mean"), "{s}");
+        assert!(s.contains("depth rule: leading"), "{s}");
     }
 
     #[test]

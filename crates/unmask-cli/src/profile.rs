@@ -1,16 +1,19 @@
 //! `unmask profile`: BiCache's offline profiling over a task set — per prefix ratio and layer,
 //! how similar the shared prefix's K/V stay when a prompt follows it — written as the depth
 //! table the engine reads (`bicache_depth.json`), the similarity matrix (JSON) and a heat map
-//! (SVG, drawn with plotters).
+//! (SVG, drawn with plotters). `--row-statistic` picks how a layer's per-row similarities
+//! become its score, `--depth-rule` how the scores give the depth (`unmask::profile`).
 
 use std::path::{Path, PathBuf};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::json;
 use unmask::DEPTH_TABLE_FILE;
-use unmask::profile::{ItemOutcome, Profile, ProfileItem, ProfileOptions, profile_with};
+use unmask::profile::{
+    DepthRule, ItemOutcome, Profile, ProfileItem, ProfileOptions, RowStatistic, profile_with,
+};
 use unmask_core::depth_policy::DepthTable;
 
 use crate::chart::{DrawError, INK, LINE_H, MARGIN, TEXT, Ticked, text_style, text_width};
@@ -26,12 +29,20 @@ pub const SIMILARITY_SVG: &str = "similarity.svg";
 #[command(
     about = "Profile BiCache's safe depth per prefix ratio and write the depth table.",
     override_usage = "unmask profile [--model <DIR>] --set <FILE> --out <DIR> [--tau <T>] [--gen-length <G>] \
-                      [--limit <N>] [--user-repeat <K1,K2,...>]",
+                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min>] \
+                      [--depth-rule <leading|boundary>]",
     after_help = "For every item the shared prefix is run alone and with the rest of the prompt,\n\
                   and each layer scores the cosine similarity of the prefix's K and V between\n\
-                  the two (mean over tokens, K and V). Items are bucketed by\n\
-                  r = round(100*P/(P+U+G)); the depth at r is the number of leading layers whose\n\
-                  mean similarity exceeds tau, kept where it grows with r. Copy\n\
+                  the two, row by row: the mean over rows, K and V (--row-statistic mean, the\n\
+                  official profiler), or the smallest of any row's K and V cosines (min: sees\n\
+                  the few rows a question reads, which the mean hides). Items are bucketed by\n\
+                  r = round(100*P/(P+U+G)) and a bucket scores the mean of its items' scores.\n\
+                  With n the number of leading layers whose score exceeds tau, the depth at r\n\
+                  is n (--depth-rule leading, the official rule) or, by default, n - 1 when a\n\
+                  layer fails (boundary): BiCache at depth b also starts layer b from the\n\
+                  stored output of layer b - 1, and layer b's K/V similarity measures that\n\
+                  state's drift, so layers 0..=b must all pass. Depths are kept where they\n\
+                  grow with r; the table's source names the statistic and the rule. Copy\n\
                   DIR/bicache_depth.json into the model folder for `--cache bicache` to use it."
 )]
 pub struct ProfileArgs {
@@ -73,8 +84,59 @@ pub struct ProfileArgs {
     // The path spelled out: one value holding the list, not a value per occurrence.
     #[arg(long, value_name = "K1,K2,...", value_parser = values::positive_list)]
     user_repeat: Option<::std::vec::Vec<usize>>,
+    /// a layer's score per item from its per-row K/V cosines: mean (default, the official
+    /// profiler) or min (the least similar row of K and V)
+    #[arg(
+        long,
+        value_name = "S",
+        default_value = "mean",
+        hide_default_value = true
+    )]
+    row_statistic: RowStatisticArg,
+    /// the depth from the scores, with n the leading layers above tau: boundary (default;
+    /// n - 1 when a layer fails, as the state feeding it is reused too) or leading (n, the
+    /// official rule)
+    #[arg(
+        long,
+        value_name = "R",
+        default_value = "boundary",
+        hide_default_value = true
+    )]
+    depth_rule: DepthRuleArg,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+/// `--row-statistic`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RowStatisticArg {
+    Mean,
+    Min,
+}
+
+impl From<RowStatisticArg> for RowStatistic {
+    fn from(a: RowStatisticArg) -> Self {
+        match a {
+            RowStatisticArg::Mean => RowStatistic::Mean,
+            RowStatisticArg::Min => RowStatistic::Min,
+        }
+    }
+}
+
+/// `--depth-rule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DepthRuleArg {
+    Leading,
+    Boundary,
+}
+
+impl From<DepthRuleArg> for DepthRule {
+    fn from(a: DepthRuleArg) -> Self {
+        match a {
+            DepthRuleArg::Leading => DepthRule::Leading,
+            DepthRuleArg::Boundary => DepthRule::Boundary,
+        }
+    }
 }
 
 pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
@@ -83,6 +145,8 @@ pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
     let tau = args.tau;
     let gen_length = args.gen_length;
     let limit = args.limit;
+    let statistic = RowStatistic::from(args.row_statistic);
+    let rule = DepthRule::from(args.depth_rule);
     let repeats = user_repeats(args.user_repeat.as_deref().unwrap_or_default());
     let engine_options = args.engine.options()?;
     if out_dir.exists() && !out_dir.is_dir() {
@@ -109,10 +173,13 @@ pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
     std::fs::create_dir_all(out_dir)
         .map_err(|e| CliError::context(format!("cannot create --out {}", out_dir.display()), e))?;
     eprintln!(
-        "profiling {} requests from {} of {set_items} items of {} (tau {tau}, gen-length {gen_length})",
+        "profiling {} requests from {} of {set_items} items of {} (tau {tau}, gen-length {gen_length}, \
+         row statistic {}, depth rule {})",
         items.len(),
         set.len(),
-        set_path.display()
+        set_path.display(),
+        statistic.name(),
+        rule.name()
     );
 
     let opts = ProfileOptions {
@@ -120,6 +187,8 @@ pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
         gen_length,
         model_id: Some(model_id(&dir)),
         source: command_line(),
+        statistic,
+        rule,
     };
     let total = items.len();
     let mut done = 0;
@@ -134,7 +203,7 @@ pub fn run(args: &ProfileArgs) -> Result<(), CliError> {
                     p.prefix_len,
                     p.rest_len,
                     p.ratio,
-                    unmask::profile::safe_depth(&p.similarity, tau)
+                    rule.depth(&p.similarity, tau)
                 );
             }
             ItemOutcome::Skipped { index, reason } => {
@@ -227,6 +296,8 @@ fn similarity_json(p: &Profile, gen_length: usize, labels: &[String]) -> serde_j
         "gen_length": gen_length,
         "ratio_definition": t.ratio_definition,
         "source": t.source,
+        "row_statistic": p.statistic.name(),
+        "depth_rule": p.rule.name(),
         "n_layers": t.n_layers,
         "ratios": p.similarity.iter().map(|b| b.0).collect::<Vec<_>>(),
         "samples": p.similarity.iter().map(|b| b.1).collect::<Vec<_>>(),
@@ -244,8 +315,13 @@ fn similarity_json(p: &Profile, gen_length: usize, labels: &[String]) -> serde_j
 fn summary_text(p: &Profile) -> String {
     let t = &p.table;
     let mut out = format!(
-        "{} (tau {}, {} layers): mean K/V similarity per prefix ratio r and layer\n",
-        t.model_id, t.tau, t.n_layers
+        "{} (tau {}, {} layers): K/V similarity per prefix ratio r and layer (row statistic {}, \
+         mean over items; depth rule {})\n",
+        t.model_id,
+        t.tau,
+        t.n_layers,
+        p.statistic.name(),
+        p.rule.name()
     );
     out.push_str(&format!("{:>5} {:>7} {:>5} ", "r", "samples", "depth"));
     for l in 0..t.n_layers {
@@ -438,6 +514,76 @@ pub fn heat_map(similarity: &[(u32, usize, Vec<f64>)], tau: f64) -> Result<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(extra: &[&str]) -> Result<ProfileArgs, String> {
+        use clap::Parser;
+        #[derive(Parser, Debug)]
+        struct Flags {
+            #[command(flatten)]
+            profile: ProfileArgs,
+        }
+        let base = ["unmask", "--set", "s.jsonl", "--out", "o"];
+        Flags::try_parse_from(base.iter().chain(extra))
+            .map(|f| f.profile)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn statistic_and_rule_flags_default_to_mean_and_boundary() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::Mean);
+        assert_eq!(DepthRule::from(a.depth_rule), DepthRule::Boundary);
+        let a = parse(&["--row-statistic", "min", "--depth-rule=leading"]).unwrap();
+        assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::Min);
+        assert_eq!(DepthRule::from(a.depth_rule), DepthRule::Leading);
+        let a = parse(&["--row-statistic=mean", "--depth-rule", "boundary"]).unwrap();
+        assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::Mean);
+        assert_eq!(DepthRule::from(a.depth_rule), DepthRule::Boundary);
+        let err = parse(&["--row-statistic", "median"]).unwrap_err();
+        assert!(
+            err.contains("--row-statistic") && err.contains("min"),
+            "{err}"
+        );
+        let err = parse(&["--depth-rule", "trailing"]).unwrap_err();
+        assert!(
+            err.contains("--depth-rule") && err.contains("boundary"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_matrix_and_summary_name_the_statistic_and_the_rule() {
+        let similarity = vec![(20, 2, vec![1.0, 1.0, 0.5]), (90, 1, vec![1.0, 1.0, 1.0])];
+        let table = DepthTable {
+            model_id: "m".into(),
+            tau: 0.97,
+            ratio_definition: "r".into(),
+            samples_per_ratio: 1,
+            source: unmask::profile::table_source("cmd", RowStatistic::Min, DepthRule::Boundary),
+            n_layers: 3,
+            entries: unmask::profile::depth_entries(&similarity, 0.97, DepthRule::Boundary),
+        };
+        let p = Profile {
+            table,
+            similarity,
+            skipped: Vec::new(),
+            statistic: RowStatistic::Min,
+            rule: DepthRule::Boundary,
+        };
+        let m = similarity_json(&p, 0, &[]);
+        assert_eq!(m["row_statistic"], "min");
+        assert_eq!(m["depth_rule"], "boundary");
+        assert_eq!(m["depths"], json!([1, 3]));
+        assert_eq!(m["entries"], json!([[0, 1], [90, 3]]));
+        let source = m["source"].as_str().unwrap();
+        assert!(source.contains("row statistic: min"), "{source}");
+        let text = summary_text(&p);
+        assert!(text.contains("row statistic min") && text.contains("depth rule boundary"));
+        assert!(
+            text.contains("table: r >= 0: b = 1, r >= 90: b = 3"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn heat_map_cells_scale_and_markers() {
