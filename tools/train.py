@@ -422,7 +422,7 @@ def collate(rows, ids):
     return x, resp, valid, vals
 
 
-def sft_loss(model, rows, ids, gen):
+def sft_loss(model, rows, ids, gen, forward=None):
     """Masked-diffusion SFT loss of one batch and the accuracy on keyed value slots.
 
     Three masking modes, one per row:
@@ -432,6 +432,8 @@ def sft_loss(model, rows, ids, gen):
     * cut (20 %): everything from a random cut c in [0, GEN_LEN] on masked, each earlier
       token with probability 0.1 (what a block-wise sampler leaves).
     Loss: mean CE over masked tokens, trailing EOS padding weighted 0.1.
+    forward(noisy, valid, masked, rows) replaces the model's own forward (tools/deepen.py
+    passes one with a per-layer attention mask).
     """
     x, resp, valid, vals = collate(rows, ids)
     B, T = x.shape
@@ -446,7 +448,10 @@ def sft_loss(model, rows, ids, gen):
     m_cut = (pos >= cut) | (u < 0.1)
     masked = torch.where(mode < 0.6, m_keyed, torch.where(mode < 0.8, m_noise, m_cut)) & resp
     noisy = torch.where(masked, torch.full_like(x, ids.mask), x)
-    logits = model(noisy, valid, select=masked)
+    if forward is None:
+        logits = model(noisy, valid, select=masked)
+    else:
+        logits = forward(noisy, valid, masked, rows)
     target = x[masked]
     ce = F.cross_entropy(logits, target, reduction="none")
     w = torch.where(target == ids.eos, 0.1, 1.0)
