@@ -455,11 +455,6 @@ pub fn row_cosines(a: &[f32], b: &[f32], width: usize) -> Vec<f64> {
         .collect()
 }
 
-/// Mean over rows of the cosine similarity of matching rows of `a` and `b` (f64).
-pub fn mean_row_cosine(a: &[f32], b: &[f32], width: usize) -> f64 {
-    mean(&row_cosines(a, b, width))
-}
-
 /// The mean of `values`; 1 (identical) when there are none.
 fn mean(values: &[f64]) -> f64 {
     if values.is_empty() {
@@ -608,7 +603,9 @@ mod tests {
         // Mean: (0.99 + 1.0) / 2, well above tau; min: the changed row.
         assert!((mean - 0.995).abs() < 1e-9, "{mean}");
         assert!(min.abs() < 1e-9, "{min}");
-        assert!((mean - (mean_row_cosine(&alone, &joint_k, width) + 1.0) / 2.0).abs() < 1e-12);
+        assert!(
+            (mean - (super::mean(&row_cosines(&alone, &joint_k, width)) + 1.0) / 2.0).abs() < 1e-12
+        );
         // The changed row makes the layer fail only under the minimum.
         let layers = |s: f64| [1.0, s, 0.99];
         assert_eq!(DepthRule::Leading.depth(&layers(mean), 0.97), 3);
@@ -645,8 +642,8 @@ mod tests {
     fn cosine_of_rows() {
         let a = [1.0, 0.0, 0.0, 2.0];
         let b = [2.0, 0.0, 0.0, -1.0];
-        assert!((mean_row_cosine(&a, &b, 2) - 0.0).abs() < 1e-12);
-        assert!((mean_row_cosine(&a, &a, 2) - 1.0).abs() < 1e-12);
+        assert!((mean(&row_cosines(&a, &b, 2)) - 0.0).abs() < 1e-12);
+        assert!((mean(&row_cosines(&a, &a, 2)) - 1.0).abs() < 1e-12);
         assert_eq!(cosine(&[0.0, 0.0], &[0.0, 0.0]), 1.0);
         assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
     }

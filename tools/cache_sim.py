@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -119,14 +118,16 @@ def generate(cf, prompt, p, depth, ids, steps=16, gen_length=32, block_length=4)
     return x[L:]
 
 
+def prefix_end(ids, eot_id):
+    """Tokens of the shared prefix of a system + user chat: BOS, the system turn and its end
+    of turn (the engine's split)."""
+    return ids.index(eot_id) + 1
+
+
 def prefix_len(tok, item):
-    """Tokens of the shared prefix: BOS, the system turn and its end of turn (the engine's split)."""
+    """(prompt ids, length of their shared prefix) of a task item."""
     full = tok.encode(tasks.render_chat(item["system"], item["user"]), add_special_tokens=False).ids
-    sys_only = tok.encode(tasks.render_chat(item["system"], ""), add_special_tokens=False).ids
-    eot = tok.token_to_id("<|eot_id|>")
-    p = sys_only.index(eot) + 1
-    assert full[:p] == sys_only[:p]
-    return full, p
+    return full, prefix_end(full, tok.token_to_id("<|eot_id|>"))
 
 
 def accuracy(model, tok, items, depths, **sampler):

@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import random
 import sys
 import time
 
@@ -123,8 +122,7 @@ class Vocab:
 
 def encoded(tok, ids, item):
     prompt, resp = train.encode_item(tok, ids, item)
-    _, p = cache_sim.prefix_len(tok, item)
-    return prompt, resp, p
+    return prompt, resp, cache_sim.prefix_end(prompt, ids.eot)
 
 
 @torch.no_grad()
@@ -432,7 +430,7 @@ def local_forward(model, local_layers):
         pad = torch.zeros(B, 1, 1, T).masked_fill(~valid[:, None, None, :], float("-inf"))
         local = pad.expand(B, 1, T, T).clone()
         for b, (prompt, _, _) in enumerate(rows):
-            p = prompt.index(eot_id) + 1
+            p = cache_sim.prefix_end(prompt, eot_id)
             local[b, 0, :p, p:] = float("-inf")
         cos, sin = model.cos[:T], model.sin[:T]
         x = model.transformer.wte(noisy)
