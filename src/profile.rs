@@ -56,7 +56,10 @@ impl ProfileItem {
 /// `Min` exists because the mean hides a few rows that change completely: when only a few
 /// prefix rows read the request (the table row a question asks about), the other rows' K/V
 /// barely move, the mean stays near 1 and the layer passes τ, while the rows that matter
-/// have K/V unlike those stored. The per-row minimum sees those rows.
+/// have K/V unlike those stored. The per-row minimum sees those rows. `P1` sees them too
+/// (when they are more than 1 % of the prefix: a question's table rows are) without letting
+/// one odd row decide alone (a row whose shallow heads have nothing at their offset spreads
+/// its attention over the whole request).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowStatistic {
     /// s_l = (mean over rows of cos K + mean over rows of cos V) / 2: the official profiler.
@@ -64,6 +67,9 @@ pub enum RowStatistic {
     Mean,
     /// s_l = min over rows of min(cos K(row), cos V(row)).
     Min,
+    /// s_l = the 1st percentile over rows of min(cos K(row), cos V(row)) (the row at rank
+    /// floor(0.01 (rows - 1)) from the lowest).
+    P1,
 }
 
 impl RowStatistic {
@@ -72,6 +78,7 @@ impl RowStatistic {
         match self {
             RowStatistic::Mean => "mean",
             RowStatistic::Min => "min",
+            RowStatistic::P1 => "p1",
         }
     }
 
@@ -80,6 +87,7 @@ impl RowStatistic {
         match self {
             RowStatistic::Mean => "s_l = mean over prefix rows of the K and V cosines",
             RowStatistic::Min => "s_l = min over prefix rows of min(cos K, cos V)",
+            RowStatistic::P1 => "s_l = 1st percentile over prefix rows of min(cos K, cos V)",
         }
     }
 
@@ -95,6 +103,17 @@ impl RowStatistic {
                         |m, &x| if x.is_nan() || x < m { x } else { m },
                     );
                 if m == f64::INFINITY { 1.0 } else { m }
+            }
+            RowStatistic::P1 => {
+                let mut rows: Vec<f64> = k.iter().zip(v).map(|(&a, &b)| a.min(b)).collect();
+                if k.iter().chain(v).any(|x| x.is_nan()) {
+                    return f64::NAN;
+                }
+                if rows.is_empty() {
+                    return 1.0;
+                }
+                rows.sort_by(f64::total_cmp);
+                rows[(rows.len() - 1) / 100]
             }
         }
     }
@@ -623,6 +642,21 @@ mod tests {
         );
         assert!(RowStatistic::Min.score(&[f64::NAN, 1.0], &[0.5]).is_nan());
         assert_eq!(RowStatistic::default(), RowStatistic::Mean);
+        // The 1st percentile: one changed row of 100 is at rank 0, so it still decides; two
+        // changed rows of 201 (rank 2) do not, three do.
+        assert!(RowStatistic::P1.score(&k, &v).abs() < 1e-9);
+        let mut k201 = vec![1.0; 201];
+        k201[5] = 0.1;
+        k201[9] = 0.2;
+        assert_eq!(RowStatistic::P1.score(&k201, &vec![1.0; 201]), 1.0);
+        k201[11] = 0.3;
+        assert_eq!(RowStatistic::P1.score(&k201, &vec![1.0; 201]), 0.3);
+        assert_eq!(RowStatistic::P1.score(&[], &[]), 1.0);
+        assert!(
+            RowStatistic::P1
+                .score(&[f64::NAN, 1.0], &[1.0, 1.0])
+                .is_nan()
+        );
     }
 
     #[test]

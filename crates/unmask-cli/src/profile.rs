@@ -29,13 +29,14 @@ pub const SIMILARITY_SVG: &str = "similarity.svg";
 #[command(
     about = "Profile BiCache's safe depth per prefix ratio and write the depth table.",
     override_usage = "unmask profile [--model <DIR>] --set <FILE> --out <DIR> [--tau <T>] [--gen-length <G>] \
-                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min>] \
+                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min|p1>] \
                       [--depth-rule <leading|boundary>]",
     after_help = "For every item the shared prefix is run alone and with the rest of the prompt,\n\
                   and each layer scores the cosine similarity of the prefix's K and V between\n\
                   the two, row by row: the mean over rows, K and V (--row-statistic mean, the\n\
                   official profiler), or the smallest of any row's K and V cosines (min: sees\n\
-                  the few rows a question reads, which the mean hides). Items are bucketed by\n\
+                  the few rows a question reads, which the mean hides), or its 1st percentile\n\
+                  over rows (p1: those rows too, but not one odd row alone). Items are bucketed by\n\
                   r = round(100*P/(P+U+G)) and a bucket scores the mean of its items' scores.\n\
                   With n the number of leading layers whose score exceeds tau, the depth at r\n\
                   is n (--depth-rule leading, the official rule) or, by default, n - 1 when a\n\
@@ -85,7 +86,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "K1,K2,...", value_parser = values::positive_list)]
     user_repeat: Option<::std::vec::Vec<usize>>,
     /// a layer's score per item from its per-row K/V cosines: mean (default, the official
-    /// profiler) or min (the least similar row of K and V)
+    /// profiler), min (the least similar row of K and V) or p1 (the 1st percentile of those rows)
     #[arg(
         long,
         value_name = "S",
@@ -112,6 +113,7 @@ pub struct ProfileArgs {
 enum RowStatisticArg {
     Mean,
     Min,
+    P1,
 }
 
 impl From<RowStatisticArg> for RowStatistic {
@@ -119,6 +121,7 @@ impl From<RowStatisticArg> for RowStatistic {
         match a {
             RowStatisticArg::Mean => RowStatistic::Mean,
             RowStatisticArg::Min => RowStatistic::Min,
+            RowStatisticArg::P1 => RowStatistic::P1,
         }
     }
 }
