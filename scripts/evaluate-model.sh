@@ -5,7 +5,8 @@
 #
 #   1. accuracy with cache mode none on heldout-small.jsonl and on heldout-small-seed1.jsonl
 #      (the same kind of set from another seed) -> $MODEL/eval_unmask{,-seed1}.json and .md
-#   2. BiCache's depth table and similarity heat map (unmask profile on heldout-small)
+#   2. BiCache's depth table and similarity heat map (unmask profile on heldout-small and
+#      heldout-small-short, per-row 1st percentile of the K/V similarity)
 #      -> $MODEL/profile/, and $MODEL/bicache_depth.json
 #   3. every cache mode on heldout-small.jsonl (scripts/bench-cache.sh)
 #      -> $DIR/cache-modes.json and .md
@@ -41,8 +42,13 @@ for step in $STEPS; do
     ;;
   2)
     echo "== BiCache depth table"
-    "$UNMASK" profile --model "$MODEL" --set data/tasks/heldout-small.jsonl --out "$MODEL/profile" \
-      --gen-length 32 --user-repeat 1,4 "${LIMIT_ARGS[@]}"
+    # the held-out questions with the usual system prompts (r = 85) and one-member ones
+    # (r = 50), each also with its user turn repeated 4 times
+    set_file=$(mktemp --suffix=.jsonl)
+    cat data/tasks/heldout-small.jsonl data/tasks/heldout-small-short.jsonl > "$set_file"
+    "$UNMASK" profile --model "$MODEL" --set "$set_file" --out "$MODEL/profile" \
+      --gen-length 32 --user-repeat 1,4 --row-statistic p1 "${LIMIT_ARGS[@]}"
+    rm -f "$set_file"
     cp "$MODEL/profile/bicache_depth.json" "$MODEL/bicache_depth.json"
     ;;
   3)

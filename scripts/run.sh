@@ -4,10 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-if [ $# -eq 0 ]; then
-  # A question about the bundled system prompt (a table of members); the bundled model
-  # answers "#### Bella city : Lima". Block-wise decoding: 8 blocks of 4, 16 steps.
+case " $* " in
+*" --prompt"* | *" --system"* | *" --model"*) ;;
+*)
+  # Without a prompt of its own: a question about the bundled system prompt (a table of
+  # members); the bundled model answers "#### Bella city : Lima". Block-wise decoding: 8
+  # blocks of 4, 16 steps. Other arguments (e.g. --cache prefix-arm) follow it.
   set -- --system "$(cat data/tasks/demo-system.txt)" --prompt "What is the city of Bella?" \
-    --gen-length 32 --steps 16 --block-length 4
-fi
+    --gen-length 32 --steps 16 --block-length 4 "$@"
+  ;;
+esac
 exec cargo run --release --quiet -p unmask-cli -- generate "$@"

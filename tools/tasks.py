@@ -147,10 +147,10 @@ def pick_task(rng):
     return TASK_MIX[-1][0]
 
 
-def group_items(seed_base, g, n_items, prefix, members=MEMBERS):
-    """Items of prompt group number g: deterministic from (seed_base, g, members)."""
+def group_items(seed_base, g, n_items, prefix, members=MEMBERS, bare=False):
+    """Items of prompt group number g: deterministic from (seed_base, g, members, bare)."""
     rng = random.Random(seed_base + g)
-    grp = Group(rng, f"{prefix}{g:05d}", members)
+    grp = Group(rng, f"{prefix}{g:05d}", members, bare)
     seen, out = set(), []
     tries = 0
     while len(out) < n_items and tries < 50 * n_items:
@@ -169,10 +169,13 @@ def train_items(seed, start_group, n_groups, per_group=16, members=MEMBERS):
         yield from group_items(TRAIN_SEED_BASE + seed * 100_000, g, per_group, "train-", members)
 
 
-def heldout_items(seed, n_groups=8, per_group=25):
+def heldout_items(seed, n_groups=8, per_group=25, members=MEMBERS, bare=False):
     items = []
-    for g in range(n_groups):
-        items.extend(group_items(HELDOUT_SEED_BASE + seed * 100_000, g, per_group, "heldout-"))
+    # other prompt shapes take other groups of the held-out stream (never the default sets')
+    shape = (members, bare)
+    first = 0 if shape == (MEMBERS, False) else 1000 * members + (500 if bare else 0)
+    for g in range(first, first + n_groups):
+        items.extend(group_items(HELDOUT_SEED_BASE + seed * 100_000, g, per_group, "heldout-", *shape))
     return items
 
 
@@ -220,6 +223,8 @@ def main():
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "tasks"))
     h.add_argument("--suffix", default="", help="file name suffix, e.g. -seed1 for a fresh set")
+    h.add_argument("--members", type=int, default=MEMBERS, help="members per table (system prompt length)")
+    h.add_argument("--bare", action="store_true", help="system prompts without the rules paragraph")
     sub.add_parser("demo", help="write data/tasks/demo-system.txt, the system prompt of scripts/run.sh and the web page")
     s = sub.add_parser("sample", help="print some items")
     s.add_argument("--split", choices=["train", "heldout"], default="train")
@@ -227,7 +232,7 @@ def main():
     s.add_argument("--n", type=int, default=5)
     args = ap.parse_args()
     if args.cmd == "heldout":
-        items = heldout_items(args.seed)
+        items = heldout_items(args.seed, members=args.members, bare=args.bare)
         os.makedirs(args.out, exist_ok=True)
         write_jsonl(os.path.join(args.out, f"heldout{args.suffix}.jsonl"), items)
         write_jsonl(os.path.join(args.out, f"heldout-small{args.suffix}.jsonl"), small_subset(items, 40))
