@@ -49,7 +49,7 @@ import llada_ref  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 
-MARK_LAYER, MARK_HEAD = 2, 2
+MARK_LAYER = 2
 READ_LAYER, READ_HEAD = 3, 0
 LOCAL_LAYERS = 2  # layers whose prefix rows see only the prefix while training
 BASE_D = 128
