@@ -101,21 +101,21 @@ class CachedForward:
 @torch.no_grad()
 def generate(cf, prompt, p, depth, ids, steps=16, gen_length=32, block_length=4):
     """train.generate_batch's sampler (one prompt) on CachedForward logits."""
-    x = list(prompt) + [ids.mask] * gen_length
-    entry = cf.prefix_entry(prompt[:p]) if depth else None
+    x = torch.tensor(list(prompt) + [ids.mask] * gen_length)
+    entry = cf.prefix_entry(list(prompt[:p])) if depth else None
     L = len(prompt)
     spb = steps // (gen_length // block_length)
     for blk in range(gen_length // block_length):
         lo = L + blk * block_length
+        seg = slice(lo, lo + block_length)
         counts = train.transfer_counts(block_length, spb)
         for s in range(spb):
-            logits = cf.logits(x, p, entry, depth).double()
+            logits = cf.logits(x.tolist(), p, entry, depth).double()
             x0 = logits.argmax(-1)
             conf = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
-            cand = [(-float(conf[i - p]), i) for i in range(lo, lo + block_length) if x[i] == ids.mask]
-            for _, i in sorted(cand)[: counts[s]]:
-                x[i] = int(x0[i - p])
-    return x[L:]
+            order = train.most_confident(conf[lo - p : lo - p + block_length], x[seg] == ids.mask, counts[s]) + lo
+            x[order] = x0[order - p]
+    return x[L:].tolist()
 
 
 def prefix_end(ids, eot_id):

@@ -470,6 +470,12 @@ def sft_loss(model, rows, ids, gen, forward=None):
 # ---------------------------------------------------------------------------
 
 
+def most_confident(conf, masked, k):
+    """Offsets of the k most confident masked positions of a block (ties to the lowest)."""
+    c = torch.where(masked, conf, torch.full_like(conf, -math.inf))
+    return torch.sort(-c, stable=True).indices[:k]
+
+
 def transfer_counts(n_masked, steps):
     base, rem = divmod(n_masked, steps)
     return [base + (1 if i < rem else 0) for i in range(steps)]
@@ -501,11 +507,10 @@ def generate_batch(model, prompts, ids, steps=16, gen_length=GEN_LEN, block_leng
             conf = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
             for b in range(B):
                 seg = slice(lo[b], lo[b] + block_length)
-                c = torch.where(x[b, seg] == ids.mask, conf[b, seg], torch.full_like(conf[b, seg], -math.inf))
                 k = counts[b][s]
                 if k == 0:
                     continue
-                order = torch.sort(-c, stable=True).indices[:k] + lo[b]
+                order = most_confident(conf[b, seg], x[b, seg] == ids.mask, k) + lo[b]
                 x[b, order] = x0[b, order]
     return [x[b, len(p) : len(p) + gen_length].tolist() for b, p in enumerate(prompts)]
 
