@@ -19,7 +19,8 @@ use unmask_gpu::{DType, GpuContext};
 use crate::files::DirFiles;
 use crate::files::{self, ModelFiles};
 use crate::options::parse_depth_table;
-use crate::run::{Prepared, all_ran};
+use crate::run::Prepared;
+use crate::session::PrefixKey;
 use crate::{
     DEPTH_TABLE_FILE, EngineError, EngineOptions, Generation, PrefixEntry, Prompt, Request, Role,
     StepEvent, Stopwatch,
@@ -351,24 +352,15 @@ impl Engine {
         request: &Request,
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<Generation, EngineError> {
-        let prepared = self.prepare(std::borrow::Cow::Borrowed(request))?;
-        if prepared.shared.is_some() {
-            let mut out = self
-                .run_shared_prefix(vec![prepared], &mut |_, event| on_step(event))
-                .await;
-            return out.pop().unwrap_or_else(|| {
-                Err(EngineError::Internal(
-                    "the request produced no result".into(),
-                ))
-            });
-        }
-        self.run_alone(prepared, on_step).await
+        let prepared = self.prepare(std::borrow::Cow::Owned(request.clone()))?;
+        self.run_one(prepared, on_step).await
     }
 
-    /// Runs several requests. BiCache requests with the same shared prefix run in the same
-    /// forward passes (one weight read per step for all of them; the depth b is the
-    /// smallest theirs ask for); the others run one after another. Results come in the
-    /// order given, each its own: one request's bad input does not stop the rest.
+    /// Runs several requests. BiCache requests with the same shared prefix run in one
+    /// session, in the same forward passes (one weight read per step for all of them; the
+    /// depth b is the smallest theirs ask for); the others run one after another, each
+    /// exactly as `generate` runs it. Results come in the order given, each its own: one
+    /// request's bad input does not stop the rest.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn generate_batch(&self, requests: &[Request]) -> Vec<Result<Generation, EngineError>> {
         pollster::block_on(self.generate_batch_async(requests, &mut |_, _| {}))
@@ -383,10 +375,10 @@ impl Engine {
         let mut results: Vec<Option<Result<Generation, EngineError>>> =
             requests.iter().map(|_| None).collect();
         // Requests grouped by their shared prefix, in the order the groups first appear.
-        let mut groups: Vec<Vec<(usize, Prepared<'_>)>> = Vec::new();
+        let mut groups: Vec<Vec<(usize, Prepared<'static>)>> = Vec::new();
         let mut alone = Vec::new();
         for (i, request) in requests.iter().enumerate() {
-            match self.prepare(std::borrow::Cow::Borrowed(request)) {
+            match self.prepare(std::borrow::Cow::Owned(request.clone())) {
                 Err(e) => results[i] = Some(Err(e)),
                 Ok(p) if p.shared.is_some() => {
                     match groups.iter_mut().find(|g| g[0].1.prefix() == p.prefix()) {
@@ -397,8 +389,8 @@ impl Engine {
                 Ok(p) => alone.push((i, p)),
             }
         }
-        // A batch's activations and arenas are single buffers: a group larger than one
-        // storage binding allows runs as several batches, one after another.
+        // A session's activations and arenas are single buffers: a group larger than one
+        // storage binding allows runs as several sessions, one after another.
         let max_rows = self.model.max_state_rows();
         for group in groups {
             let lengths: Vec<usize> = group
@@ -407,10 +399,21 @@ impl Engine {
                 .collect();
             let mut rest = group.into_iter();
             for part in unmask_core::step_plan::split_by_rows(&lengths, max_rows) {
-                let (index, prepared): (Vec<usize>, Vec<Prepared<'_>>) =
+                let (index, prepared): (Vec<usize>, Vec<Prepared<'static>>) =
                     rest.by_ref().take(part.len()).unzip();
+                let key = PrefixKey {
+                    tokens: prepared[0].prefix().to_vec(),
+                    depth: prepared
+                        .iter()
+                        .filter_map(|p| p.shared)
+                        .map(|s| s.0)
+                        .min()
+                        .unwrap_or(0),
+                };
                 let out = self
-                    .run_shared_prefix(prepared, &mut |k, event| on_step(index[k], event))
+                    .run_together(Some(key), prepared, &mut |k, event| {
+                        on_step(index[k], event)
+                    })
                     .await;
                 for (i, r) in index.into_iter().zip(out) {
                     results[i] = Some(r);
@@ -418,17 +421,25 @@ impl Engine {
             }
         }
         for (i, p) in alone {
-            results[i] = Some(self.run_alone(p, &mut |event| on_step(i, event)).await);
+            results[i] = Some(self.run_one(p, &mut |event| on_step(i, event)).await);
         }
-        all_ran(results)
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(EngineError::Internal("a request did not run".into())))
+            })
+            .collect()
     }
 
-    /// The shared prefix a BiCache request would use and its depth b: what a
-    /// `BatchSession` for it needs. The error says why the request cannot share a prefix.
-    pub fn shared_prefix(&self, request: &Request) -> Result<(Vec<u32>, usize), EngineError> {
+    /// The shared prefix a BiCache request would use and its depth b: what a `Session`
+    /// for it needs. The error says why the request cannot share a prefix.
+    pub fn shared_prefix(&self, request: &Request) -> Result<PrefixKey, EngineError> {
         let p = self.prepare(std::borrow::Cow::Borrowed(request))?;
         match p.shared {
-            Some((depth, _)) => Ok((p.prefix().to_vec(), depth)),
+            Some((depth, _)) => Ok(PrefixKey {
+                tokens: p.prefix().to_vec(),
+                depth,
+            }),
             None => Err(EngineError::Refused(p.why_not_shared())),
         }
     }

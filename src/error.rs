@@ -32,9 +32,10 @@ pub enum EngineError {
     /// A batch session cannot take this request, with the reason.
     #[error("{0}")]
     Refused(String),
-    /// A step of the batch this request ran in failed; the request stopped with it.
+    /// A step of the batch this request ran in failed; the request stopped with it. The
+    /// cause is shared by every request of the batch.
     #[error("stopped with its batch: {0}")]
-    BatchStopped(String),
+    BatchStopped(#[source] std::sync::Arc<EngineError>),
     #[error("{0}")]
     DepthTable(String),
     /// A broken invariant of the runtime: a bug, not bad input.

@@ -23,7 +23,6 @@
 // makes the `Arc` merely a reference count.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
-mod batch;
 mod bicache;
 mod clock;
 mod engine;
@@ -35,8 +34,8 @@ pub mod profile;
 mod request;
 mod request_run;
 mod run;
+mod session;
 
-pub use batch::BatchSession;
 pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
 pub use engine::Engine;
@@ -47,6 +46,7 @@ pub use files::{MemoryFiles, ModelFiles};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{BicacheReport, Generation, Prompt, Request, StepEvent, Timings};
 pub use request_run::RequestRun;
+pub use session::{PrefixKey, Session};
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{ChatFormat, Message, Role};
 pub use unmask_core::config::ModelFamily;

@@ -1,12 +1,9 @@
-//! Running one request: its preparation (tokens, sampler, cache decisions), the step loop
-//! of a request that shares no prefix entry, and the generation it ends with.
+//! One request's preparation (tokens, sampler, cache decisions), the commit of its steps
+//! and the generation it ends with; `session` steps it.
 
-use unmask_core::cache::{CacheMode, PassPlan, PlanInput, plan_step};
+use unmask_core::cache::CacheMode;
 use unmask_core::config::ModelFamily;
 use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
-use unmask_core::step_plan::{SeqStep, StepPlan};
-use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{ForwardState, Model, SelectBuffers};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::{
@@ -15,7 +12,7 @@ use crate::{
 
 /// A request ready to run: its tokens, its sampler and how it will use the caches.
 pub(crate) struct Prepared<'r> {
-    /// Borrowed from the caller, or owned by a `BatchSession`.
+    /// Borrowed from the caller, or owned by a `Session`.
     pub(crate) request: std::borrow::Cow<'r, Request>,
     pub(crate) start: Stopwatch,
     pub(crate) prompt: Vec<u32>,
@@ -84,16 +81,6 @@ fn commit_predictions(
         predictions,
     });
     Ok(record)
-}
-
-/// The results of a set of requests, each of which ran.
-pub(crate) fn all_ran(
-    results: Vec<Option<Result<Generation, EngineError>>>,
-) -> Vec<Result<Generation, EngineError>> {
-    results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(EngineError::Internal("a request did not run".into()))))
-        .collect()
 }
 
 impl Engine {
@@ -190,20 +177,6 @@ impl Engine {
         Ok(prepared)
     }
 
-    /// Runs a request that shares no prefix entry: every cache mode but BiCache's.
-    pub(crate) async fn run_alone(
-        &self,
-        prepared: Prepared<'_>,
-        on_step: &mut dyn FnMut(&StepEvent<'_>),
-    ) -> Result<Generation, EngineError> {
-        let mut run = AloneRun::new(self, prepared)?;
-        loop {
-            if let Some(generation) = run.step(on_step).await? {
-                return Ok(generation);
-            }
-        }
-    }
-
     /// Commits one step's predictions of a request and reports the step.
     pub(crate) fn commit_step(
         &self,
@@ -279,191 +252,5 @@ impl Engine {
             timings,
             bicache: f.report,
         })
-    }
-}
-
-/// A request that shares no prefix entry, run one step at a time: its GPU state (the
-/// conditional pass, the unconditional one under CFG, the select buffers) lives as long
-/// as the run.
-pub(crate) struct AloneRun<'e, 'r> {
-    engine: &'e Engine,
-    prepared: Option<Prepared<'r>>,
-    cond: ForwardState,
-    uncond: Option<ForwardState>,
-    sel: SelectBuffers,
-    records: Vec<StepRecord>,
-    last_block: Option<usize>,
-}
-
-impl<'e, 'r> AloneRun<'e, 'r> {
-    pub(crate) fn new(engine: &'e Engine, mut prepared: Prepared<'r>) -> Result<Self, EngineError> {
-        let seq_len = prepared.sampler.tokens().len();
-        let model = &engine.model;
-        let cond = model.new_state(seq_len, seq_len)?;
-        let uncond = if prepared.request.params.cfg_scale > 0.0 {
-            Some(model.new_state(seq_len, seq_len)?)
-        } else {
-            None
-        };
-        let sel = model.new_select(seq_len)?;
-        prepared.timings.setup_s = prepared.start.elapsed_s();
-        Ok(Self {
-            engine,
-            prepared: Some(prepared),
-            cond,
-            uncond,
-            sel,
-            records: Vec::new(),
-            last_block: None,
-        })
-    }
-
-    /// Runs one denoising step; the generation once the request is done (then the run is
-    /// spent: a further step is an error).
-    pub(crate) async fn step(
-        &mut self,
-        on_step: &mut dyn FnMut(&StepEvent<'_>),
-    ) -> Result<Option<Generation>, EngineError> {
-        let engine = self.engine;
-        let Some(prepared) = self.prepared.as_mut() else {
-            return Err(EngineError::Internal(
-                "a step of a request that has finished".into(),
-            ));
-        };
-        if !prepared.sampler.is_done() {
-            let record = engine
-                .alone_step(
-                    prepared,
-                    &self.cond,
-                    self.uncond.as_ref(),
-                    &self.sel,
-                    &mut self.last_block,
-                    on_step,
-                )
-                .await?;
-            self.records.push(record);
-        }
-        if !prepared.sampler.is_done() {
-            return Ok(None);
-        }
-        let Some(prepared) = self.prepared.take() else {
-            return Err(EngineError::Internal("the finished request is gone".into()));
-        };
-        engine
-            .finish(prepared, std::mem::take(&mut self.records))
-            .map(Some)
-    }
-}
-
-impl Engine {
-    /// One step of a request that shares no prefix entry: plan, encode, submit, read back
-    /// and commit.
-    async fn alone_step(
-        &self,
-        prepared: &mut Prepared<'_>,
-        cond: &ForwardState,
-        uncond: Option<&ForwardState>,
-        sel: &SelectBuffers,
-        last_block: &mut Option<usize>,
-        on_step: &mut dyn FnMut(&StepEvent<'_>),
-    ) -> Result<StepRecord, EngineError> {
-        let Prepared {
-            request,
-            start,
-            prompt,
-            prefix_len,
-            sampler,
-            conf_exclude,
-            mode,
-            timings,
-            ..
-        } = prepared;
-        let (start, prefix_len, conf_exclude, mode) = (*start, *prefix_len, *conf_exclude, *mode);
-        let n_layers = self.model.cfg.n_layers;
-        let shift = self.model.cfg.family.shifts_logits();
-        let seq_len = sampler.tokens().len();
-        let rows = sampler.rows_to_predict();
-        let block_start = *last_block != Some(sampler.block_index());
-        let first_step = last_block.is_none();
-        *last_block = Some(sampler.block_index());
-        let states: Vec<(&ForwardState, Vec<u32>)> =
-            std::iter::once((cond, sampler.tokens().to_vec()))
-                .chain(uncond.map(|u| (u, sampler.unconditional_tokens())))
-                .collect();
-        let planned = plan_step(&PlanInput {
-            mode,
-            seq_len,
-            prefix_len,
-            block: sampler.block(),
-            block_start,
-            first_step,
-            recompute_all: request.recompute_all,
-        });
-        // Without a shared prefix a step is one pass over every layer.
-        let single = |pass: &PassPlan, predict: Vec<u32>| {
-            let seq = SeqStep {
-                rows: pass.rows.clone(),
-                prefix_len: 0,
-                refresh: false,
-                seq_len,
-                kv_len: pass.kv_len,
-                kv_base: 0,
-                predict,
-            };
-            StepPlan::alone(&[seq], n_layers, shift)
-                .map_err(|e| EngineError::Internal(format!("cache mode {mode}: {e}")))
-        };
-        if let Some(w) = &planned.warmup {
-            // Its own submit: the main pass rewrites the same ids buffer.
-            let plan = single(w, Vec::new())?;
-            let mut warm = StepEncoder::new(&self.ctx, "prefix pass");
-            for (st, tokens) in &states {
-                let ids = &tokens[w.rows.clone()];
-                self.model
-                    .encode_plan(&mut warm, st, None, &plan, ids, None)?;
-                timings.forward_passes += 1;
-            }
-            warm.submit()?;
-        }
-        let plan = single(&planned.pass, rows)?;
-        let mut step = StepEncoder::new(&self.ctx, "denoise step");
-        let mut hidden = Vec::with_capacity(states.len());
-        for (st, tokens) in &states {
-            let ids = &tokens[planned.pass.rows.clone()];
-            hidden.push(
-                self.model
-                    .encode_plan(&mut step, st, None, &plan, ids, None)?,
-            );
-            timings.forward_passes += 1;
-        }
-        timings.token_layer_passes += planned.token_layer_passes(n_layers) * states.len();
-        let (row_index, positions) = plan.sampled_rows();
-        self.model.write_select(sel, &row_index, &positions)?;
-        let params = self.select_params(sampler, conf_exclude);
-        self.model.encode_select_from(
-            &mut step,
-            hidden[0],
-            hidden.get(1).copied(),
-            sel,
-            row_index.len(),
-            &params,
-        )?;
-        let slot = self
-            .model
-            .read_back_choices(&mut step, sel, row_index.len());
-        let read = step.submit()?.read_async().await?;
-        let predictions: Vec<(u32, f32)> = Model::decode_choices(&read[slot])
-            .iter()
-            .map(|c| (c.token, c.confidence))
-            .collect();
-        commit_predictions(
-            sampler,
-            timings,
-            start,
-            (prompt.len(), self.special().mask),
-            &positions,
-            &predictions,
-            on_step,
-        )
     }
 }

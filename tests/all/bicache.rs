@@ -279,6 +279,14 @@ fn requests_run_uncached_and_say_why() {
     assert!(out.bicache.unwrap().fallback.unwrap().contains("guidance"));
 }
 
+/// The session key of the test prefix at `depth`.
+fn key(depth: usize) -> unmask::PrefixKey {
+    unmask::PrefixKey {
+        tokens: prefix(),
+        depth,
+    }
+}
+
 /// The same request with the depth a batch runs it at.
 fn at_depth(req: &Request, depth: usize) -> Request {
     let mut r = req.clone();
@@ -421,7 +429,7 @@ fn a_session_admits_requests_while_others_run() {
     let rows = 2 * prompt(0).len() + 8 + 16 + 5;
     let mut finished = std::collections::BTreeMap::new();
     {
-        let mut session = engine.batch_session(&prefix(), 1, rows).unwrap();
+        let mut session = engine.session(Some(&key(1)), rows).unwrap();
         let a = session.submit(short(0)).unwrap();
         let b = session.submit(long.clone()).unwrap();
         assert!(session.step().is_empty());
@@ -464,9 +472,9 @@ fn a_session_admits_requests_while_others_run() {
 #[test]
 fn a_session_refuses_what_it_cannot_run() {
     let engine = engine();
-    let too_small = engine.batch_session(&prefix(), 1, prefix().len());
+    let too_small = engine.session(Some(&key(1)), prefix().len());
     assert!(too_small.err().unwrap().to_string().contains("max_rows"));
-    let mut session = engine.batch_session(&prefix(), 1, 200).unwrap();
+    let mut session = engine.session(Some(&key(1)), 200).unwrap();
     let mut other = bicache_request(0, CacheMode::Bicache, 1, 4, params(8, 8, 8));
     other.prompt = unmask::Prompt::Ids(other_prompt(0));
     let mut shallower = bicache_request(0, CacheMode::Bicache, 0, 4, params(8, 8, 8));
@@ -717,7 +725,13 @@ fn random_request_sequences_keep_the_prefix_store_true() {
                         _ => unreachable!(),
                     };
                     let depth = req.depth.unwrap();
-                    let Ok(mut session) = engine.batch_session(&prefix, depth, 120) else {
+                    let Ok(mut session) = engine.session(
+                        Some(&unmask::PrefixKey {
+                            tokens: prefix,
+                            depth,
+                        }),
+                        120,
+                    ) else {
                         continue; // the entry does not fit this budget
                     };
                     let a = session.submit(req.clone()).unwrap();

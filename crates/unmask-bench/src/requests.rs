@@ -95,12 +95,12 @@ pub struct RequestBenchOptions {
     /// BiCache depth; `None` uses the model's table, else half the layers.
     pub depth: Option<usize>,
     /// Requests in the batch at once: above 1, BiCache requests that share a prefix are
-    /// served by a `BatchSession` (`serve_continuously`). Sizes above 1 run only for
+    /// served by a `Session` (`serve_continuously`). Sizes above 1 run only for
     /// BiCache modes (the others would run one after another anyway).
     pub batches: Vec<usize>,
 }
 
-/// Serves BiCache `requests` the way a server would: one `BatchSession` per run of
+/// Serves BiCache `requests` the way a server would: one `Session` per run of
 /// consecutive requests with the same shared prefix, all submitted at once, at most
 /// `concurrent` of them in the batch at a time (a finished request's place goes to the next
 /// at once). The session's depth is the smallest its requests ask for. Also returns the
@@ -114,9 +114,9 @@ pub fn serve_continuously(
     let plans = requests
         .iter()
         .map(|r| {
-            let (prefix, depth) = engine.shared_prefix(r)?;
+            let key = engine.shared_prefix(r)?;
             let len = engine.encode_prompt(&r.prompt)?.len() + r.params.gen_length;
-            Ok((prefix, depth, len))
+            Ok((key.tokens, key.depth, len))
         })
         .collect::<Result<Vec<_>, EngineError>>()?;
     let mut entry_passes = 0;
@@ -129,7 +129,11 @@ pub fn serve_continuously(
         let depth = group.iter().map(|p| p.1).min().unwrap_or(0);
         let longest = group.iter().map(|p| p.2).max().unwrap_or(0);
         let rows = (concurrent * longest).min(engine.model().max_state_rows());
-        let mut session = engine.batch_session(prefix, depth, rows)?;
+        let key = unmask::PrefixKey {
+            tokens: prefix.clone(),
+            depth,
+        };
+        let mut session = engine.session(Some(&key), rows)?;
         entry_passes += session.entry_token_layer_passes();
         let mut slot = std::collections::HashMap::new();
         for (i, r) in requests.iter().enumerate().take(end).skip(start) {

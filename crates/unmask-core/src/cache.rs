@@ -1,7 +1,9 @@
-//! Cache modes as plans over the same forward pass (DESIGN.md §3). A step computes one
-//! contiguous range of rows; their K/V overwrite the request's KV arena at their positions,
-//! and every computed row attends to the first `kv_len` arena rows. Rows not computed keep
-//! the K/V of the pass that last computed them — that is the cache.
+//! Cache modes and the one mode planner (DESIGN.md §3): a mode is a rule from a sequence's
+//! state to the rows its step computes. A step computes one contiguous range of rows; their
+//! K/V overwrite the sequence's KV arena at their positions, and every computed row attends
+//! to the first `kv_len` arena rows. Rows not computed keep the K/V of the pass that last
+//! computed them — that is the cache. `step_plan` lays the sequences of a step out for the
+//! executor.
 
 use std::fmt;
 use std::ops::Range;
@@ -85,149 +87,99 @@ impl FromStr for CacheMode {
     }
 }
 
-/// One forward pass: which rows it computes and how many arena rows they attend to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PassPlan {
-    pub rows: Range<usize>,
-    pub kv_len: usize,
-}
-
-/// The passes of one denoising step; the last pass's rows are the ones sampled from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepPlan {
-    /// A pass whose outputs are only K/V (the prefix-only pass of `prefix-arm`).
-    pub warmup: Option<PassPlan>,
-    pub pass: PassPlan,
-}
-
-impl StepPlan {
-    /// Rows × layers computed by this step's passes.
-    pub fn token_layer_passes(&self, n_layers: usize) -> usize {
-        let w = self.warmup.as_ref().map_or(0, |p| p.rows.len());
-        (w + self.pass.rows.len()) * n_layers
-    }
-}
-
-/// Everything the planner needs to know about the request and the step.
+/// Where a sequence stands before a step: everything the mode planner reads.
 #[derive(Clone, Debug)]
-pub struct PlanInput {
+pub struct SeqState {
     pub mode: CacheMode,
     /// Prompt + generated canvas.
     pub seq_len: usize,
-    /// Rows of the shared prefix (prefix-arm); at most the prompt length.
+    /// Rows of the prompt's shared prefix: segment A of the shallow layers in a BiCache
+    /// session, the prefix-only pass of `prefix-arm`; ignored by the other modes.
     pub prefix_len: usize,
     /// The current block's positions.
     pub block: Range<usize>,
     /// True on the first step of the request and of every block.
     pub block_start: bool,
-    /// True on the request's first step.
-    pub first_step: bool,
+    /// The request has several blocks (BiCache then refreshes at block starts).
+    pub several_blocks: bool,
+    /// Steps the sequence has run (0 on its first).
+    pub steps_done: usize,
+    /// BiCache: steps between deep-prefix refreshes of a one-block request.
+    pub refresh_every: usize,
     /// Recompute every row at every step whatever the mode (checks that the plumbing of a
     /// mode is exact: its tokens must then equal `none`'s).
     pub recompute_all: bool,
 }
 
-/// The plan of one step.
-pub fn plan_step(i: &PlanInput) -> StepPlan {
-    let t = i.seq_len;
-    let full = PassPlan {
-        rows: 0..t,
+/// One sequence's step in any mode: the rows computed in every layer and the positions
+/// they attend to, whether the deep layers refresh the shared prefix, and the
+/// prefix-only pass that runs first (prefix-arm's first step).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeStep {
+    /// Rows `0..w` computed alone (attending only to themselves) before the step.
+    pub warmup: Option<usize>,
+    pub rows: Range<usize>,
+    /// The computed rows attend to positions `0..kv_len`.
+    pub kv_len: usize,
+    /// BiCache: the deep layers recompute the prefix rows from the boundary state.
+    pub refresh: bool,
+}
+
+/// The one mode planner: what a sequence computes this step, for every cache mode.
+pub fn plan_mode(s: &SeqState) -> ModeStep {
+    let t = s.seq_len;
+    let step = |rows: Range<usize>| ModeStep {
+        warmup: None,
+        rows,
         kv_len: t,
+        refresh: false,
     };
-    if i.recompute_all {
-        return StepPlan {
-            warmup: None,
-            pass: full,
-        };
+    if s.recompute_all {
+        return step(0..t);
     }
-    match i.mode {
-        // BiCache steps are planned by `bicache_step`; asked here, they get a full pass.
-        CacheMode::None | CacheMode::Bicache | CacheMode::BicacheDual => StepPlan {
-            warmup: None,
-            pass: full,
-        },
-        CacheMode::FastDllmPrefix if i.block_start => StepPlan {
-            warmup: None,
-            pass: full,
-        },
-        CacheMode::FastDllmPrefix => StepPlan {
-            warmup: None,
-            pass: PassPlan {
-                rows: i.block.start..t,
-                kv_len: t,
-            },
-        },
-        CacheMode::FastDllmDual if i.block_start => StepPlan {
-            warmup: None,
-            pass: full,
-        },
-        CacheMode::FastDllmDual => StepPlan {
-            warmup: None,
-            pass: PassPlan {
-                rows: i.block.clone(),
-                kv_len: t,
-            },
-        },
+    match s.mode {
+        CacheMode::None => step(0..t),
+        CacheMode::FastDllmPrefix | CacheMode::FastDllmDual if s.block_start => step(0..t),
+        CacheMode::FastDllmPrefix => step(s.block.start..t),
+        CacheMode::FastDllmDual => step(s.block.clone()),
         CacheMode::PrefixArm => {
-            let p = i.prefix_len.min(t);
-            StepPlan {
+            let p = s.prefix_len.min(t);
+            ModeStep {
                 // The prefix sees only itself, once, like an autoregressive prompt cache.
-                warmup: (i.first_step && p > 0).then_some(PassPlan {
-                    rows: 0..p,
-                    kv_len: p,
-                }),
-                pass: PassPlan {
-                    rows: p..t,
-                    kv_len: t,
-                },
+                warmup: (s.steps_done == 0 && p > 0).then_some(p),
+                ..step(p..t)
+            }
+        }
+        CacheMode::Bicache | CacheMode::BicacheDual => {
+            // Refreshes on the first step, then every R steps (at block starts when the
+            // request has several blocks); the dual variant computes only the block between.
+            let refresh = s.steps_done == 0
+                || if s.several_blocks {
+                    s.block_start
+                } else {
+                    s.steps_done.is_multiple_of(s.refresh_every.max(1))
+                };
+            let rows = if s.mode == CacheMode::BicacheDual && !refresh {
+                s.block.clone()
+            } else {
+                s.prefix_len..t
+            };
+            ModeStep {
+                refresh,
+                ..step(rows)
             }
         }
     }
 }
 
-/// One BiCache step: the non-prefix rows computed in every layer, and whether the deep
-/// layers also recompute the prefix rows (a refresh).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BicacheStep {
-    pub refresh: bool,
-    pub rows: Range<usize>,
-}
-
-/// Plans a BiCache step. Refreshes happen on the first step and then every `refresh_every`
-/// steps, or at every block start when the request has several blocks; the dual variant
-/// computes only the current block between refreshes.
-#[allow(clippy::too_many_arguments)] // the step's whole situation, each a plain number
-pub fn bicache_step(
-    dual: bool,
-    prefix_len: usize,
-    seq_len: usize,
-    block: Range<usize>,
-    block_start: bool,
-    several_blocks: bool,
-    steps_done: usize,
-    refresh_every: usize,
-) -> BicacheStep {
-    let refresh = steps_done == 0
-        || if several_blocks {
-            block_start
-        } else {
-            steps_done.is_multiple_of(refresh_every.max(1))
-        };
-    let rows = if dual && !refresh {
-        block
-    } else {
-        prefix_len..seq_len
-    };
-    BicacheStep { refresh, rows }
-}
-
-impl BicacheStep {
-    /// Rows × layers: shallow layers see only the computed rows; deep layers see the prefix
-    /// rows too on a refresh.
+impl ModeStep {
+    /// Rows × layers the step computes for one sequence: layers below `depth` see only
+    /// the computed rows; deep layers also the prefix rows on a refresh (`depth` is the
+    /// number of layers when the step reads no shared prefix).
     pub fn token_layer_passes(&self, depth: usize, n_layers: usize, prefix_len: usize) -> usize {
         let n = self.rows.len();
         let deep_rows = if self.refresh { prefix_len + n } else { n };
-        n * depth + deep_rows * (n_layers - depth)
+        self.warmup.unwrap_or(0) * n_layers + n * depth + deep_rows * (n_layers - depth)
     }
 }
 
@@ -235,14 +187,21 @@ impl BicacheStep {
 mod tests {
     use super::*;
 
-    fn input(mode: CacheMode, block: Range<usize>, block_start: bool, first: bool) -> PlanInput {
-        PlanInput {
+    fn state(
+        mode: CacheMode,
+        block: Range<usize>,
+        block_start: bool,
+        steps_done: usize,
+    ) -> SeqState {
+        SeqState {
             mode,
             seq_len: 20,
             prefix_len: 6,
             block,
             block_start,
-            first_step: first,
+            several_blocks: true,
+            steps_done,
+            refresh_every: 4,
             recompute_all: false,
         }
     }
@@ -258,102 +217,70 @@ mod tests {
 
     #[test]
     fn plans_follow_the_modes() {
-        let none = plan_step(&input(CacheMode::None, 12..16, false, false));
-        assert_eq!(
-            none.pass,
-            PassPlan {
-                rows: 0..20,
-                kv_len: 20
-            }
-        );
-        let p0 = plan_step(&input(CacheMode::FastDllmPrefix, 12..16, true, false));
-        assert_eq!(p0.pass.rows, 0..20);
-        let p1 = plan_step(&input(CacheMode::FastDllmPrefix, 12..16, false, false));
-        assert_eq!(
-            p1.pass,
-            PassPlan {
-                rows: 12..20,
-                kv_len: 20
-            }
-        );
-        let d1 = plan_step(&input(CacheMode::FastDllmDual, 12..16, false, false));
-        assert_eq!(
-            d1.pass,
-            PassPlan {
-                rows: 12..16,
-                kv_len: 20
-            }
-        );
-        let a0 = plan_step(&input(CacheMode::PrefixArm, 8..12, true, true));
-        assert_eq!(
-            a0.warmup,
-            Some(PassPlan {
-                rows: 0..6,
-                kv_len: 6
-            })
-        );
-        assert_eq!(
-            a0.pass,
-            PassPlan {
-                rows: 6..20,
-                kv_len: 20
-            }
-        );
-        let a1 = plan_step(&input(CacheMode::PrefixArm, 8..12, true, false));
+        let none = plan_mode(&state(CacheMode::None, 12..16, false, 3));
+        assert_eq!((none.rows, none.kv_len, none.warmup), (0..20, 20, None));
+        let p0 = plan_mode(&state(CacheMode::FastDllmPrefix, 12..16, true, 3));
+        assert_eq!(p0.rows, 0..20);
+        let p1 = plan_mode(&state(CacheMode::FastDllmPrefix, 12..16, false, 3));
+        assert_eq!((p1.rows, p1.kv_len), (12..20, 20));
+        let d1 = plan_mode(&state(CacheMode::FastDllmDual, 12..16, false, 3));
+        assert_eq!((d1.rows, d1.kv_len), (12..16, 20));
+        let a0 = plan_mode(&state(CacheMode::PrefixArm, 8..12, true, 0));
+        assert_eq!((a0.warmup, a0.rows.clone()), (Some(6), 6..20));
+        assert_eq!(a0.token_layer_passes(3, 3, 6), (6 + 14) * 3);
+        let a1 = plan_mode(&state(CacheMode::PrefixArm, 8..12, true, 1));
         assert_eq!(a1.warmup, None);
-        assert_eq!(a1.token_layer_passes(3), 14 * 3);
+        assert_eq!(a1.token_layer_passes(3, 3, 6), 14 * 3);
     }
 
     #[test]
     fn bicache_refreshes_every_r_steps_or_at_block_starts() {
-        let s = |dual, start, several, done| {
-            bicache_step(dual, 10, 30, 20..24, start, several, done, 4)
+        let s = |dual: bool, start, several, done| {
+            let mode = if dual {
+                CacheMode::BicacheDual
+            } else {
+                CacheMode::Bicache
+            };
+            plan_mode(&SeqState {
+                mode,
+                seq_len: 30,
+                prefix_len: 10,
+                block: 20..24,
+                block_start: start,
+                several_blocks: several,
+                steps_done: done,
+                refresh_every: 4,
+                recompute_all: false,
+            })
         };
-        assert_eq!(
-            s(false, false, false, 0),
-            BicacheStep {
-                refresh: true,
-                rows: 10..30
-            }
-        );
-        assert_eq!(
-            s(false, false, false, 3),
-            BicacheStep {
-                refresh: false,
-                rows: 10..30
-            }
-        );
+        let first = s(false, false, false, 0);
+        assert_eq!((first.refresh, first.rows.clone()), (true, 10..30));
+        let third = s(false, false, false, 3);
+        assert_eq!((third.refresh, third.rows), (false, 10..30));
         assert!(s(false, false, false, 8).refresh);
-        assert_eq!(
-            s(true, false, false, 3),
-            BicacheStep {
-                refresh: false,
-                rows: 20..24
-            }
-        );
+        let dual = s(true, false, false, 3);
+        assert_eq!((dual.refresh, dual.rows.clone()), (false, 20..24));
         assert!(s(true, true, true, 5).refresh);
         assert!(
             !s(true, false, true, 4).refresh,
             "block mode refreshes only at block starts"
         );
-        let refresh = s(false, false, false, 0);
-        assert_eq!(refresh.token_layer_passes(2, 6, 10), 20 * 2 + 30 * 4);
-        assert_eq!(s(true, false, false, 3).token_layer_passes(2, 6, 10), 4 * 6);
+        assert_eq!(first.token_layer_passes(2, 6, 10), 20 * 2 + 30 * 4);
+        assert_eq!(dual.token_layer_passes(2, 6, 10), 4 * 6);
     }
 
     #[test]
     fn recompute_all_is_always_a_full_pass() {
         for m in CacheMode::ALL {
-            let mut i = input(m, 12..16, false, true);
-            i.recompute_all = true;
+            let mut s = state(m, 12..16, false, 0);
+            s.recompute_all = true;
             assert_eq!(
-                plan_step(&i),
-                StepPlan {
+                plan_mode(&s),
+                ModeStep {
                     warmup: None,
-                    pass: PassPlan {
-                        rows: 0..20,
-                        kv_len: 20
-                    }
+                    rows: 0..20,
+                    kv_len: 20,
+                    refresh: false
                 }
             );
         }

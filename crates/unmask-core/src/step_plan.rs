@@ -2,7 +2,7 @@
 //! (DESIGN.md §2–3): which rows the layers compute, where each row's K/V go in the arena,
 //! which arena rows each sequence attends to, which rows move into the deep layers, and
 //! which rows are sampled. `unmask_gpu` runs any plan (`Model::encode_plan`); the cache
-//! modes differ only in the `SeqStep`s they hand it (`cache::plan_step`, `cache::bicache_step`).
+//! modes differ only in the `SeqStep`s they hand it (`cache::plan_mode`).
 //!
 //! Layers `0..depth` are the shallow pass: every sequence's computed rows, attending to
 //! segment A (a shared prefix entry, when the step reads one) and to the sequence's own

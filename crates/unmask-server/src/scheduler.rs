@@ -1,12 +1,16 @@
 //! The engine's thread: it owns the model and runs every request, one denoising step at a
 //! time, in a fair round over its batches.
 //!
-//! - BiCache requests that share a prefix (the same system prompt) and a depth b run in one
-//!   `BatchSession`: one forward pass per step for all of them, joining at step boundaries
-//!   while their arenas fit. The session pins the prefix entry while it has requests and is
-//!   dropped when it has none (the entry stays stored for the next ones).
-//! - Every other request runs as its own `RequestRun`, up to `max_solo` at once.
-//! - A round steps each session and each solo run once, then takes new requests.
+//! - Requests run in `Session`s: one forward pass per step for all the members of one,
+//!   joining at step boundaries while their arenas fit.
+//! - BiCache requests that share a prefix (the same system prompt) and a depth b run in the
+//!   session of that prefix. It pins the prefix entry while it has requests and is dropped
+//!   when it has none (the entry stays stored for the next ones).
+//! - Every other request (any other mode, or a BiCache one that cannot share) joins a
+//!   session without a prefix, up to `max_solo` such requests at once.
+//! - A request counts as queued until it runs: waiting for a session, or inside one for
+//!   room in its arena.
+//! - A round steps each session once, then takes new requests.
 //! - A request whose client went away (its event channel closed) leaves before the next
 //!   step; its pin and GPU state go with it.
 
@@ -17,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
-    BatchSession, BicacheReport, CacheMode, Engine, EngineError, Generation, Prompt, Request,
-    RequestRun, StepEvent, Timings,
+    BicacheReport, CacheMode, Engine, EngineError, Generation, PrefixKey, Prompt, Request, Session,
+    StepEvent, Timings,
 };
 
 use crate::api::{Input, JobSpec};
@@ -67,9 +71,11 @@ pub struct Finished {
 /// How much the scheduler runs at once.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Requests without a shared prefix running at once (each has its own GPU state).
+    /// Requests without a shared prefix running at once (they share the forward passes of
+    /// sessions without a prefix).
     pub max_solo: usize,
-    /// Positions (prompts and canvases) one batch session holds; capped by the device.
+    /// Positions (prompts and canvases) one session holds; capped by the device (a longer
+    /// request gets a session of its own size).
     pub batch_rows: usize,
     /// BiCache depth b for every request (`None`: the model's depth table).
     pub depth: Option<usize>,
@@ -80,7 +86,7 @@ pub struct SchedulerConfig {
 /// What the handlers and the scheduler share.
 pub struct Shared {
     pub metrics: Metrics,
-    /// Requests accepted and not yet running.
+    /// Requests accepted and not yet running (waiting for a session or inside one).
     pub queued: AtomicUsize,
 }
 
@@ -91,6 +97,8 @@ struct Tracker {
     completion: bool,
     text: TextStream,
     include_canvas: bool,
+    /// It runs (it left the queue).
+    started: bool,
 }
 
 impl Tracker {
@@ -100,6 +108,7 @@ impl Tracker {
             completion: job.spec.is_completion(),
             text: TextStream::new(job.spec.stop.clone()),
             include_canvas: job.spec.include_canvas,
+            started: false,
         }
     }
 
@@ -139,8 +148,20 @@ impl Tracker {
         }
     }
 
+    /// Leaves the queue once: the request runs (or ended before it could).
+    fn start(&mut self, shared: &Shared) {
+        if !std::mem::replace(&mut self.started, true) {
+            shared.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = self.events.send(JobEvent::Started);
+        }
+    }
+
     /// Sends the rest of the answer and the result.
     fn finish(mut self, shared: &Shared, result: Result<Generation, EngineError>) {
+        if !self.started {
+            self.started = true;
+            shared.queued.fetch_sub(1, Ordering::Relaxed);
+        }
         let m = &shared.metrics;
         let result = match result {
             Err(e) => {
@@ -188,16 +209,29 @@ impl Tracker {
     }
 }
 
-/// A batch session and the requests in it, by their session ids.
+/// A session and the requests in it, by their session ids.
 struct Slot<'e> {
-    key: (Vec<u32>, usize),
-    session: BatchSession<'e>,
+    session: Session<'e>,
     members: HashMap<usize, Tracker>,
 }
 
-struct Solo<'e> {
-    run: RequestRun<'e>,
-    tracker: Tracker,
+impl Slot<'_> {
+    /// Members that joined the running batch since the last look leave the queue.
+    fn note_started(&mut self, shared: &Shared) {
+        for (&id, t) in self.members.iter_mut() {
+            if !t.started && !self.session.is_waiting(id) {
+                t.start(shared);
+            }
+        }
+    }
+}
+
+/// Where a waiting request went.
+enum Placement {
+    Placed,
+    /// No session can take it now: it waits.
+    NotNow,
+    Failed(EngineError),
 }
 
 /// The request the engine runs for a job.
@@ -226,14 +260,14 @@ fn engine_request(
     Ok(request)
 }
 
-/// The scheduler's state: sessions, solo runs and the requests waiting for a solo slot.
+/// The scheduler's state: sessions and the requests waiting for one.
 struct Scheduler<'e> {
     engine: &'e Engine,
     shared: Arc<Shared>,
     config: SchedulerConfig,
     slots: Vec<Slot<'e>>,
-    solos: Vec<Solo<'e>>,
-    waiting: VecDeque<(Job, Request)>,
+    /// Accepted requests not in a session yet, with their shared prefix (BiCache).
+    waiting: VecDeque<(Job, Request, Option<PrefixKey>)>,
     /// (when, answer tokens) of recent finishes, for tokens/s.
     recent: VecDeque<(Instant, usize)>,
 }
@@ -250,7 +284,6 @@ pub fn run(
         shared,
         config,
         slots: Vec::new(),
-        solos: Vec::new(),
         waiting: VecDeque::new(),
         recent: VecDeque::new(),
     };
@@ -259,14 +292,14 @@ pub fn run(
         if s.is_idle() {
             s.update_gauges();
             match jobs.blocking_recv() {
-                Some(job) => s.place(job),
+                Some(job) => s.accept(job),
                 None => return,
             }
         }
         while let Ok(job) = jobs.try_recv() {
-            s.place(job);
+            s.accept(job);
         }
-        s.start_solos();
+        s.place_waiting();
         s.drop_gone();
         s.round();
         s.update_gauges();
@@ -275,11 +308,7 @@ pub fn run(
 
 impl<'e> Scheduler<'e> {
     fn is_idle(&self) -> bool {
-        self.slots.is_empty() && self.solos.is_empty() && self.waiting.is_empty()
-    }
-
-    fn started(&self) {
-        self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+        self.slots.is_empty() && self.waiting.is_empty()
     }
 
     fn reject(&self, job: Job, error: ApiError) {
@@ -288,98 +317,126 @@ impl<'e> Scheduler<'e> {
         } else {
             error
         };
-        self.started();
+        self.shared.queued.fetch_sub(1, Ordering::Relaxed);
         self.shared.metrics.count("error");
         let _ = job.events.send(JobEvent::Done(Err(error)));
     }
 
-    /// Sends a new request to its batch session (creating it), or to the solo queue.
-    fn place(&mut self, job: Job) {
+    /// Turns a job into its request and the prefix it shares, and queues it.
+    fn accept(&mut self, job: Job) {
         let engine = self.engine;
         let request = match engine_request(engine, &job.spec, &self.config) {
             Ok(r) => r,
             Err(e) => return self.reject(job, ApiError::from_engine(&e)),
         };
-        if request.cache.is_bicache() {
+        let key = if request.cache.is_bicache() {
             match engine.shared_prefix(&request) {
-                Ok(key) => {
-                    if let Some(job) = self.join_session(job, &request, key) {
-                        self.waiting.push_back((job, request));
-                    }
-                    return;
-                }
-                // It cannot share (no depth table, guidance, ...): it runs alone with its
+                Ok(key) => Some(key),
+                // It cannot share (no depth table, guidance, ...): it runs with its
                 // fallback mode, and its report says why.
-                Err(EngineError::Refused(_)) => {}
+                Err(EngineError::Refused(_)) => None,
                 Err(e) => return self.reject(job, ApiError::from_engine(&e)),
             }
-        }
-        self.waiting.push_back((job, request));
-    }
-
-    /// Submits to the session of `key` (prefix, depth); the job back when no session can
-    /// take it (it then runs alone).
-    fn join_session(&mut self, job: Job, request: &Request, key: (Vec<u32>, usize)) -> Option<Job> {
-        let engine = self.engine;
-        let k = match self.slots.iter().position(|s| s.key == key) {
-            Some(k) => k,
-            None => {
-                let rows = self.config.batch_rows.min(engine.model().max_state_rows());
-                match engine.batch_session(&key.0, key.1, rows) {
-                    Ok(session) => {
-                        self.slots.push(Slot {
-                            key,
-                            session,
-                            members: HashMap::new(),
-                        });
-                        self.slots.len() - 1
-                    }
-                    Err(_) => return Some(job),
-                }
-            }
+        } else {
+            None
         };
-        let slot = &mut self.slots[k];
-        match slot.session.submit(request.clone()) {
-            Ok(id) => {
-                slot.members.insert(id, Tracker::new(&job));
-                self.started();
-                let _ = job.events.send(JobEvent::Started);
-                None
-            }
-            Err(_) => {
-                if slot.session.is_idle() {
-                    self.slots.remove(k);
-                }
-                Some(job)
-            }
-        }
+        self.waiting.push_back((job, request, key));
     }
 
-    fn start_solos(&mut self) {
-        while self.solos.len() < self.config.max_solo.max(1) {
-            let Some((job, request)) = self.waiting.pop_front() else {
-                break;
-            };
+    /// Places waiting requests into sessions, in the order they came; one that cannot be
+    /// placed now keeps its turn.
+    fn place_waiting(&mut self) {
+        let mut still = VecDeque::new();
+        while let Some((job, request, key)) = self.waiting.pop_front() {
             if job.events.is_closed() {
-                self.started();
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
                 self.shared.metrics.count("cancelled");
                 continue;
             }
-            match self.engine.start(request) {
-                Ok(run) => {
-                    self.started();
-                    let _ = job.events.send(JobEvent::Started);
-                    let tracker = Tracker::new(&job);
-                    self.solos.push(Solo { run, tracker });
-                }
-                Err(e) => self.reject(job, ApiError::from_engine(&e)),
+            match self.place(&job, &request, key.as_ref()) {
+                Placement::Placed => {}
+                Placement::NotNow => still.push_back((job, request, key)),
+                Placement::Failed(e) => self.reject(job, ApiError::from_engine(&e)),
             }
+        }
+        self.waiting = still;
+        let shared = Arc::clone(&self.shared);
+        for slot in &mut self.slots {
+            slot.note_started(&shared);
         }
     }
 
-    /// Requests whose clients went away leave their batch (unpinning) or stop.
+    /// Requests without a shared prefix in the sessions.
+    fn solo_members(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.session.prefix().is_none())
+            .map(|s| s.members.len())
+            .sum()
+    }
+
+    /// Submits a request to a session of its prefix (or of none) that takes it, making
+    /// one when none does.
+    fn place(&mut self, job: &Job, request: &Request, key: Option<&PrefixKey>) -> Placement {
+        if key.is_none() && self.solo_members() >= self.config.max_solo.max(1) {
+            return Placement::NotNow;
+        }
+        for slot in self.slots.iter_mut() {
+            if slot.session.prefix() != key {
+                continue;
+            }
+            match slot.session.submit(request.clone()) {
+                Ok(id) => {
+                    slot.members.insert(id, Tracker::new(job));
+                    return Placement::Placed;
+                }
+                // Another session of the same prefix, or a new one, may take it.
+                Err(EngineError::Refused(_)) => {}
+                Err(e) => return Placement::Failed(e),
+            }
+        }
+        let engine = self.engine;
+        let needed = match engine.encode_prompt(&request.prompt) {
+            Ok(ids) => ids.len() + request.params.gen_length,
+            Err(e) => return Placement::Failed(e),
+        };
+        let rows = self
+            .config
+            .batch_rows
+            .max(needed)
+            .min(engine.model().max_state_rows());
+        let (session, id) = match engine.session(key, rows) {
+            Ok(mut session) => match session.submit(request.clone()) {
+                Ok(id) => (session, id),
+                Err(e) => return Placement::Failed(e),
+            },
+            // The prefix cannot be stored (over the cache budget, ...): the request runs
+            // without it, with its mode's fallback.
+            Err(EngineError::Refused(why)) if key.is_some() => {
+                if self.solo_members() >= self.config.max_solo.max(1) {
+                    return Placement::NotNow;
+                }
+                let made = engine.session(None, rows).and_then(|mut session| {
+                    let id = session.submit_fallback(request.clone(), &why)?;
+                    Ok((session, id))
+                });
+                match made {
+                    Ok(made) => made,
+                    Err(e) => return Placement::Failed(e),
+                }
+            }
+            Err(e) => return Placement::Failed(e),
+        };
+        let mut members = HashMap::new();
+        members.insert(id, Tracker::new(job));
+        self.slots.push(Slot { session, members });
+        Placement::Placed
+    }
+
+    /// Requests whose clients went away leave their session (unpinning) or the queue.
     fn drop_gone(&mut self) {
-        let m = &self.shared.metrics;
+        let shared = Arc::clone(&self.shared);
+        let m = &shared.metrics;
         for slot in &mut self.slots {
             let gone: Vec<usize> = slot
                 .members
@@ -389,25 +446,24 @@ impl<'e> Scheduler<'e> {
                 .collect();
             for id in gone {
                 slot.session.cancel(id);
-                slot.members.remove(&id);
+                if let Some(t) = slot.members.remove(&id)
+                    && !t.started
+                {
+                    shared.queued.fetch_sub(1, Ordering::Relaxed);
+                }
                 m.count("cancelled");
             }
         }
-        let before = self.solos.len();
-        self.solos.retain(|s| !s.tracker.gone());
-        for _ in self.solos.len()..before {
-            m.count("cancelled");
-        }
         let before = self.waiting.len();
-        self.waiting.retain(|(job, _)| !job.events.is_closed());
+        self.waiting.retain(|(job, _, _)| !job.events.is_closed());
         for _ in self.waiting.len()..before {
-            self.started();
+            shared.queued.fetch_sub(1, Ordering::Relaxed);
             m.count("cancelled");
         }
         self.slots.retain(|s| !s.session.is_idle());
     }
 
-    /// One step of every session and every solo run.
+    /// One step of every session.
     fn round(&mut self) {
         let engine = self.engine;
         let shared = Arc::clone(&self.shared);
@@ -416,10 +472,8 @@ impl<'e> Scheduler<'e> {
             if slot.session.is_idle() {
                 continue;
             }
-            let Slot {
-                session, members, ..
-            } = slot;
-            let done = step_session(session, members, engine);
+            let Slot { session, members } = slot;
+            let done = step_session(session, members, engine, &shared);
             if session.running() > 0 || !done.is_empty() {
                 m.batch_size
                     .observe((session.running() + done.len()) as f64);
@@ -431,28 +485,9 @@ impl<'e> Scheduler<'e> {
                     t.finish(&shared, result);
                 }
             }
+            slot.note_started(&shared);
         }
         self.slots.retain(|s| !s.session.is_idle());
-        let mut k = 0;
-        while k < self.solos.len() {
-            let Solo { run, tracker } = &mut self.solos[k];
-            let step = run.step(&mut |event| tracker.on_step(engine, event));
-            m.batch_size.observe(1.0);
-            m.steps.inc();
-            match step {
-                Ok(None) => k += 1,
-                Ok(Some(g)) => {
-                    let solo = self.solos.remove(k);
-                    let result = Ok(g);
-                    record(&mut self.recent, &result);
-                    solo.tracker.finish(&shared, result);
-                }
-                Err(e) => {
-                    let solo = self.solos.remove(k);
-                    solo.tracker.finish(&shared, Err(e));
-                }
-            }
-        }
     }
 
     fn update_gauges(&mut self) {
@@ -465,15 +500,9 @@ impl<'e> Scheduler<'e> {
         let tokens: usize = self.recent.iter().map(|(_, n)| n).sum();
         m.tokens_per_second
             .set(tokens as f64 / window.as_secs_f64());
-        let waiting_in_sessions: usize = self.slots.iter().map(|s| s.session.waiting()).sum();
-        let running: usize = self
-            .slots
-            .iter()
-            .map(|s| s.session.running())
-            .sum::<usize>()
-            + self.solos.len();
+        let running: usize = self.slots.iter().map(|s| s.session.running()).sum();
         m.queue_depth
-            .set((self.shared.queued.load(Ordering::Relaxed) + waiting_in_sessions) as i64);
+            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
         m.running.set(running as i64);
         m.sessions.set(self.slots.len() as i64);
         let stats = self.engine.prefix_store_recount();
@@ -504,12 +533,15 @@ fn record(recent: &mut VecDeque<(Instant, usize)>, result: &Result<Generation, E
 /// One step of a session, blocking this thread until it is done, routing each request's
 /// step to its tracker.
 fn step_session(
-    session: &mut BatchSession<'_>,
+    session: &mut Session<'_>,
     members: &mut HashMap<usize, Tracker>,
     engine: &Engine,
+    shared: &Shared,
 ) -> Vec<(usize, Result<Generation, EngineError>)> {
     let mut on_step = |id: usize, event: &StepEvent<'_>| {
         if let Some(t) = members.get_mut(&id) {
+            // Its first step: it left the queue (before its first text).
+            t.start(shared);
             t.on_step(engine, event);
         }
     };
