@@ -464,14 +464,5 @@ fn chat_format_of(tokenizer_config: &str) -> Option<ChatFormat> {
 
 /// The depth table shipped for the published model whose shape `cfg` has.
 fn shipped_depth_table(cfg: &ModelConfig) -> Option<DepthTable> {
-    use unmask_core::config::ModelFamily;
-    use unmask_core::depth_policy::{DREAM_V0_INSTRUCT_7B, LLADA_8B_INSTRUCT};
-    let (text, name) = match (cfg.family, cfg.n_layers, cfg.d_model) {
-        (ModelFamily::Llada, 32, 4096) => (LLADA_8B_INSTRUCT, "policies/llada-8b-instruct.json"),
-        (ModelFamily::Dream, 28, 3584) => {
-            (DREAM_V0_INSTRUCT_7B, "policies/dream-v0-instruct-7b.json")
-        }
-        _ => return None,
-    };
-    DepthTable::from_json(text, name).ok()
+    cfg.family.shipped_depth_table(cfg.n_layers, cfg.d_model)
 }

@@ -2,7 +2,6 @@
 //! and the generation it ends with; `session` steps it.
 
 use unmask_core::cache::CacheMode;
-use unmask_core::config::ModelFamily;
 use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
 use unmask_gpu::ops::sampling::SelectParams;
 
@@ -96,10 +95,7 @@ impl Engine {
         let cfg = &self.model.cfg;
         let mut params = p.clone();
         if params.schedule == Schedule::Auto {
-            params.schedule = match cfg.family {
-                ModelFamily::Dream => Schedule::DREAM,
-                ModelFamily::Llada => Schedule::Llada,
-            };
+            params.schedule = cfg.family.spec().default_schedule;
         }
         let sampler = Sampler::new(
             &prompt,

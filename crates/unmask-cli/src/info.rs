@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use unmask::{Engine, EngineError};
-use unmask_core::config::{ModelConfig, ModelFamily};
+use unmask_core::config::ModelConfig;
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::ops::attention::AttentionKernel;
@@ -238,13 +238,7 @@ impl<'a> ModelFiles<'a> {
             0 => String::new(),
             n => format!(", {n} unused tensors"),
         };
-        let family = match c.family {
-            ModelFamily::Llada => "LLaDA (model.transformer.* tensors, no biases)",
-            ModelFamily::Dream => {
-                "Dream (Qwen2 tensors, q/k/v biases, logits shifted by one position, \
-                 Dream's timestep schedule, ChatML)"
-            }
-        };
+        let family = c.family.spec().summary;
         vec![
             format!("model: {}", self.dir.display()),
             format!("  family: {family}"),

@@ -31,12 +31,7 @@ pub enum ChatFormat {
 impl ChatFormat {
     /// The format a family's published template uses.
     pub fn for_family(family: ModelFamily) -> Self {
-        match family {
-            ModelFamily::Llada => Self::Llada,
-            ModelFamily::Dream => Self::ChatMl {
-                default_system: Some(CHATML_DEFAULT_SYSTEM.to_string()),
-            },
-        }
+        family.chat_format()
     }
 
     /// Recognizes a `tokenizer_config.json` `chat_template`: ChatML when it writes

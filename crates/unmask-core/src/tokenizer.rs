@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::config::{ModelConfig, ModelFamily};
+use crate::config::ModelConfig;
 use crate::error::TokenizerError;
 
 /// Token strings of LLaDA's special tokens.
@@ -271,47 +271,30 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// The special tokens, looked up by their token strings (LLaDA's, or Dream's: mask
-    /// `<|mask|>`, turn end `<|im_end|>`). Where the config also
-    /// names an id (mask, EOS, BOS), the two must agree: a disagreement means the tokenizer
-    /// belongs to another model. A token the tokenizer lacks falls back to the config's id.
+    /// The special tokens, looked up by the family's token strings (`FamilySpec`). Where
+    /// the config also names an id (mask, EOS, BOS), the two must agree: a disagreement
+    /// means the tokenizer belongs to another model. A token the tokenizer lacks falls back
+    /// to the config's id.
     pub fn special_tokens(&self, config: &ModelConfig) -> Result<SpecialTokens, TokenizerError> {
-        if config.family == ModelFamily::Dream {
-            // Dream's config names `<|endoftext|>` as BOS too; its template writes none.
-            return Ok(SpecialTokens {
-                mask: self.agreeing_id(
-                    "mask",
-                    DREAM_MASK_TOKEN,
-                    "mask_token_id",
-                    Some(config.mask_token_id),
-                )?,
-                eos: self.agreeing_id(
-                    "EOS",
-                    EOS_TOKEN,
-                    "eos_token_id",
-                    Some(config.eos_token_id),
-                )?,
-                bos: config.bos_token_id.unwrap_or(config.eos_token_id),
-                eot: self.token_to_id(crate::chat::IM_END_TOKEN),
-                start_header: None,
-                end_header: None,
-            });
-        }
+        let names = &config.family.spec().special_tokens;
         let mask = self.agreeing_id(
             "mask",
-            MASK_TOKEN,
+            names.mask,
             "mask_token_id",
             Some(config.mask_token_id),
         )?;
-        let eos = self.agreeing_id("EOS", EOS_TOKEN, "eos_token_id", Some(config.eos_token_id))?;
-        let bos = self.agreeing_id("BOS", BOS_TOKEN, "bos_token_id", config.bos_token_id)?;
+        let eos = self.agreeing_id("EOS", names.eos, "eos_token_id", Some(config.eos_token_id))?;
+        let bos = match names.bos {
+            Some(token) => self.agreeing_id("BOS", token, "bos_token_id", config.bos_token_id)?,
+            None => config.bos_token_id.unwrap_or(config.eos_token_id),
+        };
         Ok(SpecialTokens {
             mask,
             eos,
             bos,
-            eot: self.token_to_id(EOT_TOKEN),
-            start_header: self.token_to_id(START_HEADER_TOKEN),
-            end_header: self.token_to_id(END_HEADER_TOKEN),
+            eot: self.token_to_id(names.eot),
+            start_header: names.headers.and_then(|(start, _)| self.token_to_id(start)),
+            end_header: names.headers.and_then(|(_, end)| self.token_to_id(end)),
         })
     }
 

@@ -18,25 +18,6 @@ const ROPE_THETA: f64 = 10_000.0;
 const MASK_TOKEN_ID: u64 = 151_666;
 const PAD_TOKEN_ID: u64 = 151_643;
 
-impl ModelFamily {
-    /// The key of `config.json` that holds the field named `field` in LLaDA's spelling.
-    pub fn config_key(self, field: &'static str) -> &'static str {
-        match self {
-            ModelFamily::Llada => field,
-            ModelFamily::Dream => match field {
-                "d_model" => "hidden_size",
-                "n_heads" => "num_attention_heads",
-                "n_kv_heads" => "num_key_value_heads",
-                "n_layers" => "num_hidden_layers",
-                "mlp_hidden_size" => "intermediate_size",
-                "embedding_size" => "vocab_size",
-                "max_sequence_length" => "max_position_embeddings",
-                other => other,
-            },
-        }
-    }
-}
-
 impl ModelConfig {
     pub(super) fn from_dream_fields(f: &Fields<'_>) -> Result<Self, ConfigError> {
         let act = f.str_or("hidden_act", "silu")?;

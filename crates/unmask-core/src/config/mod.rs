@@ -27,9 +27,9 @@ pub use presets::{DREAM_7B_CONFIG_JSON, LLADA_8B_CONFIG_JSON, PresetFiles};
 /// Largest head dimension the attention kernel supports.
 pub const MAX_HEAD_DIM: usize = 128;
 
-/// The published architecture a checkpoint follows. It decides the tensor names, whether
-/// q/k/v have biases, whether a position's prediction comes from the hidden state before
-/// it, the chat format and the sampler's defaults.
+/// The published architecture a checkpoint follows. Its facts (tensor names, config keys,
+/// logit shift, chat format, sampler defaults, shipped depth tables) are its `FamilySpec`
+/// (`crate::family`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ModelFamily {
     /// LLaDA-8B (Base, Instruct, 1.5): `model.transformer.*` names, no biases.
@@ -38,27 +38,6 @@ pub enum ModelFamily {
     /// Dream-v0-7B (Base, Instruct) and DiffuCoder: Qwen2 names, q/k/v biases, logits
     /// shifted by one position (the AR alignment Dream was initialised from).
     Dream,
-}
-
-impl ModelFamily {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ModelFamily::Llada => "llada",
-            ModelFamily::Dream => "dream",
-        }
-    }
-
-    /// The prediction for position i is read from the hidden state of position i - 1
-    /// (position 0 from its own).
-    pub fn shifts_logits(self) -> bool {
-        self == ModelFamily::Dream
-    }
-}
-
-impl std::fmt::Display for ModelFamily {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// What the runtime needs to know about a model, validated.

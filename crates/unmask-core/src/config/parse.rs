@@ -16,14 +16,20 @@ impl ModelConfig {
     pub(super) fn from_map(map: &Map<String, Value>) -> Result<Self, ConfigError> {
         let f = Fields { map };
 
-        match f.opt_str("model_type")?.as_deref() {
-            None | Some("llada") => {}
-            Some("Dream" | "dream") => return Self::from_dream_fields(&f),
-            Some(other) => {
+        let model_type = f.opt_str("model_type")?;
+        match ModelFamily::from_model_type(model_type.as_deref()) {
+            Some(ModelFamily::Llada) => {}
+            Some(ModelFamily::Dream) => return Self::from_dream_fields(&f),
+            None => {
+                let known: Vec<String> = ModelFamily::ALL
+                    .iter()
+                    .flat_map(|f| f.spec().model_types)
+                    .map(|t| format!("\"{t}\""))
+                    .collect();
                 return Err(ConfigError::Unsupported {
                     field: "model_type",
-                    expected: "\"llada\" or \"Dream\"".into(),
-                    found: format!("\"{other}\""),
+                    expected: format!("one of {}", known.join(", ")),
+                    found: format!("\"{}\"", model_type.unwrap_or_default()),
                 });
             }
         }
