@@ -10,7 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use unmask_gpu::model::{ForwardState, KvLayer, LayerPass, Model, ModelError, SeqWindow};
+use unmask_core::step_plan::{SeqStep, StepPlan};
+use unmask_gpu::model::{ForwardState, KvLayer, Model, ModelError, PlanTargets};
 use unmask_gpu::{DType, StepEncoder, Tensor};
 
 /// A shared prefix's K/V (after RoPE) for every layer, from a prefix-only pass, and the
@@ -76,37 +77,28 @@ pub fn entry_bytes(model: &Model, tokens: usize) -> u64 {
     model.kv_bytes(tokens) + (tokens * model.cfg.d_model * 4) as u64
 }
 
-/// Records a prefix-only pass of the first `prefix.len()` rows (ids and positions already
-/// written to `st`), writing K/V into `arena` and the hidden state after `depth` layers into
-/// `boundary`. Layers above `depth` run only when `full` (building an entry's K/V).
+/// Records a prefix-only pass over `prefix` into `step`: every row attends to the prefix
+/// alone; K/V go to `arena` and the hidden rows after `depth` layers to `boundary`. Layers
+/// above `depth` run only when `full` (building an entry's K/V).
 #[allow(clippy::too_many_arguments)] // internal; every argument is a distinct buffer or size
 fn encode_prefix_pass(
     model: &Model,
     step: &mut StepEncoder,
     st: &ForwardState,
-    p: usize,
+    prefix: &[u32],
     arena: &[KvLayer],
     depth: usize,
     boundary: &Tensor,
     full: bool,
 ) -> Result<(), ModelError> {
-    let whole = SeqWindow::single(p, p);
-    let pass = |layers: std::ops::Range<usize>| LayerPass {
-        x: &st.x,
-        rows: p,
-        positions: &st.positions,
-        kv_index: &st.positions,
-        layers,
-        arena,
-        seqs: &whole,
-        seg_a: None,
+    let plan = StepPlan::alone(&[SeqStep::whole(prefix.len())], model.cfg.n_layers, false)
+        .map_err(|e| ModelError::Input(e.to_string()))?;
+    let targets = PlanTargets {
+        arena: Some(arena),
+        boundary: Some((depth, boundary)),
+        stop_at_boundary: !full,
     };
-    model.encode_embed(step, st, p)?;
-    model.encode_pass(step, st, &pass(0..depth))?;
-    step.copy(&st.x.buffer, 0, &boundary.buffer, 0, boundary.size_bytes());
-    if full {
-        model.encode_pass(step, st, &pass(depth..model.cfg.n_layers))?;
-    }
+    model.encode_plan_into(step, st, None, &plan, prefix, None, targets)?;
     Ok(())
 }
 
@@ -123,10 +115,8 @@ pub fn build_entry(
         .map(|i| model.kv_layer(p, &format!("prefix layer {i}")))
         .collect::<Result<Vec<_>, _>>()?;
     let boundary = Tensor::zeros(&model.ctx, DType::F32, &[p, c.d_model], "prefix boundary")?;
-    let positions: Vec<u32> = (0..p as u32).collect();
-    model.write_rows(st, prefix, &positions)?;
     let mut step = StepEncoder::new(&model.ctx, "bicache entry");
-    encode_prefix_pass(model, &mut step, st, p, &kv, depth, &boundary, true)?;
+    encode_prefix_pass(model, &mut step, st, prefix, &kv, depth, &boundary, true)?;
     step.submit()?;
     let mut boundaries = HashMap::new();
     boundaries.insert(depth, Arc::new(boundary));
@@ -154,10 +144,10 @@ pub fn compute_boundary(
         &[p, model.cfg.d_model],
         "prefix boundary",
     )?;
-    let positions: Vec<u32> = (0..p as u32).collect();
-    model.write_rows(st, prefix, &positions)?;
     let mut step = StepEncoder::new(&model.ctx, "bicache boundary");
-    encode_prefix_pass(model, &mut step, st, p, &st.kv, depth, &boundary, false)?;
+    encode_prefix_pass(
+        model, &mut step, st, prefix, &st.kv, depth, &boundary, false,
+    )?;
     step.submit()?;
     Ok(Arc::new(boundary))
 }

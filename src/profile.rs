@@ -23,6 +23,7 @@
 //! and a rotation keeps the cosine.
 
 use unmask_core::depth_policy::{DepthTable, prefix_ratio};
+use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
 use unmask_gpu::model::ForwardState;
 
@@ -430,12 +431,11 @@ fn split_item(engine: &Engine, item: &ProfileItem) -> Result<(Vec<u32>, Vec<u32>
 /// One uncached forward pass of `ids` at positions 0.. in `st`, leaving their K/V in the
 /// arena.
 fn forward(engine: &Engine, st: &ForwardState, ids: &[u32]) -> Result<(), EngineError> {
-    let positions: Vec<u32> = (0..ids.len() as u32).collect();
-    engine.model().write_rows(st, ids, &positions)?;
+    let model = engine.model();
+    let plan = StepPlan::alone(&[SeqStep::whole(ids.len())], model.cfg.n_layers, false)
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
     let mut step = StepEncoder::new(engine.ctx(), "profile pass");
-    engine
-        .model()
-        .encode_layers(&mut step, st, ids.len(), ids.len(), None, 0)?;
+    model.encode_plan(&mut step, st, None, &plan, ids, None)?;
     step.submit()?;
     Ok(())
 }

@@ -10,6 +10,7 @@ use serde_json::Value;
 use unmask::{Engine, EngineOptions, GenerationParams, Request};
 use unmask_core::goldens::{ids, params};
 use unmask_core::sampler::Sampler;
+use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
@@ -98,16 +99,17 @@ fn random_remasking_matches_with_the_reference_numbers() {
     )
     .unwrap();
     let t = sampler.tokens().len();
-    let positions: Vec<u32> = (0..t as u32).collect();
+    let whole = StepPlan::alone(&[SeqStep::whole(t)], model.cfg.n_layers, false).unwrap();
     let st = model.new_state(t, t).unwrap();
     let sel = model.new_select(t).unwrap();
     let mut step_index = 0;
     while !sampler.is_done() {
         let rows = sampler.rows_to_predict();
-        model.write_rows(&st, sampler.tokens(), &positions).unwrap();
         model.write_select(&sel, &rows, &rows).unwrap();
         let mut step = StepEncoder::new(engine.ctx(), "golden step");
-        model.encode_layers(&mut step, &st, t, t, None, 0).unwrap();
+        model
+            .encode_plan(&mut step, &st, None, &whole, sampler.tokens(), None)
+            .unwrap();
         let params = SelectParams {
             temperature: 0.0,
             cfg_scale: 0.0,

@@ -54,6 +54,22 @@ pub struct SeqStep {
     pub predict: Vec<u32>,
 }
 
+impl SeqStep {
+    /// Every position of a sequence of `len`, attending to all of them, nothing sampled: an
+    /// uncached pass (a prefix entry's, a profile's, a logits check's).
+    pub fn whole(len: usize) -> SeqStep {
+        SeqStep {
+            rows: 0..len,
+            prefix_len: 0,
+            refresh: false,
+            seq_len: len,
+            kv_len: len,
+            kv_base: 0,
+            predict: Vec::new(),
+        }
+    }
+}
+
 /// A copy of hidden rows into the deep pass's input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RowCopy {

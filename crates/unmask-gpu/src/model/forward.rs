@@ -343,35 +343,6 @@ impl Model {
         Ok(())
     }
 
-    /// Records the transformer over `rows` rows (ids/positions written by `write_rows`):
-    /// their K/V go into the arena at their positions, and every row attends to segment A
-    /// (if any) and the first `kv_len` arena rows. The final hidden states stay in `st.x`.
-    pub fn encode_layers(
-        &self,
-        step: &mut StepEncoder,
-        st: &ForwardState,
-        rows: usize,
-        kv_len: usize,
-        seg_a: Option<&[KvLayer]>,
-        seg_a_len: usize,
-    ) -> Result<(), ModelError> {
-        self.encode_embed(step, st, rows)?;
-        self.encode_pass(
-            step,
-            st,
-            &LayerPass {
-                x: &st.x,
-                rows,
-                positions: &st.positions,
-                kv_index: &st.positions,
-                layers: 0..self.cfg.n_layers,
-                arena: &st.kv,
-                seqs: &SeqWindow::single(rows, kv_len),
-                seg_a: seg_a.map(|a| (a, seg_a_len)),
-            },
-        )
-    }
-
     /// Embeds the ids written by `write_rows` into `st.x`.
     pub fn encode_embed(
         &self,

@@ -19,6 +19,19 @@ pub struct DeepRows {
     kv_rows: Tensor,
 }
 
+/// Where a plan's outputs go besides the hidden rows: a prefix entry being built writes
+/// its K/V into the entry's own arena, and keeps the hidden rows after `depth` layers (the
+/// BiCache boundary state).
+#[derive(Clone, Copy, Default)]
+pub struct PlanTargets<'a> {
+    /// The arena the computed rows' K/V go to (default: the state's).
+    pub arena: Option<&'a [KvLayer]>,
+    /// After this many layers the hidden rows are copied into the tensor.
+    pub boundary: Option<(usize, &'a Tensor)>,
+    /// Stop at the boundary: the layers above it do not run.
+    pub stop_at_boundary: bool,
+}
+
 /// The shared prefix entry a plan's shallow layers read as segment A.
 #[derive(Clone, Copy)]
 pub struct SharedPrefix<'a> {
@@ -53,6 +66,22 @@ impl Model {
         ids: &[u32],
         prefix: Option<SharedPrefix<'_>>,
     ) -> Result<&'s Tensor, ModelError> {
+        self.encode_plan_into(step, st, deep, plan, ids, prefix, PlanTargets::default())
+    }
+
+    /// `encode_plan` with its K/V and boundary rows sent to `targets` (building a prefix
+    /// entry or a boundary state: a plan without a deep pass).
+    #[allow(clippy::too_many_arguments)] // `encode_plan`'s arguments and where outputs go
+    pub fn encode_plan_into<'s>(
+        &self,
+        step: &mut StepEncoder,
+        st: &'s ForwardState,
+        deep: Option<&'s DeepRows>,
+        plan: &StepPlan,
+        ids: &[u32],
+        prefix: Option<SharedPrefix<'_>>,
+        targets: PlanTargets<'_>,
+    ) -> Result<&'s Tensor, ModelError> {
         let c = &self.cfg;
         if plan.n_layers != c.n_layers {
             return Err(ModelError::Input(format!(
@@ -72,21 +101,41 @@ impl Model {
                 ));
             }
         };
+        if (targets.arena.is_some() || targets.boundary.is_some()) && plan.output == Output::Deep {
+            return Err(ModelError::Input(
+                "a plan with deep layers cannot send its outputs elsewhere".into(),
+            ));
+        }
+        let arena = targets.arena.unwrap_or(&st.kv);
+        let shallow = |layers: std::ops::Range<usize>| LayerPass {
+            x: &st.x,
+            rows,
+            positions: &st.positions,
+            kv_index: &st.kv_rows,
+            layers,
+            arena,
+            seqs: &plan.shallow.windows,
+            seg_a: seg_a.map(|p| (p.kv, p.tokens)),
+        };
         self.encode_embed(step, st, rows)?;
-        self.encode_pass(
-            step,
-            st,
-            &LayerPass {
-                x: &st.x,
-                rows,
-                positions: &st.positions,
-                kv_index: &st.kv_rows,
-                layers: 0..plan.depth,
-                arena: &st.kv,
-                seqs: &plan.shallow.windows,
-                seg_a: seg_a.map(|p| (p.kv, p.tokens)),
-            },
-        )?;
+        match targets.boundary {
+            None => self.encode_pass(step, st, &shallow(0..plan.depth))?,
+            Some((b, boundary)) => {
+                let b = b.min(plan.depth);
+                self.encode_pass(step, st, &shallow(0..b))?;
+                let bytes = (rows * c.d_model * 4) as u64;
+                if bytes > boundary.size_bytes() {
+                    return Err(ModelError::Input(format!(
+                        "{rows} boundary rows for a boundary tensor of {} bytes",
+                        boundary.size_bytes()
+                    )));
+                }
+                step.copy(&st.x.buffer, 0, &boundary.buffer, 0, bytes);
+                if !targets.stop_at_boundary {
+                    self.encode_pass(step, st, &shallow(b..plan.depth))?;
+                }
+            }
+        }
         let Some(prefix) = seg_a.filter(|_| plan.output == Output::Deep) else {
             return Ok(&st.x);
         };

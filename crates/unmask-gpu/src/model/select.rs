@@ -12,6 +12,7 @@ use crate::ops::matmul;
 use crate::ops::sampling::{self, SelectParams};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
+use unmask_core::step_plan::{SeqStep, StepPlan};
 
 /// Buffers for the LM head and token choice over up to `capacity` sampled rows.
 pub struct SelectBuffers {
@@ -342,14 +343,14 @@ impl Model {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
         let t = ids.len();
-        let positions: Vec<u32> = (0..t as u32).collect();
         let st = self.new_state(t, t)?;
-        self.write_rows(&st, ids, &positions)?;
+        let plan = StepPlan::alone(&[SeqStep::whole(t)], self.cfg.n_layers, false)
+            .map_err(|e| ModelError::Input(e.to_string()))?;
         let d = self.cfg.d_model;
         let vocab = self.cfg.embedding_size;
         let h = Tensor::zeros(&self.ctx, DType::F32, &[t, d], "final norm")?;
         let mut step = StepEncoder::new(&self.ctx, "logits");
-        self.encode_layers(&mut step, &st, t, t, None, 0)?;
+        self.encode_plan(&mut step, &st, None, &plan, ids, None)?;
         ew::rms_norm(
             &mut step,
             &st.x,
