@@ -262,7 +262,7 @@ impl Engine {
     }
 
     /// The model's BiCache depth table (r → b): its folder's (`DEPTH_TABLE_FILE`), else the
-    /// one shipped in `policies/` when the model has a published model's shape
+    /// one shipped in `crates/unmask-core/policies/` when the model has a published model's shape
     /// (LLaDA-8B-Instruct, Dream-v0-Instruct-7B).
     pub fn depth_table(&self) -> Option<&DepthTable> {
         self.depth_table.as_ref()

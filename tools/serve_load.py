@@ -1,11 +1,14 @@
 """A bounded load test of `unmask serve` on a loopback port (standard library only).
 
     python3 tools/serve_load.py --unmask target/release/unmask [--model models/tiny]
-        [--requests 32] [--clients 8] [--others 4] [--json docs/benchmarks/serve-load.json]
+        [--requests 32] [--clients 8] [--others 4] [--cache bicache-dual,none,fast-dllm-dual]
+        [--json docs/benchmarks/serve-load.json]
 
 Sends REQUESTS chat requests from CLIENTS concurrent clients, all sharing the bundled
 system prompt, plus OTHERS requests with other system prompts (data/tasks/heldout-small.jsonl),
-then the same requests one at a time, to one server. Checks that every request is
+then the same requests one at a time, to one server. With several cache modes the requests
+take them in turn (a mixed workload): BiCache requests share their prefix's session, the
+others share sessions without a prefix, and the mean batch is reported per session kind. Checks that every request is
 answered, that at temperature 0 each answer equals `unmask generate` for the same request,
 that BiCache hit for all but the first request of each system prompt, and that nothing
 leaked (queue, running requests and prefix-store pins back to zero). Prints one JSON
@@ -38,7 +41,8 @@ def main():
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--cache", default="bicache-dual")
+    ap.add_argument("--cache", default="bicache-dual",
+                    help="cache mode, or a comma-separated list the requests take in turn")
     ap.add_argument("--json", help="also write the result here")
     a = ap.parse_args()
 
@@ -50,19 +54,21 @@ def main():
             if item["system"] not in seen and len(others) < a.others:
                 seen.add(item["system"])
                 others.append((item["system"], item["user"]))
+    modes = a.cache.split(",")
     work = [(SYSTEM, QUESTIONS[i % len(QUESTIONS)]) for i in range(a.requests)] + others
+    work = [(system, user, modes[i % len(modes)]) for i, (system, user) in enumerate(work)]
 
-    def body(system, user):
+    def body(system, user, mode):
         return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 "max_tokens": a.gen_length, "steps": a.steps, "block_length": a.block_length,
-                "temperature": 0, "cache": a.cache}
+                "temperature": 0, "cache": mode}
 
     print(f"{len(work)} requests: reference answers from unmask generate", file=sys.stderr)
     expected = {}
-    for system, user in work:
-        if (system, user) not in expected:
-            expected[(system, user)] = generate(a.unmask, a.model, system, user, a.gen_length,
-                                                a.steps, a.block_length, a.cache)
+    for system, user, mode in work:
+        if (system, user, mode) not in expected:
+            expected[(system, user, mode)] = generate(a.unmask, a.model, system, user, a.gen_length,
+                                                      a.steps, a.block_length, mode)
 
     server = Server(a.unmask, a.model, "--max-queue", str(len(work)))
     failures = []
@@ -86,7 +92,7 @@ def main():
 
         # Warm-up outside the timings: compiles the kernels and stores each system prompt's
         # entry once, so both runs below start from the same state.
-        warm = [post(item) for item in {w[0]: w for w in work}.values()]
+        warm = [post(item) for item in {(w[0], w[2]): w for w in work}.values()]
         check_replies(warm, "warm-up")
         m0 = server.metrics()
 
@@ -106,11 +112,12 @@ def main():
         concurrent_tokens = check_replies(concurrent_replies, "concurrent")
         serial_tokens = check_replies(serial_replies, "one at a time")
 
-        systems = len({w[0] for w in work})
+        bicache = lambda items: [w for w in items if w[2].startswith("bicache")]
+        systems = len({w[0] for w in bicache(work)})
         hits = m2.get("unmask_bicache_hits_total", 0)
         misses = m2.get("unmask_bicache_misses_total", 0)
         fallbacks = m2.get("unmask_bicache_fallbacks_total", 0)
-        total = len(warm) + 2 * len(work)
+        total = len(bicache(r[0] for r in warm)) + 2 * len(bicache(work))
         if misses > systems or hits + misses + fallbacks != total or fallbacks:
             failures.append(f"BiCache: {hits} hits, {misses} misses, {fallbacks} fallbacks over "
                             f"{total} requests and {systems} system prompts")
@@ -118,10 +125,18 @@ def main():
             if m2.get(name) != 0:
                 failures.append(f"{name} is {m2.get(name)} after the load")
 
-        def batch_mean(before, after):
-            n = after["unmask_batch_size_count"] - before["unmask_batch_size_count"]
-            s = after["unmask_batch_size_sum"] - before["unmask_batch_size_sum"]
+        def batch_mean(before, after, session=None):
+            """Mean requests per forward pass between two snapshots, of one session kind
+            (shared_prefix, no_prefix) or all."""
+            def total(m, suffix):
+                return sum(v for k, v in m.items() if k.startswith(f"unmask_batch_size_{suffix}")
+                           and (session is None or f'session="{session}"' in k))
+            n = total(after, "count") - total(before, "count")
+            s = total(after, "sum") - total(before, "sum")
             return round(s / n, 2) if n else 0
+
+        def batch_by_kind(before, after):
+            return {kind: batch_mean(before, after, kind) for kind in ("shared_prefix", "no_prefix")}
 
         result = {
             "bench": "serve-load",
@@ -130,16 +145,18 @@ def main():
             "clients": a.clients,
             "system_prompts": systems,
             "gen_length": a.gen_length, "steps": a.steps, "block_length": a.block_length,
-            "cache": a.cache,
+            "cache": modes,
             "concurrent": {"wall_s": round(concurrent_s, 2), "requests_per_s": round(len(work) / concurrent_s, 3),
                            "answer_tokens_per_s": round(concurrent_tokens / concurrent_s, 2),
                            "canvas_tokens_per_s": round(len(work) * a.gen_length / concurrent_s, 2),
                            "mean_batch": batch_mean(m0, m1),
+                           "mean_batch_by_session": batch_by_kind(m0, m1),
                            "mean_latency_s": round(sum(r[3] for r in concurrent_replies) / len(work), 2)},
             "one_at_a_time": {"wall_s": round(serial_s, 2), "requests_per_s": round(len(work) / serial_s, 3),
                               "answer_tokens_per_s": round(serial_tokens / serial_s, 2),
                               "canvas_tokens_per_s": round(len(work) * a.gen_length / serial_s, 2),
                               "mean_batch": batch_mean(m1, m2),
+                              "mean_batch_by_session": batch_by_kind(m1, m2),
                               "mean_latency_s": round(sum(r[3] for r in serial_replies) / len(work), 2)},
             "speedup": round(serial_s / concurrent_s, 2),
             "bicache": {"hits": hits, "misses": misses, "fallbacks": fallbacks},

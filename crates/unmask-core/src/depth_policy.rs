@@ -27,10 +27,10 @@ pub enum DepthTableError {
 }
 
 /// The table shipped for LLaDA-8B-Instruct (τ = 0.97, 500 samples per ratio).
-pub const LLADA_8B_INSTRUCT: &str = include_str!("../../../policies/llada-8b-instruct.json");
+pub const LLADA_8B_INSTRUCT: &str = include_str!("../policies/llada-8b-instruct.json");
 
 /// The table shipped for Dream-v0-Instruct-7B (τ = 0.97, 500 samples per ratio).
-pub const DREAM_V0_INSTRUCT_7B: &str = include_str!("../../../policies/dream-v0-instruct-7b.json");
+pub const DREAM_V0_INSTRUCT_7B: &str = include_str!("../policies/dream-v0-instruct-7b.json");
 
 /// r = round(100 * P / (P + U + G)): the prefix's share of the whole request, canvas included.
 pub fn prefix_ratio(prefix: usize, rest: usize, gen_length: usize) -> u32 {

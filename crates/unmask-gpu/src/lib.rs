@@ -25,7 +25,7 @@ pub use step::{
 };
 pub use tensor::{DType, GpuBuffer, Tensor, Weight, WeightChunk, WeightFormat};
 
-/// Declares a `KernelSource` for a file of the workspace's `shaders/` directory.
+/// Declares a `KernelSource` for a file of this crate's `shaders/` directory.
 #[macro_export]
 macro_rules! kernel_source {
     ($name:literal) => {
@@ -33,7 +33,7 @@ macro_rules! kernel_source {
             name: $name,
             source: include_str!(concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/../../shaders/",
+                "/shaders/",
                 $name,
                 ".wgsl"
             )),

@@ -15,6 +15,13 @@ pub struct Outcome {
     pub outcome: &'static str,
 }
 
+/// The kind of session a step ran: with a shared prefix (BiCache) or without.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SessionKind {
+    /// shared_prefix or no_prefix.
+    pub session: &'static str,
+}
+
 /// Every metric, shared by the handlers and the scheduler (updates are atomic).
 pub struct Metrics {
     registry: Registry,
@@ -22,8 +29,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub running: Gauge,
     pub sessions: Gauge,
-    /// Requests stepped together in one forward pass.
-    pub batch_size: Histogram,
+    /// Requests stepped together in one forward pass, by session kind.
+    pub batch_size: Family<SessionKind, Histogram>,
     pub steps: Counter,
     pub completion_tokens: Counter,
     pub prompt_tokens: Counter,
@@ -46,7 +53,9 @@ impl Metrics {
             queue_depth: Gauge::default(),
             running: Gauge::default(),
             sessions: Gauge::default(),
-            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
+            batch_size: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1.0, 2.0, 8))
+            }),
             steps: Counter::default(),
             completion_tokens: Counter::default(),
             prompt_tokens: Counter::default(),
@@ -73,12 +82,12 @@ impl Metrics {
         registry.register("running_requests", "Requests running", m.running.clone());
         registry.register(
             "batch_sessions",
-            "Batch sessions (one per shared prefix and depth)",
+            "Sessions (one per shared prefix and depth, and those without a prefix)",
             m.sessions.clone(),
         );
         registry.register(
             "batch_size",
-            "Requests run in one forward pass",
+            "Requests run in one forward pass, by session kind",
             m.batch_size.clone(),
         );
         registry.register(

@@ -27,7 +27,7 @@ use unmask::{
 
 use crate::api::{Input, JobSpec};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SessionKind};
 use crate::text::{FinishReason, TextStream, final_tokens};
 
 /// A request handed to the engine thread, with the channel its events go back on.
@@ -475,7 +475,15 @@ impl<'e> Scheduler<'e> {
             let Slot { session, members } = slot;
             let done = step_session(session, members, engine, &shared);
             if session.running() > 0 || !done.is_empty() {
+                let kind = SessionKind {
+                    session: if session.prefix().is_some() {
+                        "shared_prefix"
+                    } else {
+                        "no_prefix"
+                    },
+                };
                 m.batch_size
+                    .get_or_create(&kind)
                     .observe((session.running() + done.len()) as f64);
                 m.steps.inc();
             }

@@ -44,7 +44,7 @@ pub(super) static SPEC: FamilySpec = FamilySpec {
         n_layers: 28,
         d_model: 3584,
         json: DREAM_V0_INSTRUCT_7B,
-        path: "policies/dream-v0-instruct-7b.json",
+        path: "crates/unmask-core/policies/dream-v0-instruct-7b.json",
     }],
 };
 

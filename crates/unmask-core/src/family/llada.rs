@@ -32,7 +32,7 @@ pub(super) static SPEC: FamilySpec = FamilySpec {
         n_layers: 32,
         d_model: 4096,
         json: LLADA_8B_INSTRUCT,
-        path: "policies/llada-8b-instruct.json",
+        path: "crates/unmask-core/policies/llada-8b-instruct.json",
     }],
 };
 

@@ -16,7 +16,7 @@ use crate::sampler::Schedule;
 pub struct ShippedDepthTable {
     pub n_layers: usize,
     pub d_model: usize,
-    /// The table's JSON (`policies/`).
+    /// The table's JSON (`crates/unmask-core/policies/`).
     pub json: &'static str,
     /// Where it lives in the repository, for messages.
     pub path: &'static str,
