@@ -5,6 +5,9 @@ use unmask_core::cache::CacheMode;
 use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
 use unmask_gpu::ops::sampling::SelectParams;
 
+use crate::session::{PrefixKey, Session};
+use std::sync::Arc;
+
 use crate::{
     BicacheReport, Engine, EngineError, Generation, Request, StepEvent, Stopwatch, Timings,
 };
@@ -248,5 +251,119 @@ impl Engine {
             timings,
             bicache: f.report,
         })
+    }
+}
+
+impl Engine {
+    /// The session a prepared request runs in alone: its shared prefix's when it has one
+    /// and the entry can be stored, else one without (the request falls back, and its
+    /// report says why).
+    pub(crate) fn session_for(
+        &self,
+        mut prepared: Prepared<'static>,
+        rows: usize,
+    ) -> Result<(Session<'_>, usize), EngineError> {
+        let key = prepared.shared.map(|(depth, _)| PrefixKey {
+            tokens: prepared.prefix().to_vec(),
+            depth,
+        });
+        let rows = rows.max(prepared.sampler.tokens().len());
+        let mut session = match key {
+            None => self.session(None, rows)?,
+            Some(key) => match self.session(Some(&key), rows) {
+                Ok(s) => s,
+                Err(EngineError::Refused(why)) => {
+                    prepared.fall_back(why);
+                    self.session(None, rows)?
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        session.charge_setup = true;
+        let id = session.admit(prepared)?;
+        Ok((session, id))
+    }
+
+    /// Runs one request as a session of one.
+    pub(crate) async fn run_one(
+        &self,
+        prepared: Prepared<'static>,
+        on_step: &mut dyn FnMut(&StepEvent<'_>),
+    ) -> Result<Generation, EngineError> {
+        let rows = prepared.sampler.tokens().len();
+        let (mut session, _) = self.session_for(prepared, rows)?;
+        loop {
+            let mut done = session.step_async(&mut |_, event| on_step(event)).await;
+            if let Some((_, generation)) = done.pop() {
+                return generation;
+            }
+            if session.is_idle() {
+                return Err(EngineError::Internal(
+                    "a session of one ended without a result".into(),
+                ));
+            }
+        }
+    }
+
+    /// Runs prepared requests in one session (with the shared prefix `prefix`, or none),
+    /// in its forward passes; results in the order given.
+    pub(crate) async fn run_together(
+        &self,
+        prefix: Option<PrefixKey>,
+        requests: Vec<Prepared<'static>>,
+        on_step: &mut dyn FnMut(usize, &StepEvent<'_>),
+    ) -> Vec<Result<Generation, EngineError>> {
+        let n = requests.len();
+        let rows: usize = requests.iter().map(|r| r.sampler.tokens().len()).sum();
+        let mut session = match self.session(prefix.as_ref(), rows.max(1)) {
+            Ok(s) => s,
+            // The entry cannot be stored: every request runs with its fallback mode.
+            Err(EngineError::Refused(why)) => {
+                let mut out = Vec::with_capacity(n);
+                for (i, mut r) in requests.into_iter().enumerate() {
+                    r.fall_back(why.clone());
+                    out.push(self.run_one(r, &mut |e| on_step(i, e)).await);
+                }
+                return out;
+            }
+            Err(e) if n == 1 => return vec![Err(e)],
+            Err(e) => {
+                let e = Arc::new(e);
+                return (0..n)
+                    .map(|_| Err(EngineError::BatchStopped(e.clone())))
+                    .collect();
+            }
+        };
+        session.charge_setup = true;
+        let mut results: Vec<Option<Result<Generation, EngineError>>> =
+            (0..n).map(|_| None).collect();
+        let mut ids = Vec::with_capacity(n);
+        for (i, r) in requests.into_iter().enumerate() {
+            match session.admit(r) {
+                Ok(id) => ids.push((id, i)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let index = |id: usize| ids.iter().find(|(s, _)| *s == id).map(|&(_, i)| i);
+        while !session.is_idle() {
+            let done = session
+                .step_async(&mut |id, event| {
+                    if let Some(i) = index(id) {
+                        on_step(i, event)
+                    }
+                })
+                .await;
+            for (id, g) in done {
+                if let Some(i) = index(id) {
+                    results[i] = Some(g);
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(EngineError::Internal("a request did not run".into())))
+            })
+            .collect()
     }
 }

@@ -5,7 +5,8 @@ use crate::common;
 
 use common::{assert_close, ctx, ctx_with_binding_limit, random_vec};
 use unmask_core::oracle;
-use unmask_gpu::ops::elementwise::{self as ew, RopeShape, RowWindow};
+use unmask_gpu::ops::elementwise::{self as ew, RowWindow};
+use unmask_gpu::ops::unfused::{self, RopeShape};
 use unmask_gpu::{DType, StepEncoder, Tensor, Weight, WeightFormat};
 
 const F32_TOL: f64 = 1e-4;
@@ -121,7 +122,7 @@ fn rope_matches_oracle_on_a_column_window() {
         col_offset: 0,
         max_pos,
     };
-    ew::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
+    unfused::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
     step.submit().unwrap();
     let got = xt.read_f32(&ctx).unwrap();
     let want = oracle::rope(&x, stride, 0, heads, hd, &positions, theta);
@@ -155,7 +156,7 @@ fn rope_with_small_theta_and_offset() {
         col_offset: 8,
         max_pos: 64,
     };
-    ew::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
+    unfused::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
     step.submit().unwrap();
     let want = oracle::rope(&x, stride, 8, heads, hd, &positions, theta);
     assert_close(
@@ -190,7 +191,7 @@ fn gather_and_scatter_rows() {
         10,
     )
     .unwrap();
-    ew::scatter_rows(
+    unfused::scatter_rows(
         &mut step,
         &st,
         RowWindow { stride, col: 8 },
@@ -231,8 +232,8 @@ fn swiglu_and_add() {
     let y = random_vec(7, rows * cols, 1.0);
     let yt = Tensor::from_f32(&ctx, &[rows, cols], &y, "y").unwrap();
     let mut step = StepEncoder::new(&ctx, "swiglu");
-    ew::swiglu(&mut step, &gut, &out, rows, cols).unwrap();
-    ew::add_in_place(&mut step, &out, &yt, rows * cols).unwrap();
+    unfused::swiglu(&mut step, &gut, &out, rows, cols).unwrap();
+    unfused::add_in_place(&mut step, &out, &yt, rows * cols).unwrap();
     step.submit().unwrap();
     let want = oracle::add(&oracle::swiglu(&gu, cols), &y);
     assert_close("swiglu + add", &out.read_f32(&ctx).unwrap(), &want, F32_TOL);

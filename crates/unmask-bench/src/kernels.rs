@@ -9,6 +9,7 @@ use unmask_gpu::ops::attention::{
 };
 use unmask_gpu::ops::elementwise as ew;
 use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused, tune_class};
+use unmask_gpu::ops::unfused;
 use unmask_gpu::tune::{max_relative_error, output_from_zero};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
@@ -560,9 +561,9 @@ impl Unfused {
         };
         matmul(step, input, &self.w, &self.wide, m, MatmulKernel::Auto)?;
         if self.fused.swiglu {
-            ew::swiglu(step, &self.wide, y, m, self.n / 2)?;
+            unfused::swiglu(step, &self.wide, y, m, self.n / 2)?;
         } else if self.fused.residual {
-            ew::add_in_place(step, y, &self.wide, m * self.n)?;
+            unfused::add_in_place(step, y, &self.wide, m * self.n)?;
         }
         Ok(())
     }

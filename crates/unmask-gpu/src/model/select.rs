@@ -12,7 +12,6 @@ use crate::ops::matmul;
 use crate::ops::sampling::{self, SelectParams};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
-use unmask_core::step_plan::{SeqStep, StepPlan};
 
 /// Buffers for the LM head and token choice over up to `capacity` sampled rows.
 pub struct SelectBuffers {
@@ -344,6 +343,7 @@ impl Model {
     pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
         let t = ids.len();
         let st = self.new_state(t, t)?;
+        use unmask_core::step_plan::{SeqStep, StepPlan};
         let plan = StepPlan::alone(&[SeqStep::whole(t)], self.cfg.n_layers, false)
             .map_err(|e| ModelError::Input(e.to_string()))?;
         let d = self.cfg.d_model;

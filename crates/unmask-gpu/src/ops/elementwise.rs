@@ -1,5 +1,5 @@
-//! Row-wise kernels of the forward pass: embedding gather, RMSNorm, RoPE, row gather/scatter,
-//! SwiGLU and the residual add.
+//! Row-wise kernels of the forward pass: embedding gather, RMSNorm, RoPE fused with the
+//! arena write, row gather. The unfused kernels the fused ones replaced are in `unfused`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -12,10 +12,7 @@ use crate::tensor::{DType, Tensor, Weight, WeightFormat};
 
 const EMBED: KernelSource = kernel_source!("embed");
 const RMSNORM: KernelSource = kernel_source!("rmsnorm");
-const ROPE: KernelSource = kernel_source!("rope");
-const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
-const SWIGLU: KernelSource = kernel_source!("swiglu");
-const ADD: KernelSource = kernel_source!("add");
+pub(super) const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
 const ROPE_QKV: KernelSource = kernel_source!("rope_qkv");
 
 /// Spec flags that select how a kernel reads a weight of the given format.
@@ -38,14 +35,7 @@ pub fn variants() -> Vec<ShaderVariant> {
             spec: weight_spec(f),
         })
         .collect();
-    for (kernel, entry) in [
-        (RMSNORM, "main"),
-        (ROPE, "main"),
-        (COPY_ROWS, "gather"),
-        (COPY_ROWS, "scatter"),
-        (SWIGLU, "main"),
-        (ADD, "main"),
-    ] {
+    for (kernel, entry) in [(RMSNORM, "main"), (COPY_ROWS, "gather")] {
         v.push(ShaderVariant {
             kernel,
             entry,
@@ -64,7 +54,7 @@ pub fn variants() -> Vec<ShaderVariant> {
     v
 }
 
-fn check(
+pub(super) fn check(
     op: &'static str,
     ok: bool,
     expected: impl FnOnce() -> String,
@@ -81,7 +71,7 @@ fn check(
     }
 }
 
-fn check_f32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
+pub(super) fn check_f32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
     check(
         op,
         t.dtype == DType::F32 && t.numel() >= min_elems,
@@ -90,7 +80,7 @@ fn check_f32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
     )
 }
 
-fn check_u32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
+pub(super) fn check_u32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
     check(
         op,
         t.dtype == DType::U32 && t.numel() >= min_elems,
@@ -99,7 +89,7 @@ fn check_u32(op: &'static str, t: &Tensor, min_elems: usize) -> Result<()> {
     )
 }
 
-fn u32_of(v: usize) -> u32 {
+pub(super) fn u32_of(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
@@ -203,71 +193,6 @@ pub fn rope_table(theta: f32, head_dim: usize, max_pos: usize) -> Vec<f32> {
         }
     }
     table
-}
-
-/// The geometry of a RoPE application: which heads of which column window.
-#[derive(Clone, Copy, Debug)]
-pub struct RopeShape {
-    pub rows: usize,
-    pub n_heads: usize,
-    pub head_dim: usize,
-    pub row_stride: usize,
-    pub col_offset: usize,
-    pub max_pos: usize,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct RopeParams {
-    rows: u32,
-    n_heads: u32,
-    head_dim: u32,
-    row_stride: u32,
-    col_offset: u32,
-    max_pos: u32,
-    _pad: [u32; 2],
-}
-
-/// Rotates `n_heads` heads starting at `col_offset` of every row in place, at `positions[r]`.
-pub fn rope(
-    step: &mut StepEncoder,
-    x: &Tensor,
-    positions: &Tensor,
-    table: &Tensor,
-    s: RopeShape,
-) -> Result<()> {
-    check(
-        "rope",
-        s.head_dim.is_multiple_of(2) && s.col_offset + s.n_heads * s.head_dim <= s.row_stride,
-        || "an even head_dim and heads within the row".into(),
-        || {
-            format!(
-                "head_dim {} heads {} at column {} of rows of {}",
-                s.head_dim, s.n_heads, s.col_offset, s.row_stride
-            )
-        },
-    )?;
-    check_f32("rope x", x, s.rows * s.row_stride)?;
-    check_u32("rope positions", positions, s.rows)?;
-    check_f32("rope table", table, s.max_pos * s.head_dim)?;
-    let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&ROPE, "main", &Spec::new())?;
-    let params = RopeParams {
-        rows: u32_of(s.rows),
-        n_heads: u32_of(s.n_heads),
-        head_dim: u32_of(s.head_dim),
-        row_stride: u32_of(s.row_stride),
-        col_offset: u32_of(s.col_offset),
-        max_pos: u32_of(s.max_pos),
-        _pad: [0; 2],
-    };
-    step.dispatch(
-        &pipeline,
-        &params,
-        &[x.into(), positions.into(), table.into()],
-        groups_2d(ctx, u32_of(s.rows)),
-    );
-    Ok(())
 }
 
 #[repr(C)]
@@ -392,7 +317,7 @@ pub struct RowWindow {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct CopyParams {
+pub(super) struct CopyParams {
     rows: u32,
     cols: u32,
     src_stride: u32,
@@ -403,7 +328,7 @@ struct CopyParams {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn copy_rows(
+pub(super) fn copy_rows(
     step: &mut StepEncoder,
     entry: &'static str,
     src: &Tensor,
@@ -463,89 +388,6 @@ pub fn gather_rows(
     copy_rows(step, "gather", src, src_w, idx, dst, dst_w, rows, cols)
 }
 
-/// dst row idx[r] (window `dst_w`) = src row r (window `src_w`), for r < rows.
-#[allow(clippy::too_many_arguments)]
-pub fn scatter_rows(
-    step: &mut StepEncoder,
-    src: &Tensor,
-    src_w: RowWindow,
-    idx: &Tensor,
-    dst: &Tensor,
-    dst_w: RowWindow,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    copy_rows(step, "scatter", src, src_w, idx, dst, dst_w, rows, cols)
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct SwigluParams {
-    rows: u32,
-    cols: u32,
-    in_stride: u32,
-    gate_col: u32,
-    up_col: u32,
-    out_stride: u32,
-    _pad: [u32; 2],
-}
-
-/// out[r, c] = silu(gate_up[r, c]) * gate_up[r, cols + c] for a fused `[rows, 2*cols]` input.
-pub fn swiglu(
-    step: &mut StepEncoder,
-    gate_up: &Tensor,
-    out: &Tensor,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    check_f32("swiglu input", gate_up, rows * 2 * cols)?;
-    check_f32("swiglu out", out, rows * cols)?;
-    let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&SWIGLU, "main", &Spec::new())?;
-    let params = SwigluParams {
-        rows: u32_of(rows),
-        cols: u32_of(cols),
-        in_stride: u32_of(2 * cols),
-        gate_col: 0,
-        up_col: u32_of(cols),
-        out_stride: u32_of(cols),
-        _pad: [0; 2],
-    };
-    step.dispatch(
-        &pipeline,
-        &params,
-        &[gate_up.into(), out.into()],
-        groups_2d(ctx, u32_of(rows)),
-    );
-    Ok(())
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct AddParams {
-    n: u32,
-    _pad: [u32; 3],
-}
-
-/// x[i] += y[i] for i < n.
-pub fn add_in_place(step: &mut StepEncoder, x: &Tensor, y: &Tensor, n: usize) -> Result<()> {
-    check_f32("add x", x, n)?;
-    check_f32("add y", y, n)?;
-    let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&ADD, "main", &Spec::new())?;
-    let params = AddParams {
-        n: u32_of(n),
-        _pad: [0; 3],
-    };
-    step.dispatch(
-        &pipeline,
-        &params,
-        &[x.into(), y.into()],
-        groups_2d(ctx, u32_of(n.div_ceil(256))),
-    );
-    Ok(())
-}
-
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
@@ -564,18 +406,6 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
         ),
         host_params!("rmsnorm", "main", NormParams { rows, cols, eps }),
         host_params!(
-            "rope",
-            "main",
-            RopeParams {
-                rows,
-                n_heads,
-                head_dim,
-                row_stride,
-                col_offset,
-                max_pos
-            }
-        ),
-        host_params!(
             "copy_rows",
             "*",
             CopyParams {
@@ -587,19 +417,6 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
                 dst_col
             }
         ),
-        host_params!(
-            "swiglu",
-            "main",
-            SwigluParams {
-                rows,
-                cols,
-                in_stride,
-                gate_col,
-                up_col,
-                out_stride
-            }
-        ),
-        host_params!("add", "main", AddParams { n }),
         host_params!(
             "rope_qkv",
             "main",

@@ -6,6 +6,8 @@ pub mod attention;
 pub mod elementwise;
 pub mod matmul;
 pub mod sampling;
+#[cfg(feature = "unfused-kernels")]
+pub mod unfused;
 
 use crate::pipeline::{KernelSource, Spec};
 
@@ -49,6 +51,8 @@ pub fn all_variants() -> Vec<ShaderVariant> {
     v.extend(matmul::variants());
     v.extend(attention::variants());
     v.extend(sampling::variants());
+    #[cfg(feature = "unfused-kernels")]
+    v.extend(unfused::variants());
     v
 }
 
@@ -62,6 +66,8 @@ mod tests {
         v.extend(matmul::host_params());
         v.extend(attention::host_params());
         v.extend(sampling::host_params());
+        #[cfg(feature = "unfused-kernels")]
+        v.extend(unfused::host_params());
         v
     }
 

@@ -1,0 +1,289 @@
+//! One step of a session's running members: their plans, one forward over all of them, the
+//! token choice grouped by select parameters, one read-back and the commits.
+
+use unmask_core::cache::{ModeStep, SeqState, plan_mode};
+use unmask_core::step_plan::{SeqStep, StepPlan};
+use unmask_gpu::StepEncoder;
+use unmask_gpu::model::{ForwardState, Model, SharedPrefix};
+use unmask_gpu::ops::sampling::SelectParams;
+
+use super::{Member, Session, SessionState};
+use crate::{EngineError, Generation, StepEvent};
+
+/// The states a step runs over, each with the tokens of every running member: the
+/// conditional pass, and the unconditional one under guidance.
+fn pass_tokens<'s>(
+    state: &'s SessionState,
+    running: &[(usize, Member)],
+) -> Vec<(&'s ForwardState, Vec<Vec<u32>>)> {
+    let cond = running
+        .iter()
+        .map(|(_, m)| m.prepared.sampler.tokens().to_vec())
+        .collect();
+    let mut out = vec![(&state.st, cond)];
+    if let Some(u) = &state.uncond {
+        let uncond = running
+            .iter()
+            .map(|(_, m)| m.prepared.sampler.unconditional_tokens())
+            .collect();
+        out.push((u, uncond));
+    }
+    out
+}
+
+/// Members whose rows share one LM-head and select pass this step.
+struct SelectGroup {
+    key: SelectParams,
+    params: SelectParams,
+    members: Vec<usize>,
+    /// Sampled rows of all its members.
+    rows: usize,
+}
+
+/// The select parameters that decide whether two requests' rows can share one LM-head
+/// pass: without noise (T = 0) the seed and step change nothing.
+fn selection_key(mut p: SelectParams) -> SelectParams {
+    if p.temperature == 0.0 {
+        p.seed = 0;
+        p.step = 0;
+    }
+    p
+}
+
+impl Session<'_> {
+    /// The mode planner's step of each running member, with its timings counted.
+    fn plan_members(&mut self) -> Vec<(ModeStep, SeqStep)> {
+        let n_layers = self.engine.model.cfg.n_layers;
+        let depth = self.prefix.as_ref().map_or(n_layers, |p| p.key.depth);
+        let passes = if self.state.uncond.is_some() { 2 } else { 1 };
+        let batch = self.running.len();
+        let shared = self.prefix.is_some();
+        self.running
+            .iter_mut()
+            .map(|(_, m)| {
+                let p = &mut m.prepared;
+                if let Some(report) = p.report.as_mut().filter(|r| r.fallback.is_none()) {
+                    report.batch = report.batch.max(batch);
+                }
+                let s = &p.sampler;
+                let block_start = m.last_block != Some(s.block_index());
+                m.last_block = Some(s.block_index());
+                let seq_len = s.tokens().len();
+                let mode = plan_mode(&SeqState {
+                    mode: p.mode,
+                    seq_len,
+                    prefix_len: p.prefix_len,
+                    block: s.block(),
+                    block_start,
+                    several_blocks: s.num_blocks() > 1,
+                    steps_done: p.timings.steps,
+                    refresh_every: p.request.refresh_every,
+                    recompute_all: p.request.recompute_all,
+                });
+                let seq = SeqStep {
+                    rows: mode.rows.clone(),
+                    prefix_len: if shared { p.prefix_len } else { 0 },
+                    refresh: mode.refresh,
+                    seq_len,
+                    kv_len: mode.kv_len,
+                    kv_base: m.kv_base,
+                    predict: s.rows_to_predict(),
+                };
+                let t = &mut p.timings;
+                t.token_layer_passes +=
+                    mode.token_layer_passes(depth, n_layers, seq.prefix_len) * passes;
+                t.forward_passes += passes * (1 + usize::from(mode.warmup.is_some()));
+                (mode, seq)
+            })
+            .collect()
+    }
+
+    /// One step of every running member: one forward and one read-back for all of them.
+    /// Members that finish leave (unpinning their entry) and are returned with their
+    /// generation.
+    pub(super) async fn step_running(
+        &mut self,
+        on_step: &mut dyn FnMut(usize, &StepEvent<'_>),
+    ) -> Result<Vec<(usize, Result<Generation, EngineError>)>, EngineError> {
+        let engine = self.engine;
+        let model = &engine.model;
+        let n_layers = model.cfg.n_layers;
+        let shift = model.cfg.family.shifts_logits();
+        let steps = self.plan_members();
+        let internal = |e: unmask_core::step_plan::PlanError| EngineError::Internal(e.to_string());
+        let passes = pass_tokens(&self.state, &self.running);
+
+        // Prefix-arm's prefix-only pass, in its own submit: the step rewrites the same rows.
+        let warm: Vec<SeqStep> = steps
+            .iter()
+            .filter_map(|(mode, seq)| {
+                mode.warmup.map(|w| SeqStep {
+                    rows: 0..w,
+                    prefix_len: 0,
+                    refresh: false,
+                    seq_len: seq.seq_len,
+                    kv_len: w,
+                    kv_base: seq.kv_base,
+                    predict: Vec::new(),
+                })
+            })
+            .collect();
+        if !warm.is_empty() {
+            let plan = StepPlan::alone(&warm, n_layers, shift).map_err(internal)?;
+            let mut step = StepEncoder::new(&engine.ctx, "prefix pass");
+            for (st, tokens) in &passes {
+                let ids: Vec<u32> = steps
+                    .iter()
+                    .zip(tokens)
+                    .filter_map(|((mode, _), t)| mode.warmup.map(|w| &t[..w]))
+                    .flatten()
+                    .copied()
+                    .collect();
+                model.encode_plan(&mut step, st, None, &plan, &ids, None)?;
+            }
+            step.submit()?;
+        }
+
+        let seqs: Vec<SeqStep> = steps.iter().map(|(_, s)| s.clone()).collect();
+        let (plan, shared, label) = match &self.prefix {
+            Some(p) => (
+                StepPlan::shared(&seqs, p.key.depth, n_layers, shift).map_err(internal)?,
+                Some(SharedPrefix {
+                    kv: &p.run.entry.kv,
+                    tokens: p.run.entry.tokens,
+                    boundary: &p.run.boundary,
+                }),
+                "bicache step",
+            ),
+            None => (
+                StepPlan::alone(&seqs, n_layers, shift).map_err(internal)?,
+                None,
+                "denoise step",
+            ),
+        };
+        let mut step = StepEncoder::new(&engine.ctx, label);
+        let mut hidden = Vec::with_capacity(passes.len());
+        for (st, tokens) in &passes {
+            let ids: Vec<u32> = seqs
+                .iter()
+                .zip(tokens)
+                .flat_map(|(s, t)| &t[s.rows.clone()])
+                .copied()
+                .collect();
+            let deep = self.state.deep.as_ref();
+            hidden.push(model.encode_plan(&mut step, st, deep, &plan, &ids, shared)?);
+        }
+
+        // Rows whose token choice is made the same way share one LM-head pass.
+        let mut groups: Vec<SelectGroup> = Vec::new();
+        for (k, (_, m)) in self.running.iter().enumerate() {
+            let params = engine.select_params(&m.prepared.sampler, m.prepared.conf_exclude);
+            let key = selection_key(params);
+            let rows = seqs[k].predict.len();
+            match groups.iter_mut().find(|g| g.key == key) {
+                Some(g) => {
+                    g.members.push(k);
+                    g.rows += rows;
+                }
+                None => groups.push(SelectGroup {
+                    key,
+                    params,
+                    members: vec![k],
+                    rows,
+                }),
+            }
+        }
+        // Select buffers are reused from step to step and grow when a step needs more.
+        for (g, group) in groups.iter().enumerate() {
+            if self
+                .selects
+                .get(g)
+                .is_none_or(|sel| sel.capacity < group.rows)
+            {
+                let sel = model.new_select(group.rows)?;
+                match self.selects.get_mut(g) {
+                    Some(slot) => *slot = sel,
+                    None => self.selects.push(sel),
+                }
+            }
+        }
+        let mut slots = Vec::with_capacity(groups.len());
+        for (group, sel) in groups.iter().zip(&self.selects) {
+            let (row_index, positions): (Vec<u32>, Vec<u32>) = group
+                .members
+                .iter()
+                .flat_map(|&k| plan.sampled[k].iter().copied())
+                .unzip();
+            model.write_select(sel, &row_index, &positions)?;
+            let uncond = hidden.get(1).copied();
+            model.encode_select_from(
+                &mut step,
+                hidden[0],
+                uncond,
+                sel,
+                group.rows,
+                &group.params,
+            )?;
+            slots.push(model.read_back_choices(&mut step, sel, group.rows));
+        }
+        drop(passes);
+        let read = step.submit()?.read_async().await?;
+
+        let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); seqs.len()];
+        for (group, slot) in groups.iter().zip(slots) {
+            let mut it = Model::decode_choices(&read[slot]).into_iter();
+            for &k in &group.members {
+                predictions[k] = it
+                    .by_ref()
+                    .take(seqs[k].predict.len())
+                    .map(|c| (c.token, c.confidence))
+                    .collect();
+            }
+        }
+        for ((seq, preds), (id, m)) in seqs.iter().zip(&predictions).zip(&mut self.running) {
+            let id = *id;
+            let record = engine.commit_step(&mut m.prepared, &seq.predict, preds, &mut |e| {
+                on_step(id, e)
+            })?;
+            m.records.push(record);
+        }
+        // Finished members leave (and unpin) as soon as they end.
+        let mut done = Vec::new();
+        let mut k = 0;
+        while k < self.running.len() {
+            if self.running[k].1.prepared.sampler.is_done() {
+                let (id, m) = self.running.remove(k);
+                done.push((id, engine.finish(m.prepared, m.records)));
+            } else {
+                k += 1;
+            }
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn noise_free_choices_group_across_seeds_and_steps() {
+        let a = SelectParams {
+            seed: 1,
+            step: 3,
+            ..SelectParams::default()
+        };
+        let b = SelectParams {
+            seed: 2,
+            step: 9,
+            ..SelectParams::default()
+        };
+        assert_eq!(selection_key(a), selection_key(b));
+        let noisy = |seed| SelectParams {
+            temperature: 0.5,
+            seed,
+            ..SelectParams::default()
+        };
+        assert_ne!(selection_key(noisy(1)), selection_key(noisy(2)));
+    }
+}
