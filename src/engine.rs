@@ -177,7 +177,7 @@ impl Engine {
         options: &EngineOptions,
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
-        model.matmul_kernel = options.matmul_kernel;
+        model.set_kernels(&options.kernel_options());
         model.kv_dtype = match options.kv_dtype {
             DType::F32 => DType::F32,
             DType::F16 if model.cfg.head_dim().is_multiple_of(4) => DType::F16,
@@ -232,7 +232,7 @@ impl Engine {
     /// Picks the matmul kernel of every forward pass from now on (tests and benchmarks
     /// compare kernels; `MatmulKernel::Auto` is the default).
     pub fn set_matmul_kernel(&mut self, kernel: MatmulKernel) {
-        self.model.matmul_kernel = kernel;
+        self.model.set_matmul_kernel(kernel);
     }
 
     /// The model's configuration.

@@ -8,14 +8,15 @@
 //! # Ok::<(), unmask::EngineError>(())
 //! ```
 //!
-//! The `Engine` loads a Hugging Face LLaDA folder onto the GPU and runs the reference
-//! sampler (`unmask_core::sampler`) with every forward pass on the GPU
+//! The `Engine` loads a Hugging Face model folder (LLaDA, Dream) onto the GPU and runs the
+//! reference sampler (`unmask_core::sampler`) with every forward pass on the GPU
 //! (`unmask_gpu::model`): one command encoder per step, 8 bytes read back per sampled row.
+//! Every request runs in a `Session` of N ≥ 1 requests stepped together.
 //!
 //! Generation is one `async` implementation (`Engine::generate_async`): natively the
 //! blocking `generate` drives it with `pollster`, polling the device at each read-back; in a
 //! browser it is awaited and each read-back yields to the page's event loop. Models load
-//! from a directory (`Engine::load`, memory-mapped) or from any `ModelFiles` source that
+//! from a directory (`Engine::load`, read in pieces) or from any `ModelFiles` source that
 //! streams the checkpoint (`Engine::load_from`; the browser's fetch or picked files).
 
 // Prefix entries are shared through `Arc` so native callers can use an engine from any

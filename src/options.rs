@@ -5,6 +5,7 @@ use unmask_core::depth_policy::DepthTable;
 use unmask_core::prefix_store::StoreBudget;
 
 use unmask_gpu::model::WeightFormats;
+use unmask_gpu::ops::KernelOptions;
 use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::tune::TunePolicy;
@@ -51,8 +52,7 @@ pub struct EngineOptions {
 }
 
 impl EngineOptions {
-    /// The GPU context these options ask for: backend, memory budget, bounds checks and
-    /// kernel tuning.
+    /// The GPU context these options ask for: backend, memory budget and bounds checks.
     pub fn context_options(&self) -> Result<ContextOptions, EngineError> {
         let backends = self
             .backend
@@ -63,11 +63,18 @@ impl EngineOptions {
             backends,
             memory_budget: self.gpu_memory,
             runtime_checks: self.shader_checks,
-            attention_kernel: Some(self.attention_kernel).filter(|&k| k != AttentionKernel::Auto),
-            tune: self.tune,
-            tune_file: self.tune_file.clone(),
             ..ContextOptions::default()
         })
+    }
+
+    /// The model's kernel choice these options ask for.
+    pub fn kernel_options(&self) -> KernelOptions {
+        KernelOptions {
+            matmul: self.matmul_kernel,
+            attention: self.attention_kernel,
+            tune: self.tune,
+            tune_file: self.tune_file.clone(),
+        }
     }
 
     /// The storage formats asked for.

@@ -10,6 +10,7 @@ use common::{assert_close, ctx, flat, relative_error};
 use serde_json::Value;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
+use unmask_gpu::ops::KernelOptions;
 use unmask_gpu::ops::matmul::MatmulKernel;
 
 fn goldens() -> Value {
@@ -19,23 +20,32 @@ fn goldens() -> Value {
 }
 
 fn check(format: WeightFormat, tol: f64) {
-    check_on(ctx(), format, MatmulKernel::Auto, tol);
+    check_on(ctx(), format, &KernelOptions::default(), tol);
 }
 
 fn check_with(format: WeightFormat, kernel: MatmulKernel, tol: f64) {
-    check_on(ctx(), format, kernel, tol);
+    let options = KernelOptions {
+        matmul: kernel,
+        ..KernelOptions::default()
+    };
+    check_on(ctx(), format, &options, tol);
 }
 
 fn check_on(
     ctx: std::sync::Arc<unmask_gpu::GpuContext>,
     format: WeightFormat,
-    kernel: MatmulKernel,
+    kernels: &KernelOptions,
     tol: f64,
 ) {
     let mut model =
         Model::load(ctx.clone(), &fixture_dir(), format, &mut |_| {}).expect("tiny model loads");
-    model.matmul_kernel = kernel;
-    check_model(&model, &format!("matmul={}", kernel.name()), tol);
+    model.set_kernels(kernels);
+    let what = format!(
+        "matmul={} attention={}",
+        kernels.matmul.name(),
+        kernels.attention.name()
+    );
+    check_model(&model, &what, tol);
 }
 
 /// The model's logits and argmax on every golden case, within `tol` of the f32 reference.
@@ -163,13 +173,12 @@ fn logits_match_reference_with_chunked_vocabulary() {
 fn logits_match_reference_with_every_attention_kernel() {
     use unmask_gpu::ops::attention::AttentionKernel;
     for kernel in AttentionKernel::CONCRETE {
-        let ctx = unmask_gpu::GpuContext::new(&unmask_gpu::ContextOptions {
-            attention_kernel: Some(kernel),
-            ..common::options()
-        })
-        .expect("GPU adapter");
         eprintln!("[attention] forward with the {} kernel", kernel.name());
-        check_on(ctx, WeightFormat::F32, MatmulKernel::Auto, 1e-4);
+        let options = KernelOptions {
+            attention: kernel,
+            ..KernelOptions::default()
+        };
+        check_on(ctx(), WeightFormat::F32, &options, 1e-4);
     }
 }
 

@@ -9,25 +9,34 @@ use std::path::Path;
 use common::{assert_close, random_vec};
 use unmask_core::oracle::matmul::matmul_xwt;
 use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, tune_class};
+use unmask_gpu::ops::{KernelOptions, Kernels};
 use unmask_gpu::tune::TunePolicy;
-use unmask_gpu::{ContextOptions, DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
+use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
-fn context(policy: TunePolicy, file: &Path) -> std::sync::Arc<GpuContext> {
-    GpuContext::new(&ContextOptions {
+/// A context and a kernel choice that measures by `policy`, keeping winners in `file`.
+fn context(policy: TunePolicy, file: &Path) -> (std::sync::Arc<GpuContext>, Kernels) {
+    let ctx = GpuContext::new(&common::options()).expect("GPU adapter");
+    let options = KernelOptions {
         tune: policy,
         tune_file: Some(file.to_path_buf()),
-        ..common::options()
-    })
-    .expect("GPU adapter")
+        ..KernelOptions::default()
+    };
+    let kernels = Kernels::new(&ctx, &options);
+    (ctx, kernels)
 }
 
-/// y = x Wᵀ through `MatmulKernel::Auto` on `ctx`.
-fn run(ctx: &GpuContext, x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+/// y = x Wᵀ through `MatmulKernel::Auto` on `ctx`, measured by `kernels`' tuner.
+fn run(
+    (ctx, kernels): &(std::sync::Arc<GpuContext>, Kernels),
+    x: &[f32],
+    w: &[f32],
+    (m, n, k): (usize, usize, usize),
+) -> Vec<f32> {
     let xt = Tensor::from_f32(ctx, &[m, k], x, "x").unwrap();
     let wt = Weight::from_f32(ctx, n, k, w, WeightFormat::F32, "w").unwrap();
     let y = Tensor::zeros(ctx, DType::F32, &[m, n], "y").unwrap();
     let mut step = StepEncoder::new(ctx, "tuned matmul");
-    matmul(&mut step, &xt, &wt, &y, m, MatmulKernel::Auto).unwrap();
+    matmul(&mut step, &xt, &wt, &y, m, kernels).unwrap();
     step.submit().unwrap();
     y.read_f32(ctx).unwrap()
 }
@@ -42,15 +51,16 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     let w = random_vec(2, n * k, 0.5);
     let want = matmul_xwt(&x, &w, m, n, k);
 
-    let ctx = context(TunePolicy::Always, &file);
-    assert!(ctx.tuner.enabled());
-    assert_close("tuned matmul", &run(&ctx, &x, &w, m, n, k), &want, 1e-5);
-    assert_eq!(ctx.tuner.measurements(), 1, "the new class was timed");
+    let tuned = context(TunePolicy::Always, &file);
+    let (ctx, kernels) = (&tuned.0, &tuned.1);
+    assert!(kernels.tuner.enabled());
+    assert_close("tuned matmul", &run(&tuned, &x, &w, (m, n, k)), &want, 1e-5);
+    assert_eq!(kernels.tuner.measurements(), 1, "the new class was timed");
     let class = tune_class(WeightFormat::F32, &Fusion::default(), m, n, k);
-    let entries = ctx.tuner.entries();
+    let entries = kernels.tuner.entries();
     let (got_class, measured) = &entries[0];
     assert_eq!(got_class, &class);
-    let names: Vec<&str> = MatmulKernel::candidates(&ctx, WeightFormat::F32)
+    let names: Vec<&str> = MatmulKernel::candidates(ctx, WeightFormat::F32)
         .iter()
         .map(|k| k.name())
         .collect();
@@ -58,7 +68,7 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     // Integer dot products are a candidate for quantized weights only.
     assert!(!names.contains(&MatmulKernel::NarrowDot.name()));
     for format in [WeightFormat::Q8, WeightFormat::Q4] {
-        assert!(MatmulKernel::candidates(&ctx, format).contains(&MatmulKernel::NarrowDot));
+        assert!(MatmulKernel::candidates(ctx, format).contains(&MatmulKernel::NarrowDot));
     }
     assert_eq!(
         measured
@@ -74,23 +84,23 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     eprintln!("[tune] {class}: {measured:?}");
 
     // The same class again (M 7 rounds up to 8, as 5 does): no new measurement.
-    run(&ctx, &random_vec(3, 7 * k, 1.0), &w, 7, n, k);
-    assert_eq!(ctx.tuner.measurements(), 1);
+    run(&tuned, &random_vec(3, 7 * k, 1.0), &w, (7, n, k));
+    assert_eq!(kernels.tuner.measurements(), 1);
 
     // A second process on the device reads the winner from the file.
     let again = context(TunePolicy::Always, &file);
     assert_eq!(
-        again.tuner.winner(&class).as_deref(),
+        again.1.tuner.winner(&class).as_deref(),
         Some(measured.winner.as_str())
     );
-    assert_close("remembered", &run(&again, &x, &w, m, n, k), &want, 1e-5);
-    assert_eq!(again.tuner.measurements(), 0);
+    assert_close("remembered", &run(&again, &x, &w, (m, n, k)), &want, 1e-5);
+    assert_eq!(again.1.tuner.measurements(), 0);
 
     // Off: the fixed choice, nothing measured, nothing read.
     let off = context(TunePolicy::Off, &file);
-    assert_eq!(off.tuner.winner(&class), None);
-    run(&off, &x, &w, m, n, k);
-    assert_eq!(off.tuner.measurements(), 0);
+    assert_eq!(off.1.tuner.winner(&class), None);
+    run(&off, &x, &w, (m, n, k));
+    assert_eq!(off.1.tuner.measurements(), 0);
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.contains(&class), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -102,7 +112,7 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
 fn quantized_classes_measure_the_integer_dot_kernel() {
     let dir = std::env::temp_dir().join(format!("unmask-tune-dot-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let ctx = context(TunePolicy::Always, &dir.join("kernels.json"));
+    let (ctx, kernels) = context(TunePolicy::Always, &dir.join("kernels.json"));
     let (m, n, k) = (5, 40, 96);
     let x = random_vec(21, m * k, 1.0);
     let w = random_vec(22, n * k, 0.5);
@@ -111,10 +121,10 @@ fn quantized_classes_measure_the_integer_dot_kernel() {
     for format in [WeightFormat::Q8, WeightFormat::Q4] {
         let wt = Weight::from_f32(&ctx, n, k, &w, format, "w").unwrap();
         let mut step = StepEncoder::new(&ctx, "tuned quantized matmul");
-        matmul(&mut step, &xt, &wt, &y, m, MatmulKernel::Auto).unwrap();
+        matmul(&mut step, &xt, &wt, &y, m, &kernels).unwrap();
         step.submit().unwrap();
         let class = tune_class(format, &Fusion::default(), m, n, k);
-        let entries = ctx.tuner.entries();
+        let entries = kernels.tuner.entries();
         let (_, measured) = entries.iter().find(|(c, _)| *c == class).unwrap();
         eprintln!("[tune] {class}: {measured:?}");
         let dot = measured
@@ -137,7 +147,7 @@ fn attention_shape_classes_are_measured_too() {
     };
     let dir = std::env::temp_dir().join(format!("unmask-tune-attn-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let ctx = context(TunePolicy::Always, &dir.join("kernels.json"));
+    let (ctx, kernels) = context(TunePolicy::Always, &dir.join("kernels.json"));
     // The tensor-core kernels are candidates at the head dim they serve (8 fragments).
     let coop_hd = [64, 128]
         .into_iter()
@@ -172,6 +182,7 @@ fn attention_shape_classes_are_measured_too() {
     let scratch = Tensor::zeros(&ctx, DType::F32, &[floats], "split scratch").unwrap();
     let options = AttentionOptions {
         kernel: AttentionKernel::Auto,
+        tuner: Some(&kernels.tuner),
         scratch: Some(&scratch),
         ..AttentionOptions::default()
     };
@@ -213,8 +224,8 @@ fn attention_shape_classes_are_measured_too() {
         1e-4
     };
     assert_close("tuned attention", &got, &want, tol);
-    assert_eq!(ctx.tuner.measurements(), 1);
-    let (class, measured) = &ctx.tuner.entries()[0];
+    assert_eq!(kernels.tuner.measurements(), 1);
+    let (class, measured) = &kernels.tuner.entries()[0];
     assert!(
         class.starts_with("attention@") && class.ends_with("/split"),
         "{class}"
@@ -234,7 +245,7 @@ fn attention_shape_classes_are_measured_too() {
     eprintln!("[tune] {class}: {measured:?}");
     let (again, _) = run();
     assert_eq!(again.kernel, plan.kernel);
-    assert_eq!(ctx.tuner.measurements(), 1, "measured once");
+    assert_eq!(kernels.tuner.measurements(), 1, "measured once");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -244,7 +255,7 @@ fn attention_shape_classes_are_measured_too() {
 fn candidates_that_compute_wrong_outputs_never_win() {
     use unmask_gpu::tune::{outputs_agree, time_verified_candidates};
     let dir = std::env::temp_dir().join(format!("unmask-tune-verify-{}", std::process::id()));
-    let ctx = context(TunePolicy::Always, &dir.join("kernels.json"));
+    let (ctx, kernels) = context(TunePolicy::Always, &dir.join("kernels.json"));
     let times = time_verified_candidates(
         &ctx,
         &["right", "wrong", "failing"],
@@ -263,7 +274,7 @@ fn candidates_that_compute_wrong_outputs_never_win() {
     assert!(by_name("right").is_finite(), "{times:?}");
     assert!(by_name("wrong").is_nan(), "{times:?}");
     assert!(by_name("failing").is_nan(), "{times:?}");
-    assert_eq!(ctx.tuner.record("c", times).as_deref(), Some("right"));
+    assert_eq!(kernels.tuner.record("c", times).as_deref(), Some("right"));
 
     let reference = [1.0f32, -2.0, 4.0];
     assert!(outputs_agree(&reference, &[1.01, -2.0, 4.0], 1e-2));

@@ -102,6 +102,7 @@ fn llada_8b_shapes(div: usize, heads: usize) -> ModelConfig {
 
 fn main() -> BenchResult<()> {
     let ctx = GpuContext::new(&ContextOptions::default())?;
+    let kernels = unmask_gpu::ops::Kernels::new(&ctx, &unmask_gpu::ops::KernelOptions::default());
     let is_cpu = format!("{:?}", ctx.info.device_type) == "Cpu";
     let options = parse_args(is_cpu)?;
     eprintln!(
@@ -166,9 +167,10 @@ fn main() -> BenchResult<()> {
     }
     let mut summary = Vec::new();
     for case in &cases {
-        let records = bench::run_kernel_case(&ctx, &envelope, case, &kernel_options, &mut |r| {
-            println!("{r}");
-        })?;
+        let records =
+            bench::run_kernel_case(&ctx, &kernels, &envelope, case, &kernel_options, &mut |r| {
+                println!("{r}");
+            })?;
         summary.extend(summarize(&records));
     }
     eprintln!(

@@ -3,12 +3,15 @@
 
 use serde_json::{Value, json};
 use unmask_core::config::ModelConfig;
+use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::{
     AttentionKernel, AttentionOptions, AttentionShape, KvSegment, attention_with,
     split_scratch_floats,
 };
 use unmask_gpu::ops::elementwise as ew;
-use unmask_gpu::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused, tune_class};
+use unmask_gpu::ops::matmul::{
+    Fusion, MatmulChoice, MatmulKernel, matmul, matmul_fused, tune_class,
+};
 use unmask_gpu::ops::unfused;
 use unmask_gpu::tune::{max_relative_error, output_from_zero};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
@@ -166,6 +169,7 @@ fn kernel_record(
 /// as soon as it is measured (for streaming output).
 pub fn run_kernel_case(
     ctx: &GpuContext,
+    kernels: &Kernels,
     envelope: &Value,
     case: &KernelCase,
     options: &KernelBenchOptions,
@@ -226,9 +230,14 @@ pub fn run_kernel_case(
                 let bytes = w.size_bytes() as f64 + 4.0 * (m * k + m * y_cols) as f64;
                 // Each variant's output from zero, checked against `Tiled`'s: a kernel that
                 // is fast and wrong on this device shows in its record.
+                // The model's choice: `Auto` measures with its tuner.
                 let output = |kernel: MatmulKernel| {
+                    let choice = MatmulChoice {
+                        kernel,
+                        kernels: Some(kernels),
+                    };
                     output_from_zero(ctx, &y, |step| {
-                        matmul_fused(step, &x, &w, &y, m, kernel, fusion)
+                        matmul_fused(step, &x, &w, &y, m, choice, fusion)
                     })
                 };
                 let reference = output(MatmulKernel::Tiled)?;
@@ -241,7 +250,8 @@ pub fn run_kernel_case(
                     // cooperative matrices).
                     let ran = if kernel == MatmulKernel::Auto {
                         let class = tune_class(format, &fusion, m, y_cols, k);
-                        ctx.tuner
+                        kernels
+                            .tuner
                             .winner(&class)
                             .and_then(|name| {
                                 MatmulKernel::CONCRETE
@@ -384,7 +394,7 @@ pub fn run_kernel_case(
                     DType::F16 => &[false],
                     _ => &[true],
                 };
-                let kernels: Vec<AttentionKernel> = if options.all_variants {
+                let variants: Vec<AttentionKernel> = if options.all_variants {
                     AttentionKernel::CONCRETE
                         .into_iter()
                         .filter(|&k| kv_dtype == DType::F32 || k != AttentionKernel::Register)
@@ -396,6 +406,7 @@ pub fn run_kernel_case(
                 let record = |step: &mut StepEncoder, kernel, native_f16| {
                     let attn_options = AttentionOptions {
                         kernel,
+                        tuner: Some(&kernels.tuner),
                         native_f16,
                         scratch: Some(&scratch),
                         slices: None,
@@ -424,7 +435,7 @@ pub fn run_kernel_case(
                 };
                 let reference = output(AttentionKernel::Wide, false)?;
                 for &native_f16 in native_paths {
-                    for &kernel in &kernels {
+                    for &kernel in &variants {
                         let error = max_relative_error(&reference, &output(kernel, native_f16)?);
                         let mut plan = None;
                         let s = time_step(ctx, options.repeats, |step| {

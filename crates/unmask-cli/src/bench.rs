@@ -358,6 +358,11 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         }
     };
     eprintln!("[gpu] {}", ctx.describe());
+    // The engine's kernel choice (its tuner included), else one from the same options.
+    let kernel_choice = match &engine {
+        Some(e) => e.model().kernels().clone(),
+        None => unmask_gpu::ops::Kernels::new(&ctx, &engine_options.kernel_options()),
+    };
     let (name, cfg) = shapes_config(args.config.as_deref(), model.as_deref())?;
     let peak = match (peak_gflops, peak_gbs) {
         (None, None) => bench::known_peak(&ctx.info.name),
@@ -424,8 +429,15 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                 .collect::<Vec<_>>()
         );
         for case in bench::model_kernel_cases(&cfg, &rows, &kv_lens) {
-            bench::run_kernel_case(&ctx, &envelope, &case, &kernel_options, &mut on_record)
-                .map_err(|e| CliError::context(format!("kernel benchmark {}", case.name()), e))?;
+            bench::run_kernel_case(
+                &ctx,
+                &kernel_choice,
+                &envelope,
+                &case,
+                &kernel_options,
+                &mut on_record,
+            )
+            .map_err(|e| CliError::context(format!("kernel benchmark {}", case.name()), e))?;
         }
     }
     if let Some(engine) = &engine {

@@ -9,6 +9,7 @@ use unmask::{Engine, EngineError};
 use unmask_core::config::ModelConfig;
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
+use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
 use unmask_gpu::{ContextOptions, GpuContext};
@@ -46,8 +47,8 @@ pub fn context(backend: Option<&str>) -> Result<Arc<GpuContext>, CliError> {
 }
 
 /// How `auto` kernels are chosen on this device, and the matmul kernels by name.
-fn kernel_choice(ctx: &GpuContext, pinned: MatmulKernel) -> String {
-    let t = &ctx.tuner;
+fn kernel_choice(kernels: &Kernels) -> String {
+    let t = &kernels.tuner;
     let how = if !t.enabled() {
         "fixed per shape (a CPU adapter or --tune off; --tune always measures)".to_string()
     } else {
@@ -66,9 +67,9 @@ fn kernel_choice(ctx: &GpuContext, pinned: MatmulKernel) -> String {
         "kernel choice: {how}\nmatmul kernels: {} (this run: {})\nattention kernels: {} (this \
          run: {})",
         names.join(", "),
-        pinned.name(),
+        kernels.matmul.name(),
         attention.join(", "),
-        ctx.attention_kernel.name()
+        kernels.attention.name()
     )
 }
 
@@ -133,7 +134,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             l.max_compute_workgroups_per_dimension,
             l.max_storage_buffers_per_shader_stage
         ),
-        kernel_choice(&ctx, engine_options.matmul_kernel),
+        kernel_choice(&Kernels::new(&ctx, &engine_options.kernel_options())),
     ];
     if let Some(dir) = model {
         let files = ModelFiles::read(&dir)?;

@@ -1,6 +1,6 @@
-//! Adapter choice, device creation and the features the kernels may use.
+//! Adapter choice, device creation and the features the kernels may use: device facts
+//! only. Which kernel runs is the model's choice (`ops::Kernels`).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -8,7 +8,6 @@ use crate::error::{GpuError, Result};
 use crate::pipeline::PipelineCache;
 use crate::step::bind_groups::BindGroupCache;
 use crate::step::{HostCounters, ReadbackRing, TraceState};
-use crate::tune::{KernelTuner, TunePolicy, default_tune_file};
 
 /// How to pick the adapter and what the device may use.
 #[derive(Clone, Debug)]
@@ -36,9 +35,6 @@ pub struct ContextOptions {
     /// created with it and kernels size their tiles by it. Tests set the browser's 16 KiB
     /// to run the kernel variants a browser gets.
     pub max_workgroup_storage_bytes: Option<u32>,
-    /// The attention kernel the forward pass asks for (`None`: `Auto`, chosen per device
-    /// and shape). Tests force each variant through the whole model.
-    pub attention_kernel: Option<crate::ops::attention::AttentionKernel>,
     /// Most storage-buffer bytes the runtime may hold on the device at once; an allocation
     /// past it is refused with an error naming what it was for (`None`: no budget).
     pub memory_budget: Option<u64>,
@@ -46,10 +42,6 @@ pub struct ContextOptions {
     /// every index of `shaders/` is clamped in range by construction and the host checks
     /// each dispatch's parameters against its buffers. A browser always checks.
     pub runtime_checks: bool,
-    /// When `Auto` kernels are chosen by timing the candidates (`tune`).
-    pub tune: TunePolicy,
-    /// Where measured choices are kept across processes (`None`: `default_tune_file()`).
-    pub tune_file: Option<PathBuf>,
 }
 
 impl Default for ContextOptions {
@@ -62,11 +54,8 @@ impl Default for ContextOptions {
             cooperative_fragment: None,
             max_binding_bytes: None,
             max_workgroup_storage_bytes: None,
-            attention_kernel: None,
             memory_budget: None,
             runtime_checks: true,
-            tune: TunePolicy::Auto,
-            tune_file: None,
         }
     }
 }
@@ -84,9 +73,34 @@ pub fn parse_backend(name: &str) -> Result<wgpu::Backends> {
     }
 }
 
+/// What kind of adapter runs the kernels: the one rule every kernel choice reads for "is
+/// this a hardware GPU".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterClass {
+    /// A discrete, integrated or virtual (passed-through) GPU.
+    Gpu,
+    /// A CPU rasterizer: lavapipe, llvmpipe, WARP, SwiftShader where it says so.
+    Software,
+    /// The adapter does not say (browsers hide the device behind WebGPU).
+    Unknown,
+}
+
+impl AdapterClass {
+    pub fn of(device: wgpu::DeviceType) -> Self {
+        match device {
+            wgpu::DeviceType::DiscreteGpu
+            | wgpu::DeviceType::IntegratedGpu
+            | wgpu::DeviceType::VirtualGpu => Self::Gpu,
+            wgpu::DeviceType::Cpu => Self::Software,
+            wgpu::DeviceType::Other => Self::Unknown,
+        }
+    }
+}
+
 /// What the kernels may rely on, decided once at device creation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelFeatures {
+    pub adapter: AdapterClass,
     pub shader_f16: bool,
     pub subgroups: bool,
     pub subgroup_min_size: u32,
@@ -220,18 +234,11 @@ pub struct GpuContext {
     pub host: HostCounters,
     /// Whether kernels keep wgpu's runtime bounds checks (`ContextOptions::runtime_checks`).
     pub runtime_checks: bool,
-    /// Measured choices of `Auto` kernels on this device.
-    pub tuner: KernelTuner,
-    /// `ContextOptions::attention_kernel`, or `Auto`.
-    pub attention_kernel: crate::ops::attention::AttentionKernel,
     pub(crate) pipelines: PipelineCache,
     pub(crate) params: crate::step::ParamArena,
     pub(crate) bind_groups: BindGroupCache,
     pub(crate) readback: ReadbackRing,
     pub(crate) trace: TraceState,
-    /// Partial sums of the split-K matmul (`coop-split`), grown to the largest asked for and
-    /// shared by every dispatch: dispatches run in order, so one buffer serves them all.
-    pub(crate) split_scratch: Mutex<Option<crate::tensor::Tensor>>,
 }
 
 /// The fragment side the `coop` matmul can use among an adapter's configurations: square
@@ -388,6 +395,7 @@ impl GpuContext {
             None => device_binding,
         };
         let features = KernelFeatures {
+            adapter: AdapterClass::of(info.device_type),
             shader_f16,
             subgroups,
             subgroup_min_size: info.subgroup_min_size,
@@ -427,10 +435,7 @@ impl GpuContext {
             });
         }
         let params = crate::step::ParamArena::new(limits.min_uniform_buffer_offset_alignment);
-        let tune_file = options.tune_file.clone().or_else(default_tune_file);
-        let tuner = KernelTuner::new(&info, options.tune, tune_file);
         Ok(Arc::new(Self {
-            tuner,
             memory: Arc::new(MemoryCounter::new(options.memory_budget)),
             faults,
             device,
@@ -440,36 +445,12 @@ impl GpuContext {
             limits,
             host: HostCounters::default(),
             runtime_checks: options.runtime_checks || cfg!(target_arch = "wasm32"),
-            attention_kernel: options
-                .attention_kernel
-                .unwrap_or(crate::ops::attention::AttentionKernel::Auto),
             pipelines: PipelineCache::default(),
             params,
             bind_groups: BindGroupCache::default(),
             readback: ReadbackRing::default(),
             trace: TraceState::default(),
-            split_scratch: Mutex::new(None),
         }))
-    }
-
-    /// An f32 scratch of at least `floats` elements for split-K partial sums: the context's
-    /// one scratch, replaced by a bigger one when it is too small (a step that recorded the
-    /// old one keeps it alive until it ran).
-    pub(crate) fn split_scratch(&self, floats: usize) -> Result<crate::tensor::Tensor> {
-        let mut slot = self.split_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = slot.as_ref()
-            && t.numel() >= floats
-        {
-            return Ok(t.clone());
-        }
-        let t = crate::tensor::Tensor::zeros(
-            self,
-            crate::tensor::DType::F32,
-            &[floats],
-            "split-K partial sums",
-        )?;
-        *slot = Some(t.clone());
-        Ok(t)
     }
 
     /// Bind groups cached now (for tests of the cache's lifetime rules).

@@ -1,5 +1,6 @@
-//! Unmask on wgpu: the device context, typed buffers, the WGSL kernel library and
-//! (with the model issue) the LLaDA forward pass.
+//! Unmask on wgpu: the device context (device facts only), typed buffers, the WGSL kernel
+//! library with its kernel choice (`ops`), a model's weights on the GPU and the executor of
+//! step plans (`model`), for every family `unmask_core::family` describes.
 
 // Buffers and the context are shared through `Arc` so native callers can use them from any
 // thread; in a browser wgpu's handles are neither `Send` nor `Sync`, and the one thread

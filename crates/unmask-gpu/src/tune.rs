@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
+use crate::context::AdapterClass;
+
 /// When `Auto` kernels are chosen by measurement.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TunePolicy {
@@ -62,6 +64,16 @@ pub struct KernelTuner {
     warned: AtomicUsize,
 }
 
+impl std::fmt::Debug for KernelTuner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelTuner")
+            .field("enabled", &self.enabled)
+            .field("device_key", &self.device_key)
+            .field("measured", &self.measurements())
+            .finish()
+    }
+}
+
 /// A stable 32-bit hash (FNV-1a) of a kernel's source, part of its shape classes.
 pub fn source_hash(source: &str) -> u32 {
     source.bytes().fold(0x811c_9dc5u32, |h, b| {
@@ -89,12 +101,8 @@ impl KernelTuner {
     /// The tuner of a device. `path`: where winners are read from and written to (`None`:
     /// this process only).
     pub fn new(info: &wgpu::AdapterInfo, policy: TunePolicy, path: Option<PathBuf>) -> Self {
-        let hardware = !matches!(
-            info.device_type,
-            wgpu::DeviceType::Cpu | wgpu::DeviceType::Other
-        );
         let enabled = match policy {
-            TunePolicy::Auto => hardware,
+            TunePolicy::Auto => AdapterClass::of(info.device_type) == AdapterClass::Gpu,
             TunePolicy::Always => true,
             TunePolicy::Off => false,
         };

@@ -17,14 +17,15 @@ use unmask_core::config::ModelConfig;
 use super::ModelError;
 use super::checkpoint::Checkpoint;
 use super::weights::{LoadProgress, ModelWeights, WeightFormats};
-use crate::context::GpuContext;
+use crate::context::{AdapterClass, GpuContext};
 use crate::ops::attention::{self, AttentionKernel, AttentionOptions, AttentionShape, KvSegment};
 use crate::ops::elementwise::{self as ew, QkvShape};
-use crate::ops::matmul::{self, Fusion, MatmulKernel};
+use crate::ops::matmul::{self, Fusion};
+use crate::ops::{KernelOptions, Kernels};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
-/// A loaded LLaDA model.
+/// A loaded model, with its kernel choice.
 pub struct Model {
     pub ctx: Arc<GpuContext>,
     pub cfg: ModelConfig,
@@ -33,7 +34,8 @@ pub struct Model {
     /// on demand up to `max_pos`: a config's `max_sequence_length` alone never allocates.
     rope: RwLock<RopeTable>,
     max_pos: usize,
-    pub matmul_kernel: MatmulKernel,
+    /// Which kernels its passes run, and the tuner that measures `Auto`.
+    pub(crate) kernels: Kernels,
     /// Storage of the K/V arenas (and of BiCache prefix entries, which must match them):
     /// `F32`, or `F16` for half the memory. Set before the first state is made; attention
     /// refuses segments of mixed storage.
@@ -130,15 +132,32 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let max_pos = cfg.max_sequence_length.max(1);
         let rope = Self::build_rope(&ctx, &cfg, max_pos.min(ROPE_INITIAL_ROWS))?;
+        let kernels = Kernels::new(&ctx, &KernelOptions::default());
         Ok(Self {
             ctx,
             cfg,
             weights,
             rope: RwLock::new(rope),
+            kernels,
             max_pos,
-            matmul_kernel: MatmulKernel::Auto,
             kv_dtype: DType::F32,
         })
+    }
+
+    /// Which kernels the model's passes run.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// Sets the kernel choice (before any state is made: the attention kernel sizes the
+    /// split scratch of a state).
+    pub fn set_kernels(&mut self, options: &KernelOptions) {
+        self.kernels = Kernels::new(&self.ctx, options);
+    }
+
+    /// Sets the matmul kernel alone, keeping the tuner and its measurements.
+    pub fn set_matmul_kernel(&mut self, kernel: crate::ops::matmul::MatmulKernel) {
+        self.kernels.matmul = kernel;
     }
 
     fn build_rope(
@@ -216,10 +235,10 @@ impl Model {
         /// Slices at `SPLIT_ROWS` rows; fewer rows may take more.
         const SPLIT_SLICES: usize = 32;
         let split_asked = matches!(
-            self.ctx.attention_kernel,
+            self.kernels.attention,
             AttentionKernel::WideSplit | AttentionKernel::CoopSplit
         );
-        if !attention::is_hardware_gpu(&self.ctx) && !split_asked {
+        if self.ctx.features.adapter != AdapterClass::Gpu && !split_asked {
             return 0;
         }
         let c = &self.cfg;
@@ -369,7 +388,7 @@ impl Model {
         let (h, hkv) = (c.n_heads, c.n_kv_heads);
         let qkv_w = self.qkv_width();
         let eps = c.rms_norm_eps as f32;
-        let k = self.matmul_kernel;
+        let k = &self.kernels;
         let rows = pass.rows;
         if rows > st.capacity || pass.layers.end > c.n_layers || pass.arena.len() < pass.layers.end
         {
@@ -443,7 +462,8 @@ impl Model {
                     head_dim: hd,
                 };
                 let options = AttentionOptions {
-                    kernel: self.ctx.attention_kernel,
+                    kernel: self.kernels.attention,
+                    tuner: Some(&self.kernels.tuner),
                     scratch: st.attn_parts.as_ref(),
                     ..AttentionOptions::default()
                 };

@@ -241,7 +241,7 @@ impl Model {
         let head = &self.weights.lm_head;
         for (ci, chunk) in head.chunks.iter().enumerate() {
             let part = head.chunk_view(ci);
-            matmul::matmul(step, &sel.normed, &part, &sel.logits, n, self.matmul_kernel)?;
+            matmul::matmul(step, &sel.normed, &part, &sel.logits, n, &self.kernels)?;
             if full.is_some() {
                 for &(g, rows) in &groups {
                     let src = RowWindow {
@@ -272,7 +272,7 @@ impl Model {
                     &part,
                     &sel.logits_uncond,
                     n,
-                    self.matmul_kernel,
+                    &self.kernels,
                 )?;
                 Some(&sel.logits_uncond)
             } else {
@@ -372,7 +372,7 @@ impl Model {
                 &head.chunk_view(ci),
                 &logits,
                 t,
-                self.matmul_kernel,
+                &self.kernels,
             )?;
             step.submit()?;
             let part = logits.read_f32(&self.ctx)?;

@@ -4,10 +4,13 @@
 
 pub mod attention;
 pub mod elementwise;
+mod kernels;
 pub mod matmul;
 pub mod sampling;
 #[cfg(feature = "unfused-kernels")]
 pub mod unfused;
+
+pub use kernels::{KernelOptions, Kernels};
 
 use crate::pipeline::{KernelSource, Spec};
 

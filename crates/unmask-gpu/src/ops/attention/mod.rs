@@ -36,7 +36,7 @@ mod plan;
 use plan::*;
 pub use plan::{
     AttentionKernel, AttentionOptions, AttentionPlan, KvRead, coop_attention, coop_attention_bytes,
-    is_hardware_gpu, split_scratch_floats,
+    split_scratch_floats,
 };
 
 const ATTENTION: KernelSource = kernel_source!("attention");
@@ -294,7 +294,7 @@ pub fn tune_class(
     )
 }
 
-/// For `Auto` on a device that measures (`GpuContext::tuner`): the measured kernel of this
+/// For `Auto` with a tuner that measures (`AttentionOptions::tuner`): the measured kernel of this
 /// shape class, timed now into a scratch output when the class is new. `None`: keep the
 /// plan's fixed choice (no measuring, or nothing to choose between).
 #[allow(clippy::too_many_arguments)]
@@ -312,7 +312,10 @@ fn measured_kernel(
     shape: AttentionShape,
     options: &AttentionOptions,
 ) -> Result<Option<AttentionKernel>> {
-    if options.kernel != AttentionKernel::Auto || !ctx.tuner.enabled() || rows.is_empty() {
+    let Some(tuner) = options.tuner.filter(|t| t.enabled()) else {
+        return Ok(None);
+    };
+    if options.kernel != AttentionKernel::Auto || rows.is_empty() {
         return Ok(None);
     }
     let kv = seg_b.k.dtype;
@@ -345,7 +348,7 @@ fn measured_kernel(
         options.scratch.is_some(),
     );
     let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
-    if let Some(k) = ctx.tuner.winner(&class).as_deref().and_then(by_name) {
+    if let Some(k) = tuner.winner(&class).as_deref().and_then(by_name) {
         return Ok(Some(k));
     }
     #[cfg(not(target_arch = "wasm32"))]
@@ -388,7 +391,7 @@ fn measured_kernel(
             },
             |step, name| record(step, by_name(name).expect("a candidate")),
         )?;
-        Ok(ctx.tuner.record(&class, times).as_deref().and_then(by_name))
+        Ok(tuner.record(&class, times).as_deref().and_then(by_name))
     }
     // In a browser nothing is timed: the plan's fixed choice.
     #[cfg(target_arch = "wasm32")]

@@ -2,6 +2,7 @@
 //! fixed choice per device and shape, and the sizes the split's scratch needs.
 
 use super::*;
+use crate::context::AdapterClass;
 
 /// Query units per workgroup (fixed by the kernel's register blocks).
 pub(super) const UNITS_PER_GROUP: usize = 8;
@@ -54,7 +55,7 @@ impl Tile {
 }
 
 /// Which attention kernel runs (module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum AttentionKernel {
     /// 8 x 8 register blocks, no K/V staging; f32 K/V, or f16 (packed) where the head dim
     /// is a multiple of 4.
@@ -70,6 +71,7 @@ pub enum AttentionKernel {
     /// `WideSplit` where `Coop` does not run.
     CoopSplit,
     /// `plan` picks one for the device and shape.
+    #[default]
     Auto,
 }
 
@@ -153,7 +155,7 @@ impl AttentionKernel {
         let coop = coop_attention(ctx, head_dim);
         let kernel = match self {
             AttentionKernel::Auto => {
-                let hardware = is_hardware_gpu(ctx);
+                let hardware = ctx.features.adapter == AdapterClass::Gpu;
                 if register_reads && !hardware {
                     // lavapipe: the register kernel beat the wide one 4-7x (kernel bench,
                     // ratios within one run); staging through workgroup memory is a copy
@@ -262,14 +264,6 @@ pub fn coop_attention_bytes(fragment: u32) -> u32 {
     2 * bq * (hd + 8) * 2 + bq * bk * 4 + bq * (bk + 8) * 2 + 2 * bq * 4
 }
 
-/// A discrete or integrated GPU: where the wide kernels are meant to run.
-pub fn is_hardware_gpu(ctx: &GpuContext) -> bool {
-    matches!(
-        ctx.info.device_type,
-        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
-    )
-}
-
 /// How the kernel reads K and V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvRead {
@@ -313,6 +307,9 @@ pub struct AttentionPlan {
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionOptions<'a> {
     pub kernel: AttentionKernel,
+    /// Measures `Auto`'s candidates (`Kernels::tuner`); without one `Auto` takes the fixed
+    /// choice.
+    pub tuner: Option<&'a crate::tune::KernelTuner>,
     /// Read f16 K/V with native f16 loads where the device has shader-f16 (else packed).
     pub native_f16: bool,
     /// f32 scratch for the split kernel's partial results (`split_scratch_floats` per
@@ -327,6 +324,7 @@ impl Default for AttentionOptions<'_> {
     fn default() -> Self {
         Self {
             kernel: AttentionKernel::Auto,
+            tuner: None,
             native_f16: true,
             scratch: None,
             slices: None,

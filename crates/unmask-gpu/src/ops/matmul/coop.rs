@@ -7,6 +7,7 @@ use bytemuck::{Pod, Zeroable};
 use super::{Fusion, KERNEL, MatmulParams, SPLIT_REDUCE, too_big};
 use crate::context::GpuContext;
 use crate::error::Result;
+use crate::ops::Kernels;
 use crate::pipeline::Spec;
 use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::Tensor;
@@ -105,12 +106,14 @@ pub fn split_k_tiles(tiles: u32, k_tiles: u32, max_slices: u32) -> u32 {
 /// Records `CoopSplit` for one weight chunk (`params`, `bindings` as the plain `Coop`
 /// dispatch would take them; `split_spec` its pass-1 specialisation) when the shape splits
 /// K; `false`, recording nothing, when one slice is all it gets (the caller runs `Coop`).
+#[allow(clippy::too_many_arguments)] // the plain dispatch's inputs plus the scratch's owner
 pub(super) fn dispatch_split(
     step: &mut StepEncoder,
     split_spec: &Spec,
     params: MatmulParams,
     bindings: &[Binding],
     coop: CoopShape,
+    kernels: Option<&Kernels>,
     fusion: &Fusion<'_>,
     y: &Tensor,
 ) -> Result<bool> {
@@ -127,7 +130,17 @@ pub(super) fn dispatch_split(
     if slices < 2 {
         return Ok(false);
     }
-    let scratch = ctx.split_scratch(slices as usize * slice_len)?;
+    // The model's shared scratch; a caller without one (a kernel test) gets its own.
+    let floats = slices as usize * slice_len;
+    let scratch = match kernels {
+        Some(k) => k.split_scratch(ctx, floats)?,
+        None => Tensor::zeros(
+            ctx,
+            crate::tensor::DType::F32,
+            &[floats],
+            "split-K partial sums",
+        )?,
+    };
     // Pass 1: raw partial sums of every tile and slice into the scratch.
     let split = ctx.pipeline(&KERNEL, "coop", split_spec)?;
     let mut pass1 = bindings.to_vec();

@@ -6,8 +6,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::Kernels;
 use super::ShaderVariant;
-use crate::context::GpuContext;
+use crate::context::{AdapterClass, GpuContext};
 use crate::error::{GpuError, Result};
 use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
@@ -22,7 +23,7 @@ pub const KERNEL: KernelSource = crate::kernel_source!("matmul");
 pub const SPLIT_REDUCE: KernelSource = crate::kernel_source!("matmul_split");
 
 /// Which matmul kernel to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum MatmulKernel {
     /// One output per invocation, scalar loads; the baseline.
     Naive,
@@ -54,6 +55,7 @@ pub enum MatmulKernel {
     /// converted to float. `Narrow` for float weights.
     NarrowDot,
     /// The best measured kernel for the device and shape.
+    #[default]
     Auto,
 }
 
@@ -147,7 +149,7 @@ impl MatmulKernel {
         if self != MatmulKernel::Auto {
             return (self, format);
         }
-        let kernel = auto_kernel(ctx.info.device_type, m);
+        let kernel = auto_kernel(ctx.features.adapter, m);
         let format = match (kernel, format) {
             // On lavapipe/llvmpipe unpacking the same f16 bytes with integer ops beat native
             // f16 loads by ~1.3x.
@@ -308,9 +310,10 @@ fn spec(
     spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
 }
 
-/// The kernel `Auto` runs for `m` rows on a device of this type.
-fn auto_kernel(device: wgpu::DeviceType, m: usize) -> MatmulKernel {
-    if device == wgpu::DeviceType::Cpu {
+/// The kernel `Auto` runs for `m` rows on an adapter of this class (one that does not say
+/// is taken for a GPU: browsers run on one).
+fn auto_kernel(adapter: AdapterClass, m: usize) -> MatmulKernel {
+    if adapter == AdapterClass::Software {
         // On lavapipe/llvmpipe register tiling beat shared tiles on every shape.
         MatmulKernel::Tiled
     } else if m >= 64 {
@@ -441,30 +444,58 @@ fn shape_error(expected: String, found: String) -> GpuError {
     }
 }
 
+/// The kernel a matmul asks for, with the model's kernel choice (`Kernels`: its tuner
+/// measures `Auto`, its scratch holds split-K partial sums). A bare `MatmulKernel` runs
+/// without one: `Auto` takes the fixed choice, `CoopSplit` a scratch of its own.
+#[derive(Clone, Copy)]
+pub struct MatmulChoice<'a> {
+    pub kernel: MatmulKernel,
+    pub kernels: Option<&'a Kernels>,
+}
+
+impl From<MatmulKernel> for MatmulChoice<'_> {
+    fn from(kernel: MatmulKernel) -> Self {
+        Self {
+            kernel,
+            kernels: None,
+        }
+    }
+}
+
+impl<'a> From<&'a Kernels> for MatmulChoice<'a> {
+    fn from(kernels: &'a Kernels) -> Self {
+        Self {
+            kernel: kernels.matmul,
+            kernels: Some(kernels),
+        }
+    }
+}
+
 /// Records `y[0..m] = x[0..m] · Wᵀ`. `x` is f32 `[.., K]` and `y` f32 `[.., N]` with at least
 /// `m` rows each (they may be allocated bigger); `W` is `[N, K]`.
-pub fn matmul(
+pub fn matmul<'k>(
     step: &mut StepEncoder,
     x: &Tensor,
     w: &Weight,
     y: &Tensor,
     m: usize,
-    kernel: MatmulKernel,
+    kernel: impl Into<MatmulChoice<'k>>,
 ) -> Result<()> {
     matmul_fused(step, x, w, y, m, kernel, Fusion::default())
 }
 
 /// `matmul` with a fused prologue or epilogue (`Fusion`). With `swiglu`, `W` is a paired
 /// gate|up weight of `2N` logical rows and y has N columns.
-pub fn matmul_fused(
+pub fn matmul_fused<'k>(
     step: &mut StepEncoder,
     x: &Tensor,
     w: &Weight,
     y: &Tensor,
     m: usize,
-    kernel: MatmulKernel,
+    kernel: impl Into<MatmulChoice<'k>>,
     fusion: Fusion<'_>,
 ) -> Result<()> {
+    let choice = kernel.into();
     let ctx = step.ctx();
     if fusion.swiglu != w.paired.is_some() {
         return Err(shape_error(
@@ -518,7 +549,7 @@ pub fn matmul_fused(
         return Err(too_big("elements of x or y", m.saturating_mul(n.max(k))));
     }
 
-    let (kernel, format) = choose(ctx, kernel, x, w, m, n, fusion)?;
+    let (kernel, format) = choose(ctx, choice, x, w, m, n, fusion)?;
     let x_vec4 = k.is_multiple_of(4);
     let bk16 = gemm_k_depth(ctx, kernel) == 16;
     // `plan` runs `Coop` only where it has a shape.
@@ -577,7 +608,17 @@ pub fn matmul_fused(
             let split_spec = spec_of(kernel)
                 .flag_if(fusion.norm.is_some(), "NORM")
                 .flag_if(fusion.swiglu, "SWIGLU");
-            if coop::dispatch_split(step, &split_spec, params, &bindings, coop, &fusion, y)? {
+            let kernels = choice.kernels;
+            if coop::dispatch_split(
+                step,
+                &split_spec,
+                params,
+                &bindings,
+                coop,
+                kernels,
+                &fusion,
+                y,
+            )? {
                 continue;
             }
         }
@@ -612,21 +653,25 @@ pub fn tune_class(
     )
 }
 
-/// `kernel.plan`, or for `Auto` on a device that measures (`GpuContext::tuner`) the
+/// `kernel.plan`, or for `Auto` with a tuner that measures (`Kernels::tuner`) the
 /// measured winner of the shape class, timed now on scratch output when the class is new.
 // In a browser nothing is timed (no blocking waits), so x goes unused there.
 #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
 fn choose(
     ctx: &GpuContext,
-    kernel: MatmulKernel,
+    choice: MatmulChoice<'_>,
     x: &Tensor,
     w: &Weight,
     m: usize,
     n: usize,
     fusion: Fusion<'_>,
 ) -> Result<(MatmulKernel, WeightFormat)> {
+    let kernel = choice.kernel;
     let planned = kernel.plan(ctx, m, w.format);
-    if kernel != MatmulKernel::Auto || !ctx.tuner.enabled() {
+    let Some(tuner) = choice.kernels.map(|k| &*k.tuner).filter(|t| t.enabled()) else {
+        return Ok(planned);
+    };
+    if kernel != MatmulKernel::Auto {
         return Ok(planned);
     }
     // Measured kernels read the weight as the device best can (the fixed choice may pick
@@ -637,7 +682,7 @@ fn choose(
     // this weight format (`NarrowDot` is one for quantized weights only).
     let candidates = MatmulKernel::candidates(ctx, format);
     let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
-    if let Some(k) = ctx.tuner.winner(&class).as_deref().and_then(by_name) {
+    if let Some(k) = tuner.winner(&class).as_deref().and_then(by_name) {
         return Ok((k, format));
     }
     #[cfg(not(target_arch = "wasm32"))]
@@ -667,7 +712,7 @@ fn choose(
                 matmul_fused(step, x, w, &scratch, m, k, fusion)
             },
         )?;
-        if let Some(k) = ctx.tuner.record(&class, times).as_deref().and_then(by_name) {
+        if let Some(k) = tuner.record(&class, times).as_deref().and_then(by_name) {
             return Ok((k, format));
         }
     }
@@ -713,10 +758,7 @@ mod tests {
 
     #[test]
     fn auto_picks_by_device_and_rows() {
-        for device in [
-            wgpu::DeviceType::DiscreteGpu,
-            wgpu::DeviceType::IntegratedGpu,
-        ] {
+        for device in [AdapterClass::Gpu, AdapterClass::Unknown] {
             for m in [1, 32, 63] {
                 assert_eq!(
                     auto_kernel(device, m),
@@ -733,7 +775,7 @@ mod tests {
             }
         }
         for m in [1, 63, 64, 4096] {
-            assert_eq!(auto_kernel(wgpu::DeviceType::Cpu, m), MatmulKernel::Tiled);
+            assert_eq!(auto_kernel(AdapterClass::Software, m), MatmulKernel::Tiled);
         }
     }
 
