@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use unmask_core::step_plan::{SeqStep, StepPlan};
-use unmask_gpu::model::{ForwardState, KvLayer, Model, ModelError, PlanTargets};
+use unmask_gpu::model::{ForwardState, KvLayer, Model, ModelError, PlanBuffers};
 use unmask_gpu::{DType, StepEncoder, Tensor};
 
 /// A shared prefix's K/V (after RoPE) for every layer, from a prefix-only pass, and the
@@ -93,12 +93,13 @@ fn encode_prefix_pass(
 ) -> Result<(), ModelError> {
     let plan = StepPlan::alone(&[SeqStep::whole(prefix.len())], model.cfg.n_layers, false)
         .map_err(|e| ModelError::Input(e.to_string()))?;
-    let targets = PlanTargets {
+    let buffers = PlanBuffers {
+        prefix: None,
         arena: Some(arena),
         boundary: Some((depth, boundary)),
         stop_at_boundary: !full,
     };
-    model.encode_plan_into(step, st, None, &plan, prefix, None, targets)?;
+    model.encode_plan(step, st, None, &plan, prefix, buffers)?;
     Ok(())
 }
 

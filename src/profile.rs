@@ -435,7 +435,7 @@ fn forward(engine: &Engine, st: &ForwardState, ids: &[u32]) -> Result<(), Engine
     let plan = StepPlan::alone(&[SeqStep::whole(ids.len())], model.cfg.n_layers, false)
         .map_err(|e| EngineError::Internal(e.to_string()))?;
     let mut step = StepEncoder::new(engine.ctx(), "profile pass");
-    model.encode_plan(&mut step, st, None, &plan, ids, None)?;
+    model.encode_plan(&mut step, st, None, &plan, ids, Default::default())?;
     step.submit()?;
     Ok(())
 }

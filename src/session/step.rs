@@ -4,7 +4,7 @@
 use unmask_core::cache::{ModeStep, SeqState, plan_mode};
 use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{ForwardState, Model, SharedPrefix};
+use unmask_gpu::model::{ForwardState, Model, PlanBuffers, SharedPrefix};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use super::{Member, Session, SessionState};
@@ -139,7 +139,7 @@ impl Session<'_> {
                     .flatten()
                     .copied()
                     .collect();
-                model.encode_plan(&mut step, st, None, &plan, &ids, None)?;
+                model.encode_plan(&mut step, st, None, &plan, &ids, Default::default())?;
             }
             step.submit()?;
         }
@@ -171,7 +171,11 @@ impl Session<'_> {
                 .copied()
                 .collect();
             let deep = self.state.deep.as_ref();
-            hidden.push(model.encode_plan(&mut step, st, deep, &plan, &ids, shared)?);
+            let buffers = PlanBuffers {
+                prefix: shared,
+                ..PlanBuffers::default()
+            };
+            hidden.push(model.encode_plan(&mut step, st, deep, &plan, &ids, buffers)?);
         }
 
         // Rows whose token choice is made the same way share one LM-head pass.

@@ -108,7 +108,14 @@ fn random_remasking_matches_with_the_reference_numbers() {
         model.write_select(&sel, &rows, &rows).unwrap();
         let mut step = StepEncoder::new(engine.ctx(), "golden step");
         model
-            .encode_plan(&mut step, &st, None, &whole, sampler.tokens(), None)
+            .encode_plan(
+                &mut step,
+                &st,
+                None,
+                &whole,
+                sampler.tokens(),
+                Default::default(),
+            )
             .unwrap();
         let params = SelectParams {
             temperature: 0.0,

@@ -193,13 +193,10 @@ fn gather_and_scatter_rows() {
     .unwrap();
     unfused::scatter_rows(
         &mut step,
-        &st,
-        RowWindow { stride, col: 8 },
+        (&st, RowWindow { stride, col: 8 }),
         &it,
-        &s,
-        RowWindow { stride: 12, col: 2 },
-        idx.len(),
-        10,
+        (&s, RowWindow { stride: 12, col: 2 }),
+        (idx.len(), 10),
     )
     .unwrap();
     step.submit().unwrap();

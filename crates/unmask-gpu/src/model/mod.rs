@@ -21,7 +21,7 @@ pub use checkpoint::{
     StoredTensor,
 };
 pub use forward::{ForwardState, KvLayer, LayerPass, Model, SelectBuffers, SeqWindow, TokenChoice};
-pub use plan::{DeepRows, PlanTargets, SharedPrefix};
+pub use plan::{DeepRows, PlanBuffers, SharedPrefix};
 pub use quant_checkpoint::write_quantized;
 pub use stream::BodyStream;
 pub use weights::{

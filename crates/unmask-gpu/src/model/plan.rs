@@ -19,11 +19,13 @@ pub struct DeepRows {
     kv_rows: Tensor,
 }
 
-/// Where a plan's outputs go besides the hidden rows: a prefix entry being built writes
-/// its K/V into the entry's own arena, and keeps the hidden rows after `depth` layers (the
-/// BiCache boundary state).
+/// The buffers a plan reads and writes beyond its state: the shared prefix entry its
+/// shallow layers read as segment A; and, building an entry, the entry's own arena for
+/// its K/V and the hidden rows after `depth` layers (the BiCache boundary state).
 #[derive(Clone, Copy, Default)]
-pub struct PlanTargets<'a> {
+pub struct PlanBuffers<'a> {
+    /// Segment A of the shallow layers, for a plan that reads a shared prefix.
+    pub prefix: Option<SharedPrefix<'a>>,
     /// The arena the computed rows' K/V go to (default: the state's).
     pub arena: Option<&'a [KvLayer]>,
     /// After this many layers the hidden rows are copied into the tensor.
@@ -56,7 +58,8 @@ impl Model {
     }
 
     /// Writes `plan`'s rows (`ids` are the tokens of its shallow rows, in order) and records
-    /// its passes into `step`. Returns the hidden rows the plan's sampled rows index into.
+    /// its passes into `step`, reading and writing `buffers` beyond the state. Returns the
+    /// hidden rows the plan's sampled rows index into.
     pub fn encode_plan<'s>(
         &self,
         step: &mut StepEncoder,
@@ -64,24 +67,9 @@ impl Model {
         deep: Option<&'s DeepRows>,
         plan: &StepPlan,
         ids: &[u32],
-        prefix: Option<SharedPrefix<'_>>,
+        buffers: PlanBuffers<'_>,
     ) -> Result<&'s Tensor, ModelError> {
-        self.encode_plan_into(step, st, deep, plan, ids, prefix, PlanTargets::default())
-    }
-
-    /// `encode_plan` with its K/V and boundary rows sent to `targets` (building a prefix
-    /// entry or a boundary state: a plan without a deep pass).
-    #[allow(clippy::too_many_arguments)] // `encode_plan`'s arguments and where outputs go
-    pub fn encode_plan_into<'s>(
-        &self,
-        step: &mut StepEncoder,
-        st: &'s ForwardState,
-        deep: Option<&'s DeepRows>,
-        plan: &StepPlan,
-        ids: &[u32],
-        prefix: Option<SharedPrefix<'_>>,
-        targets: PlanTargets<'_>,
-    ) -> Result<&'s Tensor, ModelError> {
+        let (prefix, targets) = (buffers.prefix, buffers);
         let c = &self.cfg;
         if plan.n_layers != c.n_layers {
             return Err(ModelError::Input(format!(

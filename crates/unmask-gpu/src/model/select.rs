@@ -350,7 +350,7 @@ impl Model {
         let vocab = self.cfg.embedding_size;
         let h = Tensor::zeros(&self.ctx, DType::F32, &[t, d], "final norm")?;
         let mut step = StepEncoder::new(&self.ctx, "logits");
-        self.encode_plan(&mut step, &st, None, &plan, ids, None)?;
+        self.encode_plan(&mut step, &st, None, &plan, ids, Default::default())?;
         ew::rms_norm(
             &mut step,
             &st.x,

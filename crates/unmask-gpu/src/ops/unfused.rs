@@ -98,19 +98,16 @@ pub fn rope(
     Ok(())
 }
 
-/// dst row idx[r] (window `dst_w`) = src row r (window `src_w`), for r < rows.
-#[allow(clippy::too_many_arguments)]
+/// dst row idx[r] (window `dst.1`) = src row r (window `src.1`), for r < rows of `cols`
+/// values (`shape`).
 pub fn scatter_rows(
     step: &mut StepEncoder,
-    src: &Tensor,
-    src_w: RowWindow,
+    src: (&Tensor, RowWindow),
     idx: &Tensor,
-    dst: &Tensor,
-    dst_w: RowWindow,
-    rows: usize,
-    cols: usize,
+    dst: (&Tensor, RowWindow),
+    (rows, cols): (usize, usize),
 ) -> Result<()> {
-    copy_rows(step, "scatter", src, src_w, idx, dst, dst_w, rows, cols)
+    copy_rows(step, "scatter", src.0, src.1, idx, dst.0, dst.1, rows, cols)
 }
 
 #[repr(C)]

@@ -31,8 +31,11 @@ use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor};
 
+mod measure;
 mod plan;
 
+use measure::measured_kernel;
+pub use measure::tune_class;
 use plan::*;
 pub use plan::{
     AttentionKernel, AttentionOptions, AttentionPlan, KvRead, coop_attention, coop_attention_bytes,
@@ -153,9 +156,12 @@ fn coop_spec(read: KvRead, subgroup: u32, fragment: u32) -> Spec {
         .constant("FR", fragment)
 }
 
+/// The fields the register and the wide kernel's uniforms open with, in their order: the
+/// query rows, the two K/V segments and the output, filled in one place
+/// (`QueryParams::new`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct Params {
+struct QueryParams {
     units: u32,
     group: u32,
     q_stride: u32,
@@ -170,6 +176,13 @@ struct Params {
     row0: u32,
     b_row0: u32,
     a_row0: u32,
+}
+
+/// Uniform of `attention.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct Params {
+    q: QueryParams,
     _pad: u32,
 }
 
@@ -177,20 +190,7 @@ struct Params {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 struct WideParams {
-    units: u32,
-    group: u32,
-    q_stride: u32,
-    q_col: u32,
-    len_a: u32,
-    len_b: u32,
-    kv_stride: u32,
-    out_stride: u32,
-    unit_blocks: u32,
-    n_kv_heads: u32,
-    scale_log2: f32,
-    row0: u32,
-    b_row0: u32,
-    a_row0: u32,
+    q: QueryParams,
     slices: u32,
     tiles_per_slice: u32,
     hd: u32,
@@ -264,138 +264,6 @@ pub fn attention(
         &AttentionOptions::default(),
     )
     .map(|_| ())
-}
-
-/// The shape class of an attention call for measured kernel choice: the kernel sources,
-/// the K/V format, the heads, query rows and keys rounded up to powers of two, and whether
-/// there are two segments and a split scratch.
-pub fn tune_class(
-    shape: AttentionShape,
-    m: usize,
-    n_keys: usize,
-    kv: DType,
-    two_segments: bool,
-    split: bool,
-) -> String {
-    let sources = [ATTENTION, ATTENTION_WIDE, ATTENTION_COMBINE]
-        .iter()
-        .fold(0u32, |h, k| {
-            h ^ crate::tune::source_hash(k.source).rotate_left(7)
-        });
-    format!(
-        "attention@{sources:08x}/{kv:?}/h{}/kv{}/d{}/m{}/keys{}/{}{}",
-        shape.n_heads,
-        shape.n_kv_heads,
-        shape.head_dim,
-        m.next_power_of_two(),
-        n_keys.next_power_of_two(),
-        if two_segments { "ab" } else { "b" },
-        if split { "/split" } else { "" }
-    )
-}
-
-/// For `Auto` with a tuner that measures (`AttentionOptions::tuner`): the measured kernel of this
-/// shape class, timed now into a scratch output when the class is new. `None`: keep the
-/// plan's fixed choice (no measuring, or nothing to choose between).
-#[allow(clippy::too_many_arguments)]
-// In a browser nothing is timed (no blocking waits), so the tensors go unused there.
-#[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
-fn measured_kernel(
-    ctx: &GpuContext,
-    q: &Tensor,
-    q_stride: usize,
-    q_col: usize,
-    rows: &std::ops::Range<usize>,
-    seg_a: Option<KvSegment>,
-    seg_b: KvSegment,
-    out: &Tensor,
-    shape: AttentionShape,
-    options: &AttentionOptions,
-) -> Result<Option<AttentionKernel>> {
-    let Some(tuner) = options.tuner.filter(|t| t.enabled()) else {
-        return Ok(None);
-    };
-    if options.kernel != AttentionKernel::Auto || rows.is_empty() {
-        return Ok(None);
-    }
-    let kv = seg_b.k.dtype;
-    let n_keys = seg_a.map_or(0, |a| a.len) + seg_b.len;
-    // The register kernel reads f16 K/V only at head dims that are multiples of 4; the
-    // split needs its scratch.
-    let candidates: Vec<AttentionKernel> = AttentionKernel::CONCRETE
-        .into_iter()
-        .filter(|&k| {
-            k != AttentionKernel::Register || kv == DType::F32 || shape.head_dim.is_multiple_of(4)
-        })
-        .filter(|&k| {
-            !matches!(k, AttentionKernel::WideSplit | AttentionKernel::CoopSplit)
-                || options.scratch.is_some()
-        })
-        .filter(|&k| {
-            !matches!(k, AttentionKernel::Coop | AttentionKernel::CoopSplit)
-                || coop_attention(ctx, shape.head_dim).is_some()
-        })
-        .collect();
-    if candidates.len() < 2 {
-        return Ok(None);
-    }
-    let class = tune_class(
-        shape,
-        rows.len(),
-        n_keys,
-        kv,
-        seg_a.is_some(),
-        options.scratch.is_some(),
-    );
-    let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
-    if let Some(k) = tuner.winner(&class).as_deref().and_then(by_name) {
-        return Ok(Some(k));
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let names: Vec<&'static str> = candidates.iter().map(|k| k.name()).collect();
-        let scratch_out = Tensor::zeros(ctx, DType::F32, &[out.numel()], "tune attention out")?;
-        let record = |step: &mut StepEncoder, kernel: AttentionKernel| {
-            let o = AttentionOptions { kernel, ..*options };
-            attention_with(
-                step,
-                q,
-                q_stride,
-                q_col,
-                rows.clone(),
-                seg_a,
-                seg_b,
-                &scratch_out,
-                shape,
-                &o,
-            )
-            .map(|_| ())
-        };
-        // Each candidate's output from zero, against the first candidate's (the register
-        // kernel where it reads the K/V, else wide: the fixed choice off hardware GPUs).
-        let run_once = |kernel: AttentionKernel| {
-            crate::tune::output_from_zero(ctx, &scratch_out, |step| record(step, kernel))
-        };
-        let reference = run_once(candidates[0])?;
-        let times = crate::tune::time_verified_candidates(
-            ctx,
-            &names,
-            |name| {
-                let kernel = by_name(name).expect("a candidate");
-                let found = run_once(kernel)?;
-                Ok(crate::tune::outputs_agree(
-                    &reference,
-                    &found,
-                    kernel.tolerance(),
-                ))
-            },
-            |step, name| record(step, by_name(name).expect("a candidate")),
-        )?;
-        Ok(tuner.record(&class, times).as_deref().and_then(by_name))
-    }
-    // In a browser nothing is timed: the plan's fixed choice.
-    #[cfg(target_arch = "wasm32")]
-    Ok(None)
 }
 
 /// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`, and
@@ -548,19 +416,10 @@ pub fn attention_with(
 
     let group = n_heads / n_kv_heads;
     let units = m * group;
-    let scale_log2 = std::f32::consts::LOG2_E / (head_dim as f32).sqrt();
     let row0 = to_u32("first query row", rows.start)?;
-    let b_row0 = to_u32("segment B start", seg_b.start)?;
-    let a_row0 = to_u32("segment A start", seg_a.map_or(0, |s| s.start))?;
-    // Without segment A, B's buffers stand in for it (read-only bindings may alias).
-    let (ka, va) = match &seg_a {
-        Some(a) => (a.k, a.v),
-        None => (seg_b.k, seg_b.v),
-    };
-    if plan.kernel == AttentionKernel::Register {
-        let tile = Tile::for_head_dim(head_dim);
-        let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
-        let params = Params {
+    // The kernels differ only in how many query units a workgroup takes.
+    let query = |unit_blocks: usize| -> Result<QueryParams> {
+        Ok(QueryParams {
             units: to_u32("query units", units)?,
             group: group as u32,
             q_stride: to_u32("q_stride", q_stride)?,
@@ -571,10 +430,22 @@ pub fn attention_with(
             out_stride: q_width as u32,
             unit_blocks: to_u32("query blocks", unit_blocks)?,
             n_kv_heads: n_kv_heads as u32,
-            scale_log2,
+            scale_log2: std::f32::consts::LOG2_E / (head_dim as f32).sqrt(),
             row0,
-            b_row0,
-            a_row0,
+            b_row0: to_u32("segment B start", seg_b.start)?,
+            a_row0: to_u32("segment A start", seg_a.map_or(0, |s| s.start))?,
+        })
+    };
+    // Without segment A, B's buffers stand in for it (read-only bindings may alias).
+    let (ka, va) = match &seg_a {
+        Some(a) => (a.k, a.v),
+        None => (seg_b.k, seg_b.v),
+    };
+    if plan.kernel == AttentionKernel::Register {
+        let tile = Tile::for_head_dim(head_dim);
+        let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
+        let params = Params {
+            q: query(unit_blocks)?,
             _pad: 0,
         };
         let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
@@ -611,20 +482,7 @@ pub fn attention_with(
     let slices = n_tiles.div_ceil(tiles_per_slice);
     let plan = AttentionPlan { slices, ..plan };
     let params = WideParams {
-        units: to_u32("query units", units)?,
-        group: group as u32,
-        q_stride: to_u32("q_stride", q_stride)?,
-        q_col: to_u32("q_col", q_col)?,
-        len_a: to_u32("segment A length", len_a)?,
-        len_b: to_u32("segment B length", seg_b.len)?,
-        kv_stride: kv_stride as u32,
-        out_stride: q_width as u32,
-        unit_blocks: to_u32("query blocks", unit_blocks)?,
-        n_kv_heads: n_kv_heads as u32,
-        scale_log2,
-        row0,
-        b_row0,
-        a_row0,
+        q: query(unit_blocks)?,
         slices: slices as u32,
         tiles_per_slice: tiles_per_slice as u32,
         hd: head_dim as u32,
@@ -689,50 +547,47 @@ pub fn attention_with(
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
+    use std::mem::{offset_of, size_of};
+    // The shared head's fields, at the offset it sits at in `outer`.
+    let query = |outer: usize| {
+        let f = |name, offset| (name, outer + offset);
+        vec![
+            f("units", offset_of!(QueryParams, units)),
+            f("group", offset_of!(QueryParams, group)),
+            f("q_stride", offset_of!(QueryParams, q_stride)),
+            f("q_col", offset_of!(QueryParams, q_col)),
+            f("len_a", offset_of!(QueryParams, len_a)),
+            f("len_b", offset_of!(QueryParams, len_b)),
+            f("kv_stride", offset_of!(QueryParams, kv_stride)),
+            f("out_stride", offset_of!(QueryParams, out_stride)),
+            f("unit_blocks", offset_of!(QueryParams, unit_blocks)),
+            f("n_kv_heads", offset_of!(QueryParams, n_kv_heads)),
+            f("scale_log2", offset_of!(QueryParams, scale_log2)),
+            f("row0", offset_of!(QueryParams, row0)),
+            f("b_row0", offset_of!(QueryParams, b_row0)),
+            f("a_row0", offset_of!(QueryParams, a_row0)),
+        ]
+    };
+    let wide = host_params!(
+        "attention_wide",
+        "*",
+        WideParams {
+            slices,
+            tiles_per_slice,
+            hd
+        }
+    );
     vec![
-        host_params!(
-            "attention",
-            "*",
-            Params {
-                units,
-                group,
-                q_stride,
-                q_col,
-                len_a,
-                len_b,
-                kv_stride,
-                out_stride,
-                unit_blocks,
-                n_kv_heads,
-                scale_log2,
-                row0,
-                b_row0,
-                a_row0,
-            }
-        ),
-        host_params!(
-            "attention_wide",
-            "*",
-            WideParams {
-                units,
-                group,
-                q_stride,
-                q_col,
-                len_a,
-                len_b,
-                kv_stride,
-                out_stride,
-                unit_blocks,
-                n_kv_heads,
-                scale_log2,
-                row0,
-                b_row0,
-                a_row0,
-                slices,
-                tiles_per_slice,
-                hd,
-            }
-        ),
+        super::HostParams {
+            kernel: "attention",
+            entry: "*",
+            size: size_of::<Params>(),
+            fields: query(offset_of!(Params, q)),
+        },
+        super::HostParams {
+            fields: [query(offset_of!(WideParams, q)), wide.fields].concat(),
+            ..wide
+        },
         host_params!(
             "attention_combine",
             "*",
