@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 pub(crate) mod bind_groups;
 mod readback;
+#[cfg(not(target_arch = "wasm32"))]
 mod timed;
 mod trace;
 
@@ -247,7 +248,6 @@ impl<'a> StepEncoder<'a> {
             ctx.queue.write_buffer(param_buffer, 0, &self.params);
         }
         let trace = ctx.trace_options();
-        let timed = trace.is_some_and(|t| t.timing);
         let params = (param_buffer, *generation);
         let staged: Vec<Staged> = self
             .readbacks
@@ -261,19 +261,28 @@ impl<'a> StepEncoder<'a> {
             })
             .collect();
         #[cfg(not(target_arch = "wasm32"))]
-        let started = std::time::Instant::now();
-        let times = if timed && ctx.has_timestamps() {
-            self.submit_timestamped(params, &staged)?
-        } else if timed {
-            self.submit_one_by_one(params, &staged)?
-        } else {
-            self.submit_once(params, &staged)?;
-            None
+        let (times, encode_ms) = {
+            let timed = trace.is_some_and(|t| t.timing);
+            let started = std::time::Instant::now();
+            let times = if timed && ctx.has_timestamps() {
+                self.submit_timestamped(params, &staged)?
+            } else if timed {
+                self.submit_one_by_one(params, &staged)?
+            } else {
+                self.submit_once(params, &staged)?;
+                None
+            };
+            (
+                times,
+                (!timed).then(|| started.elapsed().as_secs_f64() * 1e3),
+            )
         };
-        #[cfg(not(target_arch = "wasm32"))]
-        let encode_ms = (!timed).then(|| started.elapsed().as_secs_f64() * 1e3);
+        // Timing needs a blocking wait: in a browser the list is traced untimed.
         #[cfg(target_arch = "wasm32")]
-        let encode_ms = None;
+        let (times, encode_ms) = {
+            self.submit_once(params, &staged)?;
+            (None, None)
+        };
         if let Some(options) = trace {
             let clock = match (options.timing, ctx.has_timestamps()) {
                 (false, _) => TraceClock::None,

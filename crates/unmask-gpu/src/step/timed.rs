@@ -1,16 +1,14 @@
 //! A step submitted for `unmask trace --timing`: each dispatch timed by GPU timestamps where
-//! the device has them, else submitted and waited for alone under the host clock.
+//! the device has them, else submitted and waited for alone under the host clock. Native
+//! only: timing needs a blocking wait; in a browser the list is traced untimed.
 
-use super::StepEncoder;
-#[cfg(not(target_arch = "wasm32"))]
-use super::{Command, record_copy};
+use super::{Command, StepEncoder, record_copy};
 use crate::error::Result;
 use crate::step::readback::Staged;
 
 impl StepEncoder<'_> {
     /// Timing with GPU timestamps: each dispatch in its own pass, timestamps at its start
     /// and end, resolved and read back after the step (one submit still).
-    #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn submit_timestamped(
         &self,
         params: (&wgpu::Buffer, u64),
@@ -105,20 +103,8 @@ impl StepEncoder<'_> {
         ))
     }
 
-    #[cfg(target_arch = "wasm32")]
-    pub(super) fn submit_timestamped(
-        &self,
-        params: (&wgpu::Buffer, u64),
-        staged: &[Staged],
-    ) -> Result<Option<Vec<f64>>> {
-        // Timing needs a blocking wait; in a browser the list is traced untimed.
-        self.submit_once(params, staged)?;
-        Ok(None)
-    }
-
     /// Timing without timestamps: each command submitted and waited for alone, timed by
     /// the host clock.
-    #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn submit_one_by_one(
         &self,
         params: (&wgpu::Buffer, u64),
@@ -160,15 +146,5 @@ impl StepEncoder<'_> {
         })?;
         ctx.host.count_submit(self.dispatch_count());
         Ok(Some(times))
-    }
-
-    #[cfg(target_arch = "wasm32")]
-    pub(super) fn submit_one_by_one(
-        &self,
-        params: (&wgpu::Buffer, u64),
-        staged: &[Staged],
-    ) -> Result<Option<Vec<f64>>> {
-        self.submit_once(params, staged)?;
-        Ok(None)
     }
 }
