@@ -9,6 +9,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod serve;
+
 const MASK: u64 = 305;
 const BOS: u64 = 300;
 const VOCAB: usize = 320;

@@ -193,6 +193,21 @@ struct Slot<'e> {
     key: (Vec<u32>, usize),
     session: BatchSession<'e>,
     members: HashMap<usize, Tracker>,
+    /// Members still counted in `Shared::queued`: a request submitted to a session waits
+    /// there until the session has room, and that wait is the queue's too (`--max-queue`
+    /// bounds it), so it leaves the count only when the session admits it (`settle`).
+    counted: usize,
+}
+
+impl Slot<'_> {
+    /// Releases from `queued` the members the session has admitted (or dropped) since.
+    fn settle(&mut self, queued: &AtomicUsize) {
+        let waiting = self.session.waiting();
+        if self.counted > waiting {
+            queued.fetch_sub(self.counted - waiting, Ordering::Relaxed);
+            self.counted = waiting;
+        }
+    }
 }
 
 struct Solo<'e> {
@@ -331,6 +346,7 @@ impl<'e> Scheduler<'e> {
                             key,
                             session,
                             members: HashMap::new(),
+                            counted: 0,
                         });
                         self.slots.len() - 1
                     }
@@ -342,11 +358,13 @@ impl<'e> Scheduler<'e> {
         match slot.session.submit(request.clone()) {
             Ok(id) => {
                 slot.members.insert(id, Tracker::new(&job));
-                self.started();
+                // Still queued: it leaves the count when the session admits it.
+                slot.counted += 1;
                 let _ = job.events.send(JobEvent::Started);
                 None
             }
             Err(_) => {
+                slot.settle(&self.shared.queued);
                 if slot.session.is_idle() {
                     self.slots.remove(k);
                 }
@@ -392,6 +410,7 @@ impl<'e> Scheduler<'e> {
                 slot.members.remove(&id);
                 m.count("cancelled");
             }
+            slot.settle(&self.shared.queued);
         }
         let before = self.solos.len();
         self.solos.retain(|s| !s.tracker.gone());
@@ -416,10 +435,11 @@ impl<'e> Scheduler<'e> {
             if slot.session.is_idle() {
                 continue;
             }
+            let done = step_session(&mut slot.session, &mut slot.members, engine);
+            slot.settle(&shared.queued);
             let Slot {
                 session, members, ..
             } = slot;
-            let done = step_session(session, members, engine);
             if session.running() > 0 || !done.is_empty() {
                 m.batch_size
                     .observe((session.running() + done.len()) as f64);
@@ -465,15 +485,15 @@ impl<'e> Scheduler<'e> {
         let tokens: usize = self.recent.iter().map(|(_, n)| n).sum();
         m.tokens_per_second
             .set(tokens as f64 / window.as_secs_f64());
-        let waiting_in_sessions: usize = self.slots.iter().map(|s| s.session.waiting()).sum();
         let running: usize = self
             .slots
             .iter()
             .map(|s| s.session.running())
             .sum::<usize>()
             + self.solos.len();
+        // Requests waiting in sessions are counted in `queued` until admitted.
         m.queue_depth
-            .set((self.shared.queued.load(Ordering::Relaxed) + waiting_in_sessions) as i64);
+            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
         m.running.set(running as i64);
         m.sessions.set(self.slots.len() as i64);
         let stats = self.engine.prefix_store_recount();
