@@ -119,7 +119,7 @@ impl Engine {
         if let Some(text) = files::read_text(files, GENERATION).await? {
             cfg = cfg.with_generation_config(&text, &files.location(GENERATION))?;
         }
-        let tokenizer = match files.read("tokenizer.json").await? {
+        let tokenizer = match crate::files::read_small(files, "tokenizer.json").await? {
             Some(b) => Some(Tokenizer::from_bytes(&b)?),
             None => None,
         };
@@ -200,6 +200,12 @@ impl Engine {
                 end_header: None,
             },
         };
+        // The config's role ids too, not only the tokenizer's role strings: text never
+        // encodes to the mask or a boundary id, whatever token string that id has.
+        let mut tokenizer = tokenizer;
+        if let Some(t) = &mut tokenizer {
+            t.reserve(&special);
+        }
         Ok(Self {
             ctx: model.ctx.clone(),
             model,

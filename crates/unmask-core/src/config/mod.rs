@@ -100,25 +100,28 @@ impl ModelConfig {
         } else {
             path.to_path_buf()
         };
-        // A FIFO named config.json would block `read` forever: only regular files are read.
-        #[cfg(not(target_arch = "wasm32"))]
-        crate::checkpoint::require_regular_file(&config_path).map_err(|e| ConfigError::Io {
-            path: config_path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
-        })?;
-        let text = std::fs::read_to_string(&config_path).map_err(|source| ConfigError::Io {
-            path: config_path.clone(),
-            source,
-        })?;
+        // Regular files only (a FIFO would block `read` forever), within their size bound,
+        // and a broken symbolic link is named as one (never skipped as absent).
+        let read = |path: &Path| -> Result<String, ConfigError> {
+            let io = |message: String| ConfigError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, message),
+            };
+            let bytes = crate::small_files::read(path).map_err(io)?;
+            String::from_utf8(bytes).map_err(|e| io(e.to_string()))
+        };
+        let text = read(&config_path)?;
         let config = Self::parse(&text, &config_path.display().to_string())?;
         let generation_path = config_path.with_file_name("generation_config.json");
-        if !generation_path.is_file() {
+        let present =
+            crate::small_files::exists(&generation_path).map_err(|message| ConfigError::Io {
+                path: generation_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, message),
+            })?;
+        if !present {
             return Ok(config);
         }
-        let text = std::fs::read_to_string(&generation_path).map_err(|source| ConfigError::Io {
-            path: generation_path.clone(),
-            source,
-        })?;
+        let text = read(&generation_path)?;
         config.with_generation_config(&text, &generation_path.display().to_string())
     }
 

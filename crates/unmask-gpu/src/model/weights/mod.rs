@@ -129,7 +129,7 @@ impl ModelWeights {
     ) -> Result<Self, ModelError> {
         let mut upload = WeightUpload::plan(ctx, cfg, ckpt.layout(), formats, progress)?;
         for (name, span) in upload.spans() {
-            upload.rows(&name, 0, ckpt.span_bytes(&span))?;
+            upload.rows(&name, 0, ckpt.span_bytes(&span)?)?;
         }
         upload.finish()
     }
