@@ -233,3 +233,91 @@ pub async fn guard(
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn hosts_must_name_the_bound_address_or_an_allowed_name() {
+        let loopback = Access::new("127.0.0.1:8080".parse().unwrap(), &[], &[]);
+        let every = Access::new(
+            "0.0.0.0:8080".parse().unwrap(),
+            &["gpu-box.lan".into()],
+            &[],
+        );
+        for (access, host, ok) in [
+            (&loopback, "127.0.0.1:8080", true),
+            (&loopback, "localhost:8080", true),
+            (&loopback, "LOCALHOST:8080", true),
+            (&loopback, "[::1]:8080", true),
+            (&loopback, "127.0.0.1:8081", false),
+            (&loopback, "127.0.0.1", false),
+            (&loopback, "attacker.example:8080", false),
+            (&loopback, "10.0.0.5:8080", false),
+            (&loopback, "[::1", false),
+            (&every, "10.0.0.5:8080", true),
+            (&every, "gpu-box.lan:8080", true),
+            (&every, "gpu-box.lan:9000", false),
+            (&every, "attacker.example:8080", false),
+        ] {
+            let got = access.check(&Method::GET, &headers(&[("host", host)]));
+            assert_eq!(got.is_ok(), ok, "{host} on {:?}", access.bound);
+            if let Err(e) = got {
+                assert_eq!(e.status, StatusCode::FORBIDDEN);
+                assert_eq!(e.param.as_deref(), Some("Host"));
+            }
+        }
+    }
+
+    #[test]
+    fn origins_are_refused_unless_allowed_and_posts_must_be_json() {
+        let a = Access::new(
+            "127.0.0.1:8080".parse().unwrap(),
+            &[],
+            &["https://app.example/".into()],
+        );
+        let post = |pairs: &[(&'static str, &str)]| {
+            let mut all = vec![
+                ("host", "127.0.0.1:8080"),
+                ("content-type", "application/json"),
+            ];
+            all.extend_from_slice(pairs);
+            a.check(&Method::POST, &headers(&all))
+        };
+        assert_eq!(post(&[]), Ok(None));
+        assert!(
+            post(&[("origin", "https://app.example")])
+                .unwrap()
+                .is_some()
+        );
+        assert!(post(&[("origin", "http://localhost:8080")]).is_ok());
+        for origin in ["https://evil.example", "null", "http://localhost:3000"] {
+            let e = post(&[("origin", origin)]).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (StatusCode::FORBIDDEN, Some("Origin")),
+                "{origin}"
+            );
+        }
+        let form = a
+            .check(
+                &Method::POST,
+                &headers(&[
+                    ("host", "127.0.0.1:8080"),
+                    ("content-type", "application/x-www-form-urlencoded"),
+                ]),
+            )
+            .unwrap_err();
+        assert_eq!(form.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(form.message.contains("application/x-www-form-urlencoded"));
+    }
+}

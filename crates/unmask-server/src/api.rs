@@ -160,6 +160,13 @@ pub enum Input {
     Chat(Vec<Message>),
     Text(String),
     Ids(Vec<u32>),
+    /// A chat or a text the handler encoded (`scheduler::encode_input`, off the engine
+    /// thread), with the shared prefix's length the engine would have found itself.
+    Encoded {
+        ids: Vec<u32>,
+        prefix_len: Option<usize>,
+        chat: bool,
+    },
 }
 
 /// A checked request: what the scheduler runs and how the answer is shaped.
@@ -177,7 +184,10 @@ pub struct JobSpec {
 impl JobSpec {
     /// A text completion rather than a chat.
     pub fn is_completion(&self) -> bool {
-        !matches!(self.input, Input::Chat(_))
+        !matches!(
+            self.input,
+            Input::Chat(_) | Input::Encoded { chat: true, .. }
+        )
     }
 }
 
@@ -319,7 +329,7 @@ impl CompletionRequest {
         };
         let empty = match &input {
             Input::Text(t) => t.is_empty(),
-            Input::Ids(ids) => ids.is_empty(),
+            Input::Ids(ids) | Input::Encoded { ids, .. } => ids.is_empty(),
             Input::Chat(_) => false,
         };
         if empty {
@@ -454,16 +464,7 @@ impl Common {
                 format!("temperature: expected a number in [0, 2], found {temperature}"),
             ));
         }
-        let top_p = match self.top_p {
-            None => None,
-            Some(p) if p > 0.0 && p <= 1.0 => Some(p as f32),
-            Some(p) => {
-                return Err(ApiError::invalid(
-                    "top_p",
-                    format!("top_p: expected a number in (0, 1], found {p}"),
-                ));
-            }
-        };
+        let top_p = self.top_p.map(|p| fraction_f32("top_p", p)).transpose()?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => None,
             Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
@@ -499,16 +500,10 @@ impl Common {
                 ),
             ));
         }
-        let threshold = match self.threshold {
-            None => None,
-            Some(t) if t > 0.0 && t <= 1.0 => Some(t as f32),
-            Some(t) => {
-                return Err(ApiError::invalid(
-                    "threshold",
-                    format!("threshold: expected a number in (0, 1], found {t}"),
-                ));
-            }
-        };
+        let threshold = self
+            .threshold
+            .map(|t| fraction_f32("threshold", t))
+            .transpose()?;
         let remasking = match self.remasking.as_deref() {
             None => Remasking::LowConfidence,
             Some(name) => Remasking::parse(name).ok_or_else(|| {
@@ -559,11 +554,17 @@ impl Common {
         }
         let alg_temp = match self.alg_temp {
             None => 0.0,
-            Some(t) if t.is_finite() && t >= 0.0 => t as f32,
+            // Checked as the f32 the sampler uses: 1e300 is finite as f64, infinite as f32.
+            Some(t) if (t as f32).is_finite() && t >= 0.0 => t as f32,
             Some(t) => {
                 return Err(ApiError::invalid(
                     "alg_temp",
-                    format!("alg_temp: expected a finite number >= 0, found {t}"),
+                    format!(
+                        "alg_temp: expected a number >= 0 and finite in single precision (at \
+                         most {:e}), found {}",
+                        f32::MAX,
+                        number(t)
+                    ),
                 ));
             }
         };
@@ -605,6 +606,41 @@ impl Common {
 
 /// `unmask generate`'s block length when it divides the generation length.
 const DEFAULT_BLOCK: usize = 32;
+
+/// A number in (0, 1] as the f32 the sampler uses, checked in f32: a value that is in
+/// range as f64 but rounds to 0 in f32 (1e-300) is refused with the value given and what
+/// it becomes, not accepted here and refused later as "0".
+fn fraction_f32(field: &'static str, value: f64) -> Result<f32, ApiError> {
+    let single = value as f32;
+    if single > 0.0 && single <= 1.0 {
+        return Ok(single);
+    }
+    let rounded = if value > 0.0 && value <= 1.0 {
+        format!(
+            " (it is {single} in single precision, which the sampler uses; the smallest \
+             positive value is {:e})",
+            f32::from_bits(1)
+        )
+    } else {
+        String::new()
+    };
+    Err(ApiError::invalid(
+        field,
+        format!(
+            "{field}: expected a number in (0, 1], found {}{rounded}",
+            number(value)
+        ),
+    ))
+}
+
+/// A number as a person would write it: 0.5, 1e-300 (not 300 zeros), 1e300.
+fn number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e6).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -793,5 +829,38 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    /// Numbers are checked as the f32 the sampler uses, and the error says the value given.
+    #[test]
+    fn numbers_are_checked_in_the_precision_they_are_used_in() {
+        for (body, field, needles) in [
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"top_p":1e-300}"#,
+                "top_p",
+                &["found 1e-300", "single precision"][..],
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"threshold":1e-300}"#,
+                "threshold",
+                &["found 1e-300"][..],
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"alg_temp":1e300}"#,
+                "alg_temp",
+                &["found 1e300", "single precision"][..],
+            ),
+        ] {
+            let e = chat(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}");
+            for n in needles {
+                assert!(e.message.contains(n), "{n} not in {}", e.message);
+            }
+        }
+        // The smallest positive f32 itself is taken.
+        let p = chat(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1e-45}"#)
+            .unwrap()
+            .params;
+        assert!(p.top_p.is_some_and(|p| p > 0.0));
     }
 }

@@ -67,6 +67,9 @@ pub enum ServeError {
 pub struct Loaded {
     /// Positions the model takes (prompt and answer together).
     pub max_sequence_length: usize,
+    /// The engine's tokenizer and chat format, for the handlers to tokenize requests
+    /// before they queue them (`scheduler::encode_input`).
+    encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
 }
 
 /// Loads the engine with `load` on its own thread, listens on `config.addr`, calls
@@ -101,6 +104,9 @@ where
             };
             let loaded = Loaded {
                 max_sequence_length: engine.config().max_sequence_length,
+                encoder: engine
+                    .tokenizer()
+                    .map(|t| Arc::new((t.clone(), engine.chat_format().clone()))),
             };
             let _ = ready_tx.send(Ok(loaded));
             scheduler::run(&engine, jobs_rx, engine_shared, scheduler_config);
@@ -134,6 +140,7 @@ where
             max_queue: config.max_queue,
             max_body_bytes: config.max_body_bytes,
             body_timeout: config.net.body_timeout,
+            encoder: loaded.encoder.clone(),
             access: Access::new(bound, &config.allow_hosts, &config.allow_origins),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -32,6 +32,8 @@ pub struct App {
     pub max_body_bytes: usize,
     /// Time a request has to send its whole body.
     pub body_timeout: std::time::Duration,
+    /// The tokenizer and chat format (`None` without tokenizer.json).
+    pub encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
     /// Which hosts and origins may call (`access`).
     pub access: crate::access::Access,
     /// Unix time the server started (the model's `created`).
@@ -214,6 +216,42 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
             app.shared.metrics.count("rejected");
             return e.into_response();
         }
+    };
+    // Tokenized here, on a blocking thread: a large prompt tokenized on the engine thread
+    // would stall every running request meanwhile.
+    let spec = match &app.encoder {
+        Some(encoder) => {
+            let encoder = Arc::clone(encoder);
+            let encoded = tokio::task::spawn_blocking(move || {
+                let completion = spec.is_completion();
+                let mut spec = spec;
+                let input = std::mem::replace(&mut spec.input, crate::api::Input::Ids(Vec::new()));
+                match crate::scheduler::encode_input(&encoder.0, &encoder.1, input) {
+                    Ok(input) => Ok(JobSpec { input, ..spec }),
+                    Err(e) => {
+                        let error = ApiError::from_engine(&e);
+                        Err(if completion {
+                            error.for_completion()
+                        } else {
+                            error
+                        })
+                    }
+                }
+            })
+            .await;
+            match encoded {
+                Ok(Ok(spec)) => spec,
+                Ok(Err(e)) => {
+                    app.shared.metrics.count("rejected");
+                    return e.into_response();
+                }
+                Err(e) => {
+                    return ApiError::server(format!("tokenizing the request failed: {e}"))
+                        .into_response();
+                }
+            }
+        }
+        None => spec,
     };
     let stream = spec.stream;
     let usage = spec.include_usage;
@@ -456,4 +494,19 @@ fn stream_response(
     Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for header in ["Bearer k1", "bearer k1", "BEARER  k1", " Bearer k1"] {
+            assert_eq!(bearer_token(header), Some("k1"), "{header:?}");
+        }
+        for header in ["Basic k1", "Bearerk1", "k1", "Bearer"] {
+            assert_eq!(bearer_token(header), None, "{header:?}");
+        }
+    }
 }
