@@ -466,7 +466,10 @@ impl Common {
         }
         let top_p = self.top_p.map(|p| fraction_f32("top_p", p)).transpose()?;
         let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => None,
+            // None takes the model's default (Dream's reference cuts to 50); -1 and 0 are
+            // no cut, which a k past the vocabulary is.
+            None => None,
+            Some(-1) | Some(0) => Some(u32::MAX),
             Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
             Some(k) => {
                 return Err(ApiError::invalid(
@@ -687,7 +690,7 @@ mod tests {
         );
         assert_eq!(
             cut(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1,"top_k":-1}"#),
-            (Some(1.0), None)
+            (Some(1.0), Some(u32::MAX))
         );
     }
 

@@ -37,6 +37,10 @@ impl ModelFamily {
     }
 }
 
+/// The top_k transformers' `PretrainedConfig` gives a config that names none, and with it
+/// Dream's `diffusion_generate` (`DreamGenerationConfig.from_model_config`).
+pub const DREAM_DEFAULT_TOP_K: u32 = 50;
+
 impl ModelConfig {
     pub(super) fn from_dream_fields(f: &Fields<'_>) -> Result<Self, ConfigError> {
         let act = f.str_or("hidden_act", "silu")?;
@@ -100,6 +104,11 @@ impl ModelConfig {
             eos_token_id,
             pad_token_id,
             bos_token_id: f.opt_token_id("bos_token_id", "bos_token_id")?,
+            // generation_config.json's, when it names one, replaces it
+            // (`with_generation_config`).
+            default_top_k: f
+                .opt_top_k("top_k", "top_k")?
+                .unwrap_or(Some(DREAM_DEFAULT_TOP_K)),
         }
         .checked()
     }

@@ -88,6 +88,12 @@ pub struct ModelConfig {
     pub pad_token_id: u32,
     /// From `generation_config.json` when present (LLaDA's config.json has no BOS).
     pub bos_token_id: Option<u32>,
+    /// The top_k a request gets when it gives none (`None`: no cut). Dream's reference
+    /// `diffusion_generate` cuts to the model's `top_k`, which transformers (up to 4.4x)
+    /// sets to 50 in every config it does not name: so for Dream it is
+    /// generation_config.json's `top_k`, else config.json's, else 50 (0 in either file: no
+    /// cut). LLaDA's reference applies none.
+    pub default_top_k: Option<u32>,
 }
 
 impl ModelConfig {
@@ -133,6 +139,11 @@ impl ModelConfig {
         if let Some(bos) = fields.opt_token_id("generation_config.bos_token_id", "bos_token_id")? {
             check_token_in_range("generation_config.bos_token_id", bos, self.embedding_size)?;
             self.bos_token_id = Some(bos);
+        }
+        if self.family == ModelFamily::Dream
+            && let Some(top_k) = fields.opt_top_k("generation_config.top_k", "top_k")?
+        {
+            self.default_top_k = top_k;
         }
         Ok(self)
     }
