@@ -211,7 +211,10 @@ impl<'a> ModelFiles<'a> {
         }
         let unused = checkpoint.names().count().saturating_sub(file_tensors);
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = if tokenizer_path.exists() {
+        let present = unmask_core::small_files::exists(&tokenizer_path).map_err(|why| {
+            CliError::runtime(format!("cannot read {}: {why}", tokenizer_path.display()))
+        })?;
+        let tokenizer = if present {
             Some(Tokenizer::from_file(&tokenizer_path)?)
         } else {
             None

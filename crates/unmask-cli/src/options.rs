@@ -323,7 +323,7 @@ pub struct SamplingArgs {
     /// each position samples (and ranks) among its K most likely tokens (Dream's top_k).
     /// Default: the model folder's, as Dream's diffusion_generate applies it (Dream:
     /// generation_config.json's top_k, else config.json's, else 50; LLaDA: none); 0: no cut
-    #[arg(long, value_name = "K", value_parser = values::whole)]
+    #[arg(long, value_name = "K", value_parser = values::whole, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// classifier-free guidance weight (default 0: off)
     #[arg(long, value_name = "W", value_parser = values::non_negative, allow_negative_numbers = true)]

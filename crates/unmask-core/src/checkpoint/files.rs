@@ -17,9 +17,16 @@ use super::{
 /// racing the loader on purpose, which is not the mistake this guards against. Returns the
 /// file's metadata: its length bounds what a caller reads whole.
 pub fn require_regular_file(path: &Path) -> Result<std::fs::Metadata, CheckpointError> {
-    let meta = std::fs::metadata(path).map_err(|source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
+    let meta = std::fs::metadata(path).map_err(|source| {
+        // A dangling link reads "not found"; say what it is and where it points.
+        let source = match crate::small_files::exists(path) {
+            Err(why) => std::io::Error::new(source.kind(), why),
+            Ok(_) => source,
+        };
+        CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     let file_type = meta.file_type();
     if file_type.is_file() {
