@@ -15,7 +15,7 @@
 //! Generation is one `async` implementation (`Engine::generate_async`): natively the
 //! blocking `generate` drives it with `pollster`, polling the device at each read-back; in a
 //! browser it is awaited and each read-back yields to the page's event loop. Models load
-//! from a directory (`Engine::load`, memory-mapped) or from any `ModelFiles` source that
+//! from a directory (`Engine::load`, read in pieces) or from any `ModelFiles` source that
 //! streams the checkpoint (`Engine::load_from`; the browser's fetch or picked files).
 
 // Prefix entries are shared through `Arc` so native callers can use an engine from any

@@ -188,7 +188,7 @@ struct ModelFiles<'a> {
 
 impl<'a> ModelFiles<'a> {
     /// Reads config.json and tokenizer.json, and checks every tensor's name, shape and
-    /// dtype against the safetensors headers (mapped, not read).
+    /// dtype against the safetensors headers (no tensor data is read).
     fn read(dir: &'a Path) -> Result<Self, CliError> {
         let model_error = |e: ModelError| CliError::from(EngineError::from(e));
         let config =

@@ -9,6 +9,7 @@
 mod access;
 pub mod api;
 pub mod error;
+mod fields;
 pub mod metrics;
 pub mod net;
 mod routes;
