@@ -20,8 +20,26 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Self {
+        Self::start_limited(extra, None)
+    }
+
+    /// With `descriptors`: under `ulimit -n` of that many open files.
+    fn start_limited(extra: &[&str], descriptors: Option<u32>) -> Self {
         let model = workspace().join("models/tiny");
-        let mut child = unmask()
+        let mut command = unmask();
+        if let Some(n) = descriptors {
+            let mut wrapped = std::process::Command::new("bash");
+            wrapped
+                .args(["-c", &format!("ulimit -n {n} && exec \"$@\""), "bash"])
+                .arg(command.get_program());
+            for (k, v) in command.get_envs() {
+                if let Some(v) = v {
+                    wrapped.env(k, v);
+                }
+            }
+            command = wrapped;
+        }
+        let mut child = command
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
             .stdout(Stdio::piped())
@@ -246,6 +264,33 @@ fn slow_and_idle_connections_are_timed_out_and_capped_while_health_answers() {
     );
     let (status, _) = server.request("GET", "/health", &[], "");
     assert_eq!(status, 200, "still serving");
+}
+
+/// 120 idle connections against a limit of 96 open files: `accept` fails (EMFILE), the
+/// server closes the oldest idle connection to free a descriptor, says so, and `/health`
+/// answers.
+#[test]
+fn out_of_descriptors_idle_connections_make_room_and_health_answers() {
+    let server = Server::start_limited(&["--header-timeout", "30"], Some(96));
+    let burst: Vec<TcpStream> = (0..120)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", server.port)).ok())
+        .collect();
+    assert!(burst.len() > 96, "{} connections", burst.len());
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let (status, body) = server.request("GET", "/health", &[], "");
+    assert_eq!(status, 200, "{body}\n{}", server.stderr());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        server.stderr().contains("Too many open files")
+            && server.stderr().contains("closed the oldest idle one"),
+        "{}",
+        server.stderr()
+    );
 }
 
 #[test]
