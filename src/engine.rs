@@ -281,6 +281,19 @@ impl Engine {
         }
     }
 
+    /// The top_k a request with `params` runs with: its own, else the model's default
+    /// (Dream's reference cuts to 50: `ModelConfig::default_top_k`; not with guidance,
+    /// which takes no cut); `None` when nothing is cut, as with a k that keeps the whole
+    /// vocabulary (how a caller asks for no cut).
+    pub fn effective_top_k(&self, params: &crate::GenerationParams) -> Option<u32> {
+        let cfg = &self.model.cfg;
+        let k = match params.top_k {
+            None if params.cfg_scale == 0.0 => cfg.default_top_k,
+            k => k,
+        };
+        k.filter(|&k| (k as usize) < cfg.embedding_size)
+    }
+
     /// How chat prompts are laid out (the model's template).
     pub fn chat_format(&self) -> &ChatFormat {
         &self.chat

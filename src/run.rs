@@ -114,19 +114,8 @@ impl Engine {
                 ModelFamily::Llada => Schedule::Llada,
             };
         }
-        // Like the schedule, the family's cut when the request names none (Dream's
-        // reference cuts to top_k 50 by default: `ModelConfig::default_top_k`); a k that
-        // keeps the whole vocabulary is no cut at all (how a caller asks for none). Not
-        // with guidance, which takes no cut.
-        if params.top_k.is_none() && params.cfg_scale == 0.0 {
-            params.top_k = cfg.default_top_k;
-        }
-        if params
-            .top_k
-            .is_some_and(|k| k as usize >= cfg.embedding_size)
-        {
-            params.top_k = None;
-        }
+        // Like the schedule, the family's cut when the request names none.
+        params.top_k = self.effective_top_k(&params);
         let sampler = Sampler::new(
             &prompt,
             params,
