@@ -102,7 +102,7 @@ struct RateLimitedLog {
 }
 
 impl RateLimitedLog {
-    fn log(&mut self, message: impl FnOnce() -> String) {
+    fn log(&mut self, message: &dyn Fn() -> String) {
         let now = Instant::now();
         if self
             .last
@@ -164,9 +164,15 @@ pub async fn serve(
 ) -> Ending {
     let conns = Arc::new(Conns::default());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut log = RateLimitedLog {
+    // One log for the accept loop and every connection: the limit holds for them all.
+    let log = Arc::new(Mutex::new(RateLimitedLog {
         last: None,
         suppressed: 0,
+    }));
+    let say = |message: &dyn Fn() -> String| {
+        if let Ok(mut l) = log.lock() {
+            l.log(message);
+        }
     };
     let cap = config.max_connections.max(1);
     let mut next_id = 0u64;
@@ -181,7 +187,7 @@ pub async fn serve(
                 // Out of descriptors (EMFILE) most likely: free one held by an idle client,
                 // and give the others a moment.
                 let freed = conns.evict_oldest_idle();
-                log.log(|| {
+                say(&|| {
                     format!(
                         "cannot accept a connection ({e}; {} open){}",
                         conns.len(),
@@ -196,7 +202,7 @@ pub async fn serve(
         };
         if conns.len() >= cap {
             match conns.evict_oldest_idle() {
-                Some((old, age)) => log.log(|| {
+                Some((old, age)) => say(&|| {
                     format!(
                         "connection cap of {cap} reached (--max-connections): closed the \
                          oldest idle connection, from {old} (open {:.1} s), for one from {peer}",
@@ -204,7 +210,7 @@ pub async fn serve(
                     )
                 }),
                 None => {
-                    log.log(|| {
+                    say(&|| {
                         format!(
                             "connection cap of {cap} reached (--max-connections) and every \
                              connection has a request running: refused one from {peer}"
@@ -232,6 +238,8 @@ pub async fn serve(
         }
         let conn = Connection {
             router: router.clone(),
+            peer,
+            log: Arc::clone(&log),
             header_timeout: config.header_timeout,
             busy,
             close,
@@ -274,6 +282,8 @@ pub async fn serve(
 /// One connection's task.
 struct Connection {
     router: Router,
+    peer: SocketAddr,
+    log: Arc<Mutex<RateLimitedLog>>,
     header_timeout: Duration,
     busy: Arc<AtomicUsize>,
     close: Arc<Notify>,
@@ -319,7 +329,21 @@ impl Connection {
                 stopping = true;
             }
             tokio::select! {
-                _ = connection.as_mut() => return,
+                served = connection.as_mut() => {
+                    if served.as_ref().is_err_and(hyper::Error::is_timeout)
+                        && let Ok(mut log) = self.log.lock()
+                    {
+                        log.log(&|| {
+                            format!(
+                                "closed a connection from {}: no whole request head within \
+                                 {:.1} s (idle or slow; --header-timeout)",
+                                self.peer,
+                                self.header_timeout.as_secs_f64()
+                            )
+                        });
+                    }
+                    return;
+                }
                 _ = self.close.notified() => return,
                 changed = self.stop.changed(), if !stopping => {
                     if changed.is_err() {

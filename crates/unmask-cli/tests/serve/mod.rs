@@ -243,6 +243,11 @@ fn slow_and_idle_connections_are_timed_out_and_capped_while_health_answers() {
         waited >= Duration::from_millis(800) && waited < Duration::from_secs(5),
         "an idle connection closed after {waited:?} with --header-timeout 1"
     );
+    assert!(
+        server.stderr().contains("(idle or slow; --header-timeout)"),
+        "the timeout is logged:\n{}",
+        server.stderr()
+    );
 
     // A body that stops halfway: 408 after the body timeout.
     let mut slow = server.connect();
