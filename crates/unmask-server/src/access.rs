@@ -48,12 +48,6 @@ impl Access {
         }
     }
 
-    /// The port the server listens on (known once bound, for `--port 0`).
-    pub fn with_port(mut self, port: u16) -> Self {
-        self.bound.set_port(port);
-        self
-    }
-
     /// Whether an authority (`host[:port]`, as in `Host` or an origin) names this server.
     fn is_own(&self, authority: &str, default_port: u16) -> bool {
         let authority = authority.to_ascii_lowercase();
