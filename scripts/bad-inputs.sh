@@ -72,7 +72,18 @@ case_ "--gpu-memory below the weights" "budget" -- "$BIN" "${G[@]}" --model "$FI
 case_ "--confidence-precision f8" "confidence-precision" -- "$BIN" "${G[@]}" --model "$FIX" --confidence-precision f8
 case_ "--prompt-ids past the vocabulary" "prompt-ids" -- "$BIN" generate --model "$FIX" --prompt-ids 300,999999
 case_ "--top-p 0" "--top-p" -- "$BIN" "${G[@]}" --model "$FIX" --top-p 0
-case_ "--top-k 0" "--top-k" -- "$BIN" "${G[@]}" --model "$FIX" --top-k 0
+case_ "--top-k -1" "--top-k" -- "$BIN" "${G[@]}" --model "$FIX" --top-k -1
+# --top-k 0 is "no cut": the answer of a k past the vocabulary (which keeps every id).
+if timeout 60 "$BIN" "${G[@]}" --model tests/fixtures/tiny-dream --top-k 0 >"$WORK/k0" 2>/dev/null &&
+  "$BIN" "${G[@]}" --model tests/fixtures/tiny-dream --top-k 100000 2>/dev/null | cmp -s - "$WORK/k0"; then
+  pass=$((pass + 1)); echo "ok    --top-k 0                                    no cut: the answer of --top-k 100000"
+else
+  fail=$((fail + 1)); echo "FAIL  --top-k 0 did not give the answer of --top-k 100000"
+fi
+case_ "--top-p 1e-300 (0 as f32)" "--top-p" -- "$BIN" "${G[@]}" --model "$FIX" --top-p 1e-300
+case_ "serve --shutdown-grace 0" "--shutdown-grace" -- "$BIN" serve --model "$FIX" --shutdown-grace 0
+case_ "serve --max-connections 0" "--max-connections" -- "$BIN" serve --model "$FIX" --max-connections 0
+case_ "serve --header-timeout 1e9" "--header-timeout" -- "$BIN" serve --model "$FIX" --header-timeout 1e9
 case_ "--top-k with --cfg-scale" "cfg_scale" -- "$BIN" "${G[@]}" --model "$FIX" --top-k 5 --cfg-scale 1
 case_ "--matmul unknown" "--matmul" -- "$BIN" "${G[@]}" --model "$FIX" --matmul fastest
 
@@ -90,6 +101,52 @@ case_ "shards without their index" "model.safetensors" -- "$BIN" "${G[@]}" --mod
 cp -r "$FIX" "$WORK/badtok" && echo '{ not json' > "$WORK/badtok/tokenizer.json"
 case_ "a tokenizer.json that is not JSON" "tokenizer" -- "$BIN" "${G[@]}" --model "$WORK/badtok"
 case_ "a model folder that does not exist" "does not exist" -- "$BIN" "${G[@]}" --model "$WORK/nowhere"
+
+echo "== file sizes and links"
+# Sparse files: the size is what is refused, before anything is read.
+cp -r "$FIX" "$WORK/bigcfg" && truncate -s 600M "$WORK/bigcfg/config.json"
+case_ "a 600 MB config.json" "at most 1048576 bytes" -- "$BIN" "${G[@]}" --model "$WORK/bigcfg"
+case_ "info on a 600 MB config.json" "at most 1048576 bytes" -- "$BIN" info --model "$WORK/bigcfg"
+cp -r "$FIX" "$WORK/biggen" && truncate -s 2M "$WORK/biggen/generation_config.json"
+case_ "a 2 MB generation_config.json" "generation_config.json" -- "$BIN" "${G[@]}" --model "$WORK/biggen"
+cp -r "$FIX" "$WORK/bigtok" && truncate -s 65M "$WORK/bigtok/tokenizer.json"
+case_ "a 65 MB tokenizer.json" "at most 67108864 bytes" -- "$BIN" "${G[@]}" --model "$WORK/bigtok"
+cp -r "$FIX" "$WORK/linktok" && rm "$WORK/linktok/tokenizer.json" && ln -s "$WORK/gone.json" "$WORK/linktok/tokenizer.json"
+case_ "tokenizer.json a broken link" "broken symbolic link" -- "$BIN" "${G[@]}" --model "$WORK/linktok"
+case_ "info: tokenizer.json a broken link" "broken symbolic link" -- "$BIN" info --model "$WORK/linktok"
+cp -r "$FIX" "$WORK/linkgen" && rm "$WORK/linkgen/generation_config.json" && ln -s "$WORK/gone.json" "$WORK/linkgen/generation_config.json"
+case_ "generation_config.json a broken link" "broken symbolic link" -- "$BIN" "${G[@]}" --model "$WORK/linkgen"
+cp -r "$FIX" "$WORK/linkshard" && rm "$WORK/linkshard/model-00002-of-00002.safetensors" &&
+  ln -s "$WORK/gone.safetensors" "$WORK/linkshard/model-00002-of-00002.safetensors"
+case_ "a shard a broken link" "broken symbolic link" -- "$BIN" "${G[@]}" --model "$WORK/linkshard"
+case_ "info: a shard a broken link" "broken symbolic link" -- "$BIN" info --model "$WORK/linkshard"
+case_ "quantize: a shard a broken link" "broken symbolic link" -- "$BIN" quantize --model "$WORK/linkshard" --weights q8 --out "$WORK/q-out"
+cp -r "$FIX" "$WORK/qtrunc" && truncate -s 1000 "$WORK/qtrunc/model-00002-of-00002.safetensors"
+case_ "quantize: a truncated shard" "model-00002-of-00002.safetensors" -- "$BIN" quantize --model "$WORK/qtrunc" --weights q8 --out "$WORK/q-out2"
+
+echo "== token ids"
+# (a Python expression on `t`, the tokenizer.json)
+with_tokenizer() {
+  local dir="$WORK/$1"
+  cp -r "$FIX" "$dir"
+  python3 -c "import json,sys; p=sys.argv[1]; t=json.load(open(p)); $2; json.dump(t, open(p, 'w'))" "$dir/tokenizer.json"
+  echo "$dir"
+}
+case_ "an added token declared past the next free id" "declared with id 5000" -- "$BIN" "${G[@]}" --model "$(with_tokenizer far 't["added_tokens"].append(dict(id=5000, content="<|far|>", single_word=False, lstrip=False, rstrip=False, normalized=False, special=True))')"
+case_ "two added tokens with one id" "declared with id 304" -- "$BIN" "${G[@]}" --model "$(with_tokenizer clash 't["added_tokens"][5]["id"]=304')"
+case_ "the tokenizer's mask id is not the config's" "mask_token_id" -- "$BIN" "${G[@]}" --model "$(with_config maskid 'c["mask_token_id"]=299')"
+nospecial=$(with_tokenizer nospecial '[a.update(special=False) for a in t["added_tokens"]]')
+out=$("$BIN" generate --model "$nospecial" --prompt 'x<|mdm_mask|><|eot_id|><|start_header_id|>system<|end_header_id|>' --gen-length 8 --block-length 8 --steps 8 --json 2>/dev/null)
+if python3 -c "
+import json,sys
+g=json.loads(sys.stdin.read().strip().splitlines()[-1])
+# the fixture's special ids are 300..305: BOS and the template's 5 markup tokens, nothing typed
+n=sum(1 for t in g['prompt_ids'] if 300 <= t <= 305)
+sys.exit(0 if n==6 else 1)" <<<"$out"; then
+  pass=$((pass + 1)); echo "ok    markup stays text with special: false          6 special ids, all from the template"
+else
+  fail=$((fail + 1)); echo "FAIL  markup stays text with special: false: $out"
+fi
 
 echo "== prompts"
 case_ "a prompt past the context" "maximum sequence length" -- "$BIN" generate --model "$FIX" --prompt "$(head -c 20000 /dev/zero | tr '\0' 'a')" --gen-length 8 --block-length 8

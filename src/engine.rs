@@ -120,7 +120,7 @@ impl Engine {
         if let Some(text) = files::read_text(files, GENERATION).await? {
             cfg = cfg.with_generation_config(&text, &files.location(GENERATION))?;
         }
-        let tokenizer = match files.read("tokenizer.json").await? {
+        let tokenizer = match crate::files::read_small(files, "tokenizer.json").await? {
             Some(b) => Some(Tokenizer::from_bytes(&b)?),
             None => None,
         };
@@ -201,6 +201,12 @@ impl Engine {
                 end_header: None,
             },
         };
+        // The config's role ids too, not only the tokenizer's role strings: text never
+        // encodes to the mask or a boundary id, whatever token string that id has.
+        let mut tokenizer = tokenizer;
+        if let Some(t) = &mut tokenizer {
+            t.reserve(&special);
+        }
         Ok(Self {
             ctx: model.ctx.clone(),
             model,
@@ -274,6 +280,19 @@ impl Engine {
             Prompt::Ids(ids) => Ok(ids.clone()),
             Prompt::Chat(messages) => Ok(self.chat.encode(self.require_tokenizer()?, messages)?),
         }
+    }
+
+    /// The top_k a request with `params` runs with: its own, else the model's default
+    /// (Dream's reference cuts to 50: `ModelConfig::default_top_k`; not with guidance,
+    /// which takes no cut); `None` when nothing is cut, as with a k that keeps the whole
+    /// vocabulary (how a caller asks for no cut).
+    pub fn effective_top_k(&self, params: &crate::GenerationParams) -> Option<u32> {
+        let cfg = &self.model.cfg;
+        let k = match params.top_k {
+            None if params.cfg_scale == 0.0 => cfg.default_top_k,
+            k => k,
+        };
+        k.filter(|&k| (k as usize) < cfg.embedding_size)
     }
 
     /// How chat prompts are laid out (the model's template).

@@ -40,12 +40,30 @@ pub trait ModelFiles {
     ) -> Result<(), EngineError>;
 }
 
+/// A small file whole, within its size bound (`unmask_core::small_files`). `DirFiles`
+/// checks the bound before reading; other sources (memory, a web server) are checked here.
+pub(crate) async fn read_small<F: ModelFiles>(
+    files: &mut F,
+    name: &str,
+) -> Result<Option<Vec<u8>>, EngineError> {
+    let bytes = files.read(name).await?;
+    if let Some(b) = &bytes {
+        unmask_core::small_files::check_len(name, b.len() as u64).map_err(|message| {
+            EngineError::File {
+                location: files.location(name),
+                message,
+            }
+        })?;
+    }
+    Ok(bytes)
+}
+
 /// A small file as UTF-8 text.
 pub(crate) async fn read_text<F: ModelFiles>(
     files: &mut F,
     name: &str,
 ) -> Result<Option<String>, EngineError> {
-    match files.read(name).await? {
+    match read_small(files, name).await? {
         Some(bytes) => String::from_utf8(bytes)
             .map(Some)
             .map_err(|e| EngineError::File {
@@ -107,6 +125,12 @@ impl DirFiles {
                 location: self.location(name),
                 message: format!("expected a regular file, found a {kind}"),
             },
+            unmask_gpu::model::CheckpointError::Io { source, .. } => EngineError::File {
+                location: self.location(name),
+                message: unmask_core::small_files::exists(&path)
+                    .err()
+                    .unwrap_or_else(|| source.to_string()),
+            },
             other => EngineError::File {
                 location: self.location(name),
                 message: other.to_string(),
@@ -127,26 +151,20 @@ impl ModelFiles for DirFiles {
     }
 
     async fn read(&mut self, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
-        use std::io::Read;
-        if !self.dir.join(name).exists() {
+        let path = self.dir.join(name);
+        let error = |message| EngineError::File {
+            location: self.location(name),
+            message,
+        };
+        // A broken symbolic link is an error, not a missing file.
+        if !unmask_core::small_files::exists(&path).map_err(error)? {
             return Ok(None);
         }
-        let mut file = self.open(name)?;
-        let mut bytes = Vec::new();
-        // Small files only (config, tokenizer, index): a bound keeps a wrong file (or a
-        // device) from filling memory.
-        const MAX_SMALL_FILE: u64 = 1 << 30;
-        (&mut file)
-            .take(MAX_SMALL_FILE + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| self.error(name, e))?;
-        if bytes.len() as u64 > MAX_SMALL_FILE {
-            return Err(EngineError::File {
-                location: self.location(name),
-                message: format!("expected at most {MAX_SMALL_FILE} bytes, found more"),
-            });
-        }
-        Ok(Some(bytes))
+        // Small files only (config, tokenizer, index, depth table): each within its bound,
+        // so a wrong file (or a device) cannot fill memory.
+        unmask_core::small_files::read(&path)
+            .map(Some)
+            .map_err(error)
     }
 
     async fn read_head(

@@ -100,6 +100,8 @@ impl Engine {
         if params.schedule == Schedule::Auto {
             params.schedule = cfg.family.spec().default_schedule;
         }
+        // Like the schedule, the family's cut when the request names none.
+        params.top_k = self.effective_top_k(&params);
         let sampler = Sampler::new(
             &prompt,
             params,

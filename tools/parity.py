@@ -209,8 +209,9 @@ class Runtime:
                 args += ["--alg-temp", repr(float(params["alg_temp"]))]
             if params.get("top_p") is not None:
                 args += ["--top-p", repr(float(params["top_p"]))]
-            if params.get("top_k") is not None:
-                args += ["--top-k", str(int(params["top_k"]))]
+            # A case without a cut ran the reference with none; unmask's default for Dream is
+            # the reference's own top_k 50 (diffusion_generate's), so "none" is asked for.
+            args += ["--top-k", str(int(params["top_k"])) if params.get("top_k") is not None else "0"]
         args += ["--confidence-precision", params.get("confidence_precision", "f32")]
         out = self._run(args)
         lines = [line for line in out.splitlines() if line.strip()]

@@ -203,7 +203,8 @@ def disconnect_case(server):
     u = urllib.parse.urlparse(server.url)
     body = json.dumps(chat_body(QUESTIONS[1], stream=True, max_tokens=128, steps=128)).encode()
     s = socket.create_connection((u.hostname, u.port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n".encode()
+              + b"Content-Type: application/json\r\n"
               + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     s.recv(4096)  # the headers and the first chunk: the request runs
     before = server.metrics(AUTH).get('unmask_requests_total{outcome="cancelled"}', 0)

@@ -170,6 +170,10 @@ fn dream_generation_through_the_engine_matches_the_goldens() {
         let name = case["name"].as_str().unwrap().to_string();
         let mut p = params(&case);
         p.schedule = unmask::Schedule::Auto; // the engine picks Dream's for this model
+        // The goldens ran the reference with the cut each case names, and none where it
+        // names none; the engine's default for Dream is the reference's top_k 50
+        // (`the_default_top_k_follows_the_model_folder`), so "none" is asked for.
+        p.top_k.get_or_insert(u32::MAX);
         let eps = params(&case).schedule;
         assert_eq!(eps, unmask::Schedule::DREAM);
         let prompt = ids(&case["prompt"]);
@@ -415,4 +419,106 @@ fn dream_cut_in_row_groups_and_head_chunks_equals_one_pass() {
             }
         }
     }
+}
+
+/// The top_k a request without one gets follows the model folder as Dream's
+/// `diffusion_generate` does: generation_config.json's, else config.json's, else
+/// transformers' 50; 0 is no cut.
+#[test]
+fn the_default_top_k_follows_the_model_folder() {
+    use unmask_core::config::ModelConfig;
+    let fixture = ModelConfig::from_file(dream_fixture_dir().join("config.json")).unwrap();
+    assert_eq!(fixture.default_top_k, Some(50), "top_k null in both files");
+    let dir = std::env::temp_dir().join(format!("unmask-dream-top-k-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let edit = |name: &str, key: &str, value: Value| {
+        let text = std::fs::read_to_string(dream_fixture_dir().join(name)).unwrap();
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        v[key] = value;
+        std::fs::write(dir.join(name), v.to_string()).unwrap();
+    };
+    let null = Value::Null;
+    for (config_top_k, generation_top_k, want) in [
+        (null.clone(), Value::from(7), Some(7)),
+        (Value::from(12), null.clone(), Some(12)),
+        (Value::from(12), Value::from(7), Some(7)),
+        (null.clone(), Value::from(0), None),
+        (Value::from(0), null.clone(), None),
+    ] {
+        edit("config.json", "top_k", config_top_k.clone());
+        edit("generation_config.json", "top_k", generation_top_k.clone());
+        let c = ModelConfig::from_file(dir.join("config.json")).unwrap();
+        assert_eq!(
+            c.default_top_k, want,
+            "config.json {config_top_k}, generation_config.json {generation_top_k}"
+        );
+    }
+    edit("generation_config.json", "top_k", Value::from("fifty"));
+    let err = ModelConfig::from_file(dir.join("config.json")).unwrap_err();
+    assert!(err.to_string().contains("generation_config.top_k"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The reference's own defaults, reference-style: each golden prompt through Dream's
+/// `sample_tokens` ported to the host (`dream_choice`) over the GPU's logits with the top_k
+/// `diffusion_generate` applies when the caller gives none (50), against the engine given
+/// no top_k. The same prompts without the cut commit otherwise, so the default is seen.
+#[test]
+fn the_engine_default_matches_the_reference_with_its_own_defaults() {
+    let engine = common::tiny_dream_engine();
+    let model = engine.model();
+    let vocab = model.cfg.embedding_size;
+    let reference = |p: &unmask::GenerationParams, prompt: &[u32]| {
+        let mut sampler = Sampler::new(prompt, p.clone(), engine.special().mask, 512).unwrap();
+        let mut steps = Vec::new();
+        while !sampler.is_done() {
+            let logits = model.logits(sampler.tokens()).unwrap();
+            let preds: Vec<(u32, f32)> = sampler
+                .rows_to_predict()
+                .iter()
+                .map(|&pos| {
+                    let src = (pos as usize).saturating_sub(1);
+                    dream_choice(&logits[src * vocab..(src + 1) * vocab], p)
+                })
+                .collect();
+            let record = sampler.commit(&preds).unwrap();
+            if !record.committed.is_empty() {
+                steps.push((record.step, record.committed.iter().map(|c| c.0).collect()));
+            }
+        }
+        steps
+    };
+    let (mut checked, mut cut_mattered) = (0, 0);
+    for case in common::dream_golden_cases() {
+        let mut p = params(&case);
+        if !golden_draws(&case).is_empty() || p.top_k.is_some() || p.top_p.is_some() {
+            continue; // seeded draws, or a cut of the case's own
+        }
+        let name = case["name"].as_str().unwrap().to_string();
+        let prompt = ids(&case["prompt"]);
+        let with_default = unmask::GenerationParams {
+            top_k: Some(50),
+            ..p.clone()
+        };
+        let want = reference(&with_default, &prompt);
+        p.schedule = unmask::Schedule::Auto;
+        let out = engine
+            .generate(&Request::ids(prompt.clone()).with_params(p.clone()))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got: Vec<(usize, Vec<u32>)> = out
+            .steps
+            .iter()
+            .map(|r| (r.step, r.committed.iter().map(|c| c.0).collect()))
+            .collect();
+        assert_eq!(got, want, "{name}: the default is the reference's top_k 50");
+        if want != golden_steps(&case) {
+            cut_mattered += 1;
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "{checked} cases");
+    assert!(
+        cut_mattered >= 1,
+        "no case commits differently with and without the cut: the test cannot tell"
+    );
 }

@@ -97,6 +97,7 @@ fn llada_8b_shapes(div: usize, heads: usize) -> ModelConfig {
         eos_token_id: 126081 / div as u32,
         pad_token_id: 126081 / div as u32,
         bos_token_id: Some(126080 / div as u32),
+        default_top_k: None,
     }
 }
 

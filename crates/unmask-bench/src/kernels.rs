@@ -610,6 +610,7 @@ mod tests {
             eos_token_id: 1,
             pad_token_id: 1,
             bos_token_id: Some(0),
+            default_top_k: None,
         }
     }
 

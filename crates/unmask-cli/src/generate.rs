@@ -285,13 +285,16 @@ pub fn steps_json(g: &Generation) -> Value {
 
 /// The `--json` output of one generation.
 pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generation) -> Value {
+    let mut params_value = params_json(params);
+    // The cut the run used: the model's default when the flags named none.
+    params_value["top_k"] = json!(engine.effective_top_k(params));
     json!({
         "adapter": engine.ctx().describe(),
         "model": engine.dir().display().to_string(),
         "weight_format": engine.model().weights.embedding.format.name(),
         "mask_id": engine.special().mask,
         "load_s": engine.load_s(),
-        "params": params_json(params),
+        "params": params_value,
         "cache": g.cache.name(),
         "prefix_len": g.prefix_len,
         "bicache": bicache_json(g),

@@ -189,7 +189,7 @@ struct ModelFiles<'a> {
 
 impl<'a> ModelFiles<'a> {
     /// Reads config.json and tokenizer.json, and checks every tensor's name, shape and
-    /// dtype against the safetensors headers (mapped, not read).
+    /// dtype against the safetensors headers (no tensor data is read).
     fn read(dir: &'a Path) -> Result<Self, CliError> {
         let model_error = |e: ModelError| CliError::from(EngineError::from(e));
         let config =
@@ -212,7 +212,10 @@ impl<'a> ModelFiles<'a> {
         }
         let unused = checkpoint.names().count().saturating_sub(file_tensors);
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = if tokenizer_path.exists() {
+        let present = unmask_core::small_files::exists(&tokenizer_path).map_err(|why| {
+            CliError::runtime(format!("cannot read {}: {why}", tokenizer_path.display()))
+        })?;
+        let tokenizer = if present {
             Some(Tokenizer::from_file(&tokenizer_path)?)
         } else {
             None

@@ -320,9 +320,10 @@ pub struct SamplingArgs {
     /// tokens up to this probability (Dream's top_p; default: off)
     #[arg(long, value_name = "P", value_parser = values::fraction::<f32>, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    /// each position samples (and ranks) among its K most likely tokens (Dream's top_k;
-    /// default: off)
-    #[arg(long, value_name = "K", value_parser = values::positive)]
+    /// each position samples (and ranks) among its K most likely tokens (Dream's top_k).
+    /// Default: the model folder's, as Dream's diffusion_generate applies it (Dream:
+    /// generation_config.json's top_k, else config.json's, else 50; LLaDA: none); 0: no cut
+    #[arg(long, value_name = "K", value_parser = values::whole, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// classifier-free guidance weight (default 0: off)
     #[arg(long, value_name = "W", value_parser = values::non_negative, allow_negative_numbers = true)]
@@ -406,8 +407,12 @@ impl SamplingArgs {
             },
             alg_temp: self.alg_temp.unwrap_or(0.0),
             top_p: self.top_p,
-            // A k past the vocabulary keeps every id, as u32::MAX does.
-            top_k: self.top_k.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+            // None takes the model's default (`ModelConfig::default_top_k`); a k past the
+            // vocabulary keeps every id, so 0 ("no cut") is u32::MAX.
+            top_k: self.top_k.map(|k| match k {
+                0 => u32::MAX,
+                k => u32::try_from(k).unwrap_or(u32::MAX),
+            }),
         };
         params
             .validate(1, usize::MAX)

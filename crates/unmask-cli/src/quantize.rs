@@ -139,7 +139,15 @@ fn copy_model_files(dir: &Path, out_dir: &Path) -> Result<Vec<String>, CliError>
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_checkpoint =
             name.ends_with(".safetensors") || name == "model.safetensors.index.json";
-        if is_checkpoint || !entry.path().is_file() {
+        if is_checkpoint {
+            continue;
+        }
+        // A broken link (a tokenizer.json whose blob is gone) is an error, not a file the
+        // copy silently lacks.
+        unmask_core::small_files::exists(&entry.path()).map_err(|why| {
+            CliError::runtime(format!("cannot copy {}: {why}", entry.path().display()))
+        })?;
+        if !entry.path().is_file() {
             continue;
         }
         std::fs::copy(entry.path(), out_dir.join(&name))

@@ -1,10 +1,11 @@
 //! `unmask serve`: the OpenAI-compatible HTTP server (crates/unmask-server).
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use clap::Args;
 use unmask::CacheMode;
-use unmask_server::{Limits, SchedulerConfig, ServeConfig};
+use unmask_server::{Limits, NetConfig, SchedulerConfig, ServeConfig};
 
 use crate::error::CliError;
 use crate::options::{ModelArgs, RunArgs, load_engine};
@@ -19,7 +20,10 @@ use crate::values;
                   prompt run in one batch; the others run side by side. Requests may add the \
                   diffusion settings steps, block_length, threshold, cache and remasking. \
                   Prints `listening on http://ADDR` on stdout once it accepts requests; \
-                  ctrl-c or SIGTERM finishes the accepted requests and stops."
+                  ctrl-c or SIGTERM finishes the accepted requests within --shutdown-grace \
+                  and stops (a second one stops at once). Requests must name this server in \
+                  Host, come from no web page or an --allow-origin one, and POST \
+                  application/json."
 )]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -60,6 +64,29 @@ pub struct ServeArgs {
     /// by the device's largest binding)
     #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 4096)]
     pub batch_rows: usize,
+    /// open connections at most; past it the oldest connection with no request running
+    /// (an idle or slow client) is closed for the new one
+    #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 256)]
+    pub max_connections: usize,
+    /// seconds a connection has to send a request's headers, counted from when it starts
+    /// waiting for them (an idle keep-alive connection closes after it too)
+    #[arg(long, value_name = "S", value_parser = values::seconds, default_value = "10")]
+    pub header_timeout: Duration,
+    /// seconds a request has to send its whole body (408 after it)
+    #[arg(long, value_name = "S", value_parser = values::seconds, default_value = "30")]
+    pub body_timeout: Duration,
+    /// seconds the open connections have to finish after ctrl-c or SIGTERM; then they are
+    /// closed and the server exits
+    #[arg(long, value_name = "S", value_parser = values::seconds, default_value = "10")]
+    pub shutdown_grace: Duration,
+    /// a host name the Host header may give besides this server's address and loopback
+    /// names (e.g. the name of a reverse proxy; NAME or NAME:PORT; `*` for any); repeatable
+    #[arg(long, value_name = "NAME")]
+    pub allow_host: Vec<String>,
+    /// a web origin whose pages may call this server (e.g. http://localhost:3000; `*` for
+    /// any); repeatable. Without it, requests carrying an Origin header are refused
+    #[arg(long, value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -103,6 +130,14 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             depth: bicache.depth,
             refresh_every: bicache.refresh_every,
         },
+        net: NetConfig {
+            max_connections: args.max_connections,
+            header_timeout: args.header_timeout,
+            body_timeout: args.body_timeout,
+            shutdown_grace: args.shutdown_grace,
+        },
+        allow_hosts: args.allow_host.clone(),
+        allow_origins: args.allow_origin.clone(),
     };
     let load = move || load_engine(&dir, &options).map_err(|e| e.report());
     unmask_server::serve(config, load, |addr, loaded| {

@@ -76,6 +76,16 @@ pub fn positive_number(text: &str) -> Result<f64, String> {
     parsed(text, |&v| v > 0.0, "a number > 0")
 }
 
+/// A duration in seconds, > 0 and at most a day (e.g. 2.5).
+pub fn seconds(text: &str) -> Result<std::time::Duration, String> {
+    parsed(
+        text,
+        |&v: &f64| v > 0.0 && v <= 86_400.0,
+        "a number of seconds in (0, 86400]",
+    )
+    .map(std::time::Duration::from_secs_f64)
+}
+
 /// A number in (0, 1].
 pub fn fraction<T: FromStr + PartialOrd + From<u8>>(text: &str) -> Result<T, String> {
     parsed(

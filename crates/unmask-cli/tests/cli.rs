@@ -9,6 +9,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod serve;
+
 const MASK: u64 = 305;
 const BOS: u64 = 300;
 const VOCAB: usize = 320;
@@ -1417,4 +1419,46 @@ fn quantize_writes_a_folder_that_generates_like_load_time_quantization() {
         "disagree",
     );
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The demo page names the bundled model's size before loading it; after loading it shows
+/// the loader's count. The two must agree (the label said 1.1 M when the model had 0.54 M).
+#[test]
+fn the_demo_page_labels_the_bundled_model_with_the_loaders_parameter_count() {
+    let o = run(&[
+        "info",
+        "--model",
+        workspace().join("models/tiny").to_str().unwrap(),
+    ]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("parameters:"))
+        .unwrap_or_else(|| panic!("no parameters line in\n{out}"));
+    let count: f64 = line
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .replace(',', "")
+        .parse()
+        .unwrap();
+    let page = std::fs::read_to_string(workspace().join("web/index.html")).unwrap();
+    let at = page.find("<code>models/tiny</code>, ").expect("the label") + 26;
+    let label: f64 = page[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        page[at..].starts_with(&format!("{label} M parameters")),
+        "{}",
+        &page[at..at + 30]
+    );
+    assert_eq!(
+        format!("{label:.1}"),
+        format!("{:.1}", count / 1e6),
+        "the page says {label} M, the loader {count}"
+    );
 }

@@ -68,11 +68,14 @@ pub enum TokenizerError {
     },
     /// A mismatched tokenizer would make the model read the wrong embedding rows.
     #[error(
-        "the tokenizer gives {token} id {tokenizer_id} but config `{config_field}` is {config_id}; \
-         use the tokenizer that belongs to this model"
+        "tokenizer.json gives {token} id {tokenizer_id} but {config_file} field `{config_field}` \
+         is {config_id}; expected the same id (use the tokenizer that belongs to this model)"
     )]
     SpecialTokenMismatch {
         token: &'static str,
+        /// The file the config's id comes from (config.json, or generation_config.json
+        /// for LLaDA's BOS).
+        config_file: &'static str,
         config_field: &'static str,
         config_id: u32,
         tokenizer_id: u32,

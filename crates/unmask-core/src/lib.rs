@@ -17,6 +17,7 @@ pub mod prefix_store;
 pub mod quant;
 pub mod rng;
 pub mod sampler;
+pub mod small_files;
 pub mod step_plan;
 pub mod synth;
 pub mod tokenizer;

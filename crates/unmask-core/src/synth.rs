@@ -168,14 +168,15 @@ impl SynthConfig {
             path: config_path.clone(),
             source,
         };
+        // from_file first: it refuses a FIFO, a broken link or a file past its size bound
+        // before anything reads it whole, and checks generation_config.json's token ids.
+        let config = ModelConfig::from_file(&config_path).map_err(err)?;
         let config_json = std::fs::read_to_string(&config_path).map_err(|source| {
             err(ConfigError::Io {
                 path: config_path.clone(),
                 source,
             })
         })?;
-        // from_file also checks generation_config.json's token ids against the config.
-        let config = ModelConfig::from_file(&config_path).map_err(err)?;
         let generation_path = config_path.with_file_name("generation_config.json");
         let generation_config_json = if generation_path.is_file() {
             Some(std::fs::read_to_string(&generation_path).map_err(|source| {

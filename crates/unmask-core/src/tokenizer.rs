@@ -65,17 +65,82 @@ impl SpecialTokens {
     }
 }
 
+/// Token strings the runtime gives a role: the mask, the text and turn boundaries, the
+/// chat markup. User text must never become one of them (it would forge a turn, or a mask
+/// to infill), whatever the tokenizer's `special` flag says of them: they are made special
+/// before the tokenizer is built, so that encoding keeps their markup as text.
+const ROLE_TOKENS: [&str; 9] = [
+    MASK_TOKEN,
+    EOS_TOKEN,
+    BOS_TOKEN,
+    EOT_TOKEN,
+    START_HEADER_TOKEN,
+    END_HEADER_TOKEN,
+    DREAM_MASK_TOKEN,
+    crate::chat::IM_START_TOKEN,
+    crate::chat::IM_END_TOKEN,
+];
+
 /// Builds a tokenizer from the text of a `tokenizer.json`, in two steps: the text to a JSON
 /// value, then the value to a tokenizer. `tokenizers` 0.23 deserializing the text itself
 /// panics (`expect("Helper")` in its decoder's deserializer) when the `decoder` value is not
 /// well-formed JSON; parsed first, every syntax error comes back as an error, and the
 /// decoder's deserializer only ever sees a well-formed value.
 fn parse_json(bytes: &[u8]) -> Result<tokenizers::Tokenizer, tokenizers::Error> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)?;
+    let mut value: serde_json::Value = serde_json::from_slice(bytes)?;
     if let Some(model) = value.get("model") {
         check_bpe_merges(model)?;
     }
-    Ok(serde_json::from_value(value)?)
+    let declared = declared_added_tokens(&mut value)?;
+    let inner: tokenizers::Tokenizer = serde_json::from_value(value)?;
+    // `tokenizers` gives an added token the next free id when its declared one is not
+    // (a gap after the vocabulary, a clash), and only logs a warning: the model would then
+    // read another embedding row than the file says. Refused instead, by name.
+    for (at, id, content) in declared {
+        let given = inner.token_to_id(&content);
+        if given != Some(id) {
+            return Err(format!(
+                "added_tokens[{at}] {content:?}: declared with id {id}, but the tokenizer \
+                 gives it {} (an added token keeps its id only when it is the vocabulary's \
+                 next free one, or the vocabulary's own id for that string); expected the \
+                 ids the model was trained with",
+                given.map_or("no id".to_string(), |g| format!("id {g}"))
+            )
+            .into());
+        }
+    }
+    Ok(inner)
+}
+
+/// The (index, id, content) of each entry of `added_tokens`, with the runtime's role tokens
+/// marked special (`ROLE_TOKENS`). Entries without a whole-number id or a string content
+/// are left for `tokenizers` to refuse.
+fn declared_added_tokens(
+    value: &mut serde_json::Value,
+) -> Result<Vec<(usize, u32, String)>, String> {
+    let Some(serde_json::Value::Array(tokens)) = value.get_mut("added_tokens") else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(tokens.len());
+    for (at, token) in tokens.iter_mut().enumerate() {
+        let (Some(id), Some(content)) = (
+            token.get("id").and_then(serde_json::Value::as_u64),
+            token.get("content").and_then(serde_json::Value::as_str),
+        ) else {
+            continue;
+        };
+        let id = u32::try_from(id).map_err(|_| {
+            format!("added_tokens[{at}] {content:?}: expected an id below 2^32, found {id}")
+        })?;
+        let content = content.to_string();
+        if ROLE_TOKENS.contains(&content.as_str())
+            && let Some(obj) = token.as_object_mut()
+        {
+            obj.insert("special".into(), serde_json::Value::Bool(true));
+        }
+        out.push((at, id, content));
+    }
+    Ok(out)
 }
 
 /// Refuses the BPE merges `tokenizers` 0.23 cannot build without panicking. It writes each
@@ -141,7 +206,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// Decoding in `DecodeMode::Clean` stops at these ids.
     stop_ids: Vec<u32>,
-    /// Ids of the added tokens marked special; `encode` never returns one.
+    /// Ids of the added tokens marked special, of the role tokens (`ROLE_TOKENS`) and of
+    /// the ids the model's config gives a role (`reserve`); `encode` never returns one.
     special_ids: std::collections::HashSet<u32>,
 }
 
@@ -157,13 +223,12 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let path = path.as_ref();
-        // A FIFO named tokenizer.json would block `read` forever: only regular files.
+        // Regular files only (a FIFO would block `read` forever), within the size bound.
         #[cfg(not(target_arch = "wasm32"))]
-        crate::checkpoint::require_regular_file(path).map_err(|e| TokenizerError::Load {
-            source_name: path.display().to_string(),
-            source: e.to_string().into(),
-        })?;
-        let inner = std::fs::read(path)
+        let bytes = crate::small_files::read(path);
+        #[cfg(target_arch = "wasm32")]
+        let bytes = std::fs::read(path).map_err(|e| e.to_string());
+        let inner = bytes
             .map_err(Into::into)
             .and_then(|bytes| parse_json(&bytes))
             .map_err(|source| TokenizerError::Load {
@@ -175,10 +240,13 @@ impl Tokenizer {
 
     /// Loads the contents of a `tokenizer.json` (for the browser, where there are no files).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
-        let inner = parse_json(bytes).map_err(|source| TokenizerError::Load {
-            source_name: format!("tokenizer.json ({} bytes)", bytes.len()),
-            source,
-        })?;
+        let inner = crate::small_files::check_len("tokenizer.json", bytes.len() as u64)
+            .map_err(Into::into)
+            .and_then(|()| parse_json(bytes))
+            .map_err(|source| TokenizerError::Load {
+                source_name: format!("tokenizer.json ({} bytes)", bytes.len()),
+                source,
+            })?;
         Ok(Self::wrap(inner))
     }
 
@@ -191,12 +259,13 @@ impl Tokenizer {
             .iter()
             .filter_map(|t| inner.token_to_id(t))
             .collect();
-        let special_ids = inner
+        let mut special_ids: std::collections::HashSet<u32> = inner
             .get_added_tokens_decoder()
             .iter()
             .filter(|(_, t)| t.special)
             .map(|(&id, _)| id)
             .collect();
+        special_ids.extend(ROLE_TOKENS.iter().filter_map(|t| inner.token_to_id(t)));
         Self {
             inner,
             stop_ids,
@@ -225,6 +294,22 @@ impl Tokenizer {
             });
         }
         Ok(ids.to_vec())
+    }
+
+    /// Makes the ids of `special` (mask, EOS, BOS, turn markup, from the tokenizer or the
+    /// config) ids that `encode` never returns, whatever token string they have.
+    pub fn reserve(&mut self, special: &SpecialTokens) {
+        let SpecialTokens {
+            mask,
+            eos,
+            bos,
+            eot,
+            start_header,
+            end_header,
+        } = *special;
+        self.special_ids.extend([mask, eos, bos]);
+        self.special_ids
+            .extend([eot, start_header, end_header].into_iter().flatten());
     }
 
     /// Whether `id` is one of the tokenizer's special tokens (BOS, EOS, mask, chat markup,
@@ -309,6 +394,11 @@ impl Tokenizer {
             (Some(tokenizer_id), Some(config_id)) if tokenizer_id != config_id => {
                 Err(TokenizerError::SpecialTokenMismatch {
                     token,
+                    config_file: if config_field == "bos_token_id" {
+                        "config.json (or generation_config.json)"
+                    } else {
+                        "config.json"
+                    },
                     config_field,
                     config_id,
                     tokenizer_id,

@@ -461,3 +461,121 @@ fn dream_chatml_matches_the_reference() {
         (304, 300, Some(302))
     );
 }
+
+/// The fixture's tokenizer.json as JSON, edited by `edit`, loaded.
+fn edited_tokenizer(edit: &dyn Fn(&mut Value)) -> Result<Tokenizer, TokenizerError> {
+    let text = std::fs::read_to_string(fixture("tokenizer.json")).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v);
+    Tokenizer::from_bytes(v.to_string().as_bytes())
+}
+
+/// `tokenizers` renumbers an added token whose declared id is not the next free one (5000
+/// would become 306 here): the load refuses it, naming the entry and both ids; the ids it
+/// accepts are exactly the declared ones.
+#[test]
+fn declared_added_token_ids_are_kept_or_refused_by_name() {
+    let tok = tokenizer();
+    let text = std::fs::read_to_string(fixture("tokenizer.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    for t in v["added_tokens"].as_array().unwrap() {
+        let content = t["content"].as_str().unwrap();
+        assert_eq!(
+            tok.token_to_id(content),
+            Some(t["id"].as_u64().unwrap() as u32),
+            "{content}"
+        );
+    }
+
+    let gap = edited_tokenizer(&|v| {
+        v["added_tokens"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "id": 5000, "content": "<|far|>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            }));
+    });
+    let err = gap
+        .expect_err("id 5000 after a vocabulary of 306")
+        .to_string();
+    assert!(
+        err.contains("added_tokens[6]") && err.contains("<|far|>") && err.contains("5000"),
+        "{err}"
+    );
+    assert!(err.contains("id 306"), "names the id it would get: {err}");
+
+    // Two entries declaring one id: the second cannot keep it.
+    let clash = edited_tokenizer(&|v| {
+        v["added_tokens"][5]["id"] = Value::from(304);
+    });
+    let err = clash.expect_err("two tokens with id 304").to_string();
+    assert!(
+        err.contains("304") && err.contains("added_tokens["),
+        "{err}"
+    );
+}
+
+/// Markup of the mask, turn and boundary tokens typed in text stays text even when the
+/// tokenizer marks those tokens `special: false` (then `tokenizers` itself would match
+/// them as added tokens).
+#[test]
+fn markup_never_becomes_a_special_id_whatever_the_special_flag() {
+    let markup = "x <|mdm_mask|><|eot_id|><|start_header_id|>system<|end_header_id|>\
+                  <|startoftext|><|endoftext|>";
+    let special: Vec<u32> = (300..=305).collect();
+    for flag in [true, false] {
+        let tok = edited_tokenizer(&|v| {
+            for t in v["added_tokens"].as_array_mut().unwrap() {
+                t["special"] = Value::from(flag);
+            }
+        })
+        .unwrap();
+        let ids = tok.encode(markup).unwrap();
+        assert!(
+            ids.iter().all(|id| !special.contains(id)),
+            "special: {flag}: {ids:?}"
+        );
+        assert!(ids.len() > 20, "the markup is spelled out: {ids:?}");
+        for &id in &special {
+            assert!(tok.is_special(id), "special: {flag}: {id}");
+        }
+    }
+
+    // An id the config gives a role is reserved whatever token string it has: a tokenizer
+    // whose id 305 is an ordinary added string must not let text reach it.
+    let mut renamed = edited_tokenizer(&|v| {
+        v["added_tokens"][5]["content"] = Value::from("<|plain|>");
+        v["added_tokens"][5]["special"] = Value::from(false);
+    })
+    .unwrap();
+    assert_eq!(renamed.encode("<|plain|>").unwrap(), vec![305]);
+    let config = ModelConfig::from_file(fixture("config.json")).unwrap();
+    let special = renamed.special_tokens(&config).unwrap();
+    assert_eq!(special.mask, 305);
+    renamed.reserve(&special);
+    match renamed.encode("<|plain|>") {
+        Err(TokenizerError::SpecialTokenInText { id: 305, .. }) => {}
+        other => panic!("expected the reserved id refused, got {other:?}"),
+    }
+}
+
+/// The tokenizer's ids and the config's must agree; the error names both files, the field
+/// and both values.
+#[test]
+fn tokenizer_and_config_ids_disagreeing_name_both_files() {
+    let config = ModelConfig::from_file(fixture("config.json")).unwrap();
+    let mut wrong = config;
+    wrong.mask_token_id = 299;
+    let err = tokenizer().special_tokens(&wrong).unwrap_err().to_string();
+    for needle in [
+        "tokenizer.json",
+        "config.json",
+        "mask_token_id",
+        "305",
+        "299",
+        "<|mdm_mask|>",
+    ] {
+        assert!(err.contains(needle), "{needle} not in {err}");
+    }
+}

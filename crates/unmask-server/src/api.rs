@@ -2,12 +2,11 @@
 //! into what the engine runs. Fields the runtime cannot honour are refused by name rather
 //! than ignored; unknown fields are ignored, as OpenAI's clients send extras.
 
+use crate::error::ApiError;
+use crate::fields::{fraction_f32, number, object, required, typed, whole};
 use serde::Deserialize;
 use serde_json::Value;
 use unmask::{CacheMode, GenerationParams, Message, Remasking, Role};
-use unmask_core::config::json_kind;
-
-use crate::error::ApiError;
 
 /// Server-wide limits and defaults a request is checked against.
 #[derive(Clone, Debug)]
@@ -160,6 +159,13 @@ pub enum Input {
     Chat(Vec<Message>),
     Text(String),
     Ids(Vec<u32>),
+    /// A chat or a text the handler encoded (`scheduler::encode_input`, off the engine
+    /// thread), with the shared prefix's length the engine would have found itself.
+    Encoded {
+        ids: Vec<u32>,
+        prefix_len: Option<usize>,
+        chat: bool,
+    },
 }
 
 /// A checked request: what the scheduler runs and how the answer is shaped.
@@ -177,51 +183,10 @@ pub struct JobSpec {
 impl JobSpec {
     /// A text completion rather than a chat.
     pub fn is_completion(&self) -> bool {
-        !matches!(self.input, Input::Chat(_))
-    }
-}
-
-/// The body as a JSON object.
-fn object(body: &[u8]) -> Result<Value, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::unnamed(format!("the body is not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::unnamed(format!(
-            "the body: expected a JSON object, found {}",
-            json_kind(&value)
-        )));
-    }
-    Ok(value)
-}
-
-/// Deserializes `value`, naming the field at fault (`prefix` then serde's path).
-fn typed<T: serde::de::DeserializeOwned>(value: Value, prefix: &str) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
-        let path = e.path().to_string();
-        let field = match (prefix.is_empty(), path.as_str()) {
-            (true, ".") => String::new(),
-            (true, p) => p.to_string(),
-            (false, ".") => prefix.to_string(),
-            (false, p) if p.starts_with('[') => format!("{prefix}{p}"),
-            (false, p) => format!("{prefix}.{p}"),
-        };
-        let inner = e.into_inner();
-        if field.is_empty() {
-            ApiError::unnamed(format!("the body does not fit the request: {inner}"))
-        } else {
-            ApiError::invalid(field.clone(), format!("{field}: {inner}"))
-        }
-    })
-}
-
-/// The field `name` of the body, which the request needs.
-fn required(body: &mut Value, name: &str) -> Result<Value, ApiError> {
-    match body.get_mut(name).map(Value::take) {
-        Some(v) if !v.is_null() => Ok(v),
-        _ => Err(ApiError::invalid(
-            name,
-            format!("{name}: this field is required"),
-        )),
+        !matches!(
+            self.input,
+            Input::Chat(_) | Input::Encoded { chat: true, .. }
+        )
     }
 }
 
@@ -319,7 +284,7 @@ impl CompletionRequest {
         };
         let empty = match &input {
             Input::Text(t) => t.is_empty(),
-            Input::Ids(ids) => ids.is_empty(),
+            Input::Ids(ids) | Input::Encoded { ids, .. } => ids.is_empty(),
             Input::Chat(_) => false,
         };
         if empty {
@@ -348,19 +313,6 @@ impl CompletionRequest {
             ));
         }
         self.common.check(input, limits, served)
-    }
-}
-
-fn whole(field: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
-    match v {
-        None => Ok(None),
-        Some(0) => Err(ApiError::invalid(
-            field,
-            format!("{field}: expected a whole number >= 1, found 0"),
-        )),
-        Some(n) => usize::try_from(n)
-            .map(Some)
-            .map_err(|_| ApiError::invalid(field, format!("{field}: {n} is too large"))),
     }
 }
 
@@ -454,18 +406,12 @@ impl Common {
                 format!("temperature: expected a number in [0, 2], found {temperature}"),
             ));
         }
-        let top_p = match self.top_p {
-            None => None,
-            Some(p) if p > 0.0 && p <= 1.0 => Some(p as f32),
-            Some(p) => {
-                return Err(ApiError::invalid(
-                    "top_p",
-                    format!("top_p: expected a number in (0, 1], found {p}"),
-                ));
-            }
-        };
+        let top_p = self.top_p.map(|p| fraction_f32("top_p", p)).transpose()?;
         let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => None,
+            // None takes the model's default (Dream's reference cuts to 50); -1 and 0 are
+            // no cut, which a k past the vocabulary is.
+            None => None,
+            Some(-1) | Some(0) => Some(u32::MAX),
             Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
             Some(k) => {
                 return Err(ApiError::invalid(
@@ -499,16 +445,10 @@ impl Common {
                 ),
             ));
         }
-        let threshold = match self.threshold {
-            None => None,
-            Some(t) if t > 0.0 && t <= 1.0 => Some(t as f32),
-            Some(t) => {
-                return Err(ApiError::invalid(
-                    "threshold",
-                    format!("threshold: expected a number in (0, 1], found {t}"),
-                ));
-            }
-        };
+        let threshold = self
+            .threshold
+            .map(|t| fraction_f32("threshold", t))
+            .transpose()?;
         let remasking = match self.remasking.as_deref() {
             None => Remasking::LowConfidence,
             Some(name) => Remasking::parse(name).ok_or_else(|| {
@@ -559,11 +499,17 @@ impl Common {
         }
         let alg_temp = match self.alg_temp {
             None => 0.0,
-            Some(t) if t.is_finite() && t >= 0.0 => t as f32,
+            // Checked as the f32 the sampler uses: 1e300 is finite as f64, infinite as f32.
+            Some(t) if (t as f32).is_finite() && t >= 0.0 => t as f32,
             Some(t) => {
                 return Err(ApiError::invalid(
                     "alg_temp",
-                    format!("alg_temp: expected a finite number >= 0, found {t}"),
+                    format!(
+                        "alg_temp: expected a number >= 0 and finite in single precision (at \
+                         most {:e}), found {}",
+                        f32::MAX,
+                        number(t)
+                    ),
                 ));
             }
         };
@@ -651,7 +597,7 @@ mod tests {
         );
         assert_eq!(
             cut(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1,"top_k":-1}"#),
-            (Some(1.0), None)
+            (Some(1.0), Some(u32::MAX))
         );
     }
 
@@ -793,5 +739,38 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    /// Numbers are checked as the f32 the sampler uses, and the error says the value given.
+    #[test]
+    fn numbers_are_checked_in_the_precision_they_are_used_in() {
+        for (body, field, needles) in [
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"top_p":1e-300}"#,
+                "top_p",
+                &["found 1e-300", "single precision"][..],
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"threshold":1e-300}"#,
+                "threshold",
+                &["found 1e-300"][..],
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"q"}],"alg_temp":1e300}"#,
+                "alg_temp",
+                &["found 1e300", "single precision"][..],
+            ),
+        ] {
+            let e = chat(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}");
+            for n in needles {
+                assert!(e.message.contains(n), "{n} not in {}", e.message);
+            }
+        }
+        // The smallest positive f32 itself is taken.
+        let p = chat(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1e-45}"#)
+            .unwrap()
+            .params;
+        assert!(p.top_p.is_some_and(|p| p > 0.0));
     }
 }

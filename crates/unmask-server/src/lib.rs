@@ -6,9 +6,12 @@
 //! channels: a handler sends a `Job` and reads its events (accepted, final text as it
 //! appears, the canvas, the result).
 
+mod access;
 pub mod api;
 pub mod error;
+mod fields;
 pub mod metrics;
+pub mod net;
 mod routes;
 pub mod scheduler;
 pub mod text;
@@ -19,7 +22,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 use unmask::Engine;
 
+pub use access::Access;
 pub use api::Limits;
+pub use net::NetConfig;
 pub use scheduler::SchedulerConfig;
 
 /// How the server listens and what it accepts.
@@ -35,6 +40,12 @@ pub struct ServeConfig {
     pub model_name: String,
     pub limits: Limits,
     pub scheduler: SchedulerConfig,
+    /// Connection cap, timeouts and the shutdown's grace period.
+    pub net: NetConfig,
+    /// `--allow-host`: more names the `Host` header may give.
+    pub allow_hosts: Vec<String>,
+    /// `--allow-origin`: web origins that may call the server.
+    pub allow_origins: Vec<String>,
 }
 
 /// What went wrong starting or running the server.
@@ -57,11 +68,15 @@ pub enum ServeError {
 pub struct Loaded {
     /// Positions the model takes (prompt and answer together).
     pub max_sequence_length: usize,
+    /// The engine's tokenizer and chat format, for the handlers to tokenize requests
+    /// before they queue them (`scheduler::encode_input`).
+    encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
 }
 
 /// Loads the engine with `load` on its own thread, listens on `config.addr`, calls
 /// `on_listening` with the bound address (useful with port 0), and serves until ctrl-c
-/// or SIGTERM; then finishes the requests already accepted and returns.
+/// or SIGTERM; then finishes the requests already accepted within the grace period
+/// (`NetConfig::shutdown_grace`; a second signal ends it at once) and returns.
 pub fn serve<L>(
     config: ServeConfig,
     load: L,
@@ -90,6 +105,9 @@ where
             };
             let loaded = Loaded {
                 max_sequence_length: engine.config().max_sequence_length,
+                encoder: engine
+                    .tokenizer()
+                    .map(|t| Arc::new((t.clone(), engine.chat_format().clone()))),
             };
             let _ = ready_tx.send(Ok(loaded));
             scheduler::run(&engine, jobs_rx, engine_shared, scheduler_config);
@@ -102,20 +120,6 @@ where
     let mut limits = config.limits.clone();
     limits.max_tokens = limits.max_tokens.min(loaded.max_sequence_length - 1);
     limits.default_max_tokens = limits.default_max_tokens.min(limits.max_tokens);
-    let app = Arc::new(routes::App {
-        jobs: jobs_tx,
-        shared,
-        limits,
-        model: config.model_name.clone(),
-        api_key: config.api_key.clone(),
-        max_queue: config.max_queue,
-        max_body_bytes: config.max_body_bytes,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        next_id: AtomicU64::new(1),
-    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -127,38 +131,46 @@ where
                 addr: config.addr,
                 source,
             })?;
-        on_listening(listener.local_addr()?, &loaded);
-        axum::serve(listener, routes::router(app))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
-        Ok::<(), ServeError>(())
+        let bound = listener.local_addr()?;
+        let app = Arc::new(routes::App {
+            jobs: jobs_tx,
+            shared,
+            limits,
+            model: config.model_name.clone(),
+            api_key: config.api_key.clone(),
+            max_queue: config.max_queue,
+            max_body_bytes: config.max_body_bytes,
+            body_timeout: config.net.body_timeout,
+            encoder: loaded.encoder.clone(),
+            access: Access::new(bound, &config.allow_hosts, &config.allow_origins),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            next_id: AtomicU64::new(1),
+        });
+        // Listening for signals before the address is announced: a client told the address
+        // may stop the server at once.
+        let signals = net::signals();
+        on_listening(bound, &loaded);
+        Ok::<_, ServeError>(net::serve(listener, routes::router(app), &config.net, signals).await)
     });
-    // The router (and with it the last job sender) is gone: the engine thread finishes
-    // what it holds and returns.
-    drop(runtime);
-    if engine_thread.join().is_err() {
-        return Err(ServeError::EnginePanicked);
-    }
-    served
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    // The router (and with it the last job sender) is gone once the runtime is: the engine
+    // thread drops the requests whose clients went away, finishes the rest and returns.
+    // Forced, the runtime does not wait for tasks still running (a connection that never
+    // finished its request), and the engine is not waited for.
+    match served {
+        Ok(net::Ending::Forced) => {
+            runtime.shutdown_background();
+            Ok(())
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        Ok(net::Ending::Graceful) => {
+            drop(runtime);
+            if engine_thread.join().is_err() {
+                return Err(ServeError::EnginePanicked);
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -31,6 +30,12 @@ pub struct App {
     pub api_key: Option<String>,
     pub max_queue: usize,
     pub max_body_bytes: usize,
+    /// Time a request has to send its whole body.
+    pub body_timeout: std::time::Duration,
+    /// The tokenizer and chat format (`None` without tokenizer.json).
+    pub encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
+    /// Which hosts and origins may call (`access`).
+    pub access: crate::access::Access,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
     pub next_id: AtomicU64,
@@ -54,6 +59,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Outermost: a refused Host, Origin or Content-Type is answered before anything
+        // else reads the request.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            crate::access::guard,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }
@@ -65,7 +76,7 @@ async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) ->
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         if given != Some(key.as_str()) {
             app.shared.metrics.count("rejected");
             let why = if given.is_none() {
@@ -83,6 +94,15 @@ async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) ->
         }
     }
     next.run(request).await
+}
+
+/// The token of `Authorization: Bearer TOKEN`; the scheme's name is case-insensitive
+/// (RFC 9110, 11.1), so `bearer` is the same scheme.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 async fn not_found(request: Request) -> Response {
@@ -142,37 +162,48 @@ async fn models(State(app): State<Arc<App>>) -> Response {
     .into_response()
 }
 
-/// The body, or the error that names why it could not be read (too large above all).
-fn body_bytes(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::status(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                "request_too_large",
-                format!(
-                    "the body is larger than the server's limit of {} bytes",
-                    app.max_body_bytes
-                ),
-            )
-        } else {
-            ApiError::unnamed(format!("the body could not be read: {e}"))
-        }
-    })
+/// The body, or the error that names why it could not be read: too large, or not sent
+/// whole within `--body-timeout` (a client that stops halfway must not hold its connection
+/// and a handler forever).
+async fn read_body(app: &App, request: Request) -> Result<Bytes, ApiError> {
+    let read = tokio::time::timeout(app.body_timeout, Bytes::from_request(request, &()));
+    match read.await {
+        Err(_) => Err(ApiError::status(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!(
+                "the body did not arrive whole within {:.1} s (--body-timeout)",
+                app.body_timeout.as_secs_f64()
+            ),
+        )),
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!(
+                "the body is larger than the server's limit of {} bytes",
+                app.max_body_bytes
+            ),
+        )),
+        Ok(Err(e)) => Err(ApiError::unnamed(format!(
+            "the body could not be read: {e}"
+        ))),
+    }
 }
 
-async fn chat_completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let spec = body_bytes(&app, body)
+async fn chat_completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    let spec = read_body(&app, request)
+        .await
         .and_then(|b| ChatRequest::parse(&b))
         .and_then(|r| r.check(&app.limits, &app.model));
     generate(app, spec, Endpoint::Chat).await
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let spec = body_bytes(&app, body)
+async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    let spec = read_body(&app, request)
+        .await
         .and_then(|b| CompletionRequest::parse(&b))
         .and_then(|r| r.check(&app.limits, &app.model));
     generate(app, spec, Endpoint::Completion).await
@@ -185,6 +216,42 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
             app.shared.metrics.count("rejected");
             return e.into_response();
         }
+    };
+    // Tokenized here, on a blocking thread: a large prompt tokenized on the engine thread
+    // would stall every running request meanwhile.
+    let spec = match &app.encoder {
+        Some(encoder) => {
+            let encoder = Arc::clone(encoder);
+            let encoded = tokio::task::spawn_blocking(move || {
+                let completion = spec.is_completion();
+                let mut spec = spec;
+                let input = std::mem::replace(&mut spec.input, crate::api::Input::Ids(Vec::new()));
+                match crate::scheduler::encode_input(&encoder.0, &encoder.1, input) {
+                    Ok(input) => Ok(JobSpec { input, ..spec }),
+                    Err(e) => {
+                        let error = ApiError::from_engine(&e);
+                        Err(if completion {
+                            error.for_completion()
+                        } else {
+                            error
+                        })
+                    }
+                }
+            })
+            .await;
+            match encoded {
+                Ok(Ok(spec)) => spec,
+                Ok(Err(e)) => {
+                    app.shared.metrics.count("rejected");
+                    return e.into_response();
+                }
+                Err(e) => {
+                    return ApiError::server(format!("tokenizing the request failed: {e}"))
+                        .into_response();
+                }
+            }
+        }
+        None => spec,
     };
     let stream = spec.stream;
     let usage = spec.include_usage;
@@ -216,9 +283,14 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
 /// Queues a job (429 when the queue is full) and waits until the engine accepts it.
 async fn submit(app: &App, spec: JobSpec) -> Result<mpsc::UnboundedReceiver<JobEvent>, ApiError> {
     let shared = &app.shared;
-    let queued = shared.queued.fetch_add(1, Ordering::Relaxed);
-    if queued >= app.max_queue {
-        shared.queued.fetch_sub(1, Ordering::Relaxed);
+    // Counted only when there is room: the count never passes the bound, even for a moment.
+    let max = app.max_queue;
+    let counted = shared
+        .queued
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+            (q < max).then_some(q + 1)
+        });
+    if counted.is_err() {
         shared.metrics.count("rejected");
         return Err(ApiError::status(
             StatusCode::TOO_MANY_REQUESTS,
@@ -422,4 +494,19 @@ fn stream_response(
     Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for header in ["Bearer k1", "bearer k1", "BEARER  k1", " Bearer k1"] {
+            assert_eq!(bearer_token(header), Some("k1"), "{header:?}");
+        }
+        for header in ["Basic k1", "Bearerk1", "k1", "Bearer"] {
+            assert_eq!(bearer_token(header), None, "{header:?}");
+        }
+    }
 }

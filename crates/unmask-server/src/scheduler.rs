@@ -21,9 +21,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
-    BicacheReport, CacheMode, Engine, EngineError, Generation, PrefixKey, Prompt, Request, Session,
-    StepEvent, Timings,
+    BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey, Prompt,
+    Request, Role, Session, StepEvent, Timings,
 };
+
+use unmask_core::tokenizer::Tokenizer;
 
 use crate::api::{Input, JobSpec};
 use crate::error::ApiError;
@@ -234,15 +236,54 @@ enum Placement {
     Failed(EngineError),
 }
 
+/// Tokenizes a chat or a text as the engine would (the same ids and shared prefix), so
+/// that the handler can do it on a blocking thread before the job is queued: a large body
+/// tokenized on the engine thread would hold every running stream meanwhile.
+pub fn encode_input(
+    tokenizer: &Tokenizer,
+    chat: &ChatFormat,
+    input: Input,
+) -> Result<Input, EngineError> {
+    Ok(match input {
+        Input::Chat(messages) if messages.iter().any(|m| m.role == Role::User) => {
+            let split = chat.prefix_split(tokenizer, &messages)?;
+            let at = split.split_at();
+            Input::Encoded {
+                ids: split.whole,
+                prefix_len: Some(at),
+                chat: true,
+            }
+        }
+        Input::Chat(messages) => Input::Encoded {
+            ids: chat.encode(tokenizer, &messages)?,
+            prefix_len: Some(0),
+            chat: true,
+        },
+        Input::Text(text) => Input::Encoded {
+            ids: tokenizer.encode(&text)?,
+            prefix_len: None,
+            chat: false,
+        },
+        other => other,
+    })
+}
+
 /// The request the engine runs for a job.
 fn engine_request(
     engine: &Engine,
     spec: &JobSpec,
     config: &SchedulerConfig,
 ) -> Result<Request, EngineError> {
+    let mut prefix_len = None;
     let prompt = match &spec.input {
         Input::Chat(messages) => Prompt::Chat(messages.clone()),
         Input::Ids(ids) => Prompt::Ids(ids.clone()),
+        Input::Encoded {
+            ids, prefix_len: p, ..
+        } => {
+            prefix_len = *p;
+            Prompt::Ids(ids.clone())
+        }
         Input::Text(text) => match engine.tokenizer() {
             Some(t) => Prompt::Ids(t.encode(text)?),
             None => {
@@ -255,6 +296,7 @@ fn engine_request(
     let mut request = Request::new(prompt)
         .with_params(spec.params.clone())
         .with_cache(spec.cache);
+    request.prefix_len = prefix_len;
     request.depth = config.depth;
     request.refresh_every = config.refresh_every;
     Ok(request)

@@ -340,7 +340,12 @@ fn params(obj: &Value, limits: &Limits) -> Result<GenerationParams, String> {
         },
         alg_temp: real(obj, "algTemp", "a finite number >= 0", |t| t >= 0.0)?.unwrap_or(0.0),
         top_p: real(obj, "topP", "a number in (0, 1]", |p| p > 0.0 && p <= 1.0)?,
-        top_k: whole_in(obj, "topK", 1..=u32::MAX as u64, "")?.map(|k| k as u32),
+        // Absent: the model's default (Dream's reference cuts to 50); 0: no cut, which a k
+        // past the vocabulary is.
+        top_k: whole_in(obj, "topK", 0..=u32::MAX as u64, " (0: no cut)")?.map(|k| match k {
+            0 => u32::MAX,
+            k => k as u32,
+        }),
     })
 }
 

@@ -366,7 +366,8 @@ async fn bad_requests_reject_naming_the_field_and_the_engine_stays_usable() {
         ),
         (js(r#"{"prompt": "hi", "cache": "lru"}"#), "cache", "lru"),
         (js_with(chat, &[("topP", 1.5)]), "topP", "1.5"),
-        (js_with(chat, &[("topK", 0.0)]), "topK", "0"),
+        // 0 is "no cut"; a fraction is no k.
+        (js_with(chat, &[("topK", 2.5)]), "topK", "2.5"),
     ];
     for (i, (request, field, found)) in cases.into_iter().enumerate() {
         let shown = to_json(&request);

@@ -1,5 +1,6 @@
 //! Checkpoint files on disk (native only): refusing what is not a regular file before it
-//! is opened, and `Checkpoint::open`, which maps the files.
+//! is opened, and `Checkpoint::open`, which reads the headers now and a file's data when a
+//! tensor of it is first asked for (never memory-mapped: see `FileBytes::OnDisk`).
 
 use std::path::Path;
 
@@ -16,9 +17,16 @@ use super::{
 /// racing the loader on purpose, which is not the mistake this guards against. Returns the
 /// file's metadata: its length bounds what a caller reads whole.
 pub fn require_regular_file(path: &Path) -> Result<std::fs::Metadata, CheckpointError> {
-    let meta = std::fs::metadata(path).map_err(|source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
+    let meta = std::fs::metadata(path).map_err(|source| {
+        // A dangling link reads "not found"; say what it is and where it points.
+        let source = match crate::small_files::exists(path) {
+            Err(why) => std::io::Error::new(source.kind(), why),
+            Ok(_) => source,
+        };
+        CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     let file_type = meta.file_type();
     if file_type.is_file() {
@@ -59,7 +67,13 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
         let index_path = dir.join("model.safetensors.index.json");
         let single_path = dir.join("model.safetensors");
-        if index_path.exists() {
+        let present = |path: &Path| {
+            crate::small_files::exists(path).map_err(|message| CheckpointError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, message),
+            })
+        };
+        if present(&index_path)? {
             let len = require_regular_file(&index_path)?.len();
             if len > MAX_INDEX_BYTES {
                 return Err(CheckpointError::Index {
@@ -87,7 +101,7 @@ impl Checkpoint {
                 layout: CheckpointLayout::sharded(dir, &index, headers)?,
                 bytes,
             })
-        } else if single_path.exists() {
+        } else if present(&single_path)? {
             let (h, b) = Self::map_file(&single_path)?;
             Ok(Self {
                 layout: CheckpointLayout::single(dir, h),
@@ -100,32 +114,59 @@ impl Checkpoint {
         }
     }
 
+    /// A file's header (read now) and its data (read when first used).
     fn map_file(path: &Path) -> Result<(FileHeader, FileBytes), CheckpointError> {
-        require_regular_file(path)?;
-        let file = std::fs::File::open(path).map_err(|source| CheckpointError::Io {
+        use std::io::Read;
+        let len = require_regular_file(path)?.len();
+        let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
-        // SAFETY: `Mmap::map` is sound only if nothing changes the file while it is mapped,
-        // and nothing here can promise that: the mapping shares the file's pages, so another
-        // process writing to it changes bytes behind a `&[u8]` (undefined behaviour to the
-        // compiler; in practice tensors differ from the header validated at open), and one
-        // that truncates it makes any later access of the pages past the new end raise
-        // SIGBUS, which kills the process. Accepted here because this path serves `unmask
-        // info`, `unmask quantize` and tests, which read a checkpoint that nothing is
-        // rewriting; the engine's loader reads files with read() rather than mapping them.
-        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let header = Self::read_header(path, &bytes)?;
-        Ok((header, FileBytes::Mapped(bytes)))
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let mut first8 = Vec::with_capacity(8);
+        (&mut file).take(8).read_to_end(&mut first8).map_err(io)?;
+        let header_len = FileHeader::header_len(path, &first8)?;
+        let mut head = first8;
+        (&mut file)
+            .take(header_len.saturating_sub(8) as u64)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+        let header = FileHeader::parse(path, &head, Some(len))?;
+        Ok((
+            header,
+            FileBytes::OnDisk {
+                path: path.to_path_buf(),
+                len,
+                bytes: std::sync::OnceLock::new(),
+            },
+        ))
     }
+}
+
+/// The whole of a checkpoint file whose header was validated at length `len`: an error
+/// naming both lengths when the file is now shorter or longer (cut or rewritten while in
+/// use), never a crash.
+pub(super) fn read_whole(path: &Path, len: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read it again: {e}"))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(len.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it again: {e}"))?;
+    if bytes.len() as u64 != len {
+        return Err(format!(
+            "the file is now {} bytes, but its header was read when it had {len}: it changed \
+             while in use (truncated or rewritten?)",
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::Span;
     use crate::checkpoint::tests::fixture_dir;
     use std::path::PathBuf;
 
@@ -217,6 +258,54 @@ mod tests {
         assert!(
             matches!(&err, CheckpointError::Index { message, .. } if message.contains("at most")),
             "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `info` and `quantize` open checkpoints this way: a shard cut short after `open` (an
+    /// in-place copy over it) is a named error when its tensors are read, never SIGBUS.
+    #[test]
+    fn a_checkpoint_cut_while_open_is_a_named_error() {
+        let dir = scratch("cut");
+        let fixture = fixture_dir();
+        for name in [
+            "model.safetensors.index.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            std::fs::copy(fixture.join(name), dir.join(name)).unwrap();
+        }
+        let ckpt = open_with_deadline(&dir).expect("opens");
+        let shard = dir.join("model-00002-of-00002.safetensors");
+        let full = std::fs::metadata(&shard).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&shard)
+            .unwrap()
+            .set_len(full / 2)
+            .unwrap();
+        let mut errors = Vec::new();
+        for span in ckpt
+            .layout()
+            .files
+            .iter()
+            .enumerate()
+            .map(|(file, h)| Span {
+                file,
+                bytes: h.data_start..h.data_start + 1,
+            })
+        {
+            if let Err(e) = ckpt.span_bytes(&span) {
+                errors.push(e.to_string());
+            }
+        }
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("model-00002-of-00002.safetensors")
+                && errors[0].contains(&format!("now {} bytes", full / 2))
+                && errors[0].contains(&full.to_string()),
+            "{}",
+            errors[0]
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

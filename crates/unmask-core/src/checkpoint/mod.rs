@@ -81,22 +81,37 @@ pub enum CheckpointError {
 
 /// The bytes of one file.
 enum FileBytes {
+    /// A file on disk, read whole the first time one of its tensors is asked for (`info`
+    /// asks for none). Read, not memory-mapped: a mapped file cut short while in use kills
+    /// the process with SIGBUS on the next access past its new end; a read that comes up
+    /// short is a named error (`files::read_whole`).
     #[cfg(not(target_arch = "wasm32"))]
-    Mapped(memmap2::Mmap),
+    OnDisk {
+        path: PathBuf,
+        /// The length the header was validated against.
+        len: u64,
+        bytes: std::sync::OnceLock<Result<Vec<u8>, String>>,
+    },
     Owned(Vec<u8>),
 }
 
 impl FileBytes {
-    fn as_slice(&self) -> &[u8] {
+    fn as_slice(&self) -> Result<&[u8], CheckpointError> {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            FileBytes::Mapped(m) => m,
-            FileBytes::Owned(v) => v,
+            FileBytes::OnDisk { path, len, bytes } => bytes
+                .get_or_init(|| files::read_whole(path, *len))
+                .as_deref()
+                .map_err(|message| CheckpointError::Corrupt {
+                    path: path.clone(),
+                    message: message.clone(),
+                }),
+            FileBytes::Owned(v) => Ok(v),
         }
     }
 }
 
-/// All files of a checkpoint with their bytes (memory-mapped natively).
+/// All files of a checkpoint with their bytes (read from disk when first used, natively).
 pub struct Checkpoint {
     layout: CheckpointLayout,
     bytes: Vec<FileBytes>,
@@ -162,9 +177,10 @@ impl Checkpoint {
         &self.layout
     }
 
-    /// The bytes a span covers.
-    pub fn span_bytes(&self, span: &Span) -> &[u8] {
-        &self.bytes[span.file].as_slice()[span.bytes.clone()]
+    /// The bytes a span covers; an error when its file cannot be read whole (it changed
+    /// on disk since its header was read).
+    pub fn span_bytes(&self, span: &Span) -> Result<&[u8], CheckpointError> {
+        Ok(&self.bytes[span.file].as_slice()?[span.bytes.clone()])
     }
 
     /// A `__metadata__` value of the checkpoint's files (the first file that has the key).
@@ -179,17 +195,17 @@ impl Checkpoint {
         rows: usize,
         cols: usize,
     ) -> Result<Option<QuantTensor<'_>>, CheckpointError> {
-        Ok(self
-            .layout
-            .quantized_entry(name, rows, cols)?
-            .map(|q| QuantTensor {
-                path: q.path,
-                format: q.format,
-                rows,
-                cols,
-                codes: self.span_bytes(&q.codes),
-                scales: self.span_bytes(&q.scales),
-            }))
+        let Some(q) = self.layout.quantized_entry(name, rows, cols)? else {
+            return Ok(None);
+        };
+        Ok(Some(QuantTensor {
+            path: q.path,
+            format: q.format,
+            rows,
+            cols,
+            codes: self.span_bytes(&q.codes)?,
+            scales: self.span_bytes(&q.scales)?,
+        }))
     }
 
     pub fn dir(&self) -> &Path {
@@ -212,21 +228,22 @@ impl Checkpoint {
         name: &str,
         shape: &[usize],
     ) -> Result<StoredTensor<'_>, CheckpointError> {
+        // From the headers alone: no tensor data is read.
         if let &[rows, cols] = shape
-            && let Some(q) = self.quantized(name, rows, cols)?
+            && let Some(q) = self.layout.quantized_entry(name, rows, cols)?
         {
             return Ok(StoredTensor {
                 path: q.path,
                 dtype: q.format.name().to_string(),
-                bytes: q.stored_bytes() as u64,
+                bytes: (q.codes.bytes.len() + q.scales.bytes.len()) as u64,
                 file_tensors: 2,
             });
         }
-        let t = self.tensor(name, shape)?;
+        let e = self.layout.tensor_entry(name, shape)?;
         Ok(StoredTensor {
-            path: t.path,
-            dtype: format!("{:?}", t.dtype),
-            bytes: t.data.len() as u64,
+            path: e.path,
+            dtype: format!("{:?}", e.dtype),
+            bytes: e.span.bytes.len() as u64,
             file_tensors: 1,
         })
     }
@@ -243,7 +260,7 @@ impl Checkpoint {
             path: e.path,
             dtype: e.dtype,
             shape: e.shape,
-            data: self.span_bytes(&e.span),
+            data: self.span_bytes(&e.span)?,
         })
     }
 }

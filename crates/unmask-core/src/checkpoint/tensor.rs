@@ -15,7 +15,7 @@ pub enum StoredDType {
     F32,
 }
 
-/// A tensor's bytes inside a mapped file.
+/// A tensor's bytes inside a file's bytes.
 pub struct TensorBytes<'a> {
     pub name: &'a str,
     pub path: &'a Path,
@@ -74,7 +74,7 @@ pub const META_LAYERS: &str = "unmask.quant.layers";
 /// Format of the embedding table and LM head (`q8`, `q4` or `none`), informative.
 pub const META_EMBED: &str = "unmask.quant.embed";
 
-/// A quantized matrix inside a mapped file, in the byte layout of `crate::quant`.
+/// A quantized matrix inside a file's bytes, in the byte layout of `crate::quant`.
 pub struct QuantTensor<'a> {
     pub path: &'a Path,
     pub format: QuantFormat,

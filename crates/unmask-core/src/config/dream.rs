@@ -81,6 +81,11 @@ impl ModelConfig {
             eos_token_id,
             pad_token_id,
             bos_token_id: f.opt_token_id("bos_token_id", "bos_token_id")?,
+            // generation_config.json's, when it names one, replaces it
+            // (`with_generation_config`).
+            default_top_k: f
+                .opt_top_k("top_k", "top_k")?
+                .unwrap_or(ModelFamily::Dream.spec().default_top_k),
         }
         .checked()
     }

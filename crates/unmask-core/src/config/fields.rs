@@ -77,6 +77,27 @@ impl Fields<'_> {
         }
     }
 
+    /// A `top_k`: `None` when missing or null, `Some(None)` for 0 (transformers' "no cut"),
+    /// `Some(Some(k))` for k >= 1. `field` names it in errors.
+    pub(super) fn opt_top_k(
+        &self,
+        field: &'static str,
+        key: &str,
+    ) -> Result<Option<Option<u32>>, ConfigError> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|k| k <= u32::MAX as u64) => {
+                let k = n.as_u64().unwrap_or(0) as u32;
+                Ok(Some((k > 0).then_some(k)))
+            }
+            Some(value) => Err(Self::wrong(
+                field,
+                "a whole number >= 0 (0: no cut) or null",
+                value,
+            )),
+        }
+    }
+
     pub(super) fn size_or(&self, field: &'static str, default: u64) -> Result<usize, ConfigError> {
         match self.map.get(field) {
             None => Ok(default as usize),

@@ -67,6 +67,12 @@ pub struct ModelConfig {
     pub pad_token_id: u32,
     /// From `generation_config.json` when present (LLaDA's config.json has no BOS).
     pub bos_token_id: Option<u32>,
+    /// The top_k a request gets when it gives none (`None`: no cut). Dream's reference
+    /// `diffusion_generate` cuts to the model's `top_k`, which transformers (up to 4.4x)
+    /// sets to 50 in every config it does not name: so for Dream it is
+    /// generation_config.json's `top_k`, else config.json's, else 50 (0 in either file: no
+    /// cut). LLaDA's reference applies none.
+    pub default_top_k: Option<u32>,
 }
 
 impl ModelConfig {
@@ -79,25 +85,28 @@ impl ModelConfig {
         } else {
             path.to_path_buf()
         };
-        // A FIFO named config.json would block `read` forever: only regular files are read.
-        #[cfg(not(target_arch = "wasm32"))]
-        crate::checkpoint::require_regular_file(&config_path).map_err(|e| ConfigError::Io {
-            path: config_path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
-        })?;
-        let text = std::fs::read_to_string(&config_path).map_err(|source| ConfigError::Io {
-            path: config_path.clone(),
-            source,
-        })?;
+        // Regular files only (a FIFO would block `read` forever), within their size bound,
+        // and a broken symbolic link is named as one (never skipped as absent).
+        let read = |path: &Path| -> Result<String, ConfigError> {
+            let io = |message: String| ConfigError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, message),
+            };
+            let bytes = crate::small_files::read(path).map_err(io)?;
+            String::from_utf8(bytes).map_err(|e| io(e.to_string()))
+        };
+        let text = read(&config_path)?;
         let config = Self::parse(&text, &config_path.display().to_string())?;
         let generation_path = config_path.with_file_name("generation_config.json");
-        if !generation_path.is_file() {
+        let present =
+            crate::small_files::exists(&generation_path).map_err(|message| ConfigError::Io {
+                path: generation_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, message),
+            })?;
+        if !present {
             return Ok(config);
         }
-        let text = std::fs::read_to_string(&generation_path).map_err(|source| ConfigError::Io {
-            path: generation_path.clone(),
-            source,
-        })?;
+        let text = read(&generation_path)?;
         config.with_generation_config(&text, &generation_path.display().to_string())
     }
 
@@ -109,6 +118,11 @@ impl ModelConfig {
         if let Some(bos) = fields.opt_token_id("generation_config.bos_token_id", "bos_token_id")? {
             check_token_in_range("generation_config.bos_token_id", bos, self.embedding_size)?;
             self.bos_token_id = Some(bos);
+        }
+        if self.family == ModelFamily::Dream
+            && let Some(top_k) = fields.opt_top_k("generation_config.top_k", "top_k")?
+        {
+            self.default_top_k = top_k;
         }
         Ok(self)
     }

@@ -153,6 +153,8 @@ impl ModelConfig {
             eos_token_id,
             pad_token_id,
             bos_token_id,
+            // LLaDA's reference `generate` has no top-k cut.
+            default_top_k: None,
         }
         .checked()
     }

@@ -29,6 +29,9 @@ pub(super) static SPEC: FamilySpec = FamilySpec {
     ],
     shifts_logits: true,
     default_schedule: Schedule::DREAM,
+    // transformers' `PretrainedConfig` gives 50 to a config that names none, and with it
+    // `diffusion_generate` (`DreamGenerationConfig.from_model_config`).
+    default_top_k: Some(50),
     chat_format: || ChatFormat::ChatMl {
         default_system: Some(CHATML_DEFAULT_SYSTEM.to_string()),
     },

@@ -20,6 +20,7 @@ pub(super) static SPEC: FamilySpec = FamilySpec {
     config_keys: &[],
     shifts_logits: false,
     default_schedule: Schedule::Llada,
+    default_top_k: None,
     chat_format: || ChatFormat::Llada,
     special_tokens: SpecialTokenNames {
         mask: tokenizer::MASK_TOKEN,

@@ -57,6 +57,8 @@ pub struct FamilySpec {
     pub shifts_logits: bool,
     /// The sampler's schedule when the request names none.
     pub default_schedule: Schedule,
+    /// The top-k cut when neither the request nor the model folder names one.
+    pub default_top_k: Option<u32>,
     /// The chat format of the family's published template.
     pub chat_format: fn() -> ChatFormat,
     pub special_tokens: SpecialTokenNames,

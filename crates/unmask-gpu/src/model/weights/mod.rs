@@ -1,7 +1,7 @@
 //! LLaDA weights on the GPU. A `WeightUpload` is planned from the checkpoint's headers
 //! alone (every name, shape and dtype checked, every buffer allocated), then fed each
-//! tensor's bytes in whole rows, in any order and in pieces of any size: all of a mapped
-//! file at once natively, or a browser download as it arrives. Rows are converted to the
+//! tensor's bytes in whole rows, in any order and in pieces of any size: all of a file read
+//! by `Checkpoint` at once natively, or a browser download as it arrives. Rows are converted to the
 //! storage format in blocks (a few MiB of host memory at a time; quantized on the CPU for
 //! q8 / q4; a quantized checkpoint's codes are uploaded as stored). Q/K/V are fused into one
 //! `[q; k; v]` matrix and gate/up into one `[gate; up]` matrix so each projection is a
@@ -118,7 +118,7 @@ pub fn weight_bytes(
 }
 
 impl ModelWeights {
-    /// Loads every tensor the config names from a checkpoint in memory (mapped natively),
+    /// Loads every tensor the config names from a checkpoint (its files read when first used),
     /// checking names, shapes and dtypes first (see `WeightUpload::plan`).
     pub fn load(
         ctx: &GpuContext,
@@ -129,7 +129,7 @@ impl ModelWeights {
     ) -> Result<Self, ModelError> {
         let mut upload = WeightUpload::plan(ctx, cfg, ckpt.layout(), formats, progress)?;
         for (name, span) in upload.spans() {
-            upload.rows(&name, 0, ckpt.span_bytes(&span))?;
+            upload.rows(&name, 0, ckpt.span_bytes(&span)?)?;
         }
         upload.finish()
     }
