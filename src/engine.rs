@@ -282,6 +282,14 @@ impl Engine {
         }
     }
 
+    /// What a `RequestSpec` is checked against on this model.
+    pub fn spec_limits(&self) -> crate::SpecLimits {
+        crate::SpecLimits {
+            context: self.model.cfg.max_sequence_length,
+            layers: self.model.cfg.n_layers,
+        }
+    }
+
     /// The top_k a request with `params` runs with: its own, else the model's default
     /// (Dream's reference cuts to 50: `ModelConfig::default_top_k`; not with guidance,
     /// which takes no cut); `None` when nothing is cut, as with a k that keeps the whole

@@ -36,6 +36,7 @@ mod request;
 mod request_run;
 mod run;
 mod session;
+mod spec;
 
 pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
@@ -48,6 +49,7 @@ pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{BicacheReport, Generation, Prompt, Request, StepEvent, Timings};
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};
+pub use spec::{DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{ChatFormat, Message, Role};
 pub use unmask_core::config::ModelFamily;

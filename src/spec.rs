@@ -1,0 +1,412 @@
+//! One request spec: the generation settings a client sends, read the same way by the
+//! library, the server (`unmask serve`) and the browser API, and checked once by one set
+//! of rules that name the field at fault. Fields are snake_case; the browser's camelCase
+//! spellings are accepted too.
+
+use serde::Deserialize;
+use unmask_core::cache::CacheMode;
+use unmask_core::sampler::{GenerationParams, Remasking, Schedule};
+use unmask_core::tokenizer::DecodeMode;
+
+use crate::Request;
+
+/// The block length when a request names none: 32, or the whole canvas when 32 does not
+/// divide it (as `unmask generate`).
+pub const DEFAULT_BLOCK: usize = 32;
+
+/// A request's settings as a client writes them, every one optional. Numbers are taken as
+/// JSON gives them and checked in the type the runtime uses (`RequestSpec::check`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RequestSpec {
+    #[serde(alias = "genLength")]
+    pub gen_length: Option<u64>,
+    pub steps: Option<u64>,
+    #[serde(alias = "blockLength")]
+    pub block_length: Option<u64>,
+    pub temperature: Option<f64>,
+    /// LLaDA's `remasking` or Dream's `alg` names.
+    #[serde(alias = "alg")]
+    pub remasking: Option<String>,
+    #[serde(alias = "cfgScale")]
+    pub cfg_scale: Option<f64>,
+    pub threshold: Option<f64>,
+    #[serde(alias = "logitsEosInf")]
+    pub logits_eos_inf: Option<bool>,
+    #[serde(alias = "confidenceEosEotInf")]
+    pub confidence_eos_eot_inf: Option<bool>,
+    pub seed: Option<u64>,
+    #[serde(alias = "roundConfidenceBf16")]
+    pub round_confidence_bf16: Option<bool>,
+    /// `llada` or `dream`; `eps` alone means `dream`.
+    pub schedule: Option<String>,
+    pub eps: Option<f64>,
+    #[serde(alias = "algTemp")]
+    pub alg_temp: Option<f64>,
+    #[serde(alias = "topP")]
+    pub top_p: Option<f64>,
+    /// Absent: the model's default (Dream's reference cuts to 50); 0 or -1: no cut.
+    #[serde(alias = "topK")]
+    pub top_k: Option<i64>,
+    pub cache: Option<String>,
+    #[serde(alias = "prefixLen")]
+    pub prefix_len: Option<u64>,
+    pub depth: Option<u64>,
+    #[serde(alias = "refreshEvery")]
+    pub refresh_every: Option<u64>,
+    #[serde(alias = "recomputeAll")]
+    pub recompute_all: Option<bool>,
+    /// `clean` (the default) or `raw`.
+    pub decode: Option<String>,
+}
+
+/// What a spec is checked against: the loaded model's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecLimits {
+    /// Positions the model attends over, prompt and canvas together.
+    pub context: usize,
+    /// Transformer layers: the most BiCache's shallow depth can be.
+    pub layers: usize,
+}
+
+/// A field of a request outside its rules.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: expected {expected}, found {found}")]
+pub struct SpecError {
+    /// The field as this module spells it (snake_case).
+    pub field: &'static str,
+    pub expected: String,
+    pub found: String,
+}
+
+/// A checked spec: what a `Request` takes besides its prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub params: GenerationParams,
+    /// `None`: the caller's default mode.
+    pub cache: Option<CacheMode>,
+    pub prefix_len: Option<usize>,
+    pub depth: Option<usize>,
+    pub refresh_every: Option<usize>,
+    pub recompute_all: bool,
+    pub decode: DecodeMode,
+}
+
+fn error(field: &'static str, expected: impl Into<String>, found: impl ToString) -> SpecError {
+    SpecError {
+        field,
+        expected: expected.into(),
+        found: found.to_string(),
+    }
+}
+
+/// A number as a person would write it: 0.5, 1e-300 (not 300 zeros), 1e300.
+pub fn number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e6).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// An optional whole number in `range`, as a `usize`.
+fn count(
+    field: &'static str,
+    value: Option<u64>,
+    range: std::ops::RangeInclusive<usize>,
+    why: &str,
+) -> Result<Option<usize>, SpecError> {
+    let Some(v) = value else { return Ok(None) };
+    match usize::try_from(v) {
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(error(
+            field,
+            format!(
+                "a whole number from {} to {}{why}",
+                range.start(),
+                range.end()
+            ),
+            v,
+        )),
+    }
+}
+
+/// An optional number checked as the f32 the sampler uses: a value in range as f64 that
+/// rounds out of it (1e-300 becomes 0) is refused with what it becomes.
+fn single(
+    field: &'static str,
+    value: Option<f64>,
+    expected: &str,
+    ok: impl Fn(f32) -> bool,
+) -> Result<Option<f32>, SpecError> {
+    let Some(v) = value else { return Ok(None) };
+    let s = v as f32;
+    if s.is_finite() && ok(s) {
+        return Ok(Some(s));
+    }
+    let found = if v.is_finite() && s as f64 != v {
+        format!(
+            "{} (it is {s} in single precision, which the sampler uses)",
+            number(v)
+        )
+    } else {
+        number(v)
+    };
+    Err(error(field, expected, found))
+}
+
+impl RequestSpec {
+    /// Applies every rule once: ranges (from the model's `limits` where they depend on it),
+    /// divisibility of the canvas into blocks and steps, names of modes, schedules and
+    /// remasking strategies. The first field at fault is named.
+    pub fn check(&self, limits: &SpecLimits) -> Result<Settings, SpecError> {
+        let d = GenerationParams::default();
+        let most = limits.context.saturating_sub(1).max(1);
+        let context = format!(
+            " (the model's context of {} tokens, less at least one prompt token)",
+            limits.context
+        );
+        let gen_length =
+            count("gen_length", self.gen_length, 1..=most, &context)?.unwrap_or(d.gen_length);
+        let steps =
+            count("steps", self.steps, 1..=gen_length, " (gen_length)")?.unwrap_or(gen_length);
+        let block_length = count(
+            "block_length",
+            self.block_length,
+            1..=gen_length,
+            " (gen_length)",
+        )?
+        .unwrap_or(if gen_length.is_multiple_of(DEFAULT_BLOCK) {
+            DEFAULT_BLOCK
+        } else {
+            gen_length
+        });
+        if !gen_length.is_multiple_of(block_length) {
+            return Err(error(
+                "block_length",
+                format!("a divisor of gen_length {gen_length}"),
+                block_length,
+            ));
+        }
+        let threshold = single("threshold", self.threshold, "a number in (0, 1]", |t| {
+            t > 0.0 && t <= 1.0
+        })?;
+        let blocks = gen_length / block_length;
+        // Threshold decoding takes as many steps as each block needs; `steps` is unused then.
+        if threshold.is_none() && !steps.is_multiple_of(blocks) {
+            return Err(error(
+                "steps",
+                format!(
+                    "a multiple of the {blocks} blocks (gen_length {gen_length} / block_length \
+                     {block_length})"
+                ),
+                steps,
+            ));
+        }
+        let non_negative = "a finite number >= 0";
+        let remasking = match self.remasking.as_deref() {
+            None => d.remasking,
+            Some(name) => Remasking::parse(name).ok_or_else(|| {
+                error(
+                    "remasking",
+                    format!("one of {}", Remasking::NAMES.join(", ")),
+                    format!("{name:?}"),
+                )
+            })?,
+        };
+        let eps = self.eps.map(|e| e as f64);
+        let schedule = match (self.schedule.as_deref(), eps) {
+            (_, Some(e)) if !(e > 0.0 && e < 1.0) => {
+                return Err(error("eps", "a number in (0, 1)", number(e)));
+            }
+            (Some("llada"), None) => Schedule::Llada,
+            (Some("dream"), eps) | (None, eps @ Some(_)) => Schedule::Dream {
+                eps: eps.unwrap_or(1e-3),
+            },
+            (None, None) => d.schedule,
+            (Some(other), _) => {
+                return Err(error(
+                    "schedule",
+                    "\"llada\" or \"dream\" (eps only with dream)",
+                    format!("{other:?}"),
+                ));
+            }
+        };
+        let top_k = match self.top_k {
+            None => None,
+            // No cut: a k past any vocabulary.
+            Some(-1) | Some(0) => Some(u32::MAX),
+            Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
+            Some(k) => {
+                return Err(error(
+                    "top_k",
+                    "a whole number >= 1 (or 0 / -1: no cut)",
+                    k,
+                ));
+            }
+        };
+        let params = GenerationParams {
+            gen_length,
+            steps,
+            block_length,
+            temperature: single("temperature", self.temperature, non_negative, |t| t >= 0.0)?
+                .unwrap_or(d.temperature),
+            remasking,
+            cfg_scale: single("cfg_scale", self.cfg_scale, non_negative, |c| c >= 0.0)?
+                .unwrap_or(d.cfg_scale),
+            threshold,
+            logits_eos_inf: self.logits_eos_inf.unwrap_or(d.logits_eos_inf),
+            confidence_eos_eot_inf: self
+                .confidence_eos_eot_inf
+                .unwrap_or(d.confidence_eos_eot_inf),
+            seed: self.seed.unwrap_or(d.seed),
+            round_confidence_bf16: self
+                .round_confidence_bf16
+                .unwrap_or(d.round_confidence_bf16),
+            schedule,
+            alg_temp: single("alg_temp", self.alg_temp, non_negative, |t| t >= 0.0)?
+                .unwrap_or(d.alg_temp),
+            top_p: single("top_p", self.top_p, "a number in (0, 1]", |p| {
+                p > 0.0 && p <= 1.0
+            })?,
+            top_k,
+        };
+        let cache = match self.cache.as_deref() {
+            None => None,
+            Some(name) => Some(name.parse::<CacheMode>().map_err(|_| {
+                let names: Vec<&str> = CacheMode::ALL.iter().map(|m| m.name()).collect();
+                error(
+                    "cache",
+                    format!("one of {}", names.join(", ")),
+                    format!("{name:?}"),
+                )
+            })?),
+        };
+        let decode = match self.decode.as_deref() {
+            None | Some("clean") => DecodeMode::Clean,
+            Some("raw") => DecodeMode::Raw,
+            Some(other) => {
+                return Err(error(
+                    "decode",
+                    "\"clean\" or \"raw\"",
+                    format!("{other:?}"),
+                ));
+            }
+        };
+        let layers = format!(" (the model's {} layers)", limits.layers);
+        Ok(Settings {
+            params,
+            cache,
+            prefix_len: count(
+                "prefix_len",
+                self.prefix_len,
+                0..=most,
+                " (the longest prompt the model's context leaves room for)",
+            )?,
+            depth: count("depth", self.depth, 0..=limits.layers, &layers)?,
+            refresh_every: count("refresh_every", self.refresh_every, 1..=usize::MAX, " (steps)")?,
+            recompute_all: self.recompute_all.unwrap_or(false),
+            decode,
+        })
+    }
+}
+
+impl Request {
+    /// The request with checked settings (`RequestSpec::check`); its cache mode stays
+    /// where the settings name none.
+    pub fn with_settings(mut self, s: Settings) -> Self {
+        self.params = s.params;
+        if let Some(cache) = s.cache {
+            self.cache = cache;
+        }
+        self.prefix_len = s.prefix_len;
+        self.depth = s.depth;
+        if let Some(r) = s.refresh_every {
+            self.refresh_every = r;
+        }
+        self.recompute_all = s.recompute_all;
+        self.decode = s.decode;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: SpecLimits = SpecLimits {
+        context: 256,
+        layers: 4,
+    };
+
+    fn spec(json: &str) -> RequestSpec {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn field_of(json: &str) -> &'static str {
+        spec(json).check(&LIMITS).unwrap_err().field
+    }
+
+    #[test]
+    fn defaults_follow_the_canvas() {
+        let s = spec(r#"{"gen_length": 40}"#).check(&LIMITS).unwrap();
+        // 32 does not divide 40: one block of the whole canvas, one step per token.
+        assert_eq!((s.params.block_length, s.params.steps), (40, 40));
+        let s = spec(r#"{"genLength": 64, "blockLength": 16, "steps": 8}"#)
+            .check(&LIMITS)
+            .unwrap();
+        assert_eq!((s.params.gen_length, s.params.block_length), (64, 16));
+        assert_eq!(s.params.steps, 8);
+        assert_eq!(s.cache, None);
+        assert_eq!(s.decode, DecodeMode::Clean);
+    }
+
+    #[test]
+    fn every_rule_names_its_field() {
+        for (json, field) in [
+            (r#"{"gen_length": 0}"#, "gen_length"),
+            (r#"{"gen_length": 256}"#, "gen_length"),
+            (r#"{"gen_length": 64, "block_length": 24}"#, "block_length"),
+            (
+                r#"{"gen_length": 64, "block_length": 16, "steps": 6}"#,
+                "steps",
+            ),
+            (r#"{"temperature": -1}"#, "temperature"),
+            (r#"{"temperature": 1e300}"#, "temperature"),
+            (r#"{"top_p": 1e-300}"#, "top_p"),
+            (r#"{"top_p": 1.5}"#, "top_p"),
+            (r#"{"top_k": -3}"#, "top_k"),
+            (r#"{"threshold": 0}"#, "threshold"),
+            (r#"{"eps": 1}"#, "eps"),
+            (r#"{"schedule": "cosine"}"#, "schedule"),
+            (r#"{"remasking": "best"}"#, "remasking"),
+            (r#"{"cache": "bicache2"}"#, "cache"),
+            (r#"{"depth": 5}"#, "depth"),
+            (r#"{"refresh_every": 0}"#, "refresh_every"),
+            (r#"{"decode": "pretty"}"#, "decode"),
+            (r#"{"algTemp": -0.5}"#, "alg_temp"),
+        ] {
+            assert_eq!(field_of(json), field, "{json}");
+        }
+        let e = spec(r#"{"top_p": 1e-300}"#).check(&LIMITS).unwrap_err();
+        assert!(e.found.contains("single precision"), "{e}");
+    }
+
+    #[test]
+    fn names_and_cuts_read_as_the_reference_spells_them() {
+        let s = spec(r#"{"alg": "maskgit_plus", "eps": 0.01, "top_k": 0, "cache": "bicache-dual"}"#)
+            .check(&LIMITS)
+            .unwrap();
+        assert_eq!(s.params.remasking, Remasking::LowConfidence);
+        assert_eq!(s.params.schedule, Schedule::Dream { eps: 0.01 });
+        assert_eq!(s.params.top_k, Some(u32::MAX), "0 is no cut");
+        assert_eq!(s.cache, Some(CacheMode::BicacheDual));
+        let s = spec(r#"{"threshold": 0.9, "steps": 3, "gen_length": 64, "block_length": 32}"#)
+            .check(&LIMITS)
+            .unwrap();
+        assert_eq!(s.params.threshold, Some(0.9), "steps unused under a threshold");
+        let r = Request::ids(vec![1, 2]).with_settings(s);
+        assert_eq!(r.params.gen_length, 64);
+        assert_eq!(r.cache, CacheMode::None);
+    }
+}
