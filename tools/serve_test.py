@@ -143,6 +143,12 @@ def raw_error_cases(server):
         ("a body over the limit", "POST", "/v1/chat/completions", b" " * (2 << 20), AUTH, 413, None),
         ("an unknown route", "GET", "/v1/engines", None, AUTH, 404, None),
         ("GET on a POST route", "GET", "/v1/chat/completions", None, AUTH, 405, None),
+        ("top_p 1e-300 (0 as f32)", "POST", "/v1/chat/completions", {**ok, "top_p": 1e-300}, AUTH, 400, "top_p"),
+        ("a foreign Host", "POST", "/v1/chat/completions", ok, {**AUTH, "Host": "attacker.example"}, 403, "Host"),
+        ("a foreign Origin", "POST", "/v1/chat/completions", ok, {**AUTH, "Origin": "http://attacker.example"},
+         403, "Origin"),
+        ("a text/plain body", "POST", "/v1/chat/completions", ok, {**AUTH, "Content-Type": "text/plain"},
+         415, "Content-Type"),
     ]
     for what, method, path, body, headers, status, param in cases:
         raw = body if isinstance(body, bytes) else None

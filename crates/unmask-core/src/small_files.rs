@@ -58,8 +58,7 @@ pub fn check_len(name: &str, len: u64) -> Result<(), String> {
 /// Whether `path` names something, telling a broken symbolic link (an error naming its
 /// target) apart from a file that is not there: a model folder whose tokenizer.json is a
 /// dangling link (a Hugging Face snapshot whose blob was removed) must not load as if it
-/// had no tokenizer.
-#[cfg(not(target_arch = "wasm32"))]
+/// had no tokenizer. (In a browser there are no files: every call is an error there.)
 pub fn exists(path: &std::path::Path) -> Result<bool, String> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -73,7 +72,6 @@ pub fn exists(path: &std::path::Path) -> Result<bool, String> {
 }
 
 /// The message for a symbolic link whose target cannot be reached.
-#[cfg(not(target_arch = "wasm32"))]
 pub fn broken_link(path: &std::path::Path, e: &std::io::Error) -> String {
     let target = std::fs::read_link(path)
         .map(|t| t.display().to_string())
@@ -83,10 +81,12 @@ pub fn broken_link(path: &std::path::Path, e: &std::io::Error) -> String {
 
 /// Reads a small file whole: a regular file only (a FIFO would block forever), within its
 /// bound (checked on the length first, and again while reading, for a file that grows).
-#[cfg(not(target_arch = "wasm32"))]
 pub fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let name = path.to_string_lossy();
+    #[cfg(target_arch = "wasm32")]
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    #[cfg(not(target_arch = "wasm32"))]
     let meta = crate::checkpoint::require_regular_file(path).map_err(|e| match e {
         crate::checkpoint::CheckpointError::NotRegularFile { kind, .. } => {
             format!("expected a regular file, found a {kind}")

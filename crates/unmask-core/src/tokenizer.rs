@@ -224,11 +224,7 @@ impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let path = path.as_ref();
         // Regular files only (a FIFO would block `read` forever), within the size bound.
-        #[cfg(not(target_arch = "wasm32"))]
-        let bytes = crate::small_files::read(path);
-        #[cfg(target_arch = "wasm32")]
-        let bytes = std::fs::read(path).map_err(|e| e.to_string());
-        let inner = bytes
+        let inner = crate::small_files::read(path)
             .map_err(Into::into)
             .and_then(|bytes| parse_json(&bytes))
             .map_err(|source| TokenizerError::Load {
