@@ -109,7 +109,8 @@ pub fn number(v: f64) -> String {
     }
 }
 
-/// An optional whole number in `range`, as a `usize`.
+/// An optional whole number in `range`, as a `usize`; never past 2^32 - 1, which a
+/// 32-bit `usize` (the browser build's) holds too.
 fn count(
     field: &'static str,
     value: Option<u64>,
@@ -117,6 +118,7 @@ fn count(
     why: &str,
 ) -> Result<Option<usize>, SpecError> {
     let Some(v) = value else { return Ok(None) };
+    let range = *range.start()..=(*range.end()).min(u32::MAX as usize);
     match usize::try_from(v) {
         Ok(n) if range.contains(&n) => Ok(Some(n)),
         _ => Err(error(
@@ -214,7 +216,7 @@ impl RequestSpec {
                 )
             })?,
         };
-        let eps = self.eps.map(|e| e as f64);
+        let eps = self.eps;
         let schedule = match (self.schedule.as_deref(), eps) {
             (_, Some(e)) if !(e > 0.0 && e < 1.0) => {
                 return Err(error("eps", "a number in (0, 1)", number(e)));
@@ -238,11 +240,7 @@ impl RequestSpec {
             Some(-1) | Some(0) => Some(u32::MAX),
             Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
             Some(k) => {
-                return Err(error(
-                    "top_k",
-                    "a whole number >= 1 (or 0 / -1: no cut)",
-                    k,
-                ));
+                return Err(error("top_k", "a whole number >= 1 (or 0 / -1: no cut)", k));
             }
         };
         let params = GenerationParams {
@@ -304,7 +302,12 @@ impl RequestSpec {
                 " (the longest prompt the model's context leaves room for)",
             )?,
             depth: count("depth", self.depth, 0..=limits.layers, &layers)?,
-            refresh_every: count("refresh_every", self.refresh_every, 1..=usize::MAX, " (steps)")?,
+            refresh_every: count(
+                "refresh_every",
+                self.refresh_every,
+                1..=usize::MAX,
+                " (steps)",
+            )?,
             recompute_all: self.recompute_all.unwrap_or(false),
             decode,
         })
@@ -394,9 +397,10 @@ mod tests {
 
     #[test]
     fn names_and_cuts_read_as_the_reference_spells_them() {
-        let s = spec(r#"{"alg": "maskgit_plus", "eps": 0.01, "top_k": 0, "cache": "bicache-dual"}"#)
-            .check(&LIMITS)
-            .unwrap();
+        let s =
+            spec(r#"{"alg": "maskgit_plus", "eps": 0.01, "top_k": 0, "cache": "bicache-dual"}"#)
+                .check(&LIMITS)
+                .unwrap();
         assert_eq!(s.params.remasking, Remasking::LowConfidence);
         assert_eq!(s.params.schedule, Schedule::Dream { eps: 0.01 });
         assert_eq!(s.params.top_k, Some(u32::MAX), "0 is no cut");
@@ -404,7 +408,11 @@ mod tests {
         let s = spec(r#"{"threshold": 0.9, "steps": 3, "gen_length": 64, "block_length": 32}"#)
             .check(&LIMITS)
             .unwrap();
-        assert_eq!(s.params.threshold, Some(0.9), "steps unused under a threshold");
+        assert_eq!(
+            s.params.threshold,
+            Some(0.9),
+            "steps unused under a threshold"
+        );
         let r = Request::ids(vec![1, 2]).with_settings(s);
         assert_eq!(r.params.gen_length, 64);
         assert_eq!(r.cache, CacheMode::None);

@@ -3,10 +3,10 @@
 //! than ignored; unknown fields are ignored, as OpenAI's clients send extras.
 
 use crate::error::ApiError;
-use crate::fields::{fraction_f32, number, object, required, typed, whole};
+use crate::fields::{object, required, typed, whole};
 use serde::Deserialize;
 use serde_json::Value;
-use unmask::{CacheMode, GenerationParams, Message, Remasking, Role};
+use unmask::{CacheMode, GenerationParams, Message, Role};
 
 /// Server-wide limits and defaults a request is checked against.
 #[derive(Clone, Debug)]
@@ -406,74 +406,39 @@ impl Common {
                 format!("temperature: expected a number in [0, 2], found {temperature}"),
             ));
         }
-        let top_p = self.top_p.map(|p| fraction_f32("top_p", p)).transpose()?;
-        let top_k = match self.top_k {
-            // None takes the model's default (Dream's reference cuts to 50); -1 and 0 are
-            // no cut, which a k past the vocabulary is.
-            None => None,
-            Some(-1) | Some(0) => Some(u32::MAX),
-            Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
-            Some(k) => {
-                return Err(ApiError::invalid(
-                    "top_k",
-                    format!("top_k: expected a whole number >= 1 (or -1 / 0: off), found {k}"),
-                ));
-            }
+        // The generation settings by the rules the library and the browser API share; the
+        // engine checks the model's context when the request runs.
+        let spec = unmask::RequestSpec {
+            gen_length: Some(max_tokens as u64),
+            steps: self.steps,
+            block_length: self.block_length,
+            temperature: Some(temperature),
+            remasking: self.remasking.clone(),
+            threshold: self.threshold,
+            seed: self.seed,
+            eps: self.eps,
+            alg_temp: self.alg_temp,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            cache: self.cache.clone(),
+            ..unmask::RequestSpec::default()
         };
-        let block_length = match whole("block_length", self.block_length)? {
-            Some(b) => b,
-            None if max_tokens.is_multiple_of(DEFAULT_BLOCK) => DEFAULT_BLOCK,
-            None => max_tokens,
+        let any_model = unmask::SpecLimits {
+            context: usize::MAX,
+            layers: usize::MAX,
         };
-        if !max_tokens.is_multiple_of(block_length) {
-            return Err(ApiError::invalid(
-                "block_length",
-                format!(
-                    "block_length: expected a divisor of max_tokens ({max_tokens}), found \
-                     {block_length}"
-                ),
-            ));
-        }
-        let blocks = max_tokens / block_length;
-        let steps = whole("steps", self.steps)?.unwrap_or(max_tokens);
-        if !steps.is_multiple_of(blocks) {
-            return Err(ApiError::invalid(
-                "steps",
-                format!(
-                    "steps: expected a multiple of the {blocks} blocks (max_tokens {max_tokens} / \
-                     block_length {block_length}), found {steps}"
-                ),
-            ));
-        }
-        let threshold = self
-            .threshold
-            .map(|t| fraction_f32("threshold", t))
-            .transpose()?;
-        let remasking = match self.remasking.as_deref() {
-            None => Remasking::LowConfidence,
-            Some(name) => Remasking::parse(name).ok_or_else(|| {
-                ApiError::invalid(
-                    "remasking",
-                    format!(
-                        "remasking: expected one of {}, found {name:?}",
-                        Remasking::NAMES.join(", ")
-                    ),
-                )
-            })?,
-        };
-        let cache = match self.cache.as_deref() {
-            None => limits.default_cache,
-            Some(name) => name.parse::<CacheMode>().map_err(|_| {
-                let names: Vec<&str> = CacheMode::ALL.iter().map(|m| m.name()).collect();
-                ApiError::invalid(
-                    "cache",
-                    format!(
-                        "cache: expected one of {}, found {name:?}",
-                        names.join(", ")
-                    ),
-                )
-            })?,
-        };
+        let settings = spec.check(&any_model).map_err(|e| {
+            // The canvas length is OpenAI's max_tokens here.
+            let field = if e.field == "gen_length" {
+                "max_tokens"
+            } else {
+                e.field
+            };
+            ApiError::invalid(
+                field,
+                format!("{field}: expected {}, found {}", e.expected, e.found),
+            )
+        })?;
         let stop = match self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s],
@@ -497,50 +462,10 @@ impl Common {
                 "stream_options: only allowed with \"stream\": true",
             ));
         }
-        let alg_temp = match self.alg_temp {
-            None => 0.0,
-            // Checked as the f32 the sampler uses: 1e300 is finite as f64, infinite as f32.
-            Some(t) if (t as f32).is_finite() && t >= 0.0 => t as f32,
-            Some(t) => {
-                return Err(ApiError::invalid(
-                    "alg_temp",
-                    format!(
-                        "alg_temp: expected a number >= 0 and finite in single precision (at \
-                         most {:e}), found {}",
-                        f32::MAX,
-                        number(t)
-                    ),
-                ));
-            }
-        };
-        let schedule = match self.eps {
-            None => unmask::Schedule::Auto,
-            Some(eps) if eps > 0.0 && eps < 1.0 => unmask::Schedule::Dream { eps },
-            Some(eps) => {
-                return Err(ApiError::invalid(
-                    "eps",
-                    format!("eps: expected a number in (0, 1), found {eps}"),
-                ));
-            }
-        };
-        let params = GenerationParams {
-            gen_length: max_tokens,
-            steps,
-            block_length,
-            temperature: temperature as f32,
-            remasking,
-            threshold,
-            seed: self.seed.unwrap_or(0),
-            alg_temp,
-            schedule,
-            top_p,
-            top_k,
-            ..GenerationParams::default()
-        };
         Ok(JobSpec {
             input,
-            params,
-            cache,
+            params: settings.params,
+            cache: settings.cache.unwrap_or(limits.default_cache),
             stop,
             stream,
             include_usage: options.include_usage,
@@ -548,9 +473,6 @@ impl Common {
         })
     }
 }
-
-/// `unmask generate`'s block length when it divides the generation length.
-const DEFAULT_BLOCK: usize = 32;
 
 #[cfg(test)]
 mod tests {

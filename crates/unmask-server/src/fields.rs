@@ -1,5 +1,6 @@
 //! Reading a request body's fields: the body as a JSON object, a field's type with its
-//! path named in the error, and the numbers every endpoint checks the same way.
+//! path named in the error, and the whole numbers of OpenAI's fields. The generation
+//! settings are checked by `unmask::RequestSpec`.
 
 use serde_json::Value;
 use unmask_core::config::json_kind;
@@ -63,40 +64,5 @@ pub(crate) fn whole(field: &str, v: Option<u64>) -> Result<Option<usize>, ApiErr
         Some(n) => usize::try_from(n)
             .map(Some)
             .map_err(|_| ApiError::invalid(field, format!("{field}: {n} is too large"))),
-    }
-}
-
-/// A number in (0, 1] as the f32 the sampler uses, checked in f32: a value that is in
-/// range as f64 but rounds to 0 in f32 (1e-300) is refused with the value given and what
-/// it becomes, not accepted here and refused later as "0".
-pub(crate) fn fraction_f32(field: &'static str, value: f64) -> Result<f32, ApiError> {
-    let single = value as f32;
-    if single > 0.0 && single <= 1.0 {
-        return Ok(single);
-    }
-    let rounded = if value > 0.0 && value <= 1.0 {
-        format!(
-            " (it is {single} in single precision, which the sampler uses; the smallest \
-             positive value is {:e})",
-            f32::from_bits(1)
-        )
-    } else {
-        String::new()
-    };
-    Err(ApiError::invalid(
-        field,
-        format!(
-            "{field}: expected a number in (0, 1], found {}{rounded}",
-            number(value)
-        ),
-    ))
-}
-
-/// A number as a person would write it: 0.5, 1e-300 (not 300 zeros), 1e300.
-pub(crate) fn number(v: f64) -> String {
-    if v != 0.0 && v.is_finite() && !(1e-4..1e6).contains(&v.abs()) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
     }
 }

@@ -12,8 +12,8 @@ use std::ops::RangeInclusive;
 
 use serde_json::{Value, json};
 use unmask::{
-    CacheMode, DecodeMode, Engine, EngineOptions, Generation, GenerationParams, Message, Prompt,
-    Remasking, Request, Role, Schedule, StepEvent, WeightFormat,
+    DecodeMode, Engine, EngineOptions, Generation, Message, Prompt, Request, RequestSpec, Role,
+    Settings, SpecLimits, StepEvent, WeightFormat,
 };
 use unmask_core::tokenizer::Tokenizer;
 
@@ -101,20 +101,6 @@ fn count_in(
     let (lo, hi) = (*range.start() as u64, (*range.end() as u64).min(MAX_COUNT));
     // The value is at most `hi`, which came from a `usize` (or 2^32 - 1): it fits.
     Ok(whole_in(obj, key, lo..=hi, why)?.map(|n| n as usize))
-}
-
-/// An optional number that must be finite as an `f32` (1e300 is not) and pass `ok`.
-fn real(
-    obj: &Value,
-    key: &str,
-    what: &str,
-    ok: impl Fn(f32) -> bool,
-) -> Result<Option<f32>, String> {
-    field(obj, key, what, |v| {
-        v.as_f64()
-            .map(|n| n as f32)
-            .filter(|&n| n.is_finite() && ok(n))
-    })
 }
 
 fn flag(obj: &Value, key: &str) -> Result<Option<bool>, String> {
@@ -257,138 +243,84 @@ fn prompt(obj: &Value, limits: &Limits) -> Result<Prompt, String> {
     Ok(Request::chat(system, user).prompt)
 }
 
-/// The sampler's parameters: `genLength`, `steps`, `blockLength` and the rest of
-/// `GenerationParams` in camelCase. Checks what does not need the prompt's length; the
-/// engine's own `GenerationParams::validate` says the same in its (snake_case) words,
-/// but only after the buffers of the request would be sized.
-fn params(obj: &Value, limits: &Limits) -> Result<GenerationParams, String> {
-    let d = GenerationParams::default();
-    let most = limits.most_tokens();
-    let gen_length = count_in(
-        obj,
-        "genLength",
-        1..=most,
-        &format!(
-            " (the model's context of {} tokens, less at least one prompt token)",
-            limits.context
-        ),
-    )?
-    .unwrap_or(d.gen_length);
-    // A step commits at least one token, so steps past genLength could only repeat
-    // empty steps (the sampler skips them): the bound loses nothing and keeps the
-    // schedule, one entry per step, as small as the canvas.
-    let steps = count_in(obj, "steps", 1..=gen_length, " (genLength)")?.unwrap_or(gen_length);
-    let block_length = count_in(obj, "blockLength", 1..=gen_length, " (genLength)")?
-        .unwrap_or(d.block_length.min(gen_length));
-    if !gen_length.is_multiple_of(block_length) {
-        return Err(format!(
-            "blockLength: expected a divisor of genLength {gen_length}, found {block_length}"
-        ));
-    }
-    let threshold = real(obj, "threshold", "a number above 0 and at most 1", |t| {
-        t > 0.0 && t <= 1.0
-    })?;
-    let blocks = gen_length / block_length;
-    // Threshold decoding takes as many steps as each block needs; `steps` is unused then.
-    if threshold.is_none() && !steps.is_multiple_of(blocks) {
-        return Err(format!(
-            "steps: expected a multiple of the {blocks} blocks (genLength {gen_length} / \
-             blockLength {block_length}), found {steps}"
-        ));
-    }
-    let safe = " (the largest whole number a JavaScript number holds exactly)";
-    Ok(GenerationParams {
-        gen_length,
-        steps,
-        block_length,
-        temperature: real(obj, "temperature", "a finite number >= 0", |t| t >= 0.0)?
-            .unwrap_or(d.temperature),
-        remasking: match text(obj, "remasking")? {
-            None => Remasking::LowConfidence,
-            Some(name) => Remasking::parse(name).ok_or_else(|| {
-                format!(
-                    "remasking: expected one of {}, found {name:?}",
-                    Remasking::NAMES.join(", ")
-                )
-            })?,
-        },
-        cfg_scale: real(obj, "cfgScale", "a finite number >= 0", |c| c >= 0.0)?
-            .unwrap_or(d.cfg_scale),
-        threshold,
-        logits_eos_inf: flag(obj, "logitsEosInf")?.unwrap_or(d.logits_eos_inf),
-        confidence_eos_eot_inf: flag(obj, "confidenceEosEotInf")?
-            .unwrap_or(d.confidence_eos_eot_inf),
-        seed: whole_in(obj, "seed", 0..=MAX_SAFE_INTEGER, safe)?.unwrap_or(d.seed),
-        round_confidence_bf16: flag(obj, "roundConfidenceBf16")?.unwrap_or(d.round_confidence_bf16),
-        schedule: {
-            let eps = real(obj, "eps", "a number above 0 and below 1", |e| {
-                e > 0.0 && e < 1.0
-            })?;
-            match (text(obj, "schedule")?, eps) {
-                (Some("llada"), None) => Schedule::Llada,
-                (Some("dream"), eps) | (None, eps @ Some(_)) => Schedule::Dream {
-                    eps: eps.map_or(1e-3, f64::from),
-                },
-                (None, None) => Schedule::Auto,
-                (Some(other), _) => {
-                    return Err(format!(
-                        "schedule: expected \"llada\" or \"dream\" (eps only with dream), \
-                         found {other:?}"
-                    ));
-                }
+/// A spec field as the page spells it: `gen_length` is `genLength`.
+fn camel(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut upper = false;
+    for c in field.chars() {
+        match (c, upper) {
+            ('_', _) => upper = true,
+            (c, true) => {
+                out.extend(c.to_uppercase());
+                upper = false;
             }
-        },
-        alg_temp: real(obj, "algTemp", "a finite number >= 0", |t| t >= 0.0)?.unwrap_or(0.0),
-        top_p: real(obj, "topP", "a number in (0, 1]", |p| p > 0.0 && p <= 1.0)?,
-        // Absent: the model's default (Dream's reference cuts to 50); 0: no cut, which a k
-        // past the vocabulary is.
-        top_k: whole_in(obj, "topK", 0..=u32::MAX as u64, " (0: no cut)")?.map(|k| match k {
-            0 => u32::MAX,
-            k => k as u32,
-        }),
+            (c, false) => out.push(c),
+        }
+    }
+    out
+}
+
+/// What a spec field of this JSON type was expected to be, from serde's message.
+fn expected_kind(message: &str) -> &'static str {
+    match message {
+        m if m.contains("expected u64") => "a whole number >= 0",
+        m if m.contains("expected i64") => "a whole number",
+        m if m.contains("expected f64") => "a number",
+        m if m.contains("expected a boolean") => "true or false",
+        m if m.contains("expected a string") => "a string",
+        _ => "a value of another kind",
+    }
+}
+
+/// The request's settings by the rules the library and the server share
+/// (`unmask::RequestSpec`), each error naming the field as the page spells it and showing
+/// the value as the page sent it.
+fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
+    // The page's numbers are JavaScript numbers: past 2^53 the seed is already rounded.
+    if let Some(seed) = obj
+        .get("seed")
+        .filter(|v| v.as_u64().is_some_and(|s| s > MAX_SAFE_INTEGER))
+    {
+        return Err(format!(
+            "seed: expected a whole number from 0 to {MAX_SAFE_INTEGER} (the largest whole              number a JavaScript number holds exactly), found {seed}"
+        ));
+    }
+    let sent = |field: &str| -> Option<String> {
+        obj.get(camel(field))
+            .or_else(|| obj.get(field))
+            .map(Value::to_string)
+    };
+    let spec: RequestSpec = serde_path_to_error::deserialize(obj).map_err(|e| {
+        let field = e.path().to_string();
+        let found = obj.get(&field).map_or("nothing".into(), Value::to_string);
+        format!(
+            "{field}: expected {}, found {found}",
+            expected_kind(&e.inner().to_string())
+        )
+    })?;
+    let limits = SpecLimits {
+        context: limits.context,
+        layers: limits.layers,
+    };
+    spec.check(&limits).map_err(|e| {
+        let found = sent(e.field).unwrap_or(e.found);
+        format!("{}: expected {}, found {found}", camel(e.field), e.expected)
     })
 }
 
 /// A request: the prompt as `messages` ([{role, content}]), as `system` + `prompt`, or as
-/// token `ids`; the fields of `GenerationParams` in camelCase; `cache`, `prefixLen`,
-/// `depth`, `refreshEvery`, `recomputeAll` and `decode` ("clean" or "raw"). Checked
-/// against the model's `limits`; what depends on the prompt's length is checked by
-/// `fit_prompt` once it is encoded.
+/// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
+/// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
+/// `decode`). Checked against the model's `limits`; what depends on the prompt's length is
+/// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
     if !obj.is_object() {
         return Err(format!("a request must be an object, found {obj}"));
     }
     let prompt = prompt(obj, limits)?;
-    let mut r = Request::ids(Vec::new()).with_params(params(obj, limits)?);
+    let settings = settings(obj, limits)?;
+    let mut r = Request::ids(Vec::new()).with_settings(settings);
     r.prompt = prompt;
-    if let Some(c) = text(obj, "cache")? {
-        r.cache = c.parse::<CacheMode>().map_err(|e| format!("cache: {e}"))?;
-    }
-    r.prefix_len = count_in(
-        obj,
-        "prefixLen",
-        0..=limits.most_tokens(),
-        " (the longest prompt the model's context leaves room for)",
-    )?;
-    r.depth = count_in(
-        obj,
-        "depth",
-        0..=limits.layers,
-        &format!(" (the model's {} layers)", limits.layers),
-    )?;
-    if let Some(n) = count_in(obj, "refreshEvery", 1..=usize::MAX, " (steps)")? {
-        r.refresh_every = n;
-    }
-    r.recompute_all = flag(obj, "recomputeAll")?.unwrap_or(false);
-    r.decode = match text(obj, "decode")? {
-        None | Some("clean") => DecodeMode::Clean,
-        Some("raw") => DecodeMode::Raw,
-        Some(other) => {
-            return Err(format!(
-                "decode: expected \"clean\" or \"raw\", found {other:?}"
-            ));
-        }
-    };
     Ok(r)
 }
 
@@ -609,7 +541,7 @@ pub fn engine_info(engine: &Engine) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use unmask::StepRecord;
+    use unmask::{CacheMode, Remasking, StepRecord};
 
     /// The tiny fixture's shape (tests/fixtures/tiny/config.json).
     const LIMITS: Limits = Limits {
@@ -665,7 +597,7 @@ mod tests {
         assert_eq!((r.params.steps, r.params.block_length), (8, 8));
         assert_eq!(r.cache, CacheMode::None);
         let err = |v: Value| parse(v).err().unwrap();
-        assert!(err(json!({"prompt": "x", "cache": "lru"})).contains("unknown cache mode"));
+        assert!(err(json!({"prompt": "x", "cache": "lru"})).starts_with("cache: expected one of"));
         assert!(err(json!({"prompt": "x", "steps": "many"})).contains("steps"));
         assert!(err(json!({})).contains("prompt"));
         assert!(err(json!([1, 2])).contains("must be an object"));
