@@ -1,7 +1,7 @@
 //! One request spec: the generation settings a client sends, read the same way by the
 //! library, the server (`unmask serve`) and the browser API, and checked once by one set
-//! of rules that name the field at fault. Fields are snake_case; the browser's camelCase
-//! spellings are accepted too.
+//! of rules that name the field at fault. Fields are snake_case (the browser API turns its
+//! camelCase keys into them).
 
 use serde::Deserialize;
 use unmask_core::cache::CacheMode;
@@ -19,42 +19,30 @@ pub const DEFAULT_BLOCK: usize = 32;
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RequestSpec {
-    #[serde(alias = "genLength")]
     pub gen_length: Option<u64>,
     pub steps: Option<u64>,
-    #[serde(alias = "blockLength")]
     pub block_length: Option<u64>,
     pub temperature: Option<f64>,
     /// LLaDA's `remasking` or Dream's `alg` names.
     #[serde(alias = "alg")]
     pub remasking: Option<String>,
-    #[serde(alias = "cfgScale")]
     pub cfg_scale: Option<f64>,
     pub threshold: Option<f64>,
-    #[serde(alias = "logitsEosInf")]
     pub logits_eos_inf: Option<bool>,
-    #[serde(alias = "confidenceEosEotInf")]
     pub confidence_eos_eot_inf: Option<bool>,
     pub seed: Option<u64>,
-    #[serde(alias = "roundConfidenceBf16")]
     pub round_confidence_bf16: Option<bool>,
     /// `llada` or `dream`; `eps` alone means `dream`.
     pub schedule: Option<String>,
     pub eps: Option<f64>,
-    #[serde(alias = "algTemp")]
     pub alg_temp: Option<f64>,
-    #[serde(alias = "topP")]
     pub top_p: Option<f64>,
     /// Absent: the model's default (Dream's reference cuts to 50); 0 or -1: no cut.
-    #[serde(alias = "topK")]
     pub top_k: Option<i64>,
     pub cache: Option<String>,
-    #[serde(alias = "prefixLen")]
     pub prefix_len: Option<u64>,
     pub depth: Option<u64>,
-    #[serde(alias = "refreshEvery")]
     pub refresh_every: Option<u64>,
-    #[serde(alias = "recomputeAll")]
     pub recompute_all: Option<bool>,
     /// `clean` (the default) or `raw`.
     pub decode: Option<String>,
@@ -355,7 +343,7 @@ mod tests {
         let s = spec(r#"{"gen_length": 40}"#).check(&LIMITS).unwrap();
         // 32 does not divide 40: one block of the whole canvas, one step per token.
         assert_eq!((s.params.block_length, s.params.steps), (40, 40));
-        let s = spec(r#"{"genLength": 64, "blockLength": 16, "steps": 8}"#)
+        let s = spec(r#"{"gen_length": 64, "block_length": 16, "steps": 8}"#)
             .check(&LIMITS)
             .unwrap();
         assert_eq!((s.params.gen_length, s.params.block_length), (64, 16));
@@ -387,7 +375,7 @@ mod tests {
             (r#"{"depth": 5}"#, "depth"),
             (r#"{"refresh_every": 0}"#, "refresh_every"),
             (r#"{"decode": "pretty"}"#, "decode"),
-            (r#"{"algTemp": -0.5}"#, "alg_temp"),
+            (r#"{"alg_temp": -0.5}"#, "alg_temp"),
         ] {
             assert_eq!(field_of(json), field, "{json}");
         }

@@ -135,8 +135,15 @@ def main():
             s = total(after, "sum") - total(before, "sum")
             return round(s / n, 2) if n else 0
 
-        def batch_by_kind(before, after):
-            return {kind: batch_mean(before, after, kind) for kind in ("shared_prefix", "no_prefix")}
+        def phase(wall_s, tokens, replies, before, after):
+            """One run's numbers: throughput, latency and the batches the server ran."""
+            return {"wall_s": round(wall_s, 2), "requests_per_s": round(len(work) / wall_s, 3),
+                    "answer_tokens_per_s": round(tokens / wall_s, 2),
+                    "canvas_tokens_per_s": round(len(work) * a.gen_length / wall_s, 2),
+                    "mean_batch": batch_mean(before, after),
+                    "mean_batch_by_session": {kind: batch_mean(before, after, kind)
+                                              for kind in ("shared_prefix", "no_prefix")},
+                    "mean_latency_s": round(sum(r[3] for r in replies) / len(work), 2)}
 
         result = {
             "bench": "serve-load",
@@ -146,18 +153,8 @@ def main():
             "system_prompts": systems,
             "gen_length": a.gen_length, "steps": a.steps, "block_length": a.block_length,
             "cache": modes,
-            "concurrent": {"wall_s": round(concurrent_s, 2), "requests_per_s": round(len(work) / concurrent_s, 3),
-                           "answer_tokens_per_s": round(concurrent_tokens / concurrent_s, 2),
-                           "canvas_tokens_per_s": round(len(work) * a.gen_length / concurrent_s, 2),
-                           "mean_batch": batch_mean(m0, m1),
-                           "mean_batch_by_session": batch_by_kind(m0, m1),
-                           "mean_latency_s": round(sum(r[3] for r in concurrent_replies) / len(work), 2)},
-            "one_at_a_time": {"wall_s": round(serial_s, 2), "requests_per_s": round(len(work) / serial_s, 3),
-                              "answer_tokens_per_s": round(serial_tokens / serial_s, 2),
-                              "canvas_tokens_per_s": round(len(work) * a.gen_length / serial_s, 2),
-                              "mean_batch": batch_mean(m1, m2),
-                              "mean_batch_by_session": batch_by_kind(m1, m2),
-                              "mean_latency_s": round(sum(r[3] for r in serial_replies) / len(work), 2)},
+            "concurrent": phase(concurrent_s, concurrent_tokens, concurrent_replies, m0, m1),
+            "one_at_a_time": phase(serial_s, serial_tokens, serial_replies, m1, m2),
             "speedup": round(serial_s / concurrent_s, 2),
             "bicache": {"hits": hits, "misses": misses, "fallbacks": fallbacks},
             "answers_equal_generate": not any("!=" in f for f in failures),

@@ -108,15 +108,7 @@ fn fresh_prefix_pass(model: &Model, prefix: &[u32], depth: usize) -> (LayerKv, V
 fn shared_entry_equals_a_fresh_prefix_pass_and_is_never_written() {
     let engine = engine();
     let depth = 1;
-    let first = engine
-        .generate(&bicache_request(
-            0,
-            CacheMode::Bicache,
-            depth,
-            4,
-            params(16, 16, 16),
-        ))
-        .unwrap();
+    let first = generate(&engine, 0, CacheMode::Bicache, depth, 4, params(16, 16, 16));
     assert!(!first.bicache.as_ref().unwrap().hit);
     let entry = engine
         .prefix_entry(&prefix())
@@ -152,24 +144,8 @@ fn shared_entry_equals_a_fresh_prefix_pass_and_is_never_written() {
         "boundary state differs from a prefix-only pass stopped after layer {depth}"
     );
     // Two more requests with other questions (one at another depth) reuse the entry.
-    let second = engine
-        .generate(&bicache_request(
-            1,
-            CacheMode::Bicache,
-            depth,
-            4,
-            params(16, 16, 16),
-        ))
-        .unwrap();
-    let third = engine
-        .generate(&bicache_request(
-            2,
-            CacheMode::BicacheDual,
-            2,
-            4,
-            params(16, 8, 4),
-        ))
-        .unwrap();
+    let second = generate(&engine, 1, CacheMode::Bicache, depth, 4, params(16, 16, 16));
+    let third = generate(&engine, 2, CacheMode::BicacheDual, 2, 4, params(16, 8, 4));
     assert!(second.bicache.as_ref().unwrap().hit && third.bicache.as_ref().unwrap().hit);
     assert_eq!(
         read(&entry),
@@ -203,24 +179,22 @@ fn token_layer_passes_follow_the_layer_partition() {
     let depth = 1;
     let refresh = 4;
     // Build the entry first so the measured request is a hit (no build pass counted).
-    engine
-        .generate(&bicache_request(
-            0,
-            CacheMode::Bicache,
-            depth,
-            refresh,
-            params(gen_len, steps, gen_len),
-        ))
-        .unwrap();
-    let out = engine
-        .generate(&bicache_request(
-            0,
-            CacheMode::Bicache,
-            depth,
-            refresh,
-            params(gen_len, steps, gen_len),
-        ))
-        .unwrap();
+    generate(
+        &engine,
+        0,
+        CacheMode::Bicache,
+        depth,
+        refresh,
+        params(gen_len, steps, gen_len),
+    );
+    let out = generate(
+        &engine,
+        0,
+        CacheMode::Bicache,
+        depth,
+        refresh,
+        params(gen_len, steps, gen_len),
+    );
     let s = out.timings.steps;
     let refreshes = s.div_ceil(refresh);
     let n = t - p;
@@ -285,6 +259,19 @@ fn key(depth: usize) -> unmask::PrefixKey {
         tokens: prefix(),
         depth,
     }
+}
+
+/// `engine.generate` of `bicache_request(question, mode, depth, refresh_every, params)`.
+fn generate(
+    engine: &unmask::Engine,
+    question: u32,
+    mode: CacheMode,
+    depth: usize,
+    refresh_every: usize,
+    params: GenerationParams,
+) -> unmask::Generation {
+    let request = bicache_request(question, mode, depth, refresh_every, params);
+    engine.generate(&request).unwrap()
 }
 
 /// The same request with the depth a batch runs it at.

@@ -122,33 +122,16 @@ fn dream_choice(row: &[f32], p: &unmask::GenerationParams) -> (u32, f32) {
 #[test]
 fn dream_sampler_matches_the_goldens_over_gpu_logits() {
     let engine = common::tiny_dream_engine();
-    let model = engine.model();
-    let vocab = model.cfg.embedding_size;
     let mut checked = 0;
     for case in common::dream_golden_cases() {
         let name = case["name"].as_str().unwrap().to_string();
         let p = params(&case);
         let prompt = ids(&case["prompt"]);
-        let mut sampler = Sampler::new(&prompt, p.clone(), engine.special().mask, 512)
+        let sampler = Sampler::new(&prompt, p.clone(), engine.special().mask, 512)
             .unwrap()
             .with_draws(golden_draws(&case));
-        let mut steps = Vec::new();
-        while !sampler.is_done() {
-            let logits = model.logits(sampler.tokens()).unwrap();
-            let preds: Vec<(u32, f32)> = sampler
-                .rows_to_predict()
-                .iter()
-                .map(|&pos| {
-                    let src = (pos as usize).saturating_sub(1);
-                    dream_choice(&logits[src * vocab..(src + 1) * vocab], &p)
-                })
-                .collect();
-            let record = sampler.commit(&preds).unwrap();
-            if !record.committed.is_empty() {
-                steps.push((record.step, record.committed.iter().map(|c| c.0).collect()));
-            }
-        }
-        assert_eq!(sampler.tokens(), ids(&case["output"]), "{name}: output");
+        let (tokens, steps) = reference_run(&engine, sampler);
+        assert_eq!(tokens, ids(&case["output"]), "{name}: output");
         assert_eq!(steps, golden_steps(&case), "{name}: per-step commits");
         eprintln!("[golden] Dream {name}: {} steps equal", steps.len());
         checked += 1;
@@ -209,11 +192,9 @@ fn chat(question: &str, cache: CacheMode, p: unmask::GenerationParams) -> Reques
 /// `none` exactly, in both BiCache modes.
 #[test]
 fn dream_bicache_refreshing_every_step_from_depth_0_equals_none() {
-    let engine = common::tiny_dream_engine();
-    let p = common::params(16, 8, 16);
-    let none = engine
-        .generate(&chat("What is 2 + 3?", CacheMode::None, p.clone()))
-        .unwrap();
+    let (engine, p) = (common::tiny_dream_engine(), common::params(16, 8, 16));
+    let none = engine.generate(&chat("What is 2 + 3?", CacheMode::None, p.clone()));
+    let none = none.unwrap();
     for mode in [CacheMode::Bicache, CacheMode::BicacheDual] {
         let request = Request {
             depth: Some(0),
@@ -233,11 +214,9 @@ fn dream_bicache_refreshing_every_step_from_depth_0_equals_none() {
 /// K/V as a separate attention segment: the same tokens and commits.
 #[test]
 fn dream_bicache_at_full_depth_equals_prefix_arm() {
-    let engine = common::tiny_dream_engine();
-    let p = common::params(16, 8, 16);
-    let arm = engine
-        .generate(&chat("Name a colour.", CacheMode::PrefixArm, p.clone()))
-        .unwrap();
+    let (engine, p) = (common::tiny_dream_engine(), common::params(16, 8, 16));
+    let arm = engine.generate(&chat("Name a colour.", CacheMode::PrefixArm, p.clone()));
+    let arm = arm.unwrap();
     let request = Request {
         depth: Some(engine.config().n_layers),
         ..chat("Name a colour.", CacheMode::Bicache, p)
@@ -459,6 +438,36 @@ fn the_default_top_k_follows_the_model_folder() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Dream's `sample_tokens` ported to the host (`dream_choice`) over the GPU's logits, row
+/// p read from the logits of p - 1 as Dream shifts them: the final tokens and each step's
+/// commits.
+#[allow(clippy::type_complexity)] // (tokens, [(step, committed positions)])
+fn reference_run(
+    engine: &unmask::Engine,
+    mut sampler: Sampler,
+) -> (Vec<u32>, Vec<(usize, Vec<u32>)>) {
+    let model = engine.model();
+    let vocab = model.cfg.embedding_size;
+    let p = sampler.params().clone();
+    let mut steps = Vec::new();
+    while !sampler.is_done() {
+        let logits = model.logits(sampler.tokens()).unwrap();
+        let preds: Vec<(u32, f32)> = sampler
+            .rows_to_predict()
+            .iter()
+            .map(|&pos| {
+                let src = (pos as usize).saturating_sub(1);
+                dream_choice(&logits[src * vocab..(src + 1) * vocab], &p)
+            })
+            .collect();
+        let record = sampler.commit(&preds).unwrap();
+        if !record.committed.is_empty() {
+            steps.push((record.step, record.committed.iter().map(|c| c.0).collect()));
+        }
+    }
+    (sampler.tokens().to_vec(), steps)
+}
+
 /// The reference's own defaults, reference-style: each golden prompt through Dream's
 /// `sample_tokens` ported to the host (`dream_choice`) over the GPU's logits with the top_k
 /// `diffusion_generate` applies when the caller gives none (50), against the engine given
@@ -466,27 +475,9 @@ fn the_default_top_k_follows_the_model_folder() {
 #[test]
 fn the_engine_default_matches_the_reference_with_its_own_defaults() {
     let engine = common::tiny_dream_engine();
-    let model = engine.model();
-    let vocab = model.cfg.embedding_size;
     let reference = |p: &unmask::GenerationParams, prompt: &[u32]| {
-        let mut sampler = Sampler::new(prompt, p.clone(), engine.special().mask, 512).unwrap();
-        let mut steps = Vec::new();
-        while !sampler.is_done() {
-            let logits = model.logits(sampler.tokens()).unwrap();
-            let preds: Vec<(u32, f32)> = sampler
-                .rows_to_predict()
-                .iter()
-                .map(|&pos| {
-                    let src = (pos as usize).saturating_sub(1);
-                    dream_choice(&logits[src * vocab..(src + 1) * vocab], p)
-                })
-                .collect();
-            let record = sampler.commit(&preds).unwrap();
-            if !record.committed.is_empty() {
-                steps.push((record.step, record.committed.iter().map(|c| c.0).collect()));
-            }
-        }
-        steps
+        let sampler = Sampler::new(prompt, p.clone(), engine.special().mask, 512).unwrap();
+        reference_run(&engine, sampler).1
     };
     let (mut checked, mut cut_mattered) = (0, 0);
     for case in common::dream_golden_cases() {

@@ -519,9 +519,11 @@ struct Call<'a> {
 }
 
 fn call(step: &mut StepEncoder, c: Call) -> unmask_gpu::Result<()> {
-    attn::attention(
-        step, c.q, c.q_stride, c.q_col, c.rows, c.seg_a, c.seg_b, c.out, c.shape,
+    let options = attn::AttentionOptions::default();
+    attn::attention_with(
+        step, c.q, c.q_stride, c.q_col, c.rows, c.seg_a, c.seg_b, c.out, c.shape, &options,
     )
+    .map(|_| ())
 }
 
 #[test]

@@ -91,42 +91,45 @@ fn rms_norm_matches_oracle() {
         ew::rms_norm(&mut step, &xt, &wt, &out, rows, cols, 1e-5).unwrap();
         step.submit().unwrap();
         let want = oracle::rms_norm(&x, &w, cols, 1e-5);
-        assert_close(
-            &format!("rms_norm {rows}x{cols}"),
-            &out.read_f32(&ctx).unwrap(),
-            &want,
-            F32_TOL,
-        );
+        assert_tensor(&ctx, &format!("rms_norm {rows}x{cols}"), &out, &want);
     }
+}
+
+/// The unfused RoPE over rows of `stride` values at `positions`, `heads` heads of `hd`
+/// from column `col`, against the oracle; the rows as the kernel left them.
+fn rope_case(x: &[f32], positions: &[u32], shape: RopeShape, theta: f32, what: &str) -> Vec<f32> {
+    let ctx = ctx();
+    let (rows, hd) = (shape.rows, shape.head_dim);
+    let xt = Tensor::from_f32(&ctx, &[rows, shape.row_stride], x, "x").unwrap();
+    let pt = Tensor::from_u32(&ctx, &[rows], positions, "pos").unwrap();
+    let table = ew::rope_table(theta, hd, shape.max_pos);
+    let tt = Tensor::from_f32(&ctx, &[shape.max_pos, hd], &table, "table").unwrap();
+    let mut step = StepEncoder::new(&ctx, "rope");
+    unfused::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
+    step.submit().unwrap();
+    let got = xt.read_f32(&ctx).unwrap();
+    let (stride, col, heads) = (shape.row_stride, shape.col_offset, shape.n_heads);
+    let want = oracle::rope(x, stride, col, heads, hd, positions, theta);
+    assert_close(what, &got, &want, F32_TOL);
+    got
 }
 
 #[test]
 fn rope_matches_oracle_on_a_column_window() {
-    let ctx = ctx();
     // q (3 heads) and k (2 heads) of head_dim 16 in a fused row of stride 5*16 + 32 (v after).
-    let (rows, heads, hd, theta) = (9, 5, 16, 500_000.0f32);
+    let (rows, heads, hd) = (9, 5, 16);
     let stride = heads * hd + 32;
-    let max_pos = 4096;
     let x = random_vec(3, rows * stride, 1.0);
     let positions: Vec<u32> = (0..rows as u32).map(|i| i * 431 % 4000).collect();
-    let xt = Tensor::from_f32(&ctx, &[rows, stride], &x, "x").unwrap();
-    let pt = Tensor::from_u32(&ctx, &[rows], &positions, "pos").unwrap();
-    let table = ew::rope_table(theta, hd, max_pos);
-    let tt = Tensor::from_f32(&ctx, &[max_pos, hd], &table, "table").unwrap();
-    let mut step = StepEncoder::new(&ctx, "rope");
     let shape = RopeShape {
         rows,
         n_heads: heads,
         head_dim: hd,
         row_stride: stride,
         col_offset: 0,
-        max_pos,
+        max_pos: 4096,
     };
-    unfused::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
-    step.submit().unwrap();
-    let got = xt.read_f32(&ctx).unwrap();
-    let want = oracle::rope(&x, stride, 0, heads, hd, &positions, theta);
-    assert_close("rope theta=5e5 hd=16", &got, &want, F32_TOL);
+    let got = rope_case(&x, &positions, shape, 500_000.0, "rope theta=5e5 hd=16");
     // The columns after the rotated heads (v) are untouched.
     for r in 0..rows {
         assert_eq!(
@@ -138,33 +141,18 @@ fn rope_matches_oracle_on_a_column_window() {
 
 #[test]
 fn rope_with_small_theta_and_offset() {
-    let ctx = ctx();
-    let (rows, heads, hd, theta) = (4, 2, 6, 10_000.0f32);
-    let stride = 20;
+    let (rows, stride) = (4, 20);
     let x = random_vec(4, rows * stride, 2.0);
-    let positions = vec![0u32, 1, 17, 63];
-    let xt = Tensor::from_f32(&ctx, &[rows, stride], &x, "x").unwrap();
-    let pt = Tensor::from_u32(&ctx, &[rows], &positions, "pos").unwrap();
-    let table = ew::rope_table(theta, hd, 64);
-    let tt = Tensor::from_f32(&ctx, &[64, hd], &table, "table").unwrap();
-    let mut step = StepEncoder::new(&ctx, "rope");
     let shape = RopeShape {
         rows,
-        n_heads: heads,
-        head_dim: hd,
+        n_heads: 2,
+        head_dim: 6,
         row_stride: stride,
         col_offset: 8,
         max_pos: 64,
     };
-    unfused::rope(&mut step, &xt, &pt, &tt, shape).unwrap();
-    step.submit().unwrap();
-    let want = oracle::rope(&x, stride, 8, heads, hd, &positions, theta);
-    assert_close(
-        "rope theta=1e4 hd=6 offset=8",
-        &xt.read_f32(&ctx).unwrap(),
-        &want,
-        F32_TOL,
-    );
+    let what = "rope theta=1e4 hd=6 offset=8";
+    rope_case(&x, &[0, 1, 17, 63], shape, 10_000.0, what);
 }
 
 #[test]
@@ -334,4 +322,9 @@ fn rope_qkv_into_an_f16_arena_rounds_the_f32_values() {
     let qkv = Tensor::from_f32(&ctx, &[rows, stride], &x, "qkv").unwrap();
     let err = ew::rope_qkv(&mut step, &qkv, &pt, &tt, &it, &k16, &v32, None, shape).unwrap_err();
     assert!(err.to_string().contains("both f16"), "{err}");
+}
+
+/// `t` read back equals `want` within the f32 tolerance.
+fn assert_tensor(ctx: &unmask_gpu::GpuContext, what: &str, t: &Tensor, want: &[f32]) {
+    assert_close(what, &t.read_f32(ctx).unwrap(), want, F32_TOL);
 }

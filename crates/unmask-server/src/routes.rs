@@ -194,18 +194,14 @@ async fn read_body(app: &App, request: Request) -> Result<Bytes, ApiError> {
 }
 
 async fn chat_completions(State(app): State<Arc<App>>, request: Request) -> Response {
-    let spec = read_body(&app, request)
-        .await
-        .and_then(|b| ChatRequest::parse(&b))
-        .and_then(|r| r.check(&app.limits, &app.model));
+    let body = read_body(&app, request).await;
+    let spec = body.and_then(|b| ChatRequest::parse(&b)?.check(&app.limits, &app.model));
     generate(app, spec, Endpoint::Chat).await
 }
 
 async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
-    let spec = read_body(&app, request)
-        .await
-        .and_then(|b| CompletionRequest::parse(&b))
-        .and_then(|r| r.check(&app.limits, &app.model));
+    let body = read_body(&app, request).await;
+    let spec = body.and_then(|b| CompletionRequest::parse(&b)?.check(&app.limits, &app.model));
     generate(app, spec, Endpoint::Completion).await
 }
 

@@ -260,6 +260,20 @@ fn camel(field: &str) -> String {
     out
 }
 
+/// A page's key as the spec spells it: `genLength` is `gen_length`.
+fn snake_case(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 4);
+    for c in key.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// What a spec field of this JSON type was expected to be, from serde's message.
 fn expected_kind(message: &str) -> &'static str {
     match message {
@@ -285,19 +299,23 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
             "seed: expected a whole number from 0 to {MAX_SAFE_INTEGER} (the largest whole              number a JavaScript number holds exactly), found {seed}"
         ));
     }
-    let sent = |field: &str| -> Option<String> {
-        obj.get(camel(field))
-            .or_else(|| obj.get(field))
-            .map(Value::to_string)
-    };
-    let spec: RequestSpec = serde_path_to_error::deserialize(obj).map_err(|e| {
-        let field = e.path().to_string();
-        let found = obj.get(&field).map_or("nothing".into(), Value::to_string);
-        format!(
-            "{field}: expected {}, found {found}",
-            expected_kind(&e.inner().to_string())
-        )
-    })?;
+    let sent = |field: &str| obj.get(camel(field)).map(Value::to_string);
+    // The spec's fields are snake_case: `genLength` is read as `gen_length`.
+    let snake: serde_json::Map<String, Value> = obj
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (snake_case(k), v.clone()))
+        .collect();
+    let spec: RequestSpec =
+        serde_path_to_error::deserialize(Value::Object(snake)).map_err(|e| {
+            let field = camel(&e.path().to_string());
+            let found = obj.get(&field).map_or("nothing".into(), Value::to_string);
+            format!(
+                "{field}: expected {}, found {found}",
+                expected_kind(&e.inner().to_string())
+            )
+        })?;
     let limits = SpecLimits {
         context: limits.context,
         layers: limits.layers,

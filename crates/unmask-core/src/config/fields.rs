@@ -69,12 +69,21 @@ impl Fields<'_> {
         }
     }
 
+    /// The value of `key` read by `read`, or None when missing or null.
+    fn opt<T>(
+        &self,
+        key: &str,
+        read: impl FnOnce(&Value) -> Result<T, ConfigError>,
+    ) -> Result<Option<T>, ConfigError> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => read(value).map(Some),
+        }
+    }
+
     /// A positive integer, or None when missing or null.
     pub(super) fn opt_size(&self, field: &'static str) -> Result<Option<usize>, ConfigError> {
-        match self.map.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => Ok(Some(Self::size(field, value)?)),
-        }
+        self.opt(field, |v| Self::size(field, v))
     }
 
     /// A `top_k`: `None` when missing or null, `Some(None)` for 0 (transformers' "no cut"),
@@ -130,10 +139,7 @@ impl Fields<'_> {
         field: &'static str,
         key: &str,
     ) -> Result<Option<u32>, ConfigError> {
-        match self.map.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => Ok(Some(Self::token_id(field, value)?)),
-        }
+        self.opt(key, |v| Self::token_id(field, v))
     }
 
     pub(super) fn token_id_or(

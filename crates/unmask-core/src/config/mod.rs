@@ -263,28 +263,15 @@ mod tests {
         let params: usize = specs.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
         assert_eq!(params, 8_015_581_184);
         assert_eq!(c.parameter_count(), 8_015_581_184);
-        let find = |name: &str| {
-            specs
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, s)| s.clone())
-        };
-        assert_eq!(
-            find("model.transformer.wte.weight"),
-            Some(vec![126464, 4096])
-        );
-        assert_eq!(
-            find("model.transformer.ff_out.weight"),
-            Some(vec![126464, 4096])
-        );
-        assert_eq!(
-            find("model.transformer.blocks.31.ff_out.weight"),
-            Some(vec![4096, 12288])
-        );
-        assert_eq!(
-            find("model.transformer.blocks.0.ff_proj.weight"),
-            Some(vec![12288, 4096])
-        );
+        for (name, shape) in [
+            ("model.transformer.wte.weight", [126464, 4096]),
+            ("model.transformer.ff_out.weight", [126464, 4096]),
+            ("model.transformer.blocks.31.ff_out.weight", [4096, 12288]),
+            ("model.transformer.blocks.0.ff_proj.weight", [12288, 4096]),
+        ] {
+            let found = specs.iter().find(|(n, _)| n == name).map(|(_, s)| s);
+            assert_eq!(found, Some(&shape.to_vec()), "{name}");
+        }
     }
 
     #[test]

@@ -48,15 +48,38 @@ pub struct ShaderVariant {
     pub spec: Spec,
 }
 
-pub fn all_variants() -> Vec<ShaderVariant> {
-    let mut v = Vec::new();
-    v.extend(elementwise::variants());
-    v.extend(matmul::variants());
-    v.extend(attention::variants());
-    v.extend(sampling::variants());
+/// Each kernel module's list of what it builds, with the uniforms it fills (its host side,
+/// checked against the WGSL structs by the test below).
+struct KernelModule {
+    variants: fn() -> Vec<ShaderVariant>,
+    #[cfg(test)]
+    host_params: fn() -> Vec<HostParams>,
+}
+
+macro_rules! kernel_module {
+    ($m:ident) => {
+        KernelModule {
+            variants: $m::variants,
+            #[cfg(test)]
+            host_params: $m::host_params,
+        }
+    };
+}
+
+fn modules() -> Vec<KernelModule> {
+    let v = vec![
+        kernel_module!(elementwise),
+        kernel_module!(matmul),
+        kernel_module!(attention),
+        kernel_module!(sampling),
+    ];
     #[cfg(feature = "unfused-kernels")]
-    v.extend(unfused::variants());
+    let v = [v, vec![kernel_module!(unfused)]].concat();
     v
+}
+
+pub fn all_variants() -> Vec<ShaderVariant> {
+    modules().iter().flat_map(|m| (m.variants)()).collect()
 }
 
 #[cfg(test)]
@@ -64,14 +87,7 @@ mod tests {
     use super::*;
 
     fn host_params() -> Vec<HostParams> {
-        let mut v = Vec::new();
-        v.extend(elementwise::host_params());
-        v.extend(matmul::host_params());
-        v.extend(attention::host_params());
-        v.extend(sampling::host_params());
-        #[cfg(feature = "unfused-kernels")]
-        v.extend(unfused::host_params());
-        v
+        modules().iter().flat_map(|m| (m.host_params)()).collect()
     }
 
     /// Every variant's uniform `p` against the Rust struct the host writes into it: the same

@@ -236,36 +236,6 @@ fn to_u32(what: &str, x: usize) -> Result<u32> {
     u32::try_from(x).map_err(|_| shape_error(format!("{what} below 2^32"), x.to_string()))
 }
 
-/// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`, with
-/// the kernel `AttentionKernel::Auto` picks and no split (no scratch): see
-/// `attention_with`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    step: &mut StepEncoder,
-    q: &Tensor,
-    q_stride: usize,
-    q_col: usize,
-    rows: std::ops::Range<usize>,
-    seg_a: Option<KvSegment>,
-    seg_b: KvSegment,
-    out: &Tensor,
-    shape: AttentionShape,
-) -> Result<()> {
-    attention_with(
-        step,
-        q,
-        q_stride,
-        q_col,
-        rows,
-        seg_a,
-        seg_b,
-        out,
-        shape,
-        &AttentionOptions::default(),
-    )
-    .map(|_| ())
-}
-
 /// Records attention of the query rows `rows` over `seg_a` (optional) and `seg_b`, and
 /// returns the plan that ran.
 ///
@@ -441,6 +411,17 @@ pub fn attention_with(
         Some(a) => (a.k, a.v),
         None => (seg_b.k, seg_b.v),
     };
+    // Both kernels bind q, the two segments' K and V, and where they write.
+    let bindings = |target: &Tensor| -> [Binding; 6] {
+        [
+            q.into(),
+            ka.into(),
+            va.into(),
+            seg_b.k.into(),
+            seg_b.v.into(),
+            target.into(),
+        ]
+    };
     if plan.kernel == AttentionKernel::Register {
         let tile = Tile::for_head_dim(head_dim);
         let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
@@ -451,15 +432,7 @@ pub fn attention_with(
         let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
         let packed = plan.read != KvRead::F32;
         let pipeline = ctx.pipeline(&ATTENTION, "main", &tile.spec(packed))?;
-        let bindings: [Binding; 6] = [
-            q.into(),
-            ka.into(),
-            va.into(),
-            seg_b.k.into(),
-            seg_b.v.into(),
-            out.into(),
-        ];
-        step.dispatch(&pipeline, &params, &bindings, groups);
+        step.dispatch(&pipeline, &params, &bindings(out), groups);
         return Ok(plan);
     }
 
@@ -511,15 +484,7 @@ pub fn attention_with(
         }
         _ => out,
     };
-    let bindings: [Binding; 6] = [
-        q.into(),
-        ka.into(),
-        va.into(),
-        seg_b.k.into(),
-        seg_b.v.into(),
-        target.into(),
-    ];
-    step.dispatch(&pipeline, &params, &bindings, groups);
+    step.dispatch(&pipeline, &params, &bindings(target), groups);
     if split {
         let combine = CombineParams {
             units: units as u32,
