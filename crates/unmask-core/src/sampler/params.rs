@@ -175,11 +175,6 @@ impl GenerationParams {
                 });
             }
         }
-        if !(self.alg_temp.is_finite() && self.alg_temp >= 0.0) {
-            return Err(SamplerError::BadAlgTemp {
-                alg_temp: self.alg_temp,
-            });
-        }
         match self.threshold {
             Some(threshold) => {
                 if !(threshold > 0.0 && threshold <= 1.0) {
@@ -201,15 +196,31 @@ impl GenerationParams {
                 }
             }
         }
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(SamplerError::BadTemperature {
-                temperature: self.temperature,
-            });
-        }
-        if !(self.cfg_scale.is_finite() && self.cfg_scale >= 0.0) {
-            return Err(SamplerError::BadCfgScale {
-                cfg_scale: self.cfg_scale,
-            });
+        // Weights of noise and guidance: finite and never negative.
+        let non_negative = |v: f32| v.is_finite() && v >= 0.0;
+        for (ok, error) in [
+            (
+                non_negative(self.alg_temp),
+                SamplerError::BadAlgTemp {
+                    alg_temp: self.alg_temp,
+                },
+            ),
+            (
+                non_negative(self.temperature),
+                SamplerError::BadTemperature {
+                    temperature: self.temperature,
+                },
+            ),
+            (
+                non_negative(self.cfg_scale),
+                SamplerError::BadCfgScale {
+                    cfg_scale: self.cfg_scale,
+                },
+            ),
+        ] {
+            if !ok {
+                return Err(error);
+            }
         }
         if let Some(top_p) = self.top_p
             && !(top_p > 0.0 && top_p <= 1.0)

@@ -50,6 +50,7 @@ pub struct ShaderVariant {
 
 /// Each kernel module's list of what it builds, with the uniforms it fills (its host side,
 /// checked against the WGSL structs by the test below).
+#[derive(Clone, Copy)]
 struct KernelModule {
     variants: fn() -> Vec<ShaderVariant>,
     #[cfg(test)]
