@@ -9,9 +9,9 @@ use common::{assert_close, dream_fixture_dir, flat};
 use serde_json::Value;
 use unmask::{CacheMode, Request};
 use unmask_core::config::ModelFamily;
-use unmask_core::goldens::{ids, params};
 use unmask_core::oracle::sampling::{SelectParams, cut_mask};
 use unmask_core::sampler::{Remasking, Sampler};
+use unmask_goldens::{ids, params};
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
 

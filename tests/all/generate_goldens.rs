@@ -8,9 +8,9 @@ use common::fixture_dir;
 
 use serde_json::Value;
 use unmask::{Engine, EngineOptions, GenerationParams, Request};
-use unmask_core::goldens::{ids, params};
 use unmask_core::sampler::Sampler;
 use unmask_core::step_plan::{SeqStep, StepPlan};
+use unmask_goldens::{ids, params};
 use unmask_gpu::StepEncoder;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;

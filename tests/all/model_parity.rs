@@ -52,7 +52,7 @@ fn check_on(
 fn check_model(model: &Model, what: &str, tol: f64) {
     let g = goldens();
     for case in g["cases"].as_array().unwrap() {
-        let ids = unmask_core::goldens::ids(&case["ids"]);
+        let ids = unmask_goldens::ids(&case["ids"]);
         let want = flat(&case["logits_f32"]);
         let got = model.logits(&ids).expect("forward");
         let name = case["name"].as_str().unwrap();
@@ -144,7 +144,7 @@ fn logits_match_reference_with_chunked_vocabulary() {
     );
     let g = goldens();
     let case = &g["cases"][2];
-    let ids = unmask_core::goldens::ids(&case["ids"]);
+    let ids = unmask_goldens::ids(&case["ids"]);
     let got = model.logits(&ids).expect("forward");
     assert_close(
         &format!(

@@ -10,7 +10,7 @@ use unmask::{
     DirFiles, Engine, EngineError, EngineOptions, GenerationParams, MemoryFiles, ModelFiles,
     Request,
 };
-use unmask_core::goldens::{ids, params};
+use unmask_goldens::{ids, params};
 use unmask_gpu::WeightFormat;
 
 /// The fixture's files in memory, streamed in pieces of `piece` bytes with no lengths, as

@@ -9,9 +9,6 @@ pub mod config;
 pub mod depth_policy;
 pub mod error;
 pub mod family;
-// Shared by the tests of this crate, the engine and the browser build; not an API.
-#[doc(hidden)]
-pub mod goldens;
 pub mod oracle;
 pub mod prefix_store;
 pub mod quant;

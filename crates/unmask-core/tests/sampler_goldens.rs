@@ -5,8 +5,8 @@
 //! the golden step's positions confident, which checks the quotas, the threshold rule, and
 //! the block and step order (the model's confidences are covered by the GPU end-to-end test).
 
-use unmask_core::goldens::{self, ids};
 use unmask_core::sampler::{Remasking, Sampler};
+use unmask_goldens::{self as goldens, ids};
 
 const GOLDENS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

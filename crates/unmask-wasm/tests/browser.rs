@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use serde_json::{Value, json};
 use unmask::{GenerationParams, Request};
-use unmask_core::goldens::{self, ids, params};
+use unmask_goldens::{self as goldens, ids, params};
 use unmask_wasm::{MemoryFiles, WebEngine};
 use wasm_bindgen::JsCast;
 use wasm_bindgen::JsValue;

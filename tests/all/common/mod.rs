@@ -154,10 +154,10 @@ pub fn shared_prefix_prompt(question: u32) -> Vec<u32> {
 }
 
 /// The reference sampler's golden cases on the tiny fixture (read with
-/// `unmask_core::goldens`).
+/// `unmask_goldens`).
 pub fn golden_cases() -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(fixture_dir().join("goldens/generate.json")).unwrap();
-    unmask_core::goldens::cases(&text)
+    unmask_goldens::cases(&text)
 }
 
 /// Default parameters with this schedule, ranking unrounded confidences so that cache
@@ -195,7 +195,7 @@ pub fn tiny_dream_engine() -> unmask::Engine {
 /// The Dream reference sampler's golden cases (tools/dream_ref.py).
 pub fn dream_golden_cases() -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(dream_fixture_dir().join("goldens/generate.json")).unwrap();
-    unmask_core::goldens::cases(&text)
+    unmask_goldens::cases(&text)
 }
 
 /// A JSON array of rows (golden logits) as one flat f32 vector.

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::sampler::{GenerationParams, Remasking, Schedule};
+use unmask_core::sampler::{GenerationParams, Remasking, Schedule};
 
 /// The cases of a goldens file, from its text.
 pub fn cases(text: &str) -> Vec<Value> {
