@@ -467,7 +467,7 @@ impl Engine {
                 tokens: p.prefix().to_vec(),
                 depth,
             }),
-            None => Err(EngineError::Refused(p.why_not_shared())),
+            None => Err(crate::Refusal::NotShared(p.why_not_shared()).into()),
         }
     }
 }

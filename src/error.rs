@@ -3,9 +3,47 @@
 use std::path::PathBuf;
 
 use thiserror::Error;
+use unmask_core::depth_policy::DepthTableError;
 use unmask_core::error::{ConfigError, SamplerError, TokenizerError};
 use unmask_gpu::GpuError;
 use unmask_gpu::model::ModelError;
+
+/// Why a session cannot take a request, or a request cannot share a prefix entry.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Refusal {
+    /// The request cannot share its prefix (no depth table, guidance, no shared turns, ...).
+    #[error("{0}")]
+    NotShared(String),
+    /// The entry would pass the prefix store's budget.
+    #[error("the shared prefix cannot be stored: {0}")]
+    PrefixNotStored(String),
+    #[error("a session with a shared prefix runs BiCache requests only: {0}")]
+    NeedsSharedPrefix(String),
+    #[error("the request shares a prefix entry: it runs in its prefix's session")]
+    SharesAPrefix,
+    #[error(
+        "the request's shared prefix ({request} tokens) is not the session's ({session} tokens)"
+    )]
+    OtherPrefix { request: usize, session: usize },
+    #[error(
+        "the request's depth b = {request} is below the session's b = {session}: it would \
+         reuse more shallow layers than its policy allows"
+    )]
+    ShallowerDepth { request: usize, session: usize },
+    #[error("the session runs requests {session} classifier-free guidance; this one is {request}")]
+    Guidance {
+        session: &'static str,
+        request: &'static str,
+    },
+    #[error("the request needs {needed} positions; the session holds {holds}")]
+    TooLong { needed: usize, holds: usize },
+    /// Its pin on the session's entry failed (the store refused it).
+    #[error("the request could not join the session: {0}")]
+    CouldNotJoin(String),
+    /// `unmask profile` found no item it could use.
+    #[error("no item could be profiled ({0})")]
+    NothingToProfile(String),
+}
 
 /// Anything that can stop a load or a generation.
 #[derive(Debug, Error)]
@@ -29,15 +67,15 @@ pub enum EngineError {
     },
     #[error("{dir} has no tokenizer.json: give token ids instead of text", dir = dir.display())]
     NoTokenizer { dir: PathBuf },
-    /// A batch session cannot take this request, with the reason.
-    #[error("{0}")]
-    Refused(String),
+    /// A session cannot take this request (or cannot be made), and why.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// A step of the batch this request ran in failed; the request stopped with it. The
     /// cause is shared by every request of the batch.
     #[error("stopped with its batch: {0}")]
     BatchStopped(#[source] std::sync::Arc<EngineError>),
-    #[error("{0}")]
-    DepthTable(String),
+    #[error(transparent)]
+    DepthTable(#[from] DepthTableError),
     /// A broken invariant of the runtime: a bug, not bad input.
     #[error("internal error: {0}")]
     Internal(String),

@@ -41,7 +41,7 @@ mod spec;
 pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
 pub use engine::Engine;
-pub use error::EngineError;
+pub use error::{EngineError, Refusal};
 #[cfg(not(target_arch = "wasm32"))]
 pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};

@@ -109,5 +109,5 @@ impl Default for EngineOptions {
 
 /// Parses a model folder's BiCache depth table (`file` names it in errors).
 pub(crate) fn parse_depth_table(text: &str, file: &str) -> Result<DepthTable, EngineError> {
-    DepthTable::from_json(text, file).map_err(|e| EngineError::DepthTable(e.to_string()))
+    Ok(DepthTable::from_json(text, file)?)
 }

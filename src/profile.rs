@@ -312,14 +312,12 @@ pub async fn profile_async(
             .take(3)
             .map(|(i, r)| format!("item {i}: {r}"))
             .collect();
-        return Err(EngineError::Refused(format!(
-            "no item could be profiled ({})",
-            if reasons.is_empty() {
-                "no items given".to_string()
-            } else {
-                reasons.join("; ")
-            }
-        )));
+        let reasons = if reasons.is_empty() {
+            "no items given".to_string()
+        } else {
+            reasons.join("; ")
+        };
+        return Err(crate::Refusal::NothingToProfile(reasons).into());
     }
     let max_prefix = splits.iter().map(|(_, p, _)| p.len()).max().unwrap_or(1);
     let max_total = splits

@@ -5,6 +5,7 @@ use unmask_core::cache::CacheMode;
 use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
 use unmask_gpu::ops::sampling::SelectParams;
 
+use crate::Refusal;
 use crate::session::{PrefixKey, Session};
 use std::sync::Arc;
 
@@ -274,8 +275,8 @@ impl Engine {
             None => self.session(None, rows)?,
             Some(key) => match self.session(Some(&key), rows) {
                 Ok(s) => s,
-                Err(EngineError::Refused(why)) => {
-                    prepared.fall_back(why);
+                Err(EngineError::Refused(why @ Refusal::PrefixNotStored(_))) => {
+                    prepared.fall_back(why.to_string());
                     self.session(None, rows)?
                 }
                 Err(e) => return Err(e),
@@ -320,10 +321,10 @@ impl Engine {
         let mut session = match self.session(prefix.as_ref(), rows.max(1)) {
             Ok(s) => s,
             // The entry cannot be stored: every request runs with its fallback mode.
-            Err(EngineError::Refused(why)) => {
+            Err(EngineError::Refused(why @ Refusal::PrefixNotStored(_))) => {
                 let mut out = Vec::with_capacity(n);
                 for (i, mut r) in requests.into_iter().enumerate() {
-                    r.fall_back(why.clone());
+                    r.fall_back(why.to_string());
                     out.push(self.run_one(r, &mut |e| on_step(i, e)).await);
                 }
                 return out;

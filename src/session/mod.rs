@@ -21,7 +21,7 @@ use unmask_gpu::model::{DeepRows, ForwardState, SelectBuffers};
 
 use crate::prefix::PrefixRun;
 use crate::run::Prepared;
-use crate::{BicacheReport, Engine, EngineError, Generation, Request, StepEvent};
+use crate::{BicacheReport, Engine, EngineError, Generation, Refusal, Request, StepEvent};
 
 /// The shared prefix a BiCache session reads: its tokens and the depth b of every member.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -134,11 +134,7 @@ impl Engine {
                 let mut timings = crate::Timings::default();
                 let run = match self.acquire_prefix(&st, &key.tokens, key.depth, &mut timings)? {
                     Ok(run) => run,
-                    Err(why) => {
-                        return Err(EngineError::Refused(format!(
-                            "the shared prefix cannot be stored: {why}"
-                        )));
-                    }
+                    Err(why) => return Err(Refusal::PrefixNotStored(why).into()),
                 };
                 let prefix = SessionPrefix {
                     key: key.clone(),
@@ -194,31 +190,24 @@ impl Session<'_> {
     pub(crate) fn admit(&mut self, p: Prepared<'static>) -> Result<usize, EngineError> {
         match (&self.prefix, p.shared) {
             (Some(_), None) => {
-                return Err(EngineError::Refused(format!(
-                    "a session with a shared prefix runs BiCache requests only: {}",
-                    p.why_not_shared()
-                )));
+                return Err(Refusal::NeedsSharedPrefix(p.why_not_shared()).into());
             }
-            (None, Some(_)) => {
-                return Err(EngineError::Refused(
-                    "the request shares a prefix entry: it runs in its prefix's session".into(),
-                ));
-            }
+            (None, Some(_)) => return Err(Refusal::SharesAPrefix.into()),
             (Some(prefix), Some((own_depth, _))) => {
                 let key = &prefix.key;
                 if p.prefix() != key.tokens {
-                    return Err(EngineError::Refused(format!(
-                        "the request's shared prefix ({} tokens) is not the session's ({} tokens)",
-                        p.prefix_len,
-                        key.tokens.len()
-                    )));
+                    return Err(Refusal::OtherPrefix {
+                        request: p.prefix_len,
+                        session: key.tokens.len(),
+                    }
+                    .into());
                 }
                 if own_depth < key.depth {
-                    return Err(EngineError::Refused(format!(
-                        "the request's depth b = {own_depth} is below the session's b = {}: it \
-                         would reuse more shallow layers than its policy allows",
-                        key.depth
-                    )));
+                    return Err(Refusal::ShallowerDepth {
+                        request: own_depth,
+                        session: key.depth,
+                    }
+                    .into());
                 }
             }
             (None, None) => {}
@@ -226,18 +215,19 @@ impl Session<'_> {
         let guided = p.request.params.cfg_scale > 0.0;
         if let Some(g) = self.guidance.filter(|&g| g != guided) {
             let has = |g: bool| if g { "with" } else { "without" };
-            return Err(EngineError::Refused(format!(
-                "the session runs requests {} classifier-free guidance; this one is {}",
-                has(g),
-                has(guided)
-            )));
+            return Err(Refusal::Guidance {
+                session: has(g),
+                request: has(guided),
+            }
+            .into());
         }
         let len = p.sampler.tokens().len();
         if len > self.state.st.seq_len {
-            return Err(EngineError::Refused(format!(
-                "the request needs {len} positions; the session holds {}",
-                self.state.st.seq_len
-            )));
+            return Err(Refusal::TooLong {
+                needed: len,
+                holds: self.state.st.seq_len,
+            }
+            .into());
         }
         if guided && self.state.uncond.is_none() {
             let rows = self.state.st.seq_len;
@@ -362,12 +352,7 @@ impl Session<'_> {
                             hit
                         }
                         Ok(Err(why)) => {
-                            done.push((
-                                id,
-                                Err(EngineError::Refused(format!(
-                                    "the request could not join the session: {why}"
-                                ))),
-                            ));
+                            done.push((id, Err(Refusal::CouldNotJoin(why).into())));
                             continue;
                         }
                         Err(e) => {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
     BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey, Prompt,
-    Request, Role, Session, StepEvent, Timings,
+    Refusal, Request, Role, Session, StepEvent, Timings,
 };
 
 use unmask_core::tokenizer::Tokenizer;
@@ -376,7 +376,7 @@ impl<'e> Scheduler<'e> {
                 Ok(key) => Some(key),
                 // It cannot share (no depth table, guidance, ...): it runs with its
                 // fallback mode, and its report says why.
-                Err(EngineError::Refused(_)) => None,
+                Err(EngineError::Refused(Refusal::NotShared(_))) => None,
                 Err(e) => return self.reject(job, ApiError::from_engine(&e)),
             }
         } else {
@@ -454,12 +454,12 @@ impl<'e> Scheduler<'e> {
             },
             // The prefix cannot be stored (over the cache budget, ...): the request runs
             // without it, with its mode's fallback.
-            Err(EngineError::Refused(why)) if key.is_some() => {
+            Err(EngineError::Refused(why @ Refusal::PrefixNotStored(_))) => {
                 if self.solo_members() >= self.config.max_solo.max(1) {
                     return Placement::NotNow;
                 }
                 let made = engine.session(None, rows).and_then(|mut session| {
-                    let id = session.submit_fallback(request.clone(), &why)?;
+                    let id = session.submit_fallback(request.clone(), &why.to_string())?;
                     Ok((session, id))
                 });
                 match made {
