@@ -164,7 +164,7 @@ impl Engine {
             body.finish()?;
         }
         let weights = upload.finish()?;
-        let model = Model::from_weights(ctx, cfg, weights)?;
+        let model = Model::from_weights(ctx, cfg, weights, &options.kernel_options())?;
         Self::assemble(model, tokenizer, (depth_table, chat), &dir, options, start)
     }
 
@@ -177,7 +177,6 @@ impl Engine {
         options: &EngineOptions,
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
-        model.set_kernels(&options.kernel_options());
         model.kv_dtype = match options.kv_dtype {
             DType::F32 => DType::F32,
             DType::F16 if model.cfg.head_dim().is_multiple_of(4) => DType::F16,

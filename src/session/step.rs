@@ -1,6 +1,8 @@
 //! One step of a session's running members: their plans, one forward over all of them, the
 //! token choice grouped by select parameters, one read-back and the commits.
 
+use std::borrow::Cow;
+
 use unmask_core::cache::{ModeStep, SeqState, plan_mode};
 use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
@@ -11,20 +13,20 @@ use super::{Member, Session, SessionState};
 use crate::{EngineError, Generation, StepEvent};
 
 /// The states a step runs over, each with the tokens of every running member: the
-/// conditional pass, and the unconditional one under guidance.
+/// conditional pass (the canvases, borrowed), and the unconditional one under guidance.
 fn pass_tokens<'s>(
     state: &'s SessionState,
-    running: &[(usize, Member)],
-) -> Vec<(&'s ForwardState, Vec<Vec<u32>>)> {
+    running: &'s [(usize, Member)],
+) -> Vec<(&'s ForwardState, Vec<Cow<'s, [u32]>>)> {
     let cond = running
         .iter()
-        .map(|(_, m)| m.prepared.sampler.tokens().to_vec())
+        .map(|(_, m)| Cow::Borrowed(m.prepared.sampler.tokens()))
         .collect();
     let mut out = vec![(&state.st, cond)];
     if let Some(u) = &state.uncond {
         let uncond = running
             .iter()
-            .map(|(_, m)| m.prepared.sampler.unconditional_tokens())
+            .map(|(_, m)| Cow::Owned(m.prepared.sampler.unconditional_tokens()))
             .collect();
         out.push((u, uncond));
     }
@@ -109,13 +111,14 @@ impl Session<'_> {
         let model = &engine.model;
         let n_layers = model.cfg.n_layers;
         let shift = model.cfg.family.shifts_logits();
-        let steps = self.plan_members();
+        let (modes, seqs): (Vec<ModeStep>, Vec<SeqStep>) = self.plan_members().into_iter().unzip();
         let internal = |e: unmask_core::step_plan::PlanError| EngineError::Internal(e.to_string());
         let passes = pass_tokens(&self.state, &self.running);
 
         // Prefix-arm's prefix-only pass, in its own submit: the step rewrites the same rows.
-        let warm: Vec<SeqStep> = steps
+        let warm: Vec<SeqStep> = modes
             .iter()
+            .zip(&seqs)
             .filter_map(|(mode, seq)| {
                 mode.warmup.map(|w| SeqStep {
                     rows: 0..w,
@@ -132,10 +135,10 @@ impl Session<'_> {
             let plan = StepPlan::alone(&warm, n_layers, shift).map_err(internal)?;
             let mut step = StepEncoder::new(&engine.ctx, "prefix pass");
             for (st, tokens) in &passes {
-                let ids: Vec<u32> = steps
+                let ids: Vec<u32> = modes
                     .iter()
                     .zip(tokens)
-                    .filter_map(|((mode, _), t)| mode.warmup.map(|w| &t[..w]))
+                    .filter_map(|(mode, t)| mode.warmup.map(|w| &t[..w]))
                     .flatten()
                     .copied()
                     .collect();
@@ -144,7 +147,6 @@ impl Session<'_> {
             step.submit()?;
         }
 
-        let seqs: Vec<SeqStep> = steps.iter().map(|(_, s)| s.clone()).collect();
         let (plan, shared, label) = match &self.prefix {
             Some(p) => (
                 StepPlan::shared(&seqs, p.key.depth, n_layers, shift).map_err(internal)?,

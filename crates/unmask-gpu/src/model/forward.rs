@@ -121,18 +121,20 @@ impl Model {
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Self, ModelError> {
         let weights = ModelWeights::load(&ctx, &cfg, ckpt, formats, progress)?;
-        Self::from_weights(ctx, cfg, weights)
+        Self::from_weights(ctx, cfg, weights, &KernelOptions::default())
     }
 
-    /// The model over weights already on the GPU (e.g. uploaded from a stream).
+    /// The model over weights already on the GPU (e.g. uploaded from a stream), with its
+    /// kernel choice (its tuner reads the tuning file once, here).
     pub fn from_weights(
         ctx: Arc<GpuContext>,
         cfg: ModelConfig,
         weights: ModelWeights,
+        kernels: &KernelOptions,
     ) -> Result<Self, ModelError> {
         let max_pos = cfg.max_sequence_length.max(1);
         let rope = Self::build_rope(&ctx, &cfg, max_pos.min(ROPE_INITIAL_ROWS))?;
-        let kernels = Kernels::new(&ctx, &KernelOptions::default());
+        let kernels = Kernels::new(&ctx, kernels);
         Ok(Self {
             ctx,
             cfg,
