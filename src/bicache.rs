@@ -72,9 +72,14 @@ impl PrefixEntry {
 }
 
 /// Bytes an entry of `tokens` prefix tokens takes for its K/V (in the model's K/V storage)
-/// and one f32 boundary state.
-pub fn entry_bytes(model: &Model, tokens: usize) -> u64 {
-    model.kv_bytes(tokens) + (tokens * model.cfg.d_model * 4) as u64
+/// and, `with_boundary`, one f32 boundary state.
+pub fn entry_bytes(model: &Model, tokens: usize, with_boundary: bool) -> u64 {
+    let boundary = if with_boundary {
+        tokens * model.cfg.d_model * 4
+    } else {
+        0
+    };
+    model.kv_bytes(tokens) + boundary as u64
 }
 
 /// Records a prefix-only pass over `prefix` into `step`: every row attends to the prefix
@@ -87,8 +92,7 @@ fn encode_prefix_pass(
     st: &ForwardState,
     prefix: &[u32],
     arena: &[KvLayer],
-    depth: usize,
-    boundary: &Tensor,
+    boundary: Option<(usize, &Tensor)>,
     full: bool,
 ) -> Result<(), ModelError> {
     let plan = StepPlan::alone(&[SeqStep::whole(prefix.len())], model.cfg.n_layers, false)
@@ -96,31 +100,42 @@ fn encode_prefix_pass(
     let buffers = PlanBuffers {
         prefix: None,
         arena: Some(arena),
-        boundary: Some((depth, boundary)),
+        boundary,
         stop_at_boundary: !full,
+        probe: None,
     };
     model.encode_plan(step, st, None, &plan, prefix, buffers)?;
     Ok(())
 }
 
-/// Builds a new entry for `prefix`: its K/V for every layer and the boundary of `depth`.
+/// Builds a new entry for `prefix` (a BiCache prefix, or an ACache span): its K/V for every
+/// layer from a pass over it alone, and the boundary state of `depth` when given.
 pub fn build_entry(
     model: &Model,
     st: &ForwardState,
     prefix: &[u32],
-    depth: usize,
+    depth: Option<usize>,
 ) -> Result<PrefixEntry, ModelError> {
     let c = &model.cfg;
     let p = prefix.len();
     let kv = (0..c.n_layers)
         .map(|i| model.kv_layer(p, &format!("prefix layer {i}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let boundary = Tensor::zeros(&model.ctx, DType::F32, &[p, c.d_model], "prefix boundary")?;
-    let mut step = StepEncoder::new(&model.ctx, "bicache entry");
-    encode_prefix_pass(model, &mut step, st, prefix, &kv, depth, &boundary, true)?;
+    let boundary = match depth {
+        Some(d) => Some((
+            d,
+            Tensor::zeros(&model.ctx, DType::F32, &[p, c.d_model], "prefix boundary")?,
+        )),
+        None => None,
+    };
+    let mut step = StepEncoder::new(&model.ctx, "shared entry");
+    let target = boundary.as_ref().map(|(d, t)| (*d, t));
+    encode_prefix_pass(model, &mut step, st, prefix, &kv, target, true)?;
     step.submit()?;
     let mut boundaries = HashMap::new();
-    boundaries.insert(depth, Arc::new(boundary));
+    if let Some((d, t)) = boundary {
+        boundaries.insert(d, Arc::new(t));
+    }
     Ok(PrefixEntry {
         tokens: p,
         kv,
@@ -147,7 +162,13 @@ pub fn compute_boundary(
     )?;
     let mut step = StepEncoder::new(&model.ctx, "bicache boundary");
     encode_prefix_pass(
-        model, &mut step, st, prefix, &st.kv, depth, &boundary, false,
+        model,
+        &mut step,
+        st,
+        prefix,
+        &st.kv,
+        Some((depth, &boundary)),
+        false,
     )?;
     step.submit()?;
     Ok(Arc::new(boundary))

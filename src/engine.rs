@@ -307,7 +307,7 @@ impl Engine {
         &self.chat
     }
 
-    fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
+    pub(crate) fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
         self.tokenizer
             .as_ref()
             .ok_or_else(|| EngineError::NoTokenizer {

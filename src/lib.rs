@@ -24,6 +24,7 @@
 // makes the `Arc` merely a reference count.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
+mod acache;
 mod bicache;
 mod clock;
 mod engine;
@@ -46,7 +47,10 @@ pub use error::{EngineError, Refusal};
 pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
-pub use request::{BicacheReport, Generation, Prompt, Request, StepEvent, Timings};
+pub use request::{
+    AcacheReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request, Span,
+    StepEvent, Timings,
+};
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};
 pub use spec::{DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};

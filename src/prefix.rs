@@ -45,8 +45,8 @@ impl Engine {
         }
     }
 
-    /// The shared entry for `prefix` (pinned), built on a miss; Ok(Err(why)) when it cannot
-    /// be stored and the request must run uncached.
+    /// The shared entry for `prefix` (pinned) with the boundary state of `depth`, built on
+    /// a miss; Ok(Err(why)) when it cannot be stored and the request must run uncached.
     pub(crate) fn acquire_prefix(
         &self,
         st: &ForwardState,
@@ -54,69 +54,77 @@ impl Engine {
         depth: usize,
         timings: &mut Timings,
     ) -> Result<Result<PrefixRun, String>, EngineError> {
+        let (pin, entry, hit) = match self.acquire_entry(st, prefix, Some(depth), timings)? {
+            Ok(found) => found,
+            Err(why) => return Ok(Err(why)),
+        };
+        // From here every return, `?` included, drops `pin` and so releases it.
+        let boundary = match entry.boundary(depth) {
+            Some(b) => b,
+            None => {
+                timings.token_layer_passes += prefix.len() * depth;
+                let b = bicache::compute_boundary(&self.model, st, prefix, depth)?;
+                // Kept in the entry only when the store can charge its bytes; else this
+                // request uses it alone.
+                let mut store = self.store()?;
+                if entry.boundary(depth).is_none() && store.charge(pin.id(), b.size_bytes()).is_ok()
+                {
+                    entry.add_boundary(depth, b.clone());
+                }
+                b
+            }
+        };
+        Ok(Ok(PrefixRun {
+            _pin: pin,
+            entry,
+            boundary,
+            hit,
+        }))
+    }
+
+    /// The shared entry of `tokens` (a BiCache prefix or an ACache span), pinned, with
+    /// whether it was stored; built on a miss (with the boundary state of `depth` when
+    /// given); Ok(Err(why)) when it cannot be stored.
+    pub(crate) fn acquire_entry(
+        &self,
+        st: &ForwardState,
+        tokens: &[u32],
+        depth: Option<usize>,
+        timings: &mut Timings,
+    ) -> Result<Result<(Pin<Arc<PrefixEntry>>, Arc<PrefixEntry>, bool), String>, EngineError> {
         let n_layers = self.model.cfg.n_layers;
         let found = {
             let mut store = self.store()?;
-            store.acquire(self.model_id, prefix).map(|id| {
+            store.acquire(self.model_id, tokens).map(|id| {
                 let entry = store.payload(id).cloned();
                 (Pin::adopt(&self.prefix_store, id), entry)
             })
         };
         if let Some((pin, Some(entry))) = found {
-            // From here every return, `?` included, drops `pin` and so releases it.
             self.injected_fault()?;
-            let boundary = match entry.boundary(depth) {
-                Some(b) => b,
-                None => {
-                    timings.token_layer_passes += prefix.len() * depth;
-                    let b = bicache::compute_boundary(&self.model, st, prefix, depth)?;
-                    // Kept in the entry only when the store can charge its bytes; else
-                    // this request uses it alone.
-                    let mut store = self.store()?;
-                    if entry.boundary(depth).is_none()
-                        && store.charge(pin.id(), b.size_bytes()).is_ok()
-                    {
-                        entry.add_boundary(depth, b.clone());
-                    }
-                    b
-                }
-            };
-            return Ok(Ok(PrefixRun {
-                _pin: pin,
-                entry,
-                boundary,
-                hit: true,
-            }));
+            return Ok(Ok((pin, entry, true)));
         }
         // Checked before building, so an entry that can never fit costs no GPU work.
         let budget = self.store()?.budget();
-        let bytes = bicache::entry_bytes(&self.model, prefix.len());
-        if prefix.len() > budget.max_tokens || bytes > budget.max_bytes {
+        let bytes = bicache::entry_bytes(&self.model, tokens.len(), depth.is_some());
+        if tokens.len() > budget.max_tokens || bytes > budget.max_bytes {
             return Ok(Err(format!(
-                "the prefix ({} tokens, {bytes} bytes) exceeds the cache budget ({} tokens, {} bytes)",
-                prefix.len(),
+                "the shared tokens ({} tokens, {bytes} bytes) exceed the cache budget ({} tokens, {} bytes)",
+                tokens.len(),
                 budget.max_tokens,
                 budget.max_bytes
             )));
         }
-        let entry = Arc::new(bicache::build_entry(&self.model, st, prefix, depth)?);
-        timings.token_layer_passes += prefix.len() * n_layers;
+        let entry = Arc::new(bicache::build_entry(&self.model, st, tokens, depth)?);
+        timings.token_layer_passes += tokens.len() * n_layers;
         timings.forward_passes += 1;
-        let boundary = entry
-            .boundary(depth)
-            .ok_or_else(|| EngineError::Internal("a new prefix entry lacks its boundary".into()))?;
         let mut store = self.store()?;
-        match store.insert(self.model_id, prefix.to_vec(), bytes, entry.clone()) {
+        match store.insert(self.model_id, tokens.to_vec(), bytes, entry.clone()) {
             Ok(id) => {
                 let pin = Pin::adopt(&self.prefix_store, id);
                 drop(store);
                 self.injected_fault()?;
-                Ok(Ok(PrefixRun {
-                    _pin: pin,
-                    entry,
-                    boundary,
-                    hit: false,
-                }))
+                Ok(Ok((pin, entry, false)))
             }
             Err((why, _)) => Ok(Err(why.to_string())),
         }
@@ -144,7 +152,9 @@ impl Engine {
     }
 
     /// The shared prefix store, locked.
-    fn store(&self) -> Result<MutexGuard<'_, PrefixStore<Arc<PrefixEntry>>>, EngineError> {
+    pub(crate) fn store(
+        &self,
+    ) -> Result<MutexGuard<'_, PrefixStore<Arc<PrefixEntry>>>, EngineError> {
         self.prefix_store
             .lock()
             .map_err(|_| EngineError::Internal("prefix store poisoned".into()))

@@ -32,7 +32,24 @@ pub struct Request {
     pub depth: Option<usize>,
     /// BiCache: steps between deep-prefix refreshes when the request has one block.
     pub refresh_every: usize,
+    /// ACache: the prompt's shared span; `None` looks for a stored span inside the prompt.
+    pub span: Option<Span>,
+    /// ACache: the share of the span recomputed with the request (its anchors), 0 to 1.
+    pub anchor_ratio: f32,
 }
+
+/// The shared span of an ACache request: a part of the prompt shared with other requests
+/// at any position (a document, a few-shot block), whose K/V come from a span-only pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// Text that appears in the prompt as it is and tokenizes the same on its own.
+    Text(String),
+    /// Token positions of the prompt.
+    Tokens(std::ops::Range<usize>),
+}
+
+/// ACache's default share of the span recomputed per request (its reference's default).
+pub const DEFAULT_ANCHOR_RATIO: f32 = 0.2;
 
 impl Request {
     /// A request for `prompt` with default parameters: no cache, clean decoding.
@@ -46,6 +63,8 @@ impl Request {
             recompute_all: false,
             depth: None,
             refresh_every: 16,
+            span: None,
+            anchor_ratio: DEFAULT_ANCHOR_RATIO,
         }
     }
 
@@ -127,6 +146,26 @@ pub struct Generation {
     pub timings: Timings,
     /// What BiCache did, for BiCache modes.
     pub bicache: Option<BicacheReport>,
+    /// What ACache did, for `acache`.
+    pub acache: Option<AcacheReport>,
+}
+
+/// How an ACache request used its shared span.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct AcacheReport {
+    /// The span's first position in the prompt and its tokens.
+    pub span_start: usize,
+    pub span_tokens: usize,
+    /// The span was found in the store without being named.
+    pub found_in_store: bool,
+    /// The span's entry was already stored.
+    pub hit: bool,
+    pub entry_bytes: u64,
+    pub anchor_ratio: f32,
+    /// The anchors, as offsets into the span (sorted).
+    pub anchors: Vec<u32>,
+    /// Why the request ran without ACache (and which mode it ran instead).
+    pub fallback: Option<String>,
 }
 
 /// How a BiCache request used the shared prefix store.

@@ -10,7 +10,8 @@ use crate::session::{PrefixKey, Session};
 use std::sync::Arc;
 
 use crate::{
-    BicacheReport, Engine, EngineError, Generation, Request, StepEvent, Stopwatch, Timings,
+    AcacheReport, BicacheReport, Engine, EngineError, Generation, Request, StepEvent, Stopwatch,
+    Timings,
 };
 
 /// A request ready to run: its tokens, its sampler and how it will use the caches.
@@ -27,6 +28,11 @@ pub(crate) struct Prepared<'r> {
     pub(crate) report: Option<BicacheReport>,
     /// (depth, ratio) of a request that shares its prefix through the store.
     pub(crate) shared: Option<(usize, u32)>,
+    /// ACache: the prompt's shared span and, once the request has joined a session, its
+    /// anchors (positions).
+    pub(crate) span: Option<std::ops::Range<usize>>,
+    pub(crate) anchors: Vec<u32>,
+    pub(crate) acache: Option<AcacheReport>,
     pub(crate) timings: Timings,
 }
 
@@ -42,6 +48,16 @@ impl Prepared<'_> {
             .as_ref()
             .and_then(|r| r.fallback.clone())
             .unwrap_or_else(|| format!("cache mode {} is not a BiCache mode", self.mode))
+    }
+
+    /// Runs an ACache request without its span, as `fast-dllm-dual` (the cache it is built
+    /// on); the report says why.
+    pub(crate) fn fall_back_from_span(&mut self, why: String) {
+        self.mode = CacheMode::FastDllmDual;
+        self.span = None;
+        self.anchors.clear();
+        let report = self.acache.get_or_insert_with(AcacheReport::default);
+        report.fallback = Some(format!("ran as {}: {why}", self.mode));
     }
 
     /// Runs without BiCache: `bicache-dual` as `fast-dllm-dual`, `bicache` as `none`.
@@ -158,7 +174,26 @@ impl Engine {
         } else {
             None
         };
+        // ACache needs a shared span; without one it runs as the dual cache it is built on.
+        let span = if req.cache == CacheMode::Acache && !req.recompute_all {
+            crate::acache::check_ratio(req.anchor_ratio)?;
+            let located = self.locate_span(req, &prompt)?;
+            Some(match located {
+                None => Err(
+                    "the request names no shared span and no stored span is inside \
+                             its prompt"
+                        .to_string(),
+                ),
+                Some(_) if p.cfg_scale > 0.0 => Err("classifier-free guidance masks the \
+                                                     prompt, so the span cannot be shared"
+                    .to_string()),
+                Some(found) => Ok(found),
+            })
+        } else {
+            None
+        };
         let mode = req.cache;
+        let anchor_ratio = req.anchor_ratio;
         let mut prepared = Prepared {
             request,
             start,
@@ -169,8 +204,25 @@ impl Engine {
             mode,
             report: None,
             shared: None,
+            span: None,
+            anchors: Vec::new(),
+            acache: None,
             timings: Timings::default(),
         };
+        match span {
+            Some(Ok((range, found_in_store))) => {
+                prepared.acache = Some(AcacheReport {
+                    span_start: range.start,
+                    span_tokens: range.len(),
+                    found_in_store,
+                    anchor_ratio,
+                    ..AcacheReport::default()
+                });
+                prepared.span = Some(range);
+            }
+            Some(Err(why)) => prepared.fall_back_from_span(why),
+            None => {}
+        }
         match sharing {
             Some(Ok(shared)) => prepared.shared = Some(shared),
             Some(Err(why)) => prepared.fall_back(why),
@@ -253,6 +305,7 @@ impl Engine {
             steps: records,
             timings,
             bicache: f.report,
+            acache: f.acache,
         })
     }
 }

@@ -179,6 +179,23 @@ def heldout_items(seed, n_groups=8, per_group=25, members=MEMBERS, bare=False):
     return items
 
 
+AFFIX_SEED = 7_000_000  # the per-request preambles of the affix sets: neither stream
+
+
+def with_affix(items, seed):
+    """The items with the table as a shared span after a per-request preamble: each item's
+    system prompt starts with its own role line (another organisation and wording, so the
+    span sits at another offset), then the group's rules and table, which are the affix."""
+    out = []
+    for i, it in enumerate(items):
+        rng = random.Random(AFFIX_SEED + seed * 100_000 + i)
+        lines = it["system"].split("\n")
+        affix = "\n".join(lines[1:])
+        role = rng.choice(ROLES).format(org=rng.choice(ORGS))
+        out.append({**it, "system": role + "\n" + affix, "affix": affix})
+    return out
+
+
 def answer_text(answer):
     """The response the model is trained to produce (before <|eot_id|> and EOS padding)."""
     return f"#### {answer}"
@@ -225,6 +242,9 @@ def main():
     h.add_argument("--suffix", default="", help="file name suffix, e.g. -seed1 for a fresh set")
     h.add_argument("--members", type=int, default=MEMBERS, help="members per table (system prompt length)")
     h.add_argument("--bare", action="store_true", help="system prompts without the rules paragraph")
+    a = sub.add_parser("affix", help="write heldout-affix.jsonl and heldout-affix-small.jsonl: the table as a shared span after a per-request preamble")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "tasks"))
     sub.add_parser("demo", help="write data/tasks/demo-system.txt, the system prompt of scripts/run.sh and the web page")
     s = sub.add_parser("sample", help="print some items")
     s.add_argument("--split", choices=["train", "heldout"], default="train")
@@ -240,6 +260,12 @@ def main():
         for it in items:
             counts[it["task"]] = counts.get(it["task"], 0) + 1
         print(f"{len(items)} items: {counts}")
+    elif args.cmd == "affix":
+        items = with_affix(heldout_items(args.seed), args.seed)
+        os.makedirs(args.out, exist_ok=True)
+        write_jsonl(os.path.join(args.out, "heldout-affix.jsonl"), items)
+        write_jsonl(os.path.join(args.out, "heldout-affix-small.jsonl"), small_subset(items, 40))
+        print(f"{len(items)} items with a per-request preamble before the shared table")
     elif args.cmd == "demo":
         grp = Group(random.Random(DEMO_SEED), "demo")
         with open(os.path.join(REPO_ROOT, "data", "tasks", "demo-system.txt"), "w", encoding="utf-8", newline="\n") as f:

@@ -303,7 +303,7 @@ impl Session<'_> {
         on_step: &mut dyn FnMut(usize, &StepEvent<'_>),
     ) -> Vec<(usize, Result<Generation, EngineError>)> {
         let mut done = Vec::new();
-        self.place_waiting(&mut done);
+        self.place_waiting(&mut done).await;
         if self.running.is_empty() {
             return done;
         }
@@ -316,7 +316,7 @@ impl Session<'_> {
 
     /// Gives waiting requests arena windows, first come first served: a request that does
     /// not fit yet holds back later ones.
-    fn place_waiting(&mut self, done: &mut Vec<(usize, Result<Generation, EngineError>)>) {
+    async fn place_waiting(&mut self, done: &mut Vec<(usize, Result<Generation, EngineError>)>) {
         let engine = self.engine;
         while let Some((_, p)) = self.waiting.front() {
             let len = p.sampler.tokens().len();
@@ -377,6 +377,10 @@ impl Session<'_> {
                     fallback: None,
                 });
             }
+            if let Err(e) = self.join_span(&mut p, kv_base).await {
+                done.push((id, Err(e)));
+                continue;
+            }
             p.timings.setup_s = p.start.elapsed_s();
             self.running.push((
                 id,
@@ -389,6 +393,49 @@ impl Session<'_> {
                 },
             ));
         }
+    }
+
+    /// An ACache member's span: its entry (built on a miss), placed at the member's offset
+    /// in its arena window from `kv_base`, and the probe that picks its anchors. The pin is
+    /// held only while the span is copied. A span the store cannot take makes the member
+    /// run as the dual cache.
+    async fn join_span(
+        &self,
+        p: &mut Prepared<'static>,
+        kv_base: usize,
+    ) -> Result<(), EngineError> {
+        let Some(span) = p.span.clone() else {
+            return Ok(());
+        };
+        let engine = self.engine;
+        let tokens = &p.prompt[span.clone()];
+        let (pin, entry, hit) =
+            match engine.acquire_entry(&self.state.st, tokens, None, &mut p.timings)? {
+                Ok(found) => found,
+                Err(why) => {
+                    p.fall_back_from_span(why);
+                    return Ok(());
+                }
+            };
+        let anchors = engine
+            .place_span_and_probe(
+                &self.state.st,
+                kv_base,
+                p.sampler.tokens(),
+                span.clone(),
+                &entry,
+                p.request.anchor_ratio,
+                &mut p.timings,
+            )
+            .await?;
+        drop(pin);
+        if let Some(report) = p.acache.as_mut() {
+            report.hit = hit;
+            report.entry_bytes = entry.kv_bytes() + entry.boundary_bytes();
+            report.anchors = anchors.iter().map(|&a| a - span.start as u32).collect();
+        }
+        p.anchors = anchors;
+        Ok(())
     }
 
     /// A GPU or sampler error in a step stops every member still running: a member alone

@@ -81,6 +81,8 @@ impl Session<'_> {
                     steps_done: p.timings.steps,
                     refresh_every: p.request.refresh_every,
                     recompute_all: p.request.recompute_all,
+                    span: p.span.clone(),
+                    anchors: &p.anchors,
                 });
                 let seq = SeqStep {
                     rows: mode.rows.clone(),
@@ -121,7 +123,7 @@ impl Session<'_> {
             .zip(&seqs)
             .filter_map(|(mode, seq)| {
                 mode.warmup.map(|w| SeqStep {
-                    rows: 0..w,
+                    rows: (0..w).into(),
                     prefix_len: 0,
                     refresh: false,
                     seq_len: seq.seq_len,
@@ -169,8 +171,7 @@ impl Session<'_> {
             let ids: Vec<u32> = seqs
                 .iter()
                 .zip(tokens)
-                .flat_map(|(s, t)| &t[s.rows.clone()])
-                .copied()
+                .flat_map(|(s, t)| s.rows.iter().map(|p| t[p]))
                 .collect();
             let deep = self.state.deep.as_ref();
             let buffers = PlanBuffers {

@@ -82,6 +82,7 @@ fn fresh_prefix_pass(model: &Model, prefix: &[u32], depth: usize) -> (LayerKv, V
         arena: &st.kv,
         seqs: &whole,
         seg_a: None,
+        probe: None,
     };
     model.encode_pass(&mut step, &st, &pass(0..depth)).unwrap();
     step.submit().unwrap();

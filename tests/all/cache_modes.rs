@@ -166,7 +166,9 @@ fn token_layer_passes_follow_each_modes_formula() {
             CacheMode::FastDllmDual => blocks * (t + (spb - 1) * block) * layers,
             // The prefix once, alone; then every step computes all rows after it.
             CacheMode::PrefixArm => (prefix + s * (t - prefix)) * layers,
-            CacheMode::Bicache | CacheMode::BicacheDual => unreachable!("not in the list above"),
+            CacheMode::Bicache | CacheMode::BicacheDual | CacheMode::Acache => {
+                unreachable!("not in the list above")
+            }
         };
         assert_eq!(out.timings.token_layer_passes, expected, "{mode}");
         assert_eq!(

@@ -16,7 +16,7 @@ use unmask_core::config::ModelConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
 use crate::error::CliError;
-use crate::options::{self, BicacheArgs, EngineArgs, ModelArgs};
+use crate::options::{self, CacheFlags, EngineArgs, ModelArgs};
 use crate::values;
 
 #[derive(Args, Debug)]
@@ -111,7 +111,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
-    bicache: BicacheArgs,
+    bicache: CacheFlags,
 }
 
 /// `--only`.

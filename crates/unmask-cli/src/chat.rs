@@ -98,6 +98,8 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
             recompute_all: false,
             depth: bicache.depth,
             refresh_every: bicache.refresh_every,
+            span: None,
+            anchor_ratio: bicache.anchor_ratio,
         };
         turn += 1;
         match generate::generate(&engine, &request, live) {

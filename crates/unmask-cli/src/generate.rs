@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use clap::{ArgGroup, Args};
 use serde_json::{Value, json};
 use unmask::{
-    BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Request, Schedule,
+    BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Request, Schedule, Span,
 };
 use unmask_core::chat::Message;
 
@@ -43,6 +43,11 @@ pub struct GenerateArgs {
     /// the turns before the last user message; every token with --prompt-ids)
     #[arg(long, value_name = "N", value_parser = values::whole, allow_negative_numbers = true)]
     prefix_len: Option<usize>,
+    /// ACache: a file whose text is the prompt's shared span (a document, a table, few-shot
+    /// examples); it goes where the system prompt says {affix}, else after the system
+    /// prompt on a line of its own (or is the system prompt when there is none)
+    #[arg(long, value_name = "FILE")]
+    affix_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     run: RunArgs,
     /// print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings
@@ -51,7 +56,8 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
-    let prompt = prompt(args)?;
+    let affix = affix(args)?;
+    let prompt = prompt(args, affix.as_deref())?;
     let (params, decode) = args.generation.params()?;
     let cache = args.cache.mode;
     let prefix_len = args.prefix_len;
@@ -84,6 +90,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         )));
     }
     let by_ids = matches!(prompt, Prompt::Ids(_));
+    if affix.is_some() && cache != CacheMode::Acache {
+        eprintln!("note: --affix-file marks the shared span only for --cache acache");
+    }
     let request = Request {
         prompt,
         params,
@@ -93,6 +102,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         recompute_all: false,
         depth: bicache.depth,
         refresh_every: bicache.refresh_every,
+        span: affix.map(Span::Text),
+        anchor_ratio: bicache.anchor_ratio,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
@@ -121,9 +132,47 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The prompt: `--prompt` (with `--system`) or `--prompt-ids`; clap lets exactly one of
-/// them through.
-fn prompt(args: &GenerateArgs) -> Result<Prompt, CliError> {
+/// Where `--affix-file`'s text goes in the system prompt.
+pub const AFFIX_MARKER: &str = "{affix}";
+
+/// `--affix-file`'s text (its final line break dropped).
+fn affix(args: &GenerateArgs) -> Result<Option<String>, CliError> {
+    let Some(path) = &args.affix_file else {
+        return Ok(None);
+    };
+    if args.prompt_ids.is_some() {
+        return Err(CliError::usage(
+            "--affix-file needs --prompt TEXT; with --prompt-ids the span is a range of the ids",
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::context(
+            format!("cannot read the affix file {}: {e}", path.display()),
+            e,
+        )
+    })?;
+    let text = text.strip_suffix('\n').unwrap_or(&text).to_string();
+    if text.trim().is_empty() {
+        return Err(CliError::usage(format!(
+            "the affix file {} is empty: expected the text of the shared span",
+            path.display()
+        )));
+    }
+    Ok(Some(text))
+}
+
+/// The system prompt with the affix in it: at `{affix}`, else on a line after it.
+pub fn system_with_affix(system: Option<&str>, affix: &str) -> String {
+    match system {
+        Some(s) if s.contains(AFFIX_MARKER) => s.replacen(AFFIX_MARKER, affix, 1),
+        Some(s) => format!("{s}\n{affix}"),
+        None => affix.to_string(),
+    }
+}
+
+/// The prompt: `--prompt` (with `--system` and the affix) or `--prompt-ids`; clap lets
+/// exactly one of them through.
+fn prompt(args: &GenerateArgs, affix: Option<&str>) -> Result<Prompt, CliError> {
     if let Some(ids) = &args.prompt_ids {
         if args.system.is_some() {
             return Err(CliError::usage(
@@ -133,7 +182,11 @@ fn prompt(args: &GenerateArgs) -> Result<Prompt, CliError> {
         return Ok(Prompt::Ids(ids.clone()));
     }
     let mut messages = Vec::new();
-    if let Some(system) = &args.system {
+    let system = match affix {
+        Some(a) => Some(system_with_affix(args.system.as_deref(), a)),
+        None => args.system.clone(),
+    };
+    if let Some(system) = &system {
         messages.push(Message::system(system));
     }
     messages.push(Message::user(args.prompt.as_deref().unwrap_or_default()));

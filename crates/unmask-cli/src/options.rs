@@ -174,9 +174,10 @@ impl EngineArgs {
 /// Used when `--refresh` is not given (the paper's R).
 const DEFAULT_REFRESH: usize = 16;
 
-/// BiCache's flags: the depth, the refresh interval and the store's budget.
+/// The caches' flags: BiCache's depth and refresh interval, ACache's anchor ratio, and the
+/// shared store's budget.
 #[derive(Args, Clone, Debug)]
-pub struct BicacheArgs {
+pub struct CacheFlags {
     /// BiCache: shallow layers that reuse the shared prefix (default: the model's
     /// bicache_depth.json; without one BiCache falls back and says why)
     #[arg(long, value_name = "B", value_parser = values::whole, allow_negative_numbers = true)]
@@ -188,18 +189,36 @@ pub struct BicacheArgs {
     /// M, G; default 65536 tokens, 1G)
     #[arg(long, value_name = "TOKENS[,BYTES]", value_parser = values::cache_budget)]
     pub cache_budget: Option<CacheBudget>,
+    /// ACache: the share of the shared span recomputed with each request, its anchors, from
+    /// 0 (the span reused as it is) to 1 (default 0.2)
+    #[arg(long, value_name = "R", value_parser = values::share)]
+    pub anchor_ratio: Option<f32>,
 }
 
-/// `--depth` and `--refresh` for a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BicacheSettings {
+/// `--depth`, `--refresh` and `--anchor-ratio` for a request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheSettings {
     pub depth: Option<usize>,
     pub refresh_every: usize,
+    pub anchor_ratio: f32,
 }
 
-impl BicacheArgs {
-    /// `--depth B` and `--refresh R`; a note on stderr when no mode in `modes` uses them.
-    pub fn settings(&self, modes: &[CacheMode]) -> BicacheSettings {
+impl CacheSettings {
+    /// Sets the request's cache parameters.
+    pub fn apply(&self, request: &mut unmask::Request) {
+        request.depth = self.depth;
+        request.refresh_every = self.refresh_every;
+        request.anchor_ratio = self.anchor_ratio;
+    }
+}
+
+impl CacheFlags {
+    /// `--depth B`, `--refresh R` and `--anchor-ratio R`; a note on stderr when no mode in
+    /// `modes` uses them.
+    pub fn settings(&self, modes: &[CacheMode]) -> CacheSettings {
+        if self.anchor_ratio.is_some() && !modes.contains(&CacheMode::Acache) {
+            eprintln!("note: --anchor-ratio is used only by --cache acache");
+        }
         if !modes.iter().any(|c| c.is_bicache()) {
             let given: Vec<&str> = [
                 ("depth", self.depth.is_some()),
@@ -217,9 +236,10 @@ impl BicacheArgs {
                 );
             }
         }
-        BicacheSettings {
+        CacheSettings {
             depth: self.depth,
             refresh_every: self.refresh.unwrap_or(DEFAULT_REFRESH),
+            anchor_ratio: self.anchor_ratio.unwrap_or(unmask::DEFAULT_ANCHOR_RATIO),
         }
     }
 
@@ -235,7 +255,7 @@ impl BicacheArgs {
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub bicache: BicacheArgs,
+    pub bicache: CacheFlags,
     #[command(flatten)]
     pub engine: EngineArgs,
     /// most GPU memory the engine may hold (weights, request state, cached prefixes), e.g.
@@ -262,7 +282,7 @@ impl RunArgs {
 
 /// The help of `--cache MODE`.
 pub const CACHE_HELP: &str = "how K/V are reused: none (default), fast-dllm-prefix, \
-     fast-dllm-dual, prefix-arm, bicache, bicache-dual";
+     fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache";
 
 /// `--cache MODE`: one cache mode.
 #[derive(Args, Clone, Debug)]

@@ -102,6 +102,8 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             recompute_all: false,
             depth: bicache.depth,
             refresh_every: bicache.refresh_every,
+            span: None,
+            anchor_ratio: bicache.anchor_ratio,
         };
         // Untraced first: pipelines compile and the prefix store fills (BiCache hits).
         engine.generate(&request)?;

@@ -71,6 +71,15 @@ pub fn non_negative(text: &str) -> Result<f32, String> {
     parsed(text, |t: &f32| t.is_finite() && *t >= 0.0, "a number >= 0")
 }
 
+/// A share: a number from 0 to 1.
+pub fn share(text: &str) -> Result<f32, String> {
+    parsed(
+        text,
+        |t: &f32| (0.0..=1.0).contains(t),
+        "a number from 0 to 1",
+    )
+}
+
 /// A number > 0.
 pub fn positive_number(text: &str) -> Result<f64, String> {
     parsed(text, |&v| v > 0.0, "a number > 0")

@@ -9,6 +9,8 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
+use crate::step_plan::RowSet;
+
 /// How a request reuses K/V between its denoising steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CacheMode {
@@ -30,16 +32,23 @@ pub enum CacheMode {
     /// BiCache composed with the Fast-dLLM dual cache: between refreshes only the current
     /// block's rows are computed.
     BicacheDual,
+    /// ACache on the Fast-dLLM dual cache: a shared span anywhere in the prompt has its K/V
+    /// from a span-only pass (shared across requests, placed at the request's offset);
+    /// at each block start every row but the span's is computed, plus the span's anchors
+    /// (the tokens the masked positions attend to most, chosen once per request); within a
+    /// block only the block.
+    Acache,
 }
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 6] = [
+    pub const ALL: [CacheMode; 7] = [
         CacheMode::None,
         CacheMode::FastDllmPrefix,
         CacheMode::FastDllmDual,
         CacheMode::PrefixArm,
         CacheMode::Bicache,
         CacheMode::BicacheDual,
+        CacheMode::Acache,
     ];
 
     /// Whether the mode reuses a shared prefix entry across requests.
@@ -55,6 +64,7 @@ impl CacheMode {
             CacheMode::PrefixArm => "prefix-arm",
             CacheMode::Bicache => "bicache",
             CacheMode::BicacheDual => "bicache-dual",
+            CacheMode::Acache => "acache",
         }
     }
 }
@@ -68,7 +78,7 @@ impl fmt::Display for CacheMode {
 /// An unknown cache mode name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual"
+    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache"
 )]
 pub struct UnknownCacheMode {
     pub found: String,
@@ -89,7 +99,7 @@ impl FromStr for CacheMode {
 
 /// Where a sequence stands before a step: everything the mode planner reads.
 #[derive(Clone, Debug)]
-pub struct SeqState {
+pub struct SeqState<'a> {
     pub mode: CacheMode,
     /// Prompt + generated canvas.
     pub seq_len: usize,
@@ -109,6 +119,10 @@ pub struct SeqState {
     /// Recompute every row at every step whatever the mode (checks that the plumbing of a
     /// mode is exact: its tokens must then equal `none`'s).
     pub recompute_all: bool,
+    /// ACache: the shared span's positions, whose K/V come from the span entry.
+    pub span: Option<Range<usize>>,
+    /// ACache: the span positions recomputed with the request (sorted).
+    pub anchors: &'a [u32],
 }
 
 /// One sequence's step in any mode: the rows computed in every layer and the positions
@@ -118,7 +132,7 @@ pub struct SeqState {
 pub struct ModeStep {
     /// Rows `0..w` computed alone (attending only to themselves) before the step.
     pub warmup: Option<usize>,
-    pub rows: Range<usize>,
+    pub rows: RowSet,
     /// The computed rows attend to positions `0..kv_len`.
     pub kv_len: usize,
     /// BiCache: the deep layers recompute the prefix rows from the boundary state.
@@ -130,7 +144,7 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
     let t = s.seq_len;
     let step = |rows: Range<usize>| ModeStep {
         warmup: None,
-        rows,
+        rows: rows.into(),
         kv_len: t,
         refresh: false,
     };
@@ -142,6 +156,15 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
         CacheMode::FastDllmPrefix | CacheMode::FastDllmDual if s.block_start => step(0..t),
         CacheMode::FastDllmPrefix => step(s.block.start..t),
         CacheMode::FastDllmDual => step(s.block.clone()),
+        // The span's rows other than its anchors keep the entry's K/V at every depth.
+        CacheMode::Acache if s.block_start || s.steps_done == 0 => match &s.span {
+            Some(span) => ModeStep {
+                rows: RowSet::without_plus(0..t, span.clone(), s.anchors),
+                ..step(0..0)
+            },
+            None => step(0..t),
+        },
+        CacheMode::Acache => step(s.block.clone()),
         CacheMode::PrefixArm => {
             let p = s.prefix_len.min(t);
             ModeStep {
@@ -192,7 +215,7 @@ mod tests {
         block: Range<usize>,
         block_start: bool,
         steps_done: usize,
-    ) -> SeqState {
+    ) -> SeqState<'static> {
         SeqState {
             mode,
             seq_len: 20,
@@ -203,6 +226,8 @@ mod tests {
             steps_done,
             refresh_every: 4,
             recompute_all: false,
+            span: None,
+            anchors: &[],
         }
     }
 
@@ -218,15 +243,18 @@ mod tests {
     #[test]
     fn plans_follow_the_modes() {
         let none = plan_mode(&state(CacheMode::None, 12..16, false, 3));
-        assert_eq!((none.rows, none.kv_len, none.warmup), (0..20, 20, None));
+        assert_eq!(
+            (none.rows, none.kv_len, none.warmup),
+            ((0..20).into(), 20, None)
+        );
         let p0 = plan_mode(&state(CacheMode::FastDllmPrefix, 12..16, true, 3));
-        assert_eq!(p0.rows, 0..20);
+        assert_eq!(p0.rows, (0..20).into());
         let p1 = plan_mode(&state(CacheMode::FastDllmPrefix, 12..16, false, 3));
-        assert_eq!((p1.rows, p1.kv_len), (12..20, 20));
+        assert_eq!((p1.rows, p1.kv_len), ((12..20).into(), 20));
         let d1 = plan_mode(&state(CacheMode::FastDllmDual, 12..16, false, 3));
-        assert_eq!((d1.rows, d1.kv_len), (12..16, 20));
+        assert_eq!((d1.rows, d1.kv_len), ((12..16).into(), 20));
         let a0 = plan_mode(&state(CacheMode::PrefixArm, 8..12, true, 0));
-        assert_eq!((a0.warmup, a0.rows.clone()), (Some(6), 6..20));
+        assert_eq!((a0.warmup, a0.rows.clone()), (Some(6), (6..20).into()));
         assert_eq!(a0.token_layer_passes(3, 3, 6), (6 + 14) * 3);
         let a1 = plan_mode(&state(CacheMode::PrefixArm, 8..12, true, 1));
         assert_eq!(a1.warmup, None);
@@ -251,15 +279,17 @@ mod tests {
                 steps_done: done,
                 refresh_every: 4,
                 recompute_all: false,
+                span: None,
+                anchors: &[],
             })
         };
         let first = s(false, false, false, 0);
-        assert_eq!((first.refresh, first.rows.clone()), (true, 10..30));
+        assert_eq!((first.refresh, first.rows.clone()), (true, (10..30).into()));
         let third = s(false, false, false, 3);
-        assert_eq!((third.refresh, third.rows), (false, 10..30));
+        assert_eq!((third.refresh, third.rows), (false, (10..30).into()));
         assert!(s(false, false, false, 8).refresh);
         let dual = s(true, false, false, 3);
-        assert_eq!((dual.refresh, dual.rows.clone()), (false, 20..24));
+        assert_eq!((dual.refresh, dual.rows.clone()), (false, (20..24).into()));
         assert!(s(true, true, true, 5).refresh);
         assert!(
             !s(true, false, true, 4).refresh,
@@ -267,6 +297,30 @@ mod tests {
         );
         assert_eq!(first.token_layer_passes(2, 6, 10), 20 * 2 + 30 * 4);
         assert_eq!(dual.token_layer_passes(2, 6, 10), 4 * 6);
+    }
+
+    #[test]
+    fn acache_refreshes_all_but_the_span_and_keeps_its_anchors() {
+        let anchors = [7u32, 9];
+        let s = |start, done| {
+            plan_mode(&SeqState {
+                span: Some(4..12),
+                anchors: &anchors,
+                ..state(CacheMode::Acache, 16..20, start, done)
+            })
+        };
+        let first = s(true, 0);
+        assert_eq!(first.rows.ranges(), &[0..4, 7..8, 9..10, 12..20]);
+        assert_eq!(
+            (first.kv_len, first.refresh, first.warmup),
+            (20, false, None)
+        );
+        assert_eq!(s(false, 2).rows, (16..20).into());
+        assert_eq!(s(true, 5).rows.len(), 4 + 2 + 8);
+        assert_eq!(first.token_layer_passes(4, 4, 0), 14 * 4);
+        // Without a span it is the dual cache.
+        let plain = plan_mode(&state(CacheMode::Acache, 16..20, true, 0));
+        assert_eq!(plain.rows, (0..20).into());
     }
 
     #[test]
@@ -278,7 +332,7 @@ mod tests {
                 plan_mode(&s),
                 ModeStep {
                     warmup: None,
-                    rows: 0..20,
+                    rows: (0..20).into(),
                     kv_len: 20,
                     refresh: false
                 }

@@ -195,6 +195,26 @@ impl<P> PrefixStore<P> {
         }
     }
 
+    /// The longest stored entry of `model` (of at least `min_len` tokens) whose tokens occur
+    /// inside `tokens`, with the first position where they do: a shared span found in a
+    /// prompt that does not name one (ACache). Neither pins nor counts.
+    pub fn find_inside(
+        &self,
+        model: u64,
+        tokens: &[u32],
+        min_len: usize,
+    ) -> Option<(usize, usize)> {
+        self.entries
+            .values()
+            .filter(|e| e.model == model && e.tokens.len() >= min_len.max(1))
+            .filter(|e| e.tokens.len() <= tokens.len())
+            .filter_map(|e| {
+                let at = tokens.windows(e.tokens.len()).position(|w| w == e.tokens)?;
+                Some((at, e.tokens.len()))
+            })
+            .max_by_key(|&(at, len)| (len, std::cmp::Reverse(at)))
+    }
+
     /// The entry of `model` whose tokens equal `tokens`, without pinning it or counting a
     /// hit.
     pub fn peek(&self, model: u64, tokens: &[u32]) -> Option<EntryId> {
@@ -596,6 +616,28 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(s.acquire(1, &[1, 2, 3]), Some(a));
         assert_eq!(s.acquire(2, &[1, 2, 3]), Some(b));
+    }
+
+    #[test]
+    fn a_stored_span_is_found_inside_a_prompt() {
+        let mut s = PrefixStore::new(budget(100, 1000));
+        s.insert(1, vec![5, 6, 7], 10, "span").unwrap();
+        s.insert(1, vec![5, 6], 10, "shorter").unwrap();
+        s.insert(2, vec![1, 5, 6, 7, 8], 10, "other model").unwrap();
+        let prompt = [1, 5, 6, 7, 8, 5, 6, 7];
+        assert_eq!(
+            s.find_inside(1, &prompt, 1),
+            Some((1, 3)),
+            "the longest, first place"
+        );
+        assert_eq!(s.find_inside(1, &prompt, 4), None);
+        assert_eq!(s.find_inside(1, &[5, 6, 9], 1), Some((0, 2)));
+        assert_eq!(s.find_inside(3, &prompt, 1), None);
+        assert_eq!(
+            s.stats().hits + s.stats().misses,
+            0,
+            "finding counts nothing"
+        );
     }
 
     #[test]

@@ -33,11 +33,93 @@ impl SeqWindow {
     }
 }
 
+/// The positions a step computes: sorted, disjoint, non-empty ranges. Every mode computes
+/// one range but ACache, whose refresh steps skip the span's rows other than its anchors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowSet {
+    ranges: Vec<Range<usize>>,
+}
+
+impl RowSet {
+    /// The union of `ranges` (in any order, overlapping or empty).
+    pub fn from_ranges(ranges: impl IntoIterator<Item = Range<usize>>) -> Self {
+        let mut all: Vec<Range<usize>> = ranges.into_iter().filter(|r| !r.is_empty()).collect();
+        all.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::with_capacity(all.len());
+        for r in all {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        RowSet { ranges: merged }
+    }
+
+    /// `whole` without `hole`, plus the single positions `extra`.
+    pub fn without_plus(whole: Range<usize>, hole: Range<usize>, extra: &[u32]) -> Self {
+        let kept = [
+            whole.start..hole.start.min(whole.end),
+            hole.end.max(whole.start)..whole.end,
+        ];
+        let singles = extra.iter().map(|&p| p as usize..p as usize + 1);
+        Self::from_ranges(kept.into_iter().chain(singles))
+    }
+
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    pub fn len(&self) -> usize {
+        self.ranges.iter().map(|r| r.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    pub fn contains(&self, pos: usize) -> bool {
+        self.index_of(pos).is_some()
+    }
+
+    /// The first position, if any.
+    pub fn first(&self) -> Option<usize> {
+        self.ranges.first().map(|r| r.start)
+    }
+
+    /// One past the last position (0 when empty).
+    pub fn end(&self) -> usize {
+        self.ranges.last().map_or(0, |r| r.end)
+    }
+
+    /// Positions in order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.ranges.iter().flat_map(|r| r.clone())
+    }
+
+    /// The rank of `pos` among the positions, if it is one of them.
+    pub fn index_of(&self, pos: usize) -> Option<usize> {
+        let mut before = 0;
+        for r in &self.ranges {
+            if r.contains(&pos) {
+                return Some(before + pos - r.start);
+            }
+            before += r.len();
+        }
+        None
+    }
+}
+
+impl From<Range<usize>> for RowSet {
+    fn from(r: Range<usize>) -> Self {
+        Self::from_ranges([r])
+    }
+}
+
 /// One sequence's part of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeqStep {
     /// Positions computed in every layer this step (never positions of a shared prefix).
-    pub rows: Range<usize>,
+    pub rows: RowSet,
     /// Positions `0..prefix_len` are a shared prefix entry, segment A of the shallow layers
     /// (0: the step reads no shared prefix).
     pub prefix_len: usize,
@@ -59,7 +141,7 @@ impl SeqStep {
     /// uncached pass (a prefix entry's, a profile's, a logits check's).
     pub fn whole(len: usize) -> SeqStep {
         SeqStep {
-            rows: 0..len,
+            rows: (0..len).into(),
             prefix_len: 0,
             refresh: false,
             seq_len: len,
@@ -180,7 +262,10 @@ impl StepPlan {
         };
         for (i, s) in seqs.iter().enumerate() {
             let p = if shared_prefix { s.prefix_len } else { 0 };
-            if s.rows.start < p || s.rows.end > s.seq_len || s.kv_len > s.seq_len {
+            if s.rows.first().is_some_and(|f| f < p)
+                || s.rows.end() > s.seq_len
+                || s.kv_len > s.seq_len
+            {
                 return Err(PlanError(format!(
                     "sequence {i}: rows {:?} and {} attended positions in a sequence of {} \
                      positions after a shared prefix of {p}",
@@ -195,7 +280,7 @@ impl StepPlan {
             if let Some(bad) = s
                 .predict
                 .iter()
-                .find(|&&pos| !s.rows.contains(&(pos as usize)))
+                .find(|&&pos| !s.rows.contains(pos as usize))
             {
                 return Err(PlanError(format!(
                     "sequence {i}: position {bad} must be predicted but the step computes \
@@ -211,7 +296,7 @@ impl StepPlan {
                 kv_start: s.kv_base,
                 kv_len: s.kv_len - p,
             });
-            for pos in s.rows.clone() {
+            for pos in s.rows.iter() {
                 plan.shallow.positions.push(pos as u32);
                 plan.shallow.kv_rows.push((s.kv_base + pos - p) as u32);
             }
@@ -219,7 +304,7 @@ impl StepPlan {
             let source = |pos: u32| -> usize {
                 let pos = pos as usize;
                 let before = pos.wrapping_sub(1);
-                let computed = s.rows.contains(&before) || (deep_pass && s.refresh && before < p);
+                let computed = s.rows.contains(before) || (deep_pass && s.refresh && before < p);
                 if shift_logits && pos > 0 && computed {
                     before
                 } else {
@@ -230,7 +315,11 @@ impl StepPlan {
                 plan.sampled.push(
                     s.predict
                         .iter()
-                        .map(|&pos| ((src + source(pos) - s.rows.start) as u32, pos))
+                        .map(|&pos| {
+                            // `source` is a computed row (or `pos` itself, which is one).
+                            let row = s.rows.index_of(source(pos)).unwrap_or(0);
+                            ((src + row) as u32, pos)
+                        })
                         .collect(),
                 );
                 continue;
@@ -250,7 +339,7 @@ impl StepPlan {
                 dst: own,
                 rows: n,
             });
-            deep_rows.extend(s.rows.clone());
+            deep_rows.extend(s.rows.iter());
             plan.deep.windows.push(SeqWindow {
                 rows: first..first + deep_rows.len(),
                 kv_start: s.kv_base,
@@ -261,12 +350,9 @@ impl StepPlan {
                 plan.deep.kv_rows.push((s.kv_base + pos) as u32);
             }
             // Refreshed prefix rows sit at `first + position`, the sequence's own rows after.
-            let row_of = |position: usize| {
-                if position < s.rows.start {
-                    first + position
-                } else {
-                    own + position - s.rows.start
-                }
+            let row_of = |position: usize| match s.rows.index_of(position) {
+                Some(i) => own + i,
+                None => first + position,
             };
             plan.sampled.push(
                 s.predict
@@ -334,7 +420,7 @@ mod tests {
     fn seq(rows: Range<usize>, refresh: bool, kv_base: usize) -> SeqStep {
         SeqStep {
             predict: rows.clone().map(|p| p as u32).collect(),
-            rows,
+            rows: rows.into(),
             refresh,
             prefix_len: 6,
             seq_len: 20,
@@ -415,7 +501,7 @@ mod tests {
         // A fast-dllm-dual cached step: block 8..12 of a 20-position sequence, all of it
         // attended to; the prefix length is ignored without a shared prefix.
         let s = SeqStep {
-            rows: 8..12,
+            rows: (8..12).into(),
             predict: vec![9, 11],
             ..seq(8..12, false, 0)
         };
@@ -429,7 +515,7 @@ mod tests {
         assert_eq!(l.token_layer_passes(), 16);
         // Prefix-arm's prefix-only pass sees only the prefix.
         let warm = SeqStep {
-            rows: 0..6,
+            rows: (0..6).into(),
             kv_len: 6,
             predict: vec![],
             ..seq(0..6, false, 0)
@@ -468,6 +554,41 @@ mod tests {
         assert!(StepPlan::alone(&[past_end], 2, false).is_err());
         let refresh_alone = seq(6..20, true, 0);
         assert!(StepPlan::alone(&[refresh_alone], 2, false).is_err());
+    }
+
+    #[test]
+    fn a_step_may_skip_rows() {
+        // ACache's refresh: 0..4 and 10..14 computed, with anchors 5 and 8 of the span 4..10.
+        let rows = RowSet::without_plus(0..14, 4..10, &[8, 5]);
+        assert_eq!(rows.ranges(), &[0..4, 5..6, 8..9, 10..14]);
+        assert_eq!((rows.len(), rows.first(), rows.end()), (10, Some(0), 14));
+        assert_eq!(
+            (rows.index_of(8), rows.index_of(10), rows.index_of(6)),
+            (Some(5), Some(6), None)
+        );
+        assert_eq!(
+            RowSet::from_ranges([3..5, 0..2, 1..4, 7..7]).ranges(),
+            &[0..5]
+        );
+        let s = SeqStep {
+            rows: rows.clone(),
+            predict: vec![10, 13],
+            prefix_len: 0,
+            refresh: false,
+            seq_len: 14,
+            kv_len: 14,
+            kv_base: 30,
+        };
+        let l = StepPlan::alone(std::slice::from_ref(&s), 2, false).unwrap();
+        assert_eq!(
+            l.shallow.positions,
+            rows.iter().map(|p| p as u32).collect::<Vec<_>>()
+        );
+        assert_eq!(l.shallow.kv_rows[5], 38);
+        assert_eq!(l.sampled[0], vec![(6, 10), (9, 13)]);
+        // Shifted logits read position 9's row for 10, which the step does not compute.
+        let l = StepPlan::alone(&[s], 2, true).unwrap();
+        assert_eq!(l.sampled[0], vec![(6, 10), (8, 13)]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use unmask::{CacheMode, DecodeMode, GenerationParams, Request};
 use unmask_core::config::json_kind;
 
 use crate::error::CliError;
-use crate::options::BicacheSettings;
+use crate::options::CacheSettings;
 
 /// The task types of the set format, in the order of the report's columns. Other task names
 /// are accepted and get columns after these.
@@ -27,6 +27,8 @@ pub struct Item {
     pub user: String,
     pub answer: String,
     pub prompt_group: Option<String>,
+    /// ACache: the system prompt's shared span (text inside `system`).
+    pub affix: Option<String>,
 }
 
 impl Item {
@@ -35,15 +37,15 @@ impl Item {
         &self,
         params: &GenerationParams,
         cache: CacheMode,
-        bicache: BicacheSettings,
+        bicache: CacheSettings,
     ) -> Request {
         let mut request = Request::chat(self.system.as_deref(), &self.user)
             .with_params(params.clone())
             .with_cache(cache);
         request.decode = DecodeMode::Clean;
         request.prefix_len = None;
-        request.depth = bicache.depth;
-        request.refresh_every = bicache.refresh_every;
+        bicache.apply(&mut request);
+        request.span = self.affix.clone().map(unmask::Span::Text);
         request
     }
 }
@@ -115,14 +117,25 @@ fn parse_item(line: &str, number: usize) -> Result<Item, String> {
             None => Err(format!("missing field \"{key}\"")),
         }
     };
+    let system = optional("system")?;
+    let affix = optional("affix")?;
+    if let Some(a) = &affix {
+        if !system.as_deref().is_some_and(|s| s.contains(a.as_str())) {
+            return Err(
+                "field \"affix\" must be text inside the item's \"system\" (its shared span)"
+                    .into(),
+            );
+        }
+    }
     Ok(Item {
         line: number,
         id: required("id")?,
         task: required("task")?,
-        system: optional("system")?,
+        system,
         user: required("user")?,
         answer: required("answer")?,
         prompt_group: optional("prompt_group")?,
+        affix,
     })
 }
 

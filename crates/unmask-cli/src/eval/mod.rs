@@ -16,7 +16,7 @@ use clap::Args;
 use unmask::{BicacheReport, CacheMode, Engine, GenerationParams, Request};
 
 use crate::error::{CliError, ErrorKind};
-use crate::options::{self, BicacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
+use crate::options::{self, CacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
 use crate::{output, values};
 
 use items::extract_answer;
@@ -218,7 +218,7 @@ fn run_mode(
     items: &[Item],
     params: &GenerationParams,
     cache: CacheMode,
-    bicache: BicacheSettings,
+    bicache: CacheSettings,
     batch: usize,
 ) -> Result<ModeRun, CliError> {
     let start = Instant::now();

@@ -382,6 +382,7 @@ mod tests {
             user: "u".into(),
             answer: "a".into(),
             prompt_group: None,
+            affix: None,
         };
         let cols = task_columns(&[item("format"), item("riddle"), item("lookup")]);
         assert_eq!(cols, ["lookup", "pair", "record", "format", "riddle"]);

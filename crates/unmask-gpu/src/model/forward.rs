@@ -18,6 +18,7 @@ use super::ModelError;
 use super::checkpoint::Checkpoint;
 use super::weights::{LoadProgress, ModelWeights, WeightFormats};
 use crate::context::{AdapterClass, GpuContext};
+use crate::ops::acache::{self, AnchorProbe, KvShape, ProbeShape};
 use crate::ops::attention::{self, AttentionKernel, AttentionOptions, AttentionShape, KvSegment};
 use crate::ops::elementwise::{self as ew, QkvShape};
 use crate::ops::matmul::{self, Fusion};
@@ -68,7 +69,7 @@ pub struct ForwardState {
     /// Arena row receiving each computed row's K/V.
     pub kv_rows: Tensor,
     pub x: Tensor,
-    qkv: Tensor,
+    pub(crate) qkv: Tensor,
     attn: Tensor,
     act: Tensor,
     /// Partial results of attention split over keys (hardware GPUs only; see
@@ -94,6 +95,8 @@ pub struct LayerPass<'a> {
     /// Segment A of every layer and its length (a shared prefix's K/V, read by every
     /// sequence of the pass).
     pub seg_a: Option<(&'a [KvLayer], usize)>,
+    /// ACache's probe: every layer adds its masked rows' attention over the span's keys.
+    pub probe: Option<&'a AnchorProbe>,
 }
 
 pub use super::select::{SelectBuffers, TokenChoice};
@@ -364,6 +367,52 @@ impl Model {
         Ok(())
     }
 
+    /// Places a stored span's K/V (`rows` rows of every layer of `span`, from a span-only
+    /// pass) at arena rows `dst_row..` of every layer of `arena`, its keys rotated by
+    /// `offset` positions: the span as it sits at `offset` in a request (ACache).
+    pub fn encode_span_place(
+        &self,
+        step: &mut StepEncoder,
+        span: &[KvLayer],
+        arena: &[KvLayer],
+        rows: usize,
+        dst_row: usize,
+        offset: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        if span.len() != c.n_layers || arena.len() != c.n_layers {
+            return Err(ModelError::Input(format!(
+                "a span of {} layers placed into an arena of {} for a model of {}",
+                span.len(),
+                arena.len(),
+                c.n_layers
+            )));
+        }
+        self.ensure_rope(offset + 1)?;
+        let rope = self.rope.read().unwrap_or_else(|e| e.into_inner());
+        let shape = KvShape {
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim(),
+        };
+        for (li, (s, a)) in span.iter().zip(arena).enumerate() {
+            step.set_layer(Some(li));
+            acache::place_span(
+                step,
+                (&s.k, &s.v),
+                (&a.k, &a.v),
+                &rope.table,
+                rope.rows,
+                shape,
+                0,
+                dst_row,
+                rows,
+                offset,
+            )?;
+        }
+        step.set_layer(None);
+        Ok(())
+    }
+
     /// Embeds the ids written by `write_rows` into `st.x`.
     pub fn encode_embed(
         &self,
@@ -448,6 +497,14 @@ impl Model {
                     max_pos: rope.rows,
                 },
             )?;
+            if let Some(probe) = pass.probe {
+                let shape = ProbeShape {
+                    n_heads: h,
+                    n_kv_heads: hkv,
+                    head_dim: hd,
+                };
+                probe.encode_layer(step, &st.qkv, &arena.k, shape)?;
+            }
             let seg_a = pass
                 .seg_a
                 .map(|(layers, len)| KvSegment::first(&layers[li].k, &layers[li].v, len));

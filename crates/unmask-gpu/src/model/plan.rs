@@ -6,6 +6,7 @@ use unmask_core::step_plan::{Output, RowCopy, StepPlan};
 
 use super::ModelError;
 use super::forward::{ForwardState, KvLayer, LayerPass, Model};
+use crate::ops::acache::{AnchorProbe, ProbeShape};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
@@ -32,6 +33,9 @@ pub struct PlanBuffers<'a> {
     pub boundary: Option<(usize, &'a Tensor)>,
     /// Stop at the boundary: the layers above it do not run.
     pub stop_at_boundary: bool,
+    /// ACache's probe: the pass sums its masked rows' attention over a span's keys and
+    /// ends by choosing the anchors (plans without deep layers only).
+    pub probe: Option<&'a AnchorProbe>,
 }
 
 /// The shared prefix entry a plan's shallow layers read as segment A.
@@ -89,7 +93,9 @@ impl Model {
                 ));
             }
         };
-        if (targets.arena.is_some() || targets.boundary.is_some()) && plan.output == Output::Deep {
+        if (targets.arena.is_some() || targets.boundary.is_some() || targets.probe.is_some())
+            && plan.output == Output::Deep
+        {
             return Err(ModelError::Input(
                 "a plan with deep layers cannot send its outputs elsewhere".into(),
             ));
@@ -104,6 +110,7 @@ impl Model {
             arena,
             seqs: &plan.shallow.windows,
             seg_a: seg_a.map(|p| (p.kv, p.tokens)),
+            probe: targets.probe,
         };
         self.encode_embed(step, st, rows)?;
         match targets.boundary {
@@ -123,6 +130,14 @@ impl Model {
                     self.encode_pass(step, st, &shallow(b..plan.depth))?;
                 }
             }
+        }
+        if let Some(probe) = targets.probe {
+            let shape = ProbeShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim(),
+            };
+            probe.encode_select(step, &st.qkv, &arena[0].k, shape)?;
         }
         let Some(prefix) = seg_a.filter(|_| plan.output == Output::Deep) else {
             return Ok(&st.x);
@@ -165,6 +180,7 @@ impl Model {
                 arena: &st.kv,
                 seqs: &plan.deep.windows,
                 seg_a: None,
+                probe: None,
             },
         )?;
         Ok(match plan.output {

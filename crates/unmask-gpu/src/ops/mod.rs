@@ -2,6 +2,7 @@
 //! `StepEncoder`; `all_variants` lists every shader variant the runtime can build, so a
 //! test can validate and translate each one without a GPU.
 
+pub mod acache;
 pub mod attention;
 pub mod elementwise;
 mod kernels;
@@ -73,6 +74,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(matmul),
         kernel_module!(attention),
         kernel_module!(sampling),
+        kernel_module!(acache),
     ];
     #[cfg(feature = "unfused-kernels")]
     let v = [v, vec![kernel_module!(unfused)]].concat();
