@@ -46,6 +46,11 @@ pub struct RequestSpec {
     pub recompute_all: Option<bool>,
     /// `clean` (the default) or `raw`.
     pub decode: Option<String>,
+    /// ACache: text of the prompt that other requests share (a document, a table), at any
+    /// position; absent: a stored span found inside the prompt.
+    pub affix: Option<String>,
+    /// ACache: the share of the span recomputed with the request (0 to 1).
+    pub anchor_ratio: Option<f64>,
 }
 
 /// What a spec is checked against: the loaded model's shape.
@@ -78,6 +83,8 @@ pub struct Settings {
     pub refresh_every: Option<usize>,
     pub recompute_all: bool,
     pub decode: DecodeMode,
+    pub affix: Option<String>,
+    pub anchor_ratio: Option<f32>,
 }
 
 fn error(field: &'static str, expected: impl Into<String>, found: impl ToString) -> SpecError {
@@ -298,6 +305,15 @@ impl RequestSpec {
             )?,
             recompute_all: self.recompute_all.unwrap_or(false),
             decode,
+            affix: match self.affix.as_deref() {
+                Some(a) if a.trim().is_empty() => {
+                    return Err(error("affix", "the text of the shared span", "empty text"));
+                }
+                a => a.map(str::to_string),
+            },
+            anchor_ratio: single("anchor_ratio", self.anchor_ratio, "a number from 0 to 1", |r| {
+                (0.0..=1.0).contains(&r)
+            })?,
         })
     }
 }
@@ -317,6 +333,12 @@ impl Request {
         }
         self.recompute_all = s.recompute_all;
         self.decode = s.decode;
+        if let Some(a) = s.affix {
+            self.span = Some(crate::Span::Text(a));
+        }
+        if let Some(r) = s.anchor_ratio {
+            self.anchor_ratio = r;
+        }
         self
     }
 }

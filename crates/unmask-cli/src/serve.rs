@@ -129,6 +129,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             batch_rows: args.batch_rows,
             depth: bicache.depth,
             refresh_every: bicache.refresh_every,
+            anchor_ratio: bicache.anchor_ratio,
         },
         net: NetConfig {
             max_connections: args.max_connections,

@@ -97,6 +97,12 @@ pub struct Common {
     pub threshold: Option<f64>,
     #[serde(default)]
     pub cache: Option<String>,
+    /// ACache: text of the prompt other requests share (a document, a table), anywhere in
+    /// it; absent: a stored span found inside the prompt.
+    #[serde(default)]
+    pub affix: Option<String>,
+    #[serde(default)]
+    pub anchor_ratio: Option<f64>,
     /// Also read as Dream's `alg` (maskgit_plus, topk_margin, entropy, origin).
     #[serde(default, alias = "alg")]
     pub remasking: Option<String>,
@@ -174,6 +180,9 @@ pub struct JobSpec {
     pub input: Input,
     pub params: GenerationParams,
     pub cache: CacheMode,
+    /// ACache: the shared span's text and the anchor ratio (`None`: the server's default).
+    pub affix: Option<String>,
+    pub anchor_ratio: Option<f32>,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -421,6 +430,8 @@ impl Common {
             top_p: self.top_p,
             top_k: self.top_k,
             cache: self.cache.clone(),
+            affix: self.affix.clone(),
+            anchor_ratio: self.anchor_ratio,
             ..unmask::RequestSpec::default()
         };
         let any_model = unmask::SpecLimits {
@@ -466,6 +477,8 @@ impl Common {
             input,
             params: settings.params,
             cache: settings.cache.unwrap_or(limits.default_cache),
+            affix: settings.affix,
+            anchor_ratio: settings.anchor_ratio,
             stop,
             stream,
             include_usage: options.include_usage,

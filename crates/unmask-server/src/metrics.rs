@@ -39,6 +39,11 @@ pub struct Metrics {
     pub bicache_hits: Counter,
     pub bicache_misses: Counter,
     pub bicache_fallbacks: Counter,
+    pub acache_hits: Counter,
+    pub acache_misses: Counter,
+    pub acache_fallbacks: Counter,
+    pub acache_anchors: Counter,
+    pub acache_span_tokens: Counter,
     pub store_bytes: Gauge,
     pub store_entries: Gauge,
     pub store_pins: Gauge,
@@ -63,6 +68,11 @@ impl Metrics {
             bicache_hits: Counter::default(),
             bicache_misses: Counter::default(),
             bicache_fallbacks: Counter::default(),
+            acache_hits: Counter::default(),
+            acache_misses: Counter::default(),
+            acache_fallbacks: Counter::default(),
+            acache_anchors: Counter::default(),
+            acache_span_tokens: Counter::default(),
             store_bytes: Gauge::default(),
             store_entries: Gauge::default(),
             store_pins: Gauge::default(),
@@ -124,6 +134,31 @@ impl Metrics {
             "bicache_fallbacks",
             "BiCache requests that ran without the shared entry",
             m.bicache_fallbacks.clone(),
+        );
+        registry.register(
+            "acache_hits",
+            "ACache requests whose span entry was stored",
+            m.acache_hits.clone(),
+        );
+        registry.register(
+            "acache_misses",
+            "ACache requests that built their span entry",
+            m.acache_misses.clone(),
+        );
+        registry.register(
+            "acache_fallbacks",
+            "ACache requests that ran without a shared span (as fast-dllm-dual)",
+            m.acache_fallbacks.clone(),
+        );
+        registry.register(
+            "acache_anchors",
+            "Span tokens ACache recomputed with their request (anchors)",
+            m.acache_anchors.clone(),
+        );
+        registry.register(
+            "acache_span_tokens",
+            "Span tokens of ACache requests (anchors and reused tokens)",
+            m.acache_span_tokens.clone(),
         );
         registry.register(
             "prefix_store_bytes",

@@ -411,6 +411,7 @@ fn extension(f: &Finished) -> Value {
     json!({
         "cache": f.cache.name(),
         "bicache": f.bicache,
+        "acache": f.acache,
         "timings": f.timings,
     })
 }

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
-    BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey, Prompt,
-    Refusal, Request, Role, Session, StepEvent, Timings,
+    AcacheReport, BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey, Prompt,
+    Refusal, Request, Role, Session, Span, StepEvent, Timings,
 };
 
 use unmask_core::tokenizer::Tokenizer;
@@ -67,6 +67,7 @@ pub struct Finished {
     pub completion_tokens: usize,
     pub cache: CacheMode,
     pub bicache: Option<BicacheReport>,
+    pub acache: Option<AcacheReport>,
     pub timings: Timings,
 }
 
@@ -83,6 +84,8 @@ pub struct SchedulerConfig {
     pub depth: Option<usize>,
     /// BiCache: steps between deep-prefix refreshes in one-block requests.
     pub refresh_every: usize,
+    /// ACache: the anchor ratio of requests that name none.
+    pub anchor_ratio: f32,
 }
 
 /// What the handlers and the scheduler share.
@@ -196,6 +199,19 @@ impl Tracker {
                         m.bicache_misses.inc();
                     }
                 }
+                if let Some(r) = &g.acache {
+                    if r.fallback.is_some() {
+                        m.acache_fallbacks.inc();
+                    } else {
+                        if r.hit {
+                            m.acache_hits.inc();
+                        } else {
+                            m.acache_misses.inc();
+                        }
+                        m.acache_anchors.inc_by(r.anchors.len() as u64);
+                        m.acache_span_tokens.inc_by(r.span_tokens as u64);
+                    }
+                }
                 Ok(Finished {
                     text: full[..end].to_string(),
                     finish_reason,
@@ -203,6 +219,7 @@ impl Tracker {
                     completion_tokens: g.timings.answer_tokens,
                     cache: g.cache,
                     bicache: g.bicache,
+                    acache: g.acache,
                     timings: g.timings,
                 })
             }
@@ -299,6 +316,8 @@ fn engine_request(
     request.prefix_len = prefix_len;
     request.depth = config.depth;
     request.refresh_every = config.refresh_every;
+    request.anchor_ratio = spec.anchor_ratio.unwrap_or(config.anchor_ratio);
+    request.span = spec.affix.clone().map(Span::Text);
     Ok(request)
 }
 

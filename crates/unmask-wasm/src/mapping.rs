@@ -329,7 +329,7 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
 /// A request: the prompt as `messages` ([{role, content}]), as `system` + `prompt`, or as
 /// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
 /// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
-/// `decode`). Checked against the model's `limits`; what depends on the prompt's length is
+/// `decode`, and ACache's `affix` and `anchorRatio`). Checked against the model's `limits`; what depends on the prompt's length is
 /// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
     if !obj.is_object() {
@@ -499,6 +499,18 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
             "rowsReused": if b.fallback.is_none() { b.entry_tokens } else { 0 },
         })
     });
+    let acache = g.acache.as_ref().map(|a| {
+        json!({
+            "hit": a.hit,
+            "spanStart": a.span_start,
+            "spanTokens": a.span_tokens,
+            "foundInStore": a.found_in_store,
+            "anchorRatio": a.anchor_ratio,
+            "anchors": a.anchors,
+            "entryBytes": a.entry_bytes,
+            "fallback": a.fallback,
+        })
+    });
     json!({
         "ids": g.ids,
         "text": g.text,
@@ -510,6 +522,7 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
         "tokenLayersComputed": computed,
         "tokenLayersFull": full,
         "bicache": bicache,
+        "acache": acache,
         "store": store_stats(engine),
     })
 }

@@ -6,6 +6,7 @@
 //! its output is the text after the last `####` of the decoded answer (the whole answer when
 //! there is none), trimmed, and it is correct when that equals the expected answer.
 
+mod anchors;
 mod items;
 mod report;
 
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use unmask::{BicacheReport, CacheMode, Engine, GenerationParams, Request};
+use unmask::{AcacheReport, BicacheReport, CacheMode, Engine, GenerationParams, Request};
 
 use crate::error::{CliError, ErrorKind};
 use crate::options::{self, CacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
@@ -103,6 +104,9 @@ struct ItemResult {
     token_layer_passes: usize,
     answer_tokens: usize,
     bicache: Option<BicacheReport>,
+    acache: Option<AcacheReport>,
+    /// ACache: (anchors on the lines the question asks about, anchors).
+    anchors_on_asked: Option<(usize, usize)>,
 }
 
 /// Every item of one mode, in the order of the set.
@@ -246,6 +250,7 @@ fn run_mode(
                 ),
                 source: Some(Box::new(e)),
             })?;
+            let anchors_on_asked = anchors::on_asked_lines(engine, &g, &item.user);
             let text = g.text.unwrap_or_default();
             let output = extract_answer(&text).to_string();
             let correct = output == item.answer.trim();
@@ -269,7 +274,19 @@ fn run_mode(
                         if b.hit { "hit" } else { "miss" }
                     ),
                 },
-                None => String::new(),
+                None => match &g.acache {
+                    Some(a) => match &a.fallback {
+                        Some(why) => format!(" ({why})"),
+                        None => format!(
+                            " (ACache span of {} at {}, {} anchors, {})",
+                            a.span_tokens,
+                            a.span_start,
+                            a.anchors.len(),
+                            if a.hit { "hit" } else { "miss" }
+                        ),
+                    },
+                    None => String::new(),
+                },
             };
             eprintln!(
                 "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
@@ -293,6 +310,8 @@ fn run_mode(
                 token_layer_passes: t.token_layer_passes,
                 answer_tokens: t.answer_tokens,
                 bicache: g.bicache,
+                acache: g.acache,
+                anchors_on_asked,
             });
         }
     }

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
-use unmask::{BicacheReport, CacheMode, Engine, GenerationParams};
+use unmask::{AcacheReport, CacheMode, Engine, GenerationParams};
 
 use super::items::{Item, TASKS};
 use super::{ItemResult, ModeRun};
@@ -27,12 +27,16 @@ pub(super) struct Summary {
     mean_ttft_s: f64,
     agreement_with_none: Option<f64>,
     kv_arena_bytes: f64,
-    /// BiCache requests that found their prefix stored / had to build it.
+    /// BiCache and ACache requests that found their shared entry stored / had to build it.
     cache_hits: usize,
     cache_misses: usize,
-    /// BiCache requests that ran another mode, and why the first did.
+    /// BiCache and ACache requests that ran another mode, and why the first did.
     fallbacks: usize,
     first_fallback: Option<String>,
+    /// ACache: anchors per request, and the share of them on the lines the question asks
+    /// about.
+    mean_anchors: Option<f64>,
+    anchors_on_asked: Option<f64>,
     /// KV arena plus the shared prefix store, for BiCache modes; the arena otherwise.
     cache_bytes: f64,
 }
@@ -106,9 +110,28 @@ pub(super) fn summarize(
             .count();
         ratio(same as f64, n as f64)
     });
-    let reports: Vec<&BicacheReport> = r.iter().filter_map(|x| x.bicache.as_ref()).collect();
-    let used = || reports.iter().filter(|b| b.fallback.is_none());
-    let fallbacks: Vec<&String> = reports.iter().filter_map(|b| b.fallback.as_ref()).collect();
+    // (hit, fallback) of every request's shared entry, BiCache's or ACache's.
+    let reports: Vec<(bool, Option<&String>)> = r
+        .iter()
+        .filter_map(|x| {
+            let b = x.bicache.as_ref().map(|b| (b.hit, b.fallback.as_ref()));
+            b.or_else(|| x.acache.as_ref().map(|a| (a.hit, a.fallback.as_ref())))
+        })
+        .collect();
+    let used = || reports.iter().filter(|(_, why)| why.is_none());
+    let fallbacks: Vec<&String> = reports.iter().filter_map(|(_, why)| *why).collect();
+    let with_span: Vec<&AcacheReport> = r
+        .iter()
+        .filter_map(|x| x.acache.as_ref().filter(|a| a.fallback.is_none()))
+        .collect();
+    let mean_anchors = (!with_span.is_empty()).then(|| {
+        with_span.iter().map(|a| a.anchors.len()).sum::<usize>() as f64 / with_span.len() as f64
+    });
+    let (on, all) = r
+        .iter()
+        .filter_map(|x| x.anchors_on_asked)
+        .fold((0, 0), |(o, a), (on, all)| (o + on, a + all));
+    let anchors_on_asked = (all > 0).then(|| on as f64 / all as f64);
     let kv_arena_bytes =
         mean(&|x| (x.prompt_tokens + gen_length) as f64) * arena_bytes_per_position;
     let cache_bytes = if run.cache.is_bicache() {
@@ -131,11 +154,13 @@ pub(super) fn summarize(
         mean_ttft_s: mean(&|x| x.first_step_s),
         agreement_with_none,
         kv_arena_bytes,
-        cache_hits: used().filter(|b| b.hit).count(),
-        cache_misses: used().filter(|b| !b.hit).count(),
+        cache_hits: used().filter(|(hit, _)| *hit).count(),
+        cache_misses: used().filter(|(hit, _)| !*hit).count(),
         fallbacks: fallbacks.len(),
         first_fallback: fallbacks.first().map(|s| s.to_string()),
         cache_bytes,
+        mean_anchors,
+        anchors_on_asked,
     }
 }
 
@@ -204,6 +229,8 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
         "cache_misses": s.cache_misses,
         "fallbacks": s.fallbacks,
         "first_fallback": s.first_fallback,
+        "mean_anchors": s.mean_anchors,
+        "anchors_on_asked_lines": s.anchors_on_asked,
     });
     match row {
         Value::Object(map) => map,
@@ -234,6 +261,8 @@ fn items_json(items: &[Item], run: &ModeRun) -> Value {
                 "token_layer_passes": r.token_layer_passes,
                 "answer_tokens": r.answer_tokens,
                 "bicache": r.bicache,
+                "acache": r.acache,
+                "anchors_on_asked_lines": r.anchors_on_asked,
             })
         })
         .collect()
@@ -319,7 +348,8 @@ pub(super) fn markdown(
             "NFE",
             "TTFT (s)",
             "agreement with none",
-            "BiCache hit/miss/fallback",
+            "shared entry hit/miss/fallback",
+            "anchors (on asked lines)",
         ]
         .map(String::from),
     );
@@ -344,10 +374,15 @@ pub(super) fn markdown(
             format!("{:.3}", s.mean_ttft_s),
             s.agreement_with_none
                 .map_or_else(|| "–".to_string(), |a| format!("{a:.3}")),
-            if s.cache.is_bicache() {
+            if s.cache.is_bicache() || s.cache == CacheMode::Acache {
                 format!("{}/{}/{}", s.cache_hits, s.cache_misses, s.fallbacks)
             } else {
                 "–".to_string()
+            },
+            match (s.mean_anchors, s.anchors_on_asked) {
+                (Some(n), Some(on)) => format!("{n:.1} ({:.0} %)", on * 100.0),
+                (Some(n), None) => format!("{n:.1}"),
+                _ => "–".to_string(),
             },
         ]);
         out.push_str(&table_row(&cells));
