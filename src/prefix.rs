@@ -20,6 +20,13 @@ pub(crate) struct PrefixRun {
     pub(crate) hit: bool,
 }
 
+/// A shared entry pinned for one request, and whether it was already stored.
+pub(crate) struct HeldEntry {
+    pub(crate) pin: Pin<Arc<PrefixEntry>>,
+    pub(crate) entry: Arc<PrefixEntry>,
+    pub(crate) hit: bool,
+}
+
 impl Engine {
     /// b for a request: the request's own, else the model's depth table at
     /// r = round(100·P/(P+U+G)); an error message when neither exists.
@@ -54,10 +61,11 @@ impl Engine {
         depth: usize,
         timings: &mut Timings,
     ) -> Result<Result<PrefixRun, String>, EngineError> {
-        let (pin, entry, hit) = match self.acquire_entry(st, prefix, Some(depth), timings)? {
-            Ok(found) => found,
-            Err(why) => return Ok(Err(why)),
-        };
+        let HeldEntry { pin, entry, hit } =
+            match self.acquire_entry(st, prefix, Some(depth), timings)? {
+                Ok(found) => found,
+                Err(why) => return Ok(Err(why)),
+            };
         // From here every return, `?` included, drops `pin` and so releases it.
         let boundary = match entry.boundary(depth) {
             Some(b) => b,
@@ -91,7 +99,7 @@ impl Engine {
         tokens: &[u32],
         depth: Option<usize>,
         timings: &mut Timings,
-    ) -> Result<Result<(Pin<Arc<PrefixEntry>>, Arc<PrefixEntry>, bool), String>, EngineError> {
+    ) -> Result<Result<HeldEntry, String>, EngineError> {
         let n_layers = self.model.cfg.n_layers;
         let found = {
             let mut store = self.store()?;
@@ -102,7 +110,11 @@ impl Engine {
         };
         if let Some((pin, Some(entry))) = found {
             self.injected_fault()?;
-            return Ok(Ok((pin, entry, true)));
+            return Ok(Ok(HeldEntry {
+                pin,
+                entry,
+                hit: true,
+            }));
         }
         // Checked before building, so an entry that can never fit costs no GPU work.
         let budget = self.store()?.budget();
@@ -124,7 +136,11 @@ impl Engine {
                 let pin = Pin::adopt(&self.prefix_store, id);
                 drop(store);
                 self.injected_fault()?;
-                Ok(Ok((pin, entry, false)))
+                Ok(Ok(HeldEntry {
+                    pin,
+                    entry,
+                    hit: false,
+                }))
             }
             Err((why, _)) => Ok(Err(why.to_string())),
         }

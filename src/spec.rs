@@ -311,9 +311,12 @@ impl RequestSpec {
                 }
                 a => a.map(str::to_string),
             },
-            anchor_ratio: single("anchor_ratio", self.anchor_ratio, "a number from 0 to 1", |r| {
-                (0.0..=1.0).contains(&r)
-            })?,
+            anchor_ratio: single(
+                "anchor_ratio",
+                self.anchor_ratio,
+                "a number from 0 to 1",
+                |r| (0.0..=1.0).contains(&r),
+            )?,
         })
     }
 }

@@ -409,7 +409,7 @@ impl Session<'_> {
         };
         let engine = self.engine;
         let tokens = &p.prompt[span.clone()];
-        let (pin, entry, hit) =
+        let crate::prefix::HeldEntry { pin, entry, hit } =
             match engine.acquire_entry(&self.state.st, tokens, None, &mut p.timings)? {
                 Ok(found) => found,
                 Err(why) => {

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod acache;
 mod bicache;
 mod cache_modes;
 mod checkpoint_errors;

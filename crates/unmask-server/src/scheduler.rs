@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
-    AcacheReport, BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey, Prompt,
-    Refusal, Request, Role, Session, Span, StepEvent, Timings,
+    AcacheReport, BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey,
+    Prompt, Refusal, Request, Role, Session, Span, StepEvent, Timings,
 };
 
 use unmask_core::tokenizer::Tokenizer;
@@ -67,7 +67,7 @@ pub struct Finished {
     pub completion_tokens: usize,
     pub cache: CacheMode,
     pub bicache: Option<BicacheReport>,
-    pub acache: Option<AcacheReport>,
+    pub acache: Option<Box<AcacheReport>>,
     pub timings: Timings,
 }
 
@@ -219,7 +219,7 @@ impl Tracker {
                     completion_tokens: g.timings.answer_tokens,
                     cache: g.cache,
                     bicache: g.bicache,
-                    acache: g.acache,
+                    acache: g.acache.map(Box::new),
                     timings: g.timings,
                 })
             }
