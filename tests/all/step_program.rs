@@ -32,14 +32,17 @@ fn private_engine() -> Engine {
     .expect("tiny model loads")
 }
 
-/// A request with a shared prefix (the first 12 ids) and two blocks, so every mode runs its
-/// block-start and its cached steps.
+/// A request with a shared prefix (the first 12 ids), a shared span (ids 4..16, ACache's,
+/// a quarter of it anchors) and two blocks, so every mode runs its block-start and its
+/// cached steps.
 fn request(cache: CacheMode) -> Request {
     let ids: Vec<u32> = (0..20).map(|i| 5 + (i * 7) % 250).collect();
     Request {
         prefix_len: Some(12),
         depth: Some(1),
         refresh_every: 3,
+        span: (cache == CacheMode::Acache).then_some(unmask::Span::Tokens(4..16)),
+        anchor_ratio: 0.25,
         ..Request::ids(ids)
             .with_params(common::params(16, 8, 8))
             .with_cache(cache)
@@ -57,6 +60,13 @@ fn trace(engine: &Engine, cache: CacheMode) -> Vec<StepTrace> {
     if cache.is_bicache() {
         let b = g.bicache.expect("BiCache report");
         assert!(b.fallback.is_none() && b.hit, "{cache}: {b:?}");
+    }
+    if cache == CacheMode::Acache {
+        let a = g.acache.expect("ACache report");
+        assert!(
+            a.fallback.is_none() && a.hit && a.anchors.len() == 3,
+            "{a:?}"
+        );
     }
     traces
 }
@@ -134,7 +144,7 @@ fn dispatch_lists_of_every_mode_match_the_golden() {
     let n_layers = engine.config().n_layers;
     let mut text = String::from(
         "# Dispatch lists of one request per cache mode on the tiny fixture (20 prompt ids, \
-         prefix 12, 16 generated in 2 blocks of 8, 8 steps; BiCache depth 1, refresh 3).\n\
+         prefix 12, 16 generated in 2 blocks of 8, 8 steps; BiCache depth 1, refresh 3; ACache span 4..16, ratio 0.25).\n\
          # Regenerate: UNMASK_BLESS=1 cargo test --test all step_program::\n",
     );
     for mode in CacheMode::ALL {

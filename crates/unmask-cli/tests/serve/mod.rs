@@ -471,3 +471,91 @@ impl Port {
         (status, body)
     }
 }
+
+/// ACache through the server: questions of one table after different role lines share the
+/// table's span entry (a miss, then hits, counted in /metrics), and each answer equals
+/// `unmask generate`'s for the same prompt with the span in an affix file.
+#[test]
+fn requests_sharing_a_span_hit_its_entry_and_answer_as_generate() {
+    let root = workspace();
+    let set = std::fs::read_to_string(root.join("data/tasks/heldout-affix-small.jsonl")).unwrap();
+    let items: Vec<serde_json::Value> = set
+        .lines()
+        .take(3)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let server = Server::start(&[]);
+    let dir = std::env::temp_dir().join(format!("unmask-affix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut hits = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let f = |k: &str| item[k].as_str().unwrap().to_string();
+        let body = serde_json::json!({
+            "messages": [
+                {"role": "system", "content": f("system")},
+                {"role": "user", "content": f("user")},
+            ],
+            "max_tokens": 32, "steps": 16, "block_length": 4,
+            "cache": "acache", "affix": f("affix"),
+        });
+        let (status, reply) = server.request(
+            "POST",
+            "/v1/chat/completions",
+            &["Content-Type: application/json"],
+            &body.to_string(),
+        );
+        assert_eq!(status, 200, "{reply}\n{}", server.stderr());
+        let v: serde_json::Value = serde_json::from_str(&reply).expect("JSON reply");
+        let report = &v["unmask"]["acache"];
+        assert!(report["fallback"].is_null(), "{report}");
+        hits.push(report["hit"].as_bool().unwrap());
+        let served = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        // The same prompt from the CLI: the system prompt's role line, then the affix file
+        // at its marker.
+        let affix = dir.join(format!("affix-{i}.txt"));
+        std::fs::write(&affix, f("affix")).unwrap();
+        let preamble = f("system").strip_suffix(&f("affix")).unwrap().to_string();
+        let out = unmask()
+            .args([
+                "generate",
+                "--model",
+                root.join("models/tiny").to_str().unwrap(),
+            ])
+            .args([
+                "--system",
+                &format!("{preamble}{{affix}}"),
+                "--prompt",
+                &f("user"),
+            ])
+            .args(["--affix-file", affix.to_str().unwrap(), "--cache", "acache"])
+            .args(["--gen-length", "32", "--steps", "16", "--block-length", "4"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let generated = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(
+            served.trim(),
+            generated,
+            "item {i}: served and generated answers differ"
+        );
+    }
+    assert_eq!(hits, [false, true, true], "one entry for the shared table");
+    let (_, metrics) = server.request("GET", "/metrics", &[], "");
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert_eq!(value("unmask_acache_hits_total "), Some(2.0), "{metrics}");
+    assert_eq!(value("unmask_acache_misses_total "), Some(1.0));
+    assert!(value("unmask_acache_anchors_total ").is_some_and(|a| a > 0.0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
