@@ -189,6 +189,11 @@ pub fn run_request_bench(
                 req.prefix_len = Some(r.prefix_len);
                 req.refresh_every = options.refresh_every;
                 req.depth = depth;
+                // ACache's span: the shared system prompt after its first token (so that the
+                // span is placed at an offset, as a span after a preamble is).
+                if mode == CacheMode::Acache && r.prefix_len > 1 {
+                    req.span = Some(unmask::Span::Tokens(1..r.prefix_len));
+                }
                 req
             };
             engine.generate(&make(warmup))?;
@@ -232,6 +237,9 @@ pub fn run_request_bench(
                             depths.push(b.depth as f64);
                         }
                     }
+                    if g.acache.as_ref().is_some_and(|a| a.fallback.is_some()) {
+                        fallbacks += 1;
+                    }
                 }
                 let wall = began.elapsed().as_secs_f64();
                 let after = engine.prefix_store_stats();
@@ -260,6 +268,7 @@ pub fn run_request_bench(
                     "bicache_hits": bicache.then_some(after.hits - before.hits),
                     "bicache_misses": bicache.then_some(after.misses - before.misses),
                     "bicache_fallbacks": bicache.then_some(fallbacks),
+                    "acache_fallbacks": (mode == CacheMode::Acache).then_some(fallbacks),
                     "bicache_depth": if bicache && !depths.is_empty() { Some(median(depths)) } else { None },
                     "cache_bytes": after.bytes,
                     "gpu_weights_bytes": engine.model().weights.size_bytes(),

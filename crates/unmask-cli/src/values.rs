@@ -80,6 +80,11 @@ pub fn share(text: &str) -> Result<f32, String> {
     )
 }
 
+/// A comma-separated list of shares (numbers from 0 to 1).
+pub fn shares(text: &str) -> Result<Vec<f32>, String> {
+    text.split(',').map(|t| share(t.trim())).collect()
+}
+
 /// A number > 0.
 pub fn positive_number(text: &str) -> Result<f64, String> {
     parsed(text, |&v| v > 0.0, "a number > 0")

@@ -55,7 +55,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     set: PathBuf,
     /// cache modes to compare, in this order: MODE[,MODE...] or all (none, fast-dllm-prefix,
-    /// fast-dllm-dual, prefix-arm, bicache, bicache-dual; default none)
+    /// fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache; default none)
     // The path spelled out: one value holding the list, not a value per occurrence.
     #[arg(long, value_name = "MODES", value_parser = values::cache_modes)]
     cache: Option<::std::vec::Vec<CacheMode>>,
@@ -73,6 +73,10 @@ pub struct EvalArgs {
         hide_default_value = true
     )]
     batch: usize,
+    /// ACache: run acache once per anchor ratio of the list, in this order (e.g.
+    /// 0,0.05,0.1,0.2,0.3,1), each a row of the table (instead of --anchor-ratio)
+    #[arg(long, value_name = "LIST", value_parser = values::shares)]
+    anchor_ratios: Option<::std::vec::Vec<f32>>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -112,6 +116,8 @@ struct ItemResult {
 /// Every item of one mode, in the order of the set.
 struct ModeRun {
     cache: CacheMode,
+    /// ACache's anchor ratio, for a row of `--anchor-ratios`.
+    anchor_ratio: Option<f32>,
     results: Vec<ItemResult>,
     /// Generation time: each batch's slowest request (every request's own time at batch 1).
     busy_s: f64,
@@ -177,10 +183,33 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
             .join(", ")
     );
 
-    let runs = modes
+    if args.anchor_ratios.is_some() && args.run.bicache.anchor_ratio.is_some() {
+        return Err(CliError::usage(
+            "--anchor-ratios and --anchor-ratio: give one of them",
+        ));
+    }
+    // One run per mode, and per anchor ratio for acache under --anchor-ratios.
+    let mut arms: Vec<(CacheMode, Option<f32>)> = Vec::new();
+    for &mode in &modes {
+        match (&args.anchor_ratios, mode) {
+            (Some(ratios), CacheMode::Acache) => {
+                arms.extend(ratios.iter().map(|&r| (mode, Some(r))));
+            }
+            _ => arms.push((mode, None)),
+        }
+    }
+    let runs = arms
         .iter()
-        .map(|&mode| run_mode(&engine, &items, &params, mode, bicache, batch))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|&(mode, ratio)| {
+            let settings = CacheSettings {
+                anchor_ratio: ratio.unwrap_or(bicache.anchor_ratio),
+                ..bicache
+            };
+            let mut run = run_mode(&engine, &items, &params, mode, settings, batch)?;
+            run.anchor_ratio = ratio;
+            Ok(run)
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
     let none = runs.iter().find(|r| r.cache == CacheMode::None);
     let tasks = task_columns(&items);
     let arena_scale = kv_arena_bytes_per_position(&engine, &params);
@@ -317,6 +346,7 @@ fn run_mode(
     }
     Ok(ModeRun {
         cache,
+        anchor_ratio: None,
         results,
         busy_s,
         wall_s: start.elapsed().as_secs_f64(),

@@ -13,6 +13,7 @@ use crate::generate::params_json;
 /// A mode's row of the report.
 pub(super) struct Summary {
     cache: CacheMode,
+    anchor_ratio: Option<f32>,
     items: usize,
     correct: usize,
     /// (task, items, correct) for every task column.
@@ -141,6 +142,7 @@ pub(super) fn summarize(
     };
     Summary {
         cache: run.cache,
+        anchor_ratio: run.anchor_ratio,
         items: n,
         correct: r.iter().filter(|x| x.correct).count(),
         per_task,
@@ -206,6 +208,7 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
     let kv = s.kv_arena_bytes.round() as u64;
     let row = json!({
         "cache": s.cache.name(),
+        "anchor_ratio": s.anchor_ratio,
         "n_items": s.items,
         "correct": s.correct,
         "accuracy": s.accuracy(),
@@ -358,7 +361,11 @@ pub(super) fn markdown(
     rule.extend(std::iter::repeat_n("---:".to_string(), header.len() - 1));
     out.push_str(&table_row(&rule));
     for s in summaries {
-        let mut cells = vec![s.cache.name().to_string(), fraction(s.correct, s.items)];
+        let name = match s.anchor_ratio {
+            Some(r) => format!("{} (ratio {r})", s.cache.name()),
+            None => s.cache.name().to_string(),
+        };
+        let mut cells = vec![name, fraction(s.correct, s.items)];
         cells.extend(s.per_task.iter().map(|(_, count, correct)| {
             if *count > 0 {
                 fraction(*correct, *count)
