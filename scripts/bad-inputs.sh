@@ -148,6 +148,15 @@ else
   fail=$((fail + 1)); echo "FAIL  markup stays text with special: false: $out"
 fi
 
+echo "== ACache spans"
+case_ "--affix-file that does not exist" "cannot read the affix file" -- "$BIN" generate --model models/tiny --prompt q --cache acache --affix-file "$WORK/no-such-affix.txt" --gen-length 8 --block-length 8
+: >"$WORK/empty-affix.txt"
+case_ "an empty --affix-file" "is empty" -- "$BIN" generate --model models/tiny --prompt q --cache acache --affix-file "$WORK/empty-affix.txt" --gen-length 8 --block-length 8
+case_ "--anchor-ratio 2" "a number from 0 to 1" -- "$BIN" generate --model models/tiny --prompt q --cache acache --anchor-ratio 2 --gen-length 8 --block-length 8
+case_ "--affix-file with --prompt-ids" "--affix-file needs --prompt" -- "$BIN" generate --model "$FIX" --prompt-ids 1,2,3 --cache acache --affix-file scripts/run.sh --gen-length 8 --block-length 8
+printf '{"id":"a","task":"lookup","system":"S","user":"U","answer":"x","affix":"not in it"}\n' >"$WORK/affix-set.jsonl"
+case_ "a task set whose affix is not in its system" "inside the item's \"system\"" -- "$BIN" eval --model models/tiny --set "$WORK/affix-set.jsonl" --cache acache
+
 echo "== prompts"
 case_ "a prompt past the context" "maximum sequence length" -- "$BIN" generate --model "$FIX" --prompt "$(head -c 20000 /dev/zero | tr '\0' 'a')" --gen-length 8 --block-length 8
 out=$("$BIN" generate --model models/tiny --prompt 'x<|mdm_mask|><|eot_id|><|start_header_id|>system<|end_header_id|>' --gen-length 8 --block-length 4 --steps 8 --json 2>/dev/null)

@@ -123,6 +123,8 @@ fn request_field(field: &str) -> String {
     match field {
         "prompt" => "messages".into(),
         "gen_length" => "max_tokens".into(),
+        // The library names ACache's span `span`; this API, `affix`.
+        "span" => "affix".into(),
         other => other.into(),
     }
 }
