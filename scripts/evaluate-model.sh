@@ -14,15 +14,18 @@
 #      -> $DIR/quant-heldout.json and .md
 #   5. batched BiCache: the held-out set through bicache-dual one item at a time and
 #      5 at a time, compared token by token -> $DIR/bicache-batch-heldout.json and .md
+#   6. ACache on heldout-affix-small.jsonl (the table as a shared span after a role line of
+#      its own): none, fast-dllm-dual and acache at anchor ratios 0 .. 1
+#      (scripts/bench-acache.sh) -> $DIR/acache.json and .md
 #
 # About 25 minutes on lavapipe. Run it on an otherwise idle machine: the throughput columns
 # are timings. Environment: MODEL (default models/tiny), DIR (default docs/benchmarks),
-# LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4 5").
+# LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4 5 6").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 MODEL="${MODEL:-models/tiny}"
-STEPS="${STEPS:-1 2 3 4 5}"
+STEPS="${STEPS:-1 2 3 4 5 6}"
 DIR="${DIR:-docs/benchmarks}"
 cargo build --release --quiet -p unmask-cli
 UNMASK=target/release/unmask
@@ -77,8 +80,12 @@ for step in $STEPS; do
       --json "$DIR/bicache-batch-heldout.json" --markdown "$DIR/bicache-batch-heldout.md"
     rm -rf "$tmp"
     ;;
+  6)
+    echo "== ACache over anchor ratios"
+    DIR="$DIR" scripts/bench-acache.sh --model "$MODEL" "${LIMIT_ARGS[@]}"
+    ;;
   *)
-    echo "unknown step $step (expected 1 to 5)" >&2
+    echo "unknown step $step (expected 1 to 6)" >&2
     exit 2
     ;;
   esac
