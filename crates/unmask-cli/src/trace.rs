@@ -93,7 +93,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
     options::check_length(&engine, prompt_len, &params)?;
     let n_layers = engine.config().n_layers;
     for mode in modes {
-        let request = Request {
+        let mut request = Request {
             prompt: prompt.clone(),
             params: params.clone(),
             decode,
@@ -105,6 +105,11 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             span: None,
             anchor_ratio: bicache.anchor_ratio,
         };
+        // ACache's span: the shared prefix after its first token (a span at an offset).
+        if mode == CacheMode::Acache {
+            let (_, p) = engine.encode_with_prefix(&request)?;
+            request.span = (p > 1).then_some(unmask::Span::Tokens(1..p));
+        }
         // Untraced first: pipelines compile and the prefix store fills (BiCache hits).
         engine.generate(&request)?;
         engine.ctx().start_trace(TraceOptions { timing });

@@ -507,13 +507,14 @@ fn help_info_and_selfcheck() {
 const CACHE_MODES: [&str; 4] = ["none", "fast-dllm-prefix", "fast-dllm-dual", "prefix-arm"];
 
 /// What `--cache all` runs.
-const ALL_CACHE_MODES: [&str; 6] = [
+const ALL_CACHE_MODES: [&str; 7] = [
     "none",
     "fast-dllm-prefix",
     "fast-dllm-dual",
     "prefix-arm",
     "bicache",
     "bicache-dual",
+    "acache",
 ];
 
 /// The four-item task set of the tests: one item of every task type.
@@ -758,6 +759,11 @@ fn eval_runs_every_cache_mode_over_the_set() {
             assert_eq!(m["fallbacks"], 4, "{name}");
             let why = m["first_fallback"].as_str().expect("first_fallback");
             assert!(why.contains("bicache_depth.json"), "{name}: {why}");
+        } else if name == "acache" {
+            // The set names no span and the store holds none: the dual cache runs.
+            assert_eq!(m["fallbacks"], 4, "{name}");
+            let why = m["first_fallback"].as_str().expect("first_fallback");
+            assert!(why.contains("no shared span"), "{name}: {why}");
         } else {
             assert_eq!(m["fallbacks"], 0, "{name}");
             assert!(m["first_fallback"].is_null(), "{name}");
@@ -783,7 +789,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
         serde_json::from_str(&std::fs::read_to_string(&out).expect("read --out")).expect("JSON");
     let _ = std::fs::remove_file(&out);
     let full_modes = full["modes"].as_array().expect("modes");
-    assert_eq!(full_modes.len(), 6);
+    assert_eq!(full_modes.len(), ALL_CACHE_MODES.len());
     for (m, full_m) in modes.iter().zip(full_modes) {
         assert_eq!(m["accuracy"], full_m["accuracy"]);
         let items = full_m["items"].as_array().expect("items in --out");
@@ -824,7 +830,9 @@ fn eval_runs_every_cache_mode_over_the_set() {
         assert!(header.contains(needle), "`{needle}` not in {header}");
     }
     assert!(table.contains("| cache | accuracy | lookup | pair | record | format |"));
-    assert!(table.contains("| TTFT (s) | agreement with none | BiCache hit/miss/fallback |"));
+    assert!(table.contains(
+        "| TTFT (s) | agreement with none | shared entry hit/miss/fallback | anchors (on asked lines) |"
+    ));
     for mode in ALL_CACHE_MODES {
         let rows = table
             .lines()
@@ -832,7 +840,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
             .count();
         assert_eq!(rows, 1, "{mode} rows in\n{table}");
     }
-    assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 2 + 6);
+    assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 2 + 7);
 }
 
 #[test]
