@@ -48,6 +48,11 @@ pub enum Span {
     Tokens(std::ops::Range<usize>),
 }
 
+/// An f32 as the shortest decimal that reads back as it (0.2, not 0.20000000298023224).
+fn shortest_decimal<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(v.to_string().parse().unwrap_or(f64::from(*v)))
+}
+
 /// ACache's default share of the span recomputed per request (its reference's default).
 pub const DEFAULT_ANCHOR_RATIO: f32 = 0.2;
 
@@ -161,6 +166,7 @@ pub struct AcacheReport {
     /// The span's entry was already stored.
     pub hit: bool,
     pub entry_bytes: u64,
+    #[serde(serialize_with = "shortest_decimal")]
     pub anchor_ratio: f32,
     /// The anchors, as offsets into the span (sorted).
     pub anchors: Vec<u32>,

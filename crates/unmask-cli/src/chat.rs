@@ -113,6 +113,7 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
                         "cache": g.cache.name(),
                         "prefix_len": g.prefix_len,
                         "bicache": bicache_json(&g),
+                        "acache": g.acache,
                         "ids": g.ids,
                         "text": answer,
                         "timings": timings_json(&g),

@@ -351,6 +351,7 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "cache": g.cache.name(),
         "prefix_len": g.prefix_len,
         "bicache": bicache_json(g),
+        "acache": g.acache,
         "prompt_ids": g.prompt_ids,
         "ids": g.ids,
         "text": g.text,

@@ -45,6 +45,7 @@ const FIXTURE: [(&str, &[u8]); 7] = [
 ];
 
 const GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/generate.json");
+const ACACHE_GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/acache.json");
 
 macro_rules! dream_file {
     ($name:literal) => {
@@ -285,6 +286,52 @@ async fn generate_from_javascript_reports_every_step() {
         serde_json::from_str(&String::from(js_sys::JSON::stringify(&result).unwrap())).unwrap();
     assert_eq!(result["bicache"]["hit"], true, "{result}");
     assert_eq!(result["store"]["hits"], 1);
+}
+
+/// ACache in the browser: the span placed at its offset, the probe's anchors and the tokens
+/// equal the numpy reference's (tools/acache_ref.py); from JavaScript, `affix` names the
+/// span and the second request with it hits its entry.
+#[wasm_bindgen_test]
+async fn acache_matches_the_reference_and_shares_the_span_entry() {
+    let web = load(r#"{"weights": "f32"}"#, 4099).await;
+    let engine = web.engine();
+    let all: Value = serde_json::from_str(ACACHE_GOLDENS).unwrap();
+    for case in all["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let n = |k: &str| case[k].as_u64().unwrap() as usize;
+        let span = ids(&case["span"]);
+        let mut request = Request::ids(ids(&case["prompt"])).with_params(GenerationParams {
+            gen_length: n("gen_length"),
+            steps: n("steps"),
+            block_length: n("block_length"),
+            round_confidence_bf16: false,
+            ..GenerationParams::default()
+        });
+        request.cache = unmask::CacheMode::Acache;
+        request.span = Some(unmask::Span::Tokens(span[0] as usize..span[1] as usize));
+        request.anchor_ratio = case["anchor_ratio"].as_f64().unwrap() as f32;
+        let out = engine
+            .generate_async(&request, &mut |_| {})
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let report = out.acache.expect("an ACache report");
+        let anchors: Vec<u32> = report.anchors.iter().map(|a| a + span[0]).collect();
+        assert_eq!(anchors, ids(&case["anchors"]), "{name}: anchors");
+        assert_eq!(out.ids, ids(&case["output"]), "{name}: tokens");
+    }
+    let request = |prompt: &str| {
+        js(&format!(
+            r#"{{"system": "Hello. You are terse.", "prompt": "{prompt}", "genLength": 8,
+            "steps": 4, "blockLength": 8, "cache": "acache", "affix": "You are terse.",
+            "anchorRatio": 0.25}}"#
+        ))
+    };
+    let first = generate(&web, request("What is 2 + 3?")).await.unwrap();
+    assert_eq!(first["acache"]["hit"], false, "{first}");
+    assert_eq!(first["acache"]["anchorRatio"], 0.25);
+    let again = generate(&web, request("And 4 + 4?")).await.unwrap();
+    assert_eq!(again["acache"]["hit"], true, "{again}");
+    assert!(again["acache"]["fallback"].is_null());
 }
 
 /// A small request that runs: 8 tokens, 4 steps.
