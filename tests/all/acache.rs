@@ -225,3 +225,40 @@ fn bundled_model_loses_answers_with_direct_span_reuse() {
         items.len()
     );
 }
+
+/// ACache requests joining a running session one after another (their probes run while
+/// other members are mid-canvas) produce the tokens and anchors they produce alone.
+#[test]
+fn members_joining_a_running_session_match_their_runs_alone() {
+    let engine = common::tiny_engine();
+    let requests: Vec<Request> = goldens().iter().map(golden_request).collect();
+    let alone: Vec<_> = requests
+        .iter()
+        .map(|r| engine.generate(r).expect("alone"))
+        .collect();
+    let rows: usize = alone.iter().map(|g| g.prompt_ids.len() + g.ids.len()).sum();
+    let mut session = engine
+        .session(None, rows)
+        .expect("a session without a prefix");
+    let mut ids = Vec::new();
+    let mut done = Vec::new();
+    for r in &requests {
+        ids.push(session.submit(r.clone()).expect("admitted"));
+        // One step between arrivals: the next member's probe runs beside running ones.
+        done.extend(session.step());
+    }
+    while !session.is_idle() {
+        done.extend(session.step());
+    }
+    assert_eq!(done.len(), requests.len());
+    for (id, g) in done {
+        let k = ids.iter().position(|&i| i == id).expect("a submitted id");
+        let g = g.expect("generation");
+        assert_eq!(g.ids, alone[k].ids, "request {k}: tokens");
+        assert_eq!(
+            g.acache.as_ref().map(|a| &a.anchors),
+            alone[k].acache.as_ref().map(|a| &a.anchors),
+            "request {k}: anchors"
+        );
+    }
+}
