@@ -181,9 +181,10 @@ fn bad_spans_are_named_and_a_missing_span_falls_back() {
 
 /// The bundled model's affix set: the table is a shared span after a per-request role
 /// line. Reused as it is (ratio 0) the table rows lack the question's mark and lookups go
-/// wrong; with every span token recomputed (ratio 1) every answer is right.
+/// wrong; with every span token recomputed (ratio 1) every answer is right, and so with the
+/// default 20 % anchors: the probe finds the asked member's rows (models/tiny's probe heads).
 #[test]
-fn bundled_model_loses_answers_with_direct_span_reuse() {
+fn bundled_model_loses_answers_with_direct_span_reuse_and_anchors_recover_them() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let engine = Engine::load_on(
         common::ctx(),
@@ -216,9 +217,12 @@ fn bundled_model_loses_answers_with_direct_span_reuse() {
             })
             .count()
     };
-    let (all, none) = (right(1.0), right(0.0));
-    eprintln!("[acache] bundled model, 8 affix items: ratio 1: {all} right, ratio 0: {none}");
+    let (all, some, none) = (right(1.0), right(0.2), right(0.0));
+    eprintln!(
+        "[acache] bundled model, 8 affix items: ratio 1: {all} right, 0.2: {some}, 0: {none}"
+    );
     assert_eq!(all, items.len());
+    assert_eq!(some, items.len(), "20 % anchors recover every answer");
     assert!(
         none <= 3,
         "direct span reuse answered {none} of {}",

@@ -831,7 +831,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
     }
     assert!(table.contains("| cache | accuracy | lookup | pair | record | format |"));
     assert!(table.contains(
-        "| TTFT (s) | agreement with none | shared entry hit/miss/fallback | anchors (on asked lines) |"
+        "| TTFT (s) | agreement with none | shared entry hit/miss/fallback | anchors (on asked lines / asked lines' tokens anchored) |"
     ));
     for mode in ALL_CACHE_MODES {
         let rows = table

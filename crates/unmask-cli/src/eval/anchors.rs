@@ -4,8 +4,18 @@
 
 use unmask::{DecodeMode, Engine, Generation};
 
-/// (anchors on asked lines, anchors) of an ACache generation, when it ran with a span.
-pub fn on_asked_lines(engine: &Engine, g: &Generation, question: &str) -> Option<(usize, usize)> {
+/// Where one request's anchors fall.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnchorSpread {
+    /// Anchors on the lines the question asks about.
+    pub on_asked: usize,
+    pub anchors: usize,
+    /// Span tokens on those lines.
+    pub asked_tokens: usize,
+}
+
+/// Where an ACache generation's anchors fall, when it ran with a span.
+pub fn on_asked_lines(engine: &Engine, g: &Generation, question: &str) -> Option<AnchorSpread> {
     let report = g.acache.as_ref().filter(|r| r.fallback.is_none())?;
     let tokenizer = engine.tokenizer()?;
     let span = g
@@ -31,12 +41,16 @@ pub fn on_asked_lines(engine: &Engine, g: &Generation, question: &str) -> Option
                 .is_some_and(|name| words.contains(&name))
         })
     };
-    let on = report
+    let on_asked = report
         .anchors
         .iter()
         .filter(|&&a| line_of.get(a as usize).is_some_and(|&l| asked(l)))
         .count();
-    Some((on, report.anchors.len()))
+    Some(AnchorSpread {
+        on_asked,
+        anchors: report.anchors.len(),
+        asked_tokens: line_of.iter().filter(|&&l| asked(l)).count(),
+    })
 }
 
 /// The line of each token: the line of its first character that is not a line break (a

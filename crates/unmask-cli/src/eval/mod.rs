@@ -109,8 +109,8 @@ struct ItemResult {
     answer_tokens: usize,
     bicache: Option<BicacheReport>,
     acache: Option<AcacheReport>,
-    /// ACache: (anchors on the lines the question asks about, anchors).
-    anchors_on_asked: Option<(usize, usize)>,
+    /// ACache: where the anchors fall (the lines the question asks about).
+    anchors_on_asked: Option<anchors::AnchorSpread>,
 }
 
 /// Every item of one mode, in the order of the set.

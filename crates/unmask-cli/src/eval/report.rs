@@ -38,6 +38,8 @@ pub(super) struct Summary {
     /// about.
     mean_anchors: Option<f64>,
     anchors_on_asked: Option<f64>,
+    /// ACache: the share of the asked lines' tokens that are anchors.
+    asked_recall: Option<f64>,
     /// KV arena plus the shared prefix store, for BiCache modes; the arena otherwise.
     cache_bytes: f64,
 }
@@ -128,11 +130,14 @@ pub(super) fn summarize(
     let mean_anchors = (!with_span.is_empty()).then(|| {
         with_span.iter().map(|a| a.anchors.len()).sum::<usize>() as f64 / with_span.len() as f64
     });
-    let (on, all) = r
+    let (on, all, asked) = r
         .iter()
         .filter_map(|x| x.anchors_on_asked)
-        .fold((0, 0), |(o, a), (on, all)| (o + on, a + all));
+        .fold((0, 0, 0), |(o, a, k), s| {
+            (o + s.on_asked, a + s.anchors, k + s.asked_tokens)
+        });
     let anchors_on_asked = (all > 0).then(|| on as f64 / all as f64);
+    let asked_recall = (asked > 0 && all > 0).then(|| on as f64 / asked as f64);
     let kv_arena_bytes =
         mean(&|x| (x.prompt_tokens + gen_length) as f64) * arena_bytes_per_position;
     let cache_bytes = if run.cache.is_bicache() {
@@ -163,6 +168,7 @@ pub(super) fn summarize(
         cache_bytes,
         mean_anchors,
         anchors_on_asked,
+        asked_recall,
     }
 }
 
@@ -234,6 +240,7 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
         "first_fallback": s.first_fallback,
         "mean_anchors": s.mean_anchors,
         "anchors_on_asked_lines": s.anchors_on_asked,
+        "asked_line_tokens_anchored": s.asked_recall,
     });
     match row {
         Value::Object(map) => map,
@@ -265,7 +272,11 @@ fn items_json(items: &[Item], run: &ModeRun) -> Value {
                 "answer_tokens": r.answer_tokens,
                 "bicache": r.bicache,
                 "acache": r.acache,
-                "anchors_on_asked_lines": r.anchors_on_asked,
+                "anchors_on_asked_lines": r.anchors_on_asked.map(|s| json!({
+                    "on_asked": s.on_asked,
+                    "anchors": s.anchors,
+                    "asked_tokens": s.asked_tokens,
+                })),
             })
         })
         .collect()
@@ -352,7 +363,7 @@ pub(super) fn markdown(
             "TTFT (s)",
             "agreement with none",
             "shared entry hit/miss/fallback",
-            "anchors (on asked lines)",
+            "anchors (on asked lines / asked lines' tokens anchored)",
         ]
         .map(String::from),
     );
@@ -387,7 +398,11 @@ pub(super) fn markdown(
                 "–".to_string()
             },
             match (s.mean_anchors, s.anchors_on_asked) {
-                (Some(n), Some(on)) => format!("{n:.1} ({:.0} %)", on * 100.0),
+                (Some(n), Some(on)) => format!(
+                    "{n:.1} ({:.0} % / {:.0} %)",
+                    on * 100.0,
+                    s.asked_recall.unwrap_or(0.0) * 100.0
+                ),
                 (Some(n), None) => format!("{n:.1}"),
                 _ => "–".to_string(),
             },
