@@ -214,7 +214,8 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
     let kv = s.kv_arena_bytes.round() as u64;
     let row = json!({
         "cache": s.cache.name(),
-        "anchor_ratio": s.anchor_ratio,
+        // As written on the command line (0.05, not the f32's 0.05000000074505806).
+        "anchor_ratio": s.anchor_ratio.and_then(|r| r.to_string().parse::<f64>().ok()),
         "n_items": s.items,
         "correct": s.correct,
         "accuracy": s.accuracy(),
