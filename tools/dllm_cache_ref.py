@@ -1,0 +1,240 @@
+"""numpy reference of dLLM-Cache's adaptive refresh (issue 33), the rule the runtime's
+`--cache dllm-cache` is to follow, and its goldens on the tiny fixture.
+
+The rule (dLLM-Cache, arXiv 2506.06295; its reference hooks LLaDA's blocks):
+
+* Per layer, the prompt's rows and the response's rows (the whole canvas) each keep their K,
+  V, attention output (after `attn_out`) and MLP output (after `ff_out`).
+* Forward n (counting from 1) refreshes the response when (n - 1) % K_r == 0 and the prompt
+  when (n - 1) % K_p == 0; a refreshed part is computed in full (attention over every
+  position's K/V, its caches overwritten).
+* A response that is not refreshed is checked by V (V-verify), layer by layer: V of every
+  response row from the layer's input; the int(rho * G) rows whose V has the lowest cosine
+  with the cached V (ties to the lower position) get their q and k, attention and MLP
+  recomputed and scattered into the caches; the V cache takes every new V; the other rows
+  take their cached attention and MLP outputs.  rho = 0 skips the check (the response is
+  reused whole until its next refresh).
+* A prompt that is not refreshed takes its cached outputs; its K/V stay as cached.
+* A row's hidden state moves through the layers as x + attention output, then + MLP
+  output, whichever of them is fresh or cached.
+
+Defaults of the reference's demo: K_p = 100, K_r = 7, rho = 0.25.  Sampler: LLaDA's quota
+rule at temperature 0 (low-confidence remasking), blocks as llada_ref.generate.  Float32
+storage, float64 arithmetic, as tools/llada_ref.py.
+
+    python3 tools/dllm_cache_ref.py --model tests/fixtures/tiny --write-goldens   # goldens/dllm_cache.json
+    python3 tools/dllm_cache_ref.py --model tests/fixtures/tiny --check
+    python3 tools/dllm_cache_ref.py --model tests/fixtures/tiny --self-check  # exact limits
+
+Exact limits (`--self-check`): refreshing both parts at every forward (K_p = K_r = 1), or
+the prompt at every forward with every response row verified (K_p = 1, rho = 1), gives
+tools/llada_ref.py's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llada_ref  # noqa: E402
+from acache_ref import prompt_of  # noqa: E402
+
+
+class Layer:
+    """One layer's weights and its dLLM-Cache state."""
+
+    def __init__(self, W, i, cfg):
+        p = f"model.transformer.blocks.{i}."
+        self.w = {n: W[p + n + ".weight"] for n in (
+            "attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out")}
+        self.cfg = cfg
+        self.K = self.V = self.attn = self.mlp = None  # [T, ...] over every position
+
+
+class Model:
+    def __init__(self, params):
+        self.cfg, self.W = params["config"], params["tensors"]
+        c = self.cfg
+        self.H, self.Hkv, self.hd, self.D = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["d_model"]
+        self.nm = llada_ref._Numerics(False)
+        self.cos, self.sin = llada_ref.rope_tables(c["max_sequence_length"], self.hd, c["rope_theta"])
+        self.layers = [Layer(self.W, i, c) for i in range(c["n_layers"])]
+
+    def project(self, L, x, rows, what="qkv"):
+        """q (rotated), k (rotated), v of `rows` (positions) from their layer input x."""
+        nm, H, Hkv, hd = self.nm, self.H, self.Hkv, self.hd
+        h = nm.rmsnorm(x, L.w["attn_norm"], self.cfg["rms_norm_eps"])
+        out = {}
+        n = len(rows)
+        cos, sin = self.cos[rows], self.sin[rows]
+        if "q" in what:
+            q = nm.matmul(h, L.w["q_proj"]).reshape(n, H, hd).transpose(1, 0, 2)
+            out["q"] = nm.rope(q, cos, sin)
+        if "k" in what:
+            k = nm.matmul(h, L.w["k_proj"]).reshape(n, Hkv, hd).transpose(1, 0, 2)
+            out["k"] = nm.rope(k, cos, sin)
+        if "v" in what:
+            out["v"] = nm.matmul(h, L.w["v_proj"]).reshape(n, Hkv, hd).transpose(1, 0, 2)
+        return out
+
+    def attend(self, L, q):
+        """Attention output (after attn_out) of queries q [H, n, hd] over every cached K/V."""
+        H, Hkv, hd = self.H, self.Hkv, self.hd
+        kv_of_q = np.arange(H) // (H // Hkv)
+        k64 = L.K.astype(np.float64)[kv_of_q]
+        v64 = L.V.astype(np.float64)[kv_of_q]
+        s = np.einsum("htd,hsd->hts", q.astype(np.float64), k64) / math.sqrt(hd)
+        s -= s.max(axis=-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        n = q.shape[1]
+        a = self.nm.store(np.einsum("hts,hsd->htd", p, v64)).transpose(1, 0, 2).reshape(n, self.D)
+        return self.nm.matmul(a, L.w["attn_out"])
+
+    def mlp(self, L, x):
+        nm = self.nm
+        h = nm.rmsnorm(x, L.w["ff_norm"], self.cfg["rms_norm_eps"])
+        g = nm.matmul(h, L.w["ff_proj"]).astype(np.float64)
+        u = nm.matmul(h, L.w["up_proj"])
+        return nm.matmul(nm.store(g / (1.0 + np.exp(-g)) * u), L.w["ff_out"])
+
+    def forward(self, ids, P, refresh_gen, refresh_prompt, rho, trace):
+        """Logits of every position after one cached forward; `trace` gets each layer's
+        V-verified rows (positions)."""
+        nm = self.nm
+        T = len(ids)
+        G = T - P
+        x = self.W["model.transformer.wte.weight"][np.asarray(ids)].astype(np.float32)
+        prompt, gen = list(range(P)), list(range(P, T))
+        first = self.layers[0].K is None
+        for li, L in enumerate(self.layers):
+            if first:
+                L.K = np.zeros((self.Hkv, T, self.hd), np.float32)
+                L.V = np.zeros((self.Hkv, T, self.hd), np.float32)
+                L.attn = np.zeros((T, self.D), np.float32)
+                L.mlp = np.zeros((T, self.D), np.float32)
+            fresh = (prompt if refresh_prompt else []) + (gen if refresh_gen else [])
+            selected = []
+            if not refresh_gen and rho > 0:
+                # V-verify: V of every response row, cosine with the cached V.
+                v = self.project(L, x[gen], gen, "v")["v"]  # [Hkv, G, hd]
+                new = v.transpose(1, 0, 2).reshape(G, -1).astype(np.float64)
+                old = L.V[:, P:].transpose(1, 0, 2).reshape(G, -1).astype(np.float64)
+                cos = (new * old).sum(-1) / np.maximum(
+                    np.linalg.norm(new, axis=-1) * np.linalg.norm(old, axis=-1), 1e-12)
+                k = int(G * rho)
+                order = np.lexsort((np.arange(G), cos))  # lowest cosine first, then position
+                selected = sorted(P + int(j) for j in order[:k])
+                L.V[:, P:] = v
+                trace.append({"layer": li, "rows": selected})
+            rows = fresh + selected
+            if rows:
+                qkv = self.project(L, x[rows], rows)
+                L.K[:, rows] = qkv["k"]
+                L.V[:, rows] = qkv["v"]
+            # Attention after every K/V of the layer is in place.
+            if rows:
+                L.attn[rows] = self.attend(L, qkv["q"])
+            x = nm.store(x.astype(np.float64) + L.attn)
+            if rows:
+                L.mlp[rows] = self.mlp(L, x[rows])
+            x = nm.store(x.astype(np.float64) + L.mlp)
+        x = nm.rmsnorm(x, self.W["model.transformer.ln_f.weight"], self.cfg["rms_norm_eps"])
+        head = self.W["model.transformer.wte.weight" if self.cfg["weight_tying"] else "model.transformer.ff_out.weight"]
+        return nm.matmul(x, head)
+
+
+def generate(params, prompt, gen_length, steps, block_length, k_p, k_r, rho):
+    """dLLM-Cache generation at temperature 0: (canvas tokens, per-step trace)."""
+    model = Model(params)
+    mask_id = params["config"]["mask_token_id"]
+    P = len(prompt)
+    x = np.array(list(prompt) + [mask_id] * gen_length, dtype=np.int64)
+    blocks = gen_length // block_length
+    trace, n = [], 0
+    for nb in range(blocks):
+        b0, b1 = P + nb * block_length, P + (nb + 1) * block_length
+        quotas = llada_ref.num_transfer_tokens(int((x[b0:b1] == mask_id).sum()), steps // blocks)
+        for i, quota in enumerate(quotas):
+            n += 1
+            verified = []
+            rg, rp = (n - 1) % k_r == 0, (n - 1) % k_p == 0
+            logits = model.forward(x, P, rg, rp, rho, verified).astype(np.float64)
+            cand = [p for p in range(b0, b1) if x[p] == mask_id]
+            sub = logits[cand]
+            x0 = np.argmax(sub, axis=-1)
+            conf = llada_ref.softmax64(sub)[np.arange(len(cand)), x0]
+            order = llada_ref.rank_order(conf)
+            chosen = sorted(cand[j] for j in order[:quota])
+            margin = float(conf[order[quota - 1]] - conf[order[quota]]) if quota < len(cand) else None
+            for j in order[:quota]:
+                x[cand[j]] = int(x0[j])
+            trace.append({"block": nb, "step": i, "forward": n, "refresh_response": rg,
+                          "refresh_prompt": rp, "verified": verified, "committed": chosen,
+                          "tokens": [int(x[p]) for p in chosen], "conf_margin": margin})
+    return x[P:].tolist(), trace
+
+
+CASES = [
+    # name, prompt length, gen_length, steps, block_length, K_p, K_r, rho
+    ("one_block_defaults", 20, 16, 16, 16, 100, 7, 0.25),
+    ("blocks_of_4", 20, 16, 8, 4, 100, 7, 0.25),
+    ("prompt_refresh_every_5", 24, 16, 16, 16, 5, 3, 0.5),
+    ("no_verify", 20, 16, 16, 16, 100, 4, 0.0),
+]
+
+
+def build_goldens(params):
+    out = []
+    for name, n, g, steps, block, k_p, k_r, rho in CASES:
+        prompt = prompt_of(n, seed=11)
+        tokens, trace = generate(params, prompt, g, steps, block, k_p, k_r, rho)
+        margins = [t["conf_margin"] for t in trace if t["conf_margin"] is not None]
+        out.append({"name": name, "prompt": prompt, "gen_length": g, "steps": steps,
+                    "block_length": block, "prompt_interval": k_p, "response_interval": k_r,
+                    "refresh_ratio": rho, "output": tokens, "steps_trace": trace,
+                    "min_conf_margin": min(margins, default=None)})
+    return {"description": "dLLM-Cache (tools/dllm_cache_ref.py): V-verified rows and temperature-0 tokens",
+            "cases": out}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--write-goldens", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--self-check", action="store_true", help="the exact limits equal tools/llada_ref.py")
+    args = ap.parse_args()
+    params = llada_ref.load_checkpoint(args.model)
+    if args.self_check:
+        prompt = prompt_of(20, seed=11)
+        want = llada_ref.generate(params, prompt, 16, 8, 4)[0][len(prompt):].tolist()
+        for k_p, k_r, rho in [(1, 1, 0.0), (1, 3, 1.0)]:
+            got, _ = generate(params, prompt, 16, 8, 4, k_p, k_r, rho)
+            if got != want:
+                sys.exit(f"K_p {k_p}, K_r {k_r}, rho {rho}: {got} != the uncached {want}")
+        print("exact limits equal tools/llada_ref.py")
+    goldens = build_goldens(params)
+    path = os.path.join(args.model, "goldens", "dllm_cache.json")
+    if args.write_goldens:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(json.dumps(goldens, indent=1, allow_nan=False) + "\n")
+    for c in goldens["cases"]:
+        print(f"{c['name']}: output {c['output']}, min margin {c['min_conf_margin']}")
+    if args.check:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+        bad = [c["name"] for c, s in zip(goldens["cases"], stored["cases"]) if c != s]
+        if bad:
+            sys.exit(f"differs from {path}: {bad}")
+        print(f"{path}: every case agrees")
+
+
+if __name__ == "__main__":
+    main()
