@@ -1,5 +1,5 @@
 //! Row-wise kernels against the CPU oracle: embedding (every weight format, chunked),
-//! RMSNorm, RoPE, row gather/scatter, SwiGLU, residual add.
+//! RMSNorm, RoPE, row gather/scatter, SwiGLU, residual add, and dLLM-Cache's V-verify.
 
 use crate::common;
 
@@ -327,4 +327,84 @@ fn rope_qkv_into_an_f16_arena_rounds_the_f32_values() {
 /// `t` read back equals `want` within the f32 tolerance.
 fn assert_tensor(ctx: &unmask_gpu::GpuContext, what: &str, t: &Tensor, want: &[f32]) {
     assert_close(what, &t.read_f32(ctx).unwrap(), want, F32_TOL);
+}
+
+/// dLLM-Cache's V-verify: the cosine of each row's new V (its QKV row's V columns) against
+/// the V its arena row holds, and the k rows of lowest cosine as a row list in row order,
+/// against the CPU; with an f32 and an f16 V arena.
+#[test]
+fn v_verify_picks_the_rows_whose_v_moved_most() {
+    use unmask_gpu::ops::v_verify::{QkvLayout, VVerify};
+    let ctx = ctx();
+    let layout = QkvLayout {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+    };
+    let (rows, k) = (37, 9);
+    let stride = (4 + 2 * 2) * 8;
+    let kv_w = 2 * 8;
+    let v_col = (4 + 2) * 8;
+    let arena_len = 50;
+    // Cached V: random; new V: the cached one plus noise of growing size per row (shuffled).
+    let cached = random_vec(3, arena_len * kv_w, 1.0);
+    let arena_rows: Vec<u32> = (0..rows as u32)
+        .map(|r| (r * 7 + 3) % arena_len as u32)
+        .collect();
+    let mut qkv = random_vec(4, rows * stride, 1.0);
+    let noise = random_vec(5, rows * kv_w, 1.0);
+    for r in 0..rows {
+        let scale = ((r * 13) % rows) as f32 / rows as f32;
+        for c in 0..kv_w {
+            let old = cached[arena_rows[r] as usize * kv_w + c];
+            qkv[r * stride + v_col + c] = old + scale * noise[r * kv_w + c];
+        }
+    }
+    let cos: Vec<f64> = (0..rows)
+        .map(|r| {
+            let a = &qkv[r * stride + v_col..r * stride + v_col + kv_w];
+            let o = arena_rows[r] as usize * kv_w;
+            let b = &cached[o..o + kv_w];
+            let dot: f64 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (*x as f64) * (*y as f64))
+                .sum();
+            let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            dot / (na * nb)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..rows).collect();
+    order.sort_by(|&i, &j| cos[i].total_cmp(&cos[j]).then(i.cmp(&j)));
+    let mut want: Vec<u32> = order[..k].iter().map(|&r| r as u32).collect();
+    want.sort_unstable();
+    let qkv_t = Tensor::from_f32(&ctx, &[rows, stride], &qkv, "qkv").unwrap();
+    let rows_t = Tensor::from_u32(&ctx, &[rows], &arena_rows, "arena rows").unwrap();
+    for (what, v) in [
+        (
+            "f32",
+            Tensor::from_f32(&ctx, &[arena_len, kv_w], &cached, "v").unwrap(),
+        ),
+        (
+            "f16",
+            Tensor::from_f32_as_f16(&ctx, &[arena_len, kv_w], &cached, "v").unwrap(),
+        ),
+    ] {
+        let verify = VVerify::new(&ctx, 64).unwrap();
+        let mut step = StepEncoder::new(&ctx, "v-verify");
+        verify
+            .encode(&mut step, &qkv_t, &v, &rows_t, rows, k, layout)
+            .unwrap();
+        step.submit().unwrap();
+        let got_cos = verify.cosine.read_f32(&ctx).unwrap();
+        let tol = if what == "f16" { 2e-3 } else { 1e-5 };
+        for r in 0..rows {
+            assert!((got_cos[r] as f64 - cos[r]).abs() < tol, "{what} row {r}");
+        }
+        let list = verify.list.read_u32(&ctx).unwrap();
+        assert_eq!(&list[..k], &want[..], "{what}: the rows of lowest cosine");
+        let selected = verify.selected.read_u32(&ctx).unwrap();
+        assert_eq!(selected[..rows].iter().sum::<u32>(), k as u32);
+    }
 }

@@ -10,6 +10,7 @@ pub mod matmul;
 pub mod sampling;
 #[cfg(feature = "unfused-kernels")]
 pub mod unfused;
+pub mod v_verify;
 
 pub use kernels::{KernelOptions, Kernels};
 
@@ -75,6 +76,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(attention),
         kernel_module!(sampling),
         kernel_module!(acache),
+        kernel_module!(v_verify),
     ];
     #[cfg(feature = "unfused-kernels")]
     let v = [v, vec![kernel_module!(unfused)]].concat();
