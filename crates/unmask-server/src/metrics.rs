@@ -183,6 +183,36 @@ impl Metrics {
         Self { registry, ..m }
     }
 
+    /// A finished generation's tokens and what the shared caches did for it (BiCache's
+    /// prefix entry, ACache's span entry and anchors).
+    pub fn record_finished(&self, g: &unmask::Generation) {
+        self.completion_tokens
+            .inc_by(g.timings.answer_tokens as u64);
+        self.prompt_tokens.inc_by(g.prompt_ids.len() as u64);
+        if let Some(r) = &g.bicache {
+            if r.fallback.is_some() {
+                self.bicache_fallbacks.inc();
+            } else if r.hit {
+                self.bicache_hits.inc();
+            } else {
+                self.bicache_misses.inc();
+            }
+        }
+        if let Some(r) = &g.acache {
+            if r.fallback.is_some() {
+                self.acache_fallbacks.inc();
+            } else {
+                if r.hit {
+                    self.acache_hits.inc();
+                } else {
+                    self.acache_misses.inc();
+                }
+                self.acache_anchors.inc_by(r.anchors.len() as u64);
+                self.acache_span_tokens.inc_by(r.span_tokens as u64);
+            }
+        }
+    }
+
     pub fn count(&self, outcome: &'static str) {
         self.requests.get_or_create(&Outcome { outcome }).inc();
     }

@@ -188,30 +188,7 @@ impl Tracker {
                     FinishReason::Length
                 };
                 m.count("ok");
-                m.completion_tokens.inc_by(g.timings.answer_tokens as u64);
-                m.prompt_tokens.inc_by(g.prompt_ids.len() as u64);
-                if let Some(r) = &g.bicache {
-                    if r.fallback.is_some() {
-                        m.bicache_fallbacks.inc();
-                    } else if r.hit {
-                        m.bicache_hits.inc();
-                    } else {
-                        m.bicache_misses.inc();
-                    }
-                }
-                if let Some(r) = &g.acache {
-                    if r.fallback.is_some() {
-                        m.acache_fallbacks.inc();
-                    } else {
-                        if r.hit {
-                            m.acache_hits.inc();
-                        } else {
-                            m.acache_misses.inc();
-                        }
-                        m.acache_anchors.inc_by(r.anchors.len() as u64);
-                        m.acache_span_tokens.inc_by(r.span_tokens as u64);
-                    }
-                }
+                m.record_finished(&g);
                 Ok(Finished {
                     text: full[..end].to_string(),
                     finish_reason,

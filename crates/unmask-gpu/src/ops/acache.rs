@@ -5,7 +5,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::ShaderVariant;
-use super::elementwise::{check, check_f32, check_u32, u32_of};
+use super::elementwise::{check, check_f32, check_u32, kv_spec, u32_of};
 use crate::error::Result;
 use crate::kernel_source;
 use crate::pipeline::{KernelSource, Spec};
@@ -54,26 +54,6 @@ struct PlaceParams {
 pub struct KvShape {
     pub n_kv_heads: usize,
     pub head_dim: usize,
-}
-
-fn kv_spec(op: &'static str, tensors: &[&Tensor], width: usize, rows: usize) -> Result<Spec> {
-    let dtype = tensors[0].dtype;
-    check(
-        op,
-        matches!(dtype, DType::F32 | DType::F16)
-            && tensors
-                .iter()
-                .all(|t| t.dtype == dtype && t.numel() >= width * rows),
-        || format!("K/V layers all f32 or all f16 with {rows} rows of {width}"),
-        || {
-            tensors
-                .iter()
-                .map(|t| format!("{:?} {:?}", t.dtype, t.shape))
-                .collect::<Vec<_>>()
-                .join(", ")
-        },
-    )?;
-    Ok(Spec::new().flag_if(dtype == DType::F16, "KV_F16"))
 }
 
 /// Rows `src_row..src_row + rows` of a stored span's K/V layer into rows `dst_row..` of an

@@ -89,6 +89,33 @@ pub(super) fn check_u32(op: &'static str, t: &Tensor, min_elems: usize) -> Resul
     )
 }
 
+/// Checks K/V layers (all f32 or all f16, each at least `rows` rows of `width`) and gives
+/// the spec flag their storage needs (`KV_F16`).
+pub(super) fn kv_spec(
+    op: &'static str,
+    tensors: &[&Tensor],
+    width: usize,
+    rows: usize,
+) -> Result<Spec> {
+    let dtype = tensors[0].dtype;
+    check(
+        op,
+        matches!(dtype, DType::F32 | DType::F16)
+            && tensors
+                .iter()
+                .all(|t| t.dtype == dtype && t.numel() >= width * rows),
+        || format!("K/V layers all f32 or all f16 with {rows} rows of {width}"),
+        || {
+            tensors
+                .iter()
+                .map(|t| format!("{:?} {:?}", t.dtype, t.shape))
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    )?;
+    Ok(Spec::new().flag_if(dtype == DType::F16, "KV_F16"))
+}
+
 pub(super) fn u32_of(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }

@@ -5,7 +5,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::ShaderVariant;
-use super::elementwise::{check, check_f32, check_u32, u32_of};
+use super::elementwise::{check, check_f32, check_u32, kv_spec, u32_of};
 use crate::error::Result;
 use crate::kernel_source;
 use crate::pipeline::{KernelSource, Spec};
@@ -93,16 +93,10 @@ impl VVerify {
         )?;
         check_f32("v_verify qkv", qkv, rows * stride)?;
         check_u32("v_verify arena rows", arena_rows, rows)?;
-        check(
-            "v_verify arena",
-            matches!(v.dtype, DType::F32 | DType::F16) && v.numel() >= kv_w,
-            || format!("an f32 or f16 V arena with rows of {kv_w}"),
-            || format!("{:?} {:?}", v.dtype, v.shape),
-        )?;
+        let spec = kv_spec("v_verify arena", &[v], kv_w, 1)?;
         if rows == 0 {
             return Ok(());
         }
-        let spec = Spec::new().flag_if(v.dtype == DType::F16, "KV_F16");
         let ctx = step.ctx();
         let params = VerifyParams {
             rows: u32_of(rows),
