@@ -56,46 +56,60 @@ class Model:
         return [(np.zeros((self.Hkv, T, self.hd), np.float32), np.zeros((self.Hkv, T, self.hd), np.float32))
                 for _ in range(self.L)]
 
+    def project(self, i, x, positions, what="qkv"):
+        """Layer i's q and k (rotated at `positions`) and v of the rows x, as {name: [heads, n, hd]}."""
+        nm, hd = self.nm, self.hd
+        h = nm.rmsnorm(x, self.w(i, "attn_norm"), self.cfg["rms_norm_eps"])
+        pos = np.asarray(positions)
+        cos, sin = self.cos[pos], self.sin[pos]
+        heads = {"q": self.H, "k": self.Hkv, "v": self.Hkv}
+        out = {}
+        for name in what:
+            t = nm.matmul(h, self.w(i, name + "_proj")).reshape(len(pos), heads[name], hd).transpose(1, 0, 2)
+            out[name] = t if name == "v" else nm.rope(t, cos, sin)
+        return out
+
+    def attend(self, i, q, K, V, probe=None):
+        """Layer i's attention output (after attn_out) of the queries q [H, n, hd] over K, V
+        [Hkv, keys, hd].  With `probe` = (masked query indices, span range, importance), the
+        masked queries' softmax over the span's keys alone is added to the importance."""
+        kv_of_q = np.arange(self.H) // (self.H // self.Hkv)
+        s = np.einsum("htd,hsd->hts", q.astype(np.float64), K.astype(np.float64)[kv_of_q]) / math.sqrt(self.hd)
+        if probe is not None:
+            masked, (a, b), importance = probe
+            ss = s[:, masked, a:b]
+            ss = ss - ss.max(axis=-1, keepdims=True)
+            pr = np.exp(ss)
+            importance += (pr / pr.sum(axis=-1, keepdims=True)).sum(axis=(0, 1))
+        s -= s.max(axis=-1, keepdims=True)
+        pr = np.exp(s)
+        pr /= pr.sum(axis=-1, keepdims=True)
+        n = q.shape[1]
+        a = self.nm.store(np.einsum("hts,hsd->htd", pr, V.astype(np.float64)[kv_of_q]))
+        return self.nm.matmul(a.transpose(1, 0, 2).reshape(n, self.D), self.w(i, "attn_out"))
+
+    def mlp(self, i, x):
+        """Layer i's MLP output (after ff_out) of the rows x (its input, before ff_norm)."""
+        nm = self.nm
+        h = nm.rmsnorm(x, self.w(i, "ff_norm"), self.cfg["rms_norm_eps"])
+        g = nm.matmul(h, self.w(i, "ff_proj")).astype(np.float64)
+        u = nm.matmul(h, self.w(i, "up_proj"))
+        return nm.matmul(nm.store(g / (1.0 + np.exp(-g)) * u), self.w(i, "ff_out"))
+
     def rows(self, ids, positions, arena, kv_len, probe=None):
         """Hidden rows after every layer for the tokens `ids` at `positions`; their K/V go
         to arena rows `positions`; every row attends to arena rows 0..kv_len.  With
-        `probe` = (masked row indices, span range, importance), the layer's masked rows'
-        softmax over the span's keys is added to the importance."""
-        nm, H, Hkv, hd, D = self.nm, self.H, self.Hkv, self.hd, self.D
-        eps = self.cfg["rms_norm_eps"]
+        `probe` (see `attend`), every layer adds to the importance."""
+        nm = self.nm
         pos = np.asarray(positions)
-        n = len(pos)
-        cos, sin = self.cos[pos], self.sin[pos]
         x = self.W["model.transformer.wte.weight"][np.asarray(ids)].astype(np.float32)
-        kv_of_q = np.arange(H) // (H // Hkv)
-        scale = 1.0 / math.sqrt(hd)
         for i in range(self.L):
-            h = nm.rmsnorm(x, self.w(i, "attn_norm"), eps)
-            q = nm.matmul(h, self.w(i, "q_proj")).reshape(n, H, hd).transpose(1, 0, 2)
-            k = nm.matmul(h, self.w(i, "k_proj")).reshape(n, Hkv, hd).transpose(1, 0, 2)
-            v = nm.matmul(h, self.w(i, "v_proj")).reshape(n, Hkv, hd).transpose(1, 0, 2)
-            q, k = nm.rope(q, cos, sin), nm.rope(k, cos, sin)
+            qkv = self.project(i, x, pos)
             K, V = arena[i]
-            K[:, pos], V[:, pos] = k, v
-            k64 = K[:, :kv_len].astype(np.float64)[kv_of_q]
-            v64 = V[:, :kv_len].astype(np.float64)[kv_of_q]
-            s = np.einsum("htd,hsd->hts", q.astype(np.float64), k64) * scale
-            if probe is not None:
-                masked, (a, b), importance = probe
-                ss = s[:, masked, a:b]
-                ss = ss - ss.max(axis=-1, keepdims=True)
-                pr = np.exp(ss)
-                importance += (pr / pr.sum(axis=-1, keepdims=True)).sum(axis=(0, 1))
-            s -= s.max(axis=-1, keepdims=True)
-            pr = np.exp(s)
-            pr /= pr.sum(axis=-1, keepdims=True)
-            a_ = nm.store(np.einsum("hts,hsd->htd", pr, v64)).transpose(1, 0, 2).reshape(n, D)
-            x = nm.store(x.astype(np.float64) + nm.matmul(a_, self.w(i, "attn_out")))
-            h = nm.rmsnorm(x, self.w(i, "ff_norm"), eps)
-            g = nm.matmul(h, self.w(i, "ff_proj")).astype(np.float64)
-            u = nm.matmul(h, self.w(i, "up_proj"))
-            m = nm.store(g / (1.0 + np.exp(-g)) * u)
-            x = nm.store(x.astype(np.float64) + nm.matmul(m, self.w(i, "ff_out")))
+            K[:, pos], V[:, pos] = qkv["k"], qkv["v"]
+            att = self.attend(i, qkv["q"], K[:, :kv_len], V[:, :kv_len], probe)
+            x = nm.store(x.astype(np.float64) + att)
+            x = nm.store(x.astype(np.float64) + self.mlp(i, x))
         return x
 
     def logits(self, x):

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -43,66 +42,27 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llada_ref  # noqa: E402
+import acache_ref  # noqa: E402
 from acache_ref import prompt_of  # noqa: E402
 
 
-class Layer:
-    """One layer's weights and its dLLM-Cache state."""
+class LayerCache:
+    """One layer's dLLM-Cache state over every position: K (rotated), V, attention output
+    and MLP output."""
 
-    def __init__(self, W, i, cfg):
-        p = f"model.transformer.blocks.{i}."
-        self.w = {n: W[p + n + ".weight"] for n in (
-            "attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out")}
-        self.cfg = cfg
-        self.K = self.V = self.attn = self.mlp = None  # [T, ...] over every position
+    def __init__(self, Hkv, T, hd, D):
+        self.K = np.zeros((Hkv, T, hd), np.float32)
+        self.V = np.zeros((Hkv, T, hd), np.float32)
+        self.attn = np.zeros((T, D), np.float32)
+        self.mlp = np.zeros((T, D), np.float32)
 
 
-class Model:
+class Model(acache_ref.Model):
+    """The layers of tools/acache_ref.py with dLLM-Cache's per-layer caches."""
+
     def __init__(self, params):
-        self.cfg, self.W = params["config"], params["tensors"]
-        c = self.cfg
-        self.H, self.Hkv, self.hd, self.D = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["d_model"]
-        self.nm = llada_ref._Numerics(False)
-        self.cos, self.sin = llada_ref.rope_tables(c["max_sequence_length"], self.hd, c["rope_theta"])
-        self.layers = [Layer(self.W, i, c) for i in range(c["n_layers"])]
-
-    def project(self, L, x, rows, what="qkv"):
-        """q (rotated), k (rotated), v of `rows` (positions) from their layer input x."""
-        nm, H, Hkv, hd = self.nm, self.H, self.Hkv, self.hd
-        h = nm.rmsnorm(x, L.w["attn_norm"], self.cfg["rms_norm_eps"])
-        out = {}
-        n = len(rows)
-        cos, sin = self.cos[rows], self.sin[rows]
-        if "q" in what:
-            q = nm.matmul(h, L.w["q_proj"]).reshape(n, H, hd).transpose(1, 0, 2)
-            out["q"] = nm.rope(q, cos, sin)
-        if "k" in what:
-            k = nm.matmul(h, L.w["k_proj"]).reshape(n, Hkv, hd).transpose(1, 0, 2)
-            out["k"] = nm.rope(k, cos, sin)
-        if "v" in what:
-            out["v"] = nm.matmul(h, L.w["v_proj"]).reshape(n, Hkv, hd).transpose(1, 0, 2)
-        return out
-
-    def attend(self, L, q):
-        """Attention output (after attn_out) of queries q [H, n, hd] over every cached K/V."""
-        H, Hkv, hd = self.H, self.Hkv, self.hd
-        kv_of_q = np.arange(H) // (H // Hkv)
-        k64 = L.K.astype(np.float64)[kv_of_q]
-        v64 = L.V.astype(np.float64)[kv_of_q]
-        s = np.einsum("htd,hsd->hts", q.astype(np.float64), k64) / math.sqrt(hd)
-        s -= s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
-        n = q.shape[1]
-        a = self.nm.store(np.einsum("hts,hsd->htd", p, v64)).transpose(1, 0, 2).reshape(n, self.D)
-        return self.nm.matmul(a, L.w["attn_out"])
-
-    def mlp(self, L, x):
-        nm = self.nm
-        h = nm.rmsnorm(x, L.w["ff_norm"], self.cfg["rms_norm_eps"])
-        g = nm.matmul(h, L.w["ff_proj"]).astype(np.float64)
-        u = nm.matmul(h, L.w["up_proj"])
-        return nm.matmul(nm.store(g / (1.0 + np.exp(-g)) * u), L.w["ff_out"])
+        super().__init__(params)
+        self.caches = None
 
     def forward(self, ids, P, refresh_gen, refresh_prompt, rho, trace):
         """Logits of every position after one cached forward; `trace` gets each layer's
@@ -112,18 +72,14 @@ class Model:
         G = T - P
         x = self.W["model.transformer.wte.weight"][np.asarray(ids)].astype(np.float32)
         prompt, gen = list(range(P)), list(range(P, T))
-        first = self.layers[0].K is None
-        for li, L in enumerate(self.layers):
-            if first:
-                L.K = np.zeros((self.Hkv, T, self.hd), np.float32)
-                L.V = np.zeros((self.Hkv, T, self.hd), np.float32)
-                L.attn = np.zeros((T, self.D), np.float32)
-                L.mlp = np.zeros((T, self.D), np.float32)
+        if self.caches is None:
+            self.caches = [LayerCache(self.Hkv, T, self.hd, self.D) for _ in range(self.L)]
+        for li, L in enumerate(self.caches):
             fresh = (prompt if refresh_prompt else []) + (gen if refresh_gen else [])
             selected = []
             if not refresh_gen and rho > 0:
                 # V-verify: V of every response row, cosine with the cached V.
-                v = self.project(L, x[gen], gen, "v")["v"]  # [Hkv, G, hd]
+                v = self.project(li, x[gen], gen, "v")["v"]  # [Hkv, G, hd]
                 new = v.transpose(1, 0, 2).reshape(G, -1).astype(np.float64)
                 old = L.V[:, P:].transpose(1, 0, 2).reshape(G, -1).astype(np.float64)
                 cos = (new * old).sum(-1) / np.maximum(
@@ -135,19 +91,17 @@ class Model:
                 trace.append({"layer": li, "rows": selected})
             rows = fresh + selected
             if rows:
-                qkv = self.project(L, x[rows], rows)
+                qkv = self.project(li, x[rows], rows)
                 L.K[:, rows] = qkv["k"]
                 L.V[:, rows] = qkv["v"]
             # Attention after every K/V of the layer is in place.
             if rows:
-                L.attn[rows] = self.attend(L, qkv["q"])
+                L.attn[rows] = self.attend(li, qkv["q"], L.K, L.V)
             x = nm.store(x.astype(np.float64) + L.attn)
             if rows:
-                L.mlp[rows] = self.mlp(L, x[rows])
+                L.mlp[rows] = self.mlp(li, x[rows])
             x = nm.store(x.astype(np.float64) + L.mlp)
-        x = nm.rmsnorm(x, self.W["model.transformer.ln_f.weight"], self.cfg["rms_norm_eps"])
-        head = self.W["model.transformer.wte.weight" if self.cfg["weight_tying"] else "model.transformer.ff_out.weight"]
-        return nm.matmul(x, head)
+        return self.logits(x)
 
 
 def generate(params, prompt, gen_length, steps, block_length, k_p, k_r, rho):
