@@ -19,7 +19,7 @@ const SYSTEM: &str = include_str!("../data/tasks/demo-system.txt");
 /// What the UI asks the engine thread.
 enum Command {
     Ask {
-        request: Request,
+        request: Box<Request>,
         /// Set by the UI to stop this request at its next step.
         cancel: Arc<AtomicBool>,
     },
@@ -56,7 +56,7 @@ fn engine_thread(model: String, commands: mpsc::Receiver<Command>, updates: mpsc
     };
     while let Ok(Command::Ask { request, cancel }) = commands.recv() {
         // `start` prepares the request and its GPU state; nothing runs until `step`.
-        let mut run = match engine.start(request) {
+        let mut run = match engine.start(*request) {
             Ok(run) => run,
             Err(e) => {
                 let _ = updates.send(Update::Failed(e.to_string()));
@@ -140,7 +140,7 @@ fn main() {
             .with_cache(CacheMode::BicacheDual);
         let cancel = Arc::new(AtomicBool::new(false));
         let ask = Command::Ask {
-            request,
+            request: Box::new(request),
             cancel: Arc::clone(&cancel),
         };
         if command_tx.send(ask).is_err() {

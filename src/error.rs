@@ -35,6 +35,11 @@ pub enum Refusal {
         session: &'static str,
         request: &'static str,
     },
+    #[error(
+        "the session runs {session} requests; a {request} request steps with other requests \
+         of its kind (dLLM-Cache's steps have their own layer path)"
+    )]
+    OtherCache { session: String, request: String },
     #[error("the request needs {needed} positions; the session holds {holds}")]
     TooLong { needed: usize, holds: usize },
     /// Its pin on the session's entry failed (the store refused it).

@@ -48,12 +48,13 @@ pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{
-    AcacheReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request, Span,
-    StepEvent, Timings,
+    AcacheReport, AdaptiveReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request,
+    Span, StepEvent, Timings,
 };
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};
 pub use spec::{DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};
+pub use unmask_core::adaptive::AdaptiveRefresh;
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{ChatFormat, Message, Role};
 pub use unmask_core::config::ModelFamily;

@@ -1,5 +1,6 @@
 //! What a generation is asked for and what it gives back.
 
+use unmask_core::adaptive::AdaptiveRefresh;
 use unmask_core::cache::CacheMode;
 use unmask_core::chat::Message;
 use unmask_core::sampler::{GenerationParams, StepRecord};
@@ -36,6 +37,11 @@ pub struct Request {
     pub span: Option<Span>,
     /// ACache: the share of the span recomputed with the request (its anchors), 0 to 1.
     pub anchor_ratio: f32,
+    /// dLLM-Cache: prompt and response intervals and the V-verify ratio.
+    pub adaptive: AdaptiveRefresh,
+    /// dLLM-Cache: read back the positions V-verify picks in every layer of every step
+    /// into the report (`AdaptiveReport::picks`; checks against the reference).
+    pub record_picks: bool,
 }
 
 /// The shared span of an ACache request: a part of the prompt shared with other requests
@@ -70,6 +76,8 @@ impl Request {
             refresh_every: 16,
             span: None,
             anchor_ratio: DEFAULT_ANCHOR_RATIO,
+            adaptive: AdaptiveRefresh::default(),
+            record_picks: false,
         }
     }
 
@@ -134,6 +142,9 @@ pub struct Timings {
     pub throughput_answer: f64,
     /// Generated tokens before the first EOS/EoT.
     pub answer_tokens: usize,
+    /// dLLM-Cache: response rows × layers whose V was projected and checked against the
+    /// cache (V-verify); the rows it recomputes are in `token_layer_passes` too.
+    pub verified_row_layers: usize,
 }
 
 /// The result of one generation.
@@ -153,6 +164,29 @@ pub struct Generation {
     pub bicache: Option<BicacheReport>,
     /// What ACache did, for `acache`.
     pub acache: Option<AcacheReport>,
+    /// What dLLM-Cache did, for `dllm-cache`.
+    pub adaptive: Option<AdaptiveReport>,
+}
+
+/// How a dLLM-Cache request refreshed its caches.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct AdaptiveReport {
+    pub prompt_interval: usize,
+    pub response_interval: usize,
+    #[serde(serialize_with = "shortest_decimal")]
+    pub refresh_ratio: f32,
+    /// Response rows (the canvas; with shifted logits also the last prompt row).
+    pub response_rows: usize,
+    /// Forwards that recomputed the prompt, the response, and that V-verified it.
+    pub prompt_refreshes: usize,
+    pub response_refreshes: usize,
+    pub verify_steps: usize,
+    /// Response rows each layer recomputes on a V-verify step.
+    pub recomputed_rows: usize,
+    /// With `Request::record_picks`: per step, per layer, the positions V-verify picked
+    /// (no layers on steps that did not verify).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub picks: Vec<Vec<Vec<u32>>>,
 }
 
 /// How an ACache request used its shared span.
@@ -172,6 +206,30 @@ pub struct AcacheReport {
     pub anchors: Vec<u32>,
     /// Why the request ran without ACache (and which mode it ran instead).
     pub fallback: Option<String>,
+}
+
+impl AdaptiveReport {
+    /// Counts one forward of the request; `picks` are its positions V-verify picked per
+    /// layer, when recorded.
+    pub(crate) fn record(
+        &mut self,
+        step: &unmask_core::adaptive::AdaptiveStep,
+        picks: Option<Vec<Vec<u32>>>,
+    ) {
+        use unmask_core::adaptive::ResponseRefresh;
+        self.prompt_refreshes += usize::from(step.refresh_prompt);
+        match step.refresh {
+            ResponseRefresh::Full => self.response_refreshes += 1,
+            ResponseRefresh::Verify { recompute } => {
+                self.verify_steps += 1;
+                self.recomputed_rows = recompute;
+            }
+            ResponseRefresh::Reuse => {}
+        }
+        if let Some(p) = picks {
+            self.picks.push(p);
+        }
+    }
 }
 
 /// How a BiCache request used the shared prefix store.

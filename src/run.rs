@@ -10,8 +10,8 @@ use crate::session::{PrefixKey, Session};
 use std::sync::Arc;
 
 use crate::{
-    AcacheReport, BicacheReport, Engine, EngineError, Generation, Request, StepEvent, Stopwatch,
-    Timings,
+    AcacheReport, AdaptiveReport, BicacheReport, Engine, EngineError, Generation, Request,
+    StepEvent, Stopwatch, Timings,
 };
 
 /// A request ready to run: its tokens, its sampler and how it will use the caches.
@@ -33,10 +33,16 @@ pub(crate) struct Prepared<'r> {
     pub(crate) span: Option<std::ops::Range<usize>>,
     pub(crate) anchors: Vec<u32>,
     pub(crate) acache: Option<AcacheReport>,
+    pub(crate) adaptive: Option<AdaptiveReport>,
     pub(crate) timings: Timings,
 }
 
 impl Prepared<'_> {
+    /// Runs dLLM-Cache's adaptive steps (with their caches) rather than a step plan's.
+    pub(crate) fn is_adaptive(&self) -> bool {
+        self.mode == CacheMode::DllmCache && !self.request.recompute_all
+    }
+
     /// The prompt's shared prefix.
     pub(crate) fn prefix(&self) -> &[u32] {
         &self.prompt[..self.prefix_len]
@@ -143,6 +149,22 @@ impl Engine {
                 found: b.to_string(),
             });
         }
+        if req.cache == CacheMode::DllmCache && !req.recompute_all {
+            req.adaptive.check().map_err(|e| EngineError::Invalid {
+                field: e.field,
+                expected: e.expected.into(),
+                found: e.found,
+            })?;
+            if p.cfg_scale > 0.0 {
+                return Err(EngineError::Invalid {
+                    field: "cfg_scale",
+                    expected: "0 with cache dllm-cache (its caches hold the conditional pass \
+                               only)"
+                        .into(),
+                    found: p.cfg_scale.to_string(),
+                });
+            }
+        }
         let cached = req.cache != CacheMode::None && !req.recompute_all;
         if cached && prompt.contains(&self.special().mask) {
             return Err(EngineError::Invalid {
@@ -194,6 +216,7 @@ impl Engine {
         };
         let mode = req.cache;
         let anchor_ratio = req.anchor_ratio;
+        let adaptive = req.adaptive;
         let mut prepared = Prepared {
             request,
             start,
@@ -207,8 +230,19 @@ impl Engine {
             span: None,
             anchors: Vec::new(),
             acache: None,
+            adaptive: None,
             timings: Timings::default(),
         };
+        if prepared.is_adaptive() {
+            prepared.adaptive = Some(AdaptiveReport {
+                prompt_interval: adaptive.prompt_interval,
+                response_interval: adaptive.response_interval,
+                refresh_ratio: adaptive.refresh_ratio,
+                response_rows: prepared.sampler.tokens().len() - self.response_start(&prepared),
+                recomputed_rows: 0,
+                ..AdaptiveReport::default()
+            });
+        }
         match span {
             Some(Ok((range, found_in_store))) => {
                 prepared.acache = Some(AcacheReport {
@@ -229,6 +263,13 @@ impl Engine {
             None => {}
         }
         Ok(prepared)
+    }
+
+    /// dLLM-Cache's response start: the first position whose hidden row is sampled (the
+    /// canvas, from the last prompt position when the family shifts its logits).
+    pub(crate) fn response_start(&self, p: &Prepared<'_>) -> usize {
+        let shift = usize::from(self.model.cfg.family.shifts_logits());
+        p.prompt.len().saturating_sub(shift)
     }
 
     /// Commits one step's predictions of a request and reports the step.
@@ -306,6 +347,7 @@ impl Engine {
             timings,
             bicache: f.report,
             acache: f.acache,
+            adaptive: f.adaptive,
         })
     }
 }

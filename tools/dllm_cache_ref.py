@@ -10,7 +10,8 @@ The rule (dLLM-Cache, arXiv 2506.06295; its reference hooks LLaDA's blocks):
   position's K/V, its caches overwritten).
 * A response that is not refreshed is checked by V (V-verify), layer by layer: V of every
   response row from the layer's input; the int(rho * G) rows whose V has the lowest cosine
-  with the cached V (ties to the lower position) get their q and k, attention and MLP
+  with the cached V (ties to the lower position; a V equal to the cached one has cosine
+  exactly 1) get their q and k, attention and MLP
   recomputed and scattered into the caches; the V cache takes every new V; the other rows
   take their cached attention and MLP outputs.  rho = 0 skips the check (the response is
   reused whole until its next refresh).
@@ -84,6 +85,8 @@ class Model(acache_ref.Model):
                 old = L.V[:, P:].transpose(1, 0, 2).reshape(G, -1).astype(np.float64)
                 cos = (new * old).sum(-1) / np.maximum(
                     np.linalg.norm(new, axis=-1) * np.linalg.norm(old, axis=-1), 1e-12)
+                # A V that has not moved is exactly 1 (unmoved rows tie, by position).
+                cos[np.all(new == old, axis=-1)] = 1.0
                 k = int(G * rho)
                 order = np.lexsort((np.arange(G), cos))  # lowest cosine first, then position
                 selected = sorted(P + int(j) for j in order[:k])

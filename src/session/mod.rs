@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use unmask_core::sampler::StepRecord;
 use unmask_core::step_plan::first_fit;
-use unmask_gpu::model::{DeepRows, ForwardState, SelectBuffers};
+use unmask_gpu::model::{AdaptiveCache, AdaptiveRows, DeepRows, ForwardState, SelectBuffers};
 
 use crate::prefix::PrefixRun;
 use crate::run::Prepared;
@@ -45,6 +45,8 @@ struct SessionState {
     st: ForwardState,
     deep: Option<DeepRows>,
     uncond: Option<ForwardState>,
+    /// dLLM-Cache's step scratch, made when its first member joins.
+    adaptive: Option<AdaptiveRows>,
 }
 
 /// A request of a session while it runs.
@@ -55,6 +57,8 @@ struct Member {
     kv_base: usize,
     records: Vec<StepRecord>,
     last_block: Option<usize>,
+    /// dLLM-Cache: the member's cached attention and MLP outputs of its response.
+    adaptive: Option<AdaptiveCache>,
 }
 
 mod step;
@@ -152,6 +156,7 @@ impl Engine {
                 st,
                 deep,
                 uncond: None,
+                adaptive: None,
             },
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -211,6 +216,19 @@ impl Session<'_> {
                 }
             }
             (None, None) => {}
+        }
+        // dLLM-Cache's steps run their own layer path: its members step with each other.
+        let adaptive = p.is_adaptive();
+        let members = self.running.iter().map(|(_, m)| &m.prepared);
+        if let Some(other) = members
+            .chain(self.waiting.iter().map(|(_, w)| w))
+            .find(|o| o.is_adaptive() != adaptive)
+        {
+            return Err(Refusal::OtherCache {
+                session: other.mode.to_string(),
+                request: p.mode.to_string(),
+            }
+            .into());
         }
         let guided = p.request.params.cfg_scale > 0.0;
         if let Some(g) = self.guidance.filter(|&g| g != guided) {
@@ -381,6 +399,13 @@ impl Session<'_> {
                 done.push((id, Err(e)));
                 continue;
             }
+            let adaptive = match self.join_adaptive(&p) {
+                Ok(cache) => cache,
+                Err(e) => {
+                    done.push((id, Err(e)));
+                    continue;
+                }
+            };
             p.timings.setup_s = p.start.elapsed_s();
             self.running.push((
                 id,
@@ -390,9 +415,26 @@ impl Session<'_> {
                     kv_base,
                     records: Vec::new(),
                     last_block: None,
+                    adaptive,
                 },
             ));
         }
+    }
+
+    /// A dLLM-Cache member's caches (and the session's step scratch, with the first).
+    fn join_adaptive(
+        &mut self,
+        p: &Prepared<'static>,
+    ) -> Result<Option<AdaptiveCache>, EngineError> {
+        if !p.is_adaptive() {
+            return Ok(None);
+        }
+        let model = &self.engine.model;
+        if self.state.adaptive.is_none() {
+            self.state.adaptive = Some(model.new_adaptive_rows(self.state.st.capacity)?);
+        }
+        let response = p.sampler.tokens().len() - self.engine.response_start(p);
+        Ok(Some(model.new_adaptive_cache(response)?))
     }
 
     /// An ACache member's span: its entry (built on a miss), placed at the member's offset

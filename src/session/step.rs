@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 
+use unmask_core::adaptive::{AdaptivePass, AdaptiveStep};
 use unmask_core::cache::{ModeStep, SeqState, plan_mode};
 use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
@@ -83,6 +84,8 @@ impl Session<'_> {
                     recompute_all: p.request.recompute_all,
                     span: p.span.clone(),
                     anchors: &p.anchors,
+                    response_start: self.engine.response_start(p),
+                    adaptive: p.request.adaptive,
                 });
                 let seq = SeqStep {
                     rows: mode.rows.clone(),
@@ -97,6 +100,9 @@ impl Session<'_> {
                 t.token_layer_passes +=
                     mode.token_layer_passes(depth, n_layers, seq.prefix_len) * passes;
                 t.forward_passes += passes * (1 + usize::from(mode.warmup.is_some()));
+                if let Some(a) = &mode.adaptive {
+                    t.verified_row_layers += a.verified_rows() * n_layers;
+                }
                 (mode, seq)
             })
             .collect()
@@ -165,9 +171,47 @@ impl Session<'_> {
                 "denoise step",
             ),
         };
+        let adaptive: Vec<&AdaptiveStep> =
+            modes.iter().filter_map(|m| m.adaptive.as_ref()).collect();
+        let label = if adaptive.is_empty() {
+            label
+        } else {
+            "dllm-cache step"
+        };
         let mut step = StepEncoder::new(&engine.ctx, label);
         let mut hidden = Vec::with_capacity(passes.len());
-        for (st, tokens) in &passes {
+        let mut picked: Option<(AdaptivePass, usize)> = None;
+        if !adaptive.is_empty() {
+            // dLLM-Cache: the members' rows through the adaptive layer path.
+            let pass = AdaptivePass::new(&plan, &adaptive).map_err(internal)?;
+            let (Some(rows), [(st, tokens)]) = (self.state.adaptive.as_ref(), &passes[..]) else {
+                return Err(EngineError::Internal(
+                    "an adaptive step without its scratch, or under guidance".into(),
+                ));
+            };
+            let caches = self
+                .running
+                .iter()
+                .map(|(_, m)| m.adaptive.as_ref())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    EngineError::Internal("a dLLM-Cache member without its cache".into())
+                })?;
+            let ids: Vec<u32> = seqs
+                .iter()
+                .zip(tokens)
+                .flat_map(|(s, t)| s.rows.iter().map(|p| t[p]))
+                .collect();
+            let record = self
+                .running
+                .iter()
+                .any(|(_, m)| m.prepared.request.record_picks);
+            let out =
+                model.encode_adaptive(&mut step, st, rows, &plan, &ids, &pass, &caches, record)?;
+            hidden.push(out.hidden);
+            picked = out.picks.map(|slot| (pass, slot));
+        }
+        for (st, tokens) in passes.iter().filter(|_| adaptive.is_empty()) {
             let ids: Vec<u32> = seqs
                 .iter()
                 .zip(tokens)
@@ -245,6 +289,23 @@ impl Session<'_> {
                     .take(seqs[k].predict.len())
                     .map(|c| (c.token, c.confidence))
                     .collect();
+            }
+        }
+        let words = |b: &[u8]| -> Vec<u32> {
+            b.chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect()
+        };
+        let picks = picked.map(|(pass, slot)| (pass, words(&read[slot])));
+        for (k, (mode, (_, m))) in modes.iter().zip(&mut self.running).enumerate() {
+            if let (Some(a), Some(report)) = (&mode.adaptive, m.prepared.adaptive.as_mut()) {
+                // A step that computes every row (or nothing) reads no list back.
+                let picks = m.prepared.request.record_picks.then(|| {
+                    picks.as_ref().map_or_else(Vec::new, |(pass, lists)| {
+                        pass.picked(k, lists, a.response.start)
+                    })
+                });
+                report.record(a, picks);
             }
         }
         for ((seq, preds), (id, m)) in seqs.iter().zip(&predictions).zip(&mut self.running) {

@@ -334,7 +334,7 @@ fn assert_tensor(ctx: &unmask_gpu::GpuContext, what: &str, t: &Tensor, want: &[f
 /// against the CPU; with an f32 and an f16 V arena.
 #[test]
 fn v_verify_picks_the_rows_whose_v_moved_most() {
-    use unmask_gpu::ops::v_verify::{QkvLayout, VVerify};
+    use unmask_gpu::ops::v_verify::{QkvLayout, VVerify, VerifyBuffers, VerifyRows};
     let ctx = ctx();
     let layout = QkvLayout {
         n_heads: 4,
@@ -392,19 +392,55 @@ fn v_verify_picks_the_rows_whose_v_moved_most() {
         ),
     ] {
         let verify = VVerify::new(&ctx, 64).unwrap();
+        // The list's first slots belong to rows the step computes anyway.
+        let base = 3;
+        let list_t = Tensor::zeros(&ctx, DType::U32, &[base + k], "list").unwrap();
         let mut step = StepEncoder::new(&ctx, "v-verify");
-        verify
-            .encode(&mut step, &qkv_t, &v, &rows_t, rows, k, layout)
-            .unwrap();
+        let buffers = VerifyBuffers {
+            qkv: &qkv_t,
+            bias: None,
+            v: &v,
+            arena_rows: &rows_t,
+            list: &list_t,
+        };
+        let checked = VerifyRows {
+            row0: 0,
+            rows,
+            k,
+            list_base: base,
+            most_similar: false,
+        };
+        verify.encode(&mut step, buffers, checked, layout).unwrap();
         step.submit().unwrap();
         let got_cos = verify.cosine.read_f32(&ctx).unwrap();
         let tol = if what == "f16" { 2e-3 } else { 1e-5 };
         for r in 0..rows {
             assert!((got_cos[r] as f64 - cos[r]).abs() < tol, "{what} row {r}");
         }
-        let list = verify.list.read_u32(&ctx).unwrap();
-        assert_eq!(&list[..k], &want[..], "{what}: the rows of lowest cosine");
+        let list = list_t.read_u32(&ctx).unwrap();
+        assert_eq!(
+            &list[base..],
+            &want[..],
+            "{what}: the rows of lowest cosine"
+        );
         let selected = verify.selected.read_u32(&ctx).unwrap();
         assert_eq!(selected[..rows].iter().sum::<u32>(), k as u32);
+        // The V cache then holds every row's new V.
+        let stored = pollster::block_on(v.read_values_async(&ctx, arena_len * kv_w)).unwrap();
+        for r in 0..rows {
+            let o = arena_rows[r] as usize * kv_w;
+            for c in 0..kv_w {
+                let (got, new) = (stored[o + c], qkv[r * stride + v_col + c]);
+                let tol = if what == "f16" {
+                    2e-3 * new.abs().max(1.0)
+                } else {
+                    0.0
+                };
+                assert!(
+                    (got - new).abs() <= tol,
+                    "{what} row {r} col {c}: {got} != {new}"
+                );
+            }
+        }
     }
 }

@@ -184,6 +184,17 @@ fn every_layer_of_a_step_is_six_dispatches() {
     let n_layers = engine.config().n_layers;
     for mode in CacheMode::ALL {
         for t in trace(&engine, mode) {
+            if t.label == "dllm-cache step" {
+                // A refresh computes every row (QKV, RoPE, attention, O, add, gate|up,
+                // down, add); a V-verify step adds the check (cosine, select, compact,
+                // store), the gathers of QKV rows, positions, arena rows and hidden rows,
+                // and the two scatters.
+                let per_layer = t.per_layer(n_layers);
+                assert!(
+                    per_layer == vec![8; n_layers] || per_layer == vec![18; n_layers],
+                    "{mode}: {per_layer:?}"
+                );
+            }
             if t.label == "denoise step" || t.label == "bicache step" {
                 // One attention dispatch per sequence window; one sequence here.
                 assert_eq!(
@@ -203,7 +214,9 @@ fn a_steady_state_step_is_one_submit_and_creates_nothing() {
     for mode in CacheMode::ALL {
         let traces = trace(&engine, mode);
         let steps: Vec<usize> = (0..traces.len())
-            .filter(|&i| ["denoise step", "bicache step"].contains(&traces[i].label))
+            .filter(|&i| {
+                ["denoise step", "bicache step", "dllm-cache step"].contains(&traces[i].label)
+            })
             .collect();
         assert_eq!(steps.len(), 8, "{mode}: steps");
         // The first two steps may meet new shapes (a full pass, then a cached one); every

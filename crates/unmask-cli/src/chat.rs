@@ -100,6 +100,8 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
             refresh_every: bicache.refresh_every,
             span: None,
             anchor_ratio: bicache.anchor_ratio,
+            adaptive: bicache.adaptive,
+            record_picks: false,
         };
         turn += 1;
         match generate::generate(&engine, &request, live) {

@@ -104,6 +104,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         refresh_every: bicache.refresh_every,
         span: affix.map(Span::Text),
         anchor_ratio: bicache.anchor_ratio,
+        adaptive: bicache.adaptive,
+        record_picks: false,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;

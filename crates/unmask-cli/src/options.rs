@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use unmask::{
-    CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Remasking, Schedule,
+    AdaptiveRefresh, CacheBudget, CacheMode, Engine, EngineOptions, GenerationParams, Remasking,
+    Schedule,
 };
 use unmask_core::error::SamplerError;
 use unmask_core::tokenizer::DecodeMode;
@@ -193,14 +194,29 @@ pub struct CacheFlags {
     /// 0 (the span reused as it is) to 1 (default 0.2)
     #[arg(long, value_name = "R", value_parser = values::share)]
     pub anchor_ratio: Option<f32>,
+    /// dLLM-Cache: forwards between full recomputes of the prompt, K_p (default 100)
+    #[arg(long, value_name = "K_P", value_parser = values::positive, allow_negative_numbers = true)]
+    pub prompt_interval: Option<usize>,
+    /// dLLM-Cache: forwards between full recomputes of the response, K_r (default 7)
+    #[arg(long, value_name = "K_R", value_parser = values::positive, allow_negative_numbers = true)]
+    pub response_interval: Option<usize>,
+    /// dLLM-Cache: share of the response recomputed in between, the rows whose V moved
+    /// most, ρ from 0 to 1 (default 0.25)
+    #[arg(long, value_name = "RHO", value_parser = values::share)]
+    pub refresh_ratio: Option<f32>,
+    /// dLLM-Cache: which rows V-verify recomputes: lowest-cosine (the rule) or
+    /// highest-cosine (a deliberately wrong cache, for accuracy ablations)
+    #[arg(long, value_name = "RULE", value_parser = values::verify_pick)]
+    pub verify_pick: Option<unmask_core::adaptive::VerifyPick>,
 }
 
-/// `--depth`, `--refresh` and `--anchor-ratio` for a request.
+/// `--depth`, `--refresh`, `--anchor-ratio` and dLLM-Cache's settings for a request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheSettings {
     pub depth: Option<usize>,
     pub refresh_every: usize,
     pub anchor_ratio: f32,
+    pub adaptive: AdaptiveRefresh,
 }
 
 impl CacheSettings {
@@ -209,6 +225,7 @@ impl CacheSettings {
         request.depth = self.depth;
         request.refresh_every = self.refresh_every;
         request.anchor_ratio = self.anchor_ratio;
+        request.adaptive = self.adaptive;
     }
 }
 
@@ -219,6 +236,19 @@ impl CacheFlags {
         if self.anchor_ratio.is_some() && !modes.contains(&CacheMode::Acache) {
             eprintln!("note: --anchor-ratio is used only by --cache acache");
         }
+        let adaptive_flags = [
+            self.prompt_interval.is_some(),
+            self.response_interval.is_some(),
+            self.refresh_ratio.is_some(),
+            self.verify_pick.is_some(),
+        ];
+        if adaptive_flags.contains(&true) && !modes.contains(&CacheMode::DllmCache) {
+            eprintln!(
+                "note: --prompt-interval, --response-interval, --refresh-ratio and \
+                 --verify-pick are used only by --cache dllm-cache"
+            );
+        }
+        let defaults = AdaptiveRefresh::default();
         if !modes.iter().any(|c| c.is_bicache()) {
             let given: Vec<&str> = [
                 ("depth", self.depth.is_some()),
@@ -240,6 +270,12 @@ impl CacheFlags {
             depth: self.depth,
             refresh_every: self.refresh.unwrap_or(DEFAULT_REFRESH),
             anchor_ratio: self.anchor_ratio.unwrap_or(unmask::DEFAULT_ANCHOR_RATIO),
+            adaptive: AdaptiveRefresh {
+                prompt_interval: self.prompt_interval.unwrap_or(defaults.prompt_interval),
+                response_interval: self.response_interval.unwrap_or(defaults.response_interval),
+                refresh_ratio: self.refresh_ratio.unwrap_or(defaults.refresh_ratio),
+                pick: self.verify_pick.unwrap_or(defaults.pick),
+            },
         }
     }
 

@@ -104,6 +104,8 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             refresh_every: bicache.refresh_every,
             span: None,
             anchor_ratio: bicache.anchor_ratio,
+            adaptive: bicache.adaptive,
+            record_picks: false,
         };
         // ACache's span: the shared prefix after its first token (a span at an offset).
         if mode == CacheMode::Acache {

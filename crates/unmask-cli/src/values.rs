@@ -80,6 +80,12 @@ pub fn share(text: &str) -> Result<f32, String> {
     )
 }
 
+/// dLLM-Cache's V-verify rule by name.
+pub fn verify_pick(text: &str) -> Result<unmask_core::adaptive::VerifyPick, String> {
+    text.parse()
+        .map_err(|e: unmask_core::adaptive::AdaptiveError| e.to_string())
+}
+
 /// A comma-separated list of shares (numbers from 0 to 1).
 pub fn shares(text: &str) -> Result<Vec<f32>, String> {
     text.split(',').map(|t| share(t.trim())).collect()

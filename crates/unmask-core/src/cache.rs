@@ -9,6 +9,7 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
+use crate::adaptive::{AdaptiveRefresh, AdaptiveStep};
 use crate::step_plan::RowSet;
 
 /// How a request reuses K/V between its denoising steps.
@@ -38,10 +39,14 @@ pub enum CacheMode {
     /// (the tokens the masked positions attend to most, chosen once per request); within a
     /// block only the block.
     Acache,
+    /// dLLM-Cache: per layer, the response's attention and MLP outputs are cached; the
+    /// prompt is recomputed every K_p forwards, the response every K_r, and in between only
+    /// the response rows whose V moved most (V-verify) (`adaptive`).
+    DllmCache,
 }
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 7] = [
+    pub const ALL: [CacheMode; 8] = [
         CacheMode::None,
         CacheMode::FastDllmPrefix,
         CacheMode::FastDllmDual,
@@ -49,6 +54,7 @@ impl CacheMode {
         CacheMode::Bicache,
         CacheMode::BicacheDual,
         CacheMode::Acache,
+        CacheMode::DllmCache,
     ];
 
     /// Whether the mode reuses a shared prefix entry across requests.
@@ -65,6 +71,7 @@ impl CacheMode {
             CacheMode::Bicache => "bicache",
             CacheMode::BicacheDual => "bicache-dual",
             CacheMode::Acache => "acache",
+            CacheMode::DllmCache => "dllm-cache",
         }
     }
 }
@@ -78,7 +85,7 @@ impl fmt::Display for CacheMode {
 /// An unknown cache mode name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache"
+    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache, dllm-cache"
 )]
 pub struct UnknownCacheMode {
     pub found: String,
@@ -123,6 +130,11 @@ pub struct SeqState<'a> {
     pub span: Option<Range<usize>>,
     /// ACache: the span positions recomputed with the request (sorted).
     pub anchors: &'a [u32],
+    /// dLLM-Cache: the first position whose hidden row is sampled (the canvas start, one
+    /// before it with shifted logits): the response runs from here to the end.
+    pub response_start: usize,
+    /// dLLM-Cache: the request's intervals and ratio.
+    pub adaptive: AdaptiveRefresh,
 }
 
 /// One sequence's step in any mode: the rows computed in every layer and the positions
@@ -137,6 +149,9 @@ pub struct ModeStep {
     pub kv_len: usize,
     /// BiCache: the deep layers recompute the prefix rows from the boundary state.
     pub refresh: bool,
+    /// dLLM-Cache: what the step does with the prompt and the response (`rows` are the
+    /// response, after the prompt when it refreshes).
+    pub adaptive: Option<AdaptiveStep>,
 }
 
 /// The one mode planner: what a sequence computes this step, for every cache mode.
@@ -147,6 +162,7 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
         rows: rows.into(),
         kv_len: t,
         refresh: false,
+        adaptive: None,
     };
     if s.recompute_all {
         return step(0..t);
@@ -165,6 +181,18 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
             None => step(0..t),
         },
         CacheMode::Acache => step(s.block.clone()),
+        CacheMode::DllmCache => {
+            let a = s.adaptive.step(s.steps_done, s.response_start.min(t)..t);
+            let first = if a.refresh_prompt {
+                0
+            } else {
+                a.response.start
+            };
+            ModeStep {
+                adaptive: Some(a),
+                ..step(first..t)
+            }
+        }
         CacheMode::PrefixArm => {
             let p = s.prefix_len.min(t);
             ModeStep {
@@ -201,6 +229,9 @@ impl ModeStep {
     /// number of layers when the step reads no shared prefix).
     pub fn token_layer_passes(&self, depth: usize, n_layers: usize, prefix_len: usize) -> usize {
         let n = self.rows.len();
+        if let Some(a) = &self.adaptive {
+            return a.computed_rows(n) * n_layers;
+        }
         let deep_rows = if self.refresh { prefix_len + n } else { n };
         self.warmup.unwrap_or(0) * n_layers + n * depth + deep_rows * (n_layers - depth)
     }
@@ -209,6 +240,7 @@ impl ModeStep {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adaptive::ResponseRefresh;
 
     fn state(
         mode: CacheMode,
@@ -228,6 +260,8 @@ mod tests {
             recompute_all: false,
             span: None,
             anchors: &[],
+            response_start: 12,
+            adaptive: AdaptiveRefresh::default(),
         }
     }
 
@@ -281,6 +315,8 @@ mod tests {
                 recompute_all: false,
                 span: None,
                 anchors: &[],
+                response_start: 24,
+                adaptive: AdaptiveRefresh::default(),
             })
         };
         let first = s(false, false, false, 0);
@@ -324,6 +360,32 @@ mod tests {
     }
 
     #[test]
+    fn dllm_cache_carries_the_response_and_refreshes_the_prompt_every_k_p() {
+        let s = |done| {
+            let mut st = state(CacheMode::DllmCache, 12..16, false, done);
+            st.adaptive = AdaptiveRefresh {
+                prompt_interval: 4,
+                response_interval: 3,
+                refresh_ratio: 0.5,
+                ..AdaptiveRefresh::default()
+            };
+            plan_mode(&st)
+        };
+        let first = s(0);
+        assert_eq!(first.rows, (0..20).into());
+        assert_eq!(first.token_layer_passes(3, 3, 0), 20 * 3);
+        let verify = s(1);
+        assert_eq!(verify.rows, (12..20).into());
+        assert_eq!(verify.token_layer_passes(3, 3, 0), 4 * 3);
+        let prompt_only = s(4);
+        assert_eq!(prompt_only.rows, (0..20).into());
+        let a = prompt_only.adaptive.as_ref().unwrap();
+        assert!(a.refresh_prompt);
+        assert_eq!(a.refresh, ResponseRefresh::Verify { recompute: 4 });
+        assert_eq!(prompt_only.token_layer_passes(3, 3, 0), (12 + 4) * 3);
+    }
+
+    #[test]
     fn recompute_all_is_always_a_full_pass() {
         for m in CacheMode::ALL {
             let mut s = state(m, 12..16, false, 0);
@@ -334,7 +396,8 @@ mod tests {
                     warmup: None,
                     rows: (0..20).into(),
                     kv_len: 20,
-                    refresh: false
+                    refresh: false,
+                    adaptive: None,
                 }
             );
         }

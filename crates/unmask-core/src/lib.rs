@@ -2,6 +2,7 @@
 //! template, the diffusion sampler, cache policy, and the CPU oracle the GPU kernels are
 //! tested against.
 
+pub mod adaptive;
 pub mod cache;
 pub mod chat;
 pub mod checkpoint;

@@ -1,6 +1,7 @@
 // Row copies through an index list: `gather` reads rows idx[r] into row r, `scatter` writes
 // row r to row idx[r]. Both take a column window of a wider row, so K/V columns of a fused
 // QKV output can be written into a layer's KV arena at the rows' absolute positions.
+// U32: the rows are u32 words (positions, arena rows), copied bit for bit.
 
 struct Params {
     rows: u32,
@@ -14,9 +15,17 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+//#if U32
+@group(0) @binding(1) var<storage, read> src: array<u32>;
+//#else
 @group(0) @binding(1) var<storage, read> src: array<f32>;
+//#endif
 @group(0) @binding(2) var<storage, read> idx: array<u32>;
+//#if U32
+@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+//#else
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+//#endif
 
 @compute @workgroup_size(64)
 fn gather(

@@ -70,8 +70,8 @@ pub struct ForwardState {
     pub kv_rows: Tensor,
     pub x: Tensor,
     pub(crate) qkv: Tensor,
-    attn: Tensor,
-    act: Tensor,
+    pub(crate) attn: Tensor,
+    pub(crate) act: Tensor,
     /// Partial results of attention split over keys (hardware GPUs only; see
     /// `ForwardModel::split_scratch_floats`).
     attn_parts: Option<Tensor>,
@@ -200,7 +200,7 @@ impl Model {
         self.rope.read().unwrap_or_else(|e| e.into_inner()).rows
     }
 
-    fn qkv_width(&self) -> usize {
+    pub(crate) fn qkv_width(&self) -> usize {
         (self.cfg.n_heads + 2 * self.cfg.n_kv_heads) * self.cfg.head_dim()
     }
 
@@ -437,7 +437,6 @@ impl Model {
         let c = &self.cfg;
         let hd = c.head_dim();
         let (h, hkv) = (c.n_heads, c.n_kv_heads);
-        let qkv_w = self.qkv_width();
         let eps = c.rms_norm_eps as f32;
         let k = &self.kernels;
         let rows = pass.rows;
@@ -460,8 +459,6 @@ impl Model {
             return Ok(());
         }
         let x = pass.x;
-        // Every state was made with `ensure_rope` over its positions.
-        let rope = self.rope.read().unwrap_or_else(|e| e.into_inner());
         for li in pass.layers.clone() {
             step.set_layer(Some(li));
             let lw = &self.weights.layers[li];
@@ -480,22 +477,14 @@ impl Model {
                 },
             )?;
             // q rotated in place; k rotated and v copied into the arena rows.
-            ew::rope_qkv(
+            self.encode_rope_qkv(
                 step,
+                li,
                 &st.qkv,
                 pass.positions,
-                &rope.table,
                 pass.kv_index,
-                &arena.k,
-                &arena.v,
-                lw.qkv_bias.as_ref(),
-                QkvShape {
-                    rows,
-                    n_heads: h,
-                    n_kv_heads: hkv,
-                    head_dim: hd,
-                    max_pos: rope.rows,
-                },
+                arena,
+                rows,
             )?;
             if let Some(probe) = pass.probe {
                 let shape = ProbeShape {
@@ -508,37 +497,7 @@ impl Model {
             let seg_a = pass
                 .seg_a
                 .map(|(layers, len)| KvSegment::first(&layers[li].k, &layers[li].v, len));
-            for w in pass.seqs {
-                let seg_b = KvSegment {
-                    k: &arena.k,
-                    v: &arena.v,
-                    start: w.kv_start,
-                    len: w.kv_len,
-                };
-                let shape = AttentionShape {
-                    n_heads: h,
-                    n_kv_heads: hkv,
-                    head_dim: hd,
-                };
-                let options = AttentionOptions {
-                    kernel: self.kernels.attention,
-                    tuner: Some(&self.kernels.tuner),
-                    scratch: st.attn_parts.as_ref(),
-                    ..AttentionOptions::default()
-                };
-                attention::attention_with(
-                    step,
-                    &st.qkv,
-                    qkv_w,
-                    0,
-                    w.rows.clone(),
-                    seg_a,
-                    seg_b,
-                    &st.attn,
-                    shape,
-                    &options,
-                )?;
-            }
+            self.encode_attention(step, st, &st.qkv, pass.seqs, seg_a, arena)?;
             let residual = Fusion {
                 residual: true,
                 ..Fusion::default()
@@ -561,6 +520,87 @@ impl Model {
             matmul::matmul_fused(step, &st.act, &lw.down, x, rows, k, residual)?;
         }
         step.set_layer(None);
+        Ok(())
+    }
+    /// RoPE of `rows` QKV rows of layer `li`: q rotated in place, k rotated and v (each
+    /// with the layer's bias) into arena rows `kv_index[r]`.
+    #[allow(clippy::too_many_arguments)] // the buffers of one dispatch
+    pub(crate) fn encode_rope_qkv(
+        &self,
+        step: &mut StepEncoder,
+        li: usize,
+        qkv: &Tensor,
+        positions: &Tensor,
+        kv_index: &Tensor,
+        arena: &KvLayer,
+        rows: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        // Every state was made with `ensure_rope` over its positions.
+        let rope = self.rope.read().unwrap_or_else(|e| e.into_inner());
+        ew::rope_qkv(
+            step,
+            qkv,
+            positions,
+            &rope.table,
+            kv_index,
+            &arena.k,
+            &arena.v,
+            self.weights.layers[li].qkv_bias.as_ref(),
+            QkvShape {
+                rows,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim(),
+                max_pos: rope.rows,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Attention of each window's QKV rows over segment A (when given) and the window's
+    /// arena rows, into the same rows of `st`'s attention output.
+    pub(crate) fn encode_attention(
+        &self,
+        step: &mut StepEncoder,
+        st: &ForwardState,
+        qkv: &Tensor,
+        seqs: &[SeqWindow],
+        seg_a: Option<KvSegment<'_>>,
+        arena: &KvLayer,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let shape = AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim(),
+        };
+        let options = AttentionOptions {
+            kernel: self.kernels.attention,
+            tuner: Some(&self.kernels.tuner),
+            scratch: st.attn_parts.as_ref(),
+            ..AttentionOptions::default()
+        };
+        for w in seqs {
+            let seg_b = KvSegment {
+                k: &arena.k,
+                v: &arena.v,
+                start: w.kv_start,
+                len: w.kv_len,
+            };
+            attention::attention_with(
+                step,
+                qkv,
+                self.qkv_width(),
+                0,
+                w.rows.clone(),
+                seg_a,
+                seg_b,
+                &st.attn,
+                shape,
+                &options,
+            )?;
+        }
         Ok(())
     }
 }

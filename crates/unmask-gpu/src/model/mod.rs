@@ -6,6 +6,7 @@
 pub mod checkpoint {
     pub use unmask_core::checkpoint::*;
 }
+pub mod adaptive;
 pub mod forward;
 pub mod plan;
 pub mod quant_checkpoint;
@@ -16,6 +17,7 @@ pub mod weights;
 use thiserror::Error;
 use unmask_core::error::ConfigError;
 
+pub use adaptive::{AdaptiveCache, AdaptiveOutput, AdaptiveRows};
 pub use checkpoint::{
     Checkpoint, CheckpointError, CheckpointLayout, FileHeader, QuantTensor, ShardIndex,
     StoredTensor,

@@ -1,5 +1,6 @@
 //! Row-wise kernels of the forward pass: embedding gather, RMSNorm, RoPE fused with the
-//! arena write, row gather. The unfused kernels the fused ones replaced are in `unfused`.
+//! arena write, row gather and scatter, residual add (the adaptive step's). The unfused
+//! kernels the fused ones replaced are in `unfused`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -14,6 +15,7 @@ const EMBED: KernelSource = kernel_source!("embed");
 const RMSNORM: KernelSource = kernel_source!("rmsnorm");
 pub(super) const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
 const ROPE_QKV: KernelSource = kernel_source!("rope_qkv");
+const ADD: KernelSource = kernel_source!("add");
 
 /// Spec flags that select how a kernel reads a weight of the given format.
 pub fn weight_spec(format: WeightFormat) -> Spec {
@@ -35,11 +37,23 @@ pub fn variants() -> Vec<ShaderVariant> {
             spec: weight_spec(f),
         })
         .collect();
-    for (kernel, entry) in [(RMSNORM, "main"), (COPY_ROWS, "gather")] {
+    for (kernel, entry) in [
+        (RMSNORM, "main"),
+        (COPY_ROWS, "gather"),
+        (COPY_ROWS, "scatter"),
+        (ADD, "main"),
+    ] {
         v.push(ShaderVariant {
             kernel,
             entry,
             spec: Spec::new(),
+        });
+    }
+    for entry in ["gather", "scatter"] {
+        v.push(ShaderVariant {
+            kernel: COPY_ROWS,
+            entry,
+            spec: Spec::new().flag("U32"),
         });
     }
     for bias in [false, true] {
@@ -366,8 +380,15 @@ pub(super) fn copy_rows(
     rows: usize,
     cols: usize,
 ) -> Result<()> {
-    check_f32("copy_rows src", src, 0)?;
-    check_f32("copy_rows dst", dst, 0)?;
+    // f32 rows, or u32 rows (positions, arena rows) copied bit for bit.
+    let words = src.dtype == DType::U32;
+    if words {
+        check_u32("copy_rows src", src, 0)?;
+        check_u32("copy_rows dst", dst, 0)?;
+    } else {
+        check_f32("copy_rows src", src, 0)?;
+        check_f32("copy_rows dst", dst, 0)?;
+    }
     check_u32("copy_rows index", idx, rows)?;
     check(
         "copy_rows",
@@ -381,7 +402,7 @@ pub(super) fn copy_rows(
         },
     )?;
     let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&COPY_ROWS, entry, &Spec::new())?;
+    let pipeline = ctx.pipeline(&COPY_ROWS, entry, &Spec::new().flag_if(words, "U32"))?;
     let params = CopyParams {
         rows: u32_of(rows),
         cols: u32_of(cols),
@@ -400,7 +421,8 @@ pub(super) fn copy_rows(
     Ok(())
 }
 
-/// dst row r (window `dst_w`) = src row idx[r] (window `src_w`), for r < rows.
+/// dst row r (window `dst_w`) = src row idx[r] (window `src_w`), for r < rows; f32 rows,
+/// or u32 rows when both tensors are u32.
 #[allow(clippy::too_many_arguments)]
 pub fn gather_rows(
     step: &mut StepEncoder,
@@ -413,6 +435,44 @@ pub fn gather_rows(
     cols: usize,
 ) -> Result<()> {
     copy_rows(step, "gather", src, src_w, idx, dst, dst_w, rows, cols)
+}
+
+/// dst row idx[r] (window `dst.1`) = src row r (window `src.1`), for r < rows of `cols`
+/// values (`shape`).
+pub fn scatter_rows(
+    step: &mut StepEncoder,
+    src: (&Tensor, RowWindow),
+    idx: &Tensor,
+    dst: (&Tensor, RowWindow),
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    copy_rows(step, "scatter", src.0, src.1, idx, dst.0, dst.1, rows, cols)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AddParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+
+/// x[i] += y[i] for i < n.
+pub fn add_in_place(step: &mut StepEncoder, x: &Tensor, y: &Tensor, n: usize) -> Result<()> {
+    check_f32("add x", x, n)?;
+    check_f32("add y", y, n)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&ADD, "main", &Spec::new())?;
+    let params = AddParams {
+        n: u32_of(n),
+        _pad: [0; 3],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[x.into(), y.into()],
+        groups_2d(ctx, u32_of(n.div_ceil(256))),
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -432,6 +492,7 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             }
         ),
         host_params!("rmsnorm", "main", NormParams { rows, cols, eps }),
+        host_params!("add", "main", AddParams { n }),
         host_params!(
             "copy_rows",
             "*",

@@ -1,12 +1,13 @@
-//! Kernels the forward pass no longer runs, kept as references: the standalone RoPE, row
-//! scatter, SwiGLU and residual add that `rope_qkv` and the matmul's fused epilogues
-//! replaced. Tests check the fused kernels against them and the kernel bench times the
+//! Kernels the forward pass no longer runs, kept as references: the standalone RoPE and
+//! SwiGLU that `rope_qkv` and the matmul's fused epilogues replaced. Tests check the fused kernels against them and the kernel bench times the
 //! difference; the feature `unfused-kernels` builds them (never on by default).
 
 use bytemuck::{Pod, Zeroable};
 
 use super::ShaderVariant;
-use super::elementwise::{RowWindow, check, check_f32, check_u32, copy_rows, u32_of};
+/// The row scatter and residual add the adaptive step runs live beside the other row kernels.
+pub use super::elementwise::{add_in_place, scatter_rows};
+use super::elementwise::{check, check_f32, check_u32, u32_of};
 use crate::error::Result;
 use crate::kernel_source;
 use crate::pipeline::{KernelSource, Spec};
@@ -15,22 +16,16 @@ use crate::tensor::Tensor;
 
 const ROPE: KernelSource = kernel_source!("rope");
 const SWIGLU: KernelSource = kernel_source!("swiglu");
-const ADD: KernelSource = kernel_source!("add");
 
 pub fn variants() -> Vec<ShaderVariant> {
-    [
-        (ROPE, "main"),
-        (super::elementwise::COPY_ROWS, "scatter"),
-        (SWIGLU, "main"),
-        (ADD, "main"),
-    ]
-    .into_iter()
-    .map(|(kernel, entry)| ShaderVariant {
-        kernel,
-        entry,
-        spec: Spec::new(),
-    })
-    .collect()
+    [(ROPE, "main"), (SWIGLU, "main")]
+        .into_iter()
+        .map(|(kernel, entry)| ShaderVariant {
+            kernel,
+            entry,
+            spec: Spec::new(),
+        })
+        .collect()
 }
 
 /// The geometry of a RoPE application: which heads of which column window.
@@ -98,18 +93,6 @@ pub fn rope(
     Ok(())
 }
 
-/// dst row idx[r] (window `dst.1`) = src row r (window `src.1`), for r < rows of `cols`
-/// values (`shape`).
-pub fn scatter_rows(
-    step: &mut StepEncoder,
-    src: (&Tensor, RowWindow),
-    idx: &Tensor,
-    dst: (&Tensor, RowWindow),
-    (rows, cols): (usize, usize),
-) -> Result<()> {
-    copy_rows(step, "scatter", src.0, src.1, idx, dst.0, dst.1, rows, cols)
-}
-
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct SwigluParams {
@@ -152,32 +135,6 @@ pub fn swiglu(
     Ok(())
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct AddParams {
-    n: u32,
-    _pad: [u32; 3],
-}
-
-/// x[i] += y[i] for i < n.
-pub fn add_in_place(step: &mut StepEncoder, x: &Tensor, y: &Tensor, n: usize) -> Result<()> {
-    check_f32("add x", x, n)?;
-    check_f32("add y", y, n)?;
-    let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&ADD, "main", &Spec::new())?;
-    let params = AddParams {
-        n: u32_of(n),
-        _pad: [0; 3],
-    };
-    step.dispatch(
-        &pipeline,
-        &params,
-        &[x.into(), y.into()],
-        groups_2d(ctx, u32_of(n.div_ceil(256))),
-    );
-    Ok(())
-}
-
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
@@ -206,6 +163,5 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
                 out_stride
             }
         ),
-        host_params!("add", "main", AddParams { n }),
     ]
 }

@@ -1,6 +1,7 @@
 //! dLLM-Cache's V-verify on the GPU: per response row, the cosine of its new V against the
 //! V cached in its arena row; the k rows of lowest cosine as a row list that later
-//! dispatches of the layer read (no read-back inside a step).
+//! dispatches of the layer read (no read-back inside a step); then every row's new V into
+//! the arena.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -13,19 +14,26 @@ use crate::step::{StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor};
 
 const V_VERIFY: KernelSource = kernel_source!("v_verify");
-const ENTRIES: [&str; 3] = ["cosine_main", "select_main", "compact_main"];
+const ENTRIES: [&str; 4] = ["cosine_main", "select_main", "compact_main", "store_main"];
 
 pub fn variants() -> Vec<ShaderVariant> {
     let mut v = Vec::new();
     for kv_f16 in [false, true] {
-        for entry in ENTRIES {
-            v.push(ShaderVariant {
-                kernel: V_VERIFY,
-                entry,
-                spec: Spec::new().flag_if(kv_f16, "KV_F16"),
-            });
+        for bias in [false, true] {
+            for entry in ENTRIES {
+                v.push(ShaderVariant {
+                    kernel: V_VERIFY,
+                    entry,
+                    spec: Spec::new().flag_if(kv_f16, "KV_F16").flag_if(bias, "BIAS"),
+                });
+            }
         }
     }
+    v.push(ShaderVariant {
+        kernel: V_VERIFY,
+        entry: "select_main",
+        spec: Spec::new().flag("MOST_SIMILAR"),
+    });
     v
 }
 
@@ -37,7 +45,9 @@ struct VerifyParams {
     qkv_stride: u32,
     v_col: u32,
     k: u32,
-    _pad: [u32; 3],
+    row0: u32,
+    list_base: u32,
+    _pad: u32,
 }
 
 /// Where V sits in a pass's QKV rows.
@@ -48,15 +58,36 @@ pub struct QkvLayout {
     pub head_dim: usize,
 }
 
-/// The buffers of V-verify for passes of up to `capacity` response rows.
+/// The scratch of V-verify for up to `capacity` response rows at a time.
 pub struct VVerify {
     pub capacity: usize,
     /// Cosine of each row's new V against its cached V.
     pub cosine: Tensor,
     /// 1 for the rows chosen.
     pub selected: Tensor,
-    /// The chosen rows (indices into the pass), in row order; the first k are written.
-    pub list: Tensor,
+}
+
+/// The rows one V-verify checks: pass rows `row0..row0 + rows` (one sequence's response),
+/// `k` of them picked into the list from slot `list_base`.
+#[derive(Clone, Copy, Debug)]
+pub struct VerifyRows {
+    pub row0: usize,
+    pub rows: usize,
+    pub k: usize,
+    pub list_base: usize,
+    /// Pick the rows of highest cosine instead (a deliberately wrong cache).
+    pub most_similar: bool,
+}
+
+/// The buffers a V-verify reads and writes: the pass's QKV rows (new V in their V
+/// columns, before `bias`), the V arena and each pass row's arena row, and the list.
+#[derive(Clone, Copy)]
+pub struct VerifyBuffers<'a> {
+    pub qkv: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub v: &'a Tensor,
+    pub arena_rows: &'a Tensor,
+    pub list: &'a Tensor,
 }
 
 impl VVerify {
@@ -66,34 +97,42 @@ impl VVerify {
             capacity: cap,
             cosine: Tensor::zeros(ctx, DType::F32, &[cap], "v-verify cosine")?,
             selected: Tensor::zeros(ctx, DType::U32, &[cap], "v-verify selected")?,
-            list: Tensor::zeros(ctx, DType::U32, &[cap], "v-verify rows")?,
         })
     }
 
-    /// Records V-verify of `rows` QKV rows whose cached V are the `arena_rows` rows of the
-    /// V arena `v`: the `k` rows of lowest cosine go to `list`.
-    #[allow(clippy::too_many_arguments)] // the buffers of one check and its sizes
+    /// Records V-verify of `r.rows` pass rows whose cached V are at their arena rows of
+    /// the V arena: the pass rows of the `r.k` of lowest cosine go to the list (in row
+    /// order, from slot `r.list_base`), then every row's new V into its arena row.
     pub fn encode(
         &self,
         step: &mut StepEncoder,
-        qkv: &Tensor,
-        v: &Tensor,
-        arena_rows: &Tensor,
-        rows: usize,
-        k: usize,
+        b: VerifyBuffers<'_>,
+        r: VerifyRows,
         layout: QkvLayout,
     ) -> Result<()> {
         let kv_w = layout.n_kv_heads * layout.head_dim;
         let stride = (layout.n_heads + 2 * layout.n_kv_heads) * layout.head_dim;
+        let (rows, k) = (r.rows, r.k);
         check(
             "v_verify",
-            rows <= self.capacity && k <= rows,
-            || format!("at most {} rows and k at most the rows", self.capacity),
-            || format!("{rows} rows, k {k}"),
+            rows <= self.capacity && k <= rows && kv_w.is_multiple_of(2),
+            || {
+                format!(
+                    "at most {} rows, k at most the rows, an even K/V width",
+                    self.capacity
+                )
+            },
+            || format!("{rows} rows, k {k}, K/V width {kv_w}"),
         )?;
-        check_f32("v_verify qkv", qkv, rows * stride)?;
-        check_u32("v_verify arena rows", arena_rows, rows)?;
-        let spec = kv_spec("v_verify arena", &[v], kv_w, 1)?;
+        check_f32("v_verify qkv", b.qkv, (r.row0 + rows) * stride)?;
+        check_u32("v_verify arena rows", b.arena_rows, r.row0 + rows)?;
+        check_u32("v_verify list", b.list, r.list_base + k)?;
+        if let Some(bias) = b.bias {
+            check_f32("v_verify bias", bias, stride)?;
+        }
+        let spec = kv_spec("v_verify arena", &[b.v], kv_w, 1)?
+            .flag_if(b.bias.is_some(), "BIAS")
+            .flag_if(r.most_similar, "MOST_SIMILAR");
         if rows == 0 {
             return Ok(());
         }
@@ -104,22 +143,28 @@ impl VVerify {
             qkv_stride: u32_of(stride),
             v_col: u32_of((layout.n_heads + layout.n_kv_heads) * layout.head_dim),
             k: u32_of(k),
-            _pad: [0; 3],
+            row0: u32_of(r.row0),
+            list_base: u32_of(r.list_base),
+            _pad: 0,
         };
-        let bindings = [
-            qkv.into(),
-            v.into(),
-            arena_rows.into(),
+        let bindings: Vec<_> = [
+            b.qkv.into(),
+            b.v.into(),
+            b.arena_rows.into(),
             (&self.cosine).into(),
             (&self.selected).into(),
-            (&self.list).into(),
-        ];
+            b.list.into(),
+        ]
+        .into_iter()
+        .chain(b.bias.map(Into::into))
+        .collect();
         let per_row = groups_2d(ctx, u32_of(rows));
         let per_64 = groups_2d(ctx, u32_of(rows.div_ceil(64)));
         for (entry, groups) in [
             ("cosine_main", per_row),
             ("select_main", per_64),
             ("compact_main", per_64),
+            ("store_main", per_row),
         ] {
             let pipeline = ctx.pipeline(&V_VERIFY, entry, &spec)?;
             step.dispatch(&pipeline, &params, &bindings, groups);
@@ -139,7 +184,9 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             kv_w,
             qkv_stride,
             v_col,
-            k
+            k,
+            row0,
+            list_base
         }
     )]
 }

@@ -1,0 +1,182 @@
+//! dLLM-Cache: the adaptive refresh against the numpy reference (tools/dllm_cache_ref.py,
+//! goldens/dllm_cache.json: the rows V-verify picks in every layer and the tokens at
+//! temperature 0), its exact limit (ρ = 1 with the prompt refreshed every forward is the
+//! uncached model), and a wrong rule (the most similar rows recomputed) that changes the
+//! commits.
+
+use unmask::{AdaptiveRefresh, CacheMode, EngineError, Request};
+use unmask_core::adaptive::VerifyPick;
+
+use crate::common::{self, params};
+
+fn goldens() -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/dllm_cache.json"))
+        .expect("goldens/dllm_cache.json (tools/dllm_cache_ref.py --write-goldens)");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    v["cases"].as_array().expect("cases").clone()
+}
+
+fn numbers(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|n| n.as_u64().expect("a whole number") as u32)
+        .collect()
+}
+
+fn golden_request(case: &serde_json::Value) -> Request {
+    let n = |k: &str| case[k].as_u64().expect(k) as usize;
+    let mut r = Request::ids(numbers(&case["prompt"]))
+        .with_params(params(n("gen_length"), n("steps"), n("block_length")))
+        .with_cache(CacheMode::DllmCache);
+    r.adaptive = AdaptiveRefresh {
+        prompt_interval: n("prompt_interval"),
+        response_interval: n("response_interval"),
+        refresh_ratio: case["refresh_ratio"].as_f64().expect("ratio") as f32,
+        pick: VerifyPick::LowestCosine,
+    };
+    r.record_picks = true;
+    r
+}
+
+/// The runtime picks the reference's rows in every layer of every V-verify step and
+/// commits its tokens.
+#[test]
+fn picks_and_tokens_match_the_numpy_reference() {
+    let engine = common::tiny_engine();
+    for case in goldens() {
+        let name = case["name"].as_str().unwrap_or("?");
+        let out = engine.generate(&golden_request(&case)).expect("generation");
+        let report = out.adaptive.as_ref().expect("a dLLM-Cache report");
+        let trace = case["steps_trace"].as_array().expect("trace");
+        assert_eq!(
+            report.picks.len(),
+            trace.len(),
+            "{name}: one entry per step"
+        );
+        for (i, (got, step)) in report.picks.iter().zip(trace).enumerate() {
+            let want: Vec<Vec<u32>> = step["verified"]
+                .as_array()
+                .expect("verified")
+                .iter()
+                .map(|layer| numbers(&layer["rows"]))
+                .collect();
+            assert_eq!(got, &want, "{name}: rows picked at step {i}");
+            let committed = numbers(&step["committed"]);
+            let record: Vec<u32> = out.steps[i].committed.iter().map(|c| c.0).collect();
+            assert_eq!(record, committed, "{name}: positions committed at step {i}");
+        }
+        assert_eq!(out.ids, numbers(&case["output"]), "{name}: tokens");
+        let verified = trace
+            .iter()
+            .filter(|t| t["verified"] != serde_json::json!([]))
+            .count();
+        assert_eq!(
+            report.verify_steps,
+            if report.refresh_ratio > 0.0 {
+                verified
+            } else {
+                0
+            }
+        );
+        eprintln!(
+            "[dllm-cache] {name}: {} V-verify steps, picks and tokens equal the reference's",
+            report.verify_steps
+        );
+    }
+}
+
+/// ρ = 1 with the prompt refreshed every forward recomputes every row of every layer: the
+/// same tokens and confidences as no cache, bit for bit, with and without blocks.
+#[test]
+fn refresh_ratio_one_is_a_full_recompute() {
+    let engine = common::tiny_engine();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 300 + 1).collect();
+    for block in [16, 4] {
+        let none = Request::ids(prompt.clone()).with_params(params(16, 16, block));
+        let mut full = none.clone().with_cache(CacheMode::DllmCache);
+        full.adaptive = AdaptiveRefresh {
+            prompt_interval: 1,
+            response_interval: 5,
+            refresh_ratio: 1.0,
+            pick: VerifyPick::LowestCosine,
+        };
+        // Every prediction of every step: (position, token, confidence bits).
+        let run = |r: &Request| {
+            let mut seen: Vec<(u32, u32, u32)> = Vec::new();
+            let out = engine
+                .generate_with(r, &mut |e| {
+                    seen.extend(
+                        e.rows
+                            .iter()
+                            .zip(e.predictions)
+                            .map(|(&p, &(t, c))| (p, t, c.to_bits())),
+                    )
+                })
+                .expect("generation");
+            (out, seen)
+        };
+        let (want, want_seen) = run(&none);
+        let (got, got_seen) = run(&full);
+        let report = got.adaptive.as_ref().expect("report");
+        assert!(report.verify_steps > 0 && report.recomputed_rows == 16);
+        assert_eq!(got.ids, want.ids, "block {block}: tokens");
+        assert_eq!(
+            got_seen, want_seen,
+            "block {block}: every prediction and confidence"
+        );
+        assert!(got.timings.verified_row_layers > 0);
+    }
+}
+
+/// Recomputing the rows whose V moved least, not most, is a wrong cache: its commits
+/// differ from the reference rule's on the golden requests.
+#[test]
+fn the_most_similar_rows_recomputed_change_the_commits() {
+    let engine = common::tiny_engine();
+    let mut changed = Vec::new();
+    for case in goldens()
+        .iter()
+        .filter(|c| c["refresh_ratio"].as_f64() != Some(0.0))
+    {
+        let mut wrong = golden_request(case);
+        wrong.adaptive.pick = VerifyPick::HighestCosine;
+        let out = engine.generate(&wrong).expect("generation");
+        let right = numbers(&case["output"]);
+        if out.ids != right {
+            changed.push(case["name"].as_str().unwrap_or("?").to_string());
+        }
+    }
+    assert!(
+        !changed.is_empty(),
+        "no golden request changed under the wrong rule"
+    );
+    eprintln!("[dllm-cache] the most similar rows recomputed change {changed:?}");
+}
+
+#[test]
+fn bad_settings_are_refused_with_the_field() {
+    let engine = common::tiny_engine();
+    let base = Request::ids(vec![5, 6, 7])
+        .with_params(params(8, 8, 8))
+        .with_cache(CacheMode::DllmCache);
+    let mut zero = base.clone();
+    zero.adaptive.prompt_interval = 0;
+    let mut ratio = base.clone();
+    ratio.adaptive.refresh_ratio = f32::NAN;
+    let mut guided = base;
+    guided.params.cfg_scale = 1.0;
+    for (r, field) in [
+        (zero, "prompt_interval"),
+        (ratio, "refresh_ratio"),
+        (guided, "cfg_scale"),
+    ] {
+        match engine.generate(&r) {
+            Err(EngineError::Invalid { field: f, .. }) => assert_eq!(f, field),
+            other => panic!(
+                "{field}: expected a refusal, got {:?}",
+                other.map(|g| g.ids)
+            ),
+        }
+    }
+}
