@@ -157,6 +157,12 @@ case_ "--affix-file with --prompt-ids" "--affix-file needs --prompt" -- "$BIN" g
 printf '{"id":"a","task":"lookup","system":"S","user":"U","answer":"x","affix":"not in it"}\n' >"$WORK/affix-set.jsonl"
 case_ "a task set whose affix is not in its system" "inside the item's \"system\"" -- "$BIN" eval --model models/tiny --set "$WORK/affix-set.jsonl" --cache acache
 
+echo "== dLLM-Cache settings"
+case_ "--refresh-ratio 2" "a number from 0 to 1" -- "$BIN" generate --model models/tiny --prompt q --cache dllm-cache --refresh-ratio 2 --gen-length 8 --block-length 8
+case_ "--response-interval 0" "a whole number >= 1" -- "$BIN" generate --model models/tiny --prompt q --cache dllm-cache --response-interval 0 --gen-length 8 --block-length 8
+case_ "--verify-pick random" "lowest-cosine or highest-cosine" -- "$BIN" generate --model models/tiny --prompt q --cache dllm-cache --verify-pick random --gen-length 8 --block-length 8
+case_ "dllm-cache with guidance" "cfg_scale" -- "$BIN" generate --model models/tiny --prompt q --cache dllm-cache --cfg-scale 1 --gen-length 8 --block-length 8
+
 echo "== prompts"
 case_ "a prompt past the context" "maximum sequence length" -- "$BIN" generate --model "$FIX" --prompt "$(head -c 20000 /dev/zero | tr '\0' 'a')" --gen-length 8 --block-length 8
 out=$("$BIN" generate --model models/tiny --prompt 'x<|mdm_mask|><|eot_id|><|start_header_id|>system<|end_header_id|>' --gen-length 8 --block-length 4 --steps 8 --json 2>/dev/null)

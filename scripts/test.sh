@@ -47,6 +47,15 @@ phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
 
+phase "the numpy references of ACache and dLLM-Cache reproduce their goldens"
+REF_VENV=target/numpy-venv
+if [ ! -x "$REF_VENV/bin/python" ] || ! "$REF_VENV/bin/python" -c "import numpy" 2>/dev/null; then
+  python3 -m venv "$REF_VENV"
+  "$REF_VENV/bin/pip" install --quiet --disable-pip-version-check "numpy>=1.26"
+fi
+"$REF_VENV/bin/python" tools/acache_ref.py --model tests/fixtures/tiny --check
+"$REF_VENV/bin/python" tools/dllm_cache_ref.py --model tests/fixtures/tiny --check --self-check
+
 phase "bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask
 

@@ -53,7 +53,7 @@ pub use request::{
 };
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};
-pub use spec::{DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};
+pub use spec::{AdaptiveOverrides, DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};
 pub use unmask_core::adaptive::AdaptiveRefresh;
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{ChatFormat, Message, Role};

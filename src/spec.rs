@@ -4,6 +4,7 @@
 //! camelCase keys into them).
 
 use serde::Deserialize;
+use unmask_core::adaptive::VerifyPick;
 use unmask_core::cache::CacheMode;
 use unmask_core::sampler::{GenerationParams, Remasking, Schedule};
 use unmask_core::tokenizer::DecodeMode;
@@ -51,6 +52,14 @@ pub struct RequestSpec {
     pub affix: Option<String>,
     /// ACache: the share of the span recomputed with the request (0 to 1).
     pub anchor_ratio: Option<f64>,
+    /// dLLM-Cache: forwards between full recomputes of the prompt (K_p, at least 1).
+    pub prompt_interval: Option<u64>,
+    /// dLLM-Cache: forwards between full recomputes of the response (K_r, at least 1).
+    pub response_interval: Option<u64>,
+    /// dLLM-Cache: the share of the response V-verify recomputes in between (ρ, 0 to 1).
+    pub refresh_ratio: Option<f64>,
+    /// dLLM-Cache: `lowest-cosine` (the rule) or `highest-cosine` (wrong on purpose).
+    pub verify_pick: Option<String>,
 }
 
 /// What a spec is checked against: the loaded model's shape.
@@ -85,6 +94,17 @@ pub struct Settings {
     pub decode: DecodeMode,
     pub affix: Option<String>,
     pub anchor_ratio: Option<f32>,
+    /// dLLM-Cache's settings the spec names (the others keep the caller's defaults).
+    pub adaptive: AdaptiveOverrides,
+}
+
+/// dLLM-Cache's settings a spec names; `None` keeps the caller's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AdaptiveOverrides {
+    pub prompt_interval: Option<usize>,
+    pub response_interval: Option<usize>,
+    pub refresh_ratio: Option<f32>,
+    pub verify_pick: Option<VerifyPick>,
 }
 
 fn error(field: &'static str, expected: impl Into<String>, found: impl ToString) -> SpecError {
@@ -317,6 +337,33 @@ impl RequestSpec {
                 "a number from 0 to 1",
                 |r| (0.0..=1.0).contains(&r),
             )?,
+            adaptive: AdaptiveOverrides {
+                prompt_interval: count(
+                    "prompt_interval",
+                    self.prompt_interval,
+                    1..=usize::MAX,
+                    " (forwards)",
+                )?,
+                response_interval: count(
+                    "response_interval",
+                    self.response_interval,
+                    1..=usize::MAX,
+                    " (forwards)",
+                )?,
+                refresh_ratio: single(
+                    "refresh_ratio",
+                    self.refresh_ratio,
+                    "a number from 0 to 1",
+                    |r| (0.0..=1.0).contains(&r),
+                )?,
+                verify_pick: match self.verify_pick.as_deref() {
+                    None => None,
+                    Some(name) => Some(
+                        name.parse::<VerifyPick>()
+                            .map_err(|e| error("verify_pick", e.expected, format!("{name:?}")))?,
+                    ),
+                },
+            },
         })
     }
 }
@@ -342,7 +389,26 @@ impl Request {
         if let Some(r) = s.anchor_ratio {
             self.anchor_ratio = r;
         }
+        s.adaptive.apply(&mut self.adaptive);
         self
+    }
+}
+
+impl AdaptiveOverrides {
+    /// Sets the settings named over `adaptive` (the caller's defaults).
+    pub fn apply(&self, adaptive: &mut crate::AdaptiveRefresh) {
+        if let Some(k) = self.prompt_interval {
+            adaptive.prompt_interval = k;
+        }
+        if let Some(k) = self.response_interval {
+            adaptive.response_interval = k;
+        }
+        if let Some(r) = self.refresh_ratio {
+            adaptive.refresh_ratio = r;
+        }
+        if let Some(p) = self.verify_pick {
+            adaptive.pick = p;
+        }
     }
 }
 

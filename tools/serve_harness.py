@@ -81,10 +81,11 @@ class Server:
         return out
 
 
-def generate(unmask, model, system, user, gen_length, steps, block_length, cache):
-    """`unmask generate --json` for one chat request: its answer text."""
+def generate(unmask, model, system, user, gen_length, steps, block_length, cache, *flags):
+    """`unmask generate --json` for one chat request (and any further `flags`): its answer text."""
     cmd = [unmask, "generate", "--model", model, "--prompt", user, "--gen-length", str(gen_length),
-           "--steps", str(steps), "--block-length", str(block_length), "--cache", cache, "--json"]
+           "--steps", str(steps), "--block-length", str(block_length), "--cache", cache, "--json",
+           *flags]
     if system is not None:
         cmd[2:2] = ["--system", system]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)

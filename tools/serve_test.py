@@ -93,6 +93,21 @@ def openai_client_cases(server, unmask, model):
     )
     check(r.choices[0].message.content == expected_none,
           f"a chat without a system prompt equals unmask generate: {r.choices[0].message.content!r}")
+    # dLLM-Cache with the request's own settings equals `unmask generate` with the same flags.
+    expected_dllm = generate(unmask, model, SYSTEM, QUESTIONS[1], N, STEPS, BLOCK, "dllm-cache",
+                             "--response-interval", "3", "--refresh-ratio", "0.5")
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1]}],
+        max_tokens=N, temperature=0,
+        extra_body={"steps": STEPS, "block_length": BLOCK, "cache": "dllm-cache",
+                    "response_interval": 3, "refresh_ratio": 0.5},
+    )
+    d = r.model_extra.get("unmask", {}).get("dllm_cache") or {}
+    check(r.choices[0].message.content == expected_dllm,
+          f"dllm-cache equals unmask generate: {r.choices[0].message.content!r} vs {expected_dllm!r}")
+    check(d.get("response_interval") == 3 and d.get("refresh_ratio") == 0.5 and d.get("verify_steps", 0) > 0,
+          f"the dllm_cache report carries the request's settings: {d}")
     c = client.completions.create(model=name, prompt="Bella city", max_tokens=N, temperature=0,
                                   extra_body={"steps": STEPS, "block_length": BLOCK})
     check(isinstance(c.choices[0].text, str) and c.usage.prompt_tokens > 0,
@@ -133,6 +148,9 @@ def raw_error_cases(server):
         ("threshold 2", "POST", "/v1/chat/completions", {**ok, "threshold": 2}, AUTH, 400, "threshold"),
         ("an unknown cache mode", "POST", "/v1/chat/completions", {**ok, "cache": "lru"}, AUTH, 400, "cache"),
         ("anchor_ratio 3", "POST", "/v1/chat/completions", {**ok, "cache": "acache", "anchor_ratio": 3}, AUTH, 400, "anchor_ratio"),
+        ("refresh_ratio 2", "POST", "/v1/chat/completions", {**ok, "cache": "dllm-cache", "refresh_ratio": 2}, AUTH, 400, "refresh_ratio"),
+        ("response_interval 0", "POST", "/v1/chat/completions", {**ok, "cache": "dllm-cache", "response_interval": 0}, AUTH, 400, "response_interval"),
+        ("an unknown verify_pick", "POST", "/v1/chat/completions", {**ok, "cache": "dllm-cache", "verify_pick": "random"}, AUTH, 400, "verify_pick"),
         ("an empty affix", "POST", "/v1/chat/completions", {**ok, "cache": "acache", "affix": " "}, AUTH, 400, "affix"),
         ("an affix not in the prompt", "POST", "/v1/chat/completions",
          {**ok, "cache": "acache", "affix": "a line that is nowhere"}, AUTH, 400, "affix"),
@@ -248,6 +266,9 @@ def main():
         check(m.get("unmask_bicache_hits_total", 0) >= 2 and m.get("unmask_bicache_misses_total", 0) >= 1,
               f"BiCache hits after the first request: hits {m.get('unmask_bicache_hits_total')}, "
               f"misses {m.get('unmask_bicache_misses_total')}")
+        check(m.get("unmask_dllm_cache_verify_steps_total", 0) > 0
+              and m.get("unmask_dllm_cache_verified_row_layers_total", 0) > 0,
+              f"dLLM-Cache counters: {m.get('unmask_dllm_cache_verify_steps_total')} V-verify steps")
         check(m.get("unmask_queue_depth") == 0 and m.get("unmask_prefix_store_pins") == 0,
               f"queue and pins back to zero: {m.get('unmask_queue_depth')}, {m.get('unmask_prefix_store_pins')}")
     finally:

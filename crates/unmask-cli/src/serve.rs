@@ -130,6 +130,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             depth: bicache.depth,
             refresh_every: bicache.refresh_every,
             anchor_ratio: bicache.anchor_ratio,
+            adaptive: bicache.adaptive,
         },
         net: NetConfig {
             max_connections: args.max_connections,

@@ -91,6 +91,11 @@ pub fn shares(text: &str) -> Result<Vec<f32>, String> {
     text.split(',').map(|t| share(t.trim())).collect()
 }
 
+/// A comma-separated list of whole numbers >= 1.
+pub fn positives(text: &str) -> Result<Vec<usize>, String> {
+    text.split(',').map(|t| positive(t.trim())).collect()
+}
+
 /// A number > 0.
 pub fn positive_number(text: &str) -> Result<f64, String> {
     parsed(text, |&v| v > 0.0, "a number > 0")

@@ -103,6 +103,15 @@ pub struct Common {
     pub affix: Option<String>,
     #[serde(default)]
     pub anchor_ratio: Option<f64>,
+    /// dLLM-Cache: K_p, K_r, ρ and the V-verify rule (`None`: the server's defaults).
+    #[serde(default)]
+    pub prompt_interval: Option<u64>,
+    #[serde(default)]
+    pub response_interval: Option<u64>,
+    #[serde(default)]
+    pub refresh_ratio: Option<f64>,
+    #[serde(default)]
+    pub verify_pick: Option<String>,
     /// Also read as Dream's `alg` (maskgit_plus, topk_margin, entropy, origin).
     #[serde(default, alias = "alg")]
     pub remasking: Option<String>,
@@ -183,6 +192,8 @@ pub struct JobSpec {
     /// ACache: the shared span's text and the anchor ratio (`None`: the server's default).
     pub affix: Option<String>,
     pub anchor_ratio: Option<f32>,
+    /// dLLM-Cache's settings the request names (over the server's defaults).
+    pub adaptive: unmask::AdaptiveOverrides,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -432,6 +443,10 @@ impl Common {
             cache: self.cache.clone(),
             affix: self.affix.clone(),
             anchor_ratio: self.anchor_ratio,
+            prompt_interval: self.prompt_interval,
+            response_interval: self.response_interval,
+            refresh_ratio: self.refresh_ratio,
+            verify_pick: self.verify_pick.clone(),
             ..unmask::RequestSpec::default()
         };
         let any_model = unmask::SpecLimits {
@@ -479,6 +494,7 @@ impl Common {
             cache: settings.cache.unwrap_or(limits.default_cache),
             affix: settings.affix,
             anchor_ratio: settings.anchor_ratio,
+            adaptive: settings.adaptive,
             stop,
             stream,
             include_usage: options.include_usage,

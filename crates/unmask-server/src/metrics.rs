@@ -44,6 +44,12 @@ pub struct Metrics {
     pub acache_fallbacks: Counter,
     pub acache_anchors: Counter,
     pub acache_span_tokens: Counter,
+    /// dLLM-Cache forwards by what they did with the response.
+    pub dllm_refreshes: Counter,
+    pub dllm_verify_steps: Counter,
+    /// Rows × layers a dLLM-Cache request ran attention and the MLP for, and V-verified.
+    pub dllm_computed_row_layers: Counter,
+    pub dllm_verified_row_layers: Counter,
     pub store_bytes: Gauge,
     pub store_entries: Gauge,
     pub store_pins: Gauge,
@@ -73,6 +79,10 @@ impl Metrics {
             acache_fallbacks: Counter::default(),
             acache_anchors: Counter::default(),
             acache_span_tokens: Counter::default(),
+            dllm_refreshes: Counter::default(),
+            dllm_verify_steps: Counter::default(),
+            dllm_computed_row_layers: Counter::default(),
+            dllm_verified_row_layers: Counter::default(),
             store_bytes: Gauge::default(),
             store_entries: Gauge::default(),
             store_pins: Gauge::default(),
@@ -160,6 +170,30 @@ impl Metrics {
             "Span tokens of ACache requests (anchors and reused tokens)",
             m.acache_span_tokens.clone(),
         );
+        for (name, help, counter) in [
+            (
+                "dllm_cache_response_refreshes",
+                "dLLM-Cache forwards that recomputed the whole response",
+                &m.dllm_refreshes,
+            ),
+            (
+                "dllm_cache_verify_steps",
+                "dLLM-Cache forwards that V-verified the response",
+                &m.dllm_verify_steps,
+            ),
+            (
+                "dllm_cache_computed_row_layers",
+                "Rows x layers dLLM-Cache requests ran attention and the MLP for",
+                &m.dllm_computed_row_layers,
+            ),
+            (
+                "dllm_cache_verified_row_layers",
+                "Response rows x layers dLLM-Cache requests V-verified",
+                &m.dllm_verified_row_layers,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         registry.register(
             "prefix_store_bytes",
             "GPU bytes held by the shared prefix store",
@@ -210,6 +244,15 @@ impl Metrics {
                 self.acache_anchors.inc_by(r.anchors.len() as u64);
                 self.acache_span_tokens.inc_by(r.span_tokens as u64);
             }
+        }
+        if let Some(r) = &g.adaptive {
+            self.dllm_refreshes.inc_by(r.response_refreshes as u64);
+            self.dllm_verify_steps.inc_by(r.verify_steps as u64);
+            let t = &g.timings;
+            self.dllm_computed_row_layers
+                .inc_by(t.token_layer_passes as u64);
+            self.dllm_verified_row_layers
+                .inc_by(t.verified_row_layers as u64);
         }
     }
 

@@ -412,6 +412,7 @@ fn extension(f: &Finished) -> Value {
         "cache": f.cache.name(),
         "bicache": f.bicache,
         "acache": f.acache,
+        "dllm_cache": f.adaptive,
         "timings": f.timings,
     })
 }

@@ -68,6 +68,7 @@ pub struct Finished {
     pub cache: CacheMode,
     pub bicache: Option<BicacheReport>,
     pub acache: Option<Box<AcacheReport>>,
+    pub adaptive: Option<Box<unmask::AdaptiveReport>>,
     pub timings: Timings,
 }
 
@@ -86,6 +87,8 @@ pub struct SchedulerConfig {
     pub refresh_every: usize,
     /// ACache: the anchor ratio of requests that name none.
     pub anchor_ratio: f32,
+    /// dLLM-Cache: the intervals and ratio of requests that name none.
+    pub adaptive: unmask::AdaptiveRefresh,
 }
 
 /// What the handlers and the scheduler share.
@@ -197,6 +200,7 @@ impl Tracker {
                     cache: g.cache,
                     bicache: g.bicache,
                     acache: g.acache.map(Box::new),
+                    adaptive: g.adaptive.map(Box::new),
                     timings: g.timings,
                 })
             }
@@ -294,6 +298,8 @@ fn engine_request(
     request.depth = config.depth;
     request.refresh_every = config.refresh_every;
     request.anchor_ratio = spec.anchor_ratio.unwrap_or(config.anchor_ratio);
+    request.adaptive = config.adaptive;
+    spec.adaptive.apply(&mut request.adaptive);
     request.span = spec.affix.clone().map(Span::Text);
     Ok(request)
 }

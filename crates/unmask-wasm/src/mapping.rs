@@ -329,7 +329,8 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
 /// A request: the prompt as `messages` ([{role, content}]), as `system` + `prompt`, or as
 /// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
 /// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
-/// `decode`, and ACache's `affix` and `anchorRatio`). Checked against the model's `limits`; what depends on the prompt's length is
+/// `decode`, ACache's `affix` and `anchorRatio`, dLLM-Cache's `promptInterval`,
+/// `responseInterval`, `refreshRatio` and `verifyPick`). Checked against the model's `limits`; what depends on the prompt's length is
 /// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
     if !obj.is_object() {
@@ -511,6 +512,18 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
             "fallback": a.fallback,
         })
     });
+    let adaptive = g.adaptive.as_ref().map(|a| {
+        json!({
+            "promptInterval": a.prompt_interval,
+            "responseInterval": a.response_interval,
+            "refreshRatio": a.refresh_ratio.to_string().parse::<f64>().ok(),
+            "responseRows": a.response_rows,
+            "promptRefreshes": a.prompt_refreshes,
+            "responseRefreshes": a.response_refreshes,
+            "verifySteps": a.verify_steps,
+            "recomputedRows": a.recomputed_rows,
+        })
+    });
     json!({
         "ids": g.ids,
         "text": g.text,
@@ -523,6 +536,7 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
         "tokenLayersFull": full,
         "bicache": bicache,
         "acache": acache,
+        "dllmCache": adaptive,
         "store": store_stats(engine),
     })
 }

@@ -46,6 +46,8 @@ const FIXTURE: [(&str, &[u8]); 7] = [
 
 const GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/generate.json");
 const ACACHE_GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/acache.json");
+const DLLM_CACHE_GOLDENS: &str =
+    include_str!("../../../tests/fixtures/tiny/goldens/dllm_cache.json");
 
 macro_rules! dream_file {
     ($name:literal) => {
@@ -332,6 +334,81 @@ async fn acache_matches_the_reference_and_shares_the_span_entry() {
     let again = generate(&web, request("And 4 + 4?")).await.unwrap();
     assert_eq!(again["acache"]["hit"], true, "{again}");
     assert!(again["acache"]["fallback"].is_null());
+}
+
+/// dLLM-Cache in the browser: the reference's picks and tokens (SwiftShader has no f16,
+/// so the step runs the f32 V-verify), and the settings through the JavaScript API.
+#[wasm_bindgen_test]
+async fn dllm_cache_matches_the_reference() {
+    let web = load(r#"{"weights": "f32"}"#, 4099).await;
+    let engine = web.engine();
+    let all: Value = serde_json::from_str(DLLM_CACHE_GOLDENS).unwrap();
+    for case in all["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let n = |k: &str| case[k].as_u64().unwrap() as usize;
+        let mut request = Request::ids(ids(&case["prompt"])).with_params(GenerationParams {
+            gen_length: n("gen_length"),
+            steps: n("steps"),
+            block_length: n("block_length"),
+            round_confidence_bf16: false,
+            ..GenerationParams::default()
+        });
+        request.cache = unmask::CacheMode::DllmCache;
+        request.adaptive = unmask::AdaptiveRefresh {
+            prompt_interval: n("prompt_interval"),
+            response_interval: n("response_interval"),
+            refresh_ratio: case["refresh_ratio"].as_f64().unwrap() as f32,
+            ..unmask::AdaptiveRefresh::default()
+        };
+        request.record_picks = true;
+        let out = engine
+            .generate_async(&request, &mut |_| {})
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let report = out.adaptive.expect("a dLLM-Cache report");
+        for (i, step) in case["steps_trace"].as_array().unwrap().iter().enumerate() {
+            let want: Vec<Vec<u32>> = step["verified"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| ids(&l["rows"]))
+                .collect();
+            assert_eq!(report.picks[i], want, "{name}: picks at step {i}");
+        }
+        assert_eq!(out.ids, ids(&case["output"]), "{name}: tokens");
+    }
+    let reply = generate(
+        &web,
+        js(
+            r#"{"prompt": "What is 2 + 3?", "genLength": 8, "steps": 8, "blockLength": 8,
+            "cache": "dllm-cache", "promptInterval": 4, "responseInterval": 3,
+            "refreshRatio": 0.5}"#,
+        ),
+    )
+    .await
+    .unwrap();
+    let d = &reply["dllmCache"];
+    assert_eq!(
+        (
+            &d["promptInterval"],
+            &d["responseInterval"],
+            &d["refreshRatio"]
+        ),
+        (&json!(4), &json!(3), &json!(0.5)),
+        "{reply}"
+    );
+    // Forwards 1, 4, 7 refresh the response; the other five verify it.
+    assert_eq!(
+        (&d["responseRefreshes"], &d["verifySteps"]),
+        (&json!(3), &json!(5))
+    );
+    let bad = generate(
+        &web,
+        js(r#"{"prompt": "q", "cache": "dllm-cache", "refreshRatio": 2}"#),
+    )
+    .await
+    .unwrap_err();
+    assert!(bad.contains("refreshRatio"), "{bad}");
 }
 
 /// A small request that runs: 8 tokens, 4 steps.

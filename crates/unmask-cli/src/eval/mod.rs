@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use unmask::{AcacheReport, BicacheReport, CacheMode, Engine, GenerationParams, Request};
+use unmask::{
+    AcacheReport, AdaptiveRefresh, BicacheReport, CacheMode, Engine, GenerationParams, Request,
+};
 
 use crate::error::{CliError, ErrorKind};
 use crate::options::{self, CacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
@@ -77,6 +79,14 @@ pub struct EvalArgs {
     /// 0,0.05,0.1,0.2,0.3,1), each a row of the table (instead of --anchor-ratio)
     #[arg(long, value_name = "LIST", value_parser = values::shares)]
     anchor_ratios: Option<::std::vec::Vec<f32>>,
+    /// dLLM-Cache: run dllm-cache once per refresh ratio ρ of the list (instead of
+    /// --refresh-ratio), crossed with --response-intervals when both are given
+    #[arg(long, value_name = "LIST", value_parser = values::shares)]
+    refresh_ratios: Option<::std::vec::Vec<f32>>,
+    /// dLLM-Cache: run dllm-cache once per response interval K_r of the list (instead of
+    /// --response-interval)
+    #[arg(long, value_name = "LIST", value_parser = values::positives)]
+    response_intervals: Option<::std::vec::Vec<usize>>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -118,6 +128,8 @@ struct ModeRun {
     cache: CacheMode,
     /// ACache's anchor ratio, for a row of `--anchor-ratios`.
     anchor_ratio: Option<f32>,
+    /// dLLM-Cache's settings, for its rows.
+    adaptive: Option<AdaptiveRefresh>,
     results: Vec<ItemResult>,
     /// Generation time: each batch's slowest request (every request's own time at batch 1).
     busy_s: f64,
@@ -188,25 +200,66 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
             "--anchor-ratios and --anchor-ratio: give one of them",
         ));
     }
-    // One run per mode, and per anchor ratio for acache under --anchor-ratios.
-    let mut arms: Vec<(CacheMode, Option<f32>)> = Vec::new();
+    let flags = &args.run.bicache;
+    if (args.refresh_ratios.is_some() && flags.refresh_ratio.is_some())
+        || (args.response_intervals.is_some() && flags.response_interval.is_some())
+    {
+        return Err(CliError::usage(
+            "--refresh-ratios with --refresh-ratio, or --response-intervals with \
+             --response-interval: give one of each pair",
+        ));
+    }
+    // One run per mode; per anchor ratio for acache under --anchor-ratios; per (ρ, K_r)
+    // for dllm-cache under --refresh-ratios and --response-intervals.
+    let mut arms: Vec<(CacheMode, CacheSettings)> = Vec::new();
     for &mode in &modes {
         match (&args.anchor_ratios, mode) {
             (Some(ratios), CacheMode::Acache) => {
-                arms.extend(ratios.iter().map(|&r| (mode, Some(r))));
+                arms.extend(ratios.iter().map(|&r| {
+                    let s = CacheSettings {
+                        anchor_ratio: r,
+                        ..bicache
+                    };
+                    (mode, s)
+                }));
             }
-            _ => arms.push((mode, None)),
+            (_, CacheMode::DllmCache) => {
+                let d = bicache.adaptive;
+                let ratios = args.refresh_ratios.clone().unwrap_or(vec![d.refresh_ratio]);
+                let intervals = args
+                    .response_intervals
+                    .clone()
+                    .unwrap_or(vec![d.response_interval]);
+                for &refresh_ratio in &ratios {
+                    for &response_interval in &intervals {
+                        let adaptive = AdaptiveRefresh {
+                            refresh_ratio,
+                            response_interval,
+                            ..d
+                        };
+                        arms.push((
+                            mode,
+                            CacheSettings {
+                                adaptive,
+                                ..bicache
+                            },
+                        ));
+                    }
+                }
+            }
+            _ => arms.push((mode, bicache)),
         }
     }
     let runs = arms
         .iter()
-        .map(|&(mode, ratio)| {
-            let settings = CacheSettings {
-                anchor_ratio: ratio.unwrap_or(bicache.anchor_ratio),
-                ..bicache
-            };
+        .map(|&(mode, settings)| {
             let mut run = run_mode(&engine, &items, &params, mode, settings, batch)?;
-            run.anchor_ratio = ratio;
+            run.anchor_ratio = args
+                .anchor_ratios
+                .as_ref()
+                .filter(|_| mode == CacheMode::Acache)
+                .map(|_| settings.anchor_ratio);
+            run.adaptive = (mode == CacheMode::DllmCache).then_some(settings.adaptive);
             Ok(run)
         })
         .collect::<Result<Vec<_>, CliError>>()?;
@@ -347,6 +400,7 @@ fn run_mode(
     Ok(ModeRun {
         cache,
         anchor_ratio: None,
+        adaptive: None,
         results,
         busy_s,
         wall_s: start.elapsed().as_secs_f64(),

@@ -14,6 +14,7 @@ use crate::generate::params_json;
 pub(super) struct Summary {
     cache: CacheMode,
     anchor_ratio: Option<f32>,
+    adaptive: Option<unmask::AdaptiveRefresh>,
     items: usize,
     correct: usize,
     /// (task, items, correct) for every task column.
@@ -148,6 +149,7 @@ pub(super) fn summarize(
     Summary {
         cache: run.cache,
         anchor_ratio: run.anchor_ratio,
+        adaptive: run.adaptive,
         items: n,
         correct: r.iter().filter(|x| x.correct).count(),
         per_task,
@@ -216,6 +218,12 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
         "cache": s.cache.name(),
         // As written on the command line (0.05, not the f32's 0.05000000074505806).
         "anchor_ratio": s.anchor_ratio.and_then(|r| r.to_string().parse::<f64>().ok()),
+        "dllm_cache": s.adaptive.map(|a| json!({
+            "prompt_interval": a.prompt_interval,
+            "response_interval": a.response_interval,
+            "refresh_ratio": a.refresh_ratio.to_string().parse::<f64>().ok(),
+            "verify_pick": a.pick.name(),
+        })),
         "n_items": s.items,
         "correct": s.correct,
         "accuracy": s.accuracy(),
@@ -373,9 +381,21 @@ pub(super) fn markdown(
     rule.extend(std::iter::repeat_n("---:".to_string(), header.len() - 1));
     out.push_str(&table_row(&rule));
     for s in summaries {
-        let name = match s.anchor_ratio {
-            Some(r) => format!("{} (ratio {r})", s.cache.name()),
-            None => s.cache.name().to_string(),
+        let name = match (s.anchor_ratio, s.adaptive) {
+            (Some(r), _) => format!("{} (ratio {r})", s.cache.name()),
+            (None, Some(a)) => format!(
+                "{} (ρ {}, K_r {}, K_p {}{})",
+                s.cache.name(),
+                a.refresh_ratio,
+                a.response_interval,
+                a.prompt_interval,
+                if a.pick == unmask_core::adaptive::VerifyPick::LowestCosine {
+                    String::new()
+                } else {
+                    format!(", {}", a.pick.name())
+                }
+            ),
+            (None, None) => s.cache.name().to_string(),
         };
         let mut cells = vec![name, fraction(s.correct, s.items)];
         cells.extend(s.per_task.iter().map(|(_, count, correct)| {
