@@ -175,6 +175,8 @@ pub struct AdaptiveReport {
     pub response_interval: usize,
     #[serde(serialize_with = "shortest_decimal")]
     pub refresh_ratio: f32,
+    /// With several blocks, the current block was computed at every forward.
+    pub pin_block: bool,
     /// Response rows (the canvas; with shifted logits also the last prompt row).
     pub response_rows: usize,
     /// Forwards that recomputed the prompt, the response, and that V-verified it.

@@ -238,6 +238,7 @@ impl Engine {
                 prompt_interval: adaptive.prompt_interval,
                 response_interval: adaptive.response_interval,
                 refresh_ratio: adaptive.refresh_ratio,
+                pin_block: adaptive.pin_block,
                 response_rows: prepared.sampler.tokens().len() - self.response_start(&prepared),
                 recomputed_rows: 0,
                 ..AdaptiveReport::default()

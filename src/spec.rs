@@ -60,6 +60,8 @@ pub struct RequestSpec {
     pub refresh_ratio: Option<f64>,
     /// dLLM-Cache: `lowest-cosine` (the rule) or `highest-cosine` (wrong on purpose).
     pub verify_pick: Option<String>,
+    /// dLLM-Cache with several blocks: the current block computed at every forward.
+    pub pin_block: Option<bool>,
 }
 
 /// What a spec is checked against: the loaded model's shape.
@@ -105,6 +107,7 @@ pub struct AdaptiveOverrides {
     pub response_interval: Option<usize>,
     pub refresh_ratio: Option<f32>,
     pub verify_pick: Option<VerifyPick>,
+    pub pin_block: Option<bool>,
 }
 
 fn error(field: &'static str, expected: impl Into<String>, found: impl ToString) -> SpecError {
@@ -363,6 +366,7 @@ impl RequestSpec {
                             .map_err(|e| error("verify_pick", e.expected, format!("{name:?}")))?,
                     ),
                 },
+                pin_block: self.pin_block,
             },
         })
     }
@@ -408,6 +412,9 @@ impl AdaptiveOverrides {
         }
         if let Some(p) = self.verify_pick {
             adaptive.pick = p;
+        }
+        if let Some(p) = self.pin_block {
+            adaptive.pin_block = p;
         }
     }
 }

@@ -15,6 +15,11 @@ The rule (dLLM-Cache, arXiv 2506.06295; its reference hooks LLaDA's blocks):
   recomputed and scattered into the caches; the V cache takes every new V; the other rows
   take their cached attention and MLP outputs.  rho = 0 skips the check (the response is
   reused whole until its next refresh).
+* With LLaDA's blocks (several of them), the runtime's default also computes the current
+  block's rows at every forward (`pin_block`), as Fast-dLLM's dual cache does; V-verify
+  then picks among the other response rows (at most G minus the block).  Without it the
+  block's masked rows keep their outputs from the last refresh (their V does not move
+  while their input is the mask), and the sampler must commit inside the block.
 * A prompt that is not refreshed takes its cached outputs; its K/V stay as cached.
 * A row's hidden state moves through the layers as x + attention output, then + MLP
   output, whichever of them is fresh or cached.
@@ -65,9 +70,10 @@ class Model(acache_ref.Model):
         super().__init__(params)
         self.caches = None
 
-    def forward(self, ids, P, refresh_gen, refresh_prompt, rho, trace):
+    def forward(self, ids, P, refresh_gen, refresh_prompt, rho, trace, pinned=()):
         """Logits of every position after one cached forward; `trace` gets each layer's
-        V-verified rows (positions)."""
+        V-verified rows (positions).  `pinned` positions of the response are computed in
+        full whatever V-verify picks, which picks among the others."""
         nm = self.nm
         T = len(ids)
         G = T - P
@@ -76,7 +82,7 @@ class Model(acache_ref.Model):
         if self.caches is None:
             self.caches = [LayerCache(self.Hkv, T, self.hd, self.D) for _ in range(self.L)]
         for li, L in enumerate(self.caches):
-            fresh = (prompt if refresh_prompt else []) + (gen if refresh_gen else [])
+            fresh = (prompt if refresh_prompt else []) + (gen if refresh_gen else list(pinned))
             selected = []
             if not refresh_gen and rho > 0:
                 # V-verify: V of every response row, cosine with the cached V.
@@ -87,8 +93,9 @@ class Model(acache_ref.Model):
                     np.linalg.norm(new, axis=-1) * np.linalg.norm(old, axis=-1), 1e-12)
                 # A V that has not moved is exactly 1 (unmoved rows tie, by position).
                 cos[np.all(new == old, axis=-1)] = 1.0
-                k = int(G * rho)
+                k = min(int(G * rho), G - len(pinned))
                 order = np.lexsort((np.arange(G), cos))  # lowest cosine first, then position
+                order = [j for j in order if P + int(j) not in pinned]
                 selected = sorted(P + int(j) for j in order[:k])
                 L.V[:, P:] = v
                 trace.append({"layer": li, "rows": selected})
@@ -107,8 +114,10 @@ class Model(acache_ref.Model):
         return self.logits(x)
 
 
-def generate(params, prompt, gen_length, steps, block_length, k_p, k_r, rho):
-    """dLLM-Cache generation at temperature 0: (canvas tokens, per-step trace)."""
+def generate(params, prompt, gen_length, steps, block_length, k_p, k_r, rho, pin_block=True):
+    """dLLM-Cache generation at temperature 0: (canvas tokens, per-step trace).  With
+    `pin_block` and several blocks, the current block's rows are computed at every forward
+    (V-verify picks among the other response rows)."""
     model = Model(params)
     mask_id = params["config"]["mask_token_id"]
     P = len(prompt)
@@ -122,7 +131,8 @@ def generate(params, prompt, gen_length, steps, block_length, k_p, k_r, rho):
             n += 1
             verified = []
             rg, rp = (n - 1) % k_r == 0, (n - 1) % k_p == 0
-            logits = model.forward(x, P, rg, rp, rho, verified).astype(np.float64)
+            pinned = range(b0, b1) if pin_block and blocks > 1 and not rg else ()
+            logits = model.forward(x, P, rg, rp, rho, verified, pinned).astype(np.float64)
             cand = [p for p in range(b0, b1) if x[p] == mask_id]
             sub = logits[cand]
             x0 = np.argmax(sub, axis=-1)
@@ -133,29 +143,31 @@ def generate(params, prompt, gen_length, steps, block_length, k_p, k_r, rho):
             for j in order[:quota]:
                 x[cand[j]] = int(x0[j])
             trace.append({"block": nb, "step": i, "forward": n, "refresh_response": rg,
-                          "refresh_prompt": rp, "verified": verified, "committed": chosen,
+                          "refresh_prompt": rp, "pinned": list(pinned), "verified": verified, "committed": chosen,
                           "tokens": [int(x[p]) for p in chosen], "conf_margin": margin})
     return x[P:].tolist(), trace
 
 
 CASES = [
-    # name, prompt length, gen_length, steps, block_length, K_p, K_r, rho
-    ("one_block_defaults", 20, 16, 16, 16, 100, 7, 0.25),
-    ("blocks_of_4", 20, 16, 8, 4, 100, 7, 0.25),
-    ("prompt_refresh_every_5", 24, 16, 16, 16, 5, 3, 0.5),
-    ("no_verify", 20, 16, 16, 16, 100, 4, 0.0),
+    # name, prompt length, gen_length, steps, block_length, K_p, K_r, rho, pin_block
+    ("one_block_defaults", 20, 16, 16, 16, 100, 7, 0.25, True),
+    ("blocks_of_4", 20, 16, 8, 4, 100, 7, 0.25, True),
+    ("blocks_of_4_unpinned", 20, 16, 8, 4, 100, 7, 0.25, False),
+    ("prompt_refresh_every_5", 24, 16, 16, 16, 5, 3, 0.5, True),
+    ("no_verify", 20, 16, 16, 16, 100, 4, 0.0, True),
+    ("no_verify_blocks_of_8", 20, 16, 8, 8, 100, 4, 0.0, True),
 ]
 
 
 def build_goldens(params):
     out = []
-    for name, n, g, steps, block, k_p, k_r, rho in CASES:
+    for name, n, g, steps, block, k_p, k_r, rho, pin in CASES:
         prompt = prompt_of(n, seed=11)
-        tokens, trace = generate(params, prompt, g, steps, block, k_p, k_r, rho)
+        tokens, trace = generate(params, prompt, g, steps, block, k_p, k_r, rho, pin)
         margins = [t["conf_margin"] for t in trace if t["conf_margin"] is not None]
         out.append({"name": name, "prompt": prompt, "gen_length": g, "steps": steps,
                     "block_length": block, "prompt_interval": k_p, "response_interval": k_r,
-                    "refresh_ratio": rho, "output": tokens, "steps_trace": trace,
+                    "refresh_ratio": rho, "pin_block": pin, "output": tokens, "steps_trace": trace,
                     "min_conf_margin": min(margins, default=None)})
     return {"description": "dLLM-Cache (tools/dllm_cache_ref.py): V-verified rows and temperature-0 tokens",
             "cases": out}

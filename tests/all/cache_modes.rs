@@ -167,13 +167,13 @@ fn token_layer_passes_follow_each_modes_formula() {
             CacheMode::FastDllmDual => blocks * (t + (spb - 1) * block) * layers,
             // The prefix once, alone; then every step computes all rows after it.
             CacheMode::PrefixArm => (prefix + s * (t - prefix)) * layers,
-            // The defaults: the prompt every 100 forwards, the response every 7, and
-            // ⌊0.25 G⌋ response rows in between.
+            // The defaults: the prompt every 100 forwards, the response every 7, and in
+            // between the current block (several blocks) and ⌊0.25 G⌋ other response rows.
             CacheMode::DllmCache => {
                 (0..s)
                     .map(|d| {
                         let prompt = if d % 100 == 0 { p_len } else { 0 };
-                        prompt + if d % 7 == 0 { gen_len } else { gen_len / 4 }
+                        prompt + if d % 7 == 0 { gen_len } else { block + gen_len / 4 }
                     })
                     .sum::<usize>()
                     * layers

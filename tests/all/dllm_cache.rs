@@ -34,6 +34,7 @@ fn golden_request(case: &serde_json::Value) -> Request {
         response_interval: n("response_interval"),
         refresh_ratio: case["refresh_ratio"].as_f64().expect("ratio") as f32,
         pick: VerifyPick::LowestCosine,
+        pin_block: case["pin_block"].as_bool().expect("pin_block"),
     };
     r.record_picks = true;
     r
@@ -100,6 +101,7 @@ fn refresh_ratio_one_is_a_full_recompute() {
             response_interval: 5,
             refresh_ratio: 1.0,
             pick: VerifyPick::LowestCosine,
+            pin_block: true,
         };
         // Every prediction of every step: (position, token, confidence bits).
         let run = |r: &Request| {
@@ -119,7 +121,9 @@ fn refresh_ratio_one_is_a_full_recompute() {
         let (want, want_seen) = run(&none);
         let (got, got_seen) = run(&full);
         let report = got.adaptive.as_ref().expect("report");
-        assert!(report.verify_steps > 0 && report.recomputed_rows == 16);
+        // Blocks of 4: the block is pinned, V-verify picks the 12 others.
+        let picked = if block == 16 { 16 } else { 12 };
+        assert!(report.verify_steps > 0 && report.recomputed_rows == picked);
         assert_eq!(got.ids, want.ids, "block {block}: tokens");
         assert_eq!(
             got_seen, want_seen,

@@ -208,6 +208,11 @@ pub struct CacheFlags {
     /// highest-cosine (a deliberately wrong cache, for accuracy ablations)
     #[arg(long, value_name = "RULE", value_parser = values::verify_pick)]
     pub verify_pick: Option<unmask_core::adaptive::VerifyPick>,
+    /// dLLM-Cache with several blocks: compute the current block's rows at every step and
+    /// V-verify the rest (true, the default), or V-verify the whole response (false: the
+    /// reference's rule)
+    #[arg(long, value_name = "BOOL")]
+    pub pin_block: Option<bool>,
 }
 
 /// `--depth`, `--refresh`, `--anchor-ratio` and dLLM-Cache's settings for a request.
@@ -241,11 +246,12 @@ impl CacheFlags {
             self.response_interval.is_some(),
             self.refresh_ratio.is_some(),
             self.verify_pick.is_some(),
+            self.pin_block.is_some(),
         ];
         if adaptive_flags.contains(&true) && !modes.contains(&CacheMode::DllmCache) {
             eprintln!(
-                "note: --prompt-interval, --response-interval, --refresh-ratio and \
-                 --verify-pick are used only by --cache dllm-cache"
+                "note: --prompt-interval, --response-interval, --refresh-ratio, \
+                 --verify-pick and --pin-block are used only by --cache dllm-cache"
             );
         }
         let defaults = AdaptiveRefresh::default();
@@ -275,6 +281,7 @@ impl CacheFlags {
                 response_interval: self.response_interval.unwrap_or(defaults.response_interval),
                 refresh_ratio: self.refresh_ratio.unwrap_or(defaults.refresh_ratio),
                 pick: self.verify_pick.unwrap_or(defaults.pick),
+                pin_block: self.pin_block.unwrap_or(defaults.pin_block),
             },
         }
     }

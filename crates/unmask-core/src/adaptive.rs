@@ -32,6 +32,12 @@ pub struct AdaptiveRefresh {
     /// Which rows V-verify recomputes: the reference's (lowest cosine), or the opposite,
     /// a deliberately wrong cache that shows what the rule is worth.
     pub pick: VerifyPick,
+    /// With LLaDA's blocks (a request of several blocks), the current block's rows are
+    /// computed at every forward, as Fast-dLLM's dual cache computes them, and V-verify
+    /// picks among the other response rows. Off: the reference's rule over the whole
+    /// response, whose masked rows then keep their outputs from the last refresh while
+    /// the sampler must commit inside the block.
+    pub pin_block: bool,
 }
 
 /// The rows V-verify recomputes.
@@ -75,6 +81,7 @@ impl Default for AdaptiveRefresh {
             response_interval: DEFAULT_RESPONSE_INTERVAL,
             refresh_ratio: DEFAULT_REFRESH_RATIO,
             pick: VerifyPick::LowestCosine,
+            pin_block: true,
         }
     }
 }
@@ -110,6 +117,9 @@ pub struct AdaptiveStep {
     pub refresh_prompt: bool,
     pub refresh: ResponseRefresh,
     pub pick: VerifyPick,
+    /// Positions of the response computed whatever V-verify picks (the current block
+    /// under `pin_block`; empty otherwise or when the response refreshes).
+    pub pinned: Range<usize>,
 }
 
 impl AdaptiveRefresh {
@@ -151,13 +161,29 @@ impl AdaptiveRefresh {
 
     /// Forward `steps_done + 1` of a sequence whose response is `response`: the prompt
     /// refreshes when `steps_done` is a multiple of K_p, the response when it is one of K_r
-    /// (both on the first forward).
-    pub fn step(&self, steps_done: usize, response: Range<usize>) -> AdaptiveStep {
-        let refresh = if steps_done.is_multiple_of(self.response_interval.max(1)) {
+    /// (both on the first forward). `block` is the current block when the request has
+    /// several (pinned under `pin_block`).
+    pub fn step(
+        &self,
+        steps_done: usize,
+        response: Range<usize>,
+        block: Option<Range<usize>>,
+    ) -> AdaptiveStep {
+        let full = steps_done.is_multiple_of(self.response_interval.max(1));
+        let pinned = match block {
+            Some(b) if self.pin_block && !full => {
+                b.start.clamp(response.start, response.end)
+                    ..b.end.clamp(response.start, response.end)
+            }
+            _ => response.start..response.start,
+        };
+        let refresh = if full {
             ResponseRefresh::Full
         } else if self.refresh_ratio > 0.0 {
             ResponseRefresh::Verify {
-                recompute: self.recompute_rows(response.len()),
+                recompute: self
+                    .recompute_rows(response.len())
+                    .min(response.len() - pinned.len()),
             }
         } else {
             ResponseRefresh::Reuse
@@ -167,6 +193,7 @@ impl AdaptiveRefresh {
             response,
             refresh,
             pick: self.pick,
+            pinned,
         }
     }
 }
@@ -174,10 +201,11 @@ impl AdaptiveRefresh {
 impl AdaptiveStep {
     /// Rows per layer that run attention and the MLP, of `rows` rows in the pass.
     pub fn computed_rows(&self, rows: usize) -> usize {
+        let others = rows - self.response.len() + self.pinned.len();
         match self.refresh {
             ResponseRefresh::Full => rows,
-            ResponseRefresh::Verify { recompute } => rows - self.response.len() + recompute,
-            ResponseRefresh::Reuse => rows - self.response.len(),
+            ResponseRefresh::Verify { recompute } => others + recompute,
+            ResponseRefresh::Reuse => others,
         }
     }
 
@@ -197,6 +225,9 @@ pub struct AdaptiveMember {
     pub response: Range<usize>,
     pub refresh: ResponseRefresh,
     pub pick: VerifyPick,
+    /// Rows of the response (counted from its first) V-verify never picks: the pinned
+    /// block, computed anyway.
+    pub skip: Range<usize>,
     /// First slot of the compute list its verified rows go to (the GPU writes them).
     pub list_base: usize,
 }
@@ -252,6 +283,11 @@ impl AdaptivePass {
             let response = w.rows.end - g..w.rows.end;
             let first = pass.list.len();
             pass.list.extend(w.rows.start as u32..response.start as u32);
+            let skip = a.pinned.start - a.response.start..a.pinned.end - a.response.start;
+            if a.refresh != ResponseRefresh::Full {
+                let pinned = response.start + skip.start..response.start + skip.end;
+                pass.list.extend(pinned.start as u32..pinned.end as u32);
+            }
             let list_base = pass.list.len();
             match a.refresh {
                 ResponseRefresh::Full => {
@@ -273,6 +309,7 @@ impl AdaptivePass {
                 response,
                 refresh: a.refresh,
                 pick: a.pick,
+                skip,
                 list_base,
             });
         }
@@ -328,9 +365,10 @@ mod tests {
             response_interval: 3,
             refresh_ratio: 0.5,
             pick: VerifyPick::LowestCosine,
+            pin_block: true,
         };
         // Forward n refreshes the response iff (n - 1) % K_r == 0.
-        let kinds: Vec<_> = (0..7).map(|d| a.step(d, 20..36)).collect();
+        let kinds: Vec<_> = (0..7).map(|d| a.step(d, 20..36, None)).collect();
         assert_eq!(kinds[0].refresh, ResponseRefresh::Full);
         assert!(kinds[0].refresh_prompt);
         assert_eq!(kinds[1].refresh, ResponseRefresh::Verify { recompute: 8 });
@@ -341,7 +379,30 @@ mod tests {
             refresh_ratio: 0.0,
             ..a
         };
-        assert_eq!(reuse.step(1, 20..36).refresh, ResponseRefresh::Reuse);
+        assert_eq!(reuse.step(1, 20..36, None).refresh, ResponseRefresh::Reuse);
+        // The current block is computed at every forward and V-verify picks among the rest.
+        let pinned = a.step(1, 20..36, Some(24..28));
+        assert_eq!(pinned.pinned, 24..28);
+        assert_eq!(pinned.computed_rows(16), 4 + 8);
+        assert_eq!(
+            a.step(3, 20..36, Some(24..28)).pinned.len(),
+            0,
+            "a refresh pins nothing"
+        );
+        let unpinned = AdaptiveRefresh {
+            pin_block: false,
+            ..a
+        };
+        assert_eq!(unpinned.step(1, 20..36, Some(24..28)).pinned.len(), 0);
+        let all = AdaptiveRefresh {
+            refresh_ratio: 1.0,
+            ..a
+        };
+        assert_eq!(
+            all.step(1, 20..36, Some(24..28)).refresh,
+            ResponseRefresh::Verify { recompute: 12 },
+            "the picks leave out the pinned rows"
+        );
     }
 
     #[test]
@@ -381,12 +442,14 @@ mod tests {
             refresh_prompt: true,
             refresh: ResponseRefresh::Verify { recompute: 2 },
             pick: VerifyPick::LowestCosine,
+            pinned: 12..13,
         };
         let a1 = AdaptiveStep {
             response: 6..10,
             refresh_prompt: false,
             refresh: ResponseRefresh::Reuse,
             pick: VerifyPick::LowestCosine,
+            pinned: 6..6,
         };
         let seq = |rows: Range<usize>, len, base| SeqStep {
             rows: rows.into(),
@@ -397,15 +460,21 @@ mod tests {
         let plan = StepPlan::alone(&[seq(0..14, 14, 0), seq(6..10, 10, 14)], 2, false).unwrap();
         let pass = AdaptivePass::new(&plan, &[&a0, &a1]).unwrap();
         assert_eq!(pass.rows, 18);
-        assert_eq!(pass.list.len(), 12);
+        assert_eq!(pass.list.len(), 13);
         assert_eq!(&pass.list[..10], &(0..10).collect::<Vec<u32>>()[..]);
+        assert_eq!(pass.list[10], 12, "the pinned row, then the verified slots");
         assert_eq!(pass.members[0].response, 10..14);
-        assert_eq!(pass.members[0].list_base, 10);
+        assert_eq!(
+            pass.members[0].skip,
+            2..3,
+            "position 12 is the response's third row"
+        );
+        assert_eq!(pass.members[0].list_base, 11);
         assert_eq!(pass.members[1].response, 14..18);
         assert_eq!(pass.windows.len(), 1, "sequence 1 computes nothing");
-        assert_eq!(pass.windows[0].rows, 0..12);
+        assert_eq!(pass.windows[0].rows, 0..13);
         assert!(pass.verifies() && !pass.is_identity());
-        assert_eq!(a0.computed_rows(14), 12);
+        assert_eq!(a0.computed_rows(14), 13);
         assert_eq!(a1.computed_rows(4), 0);
         // A plan whose rows do not match the steps is refused.
         assert!(AdaptivePass::new(&plan, &[&a1, &a0]).is_err());

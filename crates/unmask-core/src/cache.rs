@@ -182,7 +182,10 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
         },
         CacheMode::Acache => step(s.block.clone()),
         CacheMode::DllmCache => {
-            let a = s.adaptive.step(s.steps_done, s.response_start.min(t)..t);
+            let block = s.several_blocks.then(|| s.block.clone());
+            let a = s
+                .adaptive
+                .step(s.steps_done, s.response_start.min(t)..t, block);
             let first = if a.refresh_prompt {
                 0
             } else {
@@ -376,13 +379,15 @@ mod tests {
         assert_eq!(first.token_layer_passes(3, 3, 0), 20 * 3);
         let verify = s(1);
         assert_eq!(verify.rows, (12..20).into());
-        assert_eq!(verify.token_layer_passes(3, 3, 0), 4 * 3);
+        // The block 12..16 pinned, and ⌊0.5 · 8⌋ = 4 of the others verified.
+        assert_eq!(verify.adaptive.as_ref().unwrap().pinned, 12..16);
+        assert_eq!(verify.token_layer_passes(3, 3, 0), (4 + 4) * 3);
         let prompt_only = s(4);
         assert_eq!(prompt_only.rows, (0..20).into());
         let a = prompt_only.adaptive.as_ref().unwrap();
         assert!(a.refresh_prompt);
         assert_eq!(a.refresh, ResponseRefresh::Verify { recompute: 4 });
-        assert_eq!(prompt_only.token_layer_passes(3, 3, 0), (12 + 4) * 3);
+        assert_eq!(prompt_only.token_layer_passes(3, 3, 0), (12 + 4 + 4) * 3);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 // dLLM-Cache's V-verify, on the GPU without a read-back: for each response row of a pass,
 // the cosine between its new V (the V columns of its QKV row, before the arena is
 // overwritten) and the V its arena row holds from the last refresh (`cosine_main`); the k
-// rows of lowest cosine, ties to the lower row (`select_main`); and those rows as a list in
+// rows of lowest cosine outside the skipped rows, ties to the lower row (`select_main`); and those rows as a list in
 // row order (`compact_main`), the index buffer the layer's later dispatches read; then
 // every row's new V into its arena row (`store_main`: the V cache takes every new V).
 // The rows are `row0..row0 + rows` of the pass (one sequence's response); the list gets
@@ -18,7 +18,11 @@ struct Params {
     k: u32,           // rows to select
     row0: u32,        // first pass row
     list_base: u32,   // first list slot
+    skip_start: u32,  // rows skip_start..skip_end are never picked (computed anyway)
+    skip_end: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -112,9 +116,16 @@ fn select_main(
     if (j >= p.rows) {
         return;
     }
+    if (j >= p.skip_start && j < p.skip_end) {
+        selected[j] = 0u;
+        return;
+    }
     let mine = cosine[j];
     var rank = 0u;
     for (var i = 0u; i < p.rows; i++) {
+        if (i >= p.skip_start && i < p.skip_end) {
+            continue;
+        }
         let other = cosine[i];
 //#if MOST_SIMILAR
         let before = other > mine;

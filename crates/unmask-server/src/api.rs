@@ -112,6 +112,8 @@ pub struct Common {
     pub refresh_ratio: Option<f64>,
     #[serde(default)]
     pub verify_pick: Option<String>,
+    #[serde(default)]
+    pub pin_block: Option<bool>,
     /// Also read as Dream's `alg` (maskgit_plus, topk_margin, entropy, origin).
     #[serde(default, alias = "alg")]
     pub remasking: Option<String>,
@@ -447,6 +449,7 @@ impl Common {
             response_interval: self.response_interval,
             refresh_ratio: self.refresh_ratio,
             verify_pick: self.verify_pick.clone(),
+            pin_block: self.pin_block,
             ..unmask::RequestSpec::default()
         };
         let any_model = unmask::SpecLimits {

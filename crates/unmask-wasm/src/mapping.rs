@@ -330,7 +330,7 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
 /// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
 /// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
 /// `decode`, ACache's `affix` and `anchorRatio`, dLLM-Cache's `promptInterval`,
-/// `responseInterval`, `refreshRatio` and `verifyPick`). Checked against the model's `limits`; what depends on the prompt's length is
+/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`). Checked against the model's `limits`; what depends on the prompt's length is
 /// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
     if !obj.is_object() {
@@ -517,6 +517,7 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
             "promptInterval": a.prompt_interval,
             "responseInterval": a.response_interval,
             "refreshRatio": a.refresh_ratio.to_string().parse::<f64>().ok(),
+            "pinBlock": a.pin_block,
             "responseRows": a.response_rows,
             "promptRefreshes": a.prompt_refreshes,
             "responseRefreshes": a.response_refreshes,

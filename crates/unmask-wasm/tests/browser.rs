@@ -358,6 +358,7 @@ async fn dllm_cache_matches_the_reference() {
             prompt_interval: n("prompt_interval"),
             response_interval: n("response_interval"),
             refresh_ratio: case["refresh_ratio"].as_f64().unwrap() as f32,
+            pin_block: case["pin_block"].as_bool().unwrap(),
             ..unmask::AdaptiveRefresh::default()
         };
         request.record_picks = true;

@@ -223,6 +223,7 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
             "response_interval": a.response_interval,
             "refresh_ratio": a.refresh_ratio.to_string().parse::<f64>().ok(),
             "verify_pick": a.pick.name(),
+            "pin_block": a.pin_block,
         })),
         "n_items": s.items,
         "correct": s.correct,
@@ -389,11 +390,14 @@ pub(super) fn markdown(
                 a.refresh_ratio,
                 a.response_interval,
                 a.prompt_interval,
-                if a.pick == unmask_core::adaptive::VerifyPick::LowestCosine {
-                    String::new()
-                } else {
-                    format!(", {}", a.pick.name())
-                }
+                [
+                    (a.pick != unmask_core::adaptive::VerifyPick::LowestCosine)
+                        .then(|| format!(", {}", a.pick.name())),
+                    (!a.pin_block).then(|| ", block not pinned".to_string()),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<String>()
             ),
             (None, None) => s.cache.name().to_string(),
         };

@@ -210,6 +210,7 @@ impl Model {
                         k: recompute,
                         list_base: m.list_base,
                         most_similar: m.pick == VerifyPick::HighestCosine,
+                        skip: m.skip.clone(),
                     };
                     rows.verify.encode(step, buffers, checked, layout)?;
                 }

@@ -47,7 +47,9 @@ struct VerifyParams {
     k: u32,
     row0: u32,
     list_base: u32,
-    _pad: u32,
+    skip_start: u32,
+    skip_end: u32,
+    _pad: [u32; 3],
 }
 
 /// Where V sits in a pass's QKV rows.
@@ -69,7 +71,7 @@ pub struct VVerify {
 
 /// The rows one V-verify checks: pass rows `row0..row0 + rows` (one sequence's response),
 /// `k` of them picked into the list from slot `list_base`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct VerifyRows {
     pub row0: usize,
     pub rows: usize,
@@ -77,6 +79,8 @@ pub struct VerifyRows {
     pub list_base: usize,
     /// Pick the rows of highest cosine instead (a deliberately wrong cache).
     pub most_similar: bool,
+    /// Rows (counted from `row0`) never picked: rows the step computes anyway.
+    pub skip: std::ops::Range<usize>,
 }
 
 /// The buffers a V-verify reads and writes: the pass's QKV rows (new V in their V
@@ -115,14 +119,17 @@ impl VVerify {
         let (rows, k) = (r.rows, r.k);
         check(
             "v_verify",
-            rows <= self.capacity && k <= rows && kv_w.is_multiple_of(2),
+            rows <= self.capacity
+                && k + r.skip.len() <= rows
+                && r.skip.end <= rows
+                && kv_w.is_multiple_of(2),
             || {
                 format!(
-                    "at most {} rows, k at most the rows, an even K/V width",
+                    "at most {} rows, k at most the rows outside the skipped ones, an even K/V width",
                     self.capacity
                 )
             },
-            || format!("{rows} rows, k {k}, K/V width {kv_w}"),
+            || format!("{rows} rows, k {k}, skipped {:?}, K/V width {kv_w}", r.skip),
         )?;
         check_f32("v_verify qkv", b.qkv, (r.row0 + rows) * stride)?;
         check_u32("v_verify arena rows", b.arena_rows, r.row0 + rows)?;
@@ -145,7 +152,9 @@ impl VVerify {
             k: u32_of(k),
             row0: u32_of(r.row0),
             list_base: u32_of(r.list_base),
-            _pad: 0,
+            skip_start: u32_of(r.skip.start),
+            skip_end: u32_of(r.skip.end),
+            _pad: [0; 3],
         };
         let bindings: Vec<_> = [
             b.qkv.into(),
@@ -186,7 +195,9 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             v_col,
             k,
             row0,
-            list_base
+            list_base,
+            skip_start,
+            skip_end
         }
     )]
 }
