@@ -40,7 +40,7 @@ pub(crate) struct Prepared<'r> {
 impl Prepared<'_> {
     /// Runs dLLM-Cache's adaptive steps (with their caches) rather than a step plan's.
     pub(crate) fn is_adaptive(&self) -> bool {
-        self.mode == CacheMode::DllmCache && !self.request.recompute_all
+        self.mode.is_adaptive() && !self.request.recompute_all
     }
 
     /// The prompt's shared prefix.
@@ -68,10 +68,10 @@ impl Prepared<'_> {
 
     /// Runs without BiCache: `bicache-dual` as `fast-dllm-dual`, `bicache` as `none`.
     pub(crate) fn fall_back(&mut self, why: String) {
-        let mode = if self.mode == CacheMode::BicacheDual {
-            CacheMode::FastDllmDual
-        } else {
-            CacheMode::None
+        let mode = match self.mode {
+            CacheMode::BicacheDual => CacheMode::FastDllmDual,
+            CacheMode::BicacheDllm => CacheMode::DllmCache,
+            _ => CacheMode::None,
         };
         self.mode = mode;
         self.shared = None;
@@ -149,7 +149,7 @@ impl Engine {
                 found: b.to_string(),
             });
         }
-        if req.cache == CacheMode::DllmCache && !req.recompute_all {
+        if req.cache.is_adaptive() && !req.recompute_all {
             req.adaptive.check().map_err(|e| EngineError::Invalid {
                 field: e.field,
                 expected: e.expected.into(),

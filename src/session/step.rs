@@ -7,7 +7,9 @@ use unmask_core::adaptive::{AdaptivePass, AdaptiveStep};
 use unmask_core::cache::{ModeStep, SeqState, plan_mode};
 use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_gpu::StepEncoder;
-use unmask_gpu::model::{ForwardState, Model, PlanBuffers, SharedPrefix};
+use unmask_gpu::model::{
+    AdaptiveInput, AdaptiveShared, ForwardState, Model, PlanBuffers, SharedPrefix,
+};
 use unmask_gpu::ops::sampling::SelectParams;
 
 use super::{Member, Session, SessionState};
@@ -155,28 +157,37 @@ impl Session<'_> {
             step.submit()?;
         }
 
-        let (plan, shared, label) = match &self.prefix {
-            Some(p) => (
-                StepPlan::shared(&seqs, p.key.depth, n_layers, shift).map_err(internal)?,
-                Some(SharedPrefix {
-                    kv: &p.run.entry.kv,
-                    tokens: p.run.entry.tokens,
-                    boundary: &p.run.boundary,
-                }),
+        let adaptive: Vec<&AdaptiveStep> =
+            modes.iter().filter_map(|m| m.adaptive.as_ref()).collect();
+        let shared = self.prefix.as_ref().map(|p| SharedPrefix {
+            kv: &p.run.entry.kv,
+            tokens: p.run.entry.tokens,
+            boundary: &p.run.boundary,
+        });
+        let depth = self.prefix.as_ref().map(|p| p.key.depth);
+        let (plan, label) = match depth {
+            // dLLM-Cache lays its rows out without the entry (arena rows of the deep
+            // layers) and runs the shallow layers against it (`shallow_layout`).
+            _ if !adaptive.is_empty() => {
+                let alone: Vec<SeqStep> = seqs
+                    .iter()
+                    .map(|s| SeqStep {
+                        prefix_len: 0,
+                        refresh: false,
+                        ..s.clone()
+                    })
+                    .collect();
+                let plan = StepPlan::alone(&alone, n_layers, shift).map_err(internal)?;
+                (plan, "dllm-cache step")
+            }
+            Some(b) => (
+                StepPlan::shared(&seqs, b, n_layers, shift).map_err(internal)?,
                 "bicache step",
             ),
             None => (
                 StepPlan::alone(&seqs, n_layers, shift).map_err(internal)?,
-                None,
                 "denoise step",
             ),
-        };
-        let adaptive: Vec<&AdaptiveStep> =
-            modes.iter().filter_map(|m| m.adaptive.as_ref()).collect();
-        let label = if adaptive.is_empty() {
-            label
-        } else {
-            "dllm-cache step"
         };
         let mut step = StepEncoder::new(&engine.ctx, label);
         let mut hidden = Vec::with_capacity(passes.len());
@@ -202,12 +213,27 @@ impl Session<'_> {
                 .zip(tokens)
                 .flat_map(|(s, t)| s.rows.iter().map(|p| t[p]))
                 .collect();
-            let record = self
-                .running
-                .iter()
-                .any(|(_, m)| m.prepared.request.record_picks);
-            let out =
-                model.encode_adaptive(&mut step, st, rows, &plan, &ids, &pass, &caches, record)?;
+            let layout = match (shared, depth) {
+                (Some(prefix), Some(b)) => Some(
+                    pass.shallow_layout(&plan, &adaptive, prefix.tokens, b)
+                        .map_err(internal)?,
+                ),
+                _ => None,
+            };
+            let input = AdaptiveInput {
+                plan: &plan,
+                ids: &ids,
+                pass: &pass,
+                caches: &caches,
+                shared: shared
+                    .zip(layout.as_ref())
+                    .map(|(prefix, layout)| AdaptiveShared { prefix, layout }),
+                record_picks: self
+                    .running
+                    .iter()
+                    .any(|(_, m)| m.prepared.request.record_picks),
+            };
+            let out = model.encode_adaptive(&mut step, st, rows, input)?;
             hidden.push(out.hidden);
             picked = out.picks.map(|slot| (pass, slot));
         }

@@ -173,12 +173,20 @@ fn token_layer_passes_follow_each_modes_formula() {
                 (0..s)
                     .map(|d| {
                         let prompt = if d % 100 == 0 { p_len } else { 0 };
-                        prompt + if d % 7 == 0 { gen_len } else { block + gen_len / 4 }
+                        prompt
+                            + if d % 7 == 0 {
+                                gen_len
+                            } else {
+                                block + gen_len / 4
+                            }
                     })
                     .sum::<usize>()
                     * layers
             }
-            CacheMode::Bicache | CacheMode::BicacheDual | CacheMode::Acache => {
+            CacheMode::Bicache
+            | CacheMode::BicacheDual
+            | CacheMode::BicacheDllm
+            | CacheMode::Acache => {
                 unreachable!("not in the list above")
             }
         };

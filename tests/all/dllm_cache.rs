@@ -184,3 +184,77 @@ fn bad_settings_are_refused_with_the_field() {
         }
     }
 }
+
+/// A BiCache-sharing dLLM-Cache request on the fixture's shared prefix.
+fn shared_request(
+    q: u32,
+    (mode, block): (CacheMode, usize),
+    depth: usize,
+    adaptive: AdaptiveRefresh,
+) -> Request {
+    let mut r = Request::ids(common::shared_prefix_prompt(q))
+        .with_params(params(16, 8, block))
+        .with_cache(mode);
+    r.prefix_len = Some(common::shared_prefix().len());
+    r.depth = Some(depth);
+    r.refresh_every = 1;
+    r.adaptive = adaptive;
+    r
+}
+
+/// bicache-dllm at depth 0 reads nothing from the entry (the prefix rows enter layer 0 from
+/// the entry's boundary state, their embeddings): it equals dllm-cache. With every part
+/// refreshed at every forward it equals bicache refreshing its deep prefix every step, at
+/// any depth (one block: BiCache refreshes every R steps only then). And a second request
+/// reads the stored entry.
+#[test]
+fn bicache_dllm_composes_exactly() {
+    let engine = common::tiny_engine();
+    let settings = AdaptiveRefresh {
+        prompt_interval: 3,
+        response_interval: 3,
+        refresh_ratio: 0.5,
+        ..AdaptiveRefresh::default()
+    };
+    for q in [0, 1] {
+        let plain = engine
+            .generate(&shared_request(q, (CacheMode::DllmCache, 4), 0, settings))
+            .expect("dllm-cache");
+        let composed = engine
+            .generate(&shared_request(q, (CacheMode::BicacheDllm, 4), 0, settings))
+            .expect("bicache-dllm");
+        let report = composed.bicache.as_ref().expect("a BiCache report");
+        assert!(report.fallback.is_none(), "{report:?}");
+        assert_eq!(
+            composed.ids, plain.ids,
+            "question {q}: depth 0 equals dllm-cache"
+        );
+    }
+    let every = AdaptiveRefresh {
+        prompt_interval: 1,
+        response_interval: 1,
+        ..settings
+    };
+    for depth in [1, 2] {
+        let want = engine
+            .generate(&shared_request(0, (CacheMode::Bicache, 16), depth, every))
+            .expect("bicache");
+        let got = engine
+            .generate(&shared_request(
+                0,
+                (CacheMode::BicacheDllm, 16),
+                depth,
+                every,
+            ))
+            .expect("bicache-dllm");
+        assert_eq!(
+            got.ids, want.ids,
+            "depth {depth}: equals bicache refreshing every step"
+        );
+        assert!(
+            got.bicache.as_ref().is_some_and(|r| r.hit),
+            "the entry is reused"
+        );
+    }
+    eprintln!("[dllm-cache] bicache-dllm: depth 0 equals dllm-cache, refresh-all equals bicache");
+}

@@ -14,12 +14,14 @@
 //! Modules (everything is re-exported here): `timing` (repeats, medians, deterministic
 //! inputs), `env` (the environment a record carries: adapter peaks, commit), `kernels`
 //! (matmul and attention cases at a model's shapes), `requests` (whole requests per cache
-//! mode and decoding, served one at a time or in batches).
+//! mode and decoding, served one at a time or in batches), `work` (a request's rows × layers
+//! and FLOPs per cache mode, counted from the mode planner without a GPU).
 
 mod env;
 mod kernels;
 mod requests;
 mod timing;
+mod work;
 
 pub use env::{Peak, commit, envelope, known_peak, with_envelope};
 pub use kernels::{
@@ -29,3 +31,4 @@ pub use requests::{
     Decoding, RequestBenchOptions, Workload, WorkloadRequest, run_request_bench, serve_continuously,
 };
 pub use timing::{Repeats, Sample, pseudo_random, time_step};
+pub use work::{WorkMode, WorkRequest, request_work, with_ratios};

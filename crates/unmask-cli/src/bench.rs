@@ -22,7 +22,7 @@ use crate::values;
 #[derive(Args, Debug)]
 #[command(
     about = "Benchmark kernels at the model's shapes and requests per cache mode (JSON lines).",
-    override_usage = "unmask bench [--model <DIR> | --config llada-8b] [--only <kernels|requests>] [--out <FILE>]",
+    override_usage = "unmask bench [--model <DIR> | --config llada-8b] [--only <kernels|requests|work>] [--out <FILE>]",
     after_help = "Each line is one record: the adapter, backend, driver, commit and model, then the\n\
                   figures (medians after a warm-up). Kernel records: GFLOP/s, GB/s and, when the\n\
                   peak is known or given, the share of it. Request records: throughput (canvas and\n\
@@ -54,7 +54,8 @@ pub struct BenchArgs {
     #[arg(long)]
     auto_only: bool,
     /// cache modes to run, comma-separated: none, fast-dllm-prefix, fast-dllm-dual,
-    /// prefix-arm, bicache, bicache-dual (default: all of them)
+    /// prefix-arm, bicache, bicache-dual, acache, dllm-cache (default: all of them; with
+    /// --only work: none, fast-dllm-prefix, fast-dllm-dual, dllm-cache)
     #[arg(long, value_name = "LIST", value_parser = values::cache_modes)]
     cache: Option<::std::vec::Vec<CacheMode>>,
     /// quota, threshold or both (default quota,threshold)
@@ -119,6 +120,9 @@ pub struct BenchArgs {
 enum Only {
     Kernels,
     Requests,
+    /// Each cache mode's rows × layers and FLOPs over one request's schedule, counted
+    /// from the mode planner at the model's shapes (no GPU, no weights).
+    Work,
 }
 
 /// A decoding of `--decoding`; threshold decoding takes `--threshold`.
@@ -270,6 +274,59 @@ fn summary_line(r: &Value) -> String {
     }
 }
 
+/// `--only work`: every cache mode's work over one request of `--prefix-tokens` +
+/// `--user-tokens` prompt tokens, at the shapes of `--model`'s config or `--config`.
+fn run_work(args: &BenchArgs, model: Option<&Path>) -> Result<(), CliError> {
+    let (name, cfg) = shapes_config(args.config.as_deref(), model)?;
+    let modes = args.cache.clone().unwrap_or_else(|| {
+        vec![
+            CacheMode::None,
+            CacheMode::FastDllmPrefix,
+            CacheMode::FastDllmDual,
+            CacheMode::DllmCache,
+        ]
+    });
+    let settings = args.bicache.settings(&modes);
+    let depth = settings.depth.unwrap_or(cfg.n_layers / 2);
+    let request = bench::WorkRequest {
+        prompt_tokens: args.prefix_tokens + args.user_tokens,
+        prefix_tokens: args.prefix_tokens,
+        params: GenerationParams {
+            gen_length: args.gen_length,
+            steps: args.steps,
+            block_length: args.block_length,
+            ..GenerationParams::default()
+        },
+    };
+    let mut records = Vec::new();
+    for &cache in &modes {
+        let mode = bench::WorkMode {
+            cache,
+            depth,
+            adaptive: settings.adaptive,
+        };
+        let mut r = bench::request_work(&cfg, &request, mode)
+            .map_err(|e| CliError::usage(format!("invalid request shape: {e}")))?;
+        r["model"] = Value::from(name.as_str());
+        records.push(r);
+    }
+    let mut sink = Sink::open(args.out.as_deref())?;
+    for r in bench::with_ratios(records) {
+        eprintln!(
+            "  {:<16} {:>8.1} token-layer passes/step {:>9.1} GFLOP/step  {:.2}x less than none, {:.2}x less than fast-dllm-dual",
+            r["cache"].as_str().unwrap_or("?"),
+            r["token_layer_passes_per_step"].as_f64().unwrap_or(0.0),
+            r["gflop_per_step"].as_f64().unwrap_or(0.0),
+            r["less_work_than_none"].as_f64().unwrap_or(f64::NAN),
+            r["less_work_than_fast_dllm_dual"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+        );
+        sink.write(&r)?;
+    }
+    Ok(())
+}
+
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     // `--model` and `--config` are exclusive (clap checks it).
     let model = match &args.config {
@@ -279,6 +336,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let (kernels, requests) = match args.only {
         Some(Only::Kernels) => (true, false),
         Some(Only::Requests) => (false, true),
+        Some(Only::Work) => return run_work(args, model.as_deref()),
         None => (true, model.is_some()),
     };
     if requests && model.is_none() {

@@ -248,10 +248,10 @@ impl CacheFlags {
             self.verify_pick.is_some(),
             self.pin_block.is_some(),
         ];
-        if adaptive_flags.contains(&true) && !modes.contains(&CacheMode::DllmCache) {
+        if adaptive_flags.contains(&true) && !modes.iter().any(|m| m.is_adaptive()) {
             eprintln!(
                 "note: --prompt-interval, --response-interval, --refresh-ratio, \
-                 --verify-pick and --pin-block are used only by --cache dllm-cache"
+                 --verify-pick and --pin-block are used only by --cache dllm-cache and bicache-dllm"
             );
         }
         let defaults = AdaptiveRefresh::default();

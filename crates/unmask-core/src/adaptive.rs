@@ -336,6 +336,72 @@ impl AdaptivePass {
             .collect()
     }
 
+    /// The shallow layers' layout when the pass's sequences share a prefix entry of
+    /// `prefix_len` positions read below layer `depth` (BiCache): `plan` is the plan of the
+    /// same rows without the entry (`StepPlan::alone`), whose arena rows are the deep
+    /// layers'.
+    pub fn shallow_layout(
+        &self,
+        plan: &StepPlan,
+        steps: &[&AdaptiveStep],
+        prefix_len: usize,
+        depth: usize,
+    ) -> Result<ShallowLayout, PlanError> {
+        let mut out = ShallowLayout {
+            depth,
+            prefix_len,
+            list: Vec::new(),
+            list_base: Vec::with_capacity(steps.len()),
+            windows: Vec::new(),
+            kv_rows: Vec::with_capacity(self.rows),
+            boundary: Vec::new(),
+        };
+        for ((w, a), m) in plan.shallow.windows.iter().zip(steps).zip(&self.members) {
+            if w.kv_len < prefix_len || a.response.start < prefix_len {
+                return Err(PlanError(format!(
+                    "a shared prefix of {prefix_len} positions in a sequence of {} whose \
+                     response starts at {}",
+                    w.kv_len, a.response.start
+                )));
+            }
+            let first = out.list.len();
+            if a.refresh_prompt {
+                out.boundary.push(w.rows.start);
+                let user = w.rows.start + prefix_len..m.response.start;
+                out.list.extend(user.start as u32..user.end as u32);
+            }
+            if m.refresh == ResponseRefresh::Full {
+                out.list
+                    .extend(m.response.start as u32..m.response.end as u32);
+            } else {
+                let pinned = m.response.start + m.skip.start..m.response.start + m.skip.end;
+                out.list.extend(pinned.start as u32..pinned.end as u32);
+            }
+            out.list_base.push(out.list.len());
+            if let ResponseRefresh::Verify { recompute } = m.refresh {
+                out.list.extend(std::iter::repeat_n(0, recompute));
+            }
+            if out.list.len() > first {
+                out.windows.push(SeqWindow {
+                    rows: first..out.list.len(),
+                    kv_start: w.kv_start,
+                    kv_len: w.kv_len - prefix_len,
+                });
+            }
+        }
+        // Position p sits at arena row p - prefix_len of the shallow layers; prefix rows are
+        // never computed there.
+        for (&pos, &row) in plan.shallow.positions.iter().zip(&plan.shallow.kv_rows) {
+            let pos = pos as usize;
+            out.kv_rows.push(if pos < prefix_len {
+                0
+            } else {
+                row - prefix_len as u32
+            });
+        }
+        Ok(out)
+    }
+
     /// Every pass row is computed: the compute list is `0..rows`.
     pub fn is_identity(&self) -> bool {
         self.list.len() == self.rows
@@ -351,6 +417,24 @@ impl AdaptivePass {
             .iter()
             .any(|m| matches!(m.refresh, ResponseRefresh::Verify { .. }))
     }
+}
+
+/// The shallow layers of an adaptive pass over sequences sharing a prefix entry: their
+/// compute list (the deep one without the prefix rows), arena rows and windows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShallowLayout {
+    /// Layers below it read the prefix from the entry.
+    pub depth: usize,
+    pub prefix_len: usize,
+    pub list: Vec<u32>,
+    /// Per sequence, the first slot of its verified rows in `list`.
+    pub list_base: Vec<usize>,
+    pub windows: Vec<SeqWindow>,
+    /// Arena row of each pass row in these layers (0 for prefix rows, never computed).
+    pub kv_rows: Vec<u32>,
+    /// First pass row of each sequence that refreshes its prompt: its prefix rows enter
+    /// layer `depth` from the entry's boundary state.
+    pub boundary: Vec<usize>,
 }
 
 #[cfg(test)]
@@ -478,5 +562,13 @@ mod tests {
         assert_eq!(a1.computed_rows(4), 0);
         // A plan whose rows do not match the steps is refused.
         assert!(AdaptivePass::new(&plan, &[&a1, &a0]).is_err());
+        // Under a shared prefix of 6 the shallow layers leave out sequence 0's prefix rows.
+        let shallow = pass.shallow_layout(&plan, &[&a0, &a1], 6, 1).unwrap();
+        assert_eq!(shallow.list[..5], [6, 7, 8, 9, 12]);
+        assert_eq!(shallow.list_base, vec![5, 7]);
+        assert_eq!(shallow.windows[0].kv_len, 14 - 6);
+        assert_eq!(shallow.boundary, vec![0]);
+        assert_eq!(shallow.kv_rows[6], 0, "position 6 at shallow arena row 0");
+        assert_eq!(shallow.kv_rows[14], 14 + 6 - 6, "sequence 1's position 6");
     }
 }

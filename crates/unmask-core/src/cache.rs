@@ -43,10 +43,15 @@ pub enum CacheMode {
     /// prompt is recomputed every K_p forwards, the response every K_r, and in between only
     /// the response rows whose V moved most (V-verify) (`adaptive`).
     DllmCache,
+    /// dLLM-Cache composed with BiCache: the shared prefix's K/V come from the store in the
+    /// shallow layers (below b); the deep layers recompute the prefix rows from the stored
+    /// boundary state when the prompt refreshes (every K_p forwards); the rest is
+    /// `dllm-cache`.
+    BicacheDllm,
 }
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 8] = [
+    pub const ALL: [CacheMode; 9] = [
         CacheMode::None,
         CacheMode::FastDllmPrefix,
         CacheMode::FastDllmDual,
@@ -55,11 +60,20 @@ impl CacheMode {
         CacheMode::BicacheDual,
         CacheMode::Acache,
         CacheMode::DllmCache,
+        CacheMode::BicacheDllm,
     ];
 
     /// Whether the mode reuses a shared prefix entry across requests.
     pub fn is_bicache(self) -> bool {
-        matches!(self, CacheMode::Bicache | CacheMode::BicacheDual)
+        matches!(
+            self,
+            CacheMode::Bicache | CacheMode::BicacheDual | CacheMode::BicacheDllm
+        )
+    }
+
+    /// Whether the mode runs dLLM-Cache's adaptive steps.
+    pub fn is_adaptive(self) -> bool {
+        matches!(self, CacheMode::DllmCache | CacheMode::BicacheDllm)
     }
 
     pub fn name(self) -> &'static str {
@@ -72,6 +86,7 @@ impl CacheMode {
             CacheMode::BicacheDual => "bicache-dual",
             CacheMode::Acache => "acache",
             CacheMode::DllmCache => "dllm-cache",
+            CacheMode::BicacheDllm => "bicache-dllm",
         }
     }
 }
@@ -85,7 +100,7 @@ impl fmt::Display for CacheMode {
 /// An unknown cache mode name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache, dllm-cache"
+    "unknown cache mode {found:?}: expected one of none, fast-dllm-prefix, fast-dllm-dual, prefix-arm, bicache, bicache-dual, acache, dllm-cache, bicache-dllm"
 )]
 pub struct UnknownCacheMode {
     pub found: String,
@@ -181,7 +196,7 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
             None => step(0..t),
         },
         CacheMode::Acache => step(s.block.clone()),
-        CacheMode::DllmCache => {
+        CacheMode::DllmCache | CacheMode::BicacheDllm => {
             let block = s.several_blocks.then(|| s.block.clone());
             let a = s
                 .adaptive
@@ -192,6 +207,8 @@ pub fn plan_mode(s: &SeqState) -> ModeStep {
                 a.response.start
             };
             ModeStep {
+                // Under BiCache a prompt refresh is the deep layers' prefix refresh.
+                refresh: s.mode == CacheMode::BicacheDllm && a.refresh_prompt,
                 adaptive: Some(a),
                 ..step(first..t)
             }
@@ -233,7 +250,11 @@ impl ModeStep {
     pub fn token_layer_passes(&self, depth: usize, n_layers: usize, prefix_len: usize) -> usize {
         let n = self.rows.len();
         if let Some(a) = &self.adaptive {
-            return a.computed_rows(n) * n_layers;
+            // Under BiCache the shallow layers read the shared prefix from its entry: its
+            // rows run in the deep layers only, when the prompt refreshes.
+            let c = a.computed_rows(n);
+            let prefix = if self.refresh { prefix_len.min(c) } else { 0 };
+            return (c - prefix) * depth + c * (n_layers - depth);
         }
         let deep_rows = if self.refresh { prefix_len + n } else { n };
         self.warmup.unwrap_or(0) * n_layers + n * depth + deep_rows * (n_layers - depth)
@@ -388,6 +409,20 @@ mod tests {
         assert!(a.refresh_prompt);
         assert_eq!(a.refresh, ResponseRefresh::Verify { recompute: 4 });
         assert_eq!(prompt_only.token_layer_passes(3, 3, 0), (12 + 4 + 4) * 3);
+    }
+
+    #[test]
+    fn bicache_dllm_refreshes_the_deep_prefix_with_the_prompt() {
+        let mut st = state(CacheMode::BicacheDllm, 12..16, false, 0);
+        let first = plan_mode(&st);
+        assert!(first.refresh);
+        assert_eq!(first.rows, (0..20).into());
+        // Depth 1 of 3: 14 non-prefix rows in layer 0, all 20 in the deep layers.
+        assert_eq!(first.token_layer_passes(1, 3, 6), 14 + 20 * 2);
+        st.steps_done = 1;
+        let later = plan_mode(&st);
+        assert!(!later.refresh && later.rows == (12..20).into());
+        assert!(CacheMode::BicacheDllm.is_bicache() && CacheMode::BicacheDllm.is_adaptive());
     }
 
     #[test]

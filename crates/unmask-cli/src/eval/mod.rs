@@ -223,7 +223,7 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
                     (mode, s)
                 }));
             }
-            (_, CacheMode::DllmCache) => {
+            (_, m) if m.is_adaptive() => {
                 let d = bicache.adaptive;
                 let ratios = args.refresh_ratios.clone().unwrap_or(vec![d.refresh_ratio]);
                 let intervals = args
@@ -259,7 +259,7 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
                 .as_ref()
                 .filter(|_| mode == CacheMode::Acache)
                 .map(|_| settings.anchor_ratio);
-            run.adaptive = (mode == CacheMode::DllmCache).then_some(settings.adaptive);
+            run.adaptive = mode.is_adaptive().then_some(settings.adaptive);
             Ok(run)
         })
         .collect::<Result<Vec<_>, CliError>>()?;

@@ -9,11 +9,13 @@
 //! forward: fresh for the rows computed, the cache's for the response rows that are not.
 //! After the scatter the response rows of the delta are the new cache.
 
-use unmask_core::adaptive::{AdaptivePass, ResponseRefresh, VerifyPick};
-use unmask_core::step_plan::StepPlan;
+use unmask_core::adaptive::{AdaptivePass, ResponseRefresh, ShallowLayout, VerifyPick};
+use unmask_core::step_plan::{SeqWindow, StepPlan};
 
 use super::ModelError;
 use super::forward::{ForwardState, Model};
+use super::plan::SharedPrefix;
+use crate::ops::attention::KvSegment;
 use crate::ops::elementwise::{self as ew, RowWindow};
 use crate::ops::matmul::{self, Fusion};
 use crate::ops::v_verify::{QkvLayout, VVerify, VerifyBuffers, VerifyRows};
@@ -25,6 +27,9 @@ use crate::tensor::{DType, Tensor};
 pub struct AdaptiveRows {
     pub capacity: usize,
     list: Tensor,
+    /// The shallow layers' list and arena rows under a shared prefix.
+    list_shallow: Tensor,
+    kv_rows_shallow: Tensor,
     positions: Tensor,
     kv_rows: Tensor,
     qkv: Tensor,
@@ -51,6 +56,38 @@ pub struct AdaptiveCache {
     layers: Vec<[Tensor; 2]>,
 }
 
+/// One adaptive forward: the plan of its rows (without a shared prefix: its arena rows
+/// are the deep layers'), their tokens, the adaptive layout, each sequence's cache, and the
+/// shared prefix entry with the shallow layout when the sequences share one.
+#[derive(Clone, Copy)]
+pub struct AdaptiveInput<'a> {
+    pub plan: &'a StepPlan,
+    pub ids: &'a [u32],
+    pub pass: &'a AdaptivePass,
+    pub caches: &'a [&'a AdaptiveCache],
+    pub shared: Option<AdaptiveShared<'a>>,
+    pub record_picks: bool,
+}
+
+/// BiCache under dLLM-Cache: the entry the shallow layers read and their layout.
+#[derive(Clone, Copy)]
+pub struct AdaptiveShared<'a> {
+    pub prefix: SharedPrefix<'a>,
+    pub layout: &'a ShallowLayout,
+}
+
+/// What one layer runs: its compute list (on the GPU and its length), each sequence's
+/// first verified slot in it, the windows of its computed rows and its arena rows.
+struct Layout<'a> {
+    list: &'a Tensor,
+    cn: usize,
+    bases: &'a [usize],
+    windows: &'a [SeqWindow],
+    kv_rows: &'a Tensor,
+    /// The list is every pass row in order: no gathers or scatters.
+    identity: bool,
+}
+
 /// Which cached output a merge handles.
 #[derive(Clone, Copy)]
 enum Feature {
@@ -69,6 +106,8 @@ impl Model {
         Ok(AdaptiveRows {
             capacity: cap,
             list: u32t("adaptive compute list")?,
+            list_shallow: u32t("adaptive shallow compute list")?,
+            kv_rows_shallow: u32t("adaptive shallow kv rows")?,
             positions: u32t("adaptive positions")?,
             kv_rows: u32t("adaptive kv rows")?,
             qkv: f32t(self.qkv_width(), "adaptive qkv")?,
@@ -108,24 +147,27 @@ impl Model {
         })
     }
 
-    /// Writes `plan`'s rows (`ids` the tokens of its rows, in order) and records one
-    /// adaptive forward over them (`pass`, from the plan), sequence i reading and updating
-    /// `caches[i]`; with `record_picks`, every layer's compute list is read back.
-    #[allow(clippy::too_many_arguments)] // a plan, its adaptive layout and their buffers
+    /// Writes the plan's rows and records one adaptive forward over them (`input.pass`,
+    /// from the plan), sequence i reading and updating `input.caches[i]`; under a shared
+    /// prefix the layers below its depth run the shallow layout against the entry. With
+    /// `record_picks` every layer's verified rows are read back (in the deep list's slots).
     pub fn encode_adaptive<'s>(
         &self,
         step: &mut StepEncoder,
         st: &'s ForwardState,
         rows: &AdaptiveRows,
-        plan: &StepPlan,
-        ids: &[u32],
-        pass: &AdaptivePass,
-        caches: &[&AdaptiveCache],
-        record_picks: bool,
+        input: AdaptiveInput<'_>,
     ) -> Result<AdaptiveOutput<'s>, ModelError> {
+        let AdaptiveInput {
+            plan,
+            ids,
+            pass,
+            caches,
+            shared,
+            record_picks,
+        } = input;
         let c = &self.cfg;
         let n = pass.rows;
-        let cn = pass.list.len();
         let fits = plan.n_layers == c.n_layers
             && !plan.shared_prefix
             && plan.shallow.len() == n
@@ -134,7 +176,13 @@ impl Model {
             && caches
                 .iter()
                 .zip(&pass.members)
-                .all(|(cache, m)| cache.rows == m.response.len());
+                .all(|(cache, m)| cache.rows == m.response.len())
+            && shared.is_none_or(|s| {
+                s.layout.kv_rows.len() == n
+                    && s.layout.list_base.len() == pass.members.len()
+                    && s.layout.depth <= c.n_layers
+                    && s.prefix.kv.len() >= s.layout.depth
+            });
         if !fits {
             return Err(ModelError::Input(format!(
                 "an adaptive step of {n} rows over {} sequences (caches of {:?} rows) for a \
@@ -149,10 +197,37 @@ impl Model {
         }
         self.write_rows(st, ids, &plan.shallow.positions)?;
         st.kv_rows.write_u32(&self.ctx, &plan.shallow.kv_rows)?;
-        let identity = pass.is_identity();
-        if !identity && cn > 0 {
+        let identity = pass.is_identity() && shared.is_none();
+        let deep_bases: Vec<usize> = pass.members.iter().map(|m| m.list_base).collect();
+        let deep = Layout {
+            list: &rows.list,
+            cn: pass.list.len(),
+            bases: &deep_bases,
+            windows: &pass.windows,
+            kv_rows: &st.kv_rows,
+            identity,
+        };
+        if !identity && deep.cn > 0 {
             rows.list.write_u32(&self.ctx, &pass.list)?;
         }
+        let shallow = match shared {
+            Some(s) => {
+                rows.kv_rows_shallow
+                    .write_u32(&self.ctx, &s.layout.kv_rows)?;
+                if !s.layout.list.is_empty() {
+                    rows.list_shallow.write_u32(&self.ctx, &s.layout.list)?;
+                }
+                Some(Layout {
+                    list: &rows.list_shallow,
+                    cn: s.layout.list.len(),
+                    bases: &s.layout.list_base,
+                    windows: &s.layout.windows,
+                    kv_rows: &rows.kv_rows_shallow,
+                    identity: false,
+                })
+            }
+            None => None,
+        };
         self.encode_embed(step, st, n)?;
         let done = |picks| AdaptiveOutput {
             hidden: &st.x,
@@ -161,82 +236,108 @@ impl Model {
         if n == 0 {
             return Ok(done(None));
         }
-        let list_bytes = (cn * 4) as u64;
         let (d, qkv_w) = (c.d_model, self.qkv_width());
         let eps = c.rms_norm_eps as f32;
         let k = &self.kernels;
-        let layout = QkvLayout {
+        let qkv_layout = QkvLayout {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim(),
         };
         let window = |stride| RowWindow { stride, col: 0 };
-        // Computed rows: the pass's own when every row is, else gathered through the list.
-        let gather = |step: &mut StepEncoder, src: &Tensor, dst: &Tensor, cols: usize| {
-            ew::gather_rows(
-                step,
-                src,
-                window(cols),
-                &rows.list,
-                dst,
-                window(cols),
-                cn,
-                cols,
-            )
-        };
+        let list_bytes = (deep.cn * 4) as u64;
+        let row_bytes = (d * 4) as u64;
+        let verifies = pass.verifies();
         for li in 0..c.n_layers {
             step.set_layer(Some(li));
             let lw = &self.weights.layers[li];
             let arena = &st.kv[li];
-            if cn > 0 || pass.verifies() {
+            let (lay, seg_a) = match (shared, &shallow) {
+                (Some(s), Some(sh)) if li < s.layout.depth => {
+                    let kv = &s.prefix.kv[li];
+                    (sh, Some(KvSegment::first(&kv.k, &kv.v, s.prefix.tokens)))
+                }
+                _ => (&deep, None),
+            };
+            // The prefix rows of sequences that refresh their prompt enter the deep layers
+            // from the entry's boundary state.
+            if let Some(s) = shared.filter(|s| li == s.layout.depth) {
+                let bytes = s.layout.prefix_len as u64 * row_bytes;
+                for &row in &s.layout.boundary {
+                    let at = row as u64 * row_bytes;
+                    step.copy(&s.prefix.boundary.buffer, 0, &st.x.buffer, at, bytes);
+                }
+            }
+            let cn = lay.cn;
+            let gather = |step: &mut StepEncoder, src: &Tensor, dst: &Tensor, cols: usize| {
+                ew::gather_rows(
+                    step,
+                    src,
+                    window(cols),
+                    lay.list,
+                    dst,
+                    window(cols),
+                    cn,
+                    cols,
+                )
+            };
+            if cn > 0 || verifies {
                 let norm = Fusion {
                     norm: Some((&lw.attn_norm, eps)),
                     ..Fusion::default()
                 };
                 matmul::matmul_fused(step, &st.x, &lw.qkv, &st.qkv, n, k, norm)?;
             }
-            for m in &pass.members {
+            for (m, &list_base) in pass.members.iter().zip(lay.bases) {
                 if let ResponseRefresh::Verify { recompute } = m.refresh {
                     let buffers = VerifyBuffers {
                         qkv: &st.qkv,
                         bias: lw.qkv_bias.as_ref(),
                         v: &arena.v,
-                        arena_rows: &st.kv_rows,
-                        list: &rows.list,
+                        arena_rows: lay.kv_rows,
+                        list: lay.list,
                     };
                     let checked = VerifyRows {
                         row0: m.response.start,
                         rows: m.response.len(),
                         k: recompute,
-                        list_base: m.list_base,
+                        list_base,
                         most_similar: m.pick == VerifyPick::HighestCosine,
                         skip: m.skip.clone(),
                     };
-                    rows.verify.encode(step, buffers, checked, layout)?;
+                    rows.verify.encode(step, buffers, checked, qkv_layout)?;
+                    if record_picks {
+                        // Into the deep list's slots, whichever list the layer used.
+                        let (at, from) = (li as u64 * list_bytes, m.list_base as u64 * 4);
+                        let to = at + from;
+                        step.copy(
+                            &lay.list.buffer,
+                            list_base as u64 * 4,
+                            &rows.picks.buffer,
+                            to,
+                            recompute as u64 * 4,
+                        );
+                    }
                 }
             }
-            if record_picks && !identity {
-                let at = li as u64 * list_bytes;
-                step.copy(&rows.list.buffer, 0, &rows.picks.buffer, at, list_bytes);
-            }
-            let out = if identity { &rows.delta } else { &rows.out };
+            let out = if lay.identity { &rows.delta } else { &rows.out };
             if cn > 0 {
-                let (qkv, positions, kv_rows) = if identity {
+                let (qkv, positions, kv_rows) = if lay.identity {
                     (&st.qkv, &st.positions, &st.kv_rows)
                 } else {
                     gather(step, &st.qkv, &rows.qkv, qkv_w)?;
                     gather(step, &st.positions, &rows.positions, 1)?;
-                    gather(step, &st.kv_rows, &rows.kv_rows, 1)?;
+                    gather(step, lay.kv_rows, &rows.kv_rows, 1)?;
                     (&rows.qkv, &rows.positions, &rows.kv_rows)
                 };
                 self.encode_rope_qkv(step, li, qkv, positions, kv_rows, arena, cn)?;
-                self.encode_attention(step, st, qkv, &pass.windows, None, arena)?;
+                self.encode_attention(step, st, qkv, lay.windows, seg_a, arena)?;
                 matmul::matmul(step, &st.attn, &lw.attn_out, out, cn, k)?;
             }
-            self.merge(step, rows, pass, caches, li, Feature::Attention, identity)?;
+            self.merge(step, rows, pass, caches, (li, Feature::Attention), lay)?;
             ew::add_in_place(step, &st.x, &rows.delta, n * d)?;
             if cn > 0 {
-                let x = if identity {
+                let x = if lay.identity {
                     &st.x
                 } else {
                     gather(step, &st.x, &rows.x, d)?;
@@ -250,28 +351,26 @@ impl Model {
                 matmul::matmul_fused(step, x, &lw.gate_up, &st.act, cn, k, mlp_in)?;
                 matmul::matmul(step, &st.act, &lw.down, out, cn, k)?;
             }
-            self.merge(step, rows, pass, caches, li, Feature::Mlp, identity)?;
+            self.merge(step, rows, pass, caches, (li, Feature::Mlp), lay)?;
             ew::add_in_place(step, &st.x, &rows.delta, n * d)?;
         }
         step.set_layer(None);
-        let picks = (record_picks && !identity && cn > 0)
+        let picks = (record_picks && verifies)
             .then(|| step.read_back(&rows.picks.buffer, 0, c.n_layers as u64 * list_bytes));
         Ok(done(picks))
     }
 
-    /// Completes the delta of one feature of layer `li`: the cached outputs of the
-    /// response rows not refreshed, overwritten by the computed rows' (scattered through
-    /// the list); the response rows of the result become the cache.
-    #[allow(clippy::too_many_arguments)] // one merge of one layer's feature
+    /// Completes the delta of one feature of a layer: the cached outputs of the response
+    /// rows not refreshed, overwritten by the computed rows' (scattered through the
+    /// layer's list); the response rows of the result become the cache.
     fn merge(
         &self,
         step: &mut StepEncoder,
         rows: &AdaptiveRows,
         pass: &AdaptivePass,
         caches: &[&AdaptiveCache],
-        li: usize,
-        feature: Feature,
-        identity: bool,
+        (li, feature): (usize, Feature),
+        lay: &Layout<'_>,
     ) -> Result<(), ModelError> {
         let d = self.cfg.d_model;
         let row_bytes = (d * 4) as u64;
@@ -283,15 +382,14 @@ impl Model {
                 step.copy(cached, 0, delta, at, m.response.len() as u64 * row_bytes);
             }
         }
-        let cn = pass.list.len();
-        if !identity && cn > 0 {
+        if !lay.identity && lay.cn > 0 {
             let window = RowWindow { stride: d, col: 0 };
             ew::scatter_rows(
                 step,
                 (&rows.out, window),
-                &rows.list,
+                lay.list,
                 (&rows.delta, window),
-                (cn, d),
+                (lay.cn, d),
             )?;
         }
         for (m, cache) in pass.members.iter().zip(caches) {

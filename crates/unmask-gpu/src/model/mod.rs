@@ -17,7 +17,7 @@ pub mod weights;
 use thiserror::Error;
 use unmask_core::error::ConfigError;
 
-pub use adaptive::{AdaptiveCache, AdaptiveOutput, AdaptiveRows};
+pub use adaptive::{AdaptiveCache, AdaptiveInput, AdaptiveOutput, AdaptiveRows, AdaptiveShared};
 pub use checkpoint::{
     Checkpoint, CheckpointError, CheckpointLayout, FileHeader, QuantTensor, ShardIndex,
     StoredTensor,
