@@ -17,15 +17,17 @@
 #   6. ACache on heldout-affix-small.jsonl (the table as a shared span after a role line of
 #      its own): none, fast-dllm-dual and acache at anchor ratios 0 .. 1
 #      (scripts/bench-acache.sh) -> $DIR/acache.json and .md
+#   7. dLLM-Cache over rho x K_r, one block and blocks of 4, its wrong caches, and its work
+#      at LLaDA-8B's shapes (scripts/bench-dllm-cache.sh) -> $DIR/dllm-cache-*
 #
-# About 25 minutes on lavapipe. Run it on an otherwise idle machine: the throughput columns
+# About 32 minutes on lavapipe. Run it on an otherwise idle machine: the throughput columns
 # are timings. Environment: MODEL (default models/tiny), DIR (default docs/benchmarks),
-# LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4 5 6").
+# LIMIT (only the first N items of each set; default all), STEPS (default "1 2 3 4 5 6 7").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 MODEL="${MODEL:-models/tiny}"
-STEPS="${STEPS:-1 2 3 4 5 6}"
+STEPS="${STEPS:-1 2 3 4 5 6 7}"
 DIR="${DIR:-docs/benchmarks}"
 cargo build --release --quiet -p unmask-cli
 UNMASK=target/release/unmask
@@ -84,8 +86,12 @@ for step in $STEPS; do
     echo "== ACache over anchor ratios"
     DIR="$DIR" scripts/bench-acache.sh --model "$MODEL" "${LIMIT_ARGS[@]}"
     ;;
+  7)
+    echo "== dLLM-Cache over refresh ratios x response intervals"
+    DIR="$DIR" scripts/bench-dllm-cache.sh --model "$MODEL" "${LIMIT_ARGS[@]}"
+    ;;
   *)
-    echo "unknown step $step (expected 1 to 6)" >&2
+    echo "unknown step $step (expected 1 to 7)" >&2
     exit 2
     ;;
   esac

@@ -10,19 +10,13 @@ use unmask_core::adaptive::VerifyPick;
 use crate::common::{self, params};
 
 fn goldens() -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/dllm_cache.json"))
+    let path = common::fixture_dir().join("goldens/dllm_cache.json");
+    let text = std::fs::read_to_string(&path)
         .expect("goldens/dllm_cache.json (tools/dllm_cache_ref.py --write-goldens)");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    v["cases"].as_array().expect("cases").clone()
+    unmask_goldens::cases(&text)
 }
 
-fn numbers(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|n| n.as_u64().expect("a whole number") as u32)
-        .collect()
-}
+use unmask_goldens::ids as numbers;
 
 fn golden_request(case: &serde_json::Value) -> Request {
     let n = |k: &str| case[k].as_u64().expect(k) as usize;

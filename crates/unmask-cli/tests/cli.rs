@@ -507,7 +507,7 @@ fn help_info_and_selfcheck() {
 const CACHE_MODES: [&str; 4] = ["none", "fast-dllm-prefix", "fast-dllm-dual", "prefix-arm"];
 
 /// What `--cache all` runs.
-const ALL_CACHE_MODES: [&str; 7] = [
+const ALL_CACHE_MODES: [&str; 9] = [
     "none",
     "fast-dllm-prefix",
     "fast-dllm-dual",
@@ -515,6 +515,8 @@ const ALL_CACHE_MODES: [&str; 7] = [
     "bicache",
     "bicache-dual",
     "acache",
+    "dllm-cache",
+    "bicache-dllm",
 ];
 
 /// The four-item task set of the tests: one item of every task type.
@@ -836,11 +838,17 @@ fn eval_runs_every_cache_mode_over_the_set() {
     for mode in ALL_CACHE_MODES {
         let rows = table
             .lines()
-            .filter(|l| l.starts_with(&format!("| {mode} |")))
+            .filter(|l| {
+                // dLLM-Cache rows name their settings: `| dllm-cache (ρ 0.25, …) |`.
+                l.starts_with(&format!("| {mode} |")) || l.starts_with(&format!("| {mode} ("))
+            })
             .count();
         assert_eq!(rows, 1, "{mode} rows in\n{table}");
     }
-    assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 2 + 7);
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with("| ")).count(),
+        2 + ALL_CACHE_MODES.len()
+    );
 }
 
 #[test]
