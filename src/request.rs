@@ -42,6 +42,11 @@ pub struct Request {
     /// dLLM-Cache: read back the positions V-verify picks in every layer of every step
     /// into the report (`AdaptiveReport::picks`; checks against the reference).
     pub record_picks: bool,
+    /// Run every step of the canvas (the reference). Otherwise a request whose decoded
+    /// text stops at its end token ends as soon as that text is final: an end-of-text or
+    /// end-of-turn token committed with every position before it committed. The text is
+    /// the same; canvas positions after the end token may stay masked.
+    pub full_canvas: bool,
 }
 
 /// The shared span of an ACache request: a part of the prompt shared with other requests
@@ -78,6 +83,7 @@ impl Request {
             anchor_ratio: DEFAULT_ANCHOR_RATIO,
             adaptive: AdaptiveRefresh::default(),
             record_picks: false,
+            full_canvas: false,
         }
     }
 
@@ -102,6 +108,12 @@ impl Request {
 
     pub fn with_cache(mut self, cache: CacheMode) -> Self {
         self.cache = cache;
+        self
+    }
+
+    /// The request running every step of its canvas, as the reference does.
+    pub fn with_full_canvas(mut self) -> Self {
+        self.full_canvas = true;
         self
     }
 }
@@ -145,6 +157,14 @@ pub struct Timings {
     /// dLLM-Cache: response rows × layers whose V was projected and checked against the
     /// cache (V-verify); the rows it recomputes are in `token_layer_passes` too.
     pub verified_row_layers: usize,
+    /// The request ended when its answer was final, before the end of its schedule
+    /// (`Request::full_canvas` off).
+    pub finished_early: bool,
+    /// Steps of the quota schedule it did not run, and their forward passes (two a step
+    /// under classifier-free guidance); 0 under threshold decoding, whose steps are not
+    /// fixed.
+    pub steps_skipped: usize,
+    pub forward_passes_skipped: usize,
 }
 
 /// The result of one generation.

@@ -3,6 +3,7 @@
 
 use unmask_core::cache::CacheMode;
 use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
+use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::ops::sampling::SelectParams;
 
 use crate::Refusal;
@@ -38,6 +39,17 @@ pub(crate) struct Prepared<'r> {
 }
 
 impl Prepared<'_> {
+    /// Whether the request has ended: its schedule ran out, or its answer became final.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.sampler.is_done() || self.timings.finished_early
+    }
+
+    /// The request may end when its answer is final: the text it returns stops at the
+    /// first end token, so the rest of the canvas cannot change it.
+    fn may_finish_early(&self) -> bool {
+        !self.request.full_canvas && self.request.decode == DecodeMode::Clean
+    }
+
     /// Runs dLLM-Cache's adaptive steps (with their caches) rather than a step plan's.
     pub(crate) fn is_adaptive(&self) -> bool {
         self.mode.is_adaptive() && !self.request.recompute_all
@@ -281,7 +293,7 @@ impl Engine {
         predictions: &[(u32, f32)],
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<StepRecord, EngineError> {
-        commit_predictions(
+        let record = commit_predictions(
             &mut p.sampler,
             &mut p.timings,
             p.start,
@@ -289,7 +301,24 @@ impl Engine {
             rows,
             predictions,
             on_step,
-        )
+        )?;
+        let sp = self.special();
+        let stops: Vec<u32> = std::iter::once(sp.eos).chain(sp.eot).collect();
+        if p.may_finish_early()
+            && !p.sampler.is_done()
+            && p.sampler.final_answer_len(&stops).is_some()
+        {
+            let passes = if p.request.params.cfg_scale > 0.0 {
+                2
+            } else {
+                1
+            };
+            let t = &mut p.timings;
+            t.finished_early = true;
+            t.steps_skipped = p.sampler.steps_left().unwrap_or(0);
+            t.forward_passes_skipped = t.steps_skipped * passes;
+        }
+        Ok(record)
     }
 
     /// What the sampler's request asks of the token choice at its current step.

@@ -45,6 +45,8 @@ pub struct RequestSpec {
     pub depth: Option<u64>,
     pub refresh_every: Option<u64>,
     pub recompute_all: Option<bool>,
+    /// Run every step of the canvas instead of ending when the answer is final.
+    pub full_canvas: Option<bool>,
     /// `clean` (the default) or `raw`.
     pub decode: Option<String>,
     /// ACache: text of the prompt that other requests share (a document, a table), at any
@@ -93,6 +95,8 @@ pub struct Settings {
     pub depth: Option<usize>,
     pub refresh_every: Option<usize>,
     pub recompute_all: bool,
+    /// `None`: the caller's default.
+    pub full_canvas: Option<bool>,
     pub decode: DecodeMode,
     pub affix: Option<String>,
     pub anchor_ratio: Option<f32>,
@@ -327,6 +331,7 @@ impl RequestSpec {
                 " (steps)",
             )?,
             recompute_all: self.recompute_all.unwrap_or(false),
+            full_canvas: self.full_canvas,
             decode,
             affix: match self.affix.as_deref() {
                 Some(a) if a.trim().is_empty() => {
@@ -386,6 +391,9 @@ impl Request {
             self.refresh_every = r;
         }
         self.recompute_all = s.recompute_all;
+        if let Some(f) = s.full_canvas {
+            self.full_canvas = f;
+        }
         self.decode = s.decode;
         if let Some(a) = s.affix {
             self.span = Some(crate::Span::Text(a));

@@ -182,9 +182,11 @@ class Runtime:
         return rows_of(shape, flat)
 
     def generate(self, prompt, params):
-        """The `--json` object of one `unmask generate --prompt-ids` run."""
+        """The `--json` object of one `unmask generate --prompt-ids` run over the whole
+        canvas, as the reference runs it."""
         args = [
             "generate",
+            "--full-canvas",
             "--prompt-ids",
             join_ids(prompt),
             "--gen-length",

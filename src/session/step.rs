@@ -345,7 +345,7 @@ impl Session<'_> {
         let mut done = Vec::new();
         let mut k = 0;
         while k < self.running.len() {
-            if self.running[k].1.prepared.sampler.is_done() {
+            if self.running[k].1.prepared.is_finished() {
                 let (id, m) = self.running.remove(k);
                 done.push((id, engine.finish(m.prepared, m.records)));
             } else {

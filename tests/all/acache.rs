@@ -32,7 +32,8 @@ fn golden_request(case: &serde_json::Value) -> Request {
     let n = |k: &str| case[k].as_u64().expect(k) as usize;
     let mut r = Request::ids(prompt)
         .with_params(params(n("gen_length"), n("steps"), n("block_length")))
-        .with_cache(CacheMode::Acache);
+        .with_cache(CacheMode::Acache)
+        .with_full_canvas();
     r.span = Some(Span::Tokens(span[0]..span[1]));
     r.anchor_ratio = case["anchor_ratio"].as_f64().expect("ratio") as f32;
     r

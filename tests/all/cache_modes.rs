@@ -30,12 +30,17 @@ fn fast_dllm_with_one_step_per_block_equals_none() {
         (params(12, 2, 6), "2 blocks of 6"),
     ] {
         let none = engine
-            .generate(&Request::ids(prompt()).with_params(p.clone()))
+            .generate(
+                &Request::ids(prompt())
+                    .with_full_canvas()
+                    .with_params(p.clone()),
+            )
             .unwrap();
         for mode in [CacheMode::FastDllmPrefix, CacheMode::FastDllmDual] {
             let out = engine
                 .generate(
                     &Request::ids(prompt())
+                        .with_full_canvas()
                         .with_params(p.clone())
                         .with_cache(mode),
                 )
@@ -62,12 +67,17 @@ fn fast_dllm_cached_steps_commit_inside_their_block() {
     let (gen_len, steps, block) = (16, 8, 4);
     let p_len = prompt().len();
     let none = engine
-        .generate(&Request::ids(prompt()).with_params(params(gen_len, steps, block)))
+        .generate(
+            &Request::ids(prompt())
+                .with_full_canvas()
+                .with_params(params(gen_len, steps, block)),
+        )
         .unwrap();
     for mode in [CacheMode::FastDllmPrefix, CacheMode::FastDllmDual] {
         let out = engine
             .generate(
                 &Request::ids(prompt())
+                    .with_full_canvas()
                     .with_params(params(gen_len, steps, block))
                     .with_cache(mode),
             )
@@ -106,6 +116,7 @@ fn prefix_arm_over_the_whole_prompt_commits_what_the_schedule_asks() {
     let engine = engine();
     let (gen_len, steps, block) = (16, 8, 8);
     let mut req = Request::ids(prompt())
+        .with_full_canvas()
         .with_params(params(gen_len, steps, block))
         .with_cache(CacheMode::PrefixArm);
     req.prefix_len = Some(prompt().len());
@@ -134,7 +145,11 @@ fn token_layer_passes_follow_each_modes_formula() {
     let t = p_len + gen_len;
     let prefix = 10;
     let reference = engine
-        .generate(&Request::ids(prompt()).with_params(params(gen_len, steps, block)))
+        .generate(
+            &Request::ids(prompt())
+                .with_full_canvas()
+                .with_params(params(gen_len, steps, block)),
+        )
         .unwrap();
     // BiCache modes are covered by tests/bicache.rs.
     let single_pass = [
@@ -146,6 +161,7 @@ fn token_layer_passes_follow_each_modes_formula() {
     ];
     for mode in single_pass {
         let mut req = Request::ids(prompt())
+            .with_full_canvas()
             .with_params(params(gen_len, steps, block))
             .with_cache(mode);
         req.prefix_len = Some(prefix);
@@ -230,6 +246,7 @@ fn cached_modes_refuse_masks_in_the_prompt() {
 fn prefix_longer_than_prompt_is_an_error() {
     let engine = engine();
     let mut req = Request::ids(prompt())
+        .with_full_canvas()
         .with_params(params(8, 8, 8))
         .with_cache(CacheMode::PrefixArm);
     req.prefix_len = Some(1000);
@@ -248,7 +265,11 @@ fn bicache_refreshing_every_step_from_depth_0_equals_none() {
     // One block, so refreshes follow `refresh_every`.
     let p = params(16, 8, 16);
     let none = engine
-        .generate(&Request::ids(prompt()).with_params(p.clone()))
+        .generate(
+            &Request::ids(prompt())
+                .with_full_canvas()
+                .with_params(p.clone()),
+        )
         .unwrap();
     for mode in [CacheMode::Bicache, CacheMode::BicacheDual] {
         let request = Request {
@@ -256,6 +277,7 @@ fn bicache_refreshing_every_step_from_depth_0_equals_none() {
             depth: Some(0),
             refresh_every: 1,
             ..Request::ids(prompt())
+                .with_full_canvas()
                 .with_params(p.clone())
                 .with_cache(mode)
         };
@@ -288,11 +310,16 @@ fn a_prefix_of_no_tokens_changes_nothing() {
     let engine = engine();
     let p = params(16, 8, 8);
     let none = engine
-        .generate(&Request::ids(prompt()).with_params(p.clone()))
+        .generate(
+            &Request::ids(prompt())
+                .with_full_canvas()
+                .with_params(p.clone()),
+        )
         .unwrap();
     let request = Request {
         prefix_len: Some(0),
         ..Request::ids(prompt())
+            .with_full_canvas()
             .with_params(p)
             .with_cache(CacheMode::PrefixArm)
     };
@@ -315,6 +342,7 @@ fn bicache_reading_the_entry_in_every_layer_equals_prefix_arm() {
     let arm = Request {
         prefix_len: Some(5),
         ..Request::ids(prompt())
+            .with_full_canvas()
             .with_params(p.clone())
             .with_cache(CacheMode::PrefixArm)
     };
@@ -323,6 +351,7 @@ fn bicache_reading_the_entry_in_every_layer_equals_prefix_arm() {
         prefix_len: Some(5),
         depth: Some(n_layers),
         ..Request::ids(prompt())
+            .with_full_canvas()
             .with_params(p)
             .with_cache(CacheMode::Bicache)
     };
@@ -353,6 +382,7 @@ fn every_cache_mode_with_an_f16_kv_arena_commits_as_f32() {
         let request = Request {
             prefix_len: Some(5),
             ..Request::ids(prompt())
+                .with_full_canvas()
                 .with_params(params(16, 8, 8))
                 .with_cache(mode)
         };

@@ -22,7 +22,8 @@ fn golden_request(case: &serde_json::Value) -> Request {
     let n = |k: &str| case[k].as_u64().expect(k) as usize;
     let mut r = Request::ids(numbers(&case["prompt"]))
         .with_params(params(n("gen_length"), n("steps"), n("block_length")))
-        .with_cache(CacheMode::DllmCache);
+        .with_cache(CacheMode::DllmCache)
+        .with_full_canvas();
     r.adaptive = AdaptiveRefresh {
         prompt_interval: n("prompt_interval"),
         response_interval: n("response_interval"),

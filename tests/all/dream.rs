@@ -160,7 +160,9 @@ fn dream_generation_through_the_engine_matches_the_goldens() {
         let eps = params(&case).schedule;
         assert_eq!(eps, unmask::Schedule::DREAM);
         let prompt = ids(&case["prompt"]);
-        let request = Request::ids(prompt.clone()).with_params(p);
+        let request = Request::ids(prompt.clone())
+            .with_params(p)
+            .with_full_canvas();
         let out = engine
             .generate(&request)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -185,6 +187,7 @@ fn chat(question: &str, cache: CacheMode, p: unmask::GenerationParams) -> Reques
     Request::chat(Some(SYSTEM), question)
         .with_params(p)
         .with_cache(cache)
+        .with_full_canvas()
 }
 
 /// BiCache at depth 0 refreshing every step computes every row in every layer; with the
@@ -494,7 +497,11 @@ fn the_engine_default_matches_the_reference_with_its_own_defaults() {
         let want = reference(&with_default, &prompt);
         p.schedule = unmask::Schedule::Auto;
         let out = engine
-            .generate(&Request::ids(prompt.clone()).with_params(p.clone()))
+            .generate(
+                &Request::ids(prompt.clone())
+                    .with_params(p.clone())
+                    .with_full_canvas(),
+            )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let got: Vec<(usize, Vec<u32>)> = out
             .steps

@@ -40,7 +40,9 @@ fn generation_matches_reference_goldens() {
         }
         let prompt = ids(&case["prompt"]);
         let want = ids(&case["output"]);
-        let request = Request::ids(prompt.clone()).with_params(params(&case));
+        let request = Request::ids(prompt.clone())
+            .with_params(params(&case))
+            .with_full_canvas();
         let out = engine
             .generate(&request)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -220,7 +222,11 @@ fn generation_matches_goldens_with_chunked_vocabulary() {
     {
         let prompt = ids(&case["prompt"]);
         let out = engine
-            .generate(&Request::ids(prompt.clone()).with_params(params(&case)))
+            .generate(
+                &Request::ids(prompt.clone())
+                    .with_params(params(&case))
+                    .with_full_canvas(),
+            )
             .unwrap();
         let mut got = prompt;
         got.extend(&out.ids);

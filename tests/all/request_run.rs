@@ -1,11 +1,12 @@
 //! `Engine::start` / `RequestRun`: a request run one step at a time gives exactly what
-//! `generate` gives, in every cache mode; dropping a run midway frees what it held.
+//! `generate` gives, in every cache mode; dropping a run midway frees what it held; a
+//! request ends as soon as its answer is final, with the text of the full canvas.
 
 use crate::common;
 
 use common::params;
 
-use unmask::{CacheMode, Request};
+use unmask::{CacheMode, DecodeMode, Engine, EngineOptions, Request};
 
 /// A 24-token shared prefix and a question, shared at depth 1.
 fn request(mode: CacheMode, question: u32) -> Request {
@@ -83,4 +84,63 @@ fn a_dropped_run_unpins_and_frees_its_state() {
         live,
         "the runs' GPU state is freed"
     );
+}
+
+/// On the bundled model's demo question (gen 32 in 8 blocks of 4, 16 steps) the answer
+/// and its end token are committed in the first blocks: the request ends there, with the
+/// full canvas's text, in fewer steps, forward passes and token-layer passes, in every
+/// mode that matters for serving. Raw decoding (the whole canvas is the text) runs to the
+/// end.
+#[test]
+fn the_demo_question_finishes_when_its_answer_is_final() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let engine = Engine::load_on(
+        common::ctx(),
+        &root.join("models/tiny"),
+        &EngineOptions::default(),
+        &mut |_| {},
+    )
+    .expect("models/tiny loads");
+    let system = std::fs::read_to_string(root.join("data/tasks/demo-system.txt")).unwrap();
+    let ask = |mode| {
+        Request::chat(Some(system.trim_end()), "What is the city of Bella?")
+            .with_params(params(32, 16, 4))
+            .with_cache(mode)
+    };
+    for mode in [
+        CacheMode::None,
+        CacheMode::BicacheDual,
+        CacheMode::DllmCache,
+    ] {
+        let early = engine.generate(&ask(mode)).expect("early");
+        let full = engine
+            .generate(&ask(mode).with_full_canvas())
+            .expect("full");
+        let (e, f) = (&early.timings, &full.timings);
+        assert_eq!(early.text, full.text, "{mode}: the same answer");
+        assert!(
+            early.text.as_deref().is_some_and(|t| t.contains("Lima")),
+            "{mode}"
+        );
+        assert!(e.finished_early && !f.finished_early, "{mode}");
+        assert_eq!((f.steps, f.steps_skipped), (16, 0), "{mode}");
+        assert!(
+            e.steps < 16 && e.steps + e.steps_skipped == 16,
+            "{mode}: {e:?}"
+        );
+        assert_eq!(e.forward_passes_skipped, e.steps_skipped);
+        assert!(e.forward_passes < f.forward_passes, "{mode}");
+        assert!(e.token_layer_passes < f.token_layer_passes, "{mode}");
+        eprintln!(
+            "[early finish] {mode}: {} of 16 steps, {} of {} token-layer passes, text {:?}",
+            e.steps,
+            e.token_layer_passes,
+            f.token_layer_passes,
+            early.text.as_deref().unwrap_or("")
+        );
+    }
+    let mut raw = ask(CacheMode::None);
+    raw.decode = DecodeMode::Raw;
+    let out = engine.generate(&raw).expect("raw");
+    assert!(!out.timings.finished_early && out.timings.steps == 16);
 }

@@ -44,6 +44,7 @@ fn request(cache: CacheMode) -> Request {
         span: (cache == CacheMode::Acache).then_some(unmask::Span::Tokens(4..16)),
         anchor_ratio: 0.25,
         ..Request::ids(ids)
+            .with_full_canvas()
             .with_params(common::params(16, 8, 8))
             .with_cache(cache)
     }

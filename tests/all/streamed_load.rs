@@ -78,7 +78,11 @@ fn a_model_streamed_in_odd_pieces_generates_the_goldens() {
         assert!(cases.len() >= 5);
         for (prompt, params, want) in cases {
             let out = engine
-                .generate(&Request::ids(prompt.clone()).with_params(params))
+                .generate(
+                    &Request::ids(prompt.clone())
+                        .with_params(params)
+                        .with_full_canvas(),
+                )
                 .unwrap();
             let mut got = prompt;
             got.extend(&out.ids);

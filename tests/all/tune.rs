@@ -54,7 +54,7 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     let tuned = context(TunePolicy::Always, &file);
     let (ctx, kernels) = (&tuned.0, &tuned.1);
     assert!(kernels.tuner.enabled());
-    assert_close("tuned matmul", &run(&tuned, &x, &w, (m, n, k)), &want, 1e-5);
+    let tuned_out = run(&tuned, &x, &w, (m, n, k));
     assert_eq!(kernels.tuner.measurements(), 1, "the new class was timed");
     let class = tune_class(WeightFormat::F32, &Fusion::default(), m, n, k);
     let entries = kernels.tuner.entries();
@@ -82,6 +82,18 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
     assert!(measured.times.iter().all(|(_, ms)| *ms > 0.0));
     assert!(names.contains(&measured.winner.as_str()));
     eprintln!("[tune] {class}: {measured:?}");
+    // An f32 winner is held to 1e-5; on a loaded machine a kernel with f16 inputs (tensor
+    // cores) can win the timing, and is held to its own tolerance.
+    let f16_inputs = [
+        MatmulKernel::Coop,
+        MatmulKernel::CoopSplit,
+        MatmulKernel::GemmF16,
+    ];
+    let tol = f16_inputs
+        .into_iter()
+        .find(|k| k.name() == measured.winner)
+        .map_or(1e-5, |k| f64::from(k.tolerance()));
+    assert_close("tuned matmul", &tuned_out, &want, tol);
 
     // The same class again (M 7 rounds up to 8, as 5 does): no new measurement.
     run(&tuned, &random_vec(3, 7 * k, 1.0), &w, (7, n, k));
@@ -93,7 +105,7 @@ fn a_new_shape_class_is_measured_once_and_remembered() {
         again.1.tuner.winner(&class).as_deref(),
         Some(measured.winner.as_str())
     );
-    assert_close("remembered", &run(&again, &x, &w, (m, n, k)), &want, 1e-5);
+    assert_close("remembered", &run(&again, &x, &w, (m, n, k)), &want, tol);
     assert_eq!(again.1.tuner.measurements(), 0);
 
     // Off: the fixed choice, nothing measured, nothing read.

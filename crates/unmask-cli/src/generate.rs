@@ -106,6 +106,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         anchor_ratio: bicache.anchor_ratio,
         adaptive: bicache.adaptive,
         record_picks: false,
+        full_canvas: bicache.full_canvas,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
@@ -114,7 +115,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         .iter()
         .filter(|&&t| t == engine.special().mask)
         .count();
-    if unfilled > 0 {
+    if unfilled > 0 && !generation.timings.finished_early {
         // The reference's rule: masks inside the prompt compete with the canvas for the
         // same per-step quota, so some can stay masked.
         eprintln!(
@@ -237,7 +238,14 @@ pub fn summary(g: &Generation) -> String {
         t.first_step_s,
         g.cache,
         g.bicache.as_ref().map(bicache_text).unwrap_or_default()
-    )
+    ) + &if t.finished_early {
+        format!(
+            "; the answer was final after {} steps, {} skipped (--full-canvas runs them)",
+            t.steps, t.steps_skipped
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// `: depth 3 at r = 85, hit` or `: ran as none: <why>`, for the summary line.
@@ -321,6 +329,10 @@ pub fn timings_json(g: &Generation) -> Value {
         "throughput_canvas": t.throughput_canvas,
         "throughput_answer": t.throughput_answer,
         "answer_tokens": t.answer_tokens,
+        "finished_early": t.finished_early,
+        "steps_skipped": t.steps_skipped,
+        "forward_passes_skipped": t.forward_passes_skipped,
+        "verified_row_layers": t.verified_row_layers,
     })
 }
 

@@ -213,6 +213,11 @@ pub struct CacheFlags {
     /// reference's rule)
     #[arg(long, value_name = "BOOL")]
     pub pin_block: Option<bool>,
+    /// run every step of the canvas, as the reference does (by default a request ends as
+    /// soon as its answer is final: an end token committed with every position before it;
+    /// the text is the same)
+    #[arg(long)]
+    pub full_canvas: bool,
 }
 
 /// `--depth`, `--refresh`, `--anchor-ratio` and dLLM-Cache's settings for a request.
@@ -222,6 +227,7 @@ pub struct CacheSettings {
     pub refresh_every: usize,
     pub anchor_ratio: f32,
     pub adaptive: AdaptiveRefresh,
+    pub full_canvas: bool,
 }
 
 impl CacheSettings {
@@ -231,6 +237,7 @@ impl CacheSettings {
         request.refresh_every = self.refresh_every;
         request.anchor_ratio = self.anchor_ratio;
         request.adaptive = self.adaptive;
+        request.full_canvas = self.full_canvas;
     }
 }
 
@@ -283,6 +290,7 @@ impl CacheFlags {
                 pick: self.verify_pick.unwrap_or(defaults.pick),
                 pin_block: self.pin_block.unwrap_or(defaults.pin_block),
             },
+            full_canvas: self.full_canvas,
         }
     }
 

@@ -131,6 +131,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             refresh_every: bicache.refresh_every,
             anchor_ratio: bicache.anchor_ratio,
             adaptive: bicache.adaptive,
+            full_canvas: bicache.full_canvas,
         },
         net: NetConfig {
             max_connections: args.max_connections,

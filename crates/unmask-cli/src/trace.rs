@@ -106,6 +106,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             anchor_ratio: bicache.anchor_ratio,
             adaptive: bicache.adaptive,
             record_picks: false,
+            full_canvas: bicache.full_canvas,
         };
         // ACache's span: the shared prefix after its first token (a span at an offset).
         if mode == CacheMode::Acache {

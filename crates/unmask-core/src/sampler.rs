@@ -280,6 +280,24 @@ impl Sampler {
         self.steps_per_block
     }
 
+    /// Steps of the quota schedule not reached yet (`None` in threshold mode).
+    pub fn steps_left(&self) -> Option<usize> {
+        let spb = self.steps_per_block?;
+        let blocks_left = self.num_blocks.saturating_sub(self.block);
+        Some((blocks_left * spb).saturating_sub(self.step_in_block.min(spb)))
+    }
+
+    /// Canvas tokens of the answer once it can no longer change: a token of `stops`
+    /// committed at canvas position q with every position before it committed (masks of
+    /// the prompt included). Committed tokens never change, so the text up to the first
+    /// stop is then that of the whole canvas. `None` while it can still change.
+    pub fn final_answer_len(&self, stops: &[u32]) -> Option<usize> {
+        let canvas = &self.tokens[self.prompt_len..];
+        let q = canvas.iter().position(|t| stops.contains(t))?;
+        let end = self.prompt_len + q;
+        (!self.tokens[..end].contains(&self.mask_id)).then_some(q)
+    }
+
     /// Positions that need a prediction this step: every masked position before the end
     /// of the current block, masked prompt positions included. Ascending; empty once done.
     pub fn rows_to_predict(&self) -> Vec<u32> {
@@ -563,6 +581,41 @@ mod tests {
         assert!(!p.logits_eos_inf && !p.confidence_eos_eot_inf);
         assert_eq!(p.seed, 0);
         assert!(p.round_confidence_bf16);
+    }
+
+    #[test]
+    fn the_answer_is_final_once_everything_before_its_stop_is_committed() {
+        const STOP: u32 = 7;
+        // Prompt of 2, canvas of 6 in one block, one commit per step, lowest position
+        // committed last: the stop at canvas position 2 is committed before positions 0, 1.
+        let mut s = Sampler::new(&[1, 2], params(6, 6, 6), MASK, 64).unwrap();
+        assert_eq!(s.steps_left(), Some(6));
+        let mut finals = Vec::new();
+        while !s.is_done() {
+            let rows = s.rows_to_predict();
+            let predictions: Vec<(u32, f32)> = rows
+                .iter()
+                .map(|&p| (if p == 4 { STOP } else { 1000 + p }, p as f32 / 100.0))
+                .collect();
+            s.commit(&predictions).unwrap();
+            finals.push(s.final_answer_len(&[STOP]));
+        }
+        // Commits go 7, 6, 5, 4 (the stop), 3, 2: final after position 2 is committed.
+        assert_eq!(finals, vec![None, None, None, None, None, Some(2)]);
+        assert_eq!(s.steps_left(), Some(0));
+        // Left to right: final after the third step, with three steps of the schedule left.
+        let mut s = Sampler::new(&[1, 2], params(6, 6, 6), MASK, 64).unwrap();
+        let mut at = None;
+        while at.is_none() {
+            let rows = s.rows_to_predict();
+            let predictions: Vec<(u32, f32)> = rows
+                .iter()
+                .map(|&p| (if p == 4 { STOP } else { 1000 + p }, 1.0 - p as f32 / 100.0))
+                .collect();
+            s.commit(&predictions).unwrap();
+            at = s.final_answer_len(&[STOP]);
+        }
+        assert_eq!((at, s.steps_left(), s.is_done()), (Some(2), Some(3), false));
     }
 
     #[test]

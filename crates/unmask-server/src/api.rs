@@ -114,6 +114,9 @@ pub struct Common {
     pub verify_pick: Option<String>,
     #[serde(default)]
     pub pin_block: Option<bool>,
+    /// Run every step of the canvas instead of ending when the answer is final.
+    #[serde(default)]
+    pub full_canvas: Option<bool>,
     /// Also read as Dream's `alg` (maskgit_plus, topk_margin, entropy, origin).
     #[serde(default, alias = "alg")]
     pub remasking: Option<String>,
@@ -196,6 +199,8 @@ pub struct JobSpec {
     pub anchor_ratio: Option<f32>,
     /// dLLM-Cache's settings the request names (over the server's defaults).
     pub adaptive: unmask::AdaptiveOverrides,
+    /// `None`: the server's default.
+    pub full_canvas: Option<bool>,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -450,6 +455,7 @@ impl Common {
             refresh_ratio: self.refresh_ratio,
             verify_pick: self.verify_pick.clone(),
             pin_block: self.pin_block,
+            full_canvas: self.full_canvas,
             ..unmask::RequestSpec::default()
         };
         let any_model = unmask::SpecLimits {
@@ -498,6 +504,7 @@ impl Common {
             affix: settings.affix,
             anchor_ratio: settings.anchor_ratio,
             adaptive: settings.adaptive,
+            full_canvas: settings.full_canvas,
             stop,
             stream,
             include_usage: options.include_usage,

@@ -89,6 +89,8 @@ pub struct SchedulerConfig {
     pub anchor_ratio: f32,
     /// dLLM-Cache: the intervals and ratio of requests that name none.
     pub adaptive: unmask::AdaptiveRefresh,
+    /// Requests run every step of their canvas unless they say otherwise.
+    pub full_canvas: bool,
 }
 
 /// What the handlers and the scheduler share.
@@ -300,6 +302,7 @@ fn engine_request(
     request.anchor_ratio = spec.anchor_ratio.unwrap_or(config.anchor_ratio);
     request.adaptive = config.adaptive;
     spec.adaptive.apply(&mut request.adaptive);
+    request.full_canvas = spec.full_canvas.unwrap_or(config.full_canvas);
     request.span = spec.affix.clone().map(Span::Text);
     Ok(request)
 }

@@ -137,7 +137,9 @@ async fn the_tiny_fixture_generates_the_native_goldens() {
     let cases = golden_cases();
     assert_eq!(cases.len(), 7, "every non-random golden case");
     for (name, prompt, params, want) in cases {
-        let request = Request::ids(prompt.clone()).with_params(params);
+        let request = Request::ids(prompt.clone())
+            .with_params(params)
+            .with_full_canvas();
         let out = engine
             .generate_async(&request, &mut |_| {})
             .await
@@ -171,7 +173,12 @@ async fn a_dream_folder_generates_the_dream_goldens() {
         p.schedule = unmask::Schedule::Auto;
         let prompt = ids(&c["prompt"]);
         let out = engine
-            .generate_async(&Request::ids(prompt.clone()).with_params(p), &mut |_| {})
+            .generate_async(
+                &Request::ids(prompt.clone())
+                    .with_params(p)
+                    .with_full_canvas(),
+                &mut |_| {},
+            )
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut got = prompt;
@@ -205,7 +212,9 @@ async fn an_f16_kv_arena_generates_the_native_goldens() {
     for (name, prompt, params, want) in golden_cases().into_iter().take(3) {
         let out = engine
             .generate_async(
-                &Request::ids(prompt.clone()).with_params(params),
+                &Request::ids(prompt.clone())
+                    .with_params(params)
+                    .with_full_canvas(),
                 &mut |_| {},
             )
             .await
@@ -227,7 +236,9 @@ async fn weights_split_over_small_bindings_give_the_same_tokens() {
     let (name, prompt, params, want) = golden_cases().remove(0);
     let out = engine
         .generate_async(
-            &Request::ids(prompt.clone()).with_params(params),
+            &Request::ids(prompt.clone())
+                .with_params(params)
+                .with_full_canvas(),
             &mut |_| {},
         )
         .await
@@ -247,8 +258,10 @@ async fn generate_from_javascript_reports_every_step() {
         sink.borrow_mut()
             .push(serde_json::from_str(&String::from(text)).unwrap());
     });
+    // Every step of the canvas (`fullCanvas`), so every step has its event.
     let request = js(r#"{"system": "You are terse.", "prompt": "What is 2 + 3?",
-        "genLength": 16, "steps": 8, "blockLength": 8, "cache": "bicache", "depth": 1}"#);
+        "genLength": 16, "steps": 8, "blockLength": 8, "cache": "bicache", "depth": 1,
+        "fullCanvas": true}"#);
     let promise = web.generate(
         request,
         Some(on_step.as_ref().unchecked_ref::<js_sys::Function>().clone()),
@@ -310,6 +323,7 @@ async fn acache_matches_the_reference_and_shares_the_span_entry() {
             ..GenerationParams::default()
         });
         request.cache = unmask::CacheMode::Acache;
+        request.full_canvas = true;
         request.span = Some(unmask::Span::Tokens(span[0] as usize..span[1] as usize));
         request.anchor_ratio = case["anchor_ratio"].as_f64().unwrap() as f32;
         let out = engine
@@ -354,6 +368,7 @@ async fn dllm_cache_matches_the_reference() {
             ..GenerationParams::default()
         });
         request.cache = unmask::CacheMode::DllmCache;
+        request.full_canvas = true;
         request.adaptive = unmask::AdaptiveRefresh {
             prompt_interval: n("prompt_interval"),
             response_interval: n("response_interval"),

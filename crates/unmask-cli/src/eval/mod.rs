@@ -87,6 +87,10 @@ pub struct EvalArgs {
     /// --response-interval)
     #[arg(long, value_name = "LIST", value_parser = values::positives)]
     response_intervals: Option<::std::vec::Vec<usize>>,
+    /// also run every mode with --full-canvas (every step of the canvas), as a row of its
+    /// own, and count the items whose answer text is the same both ways
+    #[arg(long)]
+    with_full_canvas: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -130,6 +134,11 @@ struct ModeRun {
     anchor_ratio: Option<f32>,
     /// dLLM-Cache's settings, for its rows.
     adaptive: Option<AdaptiveRefresh>,
+    /// The run ran every step of every canvas.
+    full_canvas: bool,
+    /// Under --with-full-canvas, for the early-finishing row: items whose answer text
+    /// equals the full-canvas row's.
+    same_text_as_full: Option<usize>,
     results: Vec<ItemResult>,
     /// Generation time: each batch's slowest request (every request's own time at batch 1).
     busy_s: f64,
@@ -250,7 +259,23 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
             _ => arms.push((mode, bicache)),
         }
     }
-    let runs = arms
+    if args.with_full_canvas {
+        arms = arms
+            .into_iter()
+            .flat_map(|(mode, s)| {
+                let early = CacheSettings {
+                    full_canvas: false,
+                    ..s
+                };
+                let full = CacheSettings {
+                    full_canvas: true,
+                    ..s
+                };
+                [(mode, early), (mode, full)]
+            })
+            .collect();
+    }
+    let mut runs = arms
         .iter()
         .map(|&(mode, settings)| {
             let mut run = run_mode(&engine, &items, &params, mode, settings, batch)?;
@@ -260,9 +285,28 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
                 .filter(|_| mode == CacheMode::Acache)
                 .map(|_| settings.anchor_ratio);
             run.adaptive = mode.is_adaptive().then_some(settings.adaptive);
+            run.full_canvas = settings.full_canvas;
             Ok(run)
         })
         .collect::<Result<Vec<_>, CliError>>()?;
+    if args.with_full_canvas {
+        for pair in runs.chunks_mut(2) {
+            if let [early, full] = pair {
+                let same = early
+                    .results
+                    .iter()
+                    .zip(&full.results)
+                    .filter(|(a, b)| a.text == b.text)
+                    .count();
+                eprintln!(
+                    "[eval] {}: {same}/{} answers identical with and without --full-canvas",
+                    early.cache,
+                    early.results.len()
+                );
+                early.same_text_as_full = Some(same);
+            }
+        }
+    }
     let none = runs.iter().find(|r| r.cache == CacheMode::None);
     let tasks = task_columns(&items);
     let arena_scale = kv_arena_bytes_per_position(&engine, &params);
@@ -401,6 +445,8 @@ fn run_mode(
         cache,
         anchor_ratio: None,
         adaptive: None,
+        full_canvas: false,
+        same_text_as_full: None,
         results,
         busy_s,
         wall_s: start.elapsed().as_secs_f64(),

@@ -15,6 +15,8 @@ pub(super) struct Summary {
     cache: CacheMode,
     anchor_ratio: Option<f32>,
     adaptive: Option<unmask::AdaptiveRefresh>,
+    full_canvas: bool,
+    same_text_as_full: Option<usize>,
     items: usize,
     correct: usize,
     /// (task, items, correct) for every task column.
@@ -150,6 +152,8 @@ pub(super) fn summarize(
         cache: run.cache,
         anchor_ratio: run.anchor_ratio,
         adaptive: run.adaptive,
+        full_canvas: run.full_canvas,
+        same_text_as_full: run.same_text_as_full,
         items: n,
         correct: r.iter().filter(|x| x.correct).count(),
         per_task,
@@ -225,6 +229,8 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
             "verify_pick": a.pick.name(),
             "pin_block": a.pin_block,
         })),
+        "full_canvas": s.full_canvas,
+        "answers_equal_to_full_canvas": s.same_text_as_full,
         "n_items": s.items,
         "correct": s.correct,
         "accuracy": s.accuracy(),
@@ -401,6 +407,11 @@ pub(super) fn markdown(
             ),
             (None, None) => s.cache.name().to_string(),
         };
+        let name = if s.full_canvas {
+            format!("{name} (full canvas)")
+        } else {
+            name
+        };
         let mut cells = vec![name, fraction(s.correct, s.items)];
         cells.extend(s.per_task.iter().map(|(_, count, correct)| {
             if *count > 0 {
@@ -433,6 +444,19 @@ pub(super) fn markdown(
             },
         ]);
         out.push_str(&table_row(&cells));
+    }
+    let same: Vec<String> = summaries
+        .iter()
+        .filter_map(|s| {
+            s.same_text_as_full
+                .map(|n| format!("{}: {n}/{}", s.cache.name(), s.items))
+        })
+        .collect();
+    if !same.is_empty() {
+        out.push_str(&format!(
+            "\nAnswers identical with and without --full-canvas: {}.\n",
+            same.join(", ")
+        ));
     }
     out
 }
