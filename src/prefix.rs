@@ -176,6 +176,15 @@ impl Engine {
             .map_err(|_| EngineError::Internal("prefix store poisoned".into()))
     }
 
+    /// What the shared prefix store may hold.
+    pub fn prefix_store_budget(&self) -> unmask_core::prefix_store::StoreBudget {
+        let store = self
+            .prefix_store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        store.budget()
+    }
+
     /// Counters of the shared prefix store.
     pub fn prefix_store_stats(&self) -> StoreStats {
         self.prefix_store

@@ -219,7 +219,17 @@ def queue_full_case(server):
         return server.request("POST", "/v1/chat/completions",
                               chat_body(QUESTIONS[i % 3], system=None, cache="none"), AUTH)[:2]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(post, range(12)))
+        pending = [pool.submit(post, i) for i in range(12)]
+        # vLLM's names under load, as a router reads them: requests running or waiting.
+        seen = []
+        while not all(f.done() for f in pending):
+            m = server.metrics(AUTH)
+            seen.append((m.get("vllm:num_requests_running", 0), m.get("vllm:num_requests_waiting", 0),
+                         m.get("vllm:kv_cache_usage_perc", -1)))
+            time.sleep(0.05)
+        results = [f.result() for f in pending]
+    check(any(r + w > 0 for r, w, _ in seen) and all(0 <= u <= 1 for _, _, u in seen),
+          f"vllm:num_requests_running/waiting move under load, kv_cache_usage_perc in [0, 1]: {seen[:6]}")
     codes = sorted(s for s, _ in results)
     check(429 in codes and 200 in codes and set(codes) <= {200, 429}, f"a burst gets 200s and 429s: {codes}")
     r429 = next(r for s, r in results if s == 429)
@@ -266,6 +276,12 @@ def main():
         check(m.get("unmask_bicache_hits_total", 0) >= 2 and m.get("unmask_bicache_misses_total", 0) >= 1,
               f"BiCache hits after the first request: hits {m.get('unmask_bicache_hits_total')}, "
               f"misses {m.get('unmask_bicache_misses_total')}")
+        check(m.get("vllm:prefix_cache_queries_total", 0) > m.get("vllm:prefix_cache_hits_total", 0) > 0
+              and m.get("vllm:num_requests_running") == 0 and m.get("vllm:num_requests_waiting") == 0,
+              f"vLLM's prefix-cache counters in tokens and idle gauges: "
+              f"{ {k: v for k, v in m.items() if k.startswith('vllm:')} }")
+        check(any(k.startswith("vllm:cache_config_info{") and "enable_prefix_caching" in k for k in m),
+              "vllm:cache_config_info carries the cache configuration")
         check(m.get("unmask_dllm_cache_verify_steps_total", 0) > 0
               and m.get("unmask_dllm_cache_verified_row_layers_total", 0) > 0,
               f"dLLM-Cache counters: {m.get('unmask_dllm_cache_verify_steps_total')} V-verify steps")

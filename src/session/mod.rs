@@ -283,6 +283,14 @@ impl Session<'_> {
         self.running.len()
     }
 
+    /// Positions (prompts and canvases) of the running requests: the arena rows in use.
+    pub fn running_positions(&self) -> usize {
+        self.running
+            .iter()
+            .map(|(_, m)| m.prepared.sampler.tokens().len())
+            .sum()
+    }
+
     /// Requests submitted and waiting for room.
     pub fn waiting(&self) -> usize {
         self.waiting.len()

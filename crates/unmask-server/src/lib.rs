@@ -15,6 +15,7 @@ pub mod net;
 mod routes;
 pub mod scheduler;
 pub mod text;
+pub mod vllm_metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

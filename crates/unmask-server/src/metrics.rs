@@ -54,6 +54,8 @@ pub struct Metrics {
     pub store_entries: Gauge,
     pub store_pins: Gauge,
     pub gpu_memory_bytes: Gauge,
+    /// vLLM's names for what routers read (`vllm_metrics`).
+    pub vllm: crate::vllm_metrics::VllmMetrics,
 }
 
 impl Metrics {
@@ -87,6 +89,7 @@ impl Metrics {
             store_entries: Gauge::default(),
             store_pins: Gauge::default(),
             gpu_memory_bytes: Gauge::default(),
+            vllm: crate::vllm_metrics::VllmMetrics::new(),
             registry: Registry::default(),
         };
         registry.register(
@@ -220,6 +223,7 @@ impl Metrics {
     /// A finished generation's tokens and what the shared caches did for it (BiCache's
     /// prefix entry, ACache's span entry and anchors).
     pub fn record_finished(&self, g: &unmask::Generation) {
+        self.vllm.record_finished(g);
         self.completion_tokens
             .inc_by(g.timings.answer_tokens as u64);
         self.prompt_tokens.inc_by(g.prompt_ids.len() as u64);
@@ -261,9 +265,12 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, self.vllm.registry()))
+            .and_then(|()| encode_eof(&mut out));
         out
     }
 }

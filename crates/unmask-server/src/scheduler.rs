@@ -334,6 +334,17 @@ pub fn run(
         waiting: VecDeque::new(),
         recent: VecDeque::new(),
     };
+    let model = engine.model();
+    let per_position = model.kv_bytes(1).max(1);
+    s.shared
+        .metrics
+        .vllm
+        .set_cache_config(crate::vllm_metrics::CacheConfigLabels {
+            block_size: "1".into(),
+            cache_dtype: format!("{:?}", model.kv_dtype).to_lowercase(),
+            enable_prefix_caching: "True".into(),
+            num_gpu_blocks: (s.kv_capacity_bytes() / per_position).to_string(),
+        });
     loop {
         // Idle: sleep until a request comes (or the server stops).
         if s.is_idle() {
@@ -566,6 +577,28 @@ impl<'e> Scheduler<'e> {
         m.store_pins.set(stats.pins as i64);
         m.gpu_memory_bytes
             .set(self.engine.ctx().memory.live_bytes() as i64);
+        let v = &m.vllm;
+        v.running.set(running as i64);
+        v.waiting
+            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
+        let positions: usize = self
+            .slots
+            .iter()
+            .map(|s| s.session.running_positions())
+            .sum();
+        let model = self.engine.model();
+        let held = model.kv_bytes(positions) + stats.bytes;
+        let capacity = self.kv_capacity_bytes().max(1);
+        v.kv_cache_usage
+            .set((held as f64 / capacity as f64).min(1.0));
+    }
+
+    /// The K/V the server is configured for: the prefix store's byte budget and the arena
+    /// rows of `max_solo` sessions of `batch_rows` positions.
+    pub fn kv_capacity_bytes(&self) -> u64 {
+        let rows = self.config.batch_rows * self.config.max_solo.max(1);
+        let store = self.engine.prefix_store_budget().max_bytes;
+        self.engine.model().kv_bytes(rows).saturating_add(store)
     }
 }
 
