@@ -9,10 +9,12 @@ source scripts/env.sh
 BIN=${1:-target/debug/unmask}
 [ -x "$BIN" ] || { echo "no binary at $BIN (cargo build -p unmask-cli)"; exit 2; }
 VENV=target/server-test-venv
-if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import openai, zmq, msgpack" 2>/dev/null; then
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3" "pyzmq>=25" "msgpack>=1"
 fi
 "$VENV/bin/python" -c "import openai; print('openai client', openai.__version__)"
 cd tools
-exec "../$VENV/bin/python" serve_test.py --unmask "../$BIN" --model ../models/tiny
+"../$VENV/bin/python" serve_test.py --unmask "../$BIN" --model ../models/tiny
+# KV-cache events: a ZMQ subscriber reads the prefix store's entries as vLLM's events.
+exec "../$VENV/bin/python" kv_events_test.py --unmask "../$BIN" --model ../models/tiny

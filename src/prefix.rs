@@ -176,6 +176,22 @@ impl Engine {
             .map_err(|_| EngineError::Internal("prefix store poisoned".into()))
     }
 
+    /// Starts (or stops) recording what the shared prefix store stores and removes, for
+    /// `take_store_events` (a publisher of KV-cache events).
+    pub fn record_store_events(&self, on: bool) {
+        if let Ok(mut s) = self.prefix_store.lock() {
+            s.record_events(on);
+        }
+    }
+
+    /// The store's changes since the last call (with `record_store_events` on).
+    pub fn take_store_events(&self) -> Vec<unmask_core::prefix_store::StoreEvent> {
+        self.prefix_store
+            .lock()
+            .map(|mut s| s.take_events())
+            .unwrap_or_default()
+    }
+
     /// What the shared prefix store may hold.
     pub fn prefix_store_budget(&self) -> unmask_core::prefix_store::StoreBudget {
         let store = self

@@ -87,6 +87,16 @@ pub struct ServeArgs {
     /// any); repeatable. Without it, requests carrying an Origin header are refused
     #[arg(long, value_name = "ORIGIN")]
     pub allow_origin: Vec<String>,
+    /// publish the prefix store's entries as vLLM's KV-cache events on a ZMQ PUB socket
+    /// bound here, e.g. tcp://127.0.0.1:5557 (off by default)
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// the topic frame of every KV-event message (default: empty)
+    #[arg(long, value_name = "TOPIC", default_value = "")]
+    pub kv_events_topic: String,
+    /// tokens per hashed block in KV events
+    #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 16)]
+    pub kv_block_size: usize,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -132,6 +142,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             anchor_ratio: bicache.anchor_ratio,
             adaptive: bicache.adaptive,
             full_canvas: bicache.full_canvas,
+            kv_events: None,
         },
         net: NetConfig {
             max_connections: args.max_connections,
@@ -141,6 +152,14 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
         },
         allow_hosts: args.allow_host.clone(),
         allow_origins: args.allow_origin.clone(),
+        kv_events: args
+            .kv_events
+            .clone()
+            .map(|endpoint| unmask_server::KvEventsConfig {
+                endpoint,
+                topic: args.kv_events_topic.clone(),
+                block_size: args.kv_block_size,
+            }),
     };
     let load = move || load_engine(&dir, &options).map_err(|e| e.report());
     unmask_server::serve(config, load, |addr, loaded| {

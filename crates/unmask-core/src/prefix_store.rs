@@ -125,6 +125,17 @@ pub struct PrefixStore<P> {
     next_id: u64,
     clock: u64,
     stats: StoreStats,
+    /// What changed since the last `take_events`, when recorded.
+    events: Option<Vec<StoreEvent>>,
+}
+
+/// A change to what the store holds, for a publisher of cache events (vLLM's KV events):
+/// the tokens of an entry stored or removed, or every entry gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreEvent {
+    Stored(Vec<u32>),
+    Removed(Vec<u32>),
+    Cleared,
 }
 
 impl<P> PrefixStore<P> {
@@ -142,6 +153,23 @@ impl<P> PrefixStore<P> {
             next_id: 0,
             clock: 0,
             stats: StoreStats::default(),
+            events: None,
+        }
+    }
+
+    /// Starts (or stops) recording what is stored and removed, for `take_events`.
+    pub fn record_events(&mut self, on: bool) {
+        self.events = on.then(Vec::new);
+    }
+
+    /// The changes recorded since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<StoreEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record(&mut self, event: StoreEvent) {
+        if let Some(events) = self.events.as_mut() {
+            events.push(event);
         }
     }
 
@@ -256,6 +284,7 @@ impl<P> PrefixStore<P> {
         self.stats.bytes += bytes;
         self.stats.entries += 1;
         self.stats.inserts += 1;
+        self.record(StoreEvent::Stored(tokens.clone()));
         self.entries.insert(
             id,
             Entry {
@@ -354,6 +383,9 @@ impl<P> PrefixStore<P> {
         self.stats.tokens -= e.tokens.len();
         self.stats.bytes -= e.bytes;
         self.stats.entries -= 1;
+        if let Some(events) = self.events.as_mut() {
+            events.push(StoreEvent::Removed(e.tokens));
+        }
         Some(e.payload)
     }
 
@@ -366,8 +398,16 @@ impl<P> PrefixStore<P> {
             .filter(|(_, e)| e.pins == 0)
             .map(|(id, _)| *id)
             .collect();
+        let recorded = self.events.as_ref().map_or(0, Vec::len);
         for id in &victims {
             self.remove(*id);
+        }
+        // Everything went: one event says so.
+        if self.entries.is_empty() && !victims.is_empty() {
+            if let Some(events) = self.events.as_mut() {
+                events.truncate(recorded);
+                events.push(StoreEvent::Cleared);
+            }
         }
         victims.len()
     }
@@ -680,5 +720,37 @@ mod tests {
         assert_eq!(store.lock().unwrap().recount().pins, 1);
         drop(fut);
         assert_eq!(store.lock().unwrap().recount().pins, 0);
+    }
+
+    #[test]
+    fn recorded_events_follow_inserts_evictions_and_clears() {
+        let mut s: PrefixStore<()> = PrefixStore::new(budget(10, 1 << 20));
+        s.insert(1, vec![1, 2, 3], 1, ()).unwrap();
+        assert!(
+            s.take_events().is_empty(),
+            "nothing is recorded unless asked"
+        );
+        s.record_events(true);
+        let a = s.insert(1, vec![4, 5, 6, 7], 1, ()).unwrap();
+        s.release(a);
+        let all = s.peek(1, &[1, 2, 3]).unwrap();
+        s.release(all);
+        // 4 + 3 + 5 > 10: the least recently used entry ([1, 2, 3]) goes.
+        s.insert(1, vec![8, 9, 10, 11, 12], 1, ()).unwrap();
+        assert_eq!(
+            s.take_events(),
+            vec![
+                StoreEvent::Stored(vec![4, 5, 6, 7]),
+                StoreEvent::Removed(vec![1, 2, 3]),
+                StoreEvent::Stored(vec![8, 9, 10, 11, 12]),
+            ]
+        );
+        // A pinned entry stays: the clear removes only [4, 5, 6, 7].
+        s.clear_unpinned();
+        assert_eq!(s.take_events(), vec![StoreEvent::Removed(vec![4, 5, 6, 7])]);
+        let pinned = s.peek(1, &[8, 9, 10, 11, 12]).unwrap();
+        s.release(pinned);
+        s.clear_unpinned();
+        assert_eq!(s.take_events(), vec![StoreEvent::Cleared]);
     }
 }

@@ -10,6 +10,7 @@ mod access;
 pub mod api;
 pub mod error;
 mod fields;
+pub mod kv_events;
 pub mod metrics;
 pub mod net;
 mod routes;
@@ -25,6 +26,7 @@ use unmask::Engine;
 
 pub use access::Access;
 pub use api::Limits;
+pub use kv_events::KvEventsConfig;
 pub use net::NetConfig;
 pub use scheduler::SchedulerConfig;
 
@@ -47,6 +49,8 @@ pub struct ServeConfig {
     pub allow_hosts: Vec<String>,
     /// `--allow-origin`: web origins that may call the server.
     pub allow_origins: Vec<String>,
+    /// Publish the prefix store's changes as vLLM's KV-cache events.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 /// What went wrong starting or running the server.
@@ -63,6 +67,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("the engine thread panicked")]
     EnginePanicked,
+    #[error("{0}")]
+    KvEvents(String),
 }
 
 /// What the engine thread reports once the model is loaded.
@@ -93,7 +99,11 @@ where
     let (jobs_tx, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let engine_shared = Arc::clone(&shared);
-    let scheduler_config = config.scheduler.clone();
+    let mut scheduler_config = config.scheduler.clone();
+    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+    if config.kv_events.is_some() {
+        scheduler_config.kv_events = Some(events_tx);
+    }
     let engine_thread = std::thread::Builder::new()
         .name("unmask-engine".into())
         .spawn(move || {
@@ -150,6 +160,12 @@ where
                 .unwrap_or(0),
             next_id: AtomicU64::new(1),
         });
+        if let Some(kv) = config.kv_events.clone() {
+            let publish = kv_events::publisher(kv, events_rx)
+                .await
+                .map_err(ServeError::KvEvents)?;
+            tokio::spawn(publish);
+        }
         // Listening for signals before the address is announced: a client told the address
         // may stop the server at once.
         let signals = net::signals();

@@ -91,6 +91,8 @@ pub struct SchedulerConfig {
     pub adaptive: unmask::AdaptiveRefresh,
     /// Requests run every step of their canvas unless they say otherwise.
     pub full_canvas: bool,
+    /// Where the prefix store's changes go, for the KV-event publisher.
+    pub kv_events: Option<tokio::sync::mpsc::UnboundedSender<Vec<unmask::StoreEvent>>>,
 }
 
 /// What the handlers and the scheduler share.
@@ -334,6 +336,9 @@ pub fn run(
         waiting: VecDeque::new(),
         recent: VecDeque::new(),
     };
+    if s.config.kv_events.is_some() {
+        engine.record_store_events(true);
+    }
     let model = engine.model();
     let per_position = model.kv_bytes(1).max(1);
     s.shared
@@ -557,6 +562,12 @@ impl<'e> Scheduler<'e> {
     }
 
     fn update_gauges(&mut self) {
+        if let Some(tx) = &self.config.kv_events {
+            let changes = self.engine.take_store_events();
+            if !changes.is_empty() {
+                let _ = tx.send(changes);
+            }
+        }
         let m = &self.shared.metrics;
         let window = Duration::from_secs(10);
         let now = Instant::now();
