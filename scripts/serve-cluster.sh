@@ -12,6 +12,7 @@
 #   REPLICAS=3                    replicas            PORT=8100             the router's port;
 #   replica i listens on PORT+i and the router's Prometheus metrics on PORT+90
 #   CLUSTER_DIR=target/cluster    pids, ports, logs   SERVE_ARGS=""         more `unmask serve` flags
+#   CLUSTER_VENV=target/cluster-venv  the router's venv  ROUTER_PKG=smg==1.13.0  what pip installs there
 #
 # Exit codes: 0 done; 1 a part failed to start or stop (its log is printed); 2 bad usage or a
 # missing binary; 3 the router cannot be installed here (the reason is printed).
@@ -32,8 +33,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ROUTER_PKG="smg==1.13.0"
-VENV=target/cluster-venv
+ROUTER_PKG=${ROUTER_PKG:-smg==1.13.0}
+VENV=${CLUSTER_VENV:-target/cluster-venv}
 UNMASK=${UNMASK:-target/release/unmask}
 MODEL=${MODEL:-models/tiny}
 POLICY=${POLICY:-cache_aware}
@@ -53,9 +54,9 @@ install_router() {
     say "cannot install the router: python3 -m venv failed ($(tail -1 "$VENV.err"); on Debian: apt-get install python3-venv)"
     exit 3
   fi
-  local log=target/cluster-venv-install.log
+  local log=$VENV-install.log
   if ! "$VENV/bin/pip" install --disable-pip-version-check --only-binary=:all: "$ROUTER_PKG" >"$log" 2>&1; then
-    say "cannot install the router: pip install $ROUTER_PKG failed ($(grep -m1 -E 'ERROR' "$log" || tail -1 "$log")); full log in $log"
+    say "cannot install the router: pip install $ROUTER_PKG failed ($(grep -E '^ERROR' "$log" | tail -1 || true)); full log in $log"
     exit 3
   fi
   if ! "$VENV/bin/python" -c "import smg.smg_rs" 2>"$VENV.err"; then
