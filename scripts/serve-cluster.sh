@@ -18,7 +18,7 @@
 # missing binary; 3 the router cannot be installed here (the reason is printed).
 #
 # The router. The SGLang Model Gateway is published on PyPI twice: `sglang-router` (its old
-# name, 0.3.x, Jan 2026) and `smg` (1.x, the maintained one). We take `smg`: it installs from a
+# name, 0.3.x) and `smg` (1.x, the maintained one). We take `smg`: it installs from a
 # prebuilt wheel with no compiler, speaks plain HTTP to OpenAI-compatible workers, has the
 # cache-aware policy (a radix tree of the request text per worker: a request goes to the
 # worker holding the longest match when it covers at least --cache-threshold of the text,
@@ -28,8 +28,10 @@
 # vllm:kv_cache_usage_perc) when the worker is registered as a vLLM runtime. Unmask names
 # itself "unmask" in /v1/models, which smg cannot classify, so the replicas are registered
 # through the router's POST /workers with runtime_type "vllm": that is what turns the load
-# scrape on (GET /get_loads on the router shows what it read). `vllm-router` (0.1.x) was the
-# other candidate; it is a fork of the older sglang-router and has no such load monitor.
+# scrape on (GET /get_loads on the router shows what it read). `vllm-router` (0.1.x) installs
+# here too; it comes from the same router code base (the same CLI), and was not chosen: smg is
+# the maintained line, and its scrape of the vLLM names, its per-worker load report and its
+# routed-worker header were each checked against these replicas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

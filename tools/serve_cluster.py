@@ -328,6 +328,7 @@ def markdown(result):
         "each replica is warmed up straight with the bundled demo system prompt, which the workload does "
         f"not use. Machine: {result['machine']}. Binary: `{result['binary']}`.",
         "",
+        *summary(runs),
         "| | " + " | ".join(r["policy"] for r in runs) + " |",
         "|---|" + "---|" * len(runs),
         "| BiCache hit rate (all replicas) | " + " | ".join(
@@ -394,6 +395,38 @@ def markdown(result):
     return "\n".join(lines)
 
 
+def binary_label(path):
+    """The binary's path, `--version` and the start of its sha256."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
+    return f"{path} ({version}, sha256 {h.hexdigest()[:12]})"
+
+
+def summary(runs):
+    """One paragraph comparing the first run (the cache-aware one) with the second."""
+    if len(runs) < 2 or any("bicache" not in r for r in runs[:2]):
+        return []
+    x, y = runs[0], runs[1]
+    ratio = lambda k: x[k] / y[k] if y[k] else float("nan")
+    misses = lambda r: sum(d["misses"] for d in r["bicache"]["per_replica"].values())
+    return [
+        f"**{x['policy']} against {y['policy']}**: BiCache hit rate {x['bicache']['hit_rate']:.1%} against "
+        f"{y['bicache']['hit_rate']:.1%} ({misses(x):.0f} prefix entries built against {misses(y):.0f}: "
+        f"{x['policy']} kept each of the {len(x['served_by'])} system prompts on "
+        + ("one replica" if all(n == 1 for n in x["replicas_per_system_prompt"].values()) else "several replicas")
+        + f", {y['policy']} spread them over up to {max(y['replicas_per_system_prompt'].values())}); "
+        f"canvas throughput {ratio('canvas_tokens_per_s'):.2f}x, median TTFT "
+        f"{x['ttft_ms']['median']:.0f} against {y['ttft_ms']['median']:.0f} ms, median latency "
+        f"{x['latency_ms']['median']:.0f} against {y['latency_ms']['median']:.0f} ms; answers equal to "
+        f"`unmask generate`: {'all' if x['answers_equal_generate'] and y['answers_equal_generate'] else 'NOT all'}.",
+        "",
+    ]
+
+
 def run(a):
     """Both policies (or those given), one invocation; returns the exit status."""
     policies = a.cluster.split(",")
@@ -428,7 +461,7 @@ def run(a):
         "bench": "serve-cluster",
         "command": " ".join(["python3", "tools/serve_load.py"] + sys.argv[1:]),
         "router": version.replace(" ", "=="),
-        "binary": a.unmask,
+        "binary": binary_label(a.unmask),
         "machine": f"{os.cpu_count()} CPU cores ({cpu}), wgpu on Mesa lavapipe (no GPU)",
         "config": {"model": a.model, "replicas": a.replicas, "systems": a.systems, "users": a.users,
                    "requests": len(work), "clients": a.clients, "tasks": a.tasks, "seed": a.seed,
