@@ -355,13 +355,16 @@ def markdown(result):
         "",
         "## BiCache per replica",
         "",
-        "| policy | replica | hits | misses | fallbacks | hit rate |",
-        "|---|---|---|---|---|---|",
+        "| policy | replica | hits | misses | fallbacks | hit rate | vLLM prefix cache (tokens hit / queried) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         for u, d in r["bicache"]["per_replica"].items():
             rate = "–" if d["hit_rate"] is None else f"{d['hit_rate']:.1%}"
-            lines.append(f"| {r['policy']} | {u} | {d['hits']:.0f} | {d['misses']:.0f} | {d['fallbacks']:.0f} | {rate} |")
+            pc = d.get("prefix_cache_tokens")
+            pc = (f"{pc['hits']:.0f} / {pc['queries']:.0f}" + (f" ({pc['hit_rate']:.1%})" if pc["hit_rate"] is not None else "")
+                  if pc else "not published")
+            lines.append(f"| {r['policy']} | {u} | {d['hits']:.0f} | {d['misses']:.0f} | {d['fallbacks']:.0f} | {rate} | {pc} |")
     lines += ["", "## Which replica served each system prompt", "",
               "Requests per replica, from the router's `x-smg-routed-worker-id` answer header "
               "(a replica's BiCache misses count the system prompts whose entry it built).", "",
