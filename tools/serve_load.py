@@ -13,6 +13,13 @@ answered, that at temperature 0 each answer equals `unmask generate` for the sam
 that BiCache hit for all but the first request of each system prompt, and that nothing
 leaked (queue, running requests and prefix-store pins back to zero). Prints one JSON
 object: throughput concurrent against one at a time, and the server's metrics.
+
+Cluster mode (tools/serve_cluster.py), replicas behind the SGLang Model Gateway
+(scripts/serve-cluster.sh), one measured run per routing policy:
+
+    python3 tools/serve_load.py --unmask target/release/unmask --cluster cache_aware,round_robin
+        [--systems 6] [--users 8] [--clients 8] [--replicas 3] [--tasks data/tasks/heldout.jsonl]
+        [--json docs/benchmarks/serve-cluster.json] [--markdown docs/benchmarks/serve-cluster.md]
 """
 
 import argparse
@@ -44,7 +51,24 @@ def main():
     ap.add_argument("--cache", default="bicache-dual",
                     help="cache mode, or a comma-separated list the requests take in turn")
     ap.add_argument("--json", help="also write the result here")
+    cl = ap.add_argument_group("cluster mode (tools/serve_cluster.py)")
+    cl.add_argument("--cluster", metavar="POLICIES",
+                    help="run through scripts/serve-cluster.sh, once per router policy "
+                         "(comma-separated, e.g. cache_aware,round_robin)")
+    cl.add_argument("--systems", type=int, default=6, help="system prompts of the workload")
+    cl.add_argument("--users", type=int, default=8, help="users (questions) per system prompt")
+    cl.add_argument("--tasks", default="data/tasks/heldout.jsonl", help="task set, grouped by system")
+    cl.add_argument("--seed", type=int, default=0, help="seed of the workload's shuffled order")
+    cl.add_argument("--replicas", type=int, default=3)
+    cl.add_argument("--port", type=int, default=8300, help="router port; replicas on the next ones")
+    cl.add_argument("--cluster-dir", help="state folder (default target/cluster-load)")
+    cl.add_argument("--markdown", help="also write the comparison as Markdown here")
+    cl.add_argument("--expect-affinity", action="store_true",
+                    help="fail unless the cache_aware run sent each system prompt to one replica")
     a = ap.parse_args()
+    if a.cluster:
+        import serve_cluster
+        sys.exit(serve_cluster.run(a))
 
     others = []
     with open(os.path.join(ROOT, "data/tasks/heldout-small.jsonl")) as f:
