@@ -187,13 +187,7 @@ fn bad_spans_are_named_and_a_missing_span_falls_back() {
 #[test]
 fn bundled_model_loses_answers_with_direct_span_reuse_and_anchors_recover_them() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let engine = Engine::load_on(
-        common::ctx(),
-        &root.join("models/tiny"),
-        &EngineOptions::default(),
-        &mut |_| {},
-    )
-    .expect("models/tiny loads");
+    let engine = common::bundled_engine();
     let text = std::fs::read_to_string(root.join("data/tasks/heldout-affix-small.jsonl"))
         .expect("data/tasks/heldout-affix-small.jsonl");
     let items: Vec<serde_json::Value> = text

@@ -6,7 +6,7 @@ use crate::common;
 
 use common::params;
 
-use unmask::{CacheMode, DecodeMode, Engine, EngineOptions, Request};
+use unmask::{CacheMode, DecodeMode, Request};
 
 /// A 24-token shared prefix and a question, shared at depth 1.
 fn request(mode: CacheMode, question: u32) -> Request {
@@ -94,13 +94,7 @@ fn a_dropped_run_unpins_and_frees_its_state() {
 #[test]
 fn the_demo_question_finishes_when_its_answer_is_final() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let engine = Engine::load_on(
-        common::ctx(),
-        &root.join("models/tiny"),
-        &EngineOptions::default(),
-        &mut |_| {},
-    )
-    .expect("models/tiny loads");
+    let engine = common::bundled_engine();
     let system = std::fs::read_to_string(root.join("data/tasks/demo-system.txt")).unwrap();
     let ask = |mode| {
         Request::chat(Some(system.trim_end()), "What is the city of Bella?")

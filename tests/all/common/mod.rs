@@ -153,6 +153,18 @@ pub fn shared_prefix_prompt(question: u32) -> Vec<u32> {
     p
 }
 
+/// The bundled model (models/tiny) with the default options.
+pub fn bundled_engine() -> unmask::Engine {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    unmask::Engine::load_on(
+        ctx(),
+        &root.join("models/tiny"),
+        &unmask::EngineOptions::default(),
+        &mut |_| {},
+    )
+    .expect("models/tiny loads")
+}
+
 /// The reference sampler's golden cases on the tiny fixture (read with
 /// `unmask_goldens`).
 pub fn golden_cases() -> Vec<serde_json::Value> {

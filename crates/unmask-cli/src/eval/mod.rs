@@ -307,12 +307,26 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
             }
         }
     }
-    let none = runs.iter().find(|r| r.cache == CacheMode::None);
+    // Agreement is with the `none` run of the same canvas kind (an early finish leaves masks
+    // after the answer that a full canvas fills).
+    let none_for = |r: &ModeRun| {
+        runs.iter()
+            .find(|n| n.cache == CacheMode::None && n.full_canvas == r.full_canvas)
+    };
     let tasks = task_columns(&items);
     let arena_scale = kv_arena_bytes_per_position(&engine, &params);
     let summaries: Vec<Summary> = runs
         .iter()
-        .map(|r| summarize(r, &items, &tasks, none, arena_scale, params.gen_length))
+        .map(|r| {
+            summarize(
+                r,
+                &items,
+                &tasks,
+                none_for(r),
+                arena_scale,
+                params.gen_length,
+            )
+        })
         .collect();
 
     let context = Context {
