@@ -17,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
@@ -31,6 +31,8 @@ use crate::api::{Input, JobSpec};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, SessionKind};
 use crate::text::{FinishReason, TextStream, final_tokens};
+
+mod gauges;
 
 /// A request handed to the engine thread, with the channel its events go back on.
 pub struct Job {
@@ -339,17 +341,7 @@ pub fn run(
     if s.config.kv_events.is_some() {
         engine.record_store_events(true);
     }
-    let model = engine.model();
-    let per_position = model.kv_bytes(1).max(1);
-    s.shared
-        .metrics
-        .vllm
-        .set_cache_config(crate::vllm_metrics::CacheConfigLabels {
-            block_size: "1".into(),
-            cache_dtype: format!("{:?}", model.kv_dtype).to_lowercase(),
-            enable_prefix_caching: "True".into(),
-            num_gpu_blocks: (s.kv_capacity_bytes() / per_position).to_string(),
-        });
+    s.publish_cache_config();
     loop {
         // Idle: sleep until a request comes (or the server stops).
         if s.is_idle() {
@@ -559,57 +551,6 @@ impl<'e> Scheduler<'e> {
             slot.note_started(&shared);
         }
         self.slots.retain(|s| !s.session.is_idle());
-    }
-
-    fn update_gauges(&mut self) {
-        if let Some(tx) = &self.config.kv_events {
-            let changes = self.engine.take_store_events();
-            if !changes.is_empty() {
-                let _ = tx.send(changes);
-            }
-        }
-        let m = &self.shared.metrics;
-        let window = Duration::from_secs(10);
-        let now = Instant::now();
-        while self.recent.front().is_some_and(|(t, _)| now - *t > window) {
-            self.recent.pop_front();
-        }
-        let tokens: usize = self.recent.iter().map(|(_, n)| n).sum();
-        m.tokens_per_second
-            .set(tokens as f64 / window.as_secs_f64());
-        let running: usize = self.slots.iter().map(|s| s.session.running()).sum();
-        m.queue_depth
-            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
-        m.running.set(running as i64);
-        m.sessions.set(self.slots.len() as i64);
-        let stats = self.engine.prefix_store_recount();
-        m.store_bytes.set(stats.bytes as i64);
-        m.store_entries.set(stats.entries as i64);
-        m.store_pins.set(stats.pins as i64);
-        m.gpu_memory_bytes
-            .set(self.engine.ctx().memory.live_bytes() as i64);
-        let v = &m.vllm;
-        v.running.set(running as i64);
-        v.waiting
-            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
-        let positions: usize = self
-            .slots
-            .iter()
-            .map(|s| s.session.running_positions())
-            .sum();
-        let model = self.engine.model();
-        let held = model.kv_bytes(positions) + stats.bytes;
-        let capacity = self.kv_capacity_bytes().max(1);
-        v.kv_cache_usage
-            .set((held as f64 / capacity as f64).min(1.0));
-    }
-
-    /// The K/V the server is configured for: the prefix store's byte budget and the arena
-    /// rows of `max_solo` sessions of `batch_rows` positions.
-    pub fn kv_capacity_bytes(&self) -> u64 {
-        let rows = self.config.batch_rows * self.config.max_solo.max(1);
-        let store = self.engine.prefix_store_budget().max_bytes;
-        self.engine.model().kv_bytes(rows).saturating_add(store)
     }
 }
 
