@@ -253,3 +253,51 @@ fn bicache_dllm_composes_exactly() {
     }
     eprintln!("[dllm-cache] bicache-dllm: depth 0 equals dllm-cache, refresh-all equals bicache");
 }
+
+/// Several dLLM-Cache requests step together in one session (one adaptive pass over all
+/// their rows, each with its own caches and V-verify picks) and give what each gives alone;
+/// a request of another mode is refused by that session.
+#[test]
+fn dllm_cache_requests_batch_with_their_own_caches() {
+    let engine = common::tiny_engine();
+    let request = |q: u32, ratio: f32| {
+        let mut r = Request::ids(common::shared_prefix_prompt(q))
+            .with_params(params(16, 8, 4))
+            .with_cache(CacheMode::DllmCache)
+            .with_full_canvas();
+        r.adaptive.refresh_ratio = ratio;
+        r.adaptive.response_interval = 3;
+        r
+    };
+    let requests = [request(0, 0.25), request(1, 0.5), request(2, 0.0)];
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| engine.generate(r).expect("alone").ids)
+        .collect();
+    let mut session = engine.session(None, 256).expect("a session");
+    let ids: Vec<usize> = requests
+        .iter()
+        .map(|r| session.submit(r.clone()).expect("joins"))
+        .collect();
+    let other = Request::ids(common::shared_prefix_prompt(3)).with_params(params(16, 8, 4));
+    assert!(
+        matches!(
+            session.submit(other),
+            Err(EngineError::Refused(unmask::Refusal::OtherCache { .. }))
+        ),
+        "a none request does not join dLLM-Cache members"
+    );
+    let mut got = std::collections::HashMap::new();
+    let mut most_running = 0;
+    while got.len() < requests.len() {
+        let done = session.step();
+        most_running = most_running.max(session.running() + done.len());
+        for (id, g) in done {
+            got.insert(id, g.expect("batched").ids);
+        }
+    }
+    assert_eq!(most_running, 3, "all three ran in the same steps");
+    for (k, id) in ids.iter().enumerate() {
+        assert_eq!(got[id], alone[k], "request {k}: batched equals alone");
+    }
+}
