@@ -148,13 +148,13 @@ pub fn with_ratios(mut records: Vec<Value>) -> Vec<Value> {
 mod tests {
     use super::*;
 
-    fn tiny() -> ModelConfig {
+    fn llada_8b() -> ModelConfig {
         ModelConfig::preset("llada-8b").expect("the preset")
     }
 
     #[test]
     fn counts_follow_the_schedules() {
-        let cfg = tiny();
+        let cfg = llada_8b();
         let request = WorkRequest {
             prompt_tokens: 16,
             prefix_tokens: 12,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_report;
+mod cache_flags;
 mod chart;
 mod chat;
 mod error;

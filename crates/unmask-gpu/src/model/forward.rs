@@ -19,8 +19,8 @@ use super::checkpoint::Checkpoint;
 use super::weights::{LoadProgress, ModelWeights, WeightFormats};
 use crate::context::{AdapterClass, GpuContext};
 use crate::ops::acache::{self, AnchorProbe, KvShape, ProbeShape};
-use crate::ops::attention::{self, AttentionKernel, AttentionOptions, AttentionShape, KvSegment};
-use crate::ops::elementwise::{self as ew, QkvShape};
+use crate::ops::attention::{self, AttentionKernel, AttentionShape, KvSegment};
+use crate::ops::elementwise as ew;
 use crate::ops::matmul::{self, Fusion};
 use crate::ops::{KernelOptions, Kernels};
 use crate::step::StepEncoder;
@@ -33,7 +33,7 @@ pub struct Model {
     pub weights: ModelWeights,
     /// cos/sin rows for the positions requests have used so far (`RopeTable::rows`), grown
     /// on demand up to `max_pos`: a config's `max_sequence_length` alone never allocates.
-    rope: RwLock<RopeTable>,
+    pub(super) rope: RwLock<RopeTable>,
     max_pos: usize,
     /// Which kernels its passes run, and the tuner that measures `Auto`.
     pub(crate) kernels: Kernels,
@@ -43,9 +43,9 @@ pub struct Model {
     pub kv_dtype: DType,
 }
 
-struct RopeTable {
-    table: Tensor,
-    rows: usize,
+pub(super) struct RopeTable {
+    pub(super) table: Tensor,
+    pub(super) rows: usize,
 }
 
 /// Rows of the RoPE table built at load: the positions of a typical request, at a few KiB
@@ -74,7 +74,7 @@ pub struct ForwardState {
     pub(crate) act: Tensor,
     /// Partial results of attention split over keys (hardware GPUs only; see
     /// `ForwardModel::split_scratch_floats`).
-    attn_parts: Option<Tensor>,
+    pub(super) attn_parts: Option<Tensor>,
     pub kv: Vec<KvLayer>,
 }
 
@@ -520,87 +520,6 @@ impl Model {
             matmul::matmul_fused(step, &st.act, &lw.down, x, rows, k, residual)?;
         }
         step.set_layer(None);
-        Ok(())
-    }
-    /// RoPE of `rows` QKV rows of layer `li`: q rotated in place, k rotated and v (each
-    /// with the layer's bias) into arena rows `kv_index[r]`.
-    #[allow(clippy::too_many_arguments)] // the buffers of one dispatch
-    pub(crate) fn encode_rope_qkv(
-        &self,
-        step: &mut StepEncoder,
-        li: usize,
-        qkv: &Tensor,
-        positions: &Tensor,
-        kv_index: &Tensor,
-        arena: &KvLayer,
-        rows: usize,
-    ) -> Result<(), ModelError> {
-        let c = &self.cfg;
-        // Every state was made with `ensure_rope` over its positions.
-        let rope = self.rope.read().unwrap_or_else(|e| e.into_inner());
-        ew::rope_qkv(
-            step,
-            qkv,
-            positions,
-            &rope.table,
-            kv_index,
-            &arena.k,
-            &arena.v,
-            self.weights.layers[li].qkv_bias.as_ref(),
-            QkvShape {
-                rows,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim(),
-                max_pos: rope.rows,
-            },
-        )?;
-        Ok(())
-    }
-
-    /// Attention of each window's QKV rows over segment A (when given) and the window's
-    /// arena rows, into the same rows of `st`'s attention output.
-    pub(crate) fn encode_attention(
-        &self,
-        step: &mut StepEncoder,
-        st: &ForwardState,
-        qkv: &Tensor,
-        seqs: &[SeqWindow],
-        seg_a: Option<KvSegment<'_>>,
-        arena: &KvLayer,
-    ) -> Result<(), ModelError> {
-        let c = &self.cfg;
-        let shape = AttentionShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim(),
-        };
-        let options = AttentionOptions {
-            kernel: self.kernels.attention,
-            tuner: Some(&self.kernels.tuner),
-            scratch: st.attn_parts.as_ref(),
-            ..AttentionOptions::default()
-        };
-        for w in seqs {
-            let seg_b = KvSegment {
-                k: &arena.k,
-                v: &arena.v,
-                start: w.kv_start,
-                len: w.kv_len,
-            };
-            attention::attention_with(
-                step,
-                qkv,
-                self.qkv_width(),
-                0,
-                w.rows.clone(),
-                seg_a,
-                seg_b,
-                &st.attn,
-                shape,
-                &options,
-            )?;
-        }
         Ok(())
     }
 }

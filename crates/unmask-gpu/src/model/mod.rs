@@ -8,6 +8,7 @@ pub mod checkpoint {
 }
 pub mod adaptive;
 pub mod forward;
+mod layer;
 pub mod plan;
 pub mod quant_checkpoint;
 mod select;

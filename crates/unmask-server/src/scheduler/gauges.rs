@@ -40,8 +40,8 @@ impl Scheduler<'_> {
         m.tokens_per_second
             .set(tokens as f64 / window.as_secs_f64());
         let running: usize = self.slots.iter().map(|s| s.session.running()).sum();
-        m.queue_depth
-            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
+        let queued = self.shared.queued.load(Ordering::Relaxed) as i64;
+        m.queue_depth.set(queued);
         m.running.set(running as i64);
         m.sessions.set(self.slots.len() as i64);
         let stats = self.engine.prefix_store_recount();
@@ -52,8 +52,7 @@ impl Scheduler<'_> {
             .set(self.engine.ctx().memory.live_bytes() as i64);
         let v = &m.vllm;
         v.running.set(running as i64);
-        v.waiting
-            .set(self.shared.queued.load(Ordering::Relaxed) as i64);
+        v.waiting.set(queued);
         let positions: usize = self
             .slots
             .iter()
