@@ -92,6 +92,19 @@ fn rms_norm_matches_oracle() {
         step.submit().unwrap();
         let want = oracle::rms_norm(&x, &w, cols, 1e-5);
         assert_tensor(&ctx, &format!("rms_norm {rows}x{cols}"), &out, &want);
+        // The statistics alone (what `coop` with a fused norm reads): 1 / rms per row.
+        let inv = Tensor::zeros(&ctx, DType::F32, &[rows], "inv").unwrap();
+        let mut step = StepEncoder::new(&ctx, "rms stats");
+        ew::rms_stats(&mut step, &xt, &inv, rows, cols, 1e-5).unwrap();
+        step.submit().unwrap();
+        let want: Vec<f32> = x
+            .chunks(cols)
+            .map(|r| {
+                let ss: f64 = r.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+                (1.0 / (ss / cols as f64 + 1e-5).sqrt()) as f32
+            })
+            .collect();
+        assert_tensor(&ctx, &format!("rms_stats {rows}x{cols}"), &inv, &want);
     }
 }
 

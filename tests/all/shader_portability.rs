@@ -224,7 +224,7 @@ fn kernels_stay_within_browser_limits() {
                     .unwrap_or_else(|| panic!("{key} has no constant {name}"))
             };
             if v.kernel.name == "attention_wide" {
-                u64::from(coop_attention_bytes(constant("FR")))
+                u64::from(coop_attention_bytes(constant("FR"), constant("SG")))
             } else {
                 let shape = CoopShape {
                     subgroup: constant("SG"),

@@ -81,6 +81,8 @@ pub fn envelope(ctx: &GpuContext, model_name: &str, cfg: &ModelConfig, weights: 
         "shader_f16": ctx.features.shader_f16,
         "subgroups": ctx.features.subgroups,
         "cooperative_matrix": ctx.features.cooperative_matrix,
+        // false under `--unchecked-shaders`: kernels without wgpu's bounds checks
+        "shader_checks": ctx.runtime_checks,
         "model": {
             "name": model_name,
             "d_model": cfg.d_model,

@@ -109,6 +109,10 @@ pub struct BenchArgs {
     /// write the JSON lines to FILE (default: standard output)
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// compile the kernels without wgpu's runtime bounds checks, as `generate
+    /// --unchecked-shaders` runs them (native only; every record says which way it ran)
+    #[arg(long)]
+    unchecked_shaders: bool,
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
@@ -393,6 +397,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
 
     let engine_options = EngineOptions {
         cache_budget: args.bicache.budget(),
+        shader_checks: !args.unchecked_shaders,
         ..args.engine.options()?
     };
     let engine = match (&model, requests) {
@@ -410,6 +415,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                 .map_err(|e| CliError::context("invalid --backend", e))?;
             GpuContext::new(&ContextOptions {
                 backends,
+                runtime_checks: engine_options.shader_checks,
                 ..ContextOptions::default()
             })
             .map_err(|e| CliError::context("cannot open a GPU adapter", e))?

@@ -360,7 +360,9 @@ fn main(
 // accumulators) for head dim HD = 8 FR (128 on NVIDIA GPUs): a workgroup of 4 subgroups
 // owns BQ = 2 FR query units of one kv head and walks the keys in tiles of BK = 2 FR, twice.
 //   pass 1: S = Q K^T per tile (subgroup s computes the score fragment (s / 2, s % 2)),
-//           then each unit's running max and sum of exp2(S - max), one invocation per unit;
+//           then each unit's running max and sum of exp2(S - max): RT invocations per unit
+//           each take every RT-th key of the tile (score rows SP = BK + 4 floats apart, so
+//           the lanes of a subgroup read distinct banks), and one per unit folds theirs in;
 //   pass 2: S again, P = exp2(S - max) / sum as f16, O += P V (subgroup s owns the output
 //           columns s * 2 FR .. + 2 FR as 2 x 2 accumulators).
 // With the final max and sum known before any P V product, the accumulators never need a
@@ -379,13 +381,16 @@ const BQ: u32 = 2u * FR;
 const BK: u32 = 2u * FR;
 const PS: u32 = HD + 8u; // row pitch of the staged Q and K/V tiles, in halves
 const PP: u32 = BK + 8u; // row pitch of P, in halves
+const SP: u32 = BK + 4u; // row pitch of the scores, in floats (16-byte steps)
+const RT: u32 = CWG / BQ; // invocations per unit in pass 1's statistics
 const NEG: f32 = -1.0e30;
 var<workgroup> cq: array<f16, BQ * PS>;  // [unit][dim]
 var<workgroup> ckv: array<f16, BK * PS>; // [key][dim], K then V of the tile
-var<workgroup> cs: array<f32, BQ * BK>;  // [unit][key] scores; [subgroup][FR x FR] at the end
+var<workgroup> cs: array<f32, BQ * SP>;  // [unit][key] scores; [subgroup][FR x FR] at the end
 var<workgroup> cp: array<f16, BQ * PP>;  // [unit][key] probabilities
 var<workgroup> cmax: array<f32, BQ>;
 var<workgroup> csum: array<f32, BQ>;
+var<workgroup> cpart: array<f32, 2u * CWG>; // pass 1: each invocation's (max, sum) of a tile
 
 // Stages keys (or values) `row` .. `row + keys` of the tile as f16; rows past `keys` zero.
 fn coop_stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
@@ -415,8 +420,8 @@ fn coop_scores(sg: u32) {
         let b = coopLoad<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[at_k], stride);
         acc = coopMultiplyAdd(a, b, acc);
     }
-    let at_s = (sg >> 1u) * FR * BK + (sg & 1u) * FR;
-    let stride_s = BK;
+    let at_s = (sg >> 1u) * FR * SP + (sg & 1u) * FR;
+    let stride_s = SP;
     coopStoreT(acc, &cs[at_s], stride_s);
 }
 
@@ -490,16 +495,29 @@ fn main(
         workgroupBarrier();
         coop_scores(sg);
         workgroupBarrier();
+        // This invocation's keys lid % RT, + RT, .. of unit lid / RT.
+        let su = lid / RT;
+        var pmax = NEG;
+        for (var j = lid % RT; j < keys; j += RT) {
+            pmax = max(pmax, cs[su * SP + j]);
+        }
+        var psum = 0.0;
+        for (var j = lid % RT; j < keys; j += RT) {
+            psum += exp2(cs[su * SP + j] - pmax);
+        }
+        cpart[lid] = pmax;
+        cpart[CWG + lid] = psum;
+        workgroupBarrier();
         if (lid < BQ) {
             var mx = run_max;
-            for (var j = 0u; j < keys; j++) {
-                mx = max(mx, cs[lid * BK + j]);
+            for (var c = 0u; c < RT; c++) {
+                mx = max(mx, cpart[lid * RT + c]);
             }
-            var sum = 0.0;
-            for (var j = 0u; j < keys; j++) {
-                sum += exp2(cs[lid * BK + j] - mx);
+            var sum = run_sum * exp2(run_max - mx);
+            for (var c = 0u; c < RT; c++) {
+                sum += cpart[CWG + lid * RT + c] * exp2(cpart[lid * RT + c] - mx);
             }
-            run_sum = run_sum * exp2(run_max - mx) + sum;
+            run_sum = sum;
             run_max = mx;
         }
     }
@@ -538,11 +556,11 @@ fn main(
 //#if SPLIT
             // Unnormalised: the combine pass weighs the slices by their max and sum.
             if (j < keys) {
-                pr = exp2(cs[e] - cmax[u]);
+                pr = exp2(cs[u * SP + j] - cmax[u]);
             }
 //#else
             if (j < keys && csum[u] > 0.0) {
-                pr = exp2(cs[e] - cmax[u]) / csum[u];
+                pr = exp2(cs[u * SP + j] - cmax[u]) / csum[u];
             }
 //#endif
             cp[u * PP + j] = f16(pr);

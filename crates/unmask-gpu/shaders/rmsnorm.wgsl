@@ -1,4 +1,6 @@
 // RMSNorm over the last dimension: out = w * x / sqrt(mean(x^2) + eps), one workgroup per row.
+// STATS: out[row] = 1 / sqrt(mean(x^2) + eps) alone, the row statistics a matmul that folds
+// the norm into its loads reads (`matmul.wgsl` COOP with NORM), found once per row.
 
 struct Params {
     rows: u32,
@@ -9,8 +11,12 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
+//#if STATS
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+//#else
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+//#endif
 
 const WG: u32 = 64u;
 var<workgroup> partial: array<f32, WG>;
@@ -44,7 +50,13 @@ fn main(
         return;
     }
     let inv = inverseSqrt(partial[0] / f32(p.cols) + p.eps);
+//#if STATS
+    if (lid.x == 0u) {
+        out[row] = inv;
+    }
+//#else
     for (var c = lid.x; c < p.cols; c += WG) {
         out[base + c] = w[c] * (x[base + c] * inv);
     }
+//#endif
 }

@@ -49,6 +49,11 @@ pub fn variants() -> Vec<ShaderVariant> {
             spec: Spec::new(),
         });
     }
+    v.push(ShaderVariant {
+        kernel: RMSNORM,
+        entry: "main",
+        spec: Spec::new().flag("STATS"),
+    });
     for entry in ["gather", "scatter"] {
         v.push(ShaderVariant {
             kernel: COPY_ROWS,
@@ -213,6 +218,35 @@ pub fn rms_norm(
         &pipeline,
         &params,
         &[x.into(), weight.into(), out.into()],
+        groups_2d(ctx, u32_of(rows)),
+    );
+    Ok(())
+}
+
+/// out[r] = 1 / sqrt(mean(x[r]^2) + eps) for each of `rows` rows of `cols` values: the row
+/// statistics of an RMSNorm that a matmul folds into its loads (`Coop` with a norm).
+pub fn rms_stats(
+    step: &mut StepEncoder,
+    x: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Result<()> {
+    check_f32("rms_stats x", x, rows * cols)?;
+    check_f32("rms_stats out", out, rows)?;
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&RMSNORM, "main", &Spec::new().flag("STATS"))?;
+    let params = NormParams {
+        rows: u32_of(rows),
+        cols: u32_of(cols),
+        eps,
+        _pad: 0,
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[x.into(), out.into()],
         groups_2d(ctx, u32_of(rows)),
     );
     Ok(())

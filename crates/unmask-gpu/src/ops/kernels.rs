@@ -34,6 +34,8 @@ pub struct Kernels {
     /// Partial sums of the split-K matmul (`coop-split`), grown to the largest asked for
     /// and reused by every dispatch (the passes of one step run in order).
     split_scratch: Arc<Mutex<Option<Tensor>>>,
+    /// The rows' 1 / rms that `coop` with a fused norm reads, found just before it.
+    norm_scratch: Arc<Mutex<Option<Tensor>>>,
 }
 
 impl Kernels {
@@ -44,18 +46,34 @@ impl Kernels {
             attention: options.attention,
             tuner: Arc::new(KernelTuner::new(&ctx.info, options.tune, tune_file)),
             split_scratch: Arc::new(Mutex::new(None)),
+            norm_scratch: Arc::new(Mutex::new(None)),
         }
     }
 
     /// An f32 scratch of at least `floats` elements for split-K partial sums, grown when
     /// a larger one is asked for.
     pub fn split_scratch(&self, ctx: &GpuContext, floats: usize) -> Result<Tensor> {
-        let mut slot = self.split_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = slot.as_ref().filter(|t| t.numel() >= floats) {
-            return Ok(t.clone());
-        }
-        let t = Tensor::zeros(ctx, DType::F32, &[floats], "split-K partial sums")?;
-        *slot = Some(t.clone());
-        Ok(t)
+        grown(&self.split_scratch, ctx, floats, "split-K partial sums")
     }
+
+    /// An f32 scratch of at least `rows` elements for the rows' 1 / rms of a fused norm.
+    pub fn norm_scratch(&self, ctx: &GpuContext, rows: usize) -> Result<Tensor> {
+        grown(&self.norm_scratch, ctx, rows, "rows' 1 / rms")
+    }
+}
+
+/// The tensor in `slot` when it holds at least `floats`, else a new one that replaces it.
+fn grown(
+    slot: &Mutex<Option<Tensor>>,
+    ctx: &GpuContext,
+    floats: usize,
+    label: &str,
+) -> Result<Tensor> {
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(t) = slot.as_ref().filter(|t| t.numel() >= floats) {
+        return Ok(t.clone());
+    }
+    let t = Tensor::zeros(ctx, DType::F32, &[floats], label)?;
+    *slot = Some(t.clone());
+    Ok(t)
 }

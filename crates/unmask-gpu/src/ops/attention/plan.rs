@@ -250,18 +250,24 @@ impl AttentionKernel {
 pub fn coop_attention(ctx: &GpuContext, head_dim: usize) -> Option<crate::ops::matmul::CoopShape> {
     crate::ops::matmul::coop_shape(ctx).filter(|c| {
         head_dim == 8 * c.fragment as usize
-            && coop_attention_bytes(c.fragment) <= ctx.features.max_workgroup_storage_bytes
+            && coop_attention_bytes(c.fragment, c.subgroup)
+                <= ctx.features.max_workgroup_storage_bytes
             && 4 * c.subgroup >= 2 * c.fragment
             && 4 * c.subgroup <= ctx.features.max_workgroup_invocations
     })
 }
 
-/// Workgroup memory of the tensor-core attention at fragment side `fragment`: the staged Q
-/// and K/V tiles (2 fragments of rows, 8 fragments and 8 halves of pitch), the f32 scores,
-/// the f16 probabilities (2 fragments and 8 halves of pitch) and two f32 per query unit.
-pub fn coop_attention_bytes(fragment: u32) -> u32 {
+/// Workgroup memory of the tensor-core attention at fragment side `fragment` and subgroup
+/// size `subgroup`: the staged Q and K/V tiles (2 fragments of rows, 8 fragments and 8
+/// halves of pitch), the f32 scores (4 floats of pitch), the f16 probabilities (2 fragments
+/// and 8 halves of pitch), two f32 per query unit and two per invocation (4 subgroups).
+pub fn coop_attention_bytes(fragment: u32, subgroup: u32) -> u32 {
     let (bq, bk, hd) = (2 * fragment, 2 * fragment, 8 * fragment);
-    2 * bq * (hd + 8) * 2 + bq * bk * 4 + bq * (bk + 8) * 2 + 2 * bq * 4
+    2 * bq * (hd + 8) * 2
+        + bq * (bk + 4) * 4
+        + bq * (bk + 8) * 2
+        + 2 * bq * 4
+        + 2 * 4 * subgroup * 4
 }
 
 /// How the kernel reads K and V.

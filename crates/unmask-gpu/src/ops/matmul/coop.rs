@@ -28,6 +28,18 @@ impl CoopShape {
         (4 * self.fragment, 8 * self.fragment)
     }
 
+    /// Whether `m` rows take the half-height tile (`TM2`: 2 fragments of rows), so that a
+    /// step of at most 2 fragments of rows (32 on an NVIDIA GPU) computes no rows twice.
+    pub fn half_rows(&self, m: u32) -> bool {
+        m <= 2 * self.fragment
+    }
+
+    /// Output tile of one workgroup for `m` rows: (rows, weight rows).
+    pub fn tile_for_rows(&self, m: u32) -> (u32, u32) {
+        let (tm, tn) = self.tile();
+        (if self.half_rows(m) { tm / 2 } else { tm }, tn)
+    }
+
     /// Workgroup memory: two buffers of the tile's x rows and W rows of `k_depth + 8`
     /// halves, the 8 subgroups' f32 output fragments and a scale per tile row.
     pub fn bytes(&self) -> u32 {
@@ -118,7 +130,7 @@ pub(super) fn dispatch_split(
     y: &Tensor,
 ) -> Result<bool> {
     let ctx = step.ctx();
-    let (tm, tn) = coop.tile();
+    let (tm, tn) = coop.tile_for_rows(params.m);
     let tiles_m = params.tiles / params.tiles_n;
     let stride = params.tiles_n as usize * tn as usize;
     let slice_len = tiles_m as usize * tm as usize * stride;

@@ -221,15 +221,24 @@ pub fn variants() -> Vec<ShaderVariant> {
                         if kernel == MatmulKernel::CoopSplit && residual {
                             continue;
                         }
-                        let spec = spec(kernel, format, x_vec4, swiglu, bk16, coop)
-                            .flag_if(norm, "NORM")
-                            .flag_if(residual, "RESIDUAL")
-                            .flag_if(swiglu, "SWIGLU");
-                        out.push(ShaderVariant {
-                            kernel: KERNEL,
-                            entry: kernel.entry(),
-                            spec,
-                        });
+                        // `Coop`'s tiles of 4 or (TM2, for few rows) 2 fragment rows.
+                        let halves: &[bool] = if coop.fragment > 0 {
+                            &[false, true]
+                        } else {
+                            &[false]
+                        };
+                        for &half in halves {
+                            let spec = spec(kernel, format, x_vec4, swiglu, bk16, coop)
+                                .flag_if(norm, "NORM")
+                                .flag_if(residual, "RESIDUAL")
+                                .flag_if(swiglu, "SWIGLU")
+                                .flag_if(half, "TM2");
+                            out.push(ShaderVariant {
+                                kernel: KERNEL,
+                                entry: kernel.entry(),
+                                spec,
+                            });
+                        }
                     }
                 }
             }
@@ -386,10 +395,29 @@ pub fn matmul_fused<'k>(
     } else {
         kernel
     };
-    let spec_of = |kernel| spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop);
+    let is_coop = direct == MatmulKernel::Coop;
+    let half_rows = is_coop && coop.half_rows(m32);
+    let spec_of =
+        |kernel| spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop).flag_if(half_rows, "TM2");
     let pipeline = ctx.pipeline(&KERNEL, direct.entry(), &fusion.flags(spec_of(direct)))?;
-    let (tile_m, tile_n) = tile_for(direct, fusion.swiglu, coop);
+    let (mut tile_m, tile_n) = tile_for(direct, fusion.swiglu, coop);
+    if half_rows {
+        tile_m /= 2;
+    }
     let tiles_m = m32.div_ceil(tile_m);
+    // `Coop` reads each row's 1 / rms, found once here, instead of every workgroup
+    // re-reading its rows over all of K for them.
+    let row_inv = match fusion.norm {
+        Some((_, eps)) if is_coop => {
+            let t = match choice.kernels {
+                Some(k) => k.norm_scratch(ctx, m)?,
+                None => Tensor::zeros(ctx, DType::F32, &[m], "rows' 1 / rms")?,
+            };
+            crate::ops::elementwise::rms_stats(step, x, &t, m, k, eps)?;
+            Some(t)
+        }
+        _ => None,
+    };
     for chunk in &w.chunks {
         // Output columns of the chunk: a paired chunk holds two rows per column.
         let width = if fusion.swiglu {
@@ -424,6 +452,9 @@ pub fn matmul_fused<'k>(
         let mut bindings = vec![Binding::from(x), Binding::from(chunk), Binding::from(y)];
         if let Some((g, _)) = fusion.norm {
             bindings.push(Binding::from(g));
+        }
+        if let Some(t) = &row_inv {
+            bindings.push(Binding::from(t));
         }
         if kernel == MatmulKernel::CoopSplit {
             // Pass 1 without the residual add, which waits for pass 2.
