@@ -206,21 +206,7 @@ pub fn rms_norm(
     check_f32("rms_norm x", x, rows * cols)?;
     check_f32("rms_norm weight", weight, cols)?;
     check_f32("rms_norm out", out, rows * cols)?;
-    let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&RMSNORM, "main", &Spec::new())?;
-    let params = NormParams {
-        rows: u32_of(rows),
-        cols: u32_of(cols),
-        eps,
-        _pad: 0,
-    };
-    step.dispatch(
-        &pipeline,
-        &params,
-        &[x.into(), weight.into(), out.into()],
-        groups_2d(ctx, u32_of(rows)),
-    );
-    Ok(())
+    dispatch_norm(step, Spec::new(), &[x, weight, out], rows, cols, eps)
 }
 
 /// out[r] = 1 / sqrt(mean(x[r]^2) + eps) for each of `rows` rows of `cols` values: the row
@@ -235,20 +221,28 @@ pub fn rms_stats(
 ) -> Result<()> {
     check_f32("rms_stats x", x, rows * cols)?;
     check_f32("rms_stats out", out, rows)?;
+    dispatch_norm(step, Spec::new().flag("STATS"), &[x, out], rows, cols, eps)
+}
+
+/// One workgroup per row of `shaders/rmsnorm.wgsl` (`spec`: with or without STATS).
+fn dispatch_norm(
+    step: &mut StepEncoder,
+    spec: Spec,
+    bindings: &[&Tensor],
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Result<()> {
     let ctx = step.ctx();
-    let pipeline = ctx.pipeline(&RMSNORM, "main", &Spec::new().flag("STATS"))?;
+    let pipeline = ctx.pipeline(&RMSNORM, "main", &spec)?;
     let params = NormParams {
         rows: u32_of(rows),
         cols: u32_of(cols),
         eps,
         _pad: 0,
     };
-    step.dispatch(
-        &pipeline,
-        &params,
-        &[x.into(), out.into()],
-        groups_2d(ctx, u32_of(rows)),
-    );
+    let bindings: Vec<_> = bindings.iter().map(|t| (*t).into()).collect();
+    step.dispatch(&pipeline, &params, &bindings, groups_2d(ctx, u32_of(rows)));
     Ok(())
 }
 
