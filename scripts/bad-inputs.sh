@@ -51,6 +51,7 @@ case_ "too many parameters in total" "parameters" -- "$BIN" "${G[@]}" --model "$
 case_ "n_layers negative" "n_layers" -- "$BIN" "${G[@]}" --model "$(with_config neg 'c["n_layers"]=-1')"
 case_ "activation_type unknown" "activation_type" -- "$BIN" "${G[@]}" --model "$(with_config act 'c["activation_type"]="gelu"')"
 case_ "bench --config with huge sizes" "n_layers" -- "$BIN" bench --config "$(with_config bench 'c["n_layers"]=4294967295')/config.json" --only kernels
+case_ "bench --kernels with an unknown name" "no kernel named \"tensor\"" -- "$BIN" bench --config tiny --only kernels --kernels coop,tensor
 
 echo "== flags"
 # More steps than tokens: the reference's extra steps commit nothing, so they are left out

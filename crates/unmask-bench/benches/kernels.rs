@@ -139,6 +139,7 @@ fn main() -> BenchResult<()> {
     let kernel_options = KernelBenchOptions {
         formats,
         all_variants: true,
+        only: None,
         repeats: Repeats::default(),
         peak: bench::known_peak(&ctx.info.name),
     };

@@ -114,8 +114,21 @@ pub struct KernelBenchOptions {
     pub formats: Vec<WeightFormat>,
     /// Also time every concrete matmul kernel, not only the one `Auto` picks.
     pub all_variants: bool,
+    /// With `all_variants`: only the kernels of these names (matmul and attention, e.g.
+    /// `coop`, `coop-split`; `unfused` for the unfused baseline), besides `Auto`; `None`:
+    /// every one.
+    pub only: Option<Vec<String>>,
     pub repeats: Repeats,
     pub peak: Option<Peak>,
+}
+
+impl KernelBenchOptions {
+    /// Whether the kernel (or baseline) of this name is timed.
+    fn wants(&self, name: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n == name))
+    }
 }
 
 /// A kernel record: the case's own fields, then the timing figures shared by every kernel
@@ -221,6 +234,7 @@ pub fn run_kernel_case(
                 let variants: Vec<MatmulKernel> = if options.all_variants {
                     MatmulKernel::CONCRETE
                         .into_iter()
+                        .filter(|k| options.wants(k.name()))
                         .chain([MatmulKernel::Auto])
                         .collect()
                 } else {
@@ -306,7 +320,7 @@ pub fn run_kernel_case(
                 }
                 // The same work as separate dispatches (norm, matmul, SwiGLU or add), as
                 // the forward ran it before the fusions: what fusing buys on this adapter.
-                if options.all_variants && fused.name() != "none" {
+                if options.all_variants && options.wants("unfused") && fused.name() != "none" {
                     let unfused = Unfused::new(ctx, m, n, k, format, &w_data, fused)?;
                     let s = time_step(ctx, options.repeats, |step| {
                         unfused.record(step, &x, &g, &y, m)
@@ -398,6 +412,7 @@ pub fn run_kernel_case(
                     AttentionKernel::CONCRETE
                         .into_iter()
                         .filter(|&k| kv_dtype == DType::F32 || k != AttentionKernel::Register)
+                        .filter(|k| options.wants(k.name()))
                         .chain([AttentionKernel::Auto])
                         .collect()
                 } else {

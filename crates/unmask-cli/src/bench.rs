@@ -53,6 +53,16 @@ pub struct BenchArgs {
     /// time only the matmul kernel the runtime picks
     #[arg(long)]
     auto_only: bool,
+    /// time only these kernels besides the runtime's pick, comma-separated matmul and
+    /// attention names (unmask info lists them; `unfused` adds the unfused baseline), e.g.
+    /// coop,coop-split,gemm (default: every one)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        conflicts_with = "auto_only"
+    )]
+    kernels: Option<Vec<String>>,
     /// cache modes to run, comma-separated: none, fast-dllm-prefix, fast-dllm-dual,
     /// prefix-arm, bicache, bicache-dual, acache, dllm-cache (default: all of them; with
     /// --only work: none, fast-dllm-prefix, fast-dllm-dual, dllm-cache)
@@ -348,6 +358,26 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
             "request benchmarks need weights: give --model DIR (unmask synth makes a synthetic one)",
         ));
     }
+    if let Some(names) = &args.kernels {
+        let mut known: Vec<&str> = unmask_gpu::ops::matmul::MatmulKernel::CONCRETE
+            .iter()
+            .map(|k| k.name())
+            .chain(
+                unmask_gpu::ops::attention::AttentionKernel::CONCRETE
+                    .iter()
+                    .map(|k| k.name()),
+            )
+            .chain(["unfused"])
+            .collect();
+        known.sort_unstable();
+        known.dedup();
+        if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
+            return Err(CliError::usage(format!(
+                "--kernels: no kernel named {bad:?} (expected some of {})",
+                known.join(", ")
+            )));
+        }
+    }
     let gen_length = args.gen_length;
     let steps = args.steps;
     let block_length = args.block_length;
@@ -481,6 +511,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         let kernel_options = KernelBenchOptions {
             formats,
             all_variants: !args.auto_only,
+            only: args.kernels.clone(),
             repeats: Repeats::default(),
             peak: peak.clone(),
         };
