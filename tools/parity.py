@@ -144,11 +144,12 @@ def find_unmask(given):
 
 
 class Runtime:
-    """Runs the `unmask` binary with the --backend / --dtype / --matmul / --kv given to this script."""
+    """Runs the `unmask` binary with the --backend / --dtype / --matmul / --tune / --kv given to
+    this script."""
 
-    def __init__(self, binary, model, backend, dtype, matmul=None, kv=None):
+    def __init__(self, binary, model, backend, dtype, matmul=None, kv=None, tune=None):
         self.binary, self.model, self.backend, self.dtype = binary, model, backend, dtype
-        self.matmul, self.kv = matmul, kv
+        self.matmul, self.kv, self.tune = matmul, kv, tune
         self.env = dict(os.environ)
         if not self.env.get("XDG_RUNTIME_DIR"):
             # Vulkan loaders and Mesa look for it; without one they print warnings
@@ -165,6 +166,8 @@ class Runtime:
             cmd += ["--matmul", self.matmul]
         if self.kv:
             cmd += ["--kv", self.kv]
+        if self.tune:
+            cmd += ["--tune", self.tune]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
         if proc.returncode != 0:
             command = " ".join(cmd)
@@ -492,6 +495,8 @@ def reference_cases(args, model, runtime, tol):
         cases = [("prompt", prompt)]
         if mask is not None:
             cases.append(("canvas", prompt + [mask] * 20))
+            if args.canvas_only:
+                cases = cases[1:]
     results = []
     for name, ids in cases:
         ref = model.forward(ids).cpu()
@@ -627,6 +632,11 @@ def main(argv=None):
     add("--dtype", help="passed to unmask as --dtype (f16, f16-packed, f32)")
     add("--matmul", help="passed to unmask as --matmul (a kernel: tiled, gemm, narrow, coop, ...)")
     add("--kv", choices=["f32", "f16"], help="passed to unmask as --kv (K/V arena storage)")
+    add(
+        "--tune",
+        choices=["auto", "always", "off"],
+        help="passed to unmask as --tune (off: the fixed kernel choice, never a measured tensor-core kernel)",
+    )
     add("--golden-logits", choices=["f32", "bf16"], default="f32", help="goldens: which logits path (default f32)")
     add("--device", help="torch: cpu or cuda (default cuda when available)")
     add("--ref-dtype", choices=["f32", "bf16"], default="f32", help="torch: reference numerics (default f32)")
@@ -655,6 +665,12 @@ def main(argv=None):
         "goldens, the reference dtype against torch)",
     )
     add("--no-generate", action="store_true", help="compare logits only")
+    add(
+        "--canvas-only",
+        action="store_true",
+        help="torch: of the default sequences only the canvas (the prompt and masks): one load of the "
+        "checkpoint by the runtime instead of two",
+    )
     add("--rtol", type=float, help="bound = atol + rtol x max|reference logit| (default by reference numerics)")
     add("--atol", type=float)
     add("--min-cosine", type=float)
@@ -685,7 +701,9 @@ def main(argv=None):
         else args.gen_min_agreement,
     }
     try:
-        runtime = Runtime(find_unmask(args.unmask), args.model, args.backend, args.dtype, args.matmul, args.kv)
+        runtime = Runtime(
+            find_unmask(args.unmask), args.model, args.backend, args.dtype, args.matmul, args.kv, args.tune
+        )
         reference = {"against": args.against}
         if args.against == "goldens":
             logit_results, gen_results = goldens_cases(args, runtime, tol)
@@ -723,6 +741,7 @@ def main(argv=None):
             "backend": args.backend,
             "dtype": args.dtype,
             "matmul": args.matmul,
+            "tune": args.tune,
             "kv": args.kv,
             "reference": reference,
             "tolerance": tol,

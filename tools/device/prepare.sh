@@ -45,9 +45,11 @@ if [ "$bytes" -gt "$limit" ]; then
   echo "over the device's carry limit" >&2
   exit 1
 fi
+# timeout_s: run.sh ends within 480 s (its 450 s budget, a phase's kill grace, the summary);
+# 540 leaves a minute of margin under the 600 s a call may take.
 cat <<CALL
 == the call (the device tool's run: command, carry, timeout_s)
   command:   UNMASK_BIN=target/dist/unmask tools/device/run.sh "\$OUT"
   carry:     ["target/dist/unmask", ".gl"]
-  timeout_s: 560
+  timeout_s: 540
 CALL

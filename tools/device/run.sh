@@ -1,161 +1,185 @@
 #!/usr/bin/env bash
 # One run on a Linux machine with an NVIDIA GPU that has PyTorch and CUDA but nothing else:
-# parity against the PyTorch references (LLaDA and Dream), the kernel benchmarks at LLaDA-8B's
-# shapes and whole requests per cache mode at LLaDA-8B's shape, all written under one folder.
+# kernel benchmarks at LLaDA-8B's shapes, parity against the PyTorch references, whole
+# requests per cache mode on a synthetic LLaDA-8B and the PyTorch reference on the same
+# requests, written under one folder within 8 minutes.
 #
 #   tools/device/run.sh OUT_DIR
 #
-# Phases, in order: info; LLaDA parity on tests/fixtures/tiny (f32, f16 weights); Dream
-# parity on tests/fixtures/tiny-dream (tools/dream_torch.py: f32 weights with Fast-dLLM's
-# block schedule, f16 weights with Dream's own schedule and topk_margin); synthetic LLaDA-8B
-# and its logits parity (f16, f32); the kernel and request benchmarks, and the PyTorch
-# reference `generate` on the same requests (tools/torch_bench.py); the report; then a
-# synthetic Dream-7B of 2 layers (Qwen2 names, full width: hidden 3584, GQA 28/4, vocab
-# 152064; 3.1 GB of bf16) and its logits parity (f16, f32). The Dream phases are the ones added
-# to the original run; the synthetic Dream parity comes last, so it is what a slow machine
-# loses first.
+# Order (by value: what a short or failing run loses first comes last):
+#   preflight    `unmask info` (20 s): exits at once (status 3, one line on stdout) without an
+#                NVIDIA adapter, 16x16x16 f16 cooperative matrices or timestamp queries;
+#   kernels      `bench --only kernels` at 8B shapes (rows 32 and 1344), f16 weights, every
+#                variant (the tuner's measurements go to kernel-choices.json);
+#   tiny parity  LLaDA tests/fixtures/tiny: f32 and f16 on the fixed kernels (--tune off, held
+#                to 1e-4), the coop kernel forced (f16, 1e-2); Dream tiny-dream if it fits;
+#   requests     synthetic LLaDA-8B, one request per cache mode (quota decoding), `none` last;
+#   pytorch      tools/torch_bench.py on the same request (a reserved budget);
+#   8B parity    logits of the synthetic 8B: f16 as the tuner picks (1e-2), f32 fixed (1e-4);
+#   kv-f16       bicache-dual with f16 K/V, merged into bench-requests.jsonl;
+#   dream        synthetic Dream-7B of 2 layers, logits parity f16 and f32;
+#   report       `bench-report` (a reserved 15 s), then a summary of at most 20 lines.
 #
-# What it needs and brings:
-#   * the unmask binary: built with cargo when cargo is there, else $UNMASK_BIN, else
-#     target/dist/unmask (make it with `cargo build --profile dist -p unmask-cli` on an
-#     x86-64 Linux machine and copy it along);
-#   * the Vulkan loader: when `ldconfig -p` has no libvulkan, the .deb files in .gl/ are
-#     unpacked (download them with the recipe in tools/device/README.md);
-#   * PyTorch for the references (skipped with a message when absent).
+# OUT_DIR holds at most 8 files at every moment (tools/device/lib.sh): log.txt, summary.txt,
+# parity.jsonl, bench-kernels.jsonl, bench-requests.jsonl, kernel-choices.json, report.md,
+# requests.svg (kernels.svg is not kept: `unmask bench-report` redraws it from the records).
 #
 # Environment:
-#   RUN_SCALE=small   tiny shapes everywhere (tests/fixtures/tiny and tiny-dream, scaled
-#                     synthetic checkpoints): an end-to-end check of this script on any
-#                     adapter, lavapipe included. Default: full (LLaDA-8B / Dream-7B shapes).
-#   TORCH_DEVICE      cuda (default when torch sees a GPU) or cpu.
-#   BACKEND           wgpu backend for unmask (default vulkan).
-#   RUN_BUDGET        seconds the phases may take together, counted from the start (default
-#                     520 at full scale, which keeps the run within 9 minutes even when a
-#                     phase has to be killed; 3600 at small scale).
-#
-# OUT_DIR ends up with at most 9 files: log.txt (everything printed), parity.jsonl (one line
-# per parity phase, LLaDA and Dream), bench-kernels.jsonl, bench-requests.jsonl (the
-# runtime's cache modes and the `pytorch-reference` rows), report.md (with the fastest mode
-# over the PyTorch reference), kernels.svg, requests.svg, kernel-choices.json (the kernels
-# `auto` measured per shape class on this GPU, with each candidate's time). Each phase has its own time limit (LIMITS below) and gets at most
-# what is left of RUN_BUDGET (bench-requests leaves 20 s of it to the report), so the whole
-# run stays under 9 minutes; once the budget is spent, the remaining phases get 1 s each and
-# report running out of time. A phase that fails or runs out of time is reported and the
-# next one still runs. Exit status: 0 when every phase passed.
+#   RUN_SCALE          full (default: 8B shapes), medium (a 47M-parameter LLaDA of 8B's head
+#                      size, Dream-7B of 1 layer: for timing this script on a CPU adapter) or
+#                      small (tiny shapes: an end-to-end check on any adapter)
+#   RUN_BUDGET         seconds for the whole run (default 450 full, 1800 medium, 3600 small)
+#   PREFLIGHT_ANY_ADAPTER=1          accept any adapter (default at small and medium scale)
+#   PREFLIGHT_COOP=16|any|warn|off   cooperative matrices required: 16x16 fragments (default
+#                      full), any fragments, a warning only (default small, medium), no check
+#   TORCH_DEVICE       cuda (default when torch sees a GPU) or cpu; PYTHON: the interpreter
+#   BACKEND            wgpu backend for unmask (default vulkan); UNMASK_BIN: the binary
+# Exit status: 0 when every phase passed, 1 when one did not, 3 when the preflight stopped it.
 set -uo pipefail
 
 OUT="${1:?usage: tools/device/run.sh OUT_DIR}"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 SCALE="${RUN_SCALE:-full}"
 BACKEND="${BACKEND:-vulkan}"
 # shellcheck source=tools/device/lib.sh
 . tools/device/lib.sh
 say "unmask device run, scale $SCALE, into $OUT"
-[ -n "$BIN" ] || exit 2
 
-# LIMITS: parity-tiny (each), synth, parity-synth (each), bench-kernels, bench-requests,
-# parity-tiny-dream (each), synth-dream, parity-synth-dream (each), torch-requests
-if [ "$SCALE" = small ]; then
-  SYNTH_CONFIG=tiny
-  DREAM_SYNTH=(--config tiny-dream)
-  KERNEL_ARGS=(--config tiny --rows 8,96 --kv-lens 96)
-  REQ_ARGS=(--gen-length 32 --steps 16 --block-length 8 --groups 1 --per-group 2 --prefix-tokens 48 --user-tokens 16)
-  LIMITS=(60 60 120 120 240 60 30 120 120)
-  BUDGET="${RUN_BUDGET:-3600}"
-else
-  SYNTH_CONFIG=llada-8b
-  DREAM_SYNTH=(--config dream-7b --layers 2)
-  # rows: a 32-token block (dual cache) and a whole 1024 + 64 + 256 request
-  KERNEL_ARGS=(--config llada-8b --rows 32,1344 --kv-lens 1344)
-  REQ_ARGS=(--gen-length 256 --steps 128 --block-length 32 --groups 1 --per-group 2 --prefix-tokens 1024 --user-tokens 64)
-  LIMITS=(60 90 150 90 200 45 45 75 70)
-  BUDGET="${RUN_BUDGET:-520}"
+REQ_COMMON=(--groups 1 --per-group 1 --decoding quota)
+MODES=bicache-dual,fast-dllm-dual,bicache,fast-dllm-prefix,prefix-arm,acache,dllm-cache,none
+declare -A LIM
+case "$SCALE" in
+  small)
+    SYNTH_ARGS=(--config tiny)
+    DREAM_ARGS=(--config tiny-dream)
+    KERNEL_ARGS=(--config tiny --rows "8,96" --kv-lens 96)
+    REQ_ARGS=(--gen-length 32 --steps 16 --block-length 8 --prefix-tokens 48 --user-tokens 16)
+    LIM=([kernels]=120 [tiny]=60 [synth]=60 [requests]=240 [torch]=120 [psynth16]=120 [psynth32]=120 [kv]=60 [dsynth]=60 [pdream]=120)
+    BUDGET="${RUN_BUDGET:-3600}" ;;
+  medium)
+    # LLaDA's layout at 1/8 of 8B's width: head_dim 128, MLP 3x, vocab 32768, 4 layers
+    python3 - "$WORK/medium.json" <<'EOF'
+import json, sys
+c = json.load(open("tests/fixtures/tiny/config.json"))
+c.update(d_model=512, n_heads=4, n_kv_heads=4, mlp_hidden_size=1536, n_layers=4,
+         vocab_size=32768, embedding_size=32768, max_sequence_length=2048)
+json.dump(c, open(sys.argv[1], "w"), indent=1)
+EOF
+    SYNTH_ARGS=(--config "$WORK/medium.json")
+    DREAM_ARGS=(--config dream-7b --layers 1)
+    KERNEL_ARGS=(--config "$WORK/medium.json" --rows "32,352" --kv-lens 352)
+    REQ_ARGS=(--gen-length 64 --steps 32 --block-length 32 --prefix-tokens 256 --user-tokens 32)
+    LIM=([kernels]=300 [tiny]=60 [synth]=120 [requests]=600 [torch]=300 [psynth16]=300 [psynth32]=300 [kv]=200 [dsynth]=120 [pdream]=300)
+    BUDGET="${RUN_BUDGET:-1800}" ;;
+  *)
+    SYNTH_ARGS=(--config llada-8b)
+    DREAM_ARGS=(--config dream-7b --layers 2)
+    # rows: a 32-token block (dual cache) and a whole 1024 + 64 + 256 request
+    KERNEL_ARGS=(--config llada-8b --rows "32,1344" --kv-lens 1344)
+    REQ_ARGS=(--gen-length 256 --steps 128 --block-length 32 --prefix-tokens 1024 --user-tokens 64)
+    LIM=([kernels]=75 [tiny]=25 [synth]=75 [requests]=170 [torch]=90 [psynth16]=75 [psynth32]=100 [kv]=45 [dsynth]=30 [pdream]=45)
+    BUDGET="${RUN_BUDGET:-450}" ;;
+esac
+if [ "$SCALE" != full ]; then
+  PREFLIGHT_ANY_ADAPTER="${PREFLIGHT_ANY_ADAPTER:-1}"
+  PREFLIGHT_COOP="${PREFLIGHT_COOP:-warn}"
 fi
+R_REPORT=15                             # kept for the report by every phase
+R_TORCH=$((LIM[torch] + R_REPORT))      # kept for the PyTorch row by every phase before it
+R_CORE=$((LIM[synth] + LIM[requests] / 2 + R_TORCH)) # kept by tiny Dream ("if it fits")
 
-# left N [KEEP]: N, or the seconds left of BUDGET (less KEEP, kept for later phases) when
-# fewer; at least 1, so that a phase past the budget reports running out of time instead of
-# starting without a limit
-left() {
-  local rest=$((BUDGET - ($(date +%s) - START) - ${2:-0}))
-  [ "$rest" -lt 1 ] && rest=1
-  echo $(($1 < rest ? $1 : rest))
+preflight
+
+# skip NAME WHY: a phase that cannot run here, reported as such
+skip() {
+  say "   $1: skipped ($2)"
+  printf '%s\tskipped\t0\n' "$1" >>"$WORK/phases.tsv"
+  printf '%-28s skipped (%s)\n' "$1" "$2" >>"$OUT/summary.txt"
 }
 
-# The measured kernel choices of this run, kept with its results.
-export UNMASK_TUNE_FILE="$OUT/kernel-choices.json"
+# parity NAME LIMIT ARGS...: tools/parity.py against PyTorch; its JSON joins parity.jsonl
+# (one line, the phase's name first) as soon as the phase ends.
+parity() {
+  local name="$1" limit="$2"
+  shift 2
+  if [ -z "${TORCH_INFO:-}" ]; then skip "$name" "no PyTorch"; return; fi
+  rm -f "$WORK/parity.json"
+  phase "$name" "$limit" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" --ref-dtype f32 \
+    --backend "$BACKEND" --unmask "$BIN" --quiet --json "$WORK/parity.json" "$@"
+  [ -f "$WORK/parity.json" ] && python3 -c 'import json, sys
+d = {"phase": sys.argv[2], **json.load(open(sys.argv[1]))}
+open(sys.argv[3], "a").write(json.dumps(d, separators=(",", ":")) + "\n")' \
+    "$WORK/parity.json" "$name" "$OUT/parity.jsonl"
+}
 
-phase info "$(left 30)" "$BIN" info --model tests/fixtures/tiny --backend "$BACKEND"
+# --- a: the kernels at the model's shapes (f16 weights, every variant) ----------------------
+phase bench-kernels "$(left "${LIM[kernels]}" "$R_TORCH")" "$BIN" bench --only kernels --backend "$BACKEND" \
+  "${KERNEL_ARGS[@]}" --formats f16 --out "$OUT/bench-kernels.jsonl"
 
-# --- parity against PyTorch ---------------------------------------------------------------
-for dtype in f32 f16; do
-  phase "parity-tiny-$dtype" "$(left "${LIMITS[0]}")" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" \
-    --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model tests/fixtures/tiny --unmask "$BIN" \
-    --json "$OUT/parity-tiny-$dtype.json"
-done
-# The cooperative-matrix (tensor-core) matmul forced through the whole forward; `unmask info`
-# above says whether this GPU has cooperative matrices (without them it runs `gemm`). Its
-# inputs are rounded to f16, so its logits are held to coop's 1e-2 of the largest (Mesa 26
-# lavapipe measures 2.7e-3 against the f32 goldens, every generation equal).
-phase parity-tiny-coop "$(left "${LIMITS[0]}")" "$PY" tools/parity.py --against torch --device "$TORCH_DEVICE" \
-  --ref-dtype f32 --dtype f16 --matmul coop --rtol 1e-2 --backend "$BACKEND" --model tests/fixtures/tiny \
-  --unmask "$BIN" --json "$OUT/parity-tiny-coop.json"
-# Dream (tools/dream_torch.py): f32 with the default Fast-dLLM blocks (gen 32, block 16,
-# maskgit_plus), f16 with Dream's own schedule over the whole canvas (topk_margin)
-declare -A DREAM_GEN=([f32]="" [f16]="--block-length 32 --steps 16 --remasking topk_margin")
-for dtype in f32 f16; do
-  # shellcheck disable=SC2086  # DREAM_GEN holds several flags
-  phase "parity-tiny-dream-$dtype" "$(left "${LIMITS[5]}")" "$PY" tools/parity.py --against torch \
-    --device "$TORCH_DEVICE" --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" \
-    --model tests/fixtures/tiny-dream --unmask "$BIN" --json "$OUT/parity-tiny-dream-$dtype.json" ${DREAM_GEN[$dtype]}
-done
-SYNTH=$(mktemp -d)/synth
-phase synth "$(left "${LIMITS[1]}")" "$BIN" synth --config "$SYNTH_CONFIG" --seed 0 --dtype bf16 --out "$SYNTH"
-for dtype in f16 f32; do
-  phase "parity-synth-$SYNTH_CONFIG-$dtype" "$(left "${LIMITS[2]}")" "$PY" tools/parity.py --against torch \
-    --device "$TORCH_DEVICE" --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model "$SYNTH" \
-    --unmask "$BIN" --json "$OUT/parity-synth-$dtype.json" --no-generate
-done
+# --- b: parity on the fixtures ----------------------------------------------------------------
+TINY=(--model tests/fixtures/tiny)
+parity parity-tiny-f32 "$(left "${LIM[tiny]}" "$R_TORCH")" "${TINY[@]}" --dtype f32 --tune off
+# The cooperative-matrix (tensor-core) matmul forced through the whole forward: its inputs are
+# rounded to f16, so it is held to coop's 1e-2 of the largest logit (Mesa 26 lavapipe: 2.6e-3),
+# and its generation to 90% of the tokens: the rounding reorders near-tied commits of a step.
+parity parity-tiny-coop "$(left "${LIM[tiny]}" "$R_TORCH")" "${TINY[@]}" --dtype f16 --matmul coop --rtol 1e-2 \
+  --gen-min-agreement 0.9
+parity parity-tiny-f16 "$(left "${LIM[tiny]}" "$R_TORCH")" "${TINY[@]}" --dtype f16 --tune off
+# Dream: f32 with Fast-dLLM's blocks (gen 32, block 16, maskgit_plus), f16 with Dream's own
+# schedule over the canvas (topk_margin)
+DREAM=(--model tests/fixtures/tiny-dream --tune off)
+parity parity-tiny-dream-f32 "$(left "${LIM[tiny]}" "$R_CORE")" "${DREAM[@]}" --dtype f32
+parity parity-tiny-dream-f16 "$(left "${LIM[tiny]}" "$R_CORE")" "${DREAM[@]}" --dtype f16 \
+  --block-length 32 --steps 16 --remasking topk_margin
 
-# --- benchmarks ---------------------------------------------------------------------------
-phase bench-kernels "$(left "${LIMITS[3]}")" "$BIN" bench --only kernels --backend "$BACKEND" "${KERNEL_ARGS[@]}" \
-  --out "$OUT/bench-kernels.jsonl"
-phase bench-requests "$(left "${LIMITS[4]}" 90)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
-  "${REQ_ARGS[@]}" --out "$OUT/bench-requests.jsonl"
+# --- c, d: requests per cache mode, then the PyTorch reference on the same request ---------
+SYNTH="$WORK/synth"
+phase synth "$(left "${LIM[synth]}" "$R_TORCH")" "$BIN" synth "${SYNTH_ARGS[@]}" --seed 0 --dtype bf16 --out "$SYNTH"
+phase bench-requests "$(left "${LIM[requests]}" "$R_TORCH")" "$BIN" bench --only requests --backend "$BACKEND" \
+  --model "$SYNTH" "${REQ_ARGS[@]}" "${REQ_COMMON[@]}" --cache "$MODES" --out "$OUT/bench-requests.jsonl"
+if [ -z "${TORCH_INFO:-}" ]; then
+  skip torch-requests "no PyTorch"
+elif ! grep -q '"record": *"request"' "$OUT/bench-requests.jsonl" 2>/dev/null; then
+  skip torch-requests "no request record to copy the workload from"
+else
+  # (bf16, as the official code runs; its rows join the same file)
+  phase torch-requests "$(left "${LIM[torch]}" "$R_REPORT")" "$PY" tools/torch_bench.py --model "$SYNTH" \
+    --like "$OUT/bench-requests.jsonl" --out "$OUT/bench-requests.jsonl" --device "$TORCH_DEVICE" \
+    --dtype bf16 --max-requests 1
+fi
+
+# --- e: logits parity of the synthetic checkpoint (the canvas only: one load each) ----------
+parity parity-synth-f16 "$(left "${LIM[psynth16]}" "$R_REPORT")" --model "$SYNTH" --dtype f16 --rtol 1e-2 \
+  --no-generate --canvas-only
+parity parity-synth-f32 "$(left "${LIM[psynth32]}" "$R_REPORT")" --model "$SYNTH" --dtype f32 --tune off \
+  --no-generate --canvas-only
 # the best-placed mode again with the K/V arena and prefix entries in f16 (records say "kv")
-phase bench-requests-kv-f16 "$(left 60 110)" "$BIN" bench --only requests --backend "$BACKEND" --model "$SYNTH" \
-  "${REQ_ARGS[@]}" --cache bicache-dual --kv f16 --out "$OUT/bench-requests-kv-f16.jsonl"
-# the PyTorch reference on the same workload, as rows of the same file (bf16, as it runs)
-phase torch-requests "$(left "${LIMITS[8]}" 20)" "$PY" tools/torch_bench.py --model "$SYNTH" \
-  --like "$OUT/bench-requests.jsonl" --out "$OUT/bench-requests.jsonl" --device "$TORCH_DEVICE" \
-  --dtype bf16 --max-requests 2
-rm -rf "$(dirname "$SYNTH")"
+phase bench-requests-kv-f16 "$(left "${LIM[kv]}" "$R_REPORT")" "$BIN" bench --only requests --backend "$BACKEND" \
+  --model "$SYNTH" "${REQ_ARGS[@]}" "${REQ_COMMON[@]}" --cache bicache-dual --kv f16 --out "$WORK/kv.jsonl"
+[ -f "$WORK/kv.jsonl" ] && cat "$WORK/kv.jsonl" >>"$OUT/bench-requests.jsonl"
+rm -rf "$SYNTH"
 
-[ -f "$OUT/bench-requests-kv-f16.jsonl" ] && cat "$OUT/bench-requests-kv-f16.jsonl" >> "$OUT/bench-requests.jsonl"
-phase report "$(left 30)" "$BIN" bench-report "$OUT/bench-kernels.jsonl" "$OUT/bench-requests.jsonl" --out "$OUT/report"
-for f in report.md kernels.svg requests.svg; do
-  [ -f "$OUT/report/$f" ] && mv "$OUT/report/$f" "$OUT/$f"
-done
-rm -rf "$OUT/report"
-
-# --- synthetic Dream: logits parity at Dream-7B's width (last: the first to lose time) -----
-DREAM_DIR=$(mktemp -d)/synth-dream
-DREAM_NAME="${DREAM_SYNTH[1]}"
-phase "synth-$DREAM_NAME" "$(left "${LIMITS[6]}")" "$BIN" synth "${DREAM_SYNTH[@]}" --seed 0 --dtype bf16 \
-  --out "$DREAM_DIR"
+# --- the synthetic Dream (last: the first to lose time) -------------------------------------
+DSYNTH="$WORK/synth-dream"
+phase synth-dream "$(left "${LIM[dsynth]}" "$R_REPORT")" "$BIN" synth "${DREAM_ARGS[@]}" --seed 0 --dtype bf16 \
+  --out "$DSYNTH"
 for dtype in f16 f32; do
-  phase "parity-synth-$DREAM_NAME-$dtype" "$(left "${LIMITS[7]}")" "$PY" tools/parity.py --against torch \
-    --device "$TORCH_DEVICE" --ref-dtype f32 --dtype "$dtype" --backend "$BACKEND" --model "$DREAM_DIR" \
-    --unmask "$BIN" --json "$OUT/parity-synth-dream-$dtype.json" --no-generate
+  parity "parity-synth-dream-$dtype" "$(left "${LIM[pdream]}" "$R_REPORT")" --model "$DSYNTH" --dtype "$dtype" \
+    --tune off --no-generate --canvas-only
 done
-rm -rf "$(dirname "$DREAM_DIR")"
+rm -rf "$DSYNTH"
 
-# one line per parity phase, in the order they ran
-: >"$OUT/parity.jsonl"
-for name in tiny-f32 tiny-f16 tiny-coop tiny-dream-f32 tiny-dream-f16 synth-f16 synth-f32 synth-dream-f16 synth-dream-f32; do
-  f="$OUT/parity-$name.json"
-  [ -f "$f" ] && { tr -d '\n' <"$f"; echo; } >>"$OUT/parity.jsonl" && rm -f "$f"
-done
+# --- the report -----------------------------------------------------------------------------
+reports=()
+for f in bench-kernels.jsonl bench-requests.jsonl; do [ -s "$OUT/$f" ] && reports+=("$OUT/$f"); done
+if [ ${#reports[@]} -gt 0 ]; then
+  phase report "$(left 30)" "$BIN" bench-report "${reports[@]}" --out "$WORK/report"
+  for f in report.md requests.svg; do [ -f "$WORK/report/$f" ] && mv "$WORK/report/$f" "$OUT/$f"; done
+else
+  skip report "no benchmark records"
+fi
 
 say "done in $(($(date +%s) - START)) s; failed phases: ${FAILED[*]:-none}"
-ls -la "$OUT" >>"$LOG"
+summary
+rm -rf "$WORK"
 [ ${#FAILED[@]} -eq 0 ]
