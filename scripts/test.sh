@@ -47,7 +47,7 @@ phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
 
-phase "the numpy references of ACache and dLLM-Cache reproduce their goldens"
+phase "the numpy references of ACache, dLLM-Cache and DiffusionGemma reproduce their goldens"
 REF_VENV=target/numpy-venv
 if [ ! -x "$REF_VENV/bin/python" ] || ! "$REF_VENV/bin/python" -c "import numpy" 2>/dev/null; then
   python3 -m venv "$REF_VENV"
@@ -55,6 +55,7 @@ if [ ! -x "$REF_VENV/bin/python" ] || ! "$REF_VENV/bin/python" -c "import numpy"
 fi
 "$REF_VENV/bin/python" tools/acache_ref.py --model tests/fixtures/tiny --check
 "$REF_VENV/bin/python" tools/dllm_cache_ref.py --model tests/fixtures/tiny --check --self-check
+"$REF_VENV/bin/python" tools/dgemma_ref.py --model tests/fixtures/tiny-dgemma --check
 
 phase "bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask
