@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: sets up a fresh machine, then runs every test of the workspace on the
-# best adapter found (lavapipe on a machine without a GPU), the cross-target checks for
-# Windows (DX12) and macOS (Metal), and the lints.
+# best adapter found (lavapipe on a machine without a GPU), part of them again under the
+# Vulkan validation layers, the cross-target checks for Windows (DX12) and macOS (Metal),
+# and the lints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -73,6 +74,11 @@ scripts/check-manifests.sh
 scripts/fuzz.sh 30
 
 UNMASK_BIN=target/debug/unmask scripts/test-web.sh
+
+phase "the integration and server tests under the Vulkan validation layers with synchronization validation (scripts/test-validation.sh)"
+# It installs vulkan-validationlayers when missing: late, so that the phases above run as
+# before (a debug build of wgpu loads the layers whenever they are installed).
+scripts/test-validation.sh target/debug/unmask
 
 phase "cross-target checks: Windows (DX12) and macOS (Metal)"
 for target in x86_64-pc-windows-msvc aarch64-apple-darwin; do

@@ -26,3 +26,6 @@ mod step_program;
 mod streamed_load;
 mod synth;
 mod tune;
+// Raw Vulkan through wgpu's HAL: where wgpu has a Vulkan backend.
+#[cfg(any(windows, target_os = "linux"))]
+mod validation;

@@ -286,6 +286,10 @@ impl GpuContext {
         };
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backends;
+        // wgpu's debugging flags: on in debug builds (the Vulkan validation layers when
+        // installed, shader debug info), overridden by `WGPU_VALIDATION`, `WGPU_DEBUG` and
+        // the other `WGPU_*` flag variables (scripts/test-validation.sh sets `WGPU_DEBUG=0`).
+        desc.flags = wgpu::InstanceFlags::from_env_or_default();
         let instance = wgpu::Instance::new(desc);
         let adapter = Self::pick_adapter(&instance, backends).await?;
         Self::from_adapter(adapter, options).await
