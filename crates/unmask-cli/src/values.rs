@@ -147,6 +147,32 @@ pub fn positive_list(text: &str) -> Result<Vec<usize>, String> {
     )
 }
 
+/// Kernel names for `bench --kernels`: matmul and attention kernels (`unmask info` lists
+/// them) and `unfused`, the unfused baseline.
+pub fn kernel_names(text: &str) -> Result<Vec<String>, String> {
+    let mut known: Vec<&str> = MatmulKernel::CONCRETE
+        .iter()
+        .map(|k| k.name())
+        .chain(AttentionKernel::CONCRETE.iter().map(|k| k.name()))
+        .chain(["unfused"])
+        .collect();
+    known.sort_unstable();
+    known.dedup();
+    text.split(',')
+        .map(|name| {
+            let name = name.trim();
+            if known.contains(&name) {
+                Ok(name.to_string())
+            } else {
+                Err(format!(
+                    "no kernel named {name:?} (expected some of {})",
+                    known.join(", ")
+                ))
+            }
+        })
+        .collect()
+}
+
 /// A size in bytes > 0, with an optional K, M or G (`parse_bytes`).
 pub fn byte_size(text: &str) -> Result<u64, String> {
     parse_bytes(text.trim()).filter(|&b| b > 0).ok_or_else(|| {
