@@ -14,6 +14,7 @@ mod generate_goldens;
 mod kernels_attention;
 mod kernels_elementwise;
 mod kernels_matmul;
+mod kernels_moe;
 mod kernels_quant;
 mod kernels_select;
 mod model_parity;

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod elementwise;
 mod kernels;
 pub mod matmul;
+pub mod moe;
 pub mod sampling;
 #[cfg(feature = "unfused-kernels")]
 pub mod unfused;
@@ -77,6 +78,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(sampling),
         kernel_module!(acache),
         kernel_module!(v_verify),
+        kernel_module!(moe),
     ];
     #[cfg(feature = "unfused-kernels")]
     let v = [v, vec![kernel_module!(unfused)]].concat();
