@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use unmask::{Engine, EngineError};
-use unmask_core::config::ModelConfig;
+use unmask_core::config::{DiffusionGemmaConfig, ModelConfig};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::ops::Kernels;
@@ -137,6 +137,10 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         kernel_choice(&Kernels::new(&ctx, &engine_options.kernel_options())),
     ];
     if let Some(dir) = model {
+        if let Some(summary) = diffusion_gemma_summary(&dir)? {
+            lines.extend(summary);
+            return output::line(&lines.join("\n"));
+        }
         let files = ModelFiles::read(&dir)?;
         let gpu = if args.load {
             let engine = Engine::load_on(ctx.clone(), &dir, &engine_options, &mut |_| {})?;
@@ -168,6 +172,68 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         ));
     }
     output::line(&lines.join("\n"))
+}
+
+/// `info` for a DiffusionGemma folder (`model_type` "diffusion_gemma"), which the runtime
+/// reads but cannot run yet: the family, its shape and parameters. `None` for other models.
+fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> {
+    let path = dir.join("config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        // A missing or unreadable config.json is `ModelFiles::read`'s error to report.
+        return Ok(None);
+    };
+    let is_dgemma = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.as_object().map(DiffusionGemmaConfig::is_diffusion_gemma))
+        .unwrap_or(false);
+    if !is_dgemma {
+        return Ok(None);
+    }
+    let c = DiffusionGemmaConfig::from_json_str(&text, &path.display().to_string())
+        .map_err(|e| CliError::context(format!("cannot read {}", path.display()), e))?;
+    let sliding = c.layers.iter().filter(|l| l.sliding).count();
+    let (total, active) = c.parameter_counts();
+    Ok(Some(vec![
+        format!("model: {}", dir.display()),
+        "  family: DiffusionGemma (model.decoder.* tensors; the vision tower is skipped); \
+         not runnable yet: its loader, kernels and passes are being built \
+         (docs/models/diffusion-gemma.md)"
+            .to_string(),
+        format!(
+            "  config: hidden {}, {} layers ({sliding} sliding-window {}, {} full), {} heads, \
+             {} experts top {} (width {}) beside a dense MLP of {}, vocab {}, canvas {}, \
+             logit soft-cap {}",
+            c.hidden_size,
+            c.layers.len(),
+            c.sliding_window,
+            c.layers.len() - sliding,
+            c.heads,
+            c.num_experts,
+            c.top_k_experts,
+            c.moe_intermediate_size,
+            c.intermediate_size,
+            c.vocab_size,
+            c.canvas_length,
+            c.final_logit_softcapping
+        ),
+        format!(
+            "  parameters: {total} ({}), {active} per token ({})",
+            human(total),
+            human(active)
+        ),
+    ]))
+}
+
+/// A parameter count as 26.1 B, 3.9 B, 102.7 K.
+fn human(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.1} B", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.1} M", n / 1e6)
+    } else {
+        format!("{:.1} K", n / 1e3)
+    }
 }
 
 /// A model folder as its files describe it, without uploading anything.

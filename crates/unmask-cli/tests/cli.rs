@@ -517,6 +517,20 @@ fn help_info_and_selfcheck() {
         assert!(text.contains(needle), "`{needle}` not in\n{text}");
     }
 
+    // DiffusionGemma: the family and its shape, though it cannot run yet.
+    let dgemma = workspace().join("tests/fixtures/tiny-dgemma");
+    let o = run(&["info", "--model", &dgemma.display().to_string()]);
+    assert_ok(&o);
+    let text = stdout(&o);
+    for needle in [
+        "family: DiffusionGemma",
+        "4 layers (2 sliding-window 8, 2 full)",
+        "8 experts top 2",
+        "canvas 16",
+    ] {
+        assert!(text.contains(needle), "`{needle}` not in\n{text}");
+    }
+
     let o = run(&["selfcheck"]);
     assert_ok(&o);
     assert!(stdout(&o).contains("selfcheck passed"), "{}", stdout(&o));

@@ -5,6 +5,7 @@
 //! runtime has no kernels for are rejected with an error that names the field.
 
 mod defaults;
+mod dgemma;
 mod dream;
 mod fields;
 pub mod limits;
@@ -20,6 +21,7 @@ use crate::error::ConfigError;
 use fields::Fields;
 use parse::{check_token_in_range, parse_object};
 
+pub use dgemma::{DiffusionGemmaConfig, LayerAttention};
 pub use fields::json_kind;
 pub use names::LayerTensor;
 pub use presets::{DREAM_7B_CONFIG_JSON, LLADA_8B_CONFIG_JSON, PresetFiles};
