@@ -182,14 +182,14 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
         // A missing or unreadable config.json is `ModelFiles::read`'s error to report.
         return Ok(None);
     };
-    let is_dgemma = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v.as_object().map(DiffusionGemmaConfig::is_diffusion_gemma))
-        .unwrap_or(false);
-    if !is_dgemma {
+    // Anything but a DiffusionGemma object (invalid JSON included) is for `ModelFiles::read`.
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str(&text) else {
+        return Ok(None);
+    };
+    if !DiffusionGemmaConfig::is_diffusion_gemma(&map) {
         return Ok(None);
     }
-    let c = DiffusionGemmaConfig::from_json_str(&text, &path.display().to_string())
+    let c = DiffusionGemmaConfig::from_map(&map)
         .map_err(|e| CliError::context(format!("cannot read {}", path.display()), e))?;
     let sliding = c.layers.iter().filter(|l| l.sliding).count();
     let (total, active) = c.parameter_counts();
@@ -217,23 +217,13 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
             c.final_logit_softcapping
         ),
         format!(
-            "  parameters: {total} ({}), {active} per token ({})",
-            human(total),
-            human(active)
+            "  parameters: {} ({}), {} per token ({})",
+            group_digits(total as usize),
+            short_count(total as usize),
+            group_digits(active as usize),
+            short_count(active as usize)
         ),
     ]))
-}
-
-/// A parameter count as 26.1 B, 3.9 B, 102.7 K.
-fn human(n: u64) -> String {
-    let n = n as f64;
-    if n >= 1e9 {
-        format!("{:.1} B", n / 1e9)
-    } else if n >= 1e6 {
-        format!("{:.1} M", n / 1e6)
-    } else {
-        format!("{:.1} K", n / 1e3)
-    }
 }
 
 /// A model folder as its files describe it, without uploading anything.

@@ -44,8 +44,12 @@ impl DiffusionGemmaConfig {
     }
 
     pub fn from_json_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let top = parse_object(text, file)?;
-        if !Self::is_diffusion_gemma(&top) {
+        Self::from_map(&parse_object(text, file)?)
+    }
+
+    /// From the parsed top-level object of `config.json`.
+    pub fn from_map(top: &Map<String, Value>) -> Result<Self, ConfigError> {
+        if !Self::is_diffusion_gemma(top) {
             return Err(ConfigError::Unsupported {
                 field: "model_type",
                 expected: "\"diffusion_gemma\"".into(),
@@ -109,7 +113,7 @@ impl DiffusionGemmaConfig {
             moe_intermediate_size: required("moe_intermediate_size")?,
             rms_norm_eps: f.positive_float_or("rms_norm_eps", 1e-6)?,
             final_logit_softcapping: f.positive_float_or("final_logit_softcapping", 30.0)?,
-            canvas_length: Fields { map: &top }.size_or("canvas_length", 256)?,
+            canvas_length: Fields { map: top }.size_or("canvas_length", 256)?,
         };
         if config.top_k_experts > config.num_experts {
             return Err(ConfigError::Invalid {

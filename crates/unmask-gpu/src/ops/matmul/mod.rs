@@ -150,10 +150,14 @@ fn auto_kernel(adapter: AdapterClass, m: usize) -> MatmulKernel {
     }
 }
 
-/// Output tile of one workgroup for `kernel`, with or without SwiGLU (which halves the
-/// columns of `Tiled`, `Gemm`, `Narrow` and the others: half of their sums are the up halves).
-fn tile_for(kernel: MatmulKernel, swiglu: bool, coop: CoopShape) -> (u32, u32) {
-    let (m, n) = kernel.tile(coop);
+/// Output tile of one workgroup for `kernel` over `rows` rows, with or without SwiGLU (which
+/// halves the columns of `Tiled`, `Gemm`, `Narrow` and the others: half of their sums are the
+/// up halves); `Coop`'s tile is half as high for few rows (`CoopShape::tile_for_rows`).
+fn tile_for(kernel: MatmulKernel, swiglu: bool, coop: CoopShape, rows: u32) -> (u32, u32) {
+    let (m, n) = match kernel {
+        MatmulKernel::Coop | MatmulKernel::CoopSplit => coop.tile_for_rows(rows),
+        _ => kernel.tile(coop),
+    };
     match kernel {
         MatmulKernel::Tiled | MatmulKernel::Auto if swiglu => (m, TILED_WGX * 4),
         MatmulKernel::Gemm
@@ -322,10 +326,7 @@ pub fn matmul_fused<'k>(
     let spec_of =
         |kernel| spec(kernel, format, x_vec4, fusion.swiglu, bk16, coop).flag_if(half_rows, "TM2");
     let pipeline = ctx.pipeline(&KERNEL, direct.entry(), &fusion.flags(spec_of(direct)))?;
-    let (mut tile_m, tile_n) = tile_for(direct, fusion.swiglu, coop);
-    if half_rows {
-        tile_m /= 2;
-    }
+    let (tile_m, tile_n) = tile_for(direct, fusion.swiglu, coop, m32);
     let tiles_m = m32.div_ceil(tile_m);
     // `Coop` reads each row's 1 / rms, found once here, instead of every workgroup
     // re-reading its rows over all of K for them.
@@ -467,7 +468,7 @@ mod tests {
         // A T = 32 step's o-proj (N = 4096): the small-M tile launches a workgroup per 16
         // columns whatever M < 64 is (two row tiles past 32), the row tiles of `Tiled` 64.
         let count = |kernel: MatmulKernel, m: u32, n: u32| {
-            let (tm, tn) = tile_for(kernel, false, NVIDIA);
+            let (tm, tn) = tile_for(kernel, false, NVIDIA, m);
             m.div_ceil(tm) * n.div_ceil(tn)
         };
         assert_eq!(count(MatmulKernel::Narrow, 32, 4096), 256);
@@ -476,11 +477,17 @@ mod tests {
         assert_eq!(count(MatmulKernel::Narrow, 63, 4096), 512);
         assert_eq!(count(MatmulKernel::Tiled, 32, 4096), 64);
         // SwiGLU halves the output columns of a tile, not the workgroups per weight row.
-        assert_eq!(tile_for(MatmulKernel::Narrow, true, NVIDIA), (32, 8));
-        assert_eq!(tile_for(MatmulKernel::Gemm, true, NVIDIA), (128, 64));
+        assert_eq!(tile_for(MatmulKernel::Narrow, true, NVIDIA, 32), (32, 8));
+        assert_eq!(tile_for(MatmulKernel::Gemm, true, NVIDIA, 32), (128, 64));
         // The integer-dot kernel shares `Narrow`'s tiles.
         assert_eq!(count(MatmulKernel::NarrowDot, 63, 4096), 512);
-        assert_eq!(tile_for(MatmulKernel::NarrowDot, true, NVIDIA), (32, 8));
+        assert_eq!(tile_for(MatmulKernel::NarrowDot, true, NVIDIA, 32), (32, 8));
+        // `Coop` at M <= 2 fragments: half-height tiles, so 32 rows fill one tile exactly.
+        assert_eq!(tile_for(MatmulKernel::Coop, false, NVIDIA, 32), (32, 128));
+        assert_eq!(
+            tile_for(MatmulKernel::CoopSplit, true, NVIDIA, 33),
+            (64, 64)
+        );
     }
 
     #[test]
