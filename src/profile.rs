@@ -71,6 +71,10 @@ pub enum RowStatistic {
     /// s_l = the 1st percentile over rows of min(cos K(row), cos V(row)) (the row at rank
     /// floor(0.01 (rows - 1)) from the lowest).
     P1,
+    /// s_l = the third-lowest over rows of min(cos K(row), cos V(row)): like `P1`, not one or
+    /// two odd rows alone, but whatever the prefix length (`P1` ignores 1 % of the rows, which
+    /// at a 500-row prefix hides the 4 rows a question reads).
+    Low3,
 }
 
 impl RowStatistic {
@@ -80,6 +84,7 @@ impl RowStatistic {
             RowStatistic::Mean => "mean",
             RowStatistic::Min => "min",
             RowStatistic::P1 => "p1",
+            RowStatistic::Low3 => "low3",
         }
     }
 
@@ -89,6 +94,7 @@ impl RowStatistic {
             RowStatistic::Mean => "s_l = mean over prefix rows of the K and V cosines",
             RowStatistic::Min => "s_l = min over prefix rows of min(cos K, cos V)",
             RowStatistic::P1 => "s_l = 1st percentile over prefix rows of min(cos K, cos V)",
+            RowStatistic::Low3 => "s_l = third-lowest over prefix rows of min(cos K, cos V)",
         }
     }
 
@@ -105,7 +111,7 @@ impl RowStatistic {
                     );
                 if m == f64::INFINITY { 1.0 } else { m }
             }
-            RowStatistic::P1 => {
+            RowStatistic::P1 | RowStatistic::Low3 => {
                 let mut rows: Vec<f64> = k.iter().zip(v).map(|(&a, &b)| a.min(b)).collect();
                 if k.iter().chain(v).any(|x| x.is_nan()) {
                     return f64::NAN;
@@ -114,7 +120,11 @@ impl RowStatistic {
                     return 1.0;
                 }
                 rows.sort_by(f64::total_cmp);
-                rows[(rows.len() - 1) / 100]
+                let rank = match self {
+                    RowStatistic::P1 => (rows.len() - 1) / 100,
+                    _ => 2.min(rows.len() - 1),
+                };
+                rows[rank]
             }
         }
     }
@@ -655,6 +665,26 @@ mod tests {
                 .score(&[f64::NAN, 1.0], &[1.0, 1.0])
                 .is_nan()
         );
+    }
+
+    #[test]
+    fn low3_ignores_two_rows_at_any_length() {
+        // 900 rows: 4 changed rows decide under low3, not under p1 (rank 8).
+        let mut k = vec![1.0; 900];
+        for (i, r) in [10, 20, 30, 40].into_iter().enumerate() {
+            k[r] = 0.5 + 0.1 * i as f64;
+        }
+        let v = vec![1.0; 900];
+        assert_eq!(RowStatistic::P1.score(&k, &v), 1.0);
+        assert!((RowStatistic::Low3.score(&k, &v) - 0.7).abs() < 1e-12);
+        // two odd rows alone are ignored; fewer than three rows take the last
+        let mut k2 = vec![1.0; 900];
+        k2[3] = 0.1;
+        k2[4] = 0.2;
+        assert_eq!(RowStatistic::Low3.score(&k2, &v), 1.0);
+        assert_eq!(RowStatistic::Low3.score(&[0.3, 0.9], &[1.0, 1.0]), 0.9);
+        assert_eq!(RowStatistic::Low3.score(&[], &[]), 1.0);
+        assert!(RowStatistic::Low3.score(&[f64::NAN], &[1.0]).is_nan());
     }
 
     #[test]

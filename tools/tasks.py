@@ -103,7 +103,11 @@ class Group:
         self.names = rng.sample(NAMES, members)
         self.rows = {n: {} for n in self.names}
         for field, values in FIELDS.items():
-            for n, v in zip(self.names, rng.sample(values, members)):
+            # a value at most once per field up to the pool's size (16); a longer table
+            # (a long system prompt) repeats values, and its names stay distinct
+            drawn = rng.sample(values, min(members, len(values)))
+            drawn += [rng.choice(values) for _ in range(members - len(drawn))]
+            for n, v in zip(self.names, drawn):
                 self.rows[n][field] = v
         org = rng.choice(ORGS)
         lines = [rng.choice(ROLES).format(org=org)]

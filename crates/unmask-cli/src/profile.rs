@@ -29,14 +29,15 @@ pub const SIMILARITY_SVG: &str = "similarity.svg";
 #[command(
     about = "Profile BiCache's safe depth per prefix ratio and write the depth table.",
     override_usage = "unmask profile [--model <DIR>] --set <FILE> --out <DIR> [--tau <T>] [--gen-length <G>] \
-                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min|p1>] \
+                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min|p1|low3>] \
                       [--depth-rule <leading|boundary>]",
     after_help = "For every item the shared prefix is run alone and with the rest of the prompt,\n\
                   and each layer scores the cosine similarity of the prefix's K and V between\n\
                   the two, row by row: the mean over rows, K and V (--row-statistic mean, the\n\
                   official profiler), or the smallest of any row's K and V cosines (min: sees\n\
                   the few rows a question reads, which the mean hides), or its 1st percentile\n\
-                  over rows (p1: those rows too, but not one odd row alone). Items are bucketed by\n\
+                  over rows (p1: those rows too, but not one odd row alone), or the third-lowest\n\
+                  row (low3: like p1, but two odd rows ignored at any prefix length). Items are bucketed by\n\
                   r = round(100*P/(P+U+G)) and a bucket scores the mean of its items' scores.\n\
                   With n the number of leading layers whose score exceeds tau, the depth at r\n\
                   is n (--depth-rule leading, the official rule) or, by default, n - 1 when a\n\
@@ -86,7 +87,8 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "K1,K2,...", value_parser = values::positive_list)]
     user_repeat: Option<::std::vec::Vec<usize>>,
     /// a layer's score per item from its per-row K/V cosines: mean (default, the official
-    /// profiler), min (the least similar row of K and V) or p1 (the 1st percentile of those rows)
+    /// profiler), min (the least similar row of K and V), p1 (the 1st percentile of those rows)
+    /// or low3 (the third-lowest of those rows)
     #[arg(
         long,
         value_name = "S",
@@ -114,6 +116,7 @@ enum RowStatisticArg {
     Mean,
     Min,
     P1,
+    Low3,
 }
 
 impl From<RowStatisticArg> for RowStatistic {
@@ -122,6 +125,7 @@ impl From<RowStatisticArg> for RowStatistic {
             RowStatisticArg::Mean => RowStatistic::Mean,
             RowStatisticArg::Min => RowStatistic::Min,
             RowStatisticArg::P1 => RowStatistic::P1,
+            RowStatisticArg::Low3 => RowStatistic::Low3,
         }
     }
 }
@@ -542,6 +546,8 @@ mod tests {
         let a = parse(&["--row-statistic=mean", "--depth-rule", "boundary"]).unwrap();
         assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::Mean);
         assert_eq!(DepthRule::from(a.depth_rule), DepthRule::Boundary);
+        let a = parse(&["--row-statistic", "low3"]).unwrap();
+        assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::Low3);
         let err = parse(&["--row-statistic", "median"]).unwrap_err();
         assert!(
             err.contains("--row-statistic") && err.contains("min"),
