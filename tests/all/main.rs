@@ -13,6 +13,7 @@ mod dream;
 mod generate_goldens;
 mod kernels_attention;
 mod kernels_elementwise;
+mod kernels_experts;
 mod kernels_matmul;
 mod kernels_moe;
 mod kernels_quant;

@@ -26,18 +26,21 @@ pub use step::{
 };
 pub use tensor::{DType, GpuBuffer, Tensor, Weight, WeightChunk, WeightFormat};
 
-/// Declares a `KernelSource` for a file of this crate's `shaders/` directory.
+/// Declares a `KernelSource` for a file of this crate's `shaders/` directory; further names
+/// append those files (WGSL declarations may come in any order), so kernels share code such
+/// as the weight loaders of `weight_load.wgsl` without copies.
 #[macro_export]
 macro_rules! kernel_source {
-    ($name:literal) => {
+    ($name:literal $(, $part:literal)* $(,)?) => {
         $crate::pipeline::KernelSource {
             name: $name,
-            source: include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/shaders/",
-                $name,
-                ".wgsl"
-            )),
+            source: concat!(
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $name, ".wgsl")),
+                $(
+                    "\n",
+                    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $part, ".wgsl")),
+                )*
+            ),
         }
     };
 }

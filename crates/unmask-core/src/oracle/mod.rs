@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod basic;
 pub mod matmul;
+pub mod moe;
 pub mod sampling;
 
 pub use basic::*;

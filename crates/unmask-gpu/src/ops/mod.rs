@@ -3,6 +3,7 @@
 //! test can validate and translate each one without a GPU.
 
 pub mod acache;
+pub mod activation;
 pub mod attention;
 pub mod elementwise;
 mod kernels;
@@ -79,6 +80,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(acache),
         kernel_module!(v_verify),
         kernel_module!(moe),
+        kernel_module!(activation),
     ];
     #[cfg(feature = "unfused-kernels")]
     let v = [v, vec![kernel_module!(unfused)]].concat();

@@ -91,6 +91,43 @@ impl WeightPlan {
         Ok(Self { row_stride, chunks })
     }
 
+    /// The chunks of a stack of `count` matrices of `rows_each` rows (an expert tensor
+    /// `[E, rows, cols]` seen as `[E · rows, cols]`): every chunk holds whole matrices, so a
+    /// kernel finds each matrix in one binding.
+    pub fn stacked(
+        count: usize,
+        rows_each: usize,
+        cols: usize,
+        format: WeightFormat,
+        max_binding_bytes: u64,
+        label: &str,
+    ) -> Result<Self> {
+        let row_stride = format.row_stride(cols);
+        let matrix_bytes = rows_each.max(1) as u64 * format.row_bytes(cols);
+        let limit = max_binding_bytes - max_binding_bytes % 16;
+        let per_chunk = (limit / matrix_bytes) as usize;
+        if per_chunk == 0 {
+            return Err(GpuError::TooLarge {
+                what: format!("one [{rows_each}, {cols}] matrix of weight {label}"),
+                needed: matrix_bytes,
+                limit: max_binding_bytes,
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut first = 0;
+        while first < count.max(1) {
+            let n = per_chunk.min(count.max(1) - first);
+            let rows = n * rows_each.max(1);
+            chunks.push((
+                first * rows_each.max(1),
+                rows,
+                buffer_size(rows as u64 * format.row_bytes(cols)),
+            ));
+            first += n;
+        }
+        Ok(Self { row_stride, chunks })
+    }
+
     /// Bytes allocated over all chunks.
     pub fn bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.2).sum()
@@ -160,6 +197,23 @@ impl Weight {
         let format = format.resolve(ctx);
         let plan = WeightPlan::paired(half, cols, format, ctx.features.max_binding_bytes, label)?;
         Self::from_plan(ctx, 2 * half, cols, format, label, plan, Some(half))
+    }
+
+    /// A stack of `count` `[rows_each, cols]` matrices (an expert tensor `[E, rows, cols]`)
+    /// as one `[count · rows_each, cols]` weight whose chunks hold whole matrices
+    /// (`WeightPlan::stacked`): matrix `e` is rows `e · rows_each ..` and lies in one binding.
+    pub fn zeros_stacked(
+        ctx: &GpuContext,
+        count: usize,
+        rows_each: usize,
+        cols: usize,
+        format: WeightFormat,
+        label: &str,
+    ) -> Result<Self> {
+        let format = format.resolve(ctx);
+        let max = ctx.features.max_binding_bytes;
+        let plan = WeightPlan::stacked(count, rows_each, cols, format, max, label)?;
+        Self::from_plan(ctx, count * rows_each, cols, format, label, plan, None)
     }
 
     fn from_plan(

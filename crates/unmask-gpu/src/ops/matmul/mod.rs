@@ -24,7 +24,7 @@ use measure::choose;
 pub use measure::tune_class;
 pub use variants::variants;
 
-pub const KERNEL: KernelSource = crate::kernel_source!("matmul");
+pub const KERNEL: KernelSource = crate::kernel_source!("matmul", "weight_load");
 /// The second pass of `CoopSplit`: sums of the K slices and the epilogue.
 pub const SPLIT_REDUCE: KernelSource = crate::kernel_source!("matmul_split");
 
@@ -122,15 +122,21 @@ fn spec(
             .constant("FR", coop.fragment)
             .constant("BK", coop.k_depth),
     };
-    let spec = match format {
+    let spec = weight_load_flags(spec, format);
+    // The naive kernel reads x one element at a time.
+    spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
+}
+
+/// The flags of `shaders/weight_load.wgsl` that decode a weight stored in `format`, added
+/// to `spec` (every kernel that appends that file takes these).
+pub fn weight_load_flags(spec: Spec, format: WeightFormat) -> Spec {
+    match format {
         WeightFormat::F32 => spec.flag("WF32"),
         WeightFormat::F16Packed => spec.flag("WPACKED"),
         WeightFormat::F16Native => spec.flag("F16"),
         WeightFormat::Q8 => spec.flag("QUANT").flag("WQ8"),
         WeightFormat::Q4 => spec.flag("QUANT").flag("WQ4"),
-    };
-    // The naive kernel reads x one element at a time.
-    spec.flag_if(x_vec4 && kernel != MatmulKernel::Naive, "XVEC4")
+    }
 }
 
 /// The kernel `Auto` runs for `m` rows on an adapter of this class (one that does not say

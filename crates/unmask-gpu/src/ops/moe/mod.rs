@@ -1,8 +1,13 @@
-//! Mixture-of-experts routing on the GPU (DiffusionGemma's router,
-//! `docs/models/diffusion-gemma.md` §4.6): from router logits `[rows, E]`, each row's top-K
-//! experts and their weights, without a read-back. Hand-written: no crate routes on wgpu.
+//! Mixture-of-experts on the GPU (DiffusionGemma, `docs/models/diffusion-gemma.md` §4.6): the
+//! routing here (from router logits `[rows, E]`, each row's top-K experts and their weights)
+//! and the grouped expert FFN after it (`experts`), without a read-back. Hand-written: no
+//! crate routes or runs experts on wgpu.
 
 use bytemuck::{Pod, Zeroable};
+
+mod experts;
+
+pub use experts::{ExpertScratch, ExpertShape, ExpertWeights, Route, TILE_ROWS, moe_experts};
 
 use super::ShaderVariant;
 use super::elementwise::{check, check_f32, u32_of};
@@ -19,11 +24,12 @@ pub const MAX_EXPERTS: usize = 256;
 pub const MAX_TOP_K: usize = 16;
 
 pub fn variants() -> Vec<ShaderVariant> {
-    vec![ShaderVariant {
+    let route = ShaderVariant {
         kernel: MOE_ROUTE,
         entry: "main",
         spec: Spec::new(),
-    }]
+    };
+    [vec![route], experts::variants()].concat()
 }
 
 #[repr(C)]
@@ -96,7 +102,7 @@ pub fn moe_route(
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
-    vec![host_params!(
+    let route = host_params!(
         "moe_route",
         "main",
         RouteParams {
@@ -104,5 +110,8 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             experts,
             top_k
         }
-    )]
+    );
+    let mut all = vec![route];
+    all.extend(experts::host_params());
+    all
 }
