@@ -295,11 +295,11 @@ fn quantized_weight_kernels_need_no_shader_f16() {
     // naive, tiled (x scalar / vec4), tiled-shared (x scalar / vec4), gemm (x scalar / vec4,
     // 8- or 16-deep k-tiles), narrow (x scalar / vec4), narrow-dot (x scalar / vec4; built
     // for quantized weights only), each with its five fusions (none, norm, residual, norm +
-    // swiglu, swiglu), the embedding gather, and the grouped expert matmul (gate|up with
-    // gelu or down, x scalar / vec4), for q8 and for q4.
+    // swiglu, swiglu), the embedding gather, the grouped expert matmul (gate|up with gelu
+    // or down, x scalar / vec4) and the soft-embedding product, for q8 and for q4.
     assert_eq!(
         quantized.len(),
-        2 * (5 * (1 + 2 + 2 + 4 + 2 + 2) + 1 + 2 * 2),
+        2 * (5 * (1 + 2 + 2 + 4 + 2 + 2) + 1 + 2 * 2 + 1),
         "quantized variants"
     );
     for v in quantized {

@@ -7,6 +7,7 @@
 //! split evenly over its steps) and Dream's timestep schedule (`dream`).
 
 mod dream;
+pub mod entropy_bound;
 mod params;
 
 pub use params::{GenerationParams, Remasking, Schedule};

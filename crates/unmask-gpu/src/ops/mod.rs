@@ -6,10 +6,13 @@ pub mod acache;
 pub mod activation;
 pub mod attention;
 pub mod elementwise;
+pub mod heads;
 mod kernels;
+pub mod masked_attention;
 pub mod matmul;
 pub mod moe;
 pub mod sampling;
+pub mod soft_embed;
 #[cfg(feature = "unfused-kernels")]
 pub mod unfused;
 pub mod v_verify;
@@ -81,6 +84,9 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(v_verify),
         kernel_module!(moe),
         kernel_module!(activation),
+        kernel_module!(heads),
+        kernel_module!(soft_embed),
+        kernel_module!(masked_attention),
     ];
     #[cfg(feature = "unfused-kernels")]
     let v = [v, vec![kernel_module!(unfused)]].concat();

@@ -1,0 +1,463 @@
+//! One pass of the DiffusionGemma stack over `T` rows (§4 of the spec, op by op): embedding,
+//! the decoder's self-conditioning input, every layer (attention, dense MLP and experts in
+//! parallel, layer scalar), the final norm, the tied LM head and the soft-cap.
+
+use unmask_core::config::LayerAttention;
+
+use super::{DgemmaCache, DgemmaLayer, DgemmaModel};
+use crate::context::GpuContext;
+use crate::model::ModelError;
+use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
+use crate::ops::attention::{AttentionShape, KvSegment};
+use crate::ops::elementwise::{add_in_place, embed, rms_norm};
+use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
+use crate::ops::masked_attention::{AttentionMask, attention_masked};
+use crate::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
+use crate::ops::moe::{ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route};
+use crate::ops::soft_embed::soft_embed;
+use crate::step::StepEncoder;
+use crate::tensor::{DType, Tensor};
+
+/// Which pass runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Pass<'a> {
+    /// Encoder or commit: causal, appends the rows' K/V to the cache.
+    Encode,
+    /// Decoder: bidirectional over the rows, reads the cache, with the previous step's
+    /// (temperature-scaled) logits `[T, V]` as self-conditioning when given.
+    Decode {
+        self_conditioning: Option<&'a [f32]>,
+    },
+}
+
+/// The buffers of one pass of `t` rows.
+struct Scratch {
+    x: Tensor,
+    a: Tensor,
+    b: Tensor,
+    h1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn: Tensor,
+    gate_up: Tensor,
+    act: Tensor,
+    router_logits: Tensor,
+    expert_ids: Tensor,
+    expert_weights: Tensor,
+    experts: ExpertScratch,
+    ids: Tensor,
+    positions: Tensor,
+}
+
+impl Scratch {
+    fn new(
+        ctx: &GpuContext,
+        m: &DgemmaModel,
+        ids: &[u32],
+        first_pos: usize,
+    ) -> Result<Self, ModelError> {
+        let c = &m.cfg;
+        let t = ids.len();
+        let d = c.hidden_size;
+        let q_w = c
+            .layers
+            .iter()
+            .map(|l| c.heads * l.head_dim)
+            .max()
+            .unwrap_or(1);
+        let kv_w = c
+            .layers
+            .iter()
+            .map(|l| l.kv_heads * l.head_dim)
+            .max()
+            .unwrap_or(1);
+        let inter = c.intermediate_size;
+        let f = |shape: &[usize], label: &str| Tensor::zeros(ctx, DType::F32, shape, label);
+        let shape = ExpertShape {
+            rows: t,
+            experts: c.num_experts,
+            top_k: c.top_k_experts,
+            hidden: d,
+            inter: c.moe_intermediate_size,
+        };
+        let positions: Vec<u32> = (first_pos..first_pos + t).map(|p| p as u32).collect();
+        Ok(Self {
+            x: f(&[t, d], "dgemma x")?,
+            a: f(&[t, d], "dgemma a")?,
+            b: f(&[t, d], "dgemma b")?,
+            h1: f(&[t, d], "dgemma h1")?,
+            q: f(&[t, q_w], "dgemma q")?,
+            k: f(&[t, kv_w], "dgemma k")?,
+            v: f(&[t, kv_w], "dgemma v")?,
+            attn: f(&[t, q_w], "dgemma attention")?,
+            gate_up: f(&[t, 2 * inter], "dgemma gate|up")?,
+            act: f(&[t, inter], "dgemma act")?,
+            router_logits: f(&[t, c.num_experts], "dgemma router logits")?,
+            expert_ids: Tensor::zeros(ctx, DType::U32, &[t, c.top_k_experts], "dgemma expert ids")?,
+            expert_weights: f(&[t, c.top_k_experts], "dgemma expert weights")?,
+            experts: ExpertScratch::new(ctx, shape)?,
+            ids: Tensor::from_u32(ctx, &[t], ids, "dgemma ids")?,
+            positions: Tensor::from_u32(ctx, &[t], &positions, "dgemma positions")?,
+        })
+    }
+}
+
+impl DgemmaModel {
+    /// Encoder (or commit) pass: `ids` at positions `cache.len ..`, their K/V appended to the
+    /// cache. With `logits`, the soft-capped logits `[T, V]` of the final normed states.
+    pub fn encode(
+        &self,
+        ctx: &GpuContext,
+        cache: &mut DgemmaCache,
+        ids: &[u32],
+        logits: bool,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let out = self.run(ctx, cache, ids, Pass::Encode, logits)?;
+        cache.len += ids.len();
+        Ok(out)
+    }
+
+    /// Decoder pass over `canvas` at positions `cache.len ..`: the soft-capped logits `[L, V]`.
+    pub fn decode(
+        &self,
+        ctx: &GpuContext,
+        cache: &DgemmaCache,
+        canvas: &[u32],
+        self_conditioning: Option<&[f32]>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let pass = Pass::Decode { self_conditioning };
+        let out = self.run(ctx, cache, canvas, pass, true)?;
+        Ok(out.unwrap_or_default())
+    }
+
+    fn run(
+        &self,
+        ctx: &GpuContext,
+        cache: &DgemmaCache,
+        ids: &[u32],
+        pass: Pass,
+        want_logits: bool,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let c = &self.cfg;
+        let t = ids.len();
+        let (d, v) = (c.hidden_size, c.vocab_size);
+        if t == 0 {
+            return Err(ModelError::Input(
+                "tokens: expected at least one, found none".into(),
+            ));
+        }
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= v) {
+            return Err(ModelError::Input(format!(
+                "token id: expected below the vocabulary size {v}, found {bad}"
+            )));
+        }
+        let p0 = cache.len;
+        if p0 + t > cache.capacity {
+            return Err(ModelError::Input(format!(
+                "positions: {p0} cached + {t} new exceed the cache's {} positions",
+                cache.capacity
+            )));
+        }
+        if let Pass::Decode {
+            self_conditioning: Some(z),
+        } = pass
+            && z.len() != t * v
+        {
+            return Err(ModelError::Input(format!(
+                "self-conditioning logits: expected {t} x {v} values, found {}",
+                z.len()
+            )));
+        }
+        let s = Scratch::new(ctx, self, ids, p0)?;
+        let w = &self.weights;
+        let eps = c.rms_norm_eps as f32;
+        let mut step = StepEncoder::new(ctx, "diffusion gemma pass");
+        embed(&mut step, &s.ids, &w.embedding, &s.x, t)?;
+        scale_in_place(&mut step, &s.x, t * d, self.embed_scale())?;
+        if let Pass::Decode { self_conditioning } = pass {
+            self.decoder_input(ctx, &mut step, &s, self_conditioning)?;
+        }
+        for (l, layer) in w.layers.iter().enumerate() {
+            step.set_layer(Some(l));
+            self.layer(&mut step, &s, cache, l, layer, pass)?;
+        }
+        step.set_layer(None);
+        if !want_logits {
+            step.submit()?;
+            return Ok(None);
+        }
+        let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
+        rms_norm(&mut step, &s.x, &w.final_norm, &s.a, t, d, eps)?;
+        matmul(
+            &mut step,
+            &s.a,
+            &w.embedding,
+            &logits,
+            t,
+            MatmulKernel::Auto,
+        )?;
+        softcap(&mut step, &logits, t * v, c.final_logit_softcapping as f32)?;
+        step.submit()?;
+        Ok(Some(logits.read_f32(ctx)?))
+    }
+
+    /// The decoder's input (§4.1): `x = RMSNorm(e + MLP(RMSNorm_w(soft)))` with
+    /// `soft = softmax(z) · E · sqrt(D)`, or `x = RMSNorm(e)` without self-conditioning (the
+    /// MLP of zero is zero).
+    fn decoder_input(
+        &self,
+        ctx: &GpuContext,
+        step: &mut StepEncoder,
+        s: &Scratch,
+        self_conditioning: Option<&[f32]>,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let (t, d, v, i) = (
+            s.x.shape[0],
+            c.hidden_size,
+            c.vocab_size,
+            c.intermediate_size,
+        );
+        let eps = c.rms_norm_eps as f32;
+        if let Some(z) = self_conditioning {
+            let sc = &self.weights.self_conditioning;
+            let probs = Tensor::from_f32(ctx, &[t, v], &softmax_rows(z, v), "dgemma sc probs")?;
+            soft_embed(
+                step,
+                &probs,
+                &self.weights.embedding,
+                &s.a,
+                t,
+                self.embed_scale(),
+            )?;
+            rms_norm(step, &s.a, &sc.pre_norm, &s.b, t, d, eps)?;
+            matmul(step, &s.b, &sc.gate_up, &s.gate_up, t, MatmulKernel::Auto)?;
+            gelu_tanh_gate(step, &s.gate_up, &s.act, t, i)?;
+            matmul(step, &s.act, &sc.down, &s.a, t, MatmulKernel::Auto)?;
+            add_in_place(step, &s.x, &s.a, t * d)?;
+        }
+        rms_norm(step, &s.x, &self.ones, &s.a, t, d, eps)?;
+        copy(step, &s.a, &s.x, t * d);
+        Ok(())
+    }
+
+    /// One layer (§4.5) on the residual rows `s.x`.
+    fn layer(
+        &self,
+        step: &mut StepEncoder,
+        s: &Scratch,
+        cache: &DgemmaCache,
+        l: usize,
+        w: &DgemmaLayer,
+        pass: Pass,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let (t, d, i) = (s.x.shape[0], c.hidden_size, c.intermediate_size);
+        let eps = c.rms_norm_eps as f32;
+        let LayerAttention {
+            sliding,
+            head_dim: hd,
+            kv_heads: kv,
+        } = w.attention;
+        let h = c.heads;
+        let normed = |weight| Fusion {
+            norm: Some((weight, eps)),
+            ..Default::default()
+        };
+        let auto = MatmulKernel::Auto;
+        let (q, k, v, attn) = (
+            view(&s.q, &[t, h * hd]),
+            view(&s.k, &[t, kv * hd]),
+            view(&s.v, &[t, kv * hd]),
+            view(&s.attn, &[t, h * hd]),
+        );
+        // Attention (§4.4): q, k and v (full layers: v is the raw k projection).
+        matmul_fused(step, &s.x, &w.q, &q, t, auto, normed(&w.input_norm))?;
+        matmul_fused(step, &s.x, &w.k, &k, t, auto, normed(&w.input_norm))?;
+        let v_proj = w.v.as_ref().unwrap_or(&w.k);
+        matmul_fused(step, &s.x, v_proj, &v, t, auto, normed(&w.input_norm))?;
+        let table = if sliding {
+            &self.rope_sliding
+        } else {
+            &self.rope_full
+        };
+        let rotation = Rotation {
+            positions: &s.positions,
+            table,
+            max_pos: self.max_positions,
+        };
+        let heads = |n| HeadLayout {
+            rows: t,
+            heads: n,
+            head_dim: hd,
+            row_stride: n * hd,
+            col_offset: 0,
+        };
+        head_norm_rope(step, &q, &w.q_norm, Some(rotation), heads(h), eps)?;
+        head_norm_rope(step, &k, &w.k_norm, Some(rotation), heads(kv), eps)?;
+        head_norm_rope(step, &v, &self.ones, None, heads(kv), eps)?;
+        self.attend(step, s, cache, l, w.attention, pass)?;
+        matmul(step, &attn, &w.o, &s.a, t, auto)?;
+        rms_norm(step, &s.a, &w.post_attention_norm, &s.b, t, d, eps)?;
+        add_in_place(step, &s.x, &s.b, t * d)?;
+        // Dense MLP and experts in parallel on differently normed copies of x (§4.5, §4.6).
+        matmul_fused(
+            step,
+            &s.x,
+            &w.mlp_gate_up,
+            &s.gate_up,
+            t,
+            auto,
+            normed(&w.pre_ff_norm),
+        )?;
+        gelu_tanh_gate(step, &s.gate_up, &s.act, t, i)?;
+        matmul(step, &s.act, &w.mlp_down, &s.a, t, auto)?;
+        rms_norm(step, &s.a, &w.post_ff_norm_1, &s.h1, t, d, eps)?;
+        matmul_fused(
+            step,
+            &s.x,
+            &w.router,
+            &s.router_logits,
+            t,
+            auto,
+            normed(&w.router_norm),
+        )?;
+        moe_route(
+            step,
+            &s.router_logits,
+            &w.per_expert_scale,
+            &s.expert_ids,
+            &s.expert_weights,
+            t,
+            c.top_k_experts,
+        )?;
+        rms_norm(step, &s.x, &w.pre_ff_norm_2, &s.a, t, d, eps)?;
+        let shape = ExpertShape {
+            rows: t,
+            experts: c.num_experts,
+            top_k: c.top_k_experts,
+            hidden: d,
+            inter: c.moe_intermediate_size,
+        };
+        let route = Route {
+            ids: &s.expert_ids,
+            weights: &s.expert_weights,
+        };
+        let experts = ExpertWeights {
+            gate_up: &w.experts_gate_up,
+            down: &w.experts_down,
+        };
+        moe_experts(step, &s.a, route, experts, &s.b, &s.experts, shape)?;
+        rms_norm(step, &s.b, &w.post_ff_norm_2, &s.a, t, d, eps)?;
+        add_in_place(step, &s.h1, &s.a, t * d)?;
+        rms_norm(step, &s.h1, &w.post_ff_norm, &s.a, t, d, eps)?;
+        add_in_place(step, &s.x, &s.a, t * d)?;
+        let scalar = match pass {
+            Pass::Encode => w.encoder_scalar,
+            Pass::Decode { .. } => w.decoder_scalar,
+        };
+        scale_in_place(step, &s.x, t * d, scalar)?;
+        Ok(())
+    }
+
+    /// Attention of the pass's rows (§5): the encoder writes its K/V into the cache and
+    /// attends causally over it (sliding layers: the last W keys); the decoder attends to the
+    /// cached keys (sliding layers: the last W - 1) and to every canvas key.
+    fn attend(
+        &self,
+        step: &mut StepEncoder,
+        s: &Scratch,
+        cache: &DgemmaCache,
+        l: usize,
+        a: LayerAttention,
+        pass: Pass,
+    ) -> Result<(), ModelError> {
+        let t = s.x.shape[0];
+        let p0 = cache.len;
+        let kv_w = a.kv_heads * a.head_dim;
+        let window = self.cfg.sliding_window;
+        let shape = AttentionShape {
+            n_heads: self.cfg.heads,
+            n_kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+        };
+        let (ck, cv) = (&cache.k[l], &cache.v[l]);
+        let q_stride = self.cfg.heads * a.head_dim;
+        match pass {
+            Pass::Encode => {
+                let at = (p0 * kv_w * 4) as u64;
+                let bytes = (t * kv_w * 4) as u64;
+                step.copy(&s.k.buffer, 0, &ck.buffer, at, bytes);
+                step.copy(&s.v.buffer, 0, &cv.buffer, at, bytes);
+                // Keys before p0 + 1 - W are outside every row's window.
+                let lo = if a.sliding {
+                    (p0 + 1).saturating_sub(window)
+                } else {
+                    0
+                };
+                let mask = AttentionMask {
+                    causal: true,
+                    window: if a.sliding { window } else { 0 },
+                    query_start: p0 - lo,
+                };
+                let seg = KvSegment {
+                    k: ck,
+                    v: cv,
+                    start: lo,
+                    len: p0 + t - lo,
+                };
+                let out = &s.attn;
+                attention_masked(step, &s.q, q_stride, 0, t, None, seg, out, shape, mask, 1.0)?;
+            }
+            Pass::Decode { .. } => {
+                let lo = if a.sliding {
+                    (p0 + 1).saturating_sub(window)
+                } else {
+                    0
+                };
+                let cached = KvSegment {
+                    k: ck,
+                    v: cv,
+                    start: lo,
+                    len: p0 - lo,
+                };
+                let canvas = KvSegment::first(&s.k, &s.v, t);
+                let mask = AttentionMask::default();
+                let out = &s.attn;
+                let cached = Some(cached);
+                attention_masked(
+                    step, &s.q, q_stride, 0, t, cached, canvas, out, shape, mask, 1.0,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first `shape` elements of `t`'s buffer as a tensor of that shape: the q/k/v and
+/// attention buffers are sized for the widest layer and read at each layer's width.
+fn view(t: &Tensor, shape: &[usize]) -> Tensor {
+    Tensor {
+        buffer: t.buffer.clone(),
+        dtype: t.dtype,
+        shape: shape.to_vec(),
+    }
+}
+
+/// `dst[..n] = src[..n]` (f32).
+fn copy(step: &mut StepEncoder, src: &Tensor, dst: &Tensor, n: usize) {
+    step.copy(&src.buffer, 0, &dst.buffer, 0, (n * 4) as u64);
+}
+
+/// Softmax of every row of `v` values, in f32 like the reference (max subtracted).
+fn softmax_rows(z: &[f32], v: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(z.len());
+    for row in z.chunks_exact(v) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = row.iter().map(|&x| (x - max).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        out.extend(e.iter().map(|x| x / sum));
+    }
+    out
+}

@@ -1,0 +1,237 @@
+//! DiffusionGemma's weights on the GPU, read from the published folder's safetensors by the
+//! names `docs/models/diffusion-gemma.md` §2 lists (`model.decoder.*`, the encoder's layer
+//! scalars, the self-conditioning MLP; the vision tower is never read). Matrices go into the
+//! chosen weight format; norms, router scales and layer scalars stay f32. The dense MLP's and
+//! the self-conditioning MLP's gate and up rows are stored one above the other, so one matmul
+//! makes the `gate ‖ up` rows `ops::activation::gelu_tanh_gate` reads.
+
+use unmask_core::checkpoint::Checkpoint;
+use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
+
+use crate::context::GpuContext;
+use crate::model::ModelError;
+use crate::tensor::{Tensor, Weight, WeightFormat};
+
+const DECODER: &str = "model.decoder.";
+const ENCODER_LAYERS: &str = "model.encoder.language_model.layers.";
+
+/// One layer of the stack.
+pub struct DgemmaLayer {
+    pub attention: LayerAttention,
+    pub input_norm: Tensor,
+    /// `[H·d, D]`.
+    pub q: Weight,
+    /// `[K·d, D]`.
+    pub k: Weight,
+    /// `[K·d, D]` on sliding layers; full layers take their values from `k`.
+    pub v: Option<Weight>,
+    /// `[D, H·d]`.
+    pub o: Weight,
+    pub q_norm: Tensor,
+    pub k_norm: Tensor,
+    pub post_attention_norm: Tensor,
+    pub pre_ff_norm: Tensor,
+    /// Dense MLP `[2I, D]`: gate rows, then up rows.
+    pub mlp_gate_up: Weight,
+    /// `[D, I]`.
+    pub mlp_down: Weight,
+    pub post_ff_norm_1: Tensor,
+    /// `[E, D]`.
+    pub router: Weight,
+    /// `router.scale · D^-0.5`: the router's input is `RMSNorm(x)` times this, which is an
+    /// RMSNorm with this weight.
+    pub router_norm: Tensor,
+    pub per_expert_scale: Tensor,
+    pub pre_ff_norm_2: Tensor,
+    /// `[E·2I_e, D]`, whole experts per binding.
+    pub experts_gate_up: Weight,
+    /// `[E·D, I_e]`.
+    pub experts_down: Weight,
+    pub post_ff_norm_2: Tensor,
+    pub post_ff_norm: Tensor,
+    /// The decoder's and the encoder's (commit's) copies of the layer scalar.
+    pub decoder_scalar: f32,
+    pub encoder_scalar: f32,
+}
+
+/// The self-conditioning MLP (§4.1).
+pub struct SelfConditioning {
+    pub pre_norm: Tensor,
+    /// `[2I, D]`.
+    pub gate_up: Weight,
+    /// `[D, I]`.
+    pub down: Weight,
+}
+
+pub struct DgemmaWeights {
+    /// `[V, D]`: the token table, the LM head (tied) and the self-conditioning table.
+    pub embedding: Weight,
+    pub final_norm: Tensor,
+    pub layers: Vec<DgemmaLayer>,
+    pub self_conditioning: SelfConditioning,
+}
+
+/// Reads tensors of one checkpoint into GPU buffers.
+struct Reader<'a> {
+    ctx: &'a GpuContext,
+    ck: &'a Checkpoint,
+    format: WeightFormat,
+}
+
+impl Reader<'_> {
+    fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let t = self.ck.tensor(name, shape)?;
+        let mut out = vec![0.0f32; t.numel()];
+        t.read_f32(0, &mut out);
+        if let Some(at) = out.iter().position(|v| !v.is_finite()) {
+            let cols = shape.last().copied().unwrap_or(1).max(1);
+            return Err(ModelError::NonFinite {
+                name: name.to_string(),
+                path: t.path.to_path_buf(),
+                row: at / cols,
+                col: at % cols,
+                value: out[at],
+                count: out.iter().filter(|v| !v.is_finite()).count(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Tensor, ModelError> {
+        Ok(Tensor::from_f32(
+            self.ctx,
+            &[len],
+            &self.floats(name, &[len])?,
+            name,
+        )?)
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+        let data = self.floats(name, &[rows, cols])?;
+        Ok(Weight::from_f32(
+            self.ctx,
+            rows,
+            cols,
+            &data,
+            self.format,
+            name,
+        )?)
+    }
+
+    /// Two `[rows, cols]` matrices stacked into one `[2 rows, cols]` weight.
+    fn stacked_pair(
+        &self,
+        a: &str,
+        b: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight, ModelError> {
+        let mut data = self.floats(a, &[rows, cols])?;
+        data.extend(self.floats(b, &[rows, cols])?);
+        Ok(Weight::from_f32(
+            self.ctx,
+            2 * rows,
+            cols,
+            &data,
+            self.format,
+            a,
+        )?)
+    }
+
+    /// An expert tensor `[E, rows, cols]` (no `.weight` suffix in the published files).
+    fn experts(
+        &self,
+        name: &str,
+        e: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight, ModelError> {
+        let data = self.floats(name, &[e, rows, cols])?;
+        let w = Weight::zeros_stacked(self.ctx, e, rows, cols, self.format, name)?;
+        w.write_rows_f32(self.ctx, 0, &data)?;
+        Ok(w)
+    }
+
+    fn scalar(&self, name: &str) -> Result<f32, ModelError> {
+        Ok(self.floats(name, &[1])?[0])
+    }
+}
+
+impl DgemmaWeights {
+    /// Every tensor of the text stack, checked against the shapes `cfg` gives.
+    pub fn load(
+        ctx: &GpuContext,
+        ck: &Checkpoint,
+        cfg: &DiffusionGemmaConfig,
+        format: WeightFormat,
+    ) -> Result<Self, ModelError> {
+        let r = Reader { ctx, ck, format };
+        let (d, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+        let (e, ie, h) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.heads);
+        let embedding = r.matrix(&format!("{DECODER}embed_tokens.weight"), v, d)?;
+        let final_norm = r.vector(&format!("{DECODER}norm.weight"), d)?;
+        let mut layers = Vec::with_capacity(cfg.layers.len());
+        for (l, &attention) in cfg.layers.iter().enumerate() {
+            let p = format!("{DECODER}layers.{l}.");
+            let (hd, kv) = (attention.head_dim, attention.kv_heads);
+            let norm = |n: &str| r.vector(&format!("{p}{n}.weight"), d);
+            let router_scale = r.floats(&format!("{p}router.scale"), &[d])?;
+            let inv_sqrt_d = (d as f64).powf(-0.5);
+            let router_norm: Vec<f32> = router_scale
+                .iter()
+                .map(|&s| (s as f64 * inv_sqrt_d) as f32)
+                .collect();
+            layers.push(DgemmaLayer {
+                attention,
+                input_norm: norm("input_layernorm")?,
+                q: r.matrix(&format!("{p}self_attn.q_proj.weight"), h * hd, d)?,
+                k: r.matrix(&format!("{p}self_attn.k_proj.weight"), kv * hd, d)?,
+                v: if attention.sliding {
+                    Some(r.matrix(&format!("{p}self_attn.v_proj.weight"), kv * hd, d)?)
+                } else {
+                    None
+                },
+                o: r.matrix(&format!("{p}self_attn.o_proj.weight"), d, h * hd)?,
+                q_norm: r.vector(&format!("{p}self_attn.q_norm.weight"), hd)?,
+                k_norm: r.vector(&format!("{p}self_attn.k_norm.weight"), hd)?,
+                post_attention_norm: norm("post_attention_layernorm")?,
+                pre_ff_norm: norm("pre_feedforward_layernorm")?,
+                mlp_gate_up: r.stacked_pair(
+                    &format!("{p}mlp.gate_proj.weight"),
+                    &format!("{p}mlp.up_proj.weight"),
+                    i,
+                    d,
+                )?,
+                mlp_down: r.matrix(&format!("{p}mlp.down_proj.weight"), d, i)?,
+                post_ff_norm_1: norm("post_feedforward_layernorm_1")?,
+                router: r.matrix(&format!("{p}router.proj.weight"), e, d)?,
+                router_norm: Tensor::from_f32(ctx, &[d], &router_norm, "router norm")?,
+                per_expert_scale: r.vector(&format!("{p}router.per_expert_scale"), e)?,
+                pre_ff_norm_2: norm("pre_feedforward_layernorm_2")?,
+                experts_gate_up: r.experts(&format!("{p}experts.gate_up_proj"), e, 2 * ie, d)?,
+                experts_down: r.experts(&format!("{p}experts.down_proj"), e, d, ie)?,
+                post_ff_norm_2: norm("post_feedforward_layernorm_2")?,
+                post_ff_norm: norm("post_feedforward_layernorm")?,
+                decoder_scalar: r.scalar(&format!("{p}layer_scalar"))?,
+                encoder_scalar: r.scalar(&format!("{ENCODER_LAYERS}{l}.layer_scalar"))?,
+            });
+        }
+        let sc = format!("{DECODER}self_conditioning.");
+        let self_conditioning = SelfConditioning {
+            pre_norm: r.vector(&format!("{sc}pre_norm.weight"), d)?,
+            gate_up: r.stacked_pair(
+                &format!("{sc}gate_proj.weight"),
+                &format!("{sc}up_proj.weight"),
+                i,
+                d,
+            )?,
+            down: r.matrix(&format!("{sc}down_proj.weight"), d, i)?,
+        };
+        Ok(Self {
+            embedding,
+            final_norm,
+            layers,
+            self_conditioning,
+        })
+    }
+}
