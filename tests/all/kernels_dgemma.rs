@@ -1,0 +1,341 @@
+//! DiffusionGemma's kernels against their f64 oracles: attention with causal mask, sliding
+//! window and scale (head dims 16 to 512, grouped heads, a commit over cached and new keys, a
+//! decoder over both segments), the per-head norm with RoPE, and the soft-embedding product
+//! in every weight format.
+
+use unmask_core::oracle::masked_attention::{Mask, attention_masked as oracle};
+use unmask_gpu::ops::attention::{AttentionShape, KvSegment};
+use unmask_gpu::ops::elementwise::rope_table;
+use unmask_gpu::ops::heads::{HeadLayout, Rotation, head_norm_rope, rope_table_partial};
+use unmask_gpu::ops::masked_attention::{AttentionMask, attention_masked};
+use unmask_gpu::ops::soft_embed::soft_embed;
+use unmask_gpu::{DType, StepEncoder, Tensor, Weight, WeightFormat};
+
+use crate::common::{self, assert_close, random_vec};
+
+struct Case {
+    rows: usize,
+    len_a: usize,
+    len_b: usize,
+    heads: (usize, usize, usize),
+    mask: Mask,
+    scale: f32,
+}
+
+fn run(case: &Case, seed: u64) {
+    let ctx = common::ctx();
+    let (h, kv, hd) = case.heads;
+    let w = kv * hd;
+    let q = random_vec(seed, case.rows * h * hd, 1.0);
+    // Segment A sits at rows 2.. of its buffers (a cache read from an offset).
+    let ka = random_vec(seed + 1, (case.len_a + 2) * w, 1.0);
+    let va = random_vec(seed + 2, (case.len_a + 2) * w, 1.0);
+    let kb = random_vec(seed + 3, case.len_b.max(1) * w, 1.0);
+    let vb = random_vec(seed + 4, case.len_b.max(1) * w, 1.0);
+    let t = |d: &[f32], label| Tensor::from_f32(&ctx, &[d.len()], d, label).unwrap();
+    let (tq, tka, tva, tkb, tvb) = (
+        t(&q, "q"),
+        t(&ka, "ka"),
+        t(&va, "va"),
+        t(&kb, "kb"),
+        t(&vb, "vb"),
+    );
+    let out = Tensor::zeros(&ctx, DType::F32, &[case.rows, h * hd], "out").unwrap();
+    let seg_a = (case.len_a > 0).then_some(KvSegment {
+        k: &tka,
+        v: &tva,
+        start: 2,
+        len: case.len_a,
+    });
+    let mask = AttentionMask {
+        causal: case.mask.causal,
+        window: case.mask.window,
+        query_start: case.mask.query_start,
+    };
+    let shape = AttentionShape {
+        n_heads: h,
+        n_kv_heads: kv,
+        head_dim: hd,
+    };
+    let mut step = StepEncoder::new(&ctx, "masked attention test");
+    let seg_b = KvSegment::first(&tkb, &tvb, case.len_b);
+    attention_masked(
+        &mut step,
+        &tq,
+        h * hd,
+        0,
+        case.rows,
+        seg_a,
+        seg_b,
+        &out,
+        shape,
+        mask,
+        case.scale,
+    )
+    .unwrap();
+    step.submit().unwrap();
+    let got = out.read_f32(&ctx).unwrap();
+    let a = (case.len_a > 0).then_some((&ka[2 * w..], &va[2 * w..], case.len_a));
+    let want = oracle(
+        &q,
+        h * hd,
+        case.rows,
+        a,
+        (&kb, &vb, case.len_b),
+        case.heads,
+        case.mask,
+        case.scale as f64,
+    );
+    let what = format!(
+        "masked attention rows {} keys {}+{} heads {h}/{kv} dim {hd} {:?} scale {}",
+        case.rows, case.len_a, case.len_b, case.mask, case.scale
+    );
+    assert_close(&what, &got, &want, 2e-5);
+}
+
+#[test]
+fn masked_attention_matches_the_oracle() {
+    let causal = |window, query_start| Mask {
+        causal: true,
+        window,
+        query_start,
+    };
+    let cases = [
+        // encoder: causal over the new rows, with and without a window, window 1
+        Case {
+            rows: 13,
+            len_a: 0,
+            len_b: 13,
+            heads: (4, 2, 16),
+            mask: causal(0, 0),
+            scale: 1.0,
+        },
+        Case {
+            rows: 13,
+            len_a: 0,
+            len_b: 13,
+            heads: (4, 2, 16),
+            mask: causal(4, 0),
+            scale: 1.0,
+        },
+        Case {
+            rows: 9,
+            len_a: 0,
+            len_b: 9,
+            heads: (4, 1, 32),
+            mask: causal(1, 0),
+            scale: 0.5,
+        },
+        // commit: 70 cached keys then 16 new rows (more than a 64-key tile), window 8
+        Case {
+            rows: 16,
+            len_a: 70,
+            len_b: 16,
+            heads: (4, 2, 16),
+            mask: causal(8, 70),
+            scale: 1.0,
+        },
+        Case {
+            rows: 16,
+            len_a: 70,
+            len_b: 16,
+            heads: (4, 1, 32),
+            mask: causal(0, 70),
+            scale: 1.0,
+        },
+        // decoder: every cached and canvas key, no mask
+        Case {
+            rows: 16,
+            len_a: 7,
+            len_b: 16,
+            heads: (4, 2, 16),
+            mask: Mask::default(),
+            scale: 1.0,
+        },
+        Case {
+            rows: 16,
+            len_a: 0,
+            len_b: 16,
+            heads: (4, 4, 16),
+            mask: Mask::default(),
+            scale: 0.25,
+        },
+        // the published head dims
+        Case {
+            rows: 5,
+            len_a: 3,
+            len_b: 5,
+            heads: (4, 2, 256),
+            mask: causal(4, 3),
+            scale: 1.0,
+        },
+        Case {
+            rows: 5,
+            len_a: 3,
+            len_b: 5,
+            heads: (2, 1, 512),
+            mask: Mask::default(),
+            scale: 1.0,
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        run(case, 100 + 10 * i as u64);
+    }
+}
+
+#[test]
+fn masked_attention_refuses_bad_shapes() {
+    let ctx = common::ctx();
+    let t = Tensor::zeros(&ctx, DType::F32, &[4096], "t").unwrap();
+    let seg = KvSegment::first(&t, &t, 2);
+    let shape = |hd| AttentionShape {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: hd,
+    };
+    let mut step = StepEncoder::new(&ctx, "bad masked attention");
+    let err = attention_masked(
+        &mut step,
+        &t,
+        2 * 513,
+        0,
+        1,
+        None,
+        seg,
+        &t,
+        shape(513),
+        AttentionMask::default(),
+        1.0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("head_dim 513"), "{err}");
+    let window_alone = AttentionMask {
+        causal: false,
+        window: 4,
+        query_start: 0,
+    };
+    let err = attention_masked(
+        &mut step,
+        &t,
+        32,
+        0,
+        1,
+        None,
+        seg,
+        &t,
+        shape(16),
+        window_alone,
+        1.0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("window 4 without causal"), "{err}");
+}
+
+#[test]
+fn head_norm_with_rope_matches_the_host() {
+    let ctx = common::ctx();
+    let (rows, heads, hd, stride, col) = (5, 3, 32, 3 * 32 + 8, 8);
+    let x = random_vec(7, rows * stride, 2.0);
+    let w = random_vec(8, hd, 1.0);
+    let positions: Vec<u32> = vec![0, 3, 9, 17, 30];
+    let table = rope_table_partial(1e6, hd, 4, 32);
+    let tx = Tensor::from_f32(&ctx, &[rows, stride], &x, "x").unwrap();
+    let tw = Tensor::from_f32(&ctx, &[hd], &w, "w").unwrap();
+    let tp = Tensor::from_u32(&ctx, &[rows], &positions, "positions").unwrap();
+    let tt = Tensor::from_f32(&ctx, &[32, hd], &table, "table").unwrap();
+    let layout = HeadLayout {
+        rows,
+        heads,
+        head_dim: hd,
+        row_stride: stride,
+        col_offset: col,
+    };
+    let mut step = StepEncoder::new(&ctx, "head norm test");
+    let rotation = Rotation {
+        positions: &tp,
+        table: &tt,
+        max_pos: 32,
+    };
+    head_norm_rope(&mut step, &tx, &tw, Some(rotation), layout, 1e-6).unwrap();
+    step.submit().unwrap();
+    let got = tx.read_f32(&ctx).unwrap();
+    let mut want = x.clone();
+    let half = hd / 2;
+    for r in 0..rows {
+        for h in 0..heads {
+            let b = r * stride + col + h * hd;
+            let ms: f64 = x[b..b + hd]
+                .iter()
+                .map(|&v| (v as f64).powi(2))
+                .sum::<f64>()
+                / hd as f64;
+            let inv = 1.0 / (ms + 1e-6).sqrt();
+            let n: Vec<f64> = (0..hd)
+                .map(|c| x[b + c] as f64 * inv * w[c] as f64)
+                .collect();
+            for j in 0..half {
+                let (cos, sin) = (
+                    table[(positions[r] as usize * half + j) * 2] as f64,
+                    table[(positions[r] as usize * half + j) * 2 + 1] as f64,
+                );
+                want[b + j] = (n[j] * cos - n[j + half] * sin) as f32;
+                want[b + j + half] = (n[j + half] * cos + n[j] * sin) as f32;
+            }
+        }
+    }
+    assert_close("head norm + partial RoPE", &got, &want, 1e-5);
+    // The columns before the heads are untouched; pairs past the rotated four only normed.
+    assert_eq!(got[..col], x[..col]);
+    assert_eq!(
+        rope_table_partial(10_000.0, hd, half, 4),
+        rope_table(10_000.0, hd, 4)
+    );
+}
+
+#[test]
+fn soft_embedding_matches_the_oracle_in_every_format() {
+    let ctx = common::ctx();
+    let (rows, vocab, d) = (9, 70, 48);
+    let table = random_vec(21, vocab * d, 0.5);
+    // Rows of a distribution: positive, summing to 1.
+    let raw = random_vec(22, rows * vocab, 3.0);
+    let mut probs = Vec::new();
+    for row in raw.chunks(vocab) {
+        let e: Vec<f32> = row.iter().map(|x| x.exp()).collect();
+        let s: f32 = e.iter().sum();
+        probs.extend(e.iter().map(|x| x / s));
+    }
+    let scale = 6.5;
+    let mut want = vec![0f32; rows * d];
+    for r in 0..rows {
+        for c in 0..d {
+            let acc: f64 = (0..vocab)
+                .map(|v| probs[r * vocab + v] as f64 * table[v * d + c] as f64)
+                .sum();
+            want[r * d + c] = (acc * scale as f64) as f32;
+        }
+    }
+    let tp = Tensor::from_f32(&ctx, &[rows, vocab], &probs, "probs").unwrap();
+    for (format, tol) in [
+        (WeightFormat::F32, 1e-6),
+        (WeightFormat::F16Packed, 2e-3),
+        (WeightFormat::F16Native, 2e-3),
+        (WeightFormat::Q8, 3e-2),
+        (WeightFormat::Q4, 3e-1),
+    ] {
+        let w = Weight::from_f32(&ctx, vocab, d, &table, format, "table").unwrap();
+        let out = Tensor::zeros(&ctx, DType::F32, &[rows, d], "out").unwrap();
+        let mut step = StepEncoder::new(&ctx, "soft embed test");
+        soft_embed(&mut step, &tp, &w, &out, rows, scale).unwrap();
+        step.submit().unwrap();
+        let got = out.read_f32(&ctx).unwrap();
+        assert_close(
+            &format!("soft embedding {}", w.format.name()),
+            &got,
+            &want,
+            tol,
+        );
+    }
+}
