@@ -1516,3 +1516,102 @@ fn the_demo_page_labels_the_bundled_model_with_the_loaders_parameter_count() {
         "the page says {label} M, the loader {count}"
     );
 }
+
+/// `unmask logits` on the tiny DiffusionGemma: the encoder's logits without canvases, and
+/// with the same canvas twice the decoder's logits without and then with self-conditioning
+/// on the first one's logits at the first step's temperature — the fixture's `dec.p24_c2`
+/// and `dec.p24_c2_sc`, whose self-conditioning input is `dec.p24_c2 / 0.8`.
+#[test]
+fn logits_of_diffusion_gemma_follow_the_reference_loop() {
+    let dir = workspace().join("tests/fixtures/tiny-dgemma");
+    let meta: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("goldens/logits.json")).expect("goldens"),
+    )
+    .expect("golden JSON");
+    let case = meta["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "dec.p24_c2")
+        .expect("dec.p24_c2");
+    let list = |v: &Value| {
+        u64s(v)
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (prompt, canvas) = (list(&case["prompt"]), list(&case["canvas"]));
+    let bytes = std::fs::read(dir.join("goldens/logits.safetensors")).expect("golden logits");
+    let goldens = unmask_core::checkpoint::Checkpoint::from_bytes(
+        vec![("model.safetensors".into(), bytes)],
+        None,
+    )
+    .expect("safetensors");
+    let golden = |name: &str, rows: usize| {
+        let t = goldens.tensor(name, &[rows, 320]).expect(name);
+        let mut out = vec![0.0; rows * 320];
+        t.read_f32(0, &mut out);
+        out
+    };
+    let out = temp_path("dgemma-logits.npy");
+    let out_arg = out.display().to_string();
+    let dir_arg = dir.display().to_string();
+    let read = |shape: &[u64]| {
+        let bytes = std::fs::read(&out).expect("read .npy");
+        let npy = npyz::NpyFile::new(&bytes[..]).expect("a .npy file");
+        assert_eq!(npy.shape(), shape);
+        npy.into_vec::<f32>().expect("f32 data")
+    };
+    let close = |what: &str, got: &[f32], want: &[f32]| {
+        let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
+            / scale;
+        assert!(err < 1e-3, "{what}: relative error {err}");
+    };
+    let base = [
+        "logits",
+        "--model",
+        &dir_arg,
+        "--prompt-ids",
+        &prompt,
+        "--out",
+        &out_arg,
+    ];
+    assert_ok(&run(&base));
+    close("encoder", &read(&[24, 320]), &golden("enc.p24", 24));
+    let mut args = base.to_vec();
+    args.extend(["--canvas-ids", &canvas, "--canvas-ids", &canvas]);
+    assert_ok(&run(&args));
+    let got = read(&[2, 16, 320]);
+    let _ = std::fs::remove_file(&out);
+    close("decoder", &got[..16 * 320], &golden("dec.p24_c2", 16));
+    close(
+        "self-conditioned decoder",
+        &got[16 * 320..],
+        &golden("dec.p24_c2_sc", 16),
+    );
+    // Canvases of different lengths, and canvases for a model without a decoder, are refused.
+    let mut args = base.to_vec();
+    args.extend(["--canvas-ids", &canvas, "--canvas-ids", "1,2"]);
+    assert_fails(&args, 2, "--canvas-ids");
+    let llada = fixture();
+    assert_fails(
+        &[
+            "logits",
+            "--model",
+            &llada,
+            "--prompt-ids",
+            "1",
+            "--canvas-ids",
+            "1",
+            "--out",
+            &out_arg,
+        ],
+        2,
+        "--canvas-ids",
+    );
+}

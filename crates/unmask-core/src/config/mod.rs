@@ -6,6 +6,7 @@
 
 mod defaults;
 mod dgemma;
+mod dgemma_generation;
 mod dream;
 mod fields;
 pub mod limits;
@@ -22,6 +23,7 @@ use fields::Fields;
 use parse::{check_token_in_range, parse_object};
 
 pub use dgemma::{DiffusionGemmaConfig, LayerAttention};
+pub use dgemma_generation::{entropy_bound_params, entropy_bound_params_from_map};
 pub use fields::json_kind;
 pub use names::LayerTensor;
 pub use presets::{DREAM_7B_CONFIG_JSON, LLADA_8B_CONFIG_JSON, PresetFiles};

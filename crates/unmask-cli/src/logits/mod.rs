@@ -11,12 +11,20 @@ use crate::error::CliError;
 use crate::options::{self, EngineArgs, ModelArgs};
 use crate::values;
 
+mod dgemma;
+
 #[derive(Args, Debug)]
 #[command(
     about = "Write the logits of one forward pass over token ids to a .npy file.",
-    override_usage = "unmask logits [--model <DIR>] --prompt-ids <IDS> --out <FILE>",
+    override_usage = "unmask logits [--model <DIR>] --prompt-ids <IDS> [--canvas-ids <IDS> ...] --out <FILE>",
     after_help = "The vocabulary axis is the model's embedding_size (every row of the LM head),\n\
-                  so ids past the tokenizer's vocabulary have logits too."
+                  so ids past the tokenizer's vocabulary have logits too.\n\n\
+                  DiffusionGemma: without --canvas-ids, the encoder's logits over the prompt\n\
+                  [tokens, vocabulary]; with them, the prompt is encoded and the decoder's\n\
+                  logits of each canvas in turn are written [canvases, canvas tokens, vocabulary],\n\
+                  each canvas after the first self-conditioned on the previous one's logits\n\
+                  divided by the temperature of the step before it (generation_config.json),\n\
+                  as the reference's denoising loop feeds them."
 )]
 pub struct LogitsArgs {
     #[command(flatten)]
@@ -25,6 +33,9 @@ pub struct LogitsArgs {
     // The path spelled out: one value holding the list, not a value per occurrence.
     #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
     prompt_ids: ::std::vec::Vec<u32>,
+    /// DiffusionGemma: a canvas for the decoder after the prompt (repeat for more steps)
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    canvas_ids: Vec<::std::vec::Vec<u32>>,
     /// where to write the float32 array [tokens, vocabulary]
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
@@ -37,19 +48,33 @@ pub fn run(args: &LogitsArgs) -> Result<(), CliError> {
     let out = &args.out;
     let engine_options = args.engine.options()?;
     let dir = args.model.dir()?;
+    if dgemma::is_diffusion_gemma(&dir)? {
+        let (shape, logits) = dgemma::logits(&dir, &engine_options, ids, &args.canvas_ids)?;
+        return write(out, &shape, &logits);
+    }
+    if !args.canvas_ids.is_empty() {
+        return Err(CliError::usage(
+            "--canvas-ids: only a DiffusionGemma model has a decoder pass over a canvas",
+        ));
+    }
     let engine = options::load_engine(&dir, &engine_options)?;
     options::check_ids(&engine, "prompt-ids", ids)?;
     let logits = engine.model().logits(ids)?;
     let shape = [ids.len(), engine.config().embedding_size];
+    write(out, &shape, &logits)
+}
+
+/// `logits` of `shape` into the `.npy` file `out`.
+fn write(out: &std::path::Path, shape: &[usize], logits: &[f32]) -> Result<(), CliError> {
     let file = File::create(out)
         .map_err(|e| CliError::context(format!("cannot create {}", out.display()), e))?;
-    write_npy(BufWriter::new(file), &shape, &logits)
+    write_npy(BufWriter::new(file), shape, logits)
         .map_err(|e| CliError::context(format!("cannot write {}", out.display()), e))?;
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     eprintln!(
-        "wrote {}: float32 logits [{}, {}]",
+        "wrote {}: float32 logits [{}]",
         out.display(),
-        shape[0],
-        shape[1]
+        dims.join(", ")
     );
     Ok(())
 }
