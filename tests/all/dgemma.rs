@@ -195,3 +195,77 @@ fn generations_replay_the_reference_step_by_step() {
     }
     assert!(early_stops > 0, "some canvas stopped early");
 }
+
+/// The shared prefix store: a prompt whose system part is stored encodes only the rest and
+/// gives the decoder the very same logits as encoding it afresh; another prefix is never
+/// served from an entry that is not its own; the budget evicts the least recently used.
+#[test]
+fn stored_prompt_prefixes_are_exact_and_never_cross_prompts() {
+    use unmask_gpu::dgemma::{DgemmaPrefixStore, PrefixUse};
+    let ctx = common::ctx();
+    let model = DgemmaModel::load(&ctx, &fixture(), WeightFormat::F32, 64).unwrap();
+    let system: Vec<u32> = vec![2, 105, 90, 88, 271, 209, 60, 77, 282, 289, 302, 231];
+    let other: Vec<u32> = vec![2, 105, 90, 88, 271, 209, 60, 77, 282, 289, 302, 15];
+    let user_a = [231u32, 79, 90, 82];
+    let user_b = [84u32, 93, 231];
+    let canvas: Vec<u32> = (0..16).map(|i| 40 + 7 * i).collect();
+    let prompt = |head: &[u32], tail: &[u32]| [head, tail].concat();
+    let decode = |p: &[u32], shared: usize, store: Option<&mut DgemmaPrefixStore>| {
+        let mut cache = model.new_cache(&ctx, 64).unwrap();
+        let used = match store {
+            Some(s) => model.encode_prompt(&ctx, &mut cache, p, shared, s).unwrap(),
+            None => {
+                model.encode(&ctx, &mut cache, p, false).unwrap();
+                PrefixUse::Uncached
+            }
+        };
+        (used, model.decode(&ctx, &cache, &canvas, None).unwrap())
+    };
+    let mut store = DgemmaPrefixStore::new(30);
+    let (used, first) = decode(&prompt(&system, &user_a), system.len(), Some(&mut store));
+    assert_eq!(used, PrefixUse::Stored { tokens: 12 });
+    let (used, again) = decode(&prompt(&system, &user_a), system.len(), Some(&mut store));
+    assert_eq!(used, PrefixUse::Hit { reused: 12 });
+    assert_eq!(
+        again, first,
+        "a stored prefix gives the same logits bit for bit"
+    );
+    let (_, whole) = decode(&prompt(&system, &user_a), 0, None);
+    common::assert_close(
+        "stored prefix against one encoder pass",
+        &first,
+        &whole,
+        1e-5,
+    );
+    // Another question after the same system prompt reuses it; another system prompt does not.
+    let (used, b) = decode(&prompt(&system, &user_b), system.len(), Some(&mut store));
+    assert_eq!(used, PrefixUse::Hit { reused: 12 });
+    let (_, b_whole) = decode(&prompt(&system, &user_b), 0, None);
+    common::assert_close("second question", &b, &b_whole, 1e-5);
+    let (used, o) = decode(&prompt(&other, &user_a), other.len(), Some(&mut store));
+    assert_eq!(used, PrefixUse::Stored { tokens: 12 });
+    let (_, o_whole) = decode(&prompt(&other, &user_a), 0, None);
+    common::assert_close("other system prompt", &o, &o_whole, 1e-5);
+    assert!(
+        common::relative_error(&o, &first) > 1e-3,
+        "another prefix's logits differ"
+    );
+    assert_eq!((store.hits, store.misses, store.len()), (2, 2, 2));
+    // A third 12-token prefix passes the 30-token budget: the least recently used goes.
+    let third: Vec<u32> = system.iter().map(|t| t + 1).collect();
+    decode(&prompt(&third, &user_a), third.len(), Some(&mut store));
+    assert_eq!((store.len(), store.tokens()), (2, 24));
+    let (used, _) = decode(&prompt(&system, &user_a), system.len(), Some(&mut store));
+    assert_eq!(
+        used,
+        PrefixUse::Stored { tokens: 12 },
+        "the oldest entry was evicted"
+    );
+    // Bad input is refused by name.
+    let mut cache = model.new_cache(&ctx, 8).unwrap();
+    let err = model
+        .encode_prompt(&ctx, &mut cache, &prompt(&system, &user_a), 12, &mut store)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("8 positions"), "{err}");
+}

@@ -6,6 +6,7 @@
 
 mod generate;
 mod pass;
+mod prefix;
 mod weights;
 
 use std::path::Path;
@@ -15,6 +16,7 @@ use unmask_core::config::DiffusionGemmaConfig;
 
 pub use generate::{GeneratedCanvas, Generation};
 pub use pass::Pass;
+pub use prefix::{DgemmaPrefixStore, PrefixUse};
 pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioning};
 
 use crate::context::GpuContext;

@@ -1,0 +1,178 @@
+//! DiffusionGemma's shared prefix store: encoded prompt prefixes kept on the GPU, per layer
+//! the K/V rows of their positions. The encoder is causal, so a prefix's K/V do not depend on
+//! anything after it: a request whose prompt starts with a stored prefix copies its rows and
+//! encodes only the rest, with the same K/V as encoding the prefix itself (no depth policy, no
+//! drift). A shared system prompt then costs one encoder pass per process, not per request.
+//! Entries match by their exact token ids; the least recently used go first when the token
+//! budget is passed.
+
+use super::{DgemmaCache, DgemmaModel};
+use crate::context::GpuContext;
+use crate::model::ModelError;
+use crate::step::StepEncoder;
+use crate::tensor::{DType, Tensor};
+
+struct Entry {
+    ids: Vec<u32>,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    last_used: u64,
+}
+
+/// What `encode_prompt` did with the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefixUse {
+    /// The shared prefix's K/V came from the store: only the rest was encoded.
+    Hit { reused: usize },
+    /// The prefix was encoded and stored.
+    Stored { tokens: usize },
+    /// The prefix was encoded but not stored (no shared part, or over the budget alone).
+    Uncached,
+}
+
+pub struct DgemmaPrefixStore {
+    entries: Vec<Entry>,
+    /// Most tokens all entries together may hold.
+    pub budget_tokens: usize,
+    clock: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl DgemmaPrefixStore {
+    pub fn new(budget_tokens: usize) -> Self {
+        Self {
+            entries: Vec::new(),
+            budget_tokens,
+            clock: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// Tokens held by all entries.
+    pub fn tokens(&self) -> usize {
+        self.entries.iter().map(|e| e.ids.len()).sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn find(&self, ids: &[u32]) -> Option<usize> {
+        self.entries.iter().position(|e| e.ids == ids)
+    }
+
+    /// Keeps rows `0..ids.len()` of `cache` (which must hold exactly `ids` there) under `ids`,
+    /// evicting the least recently used entries to stay within the budget. False when the
+    /// prefix alone is over the budget.
+    fn insert(
+        &mut self,
+        ctx: &GpuContext,
+        model: &DgemmaModel,
+        cache: &DgemmaCache,
+        ids: &[u32],
+    ) -> Result<bool, ModelError> {
+        if ids.len() > self.budget_tokens || ids.is_empty() {
+            return Ok(false);
+        }
+        while self.tokens() + ids.len() > self.budget_tokens {
+            let oldest = (0..self.entries.len())
+                .min_by_key(|&i| self.entries[i].last_used)
+                .expect("a store over its budget has entries");
+            self.entries.swap_remove(oldest);
+        }
+        let n = ids.len();
+        let mut step = StepEncoder::new(ctx, "dgemma prefix store");
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for (l, a) in model.cfg.layers.iter().enumerate() {
+            let w = a.kv_heads * a.head_dim;
+            for (src, dst) in [(&cache.k[l], &mut k), (&cache.v[l], &mut v)] {
+                let t = Tensor::zeros(ctx, DType::F32, &[n, w], &format!("prefix kv {l}"))?;
+                step.copy(&src.buffer, 0, &t.buffer, 0, (n * w * 4) as u64);
+                dst.push(t);
+            }
+        }
+        step.submit()?;
+        self.clock += 1;
+        self.entries.push(Entry {
+            ids: ids.to_vec(),
+            k,
+            v,
+            last_used: self.clock,
+        });
+        Ok(true)
+    }
+}
+
+impl DgemmaModel {
+    /// Encodes `prompt` into the empty `cache`, its first `shared` tokens (the part many
+    /// requests share: a system turn) through `store`: copied from it when stored, else
+    /// encoded and stored; then the rest.
+    pub fn encode_prompt(
+        &self,
+        ctx: &GpuContext,
+        cache: &mut DgemmaCache,
+        prompt: &[u32],
+        shared: usize,
+        store: &mut DgemmaPrefixStore,
+    ) -> Result<PrefixUse, ModelError> {
+        if cache.len != 0 {
+            return Err(ModelError::Input(format!(
+                "cache: expected an empty cache for a new prompt, found {} positions",
+                cache.len
+            )));
+        }
+        if prompt.len() > cache.capacity {
+            return Err(ModelError::Input(format!(
+                "prompt: expected at most the cache's {} positions, found {} tokens",
+                cache.capacity,
+                prompt.len()
+            )));
+        }
+        if shared > prompt.len() {
+            return Err(ModelError::Input(format!(
+                "shared prefix: expected at most the prompt's {} tokens, found {shared}",
+                prompt.len()
+            )));
+        }
+        let (head, rest) = prompt.split_at(shared);
+        let used = if shared == 0 {
+            PrefixUse::Uncached
+        } else if let Some(i) = store.find(head) {
+            store.hits += 1;
+            store.clock += 1;
+            let e = &mut store.entries[i];
+            e.last_used = store.clock;
+            let mut step = StepEncoder::new(ctx, "dgemma prefix reuse");
+            for l in 0..self.cfg.layers.len() {
+                let bytes = e.k[l].size_bytes().min(cache.k[l].size_bytes());
+                step.copy(&e.k[l].buffer, 0, &cache.k[l].buffer, 0, bytes);
+                step.copy(&e.v[l].buffer, 0, &cache.v[l].buffer, 0, bytes);
+            }
+            step.submit()?;
+            cache.len = shared;
+            PrefixUse::Hit { reused: shared }
+        } else {
+            store.misses += 1;
+            self.encode(ctx, cache, head, false)?;
+            if store.insert(ctx, self, cache, head)? {
+                PrefixUse::Stored { tokens: shared }
+            } else {
+                PrefixUse::Uncached
+            }
+        };
+        if shared == 0 || rest.is_empty() {
+            if shared == 0 {
+                self.encode(ctx, cache, prompt, false)?;
+            }
+            return Ok(used);
+        }
+        self.encode(ctx, cache, rest, false)?;
+        Ok(used)
+    }
+}
