@@ -269,3 +269,48 @@ fn stored_prompt_prefixes_are_exact_and_never_cross_prompts() {
         .to_string();
     assert!(err.contains("8 positions"), "{err}");
 }
+
+/// Gemma 4's chat layout with the fixture's tokenizer gives the reference template's text and
+/// ids for every recorded conversation (system turn, multi-turn with a thought stripped,
+/// thinking on).
+#[test]
+fn the_chat_layout_gives_the_reference_ids() {
+    use unmask_core::chat::{Message, Role};
+    use unmask_core::gemma_chat;
+    use unmask_core::tokenizer::Tokenizer;
+    let dir = fixture();
+    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = cases["cases"].as_array().unwrap();
+    assert!(cases.len() >= 4);
+    for case in cases {
+        let messages: Vec<Message> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let role = match m["role"].as_str().unwrap() {
+                    "system" => Role::System,
+                    "user" => Role::User,
+                    _ => Role::Assistant,
+                };
+                Message::new(role, m["content"].as_str().unwrap())
+            })
+            .collect();
+        let thinking = case["enable_thinking"].as_bool().unwrap();
+        let name = case["name"].as_str().unwrap();
+        assert_eq!(
+            gemma_chat::render(&messages, thinking),
+            case["rendered"].as_str().unwrap(),
+            "{name}: text"
+        );
+        assert_eq!(
+            gemma_chat::encode(&tokenizer, &messages, thinking).unwrap(),
+            ids(&case["ids"]),
+            "{name}: ids"
+        );
+    }
+}

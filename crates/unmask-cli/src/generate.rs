@@ -71,6 +71,19 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let engine_options = args.run.engine_options()?;
     let json = args.json;
     let dir = args.model.dir()?;
+    if crate::dgemma::is_diffusion_gemma(&dir) {
+        let prompt = match prompt {
+            Prompt::Ids(ids) => crate::dgemma::DgemmaPrompt::Ids(ids),
+            Prompt::Chat(messages) => crate::dgemma::DgemmaPrompt::Chat(messages),
+        };
+        let run = crate::dgemma::DgemmaRun {
+            seed: params.seed,
+            max_new_tokens: args.generation.sampling.gen_length,
+            max_steps: args.generation.sampling.steps,
+            json,
+        };
+        return crate::dgemma::generate(&dir, &engine_options, prompt, run);
+    }
     let engine = options::load_engine(&dir, &engine_options)?;
     if let Prompt::Ids(ids) = &prompt {
         options::check_ids(&engine, "prompt-ids", ids)?;

@@ -5,6 +5,7 @@ mod bench_report;
 mod cache_flags;
 mod chart;
 mod chat;
+mod dgemma;
 mod error;
 mod eval;
 mod generate;

@@ -1615,3 +1615,46 @@ fn logits_of_diffusion_gemma_follow_the_reference_loop() {
         "--canvas-ids",
     );
 }
+
+/// `unmask generate` on the tiny DiffusionGemma: the prompt in Gemma 4's chat layout (the ids
+/// the reference template gives), canvases of the config's length, the same output for the
+/// same seed.
+#[test]
+fn generate_runs_diffusion_gemma_from_text() {
+    let dir = workspace().join("tests/fixtures/tiny-dgemma");
+    let dir_arg = dir.display().to_string();
+    let generate = |seed: &str| {
+        let o = run(&[
+            "generate",
+            "--model",
+            &dir_arg,
+            "--prompt",
+            "What is 2 + 3?",
+            "--seed",
+            seed,
+            "--gen-length",
+            "32",
+            "--steps",
+            "12",
+            "--json",
+        ]);
+        assert_ok(&o);
+        json(&o)
+    };
+    let a = generate("5");
+    let prompt = u64s(&a["prompt_ids"]);
+    assert_eq!(&prompt[..3], &[2, 105, 90], "<bos><|turn>user");
+    assert_eq!(prompt.len(), 34, "the reference template's 34 ids");
+    let ids = u64s(&a["ids"]);
+    assert_eq!(ids.len() % 16, 0, "whole canvases of 16");
+    let canvases = a["canvases"].as_array().expect("canvases");
+    assert!(
+        !canvases.is_empty() && canvases.len() <= 2,
+        "--gen-length 32: at most 2 canvases"
+    );
+    assert!(
+        canvases.iter().all(|c| c["steps"].as_u64().unwrap() <= 12),
+        "--steps 12: at most 12 steps a canvas"
+    );
+    assert_eq!(generate("5")["ids"], a["ids"], "same seed, same output");
+}

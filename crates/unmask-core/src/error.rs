@@ -94,6 +94,11 @@ pub enum TokenizerError {
          (a LLaDA Base tokenizer lacks the chat tokens; use the Instruct tokenizer)"
     )]
     MissingChatToken { token: &'static str },
+    #[error("{template} needs the special token {token}, which tokenizer.json does not have")]
+    MissingTemplateToken {
+        token: &'static str,
+        template: &'static str,
+    },
     /// `encode` keeps markup as text; a special id in its output would let text pose as
     /// a token only the template may place.
     #[error(

@@ -10,6 +10,7 @@ pub mod config;
 pub mod depth_policy;
 pub mod error;
 pub mod family;
+pub mod gemma_chat;
 pub mod oracle;
 pub mod prefix_store;
 pub mod quant;

@@ -5,38 +5,11 @@
 use std::path::Path;
 
 use unmask::EngineOptions;
-use unmask_core::config::{DiffusionGemmaConfig, entropy_bound_params};
-use unmask_core::sampler::entropy_bound::EntropyBoundParams;
 use unmask_gpu::GpuContext;
 use unmask_gpu::dgemma::DgemmaModel;
 
+use crate::dgemma::generation_params;
 use crate::error::CliError;
-
-/// Whether `dir/config.json` says `model_type: "diffusion_gemma"` (a missing or unreadable
-/// config is left to the usual loader's error).
-pub fn is_diffusion_gemma(dir: &Path) -> Result<bool, CliError> {
-    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else {
-        return Ok(false);
-    };
-    Ok(serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v.as_object().map(DiffusionGemmaConfig::is_diffusion_gemma))
-        .unwrap_or(false))
-}
-
-/// The sampler settings of `dir/generation_config.json`, the published ones without it.
-pub fn generation_params(dir: &Path) -> Result<EntropyBoundParams, CliError> {
-    let path = dir.join("generation_config.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => entropy_bound_params(&text, &path.display().to_string())
-            .map_err(|e| CliError::runtime(e.to_string())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(EntropyBoundParams::default()),
-        Err(e) => Err(CliError::context(
-            format!("cannot read {}", path.display()),
-            e,
-        )),
-    }
-}
 
 /// (shape, logits): `[T, V]` of the encoder without canvases, else `[canvases, L, V]`.
 pub fn logits(

@@ -48,7 +48,7 @@ pub fn run(args: &LogitsArgs) -> Result<(), CliError> {
     let out = &args.out;
     let engine_options = args.engine.options()?;
     let dir = args.model.dir()?;
-    if dgemma::is_diffusion_gemma(&dir)? {
+    if crate::dgemma::is_diffusion_gemma(&dir) {
         let (shape, logits) = dgemma::logits(&dir, &engine_options, ids, &args.canvas_ids)?;
         return write(out, &shape, &logits);
     }
