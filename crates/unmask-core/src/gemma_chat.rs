@@ -28,7 +28,7 @@ pub enum Piece {
 /// The pieces of `messages` with the generation prompt appended; adjacent text merged.
 pub fn pieces(messages: &[Message], enable_thinking: bool) -> Vec<Piece> {
     let mut out: Vec<Piece> = vec![Piece::Special(BOS)];
-    let mut text = |out: &mut Vec<Piece>, t: &str| match out.last_mut() {
+    let text = |out: &mut Vec<Piece>, t: &str| match out.last_mut() {
         Some(Piece::Text(prev)) => prev.push_str(t),
         _ => out.push(Piece::Text(t.to_string())),
     };
