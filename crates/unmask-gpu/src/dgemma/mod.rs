@@ -17,7 +17,9 @@ use unmask_core::config::DiffusionGemmaConfig;
 pub use generate::{GeneratedCanvas, Generation};
 pub use pass::Pass;
 pub use prefix::{DgemmaPrefixStore, PrefixUse};
-pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioning};
+pub use weights::{
+    DgemmaLayer, DgemmaWeights, SelfConditioning, kv_bytes_per_position, weight_bytes,
+};
 
 use crate::context::GpuContext;
 use crate::model::ModelError;
@@ -66,6 +68,23 @@ impl DgemmaModel {
         let cfg = DiffusionGemmaConfig::from_json_str(&text, &config_path.display().to_string())?;
         let ck = Checkpoint::open(dir)?;
         let weights = DgemmaWeights::load(ctx, &ck, &cfg, format)?;
+        Self::new(ctx, cfg, weights, max_positions)
+    }
+
+    /// `load` in f32 with every matrix but the router rounded through `quant` on the host:
+    /// the model a `quant`-quantized one must match up to summation order.
+    pub fn load_dequantized(
+        ctx: &GpuContext,
+        dir: &Path,
+        quant: unmask_core::quant::QuantFormat,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|e| ModelError::Input(format!("reading {}: {e}", config_path.display())))?;
+        let cfg = DiffusionGemmaConfig::from_json_str(&text, &config_path.display().to_string())?;
+        let ck = Checkpoint::open(dir)?;
+        let weights = DgemmaWeights::load_rounded(ctx, &ck, &cfg, WeightFormat::F32, Some(quant))?;
         Self::new(ctx, cfg, weights, max_positions)
     }
 

@@ -7,6 +7,7 @@
 
 use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
+use unmask_core::quant::QuantFormat;
 
 use crate::context::GpuContext;
 use crate::model::ModelError;
@@ -36,7 +37,7 @@ pub struct DgemmaLayer {
     /// `[D, I]`.
     pub mlp_down: Weight,
     pub post_ff_norm_1: Tensor,
-    /// `[E, D]`.
+    /// `[E, D]`, f32 whatever the format of the other matrices.
     pub router: Weight,
     /// `router.scale · D^-0.5`: the router's input is `RMSNorm(x)` times this, which is an
     /// RMSNorm with this weight.
@@ -76,6 +77,10 @@ struct Reader<'a> {
     ctx: &'a GpuContext,
     ck: &'a Checkpoint,
     format: WeightFormat,
+    /// Matrices rounded through this quantization on the host (then stored in `format`):
+    /// f32 weights equal to what the quantized format holds, the reference a quantized
+    /// model is checked against.
+    round: Option<QuantFormat>,
 }
 
 impl Reader<'_> {
@@ -106,8 +111,21 @@ impl Reader<'_> {
         )?)
     }
 
+    /// `data` (rows of `cols`) through `round`'s quantization and back.
+    fn rounded(&self, data: Vec<f32>, cols: usize) -> Result<Vec<f32>, ModelError> {
+        let Some(q) = self.round else {
+            return Ok(data);
+        };
+        let rows = data.len() / cols;
+        let mut codes = vec![0u8; rows * q.row_code_bytes(cols)];
+        let mut scales = vec![0u8; rows * unmask_core::quant::row_scale_bytes(cols)];
+        q.quantize_rows(&data, cols, &mut codes, &mut scales)
+            .map_err(|e| ModelError::Input(format!("rounding through {}: {e}", q.name())))?;
+        Ok(q.dequantize_rows(&codes, &scales, rows, cols))
+    }
+
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
-        let data = self.floats(name, &[rows, cols])?;
+        let data = self.rounded(self.floats(name, &[rows, cols])?, cols)?;
         Ok(Weight::from_f32(
             self.ctx,
             rows,
@@ -126,8 +144,8 @@ impl Reader<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<Weight, ModelError> {
-        let mut data = self.floats(a, &[rows, cols])?;
-        data.extend(self.floats(b, &[rows, cols])?);
+        let mut data = self.rounded(self.floats(a, &[rows, cols])?, cols)?;
+        data.extend(self.rounded(self.floats(b, &[rows, cols])?, cols)?);
         Ok(Weight::from_f32(
             self.ctx,
             2 * rows,
@@ -146,7 +164,7 @@ impl Reader<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<Weight, ModelError> {
-        let data = self.floats(name, &[e, rows, cols])?;
+        let data = self.rounded(self.floats(name, &[e, rows, cols])?, cols)?;
         let w = Weight::zeros_stacked(self.ctx, e, rows, cols, self.format, name)?;
         w.write_rows_f32(self.ctx, 0, &data)?;
         Ok(w)
@@ -165,7 +183,25 @@ impl DgemmaWeights {
         cfg: &DiffusionGemmaConfig,
         format: WeightFormat,
     ) -> Result<Self, ModelError> {
-        let r = Reader { ctx, ck, format };
+        Self::load_rounded(ctx, ck, cfg, format, None)
+    }
+
+    /// `load` with every matrix but the router rounded through `round`'s quantization on the
+    /// host first: with `format` f32, a model computing exactly what a `round`-quantized one
+    /// stores, in f32.
+    pub fn load_rounded(
+        ctx: &GpuContext,
+        ck: &Checkpoint,
+        cfg: &DiffusionGemmaConfig,
+        format: WeightFormat,
+        round: Option<QuantFormat>,
+    ) -> Result<Self, ModelError> {
+        let r = Reader {
+            ctx,
+            ck,
+            format,
+            round,
+        };
         let (d, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         let (e, ie, h) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.heads);
         let embedding = r.matrix(&format!("{DECODER}embed_tokens.weight"), v, d)?;
@@ -204,7 +240,12 @@ impl DgemmaWeights {
                 )?,
                 mlp_down: r.matrix(&format!("{p}mlp.down_proj.weight"), d, i)?,
                 post_ff_norm_1: norm("post_feedforward_layernorm_1")?,
-                router: r.matrix(&format!("{p}router.proj.weight"), e, d)?,
+                // The router stays f32 in every format (E x D is small): its top-K choice
+                // flips on margins far below a quantization step.
+                router: {
+                    let data = r.floats(&format!("{p}router.proj.weight"), &[e, d])?;
+                    Weight::from_f32(ctx, e, d, &data, WeightFormat::F32, "router")?
+                },
                 router_norm: Tensor::from_f32(ctx, &[d], &router_norm, "router norm")?,
                 per_expert_scale: r.vector(&format!("{p}router.per_expert_scale"), e)?,
                 pre_ff_norm_2: norm("pre_feedforward_layernorm_2")?,
@@ -233,5 +274,64 @@ impl DgemmaWeights {
             layers,
             self_conditioning,
         })
+    }
+}
+
+/// Bytes the loader's matrices take in `format` and its vectors in f32 for `cfg` (without
+/// the 16-byte rounding of each buffer): what a folder of that shape needs on the GPU for its
+/// weights.
+pub fn weight_bytes(cfg: &DiffusionGemmaConfig, format: WeightFormat) -> u64 {
+    let (d, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let (e, ie, h) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.heads);
+    let m = |rows: usize, cols: usize| rows as u64 * format.row_bytes(cols);
+    let f32s = |n: usize| 4 * n as u64;
+    let mut bytes = m(v, d) + f32s(d) + f32s(d) + m(2 * i, d) + m(d, i);
+    for a in &cfg.layers {
+        let (hd, kv) = (a.head_dim, a.kv_heads);
+        bytes += m(h * hd, d) + m(kv * hd, d) + m(d, h * hd);
+        if a.sliding {
+            bytes += m(kv * hd, d);
+        }
+        bytes += m(2 * i, d) + m(d, i) + f32s(e * d) + m(e * 2 * ie, d) + m(e * d, ie);
+        bytes += f32s(8 * d + 2 * hd + e);
+    }
+    bytes
+}
+
+/// Bytes of K and V (f32) per cached position over every layer.
+pub fn kv_bytes_per_position(cfg: &DiffusionGemmaConfig) -> u64 {
+    cfg.layers
+        .iter()
+        .map(|a| 2 * 4 * (a.kv_heads * a.head_dim) as u64)
+        .sum()
+}
+
+impl DgemmaWeights {
+    /// Bytes of every buffer the weights hold.
+    pub fn size_bytes(&self) -> u64 {
+        let mut total = self.embedding.size_bytes() + self.final_norm.size_bytes();
+        let sc = &self.self_conditioning;
+        total += sc.pre_norm.size_bytes() + sc.gate_up.size_bytes() + sc.down.size_bytes();
+        for l in &self.layers {
+            let matrices = [&l.q, &l.k, &l.o, &l.mlp_gate_up, &l.mlp_down, &l.router];
+            total += matrices.iter().map(|w| w.size_bytes()).sum::<u64>();
+            total += l.v.as_ref().map_or(0, Weight::size_bytes);
+            total += l.experts_gate_up.size_bytes() + l.experts_down.size_bytes();
+            let vectors = [
+                &l.input_norm,
+                &l.q_norm,
+                &l.k_norm,
+                &l.post_attention_norm,
+                &l.pre_ff_norm,
+                &l.post_ff_norm_1,
+                &l.router_norm,
+                &l.per_expert_scale,
+                &l.pre_ff_norm_2,
+                &l.post_ff_norm_2,
+                &l.post_ff_norm,
+            ];
+            total += vectors.iter().map(|t| t.size_bytes()).sum::<u64>();
+        }
+        total
     }
 }
