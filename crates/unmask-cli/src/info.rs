@@ -8,6 +8,8 @@ use clap::Args;
 use unmask::{Engine, EngineError};
 use unmask_core::config::{DiffusionGemmaConfig, ModelConfig};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
+use unmask_gpu::WeightFormat;
+use unmask_gpu::dgemma::{kv_bytes_per_position, weight_bytes};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::AttentionKernel;
@@ -174,8 +176,8 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     output::line(&lines.join("\n"))
 }
 
-/// `info` for a DiffusionGemma folder (`model_type` "diffusion_gemma"), which the runtime
-/// reads but cannot run yet: the family, its shape and parameters. `None` for other models.
+/// `info` for a DiffusionGemma folder (`model_type` "diffusion_gemma"): the family, its
+/// shape, parameters and the GPU memory of its weights per format. `None` for other models.
 fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> {
     let path = dir.join("config.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
@@ -195,9 +197,9 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
     let (total, active) = c.parameter_counts();
     Ok(Some(vec![
         format!("model: {}", dir.display()),
-        "  family: DiffusionGemma (model.decoder.* tensors; the vision tower is skipped); \
-         not runnable yet: its loader, kernels and passes are being built \
-         (docs/models/diffusion-gemma.md)"
+        "  family: DiffusionGemma (model.decoder.* tensors; the vision tower is skipped): \
+         unmask generate and unmask logits run it; serve, eval, bench and the browser do not \
+         yet (docs/models/diffusion-gemma.md)"
             .to_string(),
         format!(
             "  config: hidden {}, {} layers ({sliding} sliding-window {}, {} full), {} heads, \
@@ -222,6 +224,14 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
             short_count(total as usize),
             group_digits(active as usize),
             short_count(active as usize)
+        ),
+        format!(
+            "  GPU memory of the weights (router f32): f16 {}, q8 {}, q4 {}; K/V {} per \
+             position (f32)",
+            bytes_text(weight_bytes(&c, WeightFormat::F16Packed)),
+            bytes_text(weight_bytes(&c, WeightFormat::Q8)),
+            bytes_text(weight_bytes(&c, WeightFormat::Q4)),
+            bytes_text(kv_bytes_per_position(&c))
         ),
     ]))
 }
@@ -368,6 +378,16 @@ pub fn short_count(n: usize) -> String {
         format!("{:.1} K", n / 1e3)
     } else {
         format!("{n}")
+    }
+}
+
+/// Bytes in KiB, MiB or GiB, one decimal, whichever keeps the number readable.
+fn bytes_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    match b {
+        b if b >= (1u64 << 30) as f64 => format!("{:.1} GiB", b / (1u64 << 30) as f64),
+        b if b >= (1u64 << 20) as f64 => format!("{:.1} MiB", b / (1u64 << 20) as f64),
+        b => format!("{:.1} KiB", b / 1024.0),
     }
 }
 

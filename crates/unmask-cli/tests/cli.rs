@@ -517,7 +517,7 @@ fn help_info_and_selfcheck() {
         assert!(text.contains(needle), "`{needle}` not in\n{text}");
     }
 
-    // DiffusionGemma: the family and its shape, though it cannot run yet.
+    // DiffusionGemma: the family, its shape and the memory of its weights per format.
     let dgemma = workspace().join("tests/fixtures/tiny-dgemma");
     let o = run(&["info", "--model", &dgemma.display().to_string()]);
     assert_ok(&o);
@@ -527,6 +527,8 @@ fn help_info_and_selfcheck() {
         "4 layers (2 sliding-window 8, 2 full)",
         "8 experts top 2",
         "canvas 16",
+        "unmask generate and unmask logits run it",
+        "GPU memory of the weights (router f32): f16 ",
     ] {
         assert!(text.contains(needle), "`{needle}` not in\n{text}");
     }

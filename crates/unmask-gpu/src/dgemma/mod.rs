@@ -169,3 +169,39 @@ impl DgemmaModel {
         (self.cfg.hidden_size as f32).sqrt()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published 26B-A4B's keys (docs/models/diffusion-gemma.md §1).
+    pub const PUBLISHED: &str = r#"{"model_type": "diffusion_gemma", "canvas_length": 256,
+        "text_config": {"vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112,
+        "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+        "sliding_window": 1024, "num_experts": 128, "top_k_experts": 8,
+        "moe_intermediate_size": 704, "use_bidirectional_attention": "vision"}}"#;
+
+    /// The GPU memory of the published model's weights per format: q4 fits a 24 GB GPU with
+    /// room for the K/V of a long prompt, q8 does not.
+    #[test]
+    fn the_published_weights_per_format() {
+        let cfg = DiffusionGemmaConfig::from_json_str(PUBLISHED, "config.json").unwrap();
+        let gib = |f| weight_bytes(&cfg, f) as f64 / (1u64 << 30) as f64;
+        let (f16, q8, q4) = (
+            gib(WeightFormat::F16Packed),
+            gib(WeightFormat::Q8),
+            gib(WeightFormat::Q4),
+        );
+        let kv = kv_bytes_per_position(&cfg);
+        eprintln!(
+            "[memory] DiffusionGemma 26B-A4B weights: f16 {f16:.1} GiB, q8 {q8:.1} GiB, \
+             q4 {q4:.1} GiB; K/V {} KiB per position",
+            kv / 1024
+        );
+        assert!((46.0..50.0).contains(&f16), "{f16}");
+        assert!(q8 > 22.4 && q4 < 16.0, "{q8} {q4}");
+        // 24 GB = 22.35 GiB: q4 plus 8192 positions of K/V still fit.
+        assert!(q4 + (8192 * kv) as f64 / (1u64 << 30) as f64 <= 22.35);
+    }
+}
