@@ -249,19 +249,7 @@ fn dispatch_norm(
 /// Host-side cos/sin table `[max_pos, head_dim / 2]` of (cos, sin) pairs, computed like the
 /// reference: inverse frequencies and angles in f32, sin/cos of the f32 angle.
 pub fn rope_table(theta: f32, head_dim: usize, max_pos: usize) -> Vec<f32> {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32))
-        .collect();
-    let mut table = Vec::with_capacity(max_pos * half * 2);
-    for pos in 0..max_pos {
-        for f in &inv_freq {
-            let angle = (pos as f32 * f) as f64;
-            table.push(angle.cos() as f32);
-            table.push(angle.sin() as f32);
-        }
-    }
-    table
+    super::heads::rope_table_partial(theta, head_dim, head_dim / 2, max_pos)
 }
 
 #[repr(C)]

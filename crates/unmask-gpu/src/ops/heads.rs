@@ -160,21 +160,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_rotation_matches_the_shared_table_and_unrotated_pairs_stay_put() {
-        let full = rope_table_partial(10_000.0, 16, 8, 5);
-        assert_eq!(full, super::super::elementwise::rope_table(10_000.0, 16, 5));
-        let part = rope_table_partial(1e6, 16, 2, 5);
-        let reference = super::super::elementwise::rope_table(1e6, 16, 5);
-        for pos in 0..5 {
-            for j in 0..8 {
-                let at = (pos * 8 + j) * 2;
+    fn rotated_pairs_turn_by_the_whole_head_exponent_and_the_rest_stay_put() {
+        let (d, rotated, max_pos) = (16, 2, 5);
+        let part = rope_table_partial(1e6, d, rotated, max_pos);
+        assert_eq!(part.len(), max_pos * d);
+        for pos in 0..max_pos {
+            for j in 0..d / 2 {
+                let at = (pos * d / 2 + j) * 2;
                 let got = (part[at], part[at + 1]);
-                if j < 2 {
-                    assert_eq!(got, (reference[at], reference[at + 1]));
+                if j < rotated {
+                    // The exponent's denominator is the whole head (16), not the rotated part.
+                    let angle =
+                        (pos as f32 * (1.0 / 1e6f32.powf((2 * j) as f32 / d as f32))) as f64;
+                    assert_eq!(got, (angle.cos() as f32, angle.sin() as f32));
                 } else {
                     assert_eq!(got, (1.0, 0.0));
                 }
             }
         }
+        // Every pair rotated: the table of the shared RoPE.
+        assert_eq!(
+            rope_table_partial(10_000.0, d, d / 2, 3),
+            super::super::elementwise::rope_table(10_000.0, d, 3)
+        );
     }
 }
