@@ -17,12 +17,14 @@
 //! mode and decoding, served one at a time or in batches), `work` (a request's rows × layers
 //! and FLOPs per cache mode, counted from the mode planner without a GPU).
 
+mod dgemma;
 mod env;
 mod kernels;
 mod requests;
 mod timing;
 mod work;
 
+pub use dgemma::{DgemmaBenchOptions, dgemma_envelope, run_dgemma_kernels};
 pub use env::{Peak, commit, envelope, known_peak, with_envelope};
 pub use kernels::{
     KernelBenchOptions, KernelCase, MAX_CASE_HOST_BYTES, model_kernel_cases, run_kernel_case,

@@ -1660,3 +1660,61 @@ fn generate_runs_diffusion_gemma_from_text() {
     );
     assert_eq!(generate("5")["ids"], a["ids"], "same seed, same output");
 }
+
+/// `unmask bench` on a DiffusionGemma folder: one record per kernel of a decoder step (the
+/// projections of both layer types, the router, the LM head, the experts, both attentions),
+/// each with its time and the environment.
+#[test]
+fn bench_times_diffusion_gemma_kernels() {
+    let dir = workspace().join("tests/fixtures/tiny-dgemma");
+    let out = temp_path("dgemma-bench.jsonl");
+    let o = run(&[
+        "bench",
+        "--model",
+        &dir.display().to_string(),
+        "--formats",
+        "q4",
+        "--kv-lens",
+        "24",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert_ok(&o);
+    let text = std::fs::read_to_string(&out).expect("records");
+    let _ = std::fs::remove_file(&out);
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record per line"))
+        .collect();
+    let cases: Vec<&str> = records
+        .iter()
+        .map(|r| r["case"].as_str().unwrap())
+        .collect();
+    for case in [
+        "sliding.q",
+        "sliding.v",
+        "full.q",
+        "full.o",
+        "mlp.gate_up",
+        "router",
+        "lm_head",
+        "experts",
+        "sliding.attention",
+        "full.attention",
+    ] {
+        assert!(cases.contains(&case), "{case} not in {cases:?}");
+    }
+    for r in &records {
+        assert!(r["ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["model"]["family"], "diffusion_gemma");
+    }
+    let sliding = records
+        .iter()
+        .find(|r| r["case"] == "sliding.attention")
+        .unwrap();
+    assert_eq!(
+        sliding["keys"],
+        16 + 7,
+        "the canvas and the last W - 1 prompt positions"
+    );
+}

@@ -9,6 +9,16 @@ use super::fields::Fields;
 use super::parse::parse_object;
 use crate::error::ConfigError;
 
+/// The published `google/diffusiongemma-26B-A4B-it` text stack's keys (§1 of
+/// `docs/models/diffusion-gemma.md`, in the older form with `global_head_dim` and no
+/// `layer_types`): the shapes `unmask bench --config diffusiongemma-26b-a4b` times.
+pub const DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON: &str = r#"{"model_type": "diffusion_gemma",
+    "canvas_length": 256, "text_config": {"vocab_size": 262144, "hidden_size": 2816,
+    "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512,
+    "num_global_key_value_heads": 2, "sliding_window": 1024, "num_experts": 128,
+    "top_k_experts": 8, "moe_intermediate_size": 704, "use_bidirectional_attention": "vision"}}"#;
+
 /// The attention of one layer: sliding-window (RoPE θ 10 000, full rotation) or full
 /// (proportional partial RoPE, no `v_proj`), with its head size and key/value heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,12 +271,7 @@ mod tests {
     /// parameters of which about 4 B serve a token.
     #[test]
     fn the_published_shape_counts_26b_total_4b_active() {
-        let text = r#"{"model_type": "diffusion_gemma", "canvas_length": 256, "text_config": {
-            "vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112,
-            "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
-            "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
-            "sliding_window": 1024, "num_experts": 128, "top_k_experts": 8,
-            "moe_intermediate_size": 704, "use_bidirectional_attention": "vision"}}"#;
+        let text = DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON;
         let c = DiffusionGemmaConfig::from_json_str(text, "config.json").unwrap();
         assert_eq!(c.layers.iter().filter(|l| l.sliding).count(), 25);
         assert!(

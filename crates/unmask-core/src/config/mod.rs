@@ -22,7 +22,7 @@ use crate::error::ConfigError;
 use fields::Fields;
 use parse::{check_token_in_range, parse_object};
 
-pub use dgemma::{DiffusionGemmaConfig, LayerAttention};
+pub use dgemma::{DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON, DiffusionGemmaConfig, LayerAttention};
 pub use dgemma_generation::{entropy_bound_params, entropy_bound_params_from_map};
 pub use fields::json_kind;
 pub use names::LayerTensor;

@@ -174,13 +174,7 @@ impl DgemmaModel {
 mod tests {
     use super::*;
 
-    /// The published 26B-A4B's keys (docs/models/diffusion-gemma.md §1).
-    pub const PUBLISHED: &str = r#"{"model_type": "diffusion_gemma", "canvas_length": 256,
-        "text_config": {"vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112,
-        "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
-        "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
-        "sliding_window": 1024, "num_experts": 128, "top_k_experts": 8,
-        "moe_intermediate_size": 704, "use_bidirectional_attention": "vision"}}"#;
+    use unmask_core::config::DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON as PUBLISHED;
 
     /// The GPU memory of the published model's weights per format: q4 fits a 24 GB GPU with
     /// room for the K/V of a long prompt, q8 does not.

@@ -1,0 +1,208 @@
+//! DiffusionGemma's kernels at a config's shapes: one decoder step over a canvas of `rows`
+//! tokens after a prompt of `prompt` cached positions — every projection of a sliding and a
+//! full layer, the router, the expert FFN (routing and the grouped experts), the attention of
+//! both layer types and the LM head — per weight format. Weights are zeros (a kernel's time
+//! does not depend on their values, and the published shapes need no host copy then); the
+//! router's logits are random, so the experts get a realistic spread of tokens.
+
+use serde_json::{Value, json};
+use unmask_core::config::DiffusionGemmaConfig;
+use unmask_gpu::ops::attention::{AttentionShape, KvSegment};
+use unmask_gpu::ops::masked_attention::{AttentionMask, attention_masked};
+use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
+use unmask_gpu::ops::moe::{
+    ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route,
+};
+use unmask_gpu::{DType, GpuContext, Tensor, Weight, WeightFormat};
+
+use crate::env::with_envelope;
+use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DgemmaBenchOptions {
+    /// Canvas rows of the decoder step (the config's canvas length by default).
+    pub rows: usize,
+    /// Cached prompt positions the canvas attends to.
+    pub prompt: usize,
+    pub formats: Vec<WeightFormat>,
+    pub repeats: Repeats,
+}
+
+/// The environment of DiffusionGemma records (the model part of `env::envelope`).
+pub fn dgemma_envelope(ctx: &GpuContext, name: &str, cfg: &DiffusionGemmaConfig) -> Value {
+    let (total, active) = cfg.parameter_counts();
+    json!({
+        "unmask": env!("CARGO_PKG_VERSION"),
+        "commit": crate::env::commit(),
+        "adapter": ctx.info.name,
+        "backend": format!("{:?}", ctx.info.backend),
+        "device_type": format!("{:?}", ctx.info.device_type),
+        "shader_f16": ctx.features.shader_f16,
+        "shader_checks": ctx.runtime_checks,
+        "model": {
+            "name": name,
+            "family": "diffusion_gemma",
+            "hidden_size": cfg.hidden_size,
+            "n_layers": cfg.layers.len(),
+            "experts": cfg.num_experts,
+            "top_k": cfg.top_k_experts,
+            "vocab_size": cfg.vocab_size,
+            "params": total,
+            "active_params": active,
+        },
+    })
+}
+
+fn record(envelope: &Value, fields: Value, s: Sample, flops: f64) -> Value {
+    let mut fields = fields;
+    if let Value::Object(f) = &mut fields {
+        f.insert("record".into(), json!("kernel"));
+        f.insert("ms".into(), json!(round3(s.median_ms)));
+        f.insert("ms_min".into(), json!(round3(s.min_ms)));
+        f.insert("runs".into(), json!(s.runs));
+        f.insert("clock".into(), json!(s.clock.name()));
+        f.insert("gflops".into(), json!(round3(flops / (s.median_ms * 1e6))));
+    }
+    with_envelope(envelope, fields)
+}
+
+/// Times the step's kernels; one record each (`on_record` sees them as they come).
+pub fn run_dgemma_kernels(
+    ctx: &GpuContext,
+    cfg: &DiffusionGemmaConfig,
+    envelope: &Value,
+    o: &DgemmaBenchOptions,
+    on_record: &mut dyn FnMut(&Value),
+) -> unmask_gpu::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut emit = |r: Value| {
+        on_record(&r);
+        out.push(r);
+    };
+    let (m, d, h) = (o.rows, cfg.hidden_size, cfg.heads);
+    let x = Tensor::from_f32(ctx, &[m, d], &pseudo_random(1, m * d, 1.0), "bench.x")?;
+    let mut layer_types: Vec<(&str, usize, usize)> = Vec::new();
+    for a in &cfg.layers {
+        let name = if a.sliding { "sliding" } else { "full" };
+        if !layer_types.iter().any(|l| l.0 == name) {
+            layer_types.push((name, a.head_dim, a.kv_heads));
+        }
+    }
+    for &requested in &o.formats {
+        let format = requested.resolve(ctx);
+        let mut matmuls: Vec<(String, usize, usize, WeightFormat)> = Vec::new();
+        for &(kind, hd, kv) in &layer_types {
+            matmuls.push((format!("{kind}.q"), h * hd, d, format));
+            matmuls.push((format!("{kind}.k"), kv * hd, d, format));
+            if kind == "sliding" {
+                matmuls.push((format!("{kind}.v"), kv * hd, d, format));
+            }
+            matmuls.push((format!("{kind}.o"), d, h * hd, format));
+        }
+        matmuls.push(("mlp.gate_up".into(), 2 * cfg.intermediate_size, d, format));
+        matmuls.push(("mlp.down".into(), d, cfg.intermediate_size, format));
+        matmuls.push(("router".into(), cfg.num_experts, d, WeightFormat::F32));
+        matmuls.push(("lm_head".into(), cfg.vocab_size, d, format));
+        for (case, n, k, wf) in matmuls {
+            let w = Weight::zeros(ctx, n, k, wf, "bench.w")?;
+            let xk = if k == d {
+                x.clone()
+            } else {
+                Tensor::from_f32(ctx, &[m, k], &pseudo_random(2, m * k, 1.0), "bench.xk")?
+            };
+            let y = Tensor::zeros(ctx, DType::F32, &[m, n], "bench.y")?;
+            let s = time_step(ctx, o.repeats, |step| {
+                matmul(step, &xk, &w, &y, m, MatmulKernel::Auto)
+            })?;
+            let fields = json!({"kernel": "matmul", "case": case, "m": m, "n": n, "k": k, "format": wf.name()});
+            emit(record(envelope, fields, s, 2.0 * (m * n * k) as f64));
+        }
+        // The expert FFN: routing of random router logits, then the grouped experts.
+        let (e, top_k, ie) = (
+            cfg.num_experts,
+            cfg.top_k_experts,
+            cfg.moe_intermediate_size,
+        );
+        let logits = Tensor::from_f32(ctx, &[m, e], &pseudo_random(3, m * e, 4.0), "bench.router")?;
+        let scale = Tensor::from_f32(ctx, &[e], &vec![1.0; e], "bench.expert_scale")?;
+        let ids = Tensor::zeros(ctx, DType::U32, &[m, top_k], "bench.ids")?;
+        let weights = Tensor::zeros(ctx, DType::F32, &[m, top_k], "bench.weights")?;
+        let gate_up = Weight::zeros_stacked(ctx, e, 2 * ie, d, format, "bench.experts.gate_up")?;
+        let down = Weight::zeros_stacked(ctx, e, d, ie, format, "bench.experts.down")?;
+        let shape = ExpertShape {
+            rows: m,
+            experts: e,
+            top_k,
+            hidden: d,
+            inter: ie,
+        };
+        let scratch = ExpertScratch::new(ctx, shape)?;
+        let y = Tensor::zeros(ctx, DType::F32, &[m, d], "bench.experts.y")?;
+        let s = time_step(ctx, o.repeats, |step| {
+            moe_route(step, &logits, &scale, &ids, &weights, m, top_k)?;
+            let route = Route {
+                ids: &ids,
+                weights: &weights,
+            };
+            let w = ExpertWeights {
+                gate_up: &gate_up,
+                down: &down,
+            };
+            moe_experts(step, &x, route, w, &y, &scratch, shape)
+        })?;
+        let flops = 2.0 * (m * top_k) as f64 * (3 * ie * d) as f64;
+        let fields = json!({"kernel": "experts", "case": "experts", "m": m, "experts": e, "top_k": top_k, "inter": ie, "format": format.name()});
+        emit(record(envelope, fields, s, flops));
+    }
+    // Attention of the canvas over the cached prompt (sliding layers: the last W - 1) and
+    // itself, per layer type; f32 K/V.
+    for &(kind, hd, kv) in &layer_types {
+        let cached = if kind == "sliding" {
+            o.prompt.min(cfg.sliding_window.saturating_sub(1))
+        } else {
+            o.prompt
+        };
+        let w = kv * hd;
+        let q = Tensor::from_f32(
+            ctx,
+            &[m, h * hd],
+            &pseudo_random(4, m * h * hd, 1.0),
+            "bench.q",
+        )?;
+        let ka = Tensor::from_f32(
+            ctx,
+            &[cached.max(1), w],
+            &pseudo_random(5, cached.max(1) * w, 1.0),
+            "bench.ka",
+        )?;
+        let kb = Tensor::from_f32(ctx, &[m, w], &pseudo_random(6, m * w, 1.0), "bench.kb")?;
+        let out = Tensor::zeros(ctx, DType::F32, &[m, h * hd], "bench.attn")?;
+        let shape = AttentionShape {
+            n_heads: h,
+            n_kv_heads: kv,
+            head_dim: hd,
+        };
+        let s = time_step(ctx, o.repeats, |step| {
+            let a = KvSegment::first(&ka, &ka, cached);
+            let b = KvSegment::first(&kb, &kb, m);
+            attention_masked(
+                step,
+                &q,
+                h * hd,
+                0,
+                m,
+                Some(a),
+                b,
+                &out,
+                shape,
+                AttentionMask::default(),
+                1.0,
+            )
+        })?;
+        let flops = 4.0 * (m * h * hd * (cached + m)) as f64;
+        let fields = json!({"kernel": "attention_masked", "case": format!("{kind}.attention"), "m": m, "keys": cached + m, "heads": h, "kv_heads": kv, "head_dim": hd});
+        emit(record(envelope, fields, s, flops));
+    }
+    Ok(out)
+}
