@@ -147,7 +147,9 @@ fn generations_replay_the_reference_step_by_step() {
             }
         }
         let prompt = flat_ids(&case["prompt"]);
-        let got = model.generate(&ctx, &prompt, &params, &mut draws).unwrap();
+        let got = model
+            .generate(&ctx, &prompt, &params, &mut draws, 0)
+            .unwrap();
         assert_eq!(got.canvases.len(), canvases.len(), "{name}: canvases");
         for (ci, (g, want)) in got.canvases.iter().zip(canvases).enumerate() {
             let steps = want["steps"].as_array().unwrap();

@@ -339,3 +339,90 @@ fn soft_embedding_matches_the_oracle_in_every_format() {
         );
     }
 }
+
+/// The sampler's row statistics on the GPU against the host: argmax (first index on ties),
+/// entropy and softmax of the temperature-scaled logits, and the drawn token of the Gumbel-max
+/// stream `hash4(seed, step, row, token)` — the same token the host finds from the same
+/// stream — reproducible for a seed and step, moving with either.
+#[test]
+fn denoise_rows_match_the_host() {
+    use unmask_core::rng::{hash4, uniform_open};
+    use unmask_gpu::ops::denoise::{DrawStream, STATS_WORDS, denoise_rows, parse_stats};
+    let ctx = common::ctx();
+    let (rows, vocab, temperature) = (6, 300, 0.7f32);
+    let mut logits = random_vec(31, rows * vocab, 8.0);
+    // Row 0: a tie for the largest at 5 and 9 (argmax 5); row 1: one dominant logit.
+    logits[5] = 20.0;
+    logits[9] = 20.0;
+    logits[vocab + 123] = 60.0;
+    let tl = Tensor::from_f32(&ctx, &[rows, vocab], &logits, "logits").unwrap();
+    let probs = Tensor::zeros(&ctx, DType::F32, &[rows, vocab], "probs").unwrap();
+    let stats = Tensor::zeros(&ctx, DType::U32, &[rows, STATS_WORDS], "stats").unwrap();
+    let run = |seed: u64, step: u32| {
+        let mut enc = StepEncoder::new(&ctx, "denoise rows test");
+        let draws = DrawStream { seed, step };
+        denoise_rows(
+            &mut enc,
+            &tl,
+            &probs,
+            true,
+            &stats,
+            (rows, vocab),
+            temperature,
+            draws,
+        )
+        .unwrap();
+        enc.submit().unwrap();
+        parse_stats(&stats.read_u32(&ctx).unwrap())
+    };
+    let got = run(42, 3);
+    let got_probs = probs.read_f32(&ctx).unwrap();
+    let mut want_probs = Vec::new();
+    for (r, row) in logits.chunks(vocab).enumerate() {
+        let z: Vec<f64> = row.iter().map(|&x| (x / temperature) as f64).collect();
+        let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = z.iter().map(|v| (v - max).exp()).sum();
+        let p: Vec<f64> = z.iter().map(|v| (v - max).exp() / sum).collect();
+        let entropy: f64 = -p
+            .iter()
+            .zip(&z)
+            .map(|(p, v)| {
+                if *p > 0.0 {
+                    p * (v - max - sum.ln())
+                } else {
+                    0.0
+                }
+            })
+            .sum::<f64>();
+        let argmax = z
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &v)| if v > z[b] { i } else { b });
+        assert_eq!(got[r].argmax as usize, argmax, "row {r}: argmax");
+        assert!(
+            (got[r].entropy as f64 - entropy).abs() < 1e-5,
+            "row {r}: entropy {} vs {entropy}",
+            got[r].entropy
+        );
+        let gumbel = |v: usize| {
+            let u = uniform_open(hash4(42, 0, 3, r as u32, v as u32)) as f64;
+            z[v] - (-u.ln()).ln()
+        };
+        let drawn = (0..vocab).fold(0, |b, v| if gumbel(v) > gumbel(b) { v } else { b });
+        assert_eq!(
+            got[r].sampled as usize, drawn,
+            "row {r}: the host's draw from the same stream"
+        );
+        want_probs.extend(p.iter().map(|&x| x as f32));
+    }
+    assert_eq!(got[0].argmax, 5, "ties go to the first index");
+    assert_eq!(got[1].sampled, 123, "a dominant token is drawn");
+    assert_close("denoise_rows softmax", &got_probs, &want_probs, 1e-5);
+    assert_eq!(run(42, 3), got, "same seed and step, same draws");
+    let other = run(42, 4);
+    assert!(
+        other.iter().zip(&got).any(|(a, b)| a.sampled != b.sampled),
+        "another step draws anew"
+    );
+    assert!(other.iter().zip(&got).all(|(a, b)| a.argmax == b.argmax));
+}

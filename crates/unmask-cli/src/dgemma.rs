@@ -102,7 +102,7 @@ pub fn generate(
     );
     let started = std::time::Instant::now();
     let mut draws = SeededDraws::new(seed);
-    let g = model.generate(&ctx, &ids, &params, &mut draws)?;
+    let g = model.generate(&ctx, &ids, &params, &mut draws, seed)?;
     let seconds = started.elapsed().as_secs_f64();
     let answer = &g.sequence[ids.len()..];
     let text = tokenizer.decode(answer, DecodeMode::Clean)?;

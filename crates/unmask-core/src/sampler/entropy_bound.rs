@@ -66,6 +66,11 @@ pub trait CanvasDraws {
     /// One token per row of `z` (`[len, vocab]`, temperature-scaled logits) drawn from
     /// `softmax(z[row])`.
     fn categorical(&mut self, z: &[f32], vocab: usize) -> Vec<u32>;
+    /// A recorded step's `len` drawn tokens, for draws that replay a run; `None` lets the
+    /// caller draw them (the GPU draws where the logits are).
+    fn replayed_categorical(&mut self, _len: usize) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// The project's draws, from one seed.
@@ -131,6 +136,12 @@ impl CanvasDraws for ReplayedDraws {
             "replayed draws: one token per row"
         );
         c
+    }
+
+    fn replayed_categorical(&mut self, len: usize) -> Option<Vec<u32>> {
+        let c = self.categorical.pop_front().unwrap_or_default();
+        assert_eq!(c.len(), len, "replayed draws: one token per row");
+        Some(c)
     }
 }
 
@@ -214,24 +225,41 @@ pub fn denoise_step(
     canvas: &mut Canvas,
     draws: &mut dyn CanvasDraws,
 ) -> EntropyBoundStep {
-    let len = canvas.tokens.len();
     let temperature = params.temperature(t);
     let scaled: Vec<f32> = raw.iter().map(|&x| x / temperature).collect();
     let sampled = draws.categorical(&scaled, vocab);
-    let mut argmax = Vec::with_capacity(len);
-    let mut entropies = Vec::with_capacity(len);
+    let mut rows = Vec::with_capacity(canvas.tokens.len());
     for row in scaled.chunks_exact(vocab) {
         // The first index of the largest (torch.argmax on ties).
         let best = row
             .iter()
             .enumerate()
             .fold(0, |b, (i, &x)| if x > row[b] { i } else { b });
-        argmax.push(best as u32);
-        entropies.push(entropy(row));
+        rows.push((best as u32, entropy(row)));
     }
+    let mut step = step_from_rows(&rows, sampled, vocab, t, params, canvas, draws);
+    step.scaled = scaled;
+    step
+}
+
+/// One step from each row's (argmax, entropy) of the temperature-scaled logits and the
+/// drawn tokens, computed where the logits are (`unmask_gpu::ops::denoise`; a caller that
+/// replays draws passes `CanvasDraws::replayed_categorical`'s). The step's `scaled` is left
+/// empty.
+pub fn step_from_rows(
+    rows: &[(u32, f32)],
+    sampled: Vec<u32>,
+    vocab: usize,
+    t: usize,
+    params: &EntropyBoundParams,
+    canvas: &mut Canvas,
+    draws: &mut dyn CanvasDraws,
+) -> EntropyBoundStep {
+    let len = canvas.tokens.len();
+    let argmax: Vec<u32> = rows.iter().map(|r| r.0).collect();
+    let entropies: Vec<f32> = rows.iter().map(|r| r.1).collect();
     let accepted = accept(&entropies, params.entropy_bound);
-    let renoise = draws.uniform_canvas(len, vocab);
-    let mut next = renoise;
+    let mut next = draws.uniform_canvas(len, vocab);
     for &i in &accepted {
         next[i] = sampled[i];
     }
@@ -248,14 +276,14 @@ pub fn denoise_step(
     let stop = stable && mean_entropy < params.confidence_threshold;
     canvas.tokens = next;
     EntropyBoundStep {
-        temperature,
+        temperature: params.temperature(t),
         sampled,
         accepted,
         argmax,
         mean_entropy,
         stable,
         stop,
-        scaled,
+        scaled: Vec::new(),
     }
 }
 

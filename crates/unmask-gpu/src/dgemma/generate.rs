@@ -3,12 +3,14 @@
 //! last argmax canvas, stop at an eos, else commit the canvas and go on.
 
 use unmask_core::sampler::entropy_bound::{
-    Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, denoise_step, pad_after_eos,
+    Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, pad_after_eos, step_from_rows,
 };
 
 use super::DgemmaModel;
 use crate::context::GpuContext;
 use crate::model::ModelError;
+use crate::ops::denoise::DrawStream;
+use crate::tensor::{DType, Tensor};
 
 /// One canvas: every step (without its scaled logits) and its output, the last step's
 /// argmax canvas (the sequence holds it with pad after its first eos).
@@ -27,12 +29,16 @@ pub struct Generation {
 }
 
 impl DgemmaModel {
+    /// Generates after `prompt`: each step's decoder, statistics and draws on the GPU (the
+    /// draws from `seed`'s stream unless `draws` replays recorded ones), the acceptance and
+    /// renoising on the host from 4 words per canvas row.
     pub fn generate(
         &self,
         ctx: &GpuContext,
         prompt: &[u32],
         params: &EntropyBoundParams,
         draws: &mut dyn CanvasDraws,
+        seed: u64,
     ) -> Result<Generation, ModelError> {
         let len = self.cfg.canvas_length;
         let vocab = self.cfg.vocab_size;
@@ -44,17 +50,36 @@ impl DgemmaModel {
         let n_canvases = params.max_new_tokens.div_ceil(len);
         let mut cache = self.new_cache(ctx, prompt.len() + n_canvases * len)?;
         self.encode(ctx, &mut cache, prompt, false)?;
+        // The softmax of the last step's scaled logits, read by the next step's decoder.
+        let probs = Tensor::zeros(ctx, DType::F32, &[len, vocab], "dgemma self-conditioning")?;
         let mut sequence = prompt.to_vec();
         let mut canvases = Vec::with_capacity(n_canvases);
+        let mut step_counter = 0u32;
         for _ in 0..n_canvases {
             let init = draws.uniform_canvas(len, vocab);
             let mut canvas = Canvas::new(init.clone(), params);
-            let mut self_conditioning: Option<Vec<f32>> = None;
-            let mut steps = Vec::new();
+            let mut steps: Vec<EntropyBoundStep> = Vec::new();
             for t in (1..=params.max_denoising_steps).rev() {
-                let raw = self.decode(ctx, &cache, &canvas.tokens, self_conditioning.as_deref())?;
-                let mut step = denoise_step(&raw, vocab, t, params, &mut canvas, draws);
-                self_conditioning = Some(std::mem::take(&mut step.scaled));
+                let temperature = params.temperature(t);
+                let stream = DrawStream {
+                    seed,
+                    step: step_counter,
+                };
+                step_counter = step_counter.wrapping_add(1);
+                let stats = self.decode_step(
+                    ctx,
+                    &cache,
+                    &canvas.tokens,
+                    &probs,
+                    !steps.is_empty(),
+                    temperature,
+                    stream,
+                )?;
+                let rows: Vec<(u32, f32)> = stats.iter().map(|r| (r.argmax, r.entropy)).collect();
+                let sampled = draws
+                    .replayed_categorical(len)
+                    .unwrap_or_else(|| stats.iter().map(|r| r.sampled).collect());
+                let step = step_from_rows(&rows, sampled, vocab, t, params, &mut canvas, draws);
                 let stop = step.stop;
                 steps.push(step);
                 if stop {

@@ -15,10 +15,10 @@ use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::DiffusionGemmaConfig;
 
 pub use generate::{GeneratedCanvas, Generation};
-pub use pass::Pass;
+pub use pass::{Pass, SelfConditioning};
 pub use prefix::{DgemmaPrefixStore, PrefixUse};
 pub use weights::{
-    DgemmaLayer, DgemmaWeights, SelfConditioning, kv_bytes_per_position, weight_bytes,
+    DgemmaLayer, DgemmaWeights, SelfConditioningMlp, kv_bytes_per_position, weight_bytes,
 };
 
 use crate::context::GpuContext;

@@ -9,6 +9,7 @@ use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
 use crate::ops::attention::{AttentionShape, KvSegment};
+use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows, parse_stats};
 use crate::ops::elementwise::{add_in_place, embed, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
 use crate::ops::masked_attention::{AttentionMask, attention_masked};
@@ -23,11 +24,22 @@ use crate::tensor::{DType, Tensor};
 pub enum Pass<'a> {
     /// Encoder or commit: causal, appends the rows' K/V to the cache.
     Encode,
-    /// Decoder: bidirectional over the rows, reads the cache, with the previous step's
-    /// (temperature-scaled) logits `[T, V]` as self-conditioning when given.
+    /// Decoder: bidirectional over the rows, reads the cache, self-conditioned on the
+    /// previous step when given.
     Decode {
-        self_conditioning: Option<&'a [f32]>,
+        self_conditioning: SelfConditioning<'a>,
     },
+}
+
+/// The decoder's self-conditioning input.
+#[derive(Clone, Copy, Debug)]
+pub enum SelfConditioning<'a> {
+    /// The first step of a canvas: none.
+    None,
+    /// The previous step's temperature-scaled logits `[T, V]` on the host.
+    Logits(&'a [f32]),
+    /// Their softmax `[T, V]` already on the GPU (`denoise_rows` writes it).
+    Probs(&'a Tensor),
 }
 
 /// The buffers of one pass of `t` rows.
@@ -126,22 +138,61 @@ impl DgemmaModel {
         canvas: &[u32],
         self_conditioning: Option<&[f32]>,
     ) -> Result<Vec<f32>, ModelError> {
+        let self_conditioning = match self_conditioning {
+            Some(z) => SelfConditioning::Logits(z),
+            None => SelfConditioning::None,
+        };
         let pass = Pass::Decode { self_conditioning };
         let out = self.run(ctx, cache, canvas, pass, true)?;
         Ok(out.unwrap_or_default())
     }
 
-    fn run(
+    /// One denoising step on the GPU: the decoder over `canvas` (self-conditioned on `probs`
+    /// when `self_conditioned`), then per row the argmax, entropy and a token drawn from
+    /// `draws` of `softmax(logits / temperature)`, that softmax written into `probs` for
+    /// the next step. Reads back 4 words per row.
+    #[allow(clippy::too_many_arguments)] // one step's inputs
+    pub fn decode_step(
         &self,
         ctx: &GpuContext,
         cache: &DgemmaCache,
-        ids: &[u32],
-        pass: Pass,
-        want_logits: bool,
-    ) -> Result<Option<Vec<f32>>, ModelError> {
-        let c = &self.cfg;
+        canvas: &[u32],
+        probs: &Tensor,
+        self_conditioned: bool,
+        temperature: f32,
+        draws: DrawStream,
+    ) -> Result<Vec<RowStats>, ModelError> {
+        let t = canvas.len();
+        let v = self.cfg.vocab_size;
+        let self_conditioning = if self_conditioned {
+            SelfConditioning::Probs(probs)
+        } else {
+            SelfConditioning::None
+        };
+        let pass = Pass::Decode { self_conditioning };
+        self.check_pass(cache, canvas, pass)?;
+        let s = Scratch::new(ctx, self, canvas, cache.len)?;
+        let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
+        self.record_pass(ctx, &mut step, &s, cache, pass)?;
+        let logits = self.record_logits(ctx, &mut step, &s)?;
+        let stats = Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?;
+        denoise_rows(
+            &mut step,
+            &logits,
+            probs,
+            true,
+            &stats,
+            (t, v),
+            temperature,
+            draws,
+        )?;
+        step.submit()?;
+        Ok(parse_stats(&stats.read_u32(ctx)?))
+    }
+
+    fn check_pass(&self, cache: &DgemmaCache, ids: &[u32], pass: Pass) -> Result<(), ModelError> {
         let t = ids.len();
-        let (d, v) = (c.hidden_size, c.vocab_size);
+        let v = self.cfg.vocab_size;
         if t == 0 {
             return Err(ModelError::Input(
                 "tokens: expected at least one, found none".into(),
@@ -159,47 +210,85 @@ impl DgemmaModel {
                 cache.capacity
             )));
         }
-        if let Pass::Decode {
-            self_conditioning: Some(z),
-        } = pass
-            && z.len() != t * v
+        let sc_len = match pass {
+            Pass::Decode {
+                self_conditioning: SelfConditioning::Logits(z),
+            } => Some(z.len()),
+            Pass::Decode {
+                self_conditioning: SelfConditioning::Probs(p),
+            } => Some(p.numel()),
+            _ => None,
+        };
+        if let Some(n) = sc_len
+            && n < t * v
         {
             return Err(ModelError::Input(format!(
-                "self-conditioning logits: expected {t} x {v} values, found {}",
-                z.len()
+                "self-conditioning: expected {t} x {v} values, found {n}"
             )));
         }
-        let s = Scratch::new(ctx, self, ids, p0)?;
-        let w = &self.weights;
-        let eps = c.rms_norm_eps as f32;
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        ctx: &GpuContext,
+        cache: &DgemmaCache,
+        ids: &[u32],
+        pass: Pass,
+        want_logits: bool,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        self.check_pass(cache, ids, pass)?;
+        let s = Scratch::new(ctx, self, ids, cache.len)?;
         let mut step = StepEncoder::new(ctx, "diffusion gemma pass");
-        embed(&mut step, &s.ids, &w.embedding, &s.x, t)?;
-        scale_in_place(&mut step, &s.x, t * d, self.embed_scale())?;
-        if let Pass::Decode { self_conditioning } = pass {
-            self.decoder_input(ctx, &mut step, &s, self_conditioning)?;
-        }
-        for (l, layer) in w.layers.iter().enumerate() {
-            step.set_layer(Some(l));
-            self.layer(&mut step, &s, cache, l, layer, pass)?;
-        }
-        step.set_layer(None);
+        self.record_pass(ctx, &mut step, &s, cache, pass)?;
         if !want_logits {
             step.submit()?;
             return Ok(None);
         }
-        let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
-        rms_norm(&mut step, &s.x, &w.final_norm, &s.a, t, d, eps)?;
-        matmul(
-            &mut step,
-            &s.a,
-            &w.embedding,
-            &logits,
-            t,
-            MatmulKernel::Auto,
-        )?;
-        softcap(&mut step, &logits, t * v, c.final_logit_softcapping as f32)?;
+        let logits = self.record_logits(ctx, &mut step, &s)?;
         step.submit()?;
         Ok(Some(logits.read_f32(ctx)?))
+    }
+
+    /// The embedding, the decoder's input and every layer, over `s.x`.
+    fn record_pass(
+        &self,
+        ctx: &GpuContext,
+        step: &mut StepEncoder,
+        s: &Scratch,
+        cache: &DgemmaCache,
+        pass: Pass,
+    ) -> Result<(), ModelError> {
+        let t = s.x.shape[0];
+        let w = &self.weights;
+        embed(step, &s.ids, &w.embedding, &s.x, t)?;
+        scale_in_place(step, &s.x, t * self.cfg.hidden_size, self.embed_scale())?;
+        if let Pass::Decode { self_conditioning } = pass {
+            self.decoder_input(ctx, step, s, self_conditioning)?;
+        }
+        for (l, layer) in w.layers.iter().enumerate() {
+            step.set_layer(Some(l));
+            self.layer(step, s, cache, l, layer, pass)?;
+        }
+        step.set_layer(None);
+        Ok(())
+    }
+
+    /// The final norm, the tied LM head and the soft-cap: the logits `[T, V]` on the GPU.
+    fn record_logits(
+        &self,
+        ctx: &GpuContext,
+        step: &mut StepEncoder,
+        s: &Scratch,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.cfg;
+        let (t, d, v) = (s.x.shape[0], c.hidden_size, c.vocab_size);
+        let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
+        let w = &self.weights;
+        rms_norm(step, &s.x, &w.final_norm, &s.a, t, d, c.rms_norm_eps as f32)?;
+        matmul(step, &s.a, &w.embedding, &logits, t, MatmulKernel::Auto)?;
+        softcap(step, &logits, t * v, c.final_logit_softcapping as f32)?;
+        Ok(logits)
     }
 
     /// The decoder's input (§4.1): `x = RMSNorm(e + MLP(RMSNorm_w(soft)))` with
@@ -210,7 +299,7 @@ impl DgemmaModel {
         ctx: &GpuContext,
         step: &mut StepEncoder,
         s: &Scratch,
-        self_conditioning: Option<&[f32]>,
+        self_conditioning: SelfConditioning,
     ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let (t, d, v, i) = (
@@ -220,17 +309,20 @@ impl DgemmaModel {
             c.intermediate_size,
         );
         let eps = c.rms_norm_eps as f32;
-        if let Some(z) = self_conditioning {
+        let uploaded;
+        let probs = match self_conditioning {
+            SelfConditioning::None => None,
+            SelfConditioning::Logits(z) => {
+                let p = softmax_rows(&z[..t * v], v);
+                uploaded = Tensor::from_f32(ctx, &[t, v], &p, "dgemma sc probs")?;
+                Some(&uploaded)
+            }
+            SelfConditioning::Probs(p) => Some(p),
+        };
+        if let Some(probs) = probs {
             let sc = &self.weights.self_conditioning;
-            let probs = Tensor::from_f32(ctx, &[t, v], &softmax_rows(z, v), "dgemma sc probs")?;
-            soft_embed(
-                step,
-                &probs,
-                &self.weights.embedding,
-                &s.a,
-                t,
-                self.embed_scale(),
-            )?;
+            let scale = self.embed_scale();
+            soft_embed(step, probs, &self.weights.embedding, &s.a, t, scale)?;
             rms_norm(step, &s.a, &sc.pre_norm, &s.b, t, d, eps)?;
             matmul(step, &s.b, &sc.gate_up, &s.gate_up, t, MatmulKernel::Auto)?;
             gelu_tanh_gate(step, &s.gate_up, &s.act, t, i)?;

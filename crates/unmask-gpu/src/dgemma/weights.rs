@@ -56,7 +56,7 @@ pub struct DgemmaLayer {
 }
 
 /// The self-conditioning MLP (§4.1).
-pub struct SelfConditioning {
+pub struct SelfConditioningMlp {
     pub pre_norm: Tensor,
     /// `[2I, D]`.
     pub gate_up: Weight,
@@ -69,7 +69,7 @@ pub struct DgemmaWeights {
     pub embedding: Weight,
     pub final_norm: Tensor,
     pub layers: Vec<DgemmaLayer>,
-    pub self_conditioning: SelfConditioning,
+    pub self_conditioning: SelfConditioningMlp,
 }
 
 /// Reads tensors of one checkpoint into GPU buffers.
@@ -258,7 +258,7 @@ impl DgemmaWeights {
             });
         }
         let sc = format!("{DECODER}self_conditioning.");
-        let self_conditioning = SelfConditioning {
+        let self_conditioning = SelfConditioningMlp {
             pre_norm: r.vector(&format!("{sc}pre_norm.weight"), d)?,
             gate_up: r.stacked_pair(
                 &format!("{sc}gate_proj.weight"),

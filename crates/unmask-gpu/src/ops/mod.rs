@@ -5,6 +5,7 @@
 pub mod acache;
 pub mod activation;
 pub mod attention;
+pub mod denoise;
 pub mod elementwise;
 pub mod heads;
 mod kernels;
@@ -87,6 +88,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(heads),
         kernel_module!(soft_embed),
         kernel_module!(masked_attention),
+        kernel_module!(denoise),
     ];
     #[cfg(feature = "unfused-kernels")]
     let v = [v, vec![kernel_module!(unfused)]].concat();

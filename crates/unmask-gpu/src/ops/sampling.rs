@@ -23,7 +23,7 @@ use crate::tensor::{DType, Tensor};
 
 pub use unmask_core::sampler::{ConfidenceKind, SelectParams};
 
-const SELECT: KernelSource = kernel_source!("select");
+const SELECT: KernelSource = kernel_source!("select", "rng");
 
 /// u32 words of selection state per row, the same for every confidence kind: best score,
 /// best id, its logit, softmax max, S0, second largest logit (margin), S1 (entropy).
