@@ -205,16 +205,20 @@ def new_cache(model):
 
 
 def softcapped(model, hidden):
+    """The LM head and final soft-cap as the reference's forward applies them to the decoder
+    (float32 after the head); its own cap, which is 30 unless a config sets another."""
+    cap = model.final_logit_softcapping
     logits = model.lm_head(hidden).float()
-    return torch.tanh(logits / 30.0) * 30.0
+    return torch.tanh(logits / cap) * cap
 
 
 @torch.no_grad()
 def encode_pass(model, ids, cache, start):
     """Encoder (or commit) pass over `ids` at positions start.., appending to `cache`;
     returns the soft-capped logits of its final hidden states [T, V]."""
-    t = torch.tensor([ids])
-    pos = torch.arange(start, start + len(ids)).unsqueeze(0)
+    # on the model's device, so that tools/dgemma_torch.py can run these passes on a GPU
+    t = torch.tensor([ids], device=model.device)
+    pos = torch.arange(start, start + len(ids), device=model.device).unsqueeze(0)
     out = model.model.encoder(input_ids=t, cache=cache, position_ids=pos)
     return softcapped(model, out.last_hidden_state)[0]
 
@@ -222,9 +226,11 @@ def encode_pass(model, ids, cache, start):
 @torch.no_grad()
 def decode_pass(model, canvas, cache, start, sc_logits=None):
     """Decoder pass over the canvas at positions start.. (cache read only): logits [L, V]."""
-    pos = torch.arange(start, start + len(canvas)).unsqueeze(0)
-    sc = None if sc_logits is None else torch.as_tensor(sc_logits).unsqueeze(0)
-    out = model(decoder_input_ids=torch.tensor([canvas]), cache=cache, decoder_position_ids=pos,
+    dev = model.device
+    pos = torch.arange(start, start + len(canvas), device=dev).unsqueeze(0)
+    # the dtype of a given tensor is kept: the bf16 reference feeds bf16 self-conditioning logits
+    sc = None if sc_logits is None else torch.as_tensor(sc_logits).to(dev).unsqueeze(0)
+    out = model(decoder_input_ids=torch.tensor([canvas], device=dev), cache=cache, decoder_position_ids=pos,
                 self_conditioning_logits=sc)
     return out.logits[0]
 
