@@ -39,7 +39,8 @@ phase "the tensor-core matmul on Mesa 26 lavapipe's cooperative matrices (script
 coop_runner=$(scripts/lavapipe-coop.sh)
 for side in 8 16; do
   UNMASK_COOP_FRAGMENT=$side CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$coop_runner" \
-    cargo test --workspace --test all --quiet -- kernels_matmul kernels_attention::coop tune:: \
+    cargo test --workspace --test all --quiet -- kernels_matmul kernels_attention::coop \
+    kernels_attention_mask::coop tune:: \
     model_parity::logits_match_reference_with_the_tensor_core_kernel
 done
 

@@ -216,6 +216,7 @@ fn run_with(ctx: &GpuContext, c: &Case, d: &Data, run: Run) -> (Vec<f32>, Attent
         native_f16: run.native_f16,
         scratch: (run.kernel != AttentionKernel::Auto).then_some(&scratch),
         slices: run.slices,
+        ..AttentionOptions::default()
     };
     let mut step = StepEncoder::new(ctx, "attention");
     let seg_a = c.len_a.map(|len| KvSegment::first(&ka, &va, len));
@@ -552,11 +553,11 @@ fn rejects_bad_shapes() {
     let cases = [
         (
             Call {
-                q_stride: 129,
-                shape: shape(1, 1, 129),
+                q_stride: 513,
+                shape: shape(1, 1, 513),
                 ..ok.clone()
             },
-            "head_dim 129",
+            "head_dim 513",
         ),
         (
             Call {

@@ -13,6 +13,7 @@ mod dllm_cache;
 mod dream;
 mod generate_goldens;
 mod kernels_attention;
+mod kernels_attention_mask;
 mod kernels_dgemma;
 mod kernels_elementwise;
 mod kernels_experts;

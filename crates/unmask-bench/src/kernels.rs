@@ -424,7 +424,7 @@ pub fn run_kernel_case(
                         tuner: Some(&kernels.tuner),
                         native_f16,
                         scratch: Some(&scratch),
-                        slices: None,
+                        ..AttentionOptions::default()
                     };
                     let seg_a = split.then_some(KvSegment::first(&ka, &va, len_a));
                     let seg_b = KvSegment::first(&kb, &vb, len_b);

@@ -1,5 +1,7 @@
-// Bidirectional attention of query rows over two key/value segments (A then B), with an
-// online softmax across both (flash-attention style).
+// Attention of query rows over two key/value segments (A then B), with an online softmax
+// across both (flash-attention style). Bidirectional, or causal with an optional sliding
+// window (p.causal, p.window): keys are numbered through A then B, and the row of unit u
+// sits at key index p.query_start + u / p.group.
 //
 // A workgroup owns one kv head and 8 "query units"; a unit is a (query row, query head)
 // pair of that kv head's GQA group, so grouped heads share every K/V read. Keys are walked
@@ -22,7 +24,12 @@
 // Phase 3 writes no workgroup memory, and what it reads is next written in phase 2 of the
 // next tile, after that tile's first barrier; so no third barrier is needed.
 //
-// Scores are in the log2 domain (Q is pre-scaled by log2(e)/sqrt(HD)) so exp2 can be used.
+// Scores are in the log2 domain (Q is pre-scaled by log2(e) times the scale) so exp2 can
+// be used.
+// Masks: a key tile no unit of the workgroup sees is skipped; one every unit sees whole
+// (always, without a causal mask) is scored as before; only tiles across a mask boundary
+// test each (key, unit). A masked score is MASKED, below the running max's floor NEG, so
+// its probability is exactly 0 even while a unit has seen no visible key.
 // Layouts, units in two groups of four (g): qs[d * 2 + g], ss / ps[j * 2 + g].
 // A batch runs one dispatch per sequence: row0 offsets the query and output rows, and
 // a_row0 / b_row0 the key rows of each segment within its buffer.
@@ -46,7 +53,12 @@ struct Params {
     row0: u32,         // first query row of q and out (one sequence of a batch)
     b_row0: u32,       // first key row of segment B in kb / vb
     a_row0: u32,       // first key row of segment A in ka / va
-    _pad: u32,
+    causal: u32,       // 1: a row sees keys up to its own index (and the window)
+    window: u32,       // with causal: keys a row sees, its own included; 0 = no window
+    query_start: u32,  // key index of query row 0
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -90,6 +102,8 @@ const BQ: u32 = 8u;
 const BK: u32 = 8u * WG;
 // Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
 const NEG: f32 = -1.0e30;
+// A masked score (or a key past its segment): exp2(MASKED - m) is 0 for any max m >= NEG.
+const MASKED: f32 = -2.0e30;
 
 var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;
 var<workgroup> ss: array<vec4<f32>, {{PS_LEN}}>;
@@ -102,6 +116,13 @@ fn unit_offset(u: u32, kvh: u32, stride: u32, col: u32) -> u32 {
     let row = p.row0 + u / p.group;
     let head = kvh * p.group + u % p.group;
     return row * stride + col + head * HD;
+}
+
+// Which of four units, whose rows see keys lo ..= hi (per unit), see key `key`; none if the
+// key is past its segment (`in_seg` false).
+fn sees4(key: u32, lo: vec4<u32>, hi: vec4<u32>, in_seg: bool) -> vec4<bool> {
+    let k = vec4<u32>(key);
+    return (k >= lo) & (k <= hi) & vec4<bool>(in_seg);
 }
 
 // Writes dims d0..d0+7 (those below HD) of unit u0 + ui, if that unit exists.
@@ -179,6 +200,25 @@ fn main(
     var run_max = NEG;
     var run_sum = 0.0;
 
+    // Masks, in key indices (A then B). Units 4g..4g+3 see keys lo_g ..= hi_g; any unit of
+    // the workgroup sees keys in lo ..= hi, every one of them those in all_lo ..= all_hi
+    // (every key without a causal mask). Lets of uniform values only: the tile loop's
+    // skip below sits before barriers.
+    let causal = p.causal != 0u;
+    let windowed = causal && p.window != 0u;
+    let pos_first = p.query_start + u0 / p.group;
+    let pos_last = p.query_start + (min(u0 + BQ, p.units) - 1u) / p.group;
+    let lo = select(0u, max(pos_first + 1u, p.window) - p.window, windowed);
+    let all_lo = select(0u, max(pos_last + 1u, p.window) - p.window, windowed);
+    let hi = select(0xffffffffu, pos_last, causal);
+    let all_hi = select(0xffffffffu, pos_first, causal);
+    let units_lo = vec4<u32>(u0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let win = vec4<u32>(p.window);
+    let hi_0 = vec4<u32>(p.query_start) + units_lo / vec4<u32>(p.group);
+    let hi_1 = vec4<u32>(p.query_start) + (units_lo + vec4<u32>(4u)) / vec4<u32>(p.group);
+    let lo_0 = select(vec4<u32>(0u), max(hi_0 + vec4<u32>(1u), win) - win, windowed);
+    let lo_1 = select(vec4<u32>(0u), max(hi_1 + vec4<u32>(1u), win) - win, windowed);
+
     let tiles_a = (p.len_a + BK - 1u) / BK;
     let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
     for (var t = 0u; t < n_tiles; t++) {
@@ -187,6 +227,13 @@ fn main(
         let seg_len = select(p.len_b, p.len_a, in_a);
         // First buffer row of the segment: B may start inside a larger (batched) arena.
         let seg_row0 = select(p.b_row0, p.a_row0, in_a);
+        // Key index of the tile's first key, and of its last.
+        let k_first = select(p.len_a, 0u, in_a) + t0;
+        let k_last = k_first + min(BK, seg_len - t0) - 1u;
+        if (k_first > hi || k_last < lo) {
+            continue;
+        }
+        let whole = k_first >= all_lo && k_last <= all_hi;
 
         // Phase 1: keys key0 + k; past the segment they read its last row and are masked.
         // s<k><g>: key k, units 4g..4g+3.
@@ -360,24 +407,45 @@ fn main(
             s71 += q1 * khi.w;
         }
 //#endif
-        let neg = vec4<f32>(NEG);
+        let neg = vec4<f32>(MASKED);
         let j0 = 16u * lid;
-        ss[j0 + 0u] = select(neg, s00, key0 + 0u < seg_len);
-        ss[j0 + 1u] = select(neg, s01, key0 + 0u < seg_len);
-        ss[j0 + 2u] = select(neg, s10, key0 + 1u < seg_len);
-        ss[j0 + 3u] = select(neg, s11, key0 + 1u < seg_len);
-        ss[j0 + 4u] = select(neg, s20, key0 + 2u < seg_len);
-        ss[j0 + 5u] = select(neg, s21, key0 + 2u < seg_len);
-        ss[j0 + 6u] = select(neg, s30, key0 + 3u < seg_len);
-        ss[j0 + 7u] = select(neg, s31, key0 + 3u < seg_len);
-        ss[j0 + 8u] = select(neg, s40, key0 + 4u < seg_len);
-        ss[j0 + 9u] = select(neg, s41, key0 + 4u < seg_len);
-        ss[j0 + 10u] = select(neg, s50, key0 + 5u < seg_len);
-        ss[j0 + 11u] = select(neg, s51, key0 + 5u < seg_len);
-        ss[j0 + 12u] = select(neg, s60, key0 + 6u < seg_len);
-        ss[j0 + 13u] = select(neg, s61, key0 + 6u < seg_len);
-        ss[j0 + 14u] = select(neg, s70, key0 + 7u < seg_len);
-        ss[j0 + 15u] = select(neg, s71, key0 + 7u < seg_len);
+        if (whole) {
+            ss[j0 + 0u] = select(neg, s00, key0 + 0u < seg_len);
+            ss[j0 + 1u] = select(neg, s01, key0 + 0u < seg_len);
+            ss[j0 + 2u] = select(neg, s10, key0 + 1u < seg_len);
+            ss[j0 + 3u] = select(neg, s11, key0 + 1u < seg_len);
+            ss[j0 + 4u] = select(neg, s20, key0 + 2u < seg_len);
+            ss[j0 + 5u] = select(neg, s21, key0 + 2u < seg_len);
+            ss[j0 + 6u] = select(neg, s30, key0 + 3u < seg_len);
+            ss[j0 + 7u] = select(neg, s31, key0 + 3u < seg_len);
+            ss[j0 + 8u] = select(neg, s40, key0 + 4u < seg_len);
+            ss[j0 + 9u] = select(neg, s41, key0 + 4u < seg_len);
+            ss[j0 + 10u] = select(neg, s50, key0 + 5u < seg_len);
+            ss[j0 + 11u] = select(neg, s51, key0 + 5u < seg_len);
+            ss[j0 + 12u] = select(neg, s60, key0 + 6u < seg_len);
+            ss[j0 + 13u] = select(neg, s61, key0 + 6u < seg_len);
+            ss[j0 + 14u] = select(neg, s70, key0 + 7u < seg_len);
+            ss[j0 + 15u] = select(neg, s71, key0 + 7u < seg_len);
+        } else {
+            // Key key0 + k of the segment is key index kk + k.
+            let kk = k_first + 8u * lid;
+            ss[j0 + 0u] = select(neg, s00, sees4(kk + 0u, lo_0, hi_0, key0 + 0u < seg_len));
+            ss[j0 + 1u] = select(neg, s01, sees4(kk + 0u, lo_1, hi_1, key0 + 0u < seg_len));
+            ss[j0 + 2u] = select(neg, s10, sees4(kk + 1u, lo_0, hi_0, key0 + 1u < seg_len));
+            ss[j0 + 3u] = select(neg, s11, sees4(kk + 1u, lo_1, hi_1, key0 + 1u < seg_len));
+            ss[j0 + 4u] = select(neg, s20, sees4(kk + 2u, lo_0, hi_0, key0 + 2u < seg_len));
+            ss[j0 + 5u] = select(neg, s21, sees4(kk + 2u, lo_1, hi_1, key0 + 2u < seg_len));
+            ss[j0 + 6u] = select(neg, s30, sees4(kk + 3u, lo_0, hi_0, key0 + 3u < seg_len));
+            ss[j0 + 7u] = select(neg, s31, sees4(kk + 3u, lo_1, hi_1, key0 + 3u < seg_len));
+            ss[j0 + 8u] = select(neg, s40, sees4(kk + 4u, lo_0, hi_0, key0 + 4u < seg_len));
+            ss[j0 + 9u] = select(neg, s41, sees4(kk + 4u, lo_1, hi_1, key0 + 4u < seg_len));
+            ss[j0 + 10u] = select(neg, s50, sees4(kk + 5u, lo_0, hi_0, key0 + 5u < seg_len));
+            ss[j0 + 11u] = select(neg, s51, sees4(kk + 5u, lo_1, hi_1, key0 + 5u < seg_len));
+            ss[j0 + 12u] = select(neg, s60, sees4(kk + 6u, lo_0, hi_0, key0 + 6u < seg_len));
+            ss[j0 + 13u] = select(neg, s61, sees4(kk + 6u, lo_1, hi_1, key0 + 6u < seg_len));
+            ss[j0 + 14u] = select(neg, s70, sees4(kk + 7u, lo_0, hi_0, key0 + 7u < seg_len));
+            ss[j0 + 15u] = select(neg, s71, sees4(kk + 7u, lo_1, hi_1, key0 + 7u < seg_len));
+        }
         workgroupBarrier();
 
         // Phase 2: probabilities of unit lid against its updated running max.

@@ -1,6 +1,8 @@
-// Bidirectional attention over two key/value segments (A then B) for hardware GPUs: a wide
-// workgroup (WG = 128 invocations), K and V tiles staged through workgroup memory with
-// coalesced loads, and optionally a split over keys (flash-decoding).
+// Attention over two key/value segments (A then B) for hardware GPUs: a wide workgroup
+// (WG = 128 invocations), K and V tiles staged through workgroup memory with coalesced
+// loads, and optionally a split over keys (flash-decoding). Bidirectional, or causal with
+// an optional sliding window (p.causal, p.window): keys are numbered through A then B, and
+// the row of unit u sits at key index p.query_start + u / p.group.
 //
 // A workgroup owns one kv head, BQ query units (a unit is a (query row, query head) pair
 // of that head's GQA group, so grouped heads share every K/V read) and, with SPLIT, one
@@ -8,7 +10,7 @@
 // B's; the segment of a tile is the same for the whole workgroup.
 //
 // Per tile:
-//   stage K: invocation i loads the 4-element spans i, i + WG, ... of the [BK, HD]
+//   stage K: invocation i loads the 4-element spans i, i + WG, ... of the [BK, HC]
 //            tile, so consecutive invocations read consecutive addresses of a key row
 //   -- barrier --
 //   phase 1: scores of key lid % BK against units lid / BK + UB * r (one vec4 of K
@@ -20,15 +22,26 @@
 //   phase 2: row max, probabilities in place in ss, rescale factor -> alpha; each
 //            invocation keeps a partial row sum of its own keys (summed once at the end)
 //   -- barrier --
-//   phase 3: O = O * alpha + P V: dim lid % HD of units lid / HD + (WG / HD) * r
+//   phase 3: O = O * alpha + P V: dim lid % HC of units lid / HC + (WG / HC) * r
 //   -- barrier -- (the next tile overwrites the tile memory phase 3 reads)
 //
-// HD is the head-dim class (16, 32, 64 or 128), the tile pitch; the real head dim p.hd
-// may be smaller: dims past it are zero in q, K and V, and are not stored.
+// HD is the head-dim class (16, 32, 64, 128, 256 or 512); the real head dim p.hd may be
+// smaller: dims past it are zero in q, K and V, and are not stored. Q and K/V are staged
+// HC = min(HD, 128) dims at a time, NCH = HD / HC chunks: with one chunk Q is staged once
+// for all tiles and the tile runs as above; with more, phase 1 sums the scores over the
+// chunks (restaging Q's chunk with K's, a barrier before each) and phase 3 walks V chunk by
+// chunk (staging the next after a barrier). The large classes so take the workgroup memory
+// and tiles of HD = 128; only the accumulators (R3 per invocation) grow.
 // K/V storage (one flag): KV_F32, KV_PACKED (f16 pairs in u32 words, no shader-f16
 // needed) or F16 (native f16). Workgroup memory holds f32 either way. KV_VEC: the head dim
 // is HD, so K/V are read four elements per load.
-// Scores are in the log2 domain (q is pre-scaled by log2(e)/sqrt(hd)) so exp2 can be used.
+// Scores are in the log2 domain (q is pre-scaled by log2(e) times the scale) so exp2 can
+// be used.
+// Masks: a key tile no unit of the workgroup sees is skipped; one every unit sees whole
+// (always, without a causal mask) is scored as before; only tiles across a mask boundary
+// test each (key, unit). A masked score is MASKED, below the running max's floor NEG, so its
+// probability is exactly 0 even while a unit has seen no visible key (a slice of a split
+// may see none: its max stays NEG and its sum 0, which the combine pass weighs 0).
 // SPLIT: instead of normalised rows, a slice writes its unnormalised output, running max
 // and row sum per unit into `out` (the scratch of attention_combine.wgsl):
 //   o:     [slices, n_kv_heads * units, HD] from 0
@@ -45,16 +58,16 @@ struct Params {
     out_stride: u32,      // n_heads * hd
     unit_blocks: u32,     // ceil(units / BQ)
     n_kv_heads: u32,
-    scale_log2: f32,      // log2(e) / sqrt(hd)
+    scale_log2: f32,      // log2(e) times the scale (default 1 / sqrt(hd))
     row0: u32,            // first query row of q and out (one sequence of a batch)
     b_row0: u32,          // first key row of segment B in kb / vb
     a_row0: u32,          // first key row of segment A in ka / va
+    causal: u32,          // 1: a row sees keys up to its own index (and the window)
+    window: u32,          // with causal: keys a row sees, its own included; 0 = no window
+    query_start: u32,     // key index of query row 0
     slices: u32,          // 1 without SPLIT
     tiles_per_slice: u32, // key tiles per slice (all of them without SPLIT)
     hd: u32,              // real head dim, <= HD
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -90,7 +103,9 @@ alias KvWord = f16;
 
 //#if !COOP
 const HD: u32 = {{HD}}u;
-const H4: u32 = HD / 4u;    // vec4s per row
+const HC: u32 = {{HC}}u;    // head dims staged at once
+const NCH: u32 = HD / HC;   // chunks of a head
+const H4: u32 = HC / 4u;    // vec4s per staged row
 // Tile row pitch in vec4s: one vec4 of padding, so the 16-byte reads of 8 consecutive
 // keys (phase 1) start 4 banks apart and cover all 32 banks without conflict.
 const P4: u32 = H4 + 1u;
@@ -100,13 +115,16 @@ const BK: u32 = {{BK}}u;
 const UB: u32 = WG / BK;   // phase 1: unit stride between an invocation's scores
 const R1: u32 = BQ * BK / WG;
 const TPU: u32 = WG / BQ;  // phase 2: invocations per unit
-const DU: u32 = WG / HD;   // phase 3: unit stride between an invocation's outputs
-const R3: u32 = BQ * HD / WG;
+const DU: u32 = WG / HC;   // phase 3: unit stride between an invocation's outputs
+const R3C: u32 = BQ * HC / WG; // phase 3: outputs per invocation and chunk
+const R3: u32 = NCH * R3C; // [chunk, unit] of an invocation's outputs
 // Finite "minus infinity": WGSL has no infinity literal, and exp2 of it is exactly 0.
 const NEG: f32 = -1.0e30;
+// A masked score (or a key past its segment): exp2(MASKED - m) is 0 for any max m >= NEG.
+const MASKED: f32 = -2.0e30;
 
 // vec4s: phase 1 reads four dims per load (one load feeds 4 * R1 FMAs).
-var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;   // [BQ, H4]
+var<workgroup> qs: array<vec4<f32>, {{QS_LEN}}>;   // [BQ, H4], one chunk of Q
 var<workgroup> kvs: array<vec4<f32>, {{KV_LEN}}>;  // [BK, P4], K then V of the tile
 // [BQ, BK] scores, then probabilities; vec4s of 4 keys, so phase 3 reads four
 // probabilities of a unit per load.
@@ -185,14 +203,41 @@ fn out_at(u: u32, kvh: u32) -> u32 {
     return (p.row0 + u / p.group) * p.out_stride + (kvh * p.group + u % p.group) * p.hd;
 }
 
+// Whether the row of query unit u sees key `key` (an index into A ++ B).
+fn sees(u: u32, key: u32) -> bool {
+    let pos = p.query_start + u / p.group;
+    return p.causal == 0u || (key <= pos && (p.window == 0u || pos - key < p.window));
+}
+
 //#if !COOP
-// Stages the [BK, HD] tile of keys (or values) starting at buffer row `row` into kvs;
-// rows past `keys` and dims past p.hd are zero. Invocation i takes the vec4s i, i + WG, ...
-// of the tile, so consecutive invocations read consecutive 16-byte spans of a row.
-fn stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32) {
+// Stages dims d0 .. d0 + HC of the [BK, HD] tile of keys (or values) starting at buffer row
+// `row` into kvs; rows past `keys` and dims past p.hd are zero. Invocation i takes the
+// vec4s i, i + WG, ... of the tile, so consecutive invocations read consecutive 16-byte
+// spans of a row.
+fn stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u32, d0: u32) {
     for (var i = lid; i < BK * H4; i += WG) {
         let j = i / H4;
-        kvs[j * P4 + i % H4] = kv_quad(in_a, values, row, j, keys, kv_col, (i % H4) * 4u);
+        kvs[j * P4 + i % H4] = kv_quad(in_a, values, row, j, keys, kv_col, d0 + (i % H4) * 4u);
+    }
+}
+
+// Stages dims d0 .. d0 + HC of the workgroup's query units into qs, in the log2 domain;
+// units past p.units and dims past p.hd are zero.
+fn stage_q(lid: u32, u0: u32, kvh: u32, d0: u32) {
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let ui = i / H4;
+        let d = d0 + (i % H4) * 4u;
+        var x = vec4<f32>(0.0);
+        let u = u0 + ui;
+        if (u < p.units) {
+            let base = q_at(u, kvh) + d;
+            for (var c = 0u; c < 4u; c++) {
+                if (d + c < p.hd) {
+                    x[c] = q[base + c] * p.scale_log2;
+                }
+            }
+        }
+        qs[i] = x;
     }
 }
 
@@ -213,32 +258,31 @@ fn main(
     }
     let u0 = ublock * BQ;
     let kv_col = kvh * p.hd;
-
-    for (var i = lid; i < BQ * H4; i += WG) {
-        let ui = i / H4;
-        let d = (i % H4) * 4u;
-        var x = vec4<f32>(0.0);
-        let u = u0 + ui;
-        if (u < p.units) {
-            let base = q_at(u, kvh) + d;
-            for (var c = 0u; c < 4u; c++) {
-                if (d + c < p.hd) {
-                    x[c] = q[base + c] * p.scale_log2;
-                }
-            }
-        }
-        qs[i] = x;
+    if (NCH == 1u) {
+        stage_q(lid, u0, kvh, 0u);
     }
 
     let kk = lid % BK;        // phase 1 key
     let ub1 = lid / BK;       // phase 1 first unit
     let u2 = lid / TPU;       // phase 2 unit
     let l2 = lid % TPU;       // phase 2 share of that unit's keys
-    let d3 = lid % HD;        // phase 3 dim
-    let ub3 = lid / HD;       // phase 3 first unit
+    let d3 = lid % HC;        // phase 3 dim (of each chunk)
+    let ub3 = lid / HC;       // phase 3 first unit
     var acc: array<f32, R3>;
     var run_max = NEG;        // of unit u2, the same in all its TPU invocations
     var run_sum = 0.0;        // of unit u2, over this invocation's keys only
+
+    // Masks, in key indices (A then B): any unit of the workgroup sees keys in lo ..= hi,
+    // every one of them those in all_lo ..= all_hi (every key without a causal mask). Lets
+    // of uniform values only: the tile loop's skip below sits before barriers.
+    let causal = p.causal != 0u;
+    let windowed = causal && p.window != 0u;
+    let pos_first = p.query_start + u0 / p.group;
+    let pos_last = p.query_start + (min(u0 + BQ, p.units) - 1u) / p.group;
+    let lo = select(0u, max(pos_first + 1u, p.window) - p.window, windowed);
+    let all_lo = select(0u, max(pos_last + 1u, p.window) - p.window, windowed);
+    let hi = select(0xffffffffu, pos_last, causal);
+    let all_hi = select(0xffffffffu, pos_first, causal);
 
     let tiles_a = (p.len_a + BK - 1u) / BK;
     let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
@@ -251,24 +295,40 @@ fn main(
         // First buffer row of the segment: B may start inside a larger (batched) arena.
         let seg_row0 = select(p.b_row0, p.a_row0, in_a);
         let keys = min(BK, seg_len - t0);
-
-        stage(lid, in_a, false, seg_row0 + t0, keys, kv_col);
-        workgroupBarrier();
+        // Key index of the tile's first key, and of its last.
+        let k_first = select(p.len_a, 0u, in_a) + t0;
+        let k_last = k_first + keys - 1u;
+        if (k_first > hi || k_last < lo) {
+            continue;
+        }
+        let whole = k_first >= all_lo && k_last <= all_hi;
 
         var s: array<f32, R1>;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let k = kvs[kk * P4 + d4];
-            for (var r = 0u; r < R1; r++) {
-                s[r] += dot(qs[(ub1 + UB * r) * H4 + d4], k);
+        for (var c = 0u; c < NCH; c++) {
+            if (NCH > 1u) {
+                // The previous chunk's reads of qs and kvs are done.
+                workgroupBarrier();
+                stage_q(lid, u0, kvh, c * HC);
+            }
+            stage(lid, in_a, false, seg_row0 + t0, keys, kv_col, c * HC);
+            workgroupBarrier();
+            for (var d4 = 0u; d4 < H4; d4++) {
+                let k = kvs[kk * P4 + d4];
+                for (var r = 0u; r < R1; r++) {
+                    s[r] += dot(qs[(ub1 + UB * r) * H4 + d4], k);
+                }
             }
         }
         for (var r = 0u; r < R1; r++) {
-            let at = (ub1 + UB * r) * BK + kk;
-            ss[at / 4u][at % 4u] = select(NEG, s[r], kk < keys);
+            let u = ub1 + UB * r;
+            let at = u * BK + kk;
+            // `||` short-circuits: the per-key test runs only across a mask boundary.
+            let seen = kk < keys && (whole || sees(u0 + u, k_first + kk));
+            ss[at / 4u][at % 4u] = select(MASKED, s[r], seen);
         }
         workgroupBarrier();
 
-        stage(lid, in_a, true, seg_row0 + t0, keys, kv_col);
+        stage(lid, in_a, true, seg_row0 + t0, keys, kv_col, 0u);
         var mx = NEG;
         for (var j = l2; j < BK; j += TPU) {
             let at = u2 * BK + j;
@@ -296,29 +356,42 @@ fn main(
         }
         workgroupBarrier();
 
-        for (var r = 0u; r < R3; r++) {
-            acc[r] *= alpha[ub3 + DU * r];
+        for (var i = 0u; i < R3; i++) {
+            acc[i] *= alpha[ub3 + DU * (i % R3C)];
         }
         // Four keys at a time: past `keys` the probabilities are exactly 0 and the staged
         // values 0, so the last group needs no mask.
         let c3 = d3 / 4u;
         let e3 = d3 % 4u;
-        for (var j4 = 0u; j4 < (keys + 3u) / 4u; j4++) {
-            let j = 4u * j4;
-            let v = vec4<f32>(
-                kvs[j * P4 + c3][e3],
-                kvs[(j + 1u) * P4 + c3][e3],
-                kvs[(j + 2u) * P4 + c3][e3],
-                kvs[(j + 3u) * P4 + c3][e3],
-            );
-            for (var r = 0u; r < R3; r++) {
-                acc[r] += dot(ss[(ub3 + DU * r) * (BK / 4u) + j4], v);
+        for (var c = 0u; c < NCH; c++) {
+            for (var j4 = 0u; j4 < (keys + 3u) / 4u; j4++) {
+                let j = 4u * j4;
+                let v = vec4<f32>(
+                    kvs[j * P4 + c3][e3],
+                    kvs[(j + 1u) * P4 + c3][e3],
+                    kvs[(j + 2u) * P4 + c3][e3],
+                    kvs[(j + 3u) * P4 + c3][e3],
+                );
+                for (var r = 0u; r < R3C; r++) {
+                    acc[c * R3C + r] += dot(ss[(ub3 + DU * r) * (BK / 4u) + j4], v);
+                }
+            }
+            if (NCH > 1u) {
+                // Everyone is done with V's chunk c: stage the next one.
+                workgroupBarrier();
+                if (c + 1u < NCH) {
+                    stage(lid, in_a, true, seg_row0 + t0, keys, kv_col, (c + 1u) * HC);
+                }
+                workgroupBarrier();
             }
         }
-        workgroupBarrier();
+        if (NCH == 1u) {
+            workgroupBarrier();
+        }
     }
 
-    // Row sums from the per-invocation partials.
+    // Row sums from the per-invocation partials. Output i of this invocation: chunk
+    // i / R3C, unit ub3 + DU * (i % R3C).
     red[lid] = run_sum;
     workgroupBarrier();
 //#if SPLIT
@@ -333,22 +406,24 @@ fn main(
         out[stats] = run_max;
         out[stats + 1u] = total;
     }
-    for (var r = 0u; r < R3; r++) {
-        let u = ub3 + DU * r;
-        if (u0 + u < p.units && d3 < p.hd) {
-            out[(cell0 + u0 + u) * HD + d3] = acc[r];
+    for (var i = 0u; i < R3; i++) {
+        let u = ub3 + DU * (i % R3C);
+        let d = (i / R3C) * HC + d3;
+        if (u0 + u < p.units && d < p.hd) {
+            out[(cell0 + u0 + u) * HD + d] = acc[i];
         }
     }
 //#else
-    for (var r = 0u; r < R3; r++) {
-        let ui = ub3 + DU * r;
+    for (var i = 0u; i < R3; i++) {
+        let ui = ub3 + DU * (i % R3C);
         let u = u0 + ui;
-        if (u < p.units && d3 < p.hd) {
+        let d = (i / R3C) * HC + d3;
+        if (u < p.units && d < p.hd) {
             var total = 0.0;
             for (var l = 0u; l < TPU; l++) {
                 total += red[ui * TPU + l];
             }
-            out[out_at(u, kvh) + d3] = acc[r] / total;
+            out[out_at(u, kvh) + d] = acc[i] / total;
         }
     }
 //#endif
@@ -370,6 +445,8 @@ fn main(
 // on tensor cores. Q (scaled by log2(e) / sqrt(hd)), K, V and P are rounded to f16 (2^-11
 // relative), scores and outputs summed in f32. Rows past p.units and keys past a segment's
 // end are zero in Q, K and V; a key past the end gets probability 0. Needs p.hd == HD.
+// Masks as in the wide kernel: tiles no unit sees are skipped in both passes; across a mask
+// boundary a hidden key scores MASKED in pass 1 and gets probability 0 in pass 2.
 // SPLIT: a workgroup takes one slice of the key tiles, as the wide kernel does, and writes
 // the same scratch: P = exp2(S - max) unnormalised, the output, and the slice's max and sum.
 const SG: u32 = {{SG}}u;
@@ -384,6 +461,7 @@ const PP: u32 = BK + 8u; // row pitch of P, in halves
 const SP: u32 = BK + 4u; // row pitch of the scores, in floats (16-byte steps)
 const RT: u32 = CWG / BQ; // invocations per unit in pass 1's statistics
 const NEG: f32 = -1.0e30;
+const MASKED: f32 = -2.0e30; // below NEG: exp2(MASKED - max) is 0 for every running max
 var<workgroup> cq: array<f16, BQ * PS>;  // [unit][dim]
 var<workgroup> ckv: array<f16, BK * PS>; // [key][dim], K then V of the tile
 var<workgroup> cs: array<f32, BQ * SP>;  // [unit][key] scores; [subgroup][FR x FR] at the end
@@ -481,6 +559,16 @@ fn main(
     let n_tiles = tiles_a + (p.len_b + BK - 1u) / BK;
     let t_begin = slice * p.tiles_per_slice;
     let t_end = min(t_begin + p.tiles_per_slice, n_tiles);
+    // Masks (key indices; see the wide kernel): any unit sees keys in lo ..= hi, all of them
+    // those in all_lo ..= all_hi.
+    let causal = p.causal != 0u;
+    let windowed = causal && p.window != 0u;
+    let pos_first = p.query_start + u0 / p.group;
+    let pos_last = p.query_start + (min(u0 + BQ, p.units) - 1u) / p.group;
+    let lo = select(0u, max(pos_first + 1u, p.window) - p.window, windowed);
+    let all_lo = select(0u, max(pos_last + 1u, p.window) - p.window, windowed);
+    let hi = select(0xffffffffu, pos_last, causal);
+    let all_hi = select(0xffffffffu, pos_first, causal);
 
     // Pass 1: each unit's max and sum of exp2(s - max) over all keys (invocation t < BQ
     // keeps unit t's).
@@ -490,6 +578,11 @@ fn main(
         let in_a = t < tiles_a;
         let t0 = select(t - tiles_a, t, in_a) * BK;
         let keys = min(BK, select(p.len_b, p.len_a, in_a) - t0);
+        let k_first = select(p.len_a, 0u, in_a) + t0;
+        if (k_first > hi || k_first + keys - 1u < lo) {
+            continue;
+        }
+        let whole = k_first >= all_lo && k_first + keys - 1u <= all_hi;
         workgroupBarrier();
         coop_stage(lid, in_a, false, select(p.b_row0, p.a_row0, in_a) + t0, keys, kv_col);
         workgroupBarrier();
@@ -499,11 +592,13 @@ fn main(
         let su = lid / RT;
         var pmax = NEG;
         for (var j = lid % RT; j < keys; j += RT) {
-            pmax = max(pmax, cs[su * SP + j]);
+            let seen = whole || sees(u0 + su, k_first + j);
+            pmax = max(pmax, select(MASKED, cs[su * SP + j], seen));
         }
         var psum = 0.0;
         for (var j = lid % RT; j < keys; j += RT) {
-            psum += exp2(cs[su * SP + j] - pmax);
+            let seen = whole || sees(u0 + su, k_first + j);
+            psum += exp2(select(MASKED, cs[su * SP + j], seen) - pmax);
         }
         cpart[lid] = pmax;
         cpart[CWG + lid] = psum;
@@ -544,6 +639,11 @@ fn main(
         let t0 = select(t - tiles_a, t, in_a) * BK;
         let keys = min(BK, select(p.len_b, p.len_a, in_a) - t0);
         let row = select(p.b_row0, p.a_row0, in_a) + t0;
+        let k_first = select(p.len_a, 0u, in_a) + t0;
+        if (k_first > hi || k_first + keys - 1u < lo) {
+            continue;
+        }
+        let whole = k_first >= all_lo && k_first + keys - 1u <= all_hi;
         workgroupBarrier();
         coop_stage(lid, in_a, false, row, keys, kv_col);
         workgroupBarrier();
@@ -553,13 +653,14 @@ fn main(
             let u = e / BK;
             let j = e % BK;
             var pr = 0.0;
+            let seen = j < keys && (whole || sees(u0 + u, k_first + j));
 //#if SPLIT
             // Unnormalised: the combine pass weighs the slices by their max and sum.
-            if (j < keys) {
+            if (seen) {
                 pr = exp2(cs[u * SP + j] - cmax[u]);
             }
 //#else
-            if (j < keys && csum[u] > 0.0) {
+            if (seen && csum[u] > 0.0) {
                 pr = exp2(cs[u * SP + j] - cmax[u]) / csum[u];
             }
 //#endif

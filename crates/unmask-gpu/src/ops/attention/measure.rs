@@ -4,8 +4,9 @@
 use super::*;
 
 /// The shape class of an attention call for measured kernel choice: the kernel sources,
-/// the K/V format, the heads, query rows and keys rounded up to powers of two, and whether
-/// there are two segments and a split scratch.
+/// the K/V format, the heads, query rows and keys rounded up to powers of two, whether
+/// there are two segments and a split scratch, and the mask's kind (causal, windowed: the
+/// tiles skipped change which kernel wins).
 pub fn tune_class(
     shape: AttentionShape,
     m: usize,
@@ -13,14 +14,20 @@ pub fn tune_class(
     kv: DType,
     two_segments: bool,
     split: bool,
+    mask: AttentionMask,
 ) -> String {
     let sources = [ATTENTION, ATTENTION_WIDE, ATTENTION_COMBINE]
         .iter()
         .fold(0u32, |h, k| {
             h ^ crate::tune::source_hash(k.source).rotate_left(7)
         });
+    let mask = match (mask.causal, mask.window) {
+        (false, _) => "",
+        (true, 0) => "/causal",
+        (true, _) => "/window",
+    };
     format!(
-        "attention@{sources:08x}/{kv:?}/h{}/kv{}/d{}/m{}/keys{}/{}{}",
+        "attention@{sources:08x}/{kv:?}/h{}/kv{}/d{}/m{}/keys{}/{}{}{mask}",
         shape.n_heads,
         shape.n_kv_heads,
         shape.head_dim,
@@ -57,12 +64,14 @@ pub(super) fn measured_kernel(
     }
     let kv = seg_b.k.dtype;
     let n_keys = seg_a.map_or(0, |a| a.len) + seg_b.len;
-    // The register kernel reads f16 K/V only at head dims that are multiples of 4; the
-    // split needs its scratch.
+    // The register kernel serves head dims up to 128 and reads f16 K/V only at head dims
+    // that are multiples of 4; the split needs its scratch.
     let candidates: Vec<AttentionKernel> = AttentionKernel::CONCRETE
         .into_iter()
         .filter(|&k| {
-            k != AttentionKernel::Register || kv == DType::F32 || shape.head_dim.is_multiple_of(4)
+            k != AttentionKernel::Register
+                || (shape.head_dim <= REGISTER_MAX_HEAD_DIM
+                    && (kv == DType::F32 || shape.head_dim.is_multiple_of(4)))
         })
         .filter(|&k| {
             !matches!(k, AttentionKernel::WideSplit | AttentionKernel::CoopSplit)
@@ -83,6 +92,7 @@ pub(super) fn measured_kernel(
         kv,
         seg_a.is_some(),
         options.scratch.is_some(),
+        options.mask,
     );
     let by_name = |name: &str| candidates.iter().copied().find(|k| k.name() == name);
     if let Some(k) = tuner.winner(&class).as_deref().and_then(by_name) {

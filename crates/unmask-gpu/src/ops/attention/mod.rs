@@ -1,9 +1,14 @@
-//! Bidirectional attention over two KV segments (DESIGN.md §3): every query row attends to
-//! all keys of segment A (a shared or per-request prefix, possibly empty) and of segment B
-//! (the request's KV arena), with one online softmax across both. No causal mask.
+//! Attention over two KV segments (DESIGN.md §3): every query row attends to the keys of
+//! segment A (a shared or per-request prefix, possibly empty) and of segment B (the
+//! request's KV arena), with one online softmax across both. Bidirectional by default
+//! (LLaDA); `AttentionMask` makes it causal with an optional sliding window and
+//! `AttentionOptions::scale` replaces `1/sqrt(head_dim)` (DiffusionGemma). Key tiles no
+//! query unit of a workgroup sees are skipped; only tiles that straddle a mask boundary
+//! pay for the per-key test.
 //!
 //! Three kernels (`AttentionKernel`), chosen per call by `AttentionKernel::plan`:
-//! - `Register` (`shaders/attention.wgsl`, specialised per head dim): a workgroup takes 8
+//! - `Register` (`shaders/attention.wgsl`, specialised per head dim up to
+//!   `REGISTER_MAX_HEAD_DIM`): a workgroup takes 8
 //!   (query row, query head) pairs of one kv head and walks the keys in tiles, with 8 x 8
 //!   register blocks in both products and no workgroup staging of K/V; the fastest on
 //!   lavapipe, where loads per FMA decide the speed. f32 K/V, or f16 unpacked from u32
@@ -11,6 +16,7 @@
 //! - `Wide` (`shaders/attention_wide.wgsl`): 128 invocations, K/V tiles staged through
 //!   workgroup memory by coalesced loads, the tile sized from the adapter's workgroup-memory
 //!   limit (16 KiB in a browser); K/V in f32 or f16 (packed in u32 words, or native).
+//!   Head dims above 128 (up to `MAX_HEAD_DIM`) are staged 128 dims at a time.
 //! - `WideSplit`: the wide kernel over slices of the keys (flash-decoding), each writing
 //!   partial (max, sum, output) to a scratch buffer, then `shaders/attention_combine.wgsl`
 //!   merges the slices: for few query rows over many keys, where one workgroup per
@@ -21,8 +27,6 @@
 
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
-
 use super::ShaderVariant;
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -31,11 +35,18 @@ use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor};
 
+mod mask;
 mod measure;
+mod params;
 mod plan;
 
+pub use mask::AttentionMask;
+use mask::{check_scale, scale_log2};
 use measure::measured_kernel;
 pub use measure::tune_class;
+#[cfg(test)]
+pub(crate) use params::host_params;
+use params::*;
 use plan::*;
 pub use plan::{
     AttentionKernel, AttentionOptions, AttentionPlan, KvRead, coop_attention, coop_attention_bytes,
@@ -46,8 +57,13 @@ const ATTENTION: KernelSource = kernel_source!("attention");
 const ATTENTION_WIDE: KernelSource = kernel_source!("attention_wide");
 const ATTENTION_COMBINE: KernelSource = kernel_source!("attention_combine");
 
-/// Largest head dimension the kernel supports (LLaDA-8B uses 128).
-pub const MAX_HEAD_DIM: usize = 128;
+/// Largest head dimension the wide kernels support (DiffusionGemma's full layers use 512).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Largest head dimension of the register kernel (LLaDA-8B uses 128): above it its
+/// workgroup memory (8 query units of Q, their scores and probabilities over tiles of
+/// `8 * WG >= head_dim` keys) outgrows 16 KiB (24 KiB at 256).
+pub const REGISTER_MAX_HEAD_DIM: usize = 128;
 
 /// Browser limit on workgroup memory.
 const WORKGROUP_BYTES: usize = 16 * 1024;
@@ -87,7 +103,7 @@ impl<'a> KvSegment<'a> {
 /// wide kernel per head-dim class, tile (workgroup budget), K/V format and split, and the
 /// combine pass.
 pub fn variants() -> Vec<ShaderVariant> {
-    let mut v: Vec<ShaderVariant> = (1..=MAX_HEAD_DIM)
+    let mut v: Vec<ShaderVariant> = (1..=REGISTER_MAX_HEAD_DIM)
         .flat_map(|hd| {
             // f32 K/V at every head dim; packed f16 where it is a multiple of 4.
             let packed: &[bool] = if hd.is_multiple_of(4) {
@@ -156,63 +172,6 @@ fn coop_spec(read: KvRead, subgroup: u32, fragment: u32) -> Spec {
         .constant("FR", fragment)
 }
 
-/// The fields the register and the wide kernel's uniforms open with, in their order: the
-/// query rows, the two K/V segments and the output, filled in one place
-/// (`QueryParams::new`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct QueryParams {
-    units: u32,
-    group: u32,
-    q_stride: u32,
-    q_col: u32,
-    len_a: u32,
-    len_b: u32,
-    kv_stride: u32,
-    out_stride: u32,
-    unit_blocks: u32,
-    n_kv_heads: u32,
-    scale_log2: f32,
-    row0: u32,
-    b_row0: u32,
-    a_row0: u32,
-}
-
-/// Uniform of `attention.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct Params {
-    q: QueryParams,
-    _pad: u32,
-}
-
-/// Uniform of `attention_wide.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct WideParams {
-    q: QueryParams,
-    slices: u32,
-    tiles_per_slice: u32,
-    hd: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-/// Uniform of `attention_combine.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct CombineParams {
-    units: u32,
-    group: u32,
-    n_kv_heads: u32,
-    slices: u32,
-    hd: u32,
-    pitch: u32,
-    out_stride: u32,
-    row0: u32,
-}
-
 fn shape_error(expected: String, found: String) -> GpuError {
     GpuError::Shape {
         op: "attention",
@@ -241,10 +200,12 @@ fn to_u32(what: &str, x: usize) -> Result<u32> {
 ///
 /// Query row `r`, head `h` is read at `q[r * q_stride + q_col + h * head_dim ..]` (q is
 /// usually a slice of the fused QKV projection output, RoPE applied). The result goes to
-/// rows `rows` of `out`, f32 `[.., n_heads * head_dim]`. Scale `1/sqrt(head_dim)`; query
-/// head `h` uses kv head `h / (n_heads / n_kv_heads)`. K and V of both segments are f32,
-/// or all f16. A batch calls this once per sequence, each with its own rows and arena
-/// window, into one shared `out`.
+/// rows `rows` of `out`, f32 `[.., n_heads * head_dim]`. Scores are scaled by
+/// `options.scale` (default `1/sqrt(head_dim)`) and masked by `options.mask` (default none;
+/// its key indices run through segment A, then B); query head `h` uses kv head
+/// `h / (n_heads / n_kv_heads)`. K and V of both segments are f32, or all f16. A batch calls
+/// this once per sequence, each with its own rows, arena window and mask, into one shared
+/// `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_with(
     step: &mut StepEncoder,
@@ -292,6 +253,8 @@ pub fn attention_with(
         ));
     }
     let m = rows.len();
+    options.mask.check(m, n_keys)?;
+    check_scale(options.scale)?;
     let kv_stride = n_kv_heads * head_dim;
     let kv_dtype = seg_b.k.dtype;
     let kv_dtypes = [kv_dtype];
@@ -387,6 +350,7 @@ pub fn attention_with(
     let group = n_heads / n_kv_heads;
     let units = m * group;
     let row0 = to_u32("first query row", rows.start)?;
+    let (causal, window, query_start) = options.mask.uniforms()?;
     // The kernels differ only in how many query units a workgroup takes.
     let query = |unit_blocks: usize| -> Result<QueryParams> {
         Ok(QueryParams {
@@ -400,10 +364,13 @@ pub fn attention_with(
             out_stride: q_width as u32,
             unit_blocks: to_u32("query blocks", unit_blocks)?,
             n_kv_heads: n_kv_heads as u32,
-            scale_log2: std::f32::consts::LOG2_E / (head_dim as f32).sqrt(),
+            scale_log2: scale_log2(options.scale, head_dim),
             row0,
             b_row0: to_u32("segment B start", seg_b.start)?,
             a_row0: to_u32("segment A start", seg_a.map_or(0, |s| s.start))?,
+            causal,
+            window,
+            query_start,
         })
     };
     // Without segment A, B's buffers stand in for it (read-only bindings may alias).
@@ -427,7 +394,9 @@ pub fn attention_with(
         let unit_blocks = units.div_ceil(UNITS_PER_GROUP);
         let params = Params {
             q: query(unit_blocks)?,
-            _pad: 0,
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
         };
         let groups = groups_2d(ctx, to_u32("workgroups", unit_blocks * n_kv_heads)?);
         let packed = plan.read != KvRead::F32;
@@ -459,9 +428,6 @@ pub fn attention_with(
         slices: slices as u32,
         tiles_per_slice: tiles_per_slice as u32,
         hd: head_dim as u32,
-        _pad0: 0,
-        _pad1: 0,
-        _pad2: 0,
     };
     let groups = groups_2d(
         ctx,
@@ -510,73 +476,12 @@ pub fn attention_with(
 }
 
 #[cfg(test)]
-pub(crate) fn host_params() -> Vec<super::HostParams> {
-    use super::host_params;
-    use std::mem::{offset_of, size_of};
-    // The shared head's fields, at the offset it sits at in `outer`.
-    let query = |outer: usize| {
-        let f = |name, offset| (name, outer + offset);
-        vec![
-            f("units", offset_of!(QueryParams, units)),
-            f("group", offset_of!(QueryParams, group)),
-            f("q_stride", offset_of!(QueryParams, q_stride)),
-            f("q_col", offset_of!(QueryParams, q_col)),
-            f("len_a", offset_of!(QueryParams, len_a)),
-            f("len_b", offset_of!(QueryParams, len_b)),
-            f("kv_stride", offset_of!(QueryParams, kv_stride)),
-            f("out_stride", offset_of!(QueryParams, out_stride)),
-            f("unit_blocks", offset_of!(QueryParams, unit_blocks)),
-            f("n_kv_heads", offset_of!(QueryParams, n_kv_heads)),
-            f("scale_log2", offset_of!(QueryParams, scale_log2)),
-            f("row0", offset_of!(QueryParams, row0)),
-            f("b_row0", offset_of!(QueryParams, b_row0)),
-            f("a_row0", offset_of!(QueryParams, a_row0)),
-        ]
-    };
-    let wide = host_params!(
-        "attention_wide",
-        "*",
-        WideParams {
-            slices,
-            tiles_per_slice,
-            hd
-        }
-    );
-    vec![
-        super::HostParams {
-            kernel: "attention",
-            entry: "*",
-            size: size_of::<Params>(),
-            fields: query(offset_of!(Params, q)),
-        },
-        super::HostParams {
-            fields: [query(offset_of!(WideParams, q)), wide.fields].concat(),
-            ..wide
-        },
-        host_params!(
-            "attention_combine",
-            "*",
-            CombineParams {
-                units,
-                group,
-                n_kv_heads,
-                slices,
-                hd,
-                pitch,
-                out_stride,
-                row0,
-            }
-        ),
-    ]
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn tiles_fit_browser_limits() {
-        for hd in 1..=MAX_HEAD_DIM {
+        for hd in 1..=REGISTER_MAX_HEAD_DIM {
             let t = Tile::for_head_dim(hd);
             assert!(t.is_consistent(), "{t:?}");
         }
@@ -598,6 +503,17 @@ mod tests {
         // The largest budget buys the largest tile at head dim 128 (more FMAs per load).
         assert_eq!(WideTile::new(128, 48 * 1024).bk, 64);
         assert_eq!(WideTile::new(128, 16 * 1024).bq, 8);
+        // Head dims 256 and 512 are staged 128 at a time: the tiles of head dim 128.
+        for hd in [256, 512] {
+            for budget in WORKGROUP_BUDGETS {
+                let (big, t128) = (WideTile::new(hd, budget), WideTile::new(128, budget));
+                assert_eq!((big.hd_class, big.chunk()), (hd, 128));
+                assert_eq!((big.bq, big.bk), (t128.bq, t128.bk), "at {budget}");
+                assert_eq!(big.workgroup_bytes(), t128.workgroup_bytes());
+            }
+        }
+        assert_eq!(WideTile::new(512, 16 * 1024).workgroup_bytes(), 13600);
+        assert_eq!(WideTile::new(512, 32 * 1024).workgroup_bytes(), 27712);
     }
 
     #[test]

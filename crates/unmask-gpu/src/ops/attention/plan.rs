@@ -57,10 +57,11 @@ impl Tile {
 /// Which attention kernel runs (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum AttentionKernel {
-    /// 8 x 8 register blocks, no K/V staging; f32 K/V, or f16 (packed) where the head dim
-    /// is a multiple of 4.
+    /// 8 x 8 register blocks, no K/V staging; head dims up to `REGISTER_MAX_HEAD_DIM`; f32
+    /// K/V, or f16 (packed) where the head dim is a multiple of 4.
     Register,
-    /// 128 invocations, coalesced K/V tiles through workgroup memory.
+    /// 128 invocations, coalesced K/V tiles through workgroup memory; head dims up to
+    /// `MAX_HEAD_DIM`.
     Wide,
     /// `Wide` over slices of the keys, then a combine pass; needs a scratch buffer.
     WideSplit,
@@ -108,12 +109,13 @@ impl AttentionKernel {
     }
 
     /// The concrete kernel, K/V decoding and key slices for `m` query rows over `n_keys`
-    /// keys stored as `kv`. Explicit kernels run as asked (`Register` reads f16 K/V only
-    /// with a head dim that is a multiple of 4, always packed; `WideSplit` needs a
-    /// scratch). `Auto`: on hardware GPUs (discrete or integrated) `Wide`, split when the
-    /// (kv head, query block) workgroups alone would leave the GPU idle and a scratch was
-    /// given; elsewhere (lavapipe, browsers) `Register` where it can read the K/V, else
-    /// `Wide`.
+    /// keys stored as `kv`. Explicit kernels run as asked (`Register` serves head dims up
+    /// to `REGISTER_MAX_HEAD_DIM` and reads f16 K/V only with a head dim that is a multiple
+    /// of 4, always packed; `WideSplit` needs a scratch). `Auto`: on hardware GPUs
+    /// (discrete or integrated) `Wide`, split when the (kv head, query block) workgroups
+    /// alone would leave the GPU idle and a scratch was given; elsewhere (lavapipe,
+    /// browsers) `Register` where it can read the K/V at this head dim, else `Wide`.
+    /// Every kernel honours `options.mask` and `options.scale`.
     pub fn plan(
         self,
         ctx: &GpuContext,
@@ -146,17 +148,20 @@ impl AttentionKernel {
                 format!("{shape:?}"),
             ));
         }
+        options.mask.check_form()?;
+        check_scale(options.scale)?;
         let tile = WideTile::new(head_dim, ctx.features.max_workgroup_storage_bytes);
         let group = n_heads / n_kv_heads;
         let scratch_slices = options
             .scratch
             .map_or(0, |t| t.numel() / split_cell_floats(shape, m, tile));
+        let register_fits = head_dim <= REGISTER_MAX_HEAD_DIM;
         let register_reads = read == KvRead::F32 || head_dim.is_multiple_of(4);
         let coop = coop_attention(ctx, head_dim);
         let kernel = match self {
             AttentionKernel::Auto => {
                 let hardware = ctx.features.adapter == AdapterClass::Gpu;
-                if register_reads && !hardware {
+                if register_fits && register_reads && !hardware {
                     // lavapipe: the register kernel beat the wide one 4-7x (kernel bench,
                     // ratios within one run); staging through workgroup memory is a copy
                     // there. A browser's adapter has no device type (Other): unknown, so
@@ -174,6 +179,15 @@ impl AttentionKernel {
                 } else {
                     AttentionKernel::Wide
                 }
+            }
+            AttentionKernel::Register if !register_fits => {
+                return Err(shape_error(
+                    format!(
+                        "head_dim at most {REGISTER_MAX_HEAD_DIM} for the register kernel \
+                         (the wide kernels serve up to {MAX_HEAD_DIM})"
+                    ),
+                    format!("head_dim {head_dim}"),
+                ));
             }
             AttentionKernel::Register if !register_reads => {
                 return Err(shape_error(
@@ -324,6 +338,11 @@ pub struct AttentionOptions<'a> {
     /// Forces the number of key slices of the split kernel (clamped to the key tiles and
     /// to what the scratch holds); `None`: chosen from the shape.
     pub slices: Option<usize>,
+    /// What the scores `q·k` are multiplied by; `None`: `1/sqrt(head_dim)` (LLaDA).
+    /// DiffusionGemma uses 1.0 (its q and k are RMS-normed per head).
+    pub scale: Option<f32>,
+    /// Which keys each query row sees; the default sees all of them (bidirectional).
+    pub mask: AttentionMask,
 }
 
 impl Default for AttentionOptions<'_> {
@@ -334,6 +353,8 @@ impl Default for AttentionOptions<'_> {
             native_f16: true,
             scratch: None,
             slices: None,
+            scale: None,
+            mask: AttentionMask::default(),
         }
     }
 }
@@ -375,9 +396,14 @@ pub fn split_scratch_floats(
 /// Invocations of a wide workgroup: 4 warps of 32, 2 waves of 64.
 pub(super) const WIDE_WG: usize = 128;
 
-/// Head-dim classes of the wide kernel: the tile pitch; a head dim runs in the smallest
-/// class that holds it.
-pub(super) const HD_CLASSES: [usize; 4] = [16, 32, 64, 128];
+/// Head-dim classes of the wide kernel; a head dim runs in the smallest class that holds
+/// it. Up to `STAGE_CHUNK` the class is the staged tile's pitch; above it (DiffusionGemma's
+/// 256 and 512) the kernel stages Q and K/V `STAGE_CHUNK` dims at a time, so those classes
+/// take the workgroup memory (and tiles) of class 128 and only their registers grow.
+pub(super) const HD_CLASSES: [usize; 6] = [16, 32, 64, 128, 256, 512];
+
+/// Most head dims the wide kernel stages at once (Q rows and K/V tile rows).
+pub(super) const STAGE_CHUNK: usize = 128;
 
 /// (query units, keys) per wide tile, best first: more of both means fewer K/V reads per
 /// FMA, bounded by workgroup memory.
@@ -414,13 +440,18 @@ impl WideTile {
         t
     }
 
-    /// Rows of the staged K/V tile, in f32: the head-dim class and one vec4 of padding.
+    /// Head dims staged at once: the class, at most `STAGE_CHUNK`.
+    pub(super) fn chunk(&self) -> usize {
+        self.hd_class.min(STAGE_CHUNK)
+    }
+
+    /// Rows of the staged K/V tile, in f32: the chunk and one vec4 of padding.
     pub(super) fn kv_pitch(&self) -> usize {
-        self.hd_class + 4
+        self.chunk() + 4
     }
 
     pub(super) fn workgroup_bytes(&self) -> usize {
-        let floats = self.bq * self.hd_class
+        let floats = self.bq * self.chunk()
             + self.bk * self.kv_pitch()
             + self.bq * self.bk
             + WIDE_WG
@@ -432,11 +463,12 @@ impl WideTile {
     pub(super) fn is_consistent(&self) -> bool {
         WIDE_WG.is_multiple_of(self.bk)
             && self.bk.is_multiple_of(4)
-            && self.hd_class.is_multiple_of(4)
+            && self.chunk().is_multiple_of(4)
+            && self.hd_class.is_multiple_of(self.chunk())
             && WIDE_WG.is_multiple_of(self.bq)
-            && WIDE_WG.is_multiple_of(self.hd_class)
+            && WIDE_WG.is_multiple_of(self.chunk())
             && (self.bq * self.bk).is_multiple_of(WIDE_WG)
-            && (self.bq * self.hd_class).is_multiple_of(WIDE_WG)
+            && (self.bq * self.chunk()).is_multiple_of(WIDE_WG)
             && self.workgroup_bytes() <= 64 * 1024
     }
 
@@ -444,10 +476,11 @@ impl WideTile {
     pub(super) fn spec(&self, read: KvRead, split: bool, vec: bool) -> Spec {
         Spec::new()
             .constant("HD", self.hd_class)
+            .constant("HC", self.chunk())
             .constant("WG", WIDE_WG)
             .constant("BQ", self.bq)
             .constant("BK", self.bk)
-            .constant("QS_LEN", self.bq * self.hd_class / 4)
+            .constant("QS_LEN", self.bq * self.chunk() / 4)
             .constant("KV_LEN", self.bk * self.kv_pitch() / 4)
             .constant("SS_LEN", self.bq * self.bk / 4)
             .flag(read.flag())
