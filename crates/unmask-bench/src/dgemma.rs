@@ -7,8 +7,7 @@
 
 use serde_json::{Value, json};
 use unmask_core::config::DiffusionGemmaConfig;
-use unmask_gpu::ops::attention::{AttentionShape, KvSegment};
-use unmask_gpu::ops::masked_attention::{AttentionMask, attention_masked};
+use unmask_gpu::ops::attention::{AttentionOptions, AttentionShape, KvSegment, attention_with};
 use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
 use unmask_gpu::ops::moe::{
     ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route,
@@ -183,25 +182,31 @@ pub fn run_dgemma_kernels(
             n_kv_heads: kv,
             head_dim: hd,
         };
+        let options = AttentionOptions {
+            scale: Some(1.0),
+            ..Default::default()
+        };
+        let mut plan = None;
         let s = time_step(ctx, o.repeats, |step| {
             let a = KvSegment::first(&ka, &ka, cached);
             let b = KvSegment::first(&kb, &kb, m);
-            attention_masked(
+            plan = Some(attention_with(
                 step,
                 &q,
                 h * hd,
                 0,
-                m,
+                0..m,
                 Some(a),
                 b,
                 &out,
                 shape,
-                AttentionMask::default(),
-                1.0,
-            )
+                &options,
+            )?);
+            Ok(())
         })?;
         let flops = 4.0 * (m * h * hd * (cached + m)) as f64;
-        let fields = json!({"kernel": "attention_masked", "case": format!("{kind}.attention"), "m": m, "keys": cached + m, "heads": h, "kv_heads": kv, "head_dim": hd});
+        let kernel = plan.map_or("?", |p| p.kernel.name());
+        let fields = json!({"kernel": kernel, "case": format!("{kind}.attention"), "m": m, "keys": cached + m, "heads": h, "kv_heads": kv, "head_dim": hd});
         emit(record(envelope, fields, s, flops));
     }
     Ok(out)

@@ -3,7 +3,6 @@
 
 pub mod attention;
 pub mod basic;
-pub mod masked_attention;
 pub mod matmul;
 pub mod moe;
 pub mod sampling;

@@ -8,11 +8,12 @@ use super::{DgemmaCache, DgemmaLayer, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
-use crate::ops::attention::{AttentionShape, KvSegment};
+use crate::ops::attention::{
+    AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with,
+};
 use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows, parse_stats};
 use crate::ops::elementwise::{add_in_place, embed, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
-use crate::ops::masked_attention::{AttentionMask, attention_masked};
 use crate::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
 use crate::ops::moe::{ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route};
 use crate::ops::soft_embed::soft_embed;
@@ -488,10 +489,15 @@ impl DgemmaModel {
                 } else {
                     0
                 };
-                let mask = AttentionMask {
-                    causal: true,
-                    window: if a.sliding { window } else { 0 },
-                    query_start: p0 - lo,
+                // Scale 1: the q/k norms carry it.
+                let options = AttentionOptions {
+                    scale: Some(1.0),
+                    mask: AttentionMask {
+                        causal: true,
+                        window: if a.sliding { window } else { 0 },
+                        query_start: p0 - lo,
+                    },
+                    ..Default::default()
                 };
                 let seg = KvSegment {
                     k: ck,
@@ -500,7 +506,18 @@ impl DgemmaModel {
                     len: p0 + t - lo,
                 };
                 let out = &s.attn;
-                attention_masked(step, &s.q, q_stride, 0, t, None, seg, out, shape, mask, 1.0)?;
+                attention_with(
+                    step,
+                    &s.q,
+                    q_stride,
+                    0,
+                    0..t,
+                    None,
+                    seg,
+                    out,
+                    shape,
+                    &options,
+                )?;
             }
             Pass::Decode { .. } => {
                 let lo = if a.sliding {
@@ -515,11 +532,23 @@ impl DgemmaModel {
                     len: p0 - lo,
                 };
                 let canvas = KvSegment::first(&s.k, &s.v, t);
-                let mask = AttentionMask::default();
+                let options = AttentionOptions {
+                    scale: Some(1.0),
+                    ..Default::default()
+                };
                 let out = &s.attn;
                 let cached = Some(cached);
-                attention_masked(
-                    step, &s.q, q_stride, 0, t, cached, canvas, out, shape, mask, 1.0,
+                attention_with(
+                    step,
+                    &s.q,
+                    q_stride,
+                    0,
+                    0..t,
+                    cached,
+                    canvas,
+                    out,
+                    shape,
+                    &options,
                 )?;
             }
         }

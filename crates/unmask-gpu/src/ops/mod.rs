@@ -9,7 +9,6 @@ pub mod denoise;
 pub mod elementwise;
 pub mod heads;
 mod kernels;
-pub mod masked_attention;
 pub mod matmul;
 pub mod moe;
 pub mod sampling;
@@ -87,7 +86,6 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(activation),
         kernel_module!(heads),
         kernel_module!(soft_embed),
-        kernel_module!(masked_attention),
         kernel_module!(denoise),
     ];
     #[cfg(feature = "unfused-kernels")]
