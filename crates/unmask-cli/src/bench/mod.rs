@@ -2,6 +2,8 @@
 //! chosen adapter, as JSON lines (`unmask bench-report` turns several runs into tables and
 //! plots).
 
+mod dgemma;
+
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -12,7 +14,7 @@ use unmask::{CacheMode, EngineOptions, GenerationParams};
 use unmask_bench::{
     self as bench, Decoding, KernelBenchOptions, Peak, Repeats, RequestBenchOptions, Workload,
 };
-use unmask_core::config::{DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON, DiffusionGemmaConfig, ModelConfig};
+use unmask_core::config::ModelConfig;
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
 use crate::error::CliError;
@@ -165,104 +167,6 @@ fn formats(text: &str) -> Result<Vec<WeightFormat>, String> {
             s => options::parse_weight_format(s),
         },
     )
-}
-
-/// DiffusionGemma's shapes when the model folder, `--config FILE` or the preset
-/// `diffusiongemma-26b-a4b` is one; `None` for the other families.
-fn dgemma_shapes(
-    config: Option<&str>,
-    model: Option<&Path>,
-) -> Result<Option<(String, DiffusionGemmaConfig)>, CliError> {
-    let (name, text) = match (config, model) {
-        (Some("diffusiongemma-26b-a4b"), _) => (
-            "diffusiongemma-26b-a4b".to_string(),
-            DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON.to_string(),
-        ),
-        (Some(file), _) if Path::new(file).is_file() => (
-            model_name(Path::new(file)),
-            std::fs::read_to_string(file).unwrap_or_default(),
-        ),
-        (None, Some(dir)) => (
-            model_name(dir),
-            std::fs::read_to_string(dir.join("config.json")).unwrap_or_default(),
-        ),
-        _ => return Ok(None),
-    };
-    let Ok(serde_json::Value::Object(map)) = serde_json::from_str(&text) else {
-        return Ok(None);
-    };
-    if !DiffusionGemmaConfig::is_diffusion_gemma(&map) {
-        return Ok(None);
-    }
-    let cfg = DiffusionGemmaConfig::from_map(&map)
-        .map_err(|e| CliError::context(format!("cannot read {name}'s config"), e))?;
-    Ok(Some((name, cfg)))
-}
-
-/// `unmask bench` on DiffusionGemma's shapes: the kernels of one decoder step (kernels only:
-/// the family has no request bench yet).
-fn run_dgemma(args: &BenchArgs, name: &str, cfg: &DiffusionGemmaConfig) -> Result<(), CliError> {
-    if matches!(args.only, Some(Only::Requests) | Some(Only::Work)) {
-        return Err(CliError::usage(
-            "--only requests / work: DiffusionGemma has kernel benchmarks only",
-        ));
-    }
-    let engine_options = args.engine.options()?;
-    let backends = engine_options
-        .backend
-        .as_deref()
-        .map(unmask_gpu::parse_backend)
-        .transpose()
-        .map_err(|e| CliError::context("invalid --backend", e))?;
-    let ctx = GpuContext::new(&ContextOptions {
-        backends,
-        runtime_checks: !args.unchecked_shaders,
-        ..ContextOptions::default()
-    })
-    .map_err(|e| CliError::context("cannot open a GPU adapter", e))?;
-    eprintln!("[gpu] {}", ctx.describe());
-    let options = bench::DgemmaBenchOptions {
-        rows: args
-            .rows
-            .as_ref()
-            .and_then(|r| r.first().copied())
-            .unwrap_or(cfg.canvas_length),
-        prompt: args
-            .kv_lens
-            .as_ref()
-            .and_then(|k| k.first().copied())
-            .unwrap_or(1024),
-        formats: args.formats.clone().unwrap_or(vec![
-            WeightFormat::F16Native,
-            WeightFormat::Q8,
-            WeightFormat::Q4,
-        ]),
-        repeats: bench::Repeats::default(),
-    };
-    eprintln!(
-        "DiffusionGemma kernels at {name}'s shapes: a decoder step of {} canvas rows after {} \
-         cached positions, formats {:?}",
-        options.rows, options.prompt, options.formats
-    );
-    let mut sink = Sink::open(args.out.as_deref())?;
-    let envelope = bench::dgemma_envelope(&ctx, name, cfg);
-    let mut failed = None;
-    bench::run_dgemma_kernels(&ctx, cfg, &envelope, &options, &mut |r| {
-        eprintln!(
-            "  {:<22} {:<10} {:>10.3} ms {:>9.2} GFLOP/s",
-            r["case"].as_str().unwrap_or("?"),
-            r["format"].as_str().unwrap_or("f32 K/V"),
-            r["ms"].as_f64().unwrap_or(f64::NAN),
-            r["gflops"].as_f64().unwrap_or(f64::NAN)
-        );
-        if let Err(e) = sink.write(r) {
-            failed.get_or_insert(e);
-        }
-    })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    Ok(())
 }
 
 /// The kernel shapes' config: the model's, `--config FILE`, or a preset.
@@ -445,8 +349,8 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         Some(_) => None,
         None => Some(args.model.dir()?),
     };
-    if let Some((name, cfg)) = dgemma_shapes(args.config.as_deref(), model.as_deref())? {
-        return run_dgemma(args, &name, &cfg);
+    if let Some((name, cfg)) = dgemma::shapes(args.config.as_deref(), model.as_deref())? {
+        return dgemma::run(args, &name, &cfg);
     }
     let (kernels, requests) = match args.only {
         Some(Only::Kernels) => (true, false),
