@@ -97,6 +97,10 @@ where
         queued: AtomicUsize::new(0),
     });
     let (jobs_tx, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
+    // A sender the router does not own: on a forced ending it is never dropped, so an idle
+    // engine thread stays asleep instead of waking to destroy the GPU device while the
+    // process exits (a driver's exit handlers racing that destruction crash lavapipe).
+    let engine_keeper = jobs_tx.clone();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let engine_shared = Arc::clone(&shared);
     let mut scheduler_config = config.scheduler.clone();
@@ -178,16 +182,21 @@ where
     // finished its request), and the engine is not waited for.
     match served {
         Ok(net::Ending::Forced) => {
+            std::mem::forget(engine_keeper);
             runtime.shutdown_background();
             Ok(())
         }
         Ok(net::Ending::Graceful) => {
+            drop(engine_keeper);
             drop(runtime);
             if engine_thread.join().is_err() {
                 return Err(ServeError::EnginePanicked);
             }
             Ok(())
         }
-        Err(e) => Err(e),
+        Err(e) => {
+            drop(engine_keeper);
+            Err(e)
+        }
     }
 }
