@@ -7,7 +7,8 @@ use unmask_bench as bench;
 use unmask_core::config::{DIFFUSION_GEMMA_26B_A4B_CONFIG_JSON, DiffusionGemmaConfig};
 use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 
-use super::{BenchArgs, Only, Sink, model_name};
+use super::sink::Sink;
+use super::{BenchArgs, Only, model_name};
 use crate::error::CliError;
 
 /// DiffusionGemma's shapes when the model folder, `--config FILE` or the preset

@@ -3,9 +3,8 @@
 //! plots).
 
 mod dgemma;
+mod sink;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
@@ -20,6 +19,7 @@ use unmask_gpu::{ContextOptions, GpuContext, WeightFormat};
 use crate::error::CliError;
 use crate::options::{self, CacheFlags, EngineArgs, ModelArgs};
 use crate::values;
+use sink::Sink;
 
 #[derive(Args, Debug)]
 #[command(
@@ -205,50 +205,6 @@ fn model_name(path: &Path) -> String {
     dir.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string())
-}
-
-/// Where records go: a file or standard output, one JSON object per line, flushed per
-/// record so a long run can be watched and a killed one keeps what it measured.
-struct Sink {
-    out: Box<dyn Write>,
-    path: Option<PathBuf>,
-}
-
-impl Sink {
-    fn open(path: Option<&Path>) -> Result<Self, CliError> {
-        match path {
-            None => Ok(Self {
-                out: Box::new(std::io::stdout()),
-                path: None,
-            }),
-            Some(path) => {
-                if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(parent).map_err(|e| {
-                        CliError::context(format!("cannot create {}", parent.display()), e)
-                    })?;
-                }
-                let file = File::create(path).map_err(|e| {
-                    CliError::context(format!("cannot create {}", path.display()), e)
-                })?;
-                Ok(Self {
-                    out: Box::new(BufWriter::new(file)),
-                    path: Some(path.to_path_buf()),
-                })
-            }
-        }
-    }
-
-    fn write(&mut self, record: &Value) -> Result<(), CliError> {
-        let where_ = || {
-            self.path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "standard output".into())
-        };
-        writeln!(self.out, "{record}")
-            .and_then(|()| self.out.flush())
-            .map_err(|e| CliError::context(format!("cannot write {}", where_()), e))
-    }
 }
 
 fn summary_line(r: &Value) -> String {
