@@ -62,13 +62,7 @@ impl DgemmaModel {
         format: WeightFormat,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
-        let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|e| ModelError::Input(format!("reading {}: {e}", config_path.display())))?;
-        let cfg = DiffusionGemmaConfig::from_json_str(&text, &config_path.display().to_string())?;
-        let ck = Checkpoint::open(dir)?;
-        let weights = DgemmaWeights::load(ctx, &ck, &cfg, format)?;
-        Self::new(ctx, cfg, weights, max_positions)
+        Self::load_rounded(ctx, dir, format, None, max_positions)
     }
 
     /// `load` in f32 with every matrix but the router rounded through `quant` on the host:
@@ -79,12 +73,22 @@ impl DgemmaModel {
         quant: unmask_core::quant::QuantFormat,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
+        Self::load_rounded(ctx, dir, WeightFormat::F32, Some(quant), max_positions)
+    }
+
+    fn load_rounded(
+        ctx: &GpuContext,
+        dir: &Path,
+        format: WeightFormat,
+        round: Option<unmask_core::quant::QuantFormat>,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path)
             .map_err(|e| ModelError::Input(format!("reading {}: {e}", config_path.display())))?;
         let cfg = DiffusionGemmaConfig::from_json_str(&text, &config_path.display().to_string())?;
         let ck = Checkpoint::open(dir)?;
-        let weights = DgemmaWeights::load_rounded(ctx, &ck, &cfg, WeightFormat::F32, Some(quant))?;
+        let weights = DgemmaWeights::load_rounded(ctx, &ck, &cfg, format, round)?;
         Self::new(ctx, cfg, weights, max_positions)
     }
 
