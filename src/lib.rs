@@ -27,6 +27,7 @@
 mod acache;
 mod bicache;
 mod clock;
+mod dgemma;
 mod engine;
 mod error;
 mod files;
@@ -41,6 +42,10 @@ mod spec;
 
 pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
+pub use dgemma::{
+    DEFAULT_POSITIONS as DGEMMA_DEFAULT_POSITIONS, DgemmaEngine, DgemmaOutput, DgemmaRequest,
+    is_diffusion_gemma_config,
+};
 pub use engine::Engine;
 pub use error::{EngineError, Refusal};
 #[cfg(not(target_arch = "wasm32"))]

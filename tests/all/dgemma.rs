@@ -86,116 +86,119 @@ fn logits_match_the_reference_in_every_pass() {
     }
 }
 
-fn flat_ids(v: &Value) -> Vec<u32> {
-    match v {
-        Value::String(s) => ids(&serde_json::from_str(s).unwrap()),
-        other => ids(other),
-    }
-}
-
-fn number(v: &Value) -> f64 {
-    match v {
-        Value::String(s) => s.parse().unwrap(),
-        other => other.as_f64().unwrap(),
-    }
-}
-
-fn truth(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s == "True",
-        other => other.as_bool().unwrap(),
-    }
-}
-
 /// Every generation of the fixture with the reference's draws replayed: each step's
 /// temperature, accepted positions, argmax canvas and stopping decision, each canvas's output
 /// and the whole sequence equal the reference's.
 #[test]
 fn generations_replay_the_reference_step_by_step() {
-    use unmask_core::sampler::entropy_bound::{EntropyBoundParams, ReplayedDraws};
+    use unmask_goldens::dgemma::{RunCanvas, generation_cases};
     let dir = fixture();
     let ctx = common::ctx();
     let model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
-    let goldens: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap())
-            .unwrap();
-    let cases = goldens["cases"].as_array().unwrap();
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
     assert_eq!(cases.len(), 7);
     let mut early_stops = 0;
     for case in cases {
-        let name = case["name"].as_str().unwrap();
-        let p = &case["params"];
-        let size = |k: &str| p[k].as_u64().unwrap() as usize;
-        let params = EntropyBoundParams {
-            max_new_tokens: size("max_new_tokens"),
-            max_denoising_steps: size("max_denoising_steps"),
-            entropy_bound: p["entropy_bound"].as_f64().unwrap() as f32,
-            t_min: p["t_min"].as_f64().unwrap(),
-            t_max: p["t_max"].as_f64().unwrap(),
-            stability_threshold: size("stability_threshold"),
-            confidence_threshold: p["confidence_threshold"].as_f64().unwrap() as f32,
-            eos: ids(&p["eos_token_id"]),
-            pad: p["pad_token_id"].as_u64().map(|x| x as u32),
-        };
-        let mut draws = ReplayedDraws::default();
-        let canvases = case["canvases"].as_array().unwrap();
-        for c in canvases {
-            draws.uniform.push_back(flat_ids(&c["init"]));
-            for s in c["steps"].as_array().unwrap() {
-                draws.categorical.push_back(flat_ids(&s["sampled"]));
-                draws.uniform.push_back(flat_ids(&s["renoise"]));
-            }
-        }
-        let prompt = flat_ids(&case["prompt"]);
+        let mut draws = case.draws.clone();
         let got = model
-            .generate(&ctx, &prompt, &params, &mut draws, 0)
+            .generate(&ctx, &case.prompt, &case.params, &mut draws, 0)
             .unwrap();
-        assert_eq!(got.canvases.len(), canvases.len(), "{name}: canvases");
-        for (ci, (g, want)) in got.canvases.iter().zip(canvases).enumerate() {
-            let steps = want["steps"].as_array().unwrap();
-            for (si, (gs, ws)) in g.steps.iter().zip(steps).enumerate() {
-                let at = format!("{name} canvas {ci} step {si}");
-                assert_eq!(gs.argmax, flat_ids(&ws["argmax"]), "{at}: argmax");
-                assert_eq!(
-                    gs.accepted.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                    flat_ids(&ws["accepted"]),
-                    "{at}: accepted"
-                );
-                assert_eq!(
-                    gs.temperature as f64,
-                    number(&ws["temperature"]) as f32 as f64,
-                    "{at}"
-                );
-                assert!(
-                    (gs.mean_entropy as f64 - number(&ws["mean_entropy"])).abs() < 1e-4,
-                    "{at}: mean entropy {} vs {}",
-                    gs.mean_entropy,
-                    number(&ws["mean_entropy"])
-                );
-                assert_eq!(gs.stable, truth(&ws["stable"]), "{at}: stable");
-                assert_eq!(gs.stop, truth(&ws["stop"]), "{at}: stop");
-            }
-            assert_eq!(g.steps.len(), steps.len(), "{name} canvas {ci}: steps");
-            early_stops += usize::from(g.steps.last().is_some_and(|s| s.stop));
-            assert_eq!(
-                g.output,
-                flat_ids(&want["output"]),
-                "{name} canvas {ci}: output"
-            );
-        }
-        assert_eq!(
-            got.sequence,
-            flat_ids(&case["sequence"]),
-            "{name}: sequence"
-        );
+        let canvases: Vec<RunCanvas<'_>> = got
+            .canvases
+            .iter()
+            .map(|c| RunCanvas {
+                steps: &c.steps,
+                output: &c.output,
+            })
+            .collect();
+        early_stops += case.assert_run(&canvases, &got.sequence);
         eprintln!(
-            "[check] DiffusionGemma generation {name}: {} canvases, {} steps, sequence of {} equal to the reference's",
+            "[check] DiffusionGemma generation {}: {} canvases, {} steps, sequence of {} equal to the reference's",
+            case.name,
             got.canvases.len(),
             got.canvases.iter().map(|c| c.steps.len()).sum::<usize>(),
             got.sequence.len()
         );
     }
     assert!(early_stops > 0, "some canvas stopped early");
+}
+
+/// The engine: a chat request gives what the model's own loop gives for the same ids and
+/// seed; a second request with the same system turn takes it from the prefix store and
+/// answers the same; requests it cannot run are refused with the field named.
+#[test]
+fn the_engine_generates_through_the_prefix_store() {
+    use unmask::{DgemmaEngine, DgemmaRequest, EngineOptions, Message, Prompt};
+    use unmask_core::sampler::entropy_bound::SeededDraws;
+    use unmask_gpu::dgemma::PrefixUse;
+    let options = EngineOptions {
+        weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
+    };
+    let engine = DgemmaEngine::load(fixture(), &options).unwrap();
+    let chat = |user: &str| {
+        Prompt::Chat(vec![
+            Message::system("You answer in one word."),
+            Message::user(user),
+        ])
+    };
+    let request = |user: &str| DgemmaRequest {
+        seed: 7,
+        max_new_tokens: Some(32),
+        ..DgemmaRequest::new(chat(user))
+    };
+    let first = engine.generate(&request("Name a colour.")).unwrap();
+    assert!(
+        matches!(first.prefix, Some(PrefixUse::Stored { tokens }) if tokens > 0 && tokens < first.prompt_ids.len()),
+        "the system turn is stored: {:?}",
+        first.prefix
+    );
+    let mut params = engine.params().clone();
+    params.max_new_tokens = 32;
+    let direct = engine
+        .model()
+        .generate(
+            engine.ctx(),
+            &first.prompt_ids,
+            &params,
+            &mut SeededDraws::new(7),
+            7,
+        )
+        .unwrap();
+    assert_eq!(
+        first.ids,
+        direct.sequence[first.prompt_ids.len()..],
+        "engine vs model loop"
+    );
+    let again = engine.generate(&request("Name a colour.")).unwrap();
+    assert!(
+        matches!(again.prefix, Some(PrefixUse::Hit { .. })),
+        "{:?}",
+        again.prefix
+    );
+    assert_eq!(again.ids, first.ids, "a stored system turn changes nothing");
+    let other = engine.generate(&request("Name an animal.")).unwrap();
+    assert!(matches!(other.prefix, Some(PrefixUse::Hit { .. })));
+    assert_eq!(
+        engine.prefix_stats().map(|s| (s.0, s.2, s.3)),
+        Some((1, 2, 1))
+    );
+    let too_long = DgemmaRequest {
+        max_new_tokens: Some(100_000),
+        ..request("Name a colour.")
+    };
+    let e = engine.generate(&too_long).unwrap_err().to_string();
+    assert!(e.contains("exceed the model's"), "{e}");
+    let bad_id = DgemmaRequest::new(Prompt::Ids(vec![1, 1 << 30]));
+    let e = engine.generate(&bad_id).unwrap_err().to_string();
+    assert!(e.contains("vocabulary size"), "{e}");
+    eprintln!(
+        "[check] DiffusionGemma engine: {} prompt ids ({:?}), answer of {} ids equal with and without the stored system turn",
+        first.prompt_ids.len(),
+        first.prefix,
+        first.ids.len()
+    );
 }
 
 /// The shared prefix store: a prompt whose system part is stored encodes only the rest and

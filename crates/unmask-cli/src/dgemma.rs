@@ -3,13 +3,9 @@
 
 use std::path::Path;
 
-use unmask::EngineOptions;
-use unmask_core::chat::Message;
-use unmask_core::config::{DiffusionGemmaConfig, entropy_bound_params};
-use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
-use unmask_core::tokenizer::{DecodeMode, Tokenizer};
-use unmask_gpu::GpuContext;
-use unmask_gpu::dgemma::DgemmaModel;
+use unmask::{DgemmaEngine, DgemmaRequest, EngineOptions, Prompt};
+use unmask_core::config::entropy_bound_params;
+use unmask_core::sampler::entropy_bound::EntropyBoundParams;
 
 use crate::error::CliError;
 
@@ -17,10 +13,7 @@ use crate::error::CliError;
 /// config is left to the usual loader, which names the problem).
 pub fn is_diffusion_gemma(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .and_then(|v| v.as_object().map(DiffusionGemmaConfig::is_diffusion_gemma))
-        .unwrap_or(false)
+        .is_ok_and(|text| unmask::is_diffusion_gemma_config(&text))
 }
 
 /// The sampler settings of `dir/generation_config.json`, the published ones without it.
@@ -35,12 +28,6 @@ pub fn generation_params(dir: &Path) -> Result<EntropyBoundParams, CliError> {
             e,
         )),
     }
-}
-
-/// The prompt of a generation: chat messages (rendered with Gemma 4's layout) or ids.
-pub enum DgemmaPrompt {
-    Chat(Vec<Message>),
-    Ids(Vec<u32>),
 }
 
 /// What `unmask generate` asks of a DiffusionGemma run beyond the prompt.
@@ -60,54 +47,31 @@ pub struct DgemmaRun {
 pub fn generate(
     dir: &Path,
     options: &EngineOptions,
-    prompt: DgemmaPrompt,
+    prompt: Prompt,
     run: DgemmaRun,
 ) -> Result<(), CliError> {
-    let mut params = generation_params(dir)?;
-    params.max_new_tokens = run.max_new_tokens.unwrap_or(params.max_new_tokens);
-    params.max_denoising_steps = run.max_steps.unwrap_or(params.max_denoising_steps);
-    let (seed, json) = (run.seed, run.json);
-    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))?;
-    let ids = match prompt {
-        DgemmaPrompt::Ids(ids) => ids,
-        DgemmaPrompt::Chat(messages) => {
-            unmask_core::gemma_chat::encode(&tokenizer, &messages, false)?
-        }
-    };
-    if ids.is_empty() {
+    if matches!(&prompt, Prompt::Ids(ids) if ids.is_empty()) {
         return Err(CliError::usage(
             "the prompt is empty: give --prompt TEXT or --prompt-ids",
         ));
     }
-    let ctx = GpuContext::new(&options.context_options()?)?;
-    let config = std::fs::read_to_string(dir.join("config.json"))
-        .map_err(|e| CliError::context(format!("cannot read {}/config.json", dir.display()), e))?;
-    let cfg = DiffusionGemmaConfig::from_json_str(&config, "config.json")
-        .map_err(|e| CliError::runtime(e.to_string()))?;
-    let positions =
-        ids.len() + params.max_new_tokens.div_ceil(cfg.canvas_length) * cfg.canvas_length;
-    if let Some(bad) = ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(CliError::usage(format!(
-            "--prompt-ids: expected ids below the vocabulary size {}, found {bad}",
-            cfg.vocab_size
-        )));
-    }
-    let started = std::time::Instant::now();
-    let model = DgemmaModel::load(&ctx, dir, options.weight_format, positions)?;
+    let engine = DgemmaEngine::load(dir, options)?;
     eprintln!(
         "loaded DiffusionGemma in {:.2} s on {} ({} weights)",
-        started.elapsed().as_secs_f64(),
-        ctx.info.name,
-        options.weight_format.resolve(&ctx).name()
+        engine.load_s(),
+        engine.ctx().info.name,
+        options.weight_format.resolve(engine.ctx()).name()
     );
-    let started = std::time::Instant::now();
-    let mut draws = SeededDraws::new(seed);
-    let g = model.generate(&ctx, &ids, &params, &mut draws, seed)?;
-    let seconds = started.elapsed().as_secs_f64();
-    let answer = &g.sequence[ids.len()..];
-    let text = tokenizer.decode(answer, DecodeMode::Clean)?;
-    if json {
-        let canvases: Vec<serde_json::Value> = g
+    let request = DgemmaRequest {
+        seed: run.seed,
+        max_new_tokens: run.max_new_tokens,
+        max_denoising_steps: run.max_steps,
+        ..DgemmaRequest::new(prompt)
+    };
+    let out = engine.generate(&request)?;
+    let text = out.text.clone().unwrap_or_default();
+    if run.json {
+        let canvases: Vec<serde_json::Value> = out
             .canvases
             .iter()
             .map(|c| {
@@ -119,21 +83,22 @@ pub fn generate(
                 })
             })
             .collect();
-        let out = serde_json::json!({
-            "prompt_ids": ids,
-            "ids": answer,
+        let json = serde_json::json!({
+            "prompt_ids": out.prompt_ids,
+            "ids": out.ids,
             "text": text,
-            "seed": seed,
+            "seed": run.seed,
             "canvases": canvases,
-            "seconds": seconds,
+            "seconds": out.seconds,
         });
-        println!("{out}");
+        println!("{json}");
     } else {
         println!("{text}");
-        let steps: usize = g.canvases.iter().map(|c| c.steps.len()).sum();
+        let steps: usize = out.canvases.iter().map(|c| c.steps.len()).sum();
         eprintln!(
-            "{} canvases, {steps} denoising steps in {seconds:.2} s",
-            g.canvases.len()
+            "{} canvases, {steps} denoising steps in {:.2} s",
+            out.canvases.len(),
+            out.seconds
         );
     }
     Ok(())

@@ -72,10 +72,6 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let json = args.json;
     let dir = args.model.dir()?;
     if crate::dgemma::is_diffusion_gemma(&dir) {
-        let prompt = match prompt {
-            Prompt::Ids(ids) => crate::dgemma::DgemmaPrompt::Ids(ids),
-            Prompt::Chat(messages) => crate::dgemma::DgemmaPrompt::Chat(messages),
-        };
         let run = crate::dgemma::DgemmaRun {
             seed: params.seed,
             max_new_tokens: args.generation.sampling.gen_length,

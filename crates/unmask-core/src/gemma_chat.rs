@@ -90,8 +90,32 @@ pub fn encode(
     messages: &[Message],
     enable_thinking: bool,
 ) -> Result<Vec<u32>, TokenizerError> {
+    encode_pieces(tokenizer, &pieces(messages, enable_thinking))
+}
+
+/// How many of `encode`'s ids the system turn takes (through its closing line break), the
+/// part requests with the same system prompt share; 0 without a system turn.
+pub fn system_turn_len(
+    tokenizer: &Tokenizer,
+    messages: &[Message],
+    enable_thinking: bool,
+) -> Result<usize, TokenizerError> {
+    let all = pieces(messages, enable_thinking);
+    let has_system = enable_thinking || messages.first().is_some_and(|m| m.role == Role::System);
+    // Every piece is whole (text spans end at special tokens), so the system turn's pieces
+    // encode to exactly the first ids of the prompt.
+    match all.iter().position(|p| *p == Piece::Special(TURN_END)) {
+        Some(end) if has_system => {
+            let through = (end + 2).min(all.len());
+            Ok(encode_pieces(tokenizer, &all[..through])?.len())
+        }
+        _ => Ok(0),
+    }
+}
+
+fn encode_pieces(tokenizer: &Tokenizer, pieces: &[Piece]) -> Result<Vec<u32>, TokenizerError> {
     let mut ids = Vec::new();
-    for p in pieces(messages, enable_thinking) {
+    for p in pieces {
         match p {
             Piece::Special(s) => ids.push(tokenizer.token_to_id(s).ok_or_else(|| {
                 TokenizerError::MissingTemplateToken {
@@ -99,7 +123,7 @@ pub fn encode(
                     template: "Gemma 4's chat layout",
                 }
             })?),
-            Piece::Text(t) => ids.extend(tokenizer.encode(&t)?),
+            Piece::Text(t) => ids.extend(tokenizer.encode(t)?),
         }
     }
     Ok(ids)

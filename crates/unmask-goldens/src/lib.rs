@@ -3,6 +3,8 @@
 //! browser's tests read the same cases the same way. Goldens are test data: a malformed
 //! case panics.
 
+pub mod dgemma;
+
 use serde_json::Value;
 
 use unmask_core::sampler::{GenerationParams, Remasking, Schedule};

@@ -8,9 +8,6 @@
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
 pub mod context;
-// DiffusionGemma reads its checkpoint from files and its results back synchronously: native
-// only until the browser build loads the family.
-#[cfg(not(target_arch = "wasm32"))]
 pub mod dgemma;
 pub mod error;
 pub mod model;

@@ -6,7 +6,7 @@ use unmask_core::sampler::entropy_bound::{
     Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, pad_after_eos, step_from_rows,
 };
 
-use super::DgemmaModel;
+use super::{DgemmaModel, DgemmaPrefixStore, PrefixUse};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::denoise::DrawStream;
@@ -21,6 +21,13 @@ pub struct GeneratedCanvas {
     pub output: Vec<u32>,
 }
 
+/// One finished denoising step, as `generate_async` reports it.
+pub struct StepReport<'a> {
+    /// Which canvas (0 for the first 256 tokens).
+    pub canvas: usize,
+    pub step: &'a EntropyBoundStep,
+}
+
 #[derive(Clone, Debug)]
 pub struct Generation {
     /// The prompt and every canvas (pad after the first eos of the last one).
@@ -28,10 +35,18 @@ pub struct Generation {
     pub canvases: Vec<GeneratedCanvas>,
 }
 
+/// The prompt's first `shared` tokens (a system turn many requests share) through a prefix
+/// store: their K/V copied when stored, else encoded and stored.
+pub struct SharedPrefix<'a> {
+    pub shared: usize,
+    pub store: &'a mut DgemmaPrefixStore,
+}
+
 impl DgemmaModel {
     /// Generates after `prompt`: each step's decoder, statistics and draws on the GPU (the
     /// draws from `seed`'s stream unless `draws` replays recorded ones), the acceptance and
     /// renoising on the host from 4 words per canvas row.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn generate(
         &self,
         ctx: &GpuContext,
@@ -40,6 +55,25 @@ impl DgemmaModel {
         draws: &mut dyn CanvasDraws,
         seed: u64,
     ) -> Result<Generation, ModelError> {
+        let mut quiet = |_: StepReport<'_>| {};
+        let run = self.generate_async(ctx, prompt, None, params, draws, seed, &mut quiet);
+        Ok(pollster::block_on(run)?.0)
+    }
+
+    /// `generate`, awaiting each step's read-back (a browser's event loop delivers it), the
+    /// prompt's shared part through `prefix` when given, `on_step` told of every step
+    /// (its canvas index and the step).
+    #[allow(clippy::too_many_arguments)] // one request's inputs
+    pub async fn generate_async(
+        &self,
+        ctx: &GpuContext,
+        prompt: &[u32],
+        prefix: Option<SharedPrefix<'_>>,
+        params: &EntropyBoundParams,
+        draws: &mut dyn CanvasDraws,
+        seed: u64,
+        on_step: &mut dyn FnMut(StepReport<'_>),
+    ) -> Result<(Generation, Option<PrefixUse>), ModelError> {
         let len = self.cfg.canvas_length;
         let vocab = self.cfg.vocab_size;
         if params.max_denoising_steps == 0 {
@@ -49,13 +83,19 @@ impl DgemmaModel {
         }
         let n_canvases = params.max_new_tokens.div_ceil(len);
         let mut cache = self.new_cache(ctx, prompt.len() + n_canvases * len)?;
-        self.encode(ctx, &mut cache, prompt, false)?;
+        let prefix_use = match prefix {
+            Some(p) => Some(self.encode_prompt(ctx, &mut cache, prompt, p.shared, p.store)?),
+            None => {
+                self.append(ctx, &mut cache, prompt)?;
+                None
+            }
+        };
         // The softmax of the last step's scaled logits, read by the next step's decoder.
         let probs = Tensor::zeros(ctx, DType::F32, &[len, vocab], "dgemma self-conditioning")?;
         let mut sequence = prompt.to_vec();
         let mut canvases = Vec::with_capacity(n_canvases);
         let mut step_counter = 0u32;
-        for _ in 0..n_canvases {
+        for index in 0..n_canvases {
             let init = draws.uniform_canvas(len, vocab);
             let mut canvas = Canvas::new(init.clone(), params);
             let mut steps: Vec<EntropyBoundStep> = Vec::new();
@@ -66,21 +106,27 @@ impl DgemmaModel {
                     step: step_counter,
                 };
                 step_counter = step_counter.wrapping_add(1);
-                let stats = self.decode_step(
-                    ctx,
-                    &cache,
-                    &canvas.tokens,
-                    &probs,
-                    !steps.is_empty(),
-                    temperature,
-                    stream,
-                )?;
+                let stats = self
+                    .decode_step_async(
+                        ctx,
+                        &cache,
+                        &canvas.tokens,
+                        &probs,
+                        !steps.is_empty(),
+                        temperature,
+                        stream,
+                    )
+                    .await?;
                 let rows: Vec<(u32, f32)> = stats.iter().map(|r| (r.argmax, r.entropy)).collect();
                 let sampled = draws
                     .replayed_categorical(len)
                     .unwrap_or_else(|| stats.iter().map(|r| r.sampled).collect());
                 let step = step_from_rows(&rows, sampled, vocab, t, params, &mut canvas, draws);
                 let stop = step.stop;
+                on_step(StepReport {
+                    canvas: index,
+                    step: &step,
+                });
                 steps.push(step);
                 if stop {
                     break;
@@ -98,8 +144,8 @@ impl DgemmaModel {
             if eos {
                 break;
             }
-            self.encode(ctx, &mut cache, &appended, false)?;
+            self.append(ctx, &mut cache, &appended)?;
         }
-        Ok(Generation { sequence, canvases })
+        Ok((Generation { sequence, canvases }, prefix_use))
     }
 }

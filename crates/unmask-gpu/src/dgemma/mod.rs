@@ -7,14 +7,16 @@
 mod generate;
 mod pass;
 mod prefix;
+mod steps;
 mod weights;
 
+#[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 
 use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::DiffusionGemmaConfig;
 
-pub use generate::{GeneratedCanvas, Generation};
+pub use generate::{GeneratedCanvas, Generation, SharedPrefix, StepReport};
 pub use pass::{Pass, SelfConditioning};
 pub use prefix::{DgemmaPrefixStore, PrefixUse};
 pub use weights::{
@@ -56,6 +58,7 @@ pub struct DgemmaCache {
 impl DgemmaModel {
     /// Loads `dir` (config.json and the safetensors by their index) with matrices in
     /// `format`, RoPE tables for `max_positions` positions.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load(
         ctx: &GpuContext,
         dir: &Path,
@@ -67,6 +70,7 @@ impl DgemmaModel {
 
     /// `load` in f32 with every matrix but the router rounded through `quant` on the host:
     /// the model a `quant`-quantized one must match up to summation order.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load_dequantized(
         ctx: &GpuContext,
         dir: &Path,
@@ -76,6 +80,7 @@ impl DgemmaModel {
         Self::load_rounded(ctx, dir, WeightFormat::F32, Some(quant), max_positions)
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     fn load_rounded(
         ctx: &GpuContext,
         dir: &Path,
@@ -89,6 +94,19 @@ impl DgemmaModel {
         let cfg = DiffusionGemmaConfig::from_json_str(&text, &config_path.display().to_string())?;
         let ck = Checkpoint::open(dir)?;
         let weights = DgemmaWeights::load_rounded(ctx, &ck, &cfg, format, round)?;
+        Self::new(ctx, cfg, weights, max_positions)
+    }
+
+    /// A model from a parsed config and a checkpoint held anywhere (files on disk, or bytes
+    /// a page downloaded: `Checkpoint::from_bytes`).
+    pub fn from_checkpoint(
+        ctx: &GpuContext,
+        cfg: DiffusionGemmaConfig,
+        ck: &Checkpoint,
+        format: WeightFormat,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
+        let weights = DgemmaWeights::load_rounded(ctx, ck, &cfg, format, None)?;
         Self::new(ctx, cfg, weights, max_positions)
     }
 

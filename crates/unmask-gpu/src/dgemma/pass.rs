@@ -11,7 +11,6 @@ use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
 use crate::ops::attention::{
     AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with,
 };
-use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows, parse_stats};
 use crate::ops::elementwise::{add_in_place, embed, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
 use crate::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
@@ -44,7 +43,7 @@ pub enum SelfConditioning<'a> {
 }
 
 /// The buffers of one pass of `t` rows.
-struct Scratch {
+pub(super) struct Scratch {
     x: Tensor,
     a: Tensor,
     b: Tensor,
@@ -64,7 +63,7 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(
+    pub(super) fn new(
         ctx: &GpuContext,
         m: &DgemmaModel,
         ids: &[u32],
@@ -117,81 +116,12 @@ impl Scratch {
 }
 
 impl DgemmaModel {
-    /// Encoder (or commit) pass: `ids` at positions `cache.len ..`, their K/V appended to the
-    /// cache. With `logits`, the soft-capped logits `[T, V]` of the final normed states.
-    pub fn encode(
+    pub(super) fn check_pass(
         &self,
-        ctx: &GpuContext,
-        cache: &mut DgemmaCache,
+        cache: &DgemmaCache,
         ids: &[u32],
-        logits: bool,
-    ) -> Result<Option<Vec<f32>>, ModelError> {
-        let out = self.run(ctx, cache, ids, Pass::Encode, logits)?;
-        cache.len += ids.len();
-        Ok(out)
-    }
-
-    /// Decoder pass over `canvas` at positions `cache.len ..`: the soft-capped logits `[L, V]`.
-    pub fn decode(
-        &self,
-        ctx: &GpuContext,
-        cache: &DgemmaCache,
-        canvas: &[u32],
-        self_conditioning: Option<&[f32]>,
-    ) -> Result<Vec<f32>, ModelError> {
-        let self_conditioning = match self_conditioning {
-            Some(z) => SelfConditioning::Logits(z),
-            None => SelfConditioning::None,
-        };
-        let pass = Pass::Decode { self_conditioning };
-        let out = self.run(ctx, cache, canvas, pass, true)?;
-        Ok(out.unwrap_or_default())
-    }
-
-    /// One denoising step on the GPU: the decoder over `canvas` (self-conditioned on `probs`
-    /// when `self_conditioned`), then per row the argmax, entropy and a token drawn from
-    /// `draws` of `softmax(logits / temperature)`, that softmax written into `probs` for
-    /// the next step. Reads back 4 words per row.
-    #[allow(clippy::too_many_arguments)] // one step's inputs
-    pub fn decode_step(
-        &self,
-        ctx: &GpuContext,
-        cache: &DgemmaCache,
-        canvas: &[u32],
-        probs: &Tensor,
-        self_conditioned: bool,
-        temperature: f32,
-        draws: DrawStream,
-    ) -> Result<Vec<RowStats>, ModelError> {
-        let t = canvas.len();
-        let v = self.cfg.vocab_size;
-        let self_conditioning = if self_conditioned {
-            SelfConditioning::Probs(probs)
-        } else {
-            SelfConditioning::None
-        };
-        let pass = Pass::Decode { self_conditioning };
-        self.check_pass(cache, canvas, pass)?;
-        let s = Scratch::new(ctx, self, canvas, cache.len)?;
-        let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
-        self.record_pass(ctx, &mut step, &s, cache, pass)?;
-        let logits = self.record_logits(ctx, &mut step, &s)?;
-        let stats = Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?;
-        denoise_rows(
-            &mut step,
-            &logits,
-            probs,
-            true,
-            &stats,
-            (t, v),
-            temperature,
-            draws,
-        )?;
-        step.submit()?;
-        Ok(parse_stats(&stats.read_u32(ctx)?))
-    }
-
-    fn check_pass(&self, cache: &DgemmaCache, ids: &[u32], pass: Pass) -> Result<(), ModelError> {
+        pass: Pass,
+    ) -> Result<(), ModelError> {
         let t = ids.len();
         let v = self.cfg.vocab_size;
         if t == 0 {
@@ -230,29 +160,30 @@ impl DgemmaModel {
         Ok(())
     }
 
-    fn run(
+    /// Records and submits one pass; with `want_logits`, the logits tensor (not yet read).
+    pub(super) fn submit(
         &self,
         ctx: &GpuContext,
         cache: &DgemmaCache,
         ids: &[u32],
         pass: Pass,
         want_logits: bool,
-    ) -> Result<Option<Vec<f32>>, ModelError> {
+    ) -> Result<Option<Tensor>, ModelError> {
         self.check_pass(cache, ids, pass)?;
         let s = Scratch::new(ctx, self, ids, cache.len)?;
         let mut step = StepEncoder::new(ctx, "diffusion gemma pass");
         self.record_pass(ctx, &mut step, &s, cache, pass)?;
-        if !want_logits {
-            step.submit()?;
-            return Ok(None);
-        }
-        let logits = self.record_logits(ctx, &mut step, &s)?;
+        let logits = if want_logits {
+            Some(self.record_logits(ctx, &mut step, &s)?)
+        } else {
+            None
+        };
         step.submit()?;
-        Ok(Some(logits.read_f32(ctx)?))
+        Ok(logits)
     }
 
     /// The embedding, the decoder's input and every layer, over `s.x`.
-    fn record_pass(
+    pub(super) fn record_pass(
         &self,
         ctx: &GpuContext,
         step: &mut StepEncoder,
@@ -276,7 +207,7 @@ impl DgemmaModel {
     }
 
     /// The final norm, the tied LM head and the soft-cap: the logits `[T, V]` on the GPU.
-    fn record_logits(
+    pub(super) fn record_logits(
         &self,
         ctx: &GpuContext,
         step: &mut StepEncoder,

@@ -159,7 +159,7 @@ impl DgemmaModel {
             PrefixUse::Hit { reused: shared }
         } else {
             store.misses += 1;
-            self.encode(ctx, cache, head, false)?;
+            self.append(ctx, cache, head)?;
             if store.insert(ctx, self, cache, head)? {
                 PrefixUse::Stored { tokens: shared }
             } else {
@@ -168,11 +168,11 @@ impl DgemmaModel {
         };
         if shared == 0 || rest.is_empty() {
             if shared == 0 {
-                self.encode(ctx, cache, prompt, false)?;
+                self.append(ctx, cache, prompt)?;
             }
             return Ok(used);
         }
-        self.encode(ctx, cache, rest, false)?;
+        self.append(ctx, cache, rest)?;
         Ok(used)
     }
 }

@@ -1,0 +1,358 @@
+//! DiffusionGemma behind one engine: the model, its tokenizer and Gemma 4's chat layout,
+//! the sampler settings of `generation_config.json` and a shared prefix store, loaded from a
+//! directory or any `ModelFiles` source (a page's downloads). Generation is one `async`
+//! implementation; natively `generate` blocks on it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use unmask_core::checkpoint::Checkpoint;
+use unmask_core::config::{DiffusionGemmaConfig, entropy_bound_params};
+use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
+use unmask_core::tokenizer::{DecodeMode, Tokenizer};
+use unmask_gpu::GpuContext;
+use unmask_gpu::dgemma::{
+    DgemmaModel, DgemmaPrefixStore, GeneratedCanvas, PrefixUse, SharedPrefix, StepReport,
+};
+use unmask_gpu::model::ModelError;
+
+use crate::clock::Stopwatch;
+use crate::files::{self, ModelFiles};
+use crate::{EngineError, EngineOptions, Prompt};
+
+/// Positions a model's RoPE tables and caches cover when its config names no smaller limit:
+/// the prompt and every canvas of one request.
+pub const DEFAULT_POSITIONS: usize = 8192;
+
+/// Tokens of shared system prompts the prefix store keeps (over all entries).
+pub const DEFAULT_PREFIX_TOKENS: usize = 16_384;
+
+/// One request: the prompt and what may differ from `generation_config.json`.
+#[derive(Clone, Debug)]
+pub struct DgemmaRequest {
+    pub prompt: Prompt,
+    /// The stream of the canvases' and the sampler's random draws.
+    pub seed: u64,
+    pub max_new_tokens: Option<usize>,
+    pub max_denoising_steps: Option<usize>,
+    /// Take a chat prompt's system turn through the shared prefix store.
+    pub share_system: bool,
+}
+
+impl DgemmaRequest {
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            seed: 0,
+            max_new_tokens: None,
+            max_denoising_steps: None,
+            share_system: true,
+        }
+    }
+}
+
+/// What a generation gives back.
+#[derive(Clone, Debug)]
+pub struct DgemmaOutput {
+    pub prompt_ids: Vec<u32>,
+    /// The answer's ids: every canvas, pad after the first eos.
+    pub ids: Vec<u32>,
+    /// Decoded without special tokens; `None` without a tokenizer.
+    pub text: Option<String>,
+    pub canvases: Vec<GeneratedCanvas>,
+    /// What the prefix store did with the system turn (`None`: not asked).
+    pub prefix: Option<PrefixUse>,
+    pub seconds: f64,
+}
+
+/// A DiffusionGemma model on the GPU, ready for requests.
+pub struct DgemmaEngine {
+    ctx: Arc<GpuContext>,
+    model: DgemmaModel,
+    tokenizer: Option<Tokenizer>,
+    params: EntropyBoundParams,
+    /// Out of its slot while a request uses it: a request that finds it taken runs without.
+    store: Mutex<Option<DgemmaPrefixStore>>,
+    dir: PathBuf,
+    load_s: f64,
+}
+
+/// Whether `config.json`'s text is DiffusionGemma's (text that is not a JSON object is not).
+pub fn is_diffusion_gemma_config(text: &str) -> bool {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.as_object().map(DiffusionGemmaConfig::is_diffusion_gemma))
+        .unwrap_or(false)
+}
+
+/// `text_config.max_position_embeddings` (or the top level's), capped at `DEFAULT_POSITIONS`.
+fn max_positions(config: &str) -> usize {
+    let v: Value = serde_json::from_str(config).unwrap_or(Value::Null);
+    let limit = v
+        .get("text_config")
+        .and_then(|t| t.get("max_position_embeddings"))
+        .or_else(|| v.get("max_position_embeddings"))
+        .and_then(Value::as_u64);
+    limit.map_or(DEFAULT_POSITIONS, |l| (l as usize).min(DEFAULT_POSITIONS))
+}
+
+/// The small files both loaders read: config, sampler settings, tokenizer.
+struct SmallFiles {
+    cfg: DiffusionGemmaConfig,
+    positions: usize,
+    params: EntropyBoundParams,
+    tokenizer: Option<Tokenizer>,
+}
+
+async fn read_small_files<F: ModelFiles>(files: &mut F) -> Result<SmallFiles, EngineError> {
+    let config = files::read_text(files, "config.json")
+        .await?
+        .ok_or_else(|| EngineError::File {
+            location: files.location("config.json"),
+            message: "not found".into(),
+        })?;
+    let cfg = DiffusionGemmaConfig::from_json_str(&config, &files.location("config.json"))
+        .map_err(ModelError::from)?;
+    const GENERATION: &str = "generation_config.json";
+    let params = match files::read_text(files, GENERATION).await? {
+        Some(text) => {
+            entropy_bound_params(&text, &files.location(GENERATION)).map_err(ModelError::from)?
+        }
+        None => EntropyBoundParams::default(),
+    };
+    let tokenizer = match files::read_small(files, "tokenizer.json").await? {
+        Some(b) => Some(Tokenizer::from_bytes(&b)?),
+        None => None,
+    };
+    Ok(SmallFiles {
+        positions: max_positions(&config).max(cfg.canvas_length + 1),
+        cfg,
+        params,
+        tokenizer,
+    })
+}
+
+/// Every safetensors file whole (the index's shards, or `model.safetensors`).
+async fn read_checkpoint<F: ModelFiles>(files: &mut F) -> Result<Checkpoint, EngineError> {
+    const INDEX: &str = "model.safetensors.index.json";
+    let index = files::read_text(files, INDEX).await?;
+    let names: Vec<String> = match &index {
+        Some(text) => {
+            unmask_core::checkpoint::ShardIndex::parse(Path::new(&files.location(INDEX)), text)
+                .map_err(ModelError::from)?
+                .shards
+        }
+        None => vec!["model.safetensors".to_string()],
+    };
+    let mut whole = Vec::with_capacity(names.len());
+    for name in names {
+        let mut bytes = Vec::new();
+        files
+            .stream(&name, 0, &mut |piece| {
+                bytes.extend_from_slice(piece);
+                Ok(())
+            })
+            .await?;
+        whole.push((name, bytes));
+    }
+    let location = files.location(INDEX);
+    Ok(
+        Checkpoint::from_bytes(whole, index.as_deref().map(|t| (location.as_str(), t)))
+            .map_err(ModelError::from)?,
+    )
+}
+
+impl DgemmaEngine {
+    /// Loads a folder: the small files, then the tensors read from disk as they upload.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load(dir: impl AsRef<Path>, options: &EngineOptions) -> Result<Self, EngineError> {
+        let start = Stopwatch::start();
+        let dir = dir.as_ref();
+        let ctx = GpuContext::new(&options.context_options()?)?;
+        let small = pollster::block_on(read_small_files(&mut crate::DirFiles::new(dir)))?;
+        let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+        Self::assemble(ctx, small, &ck, dir, options, start)
+    }
+
+    /// Loads from any file source, each safetensors file held whole in memory while its
+    /// tensors upload (sizes a page can hold; a folder on disk loads with `load`).
+    pub async fn load_from<F: ModelFiles>(
+        ctx: Arc<GpuContext>,
+        files: &mut F,
+        options: &EngineOptions,
+    ) -> Result<Self, EngineError> {
+        let start = Stopwatch::start();
+        let small = read_small_files(files).await?;
+        let ck = read_checkpoint(files).await?;
+        let dir = PathBuf::from(files.location(""));
+        Self::assemble(ctx, small, &ck, &dir, options, start)
+    }
+
+    fn assemble(
+        ctx: Arc<GpuContext>,
+        small: SmallFiles,
+        ck: &Checkpoint,
+        dir: &Path,
+        options: &EngineOptions,
+        start: Stopwatch,
+    ) -> Result<Self, EngineError> {
+        let model = DgemmaModel::from_checkpoint(
+            &ctx,
+            small.cfg,
+            ck,
+            options.weight_format,
+            small.positions,
+        )?;
+        Ok(Self {
+            ctx,
+            model,
+            tokenizer: small.tokenizer,
+            params: small.params,
+            store: Mutex::new(Some(DgemmaPrefixStore::new(DEFAULT_PREFIX_TOKENS))),
+            dir: dir.to_path_buf(),
+            load_s: start.elapsed_s(),
+        })
+    }
+
+    pub fn ctx(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    pub fn model(&self) -> &DgemmaModel {
+        &self.model
+    }
+
+    pub fn config(&self) -> &DiffusionGemmaConfig {
+        &self.model.cfg
+    }
+
+    /// The sampler settings of `generation_config.json` (the published ones without it).
+    pub fn params(&self) -> &EntropyBoundParams {
+        &self.params
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn load_s(&self) -> f64 {
+        self.load_s
+    }
+
+    /// Stored shared prefixes: (entries, tokens, hits, misses); `None` while a request
+    /// holds the store.
+    pub fn prefix_stats(&self) -> Option<(usize, usize, u64, u64)> {
+        let slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref()
+            .map(|s| (s.len(), s.tokens(), s.hits, s.misses))
+    }
+
+    fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
+        self.tokenizer.as_ref().ok_or_else(|| EngineError::File {
+            location: self.dir.join("tokenizer.json").display().to_string(),
+            message: "not found: a text prompt needs it (token ids do not)".into(),
+        })
+    }
+
+    /// The prompt's ids (Gemma 4's chat layout for messages) and how many of them the
+    /// system turn takes (0 without one).
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<(Vec<u32>, usize), EngineError> {
+        let messages = match prompt {
+            Prompt::Ids(ids) => return Ok((ids.clone(), 0)),
+            Prompt::Chat(m) => m,
+        };
+        let tokenizer = self.require_tokenizer()?;
+        let ids = unmask_core::gemma_chat::encode(tokenizer, messages, false)?;
+        let shared = unmask_core::gemma_chat::system_turn_len(tokenizer, messages, false)?;
+        Ok((ids, shared))
+    }
+
+    /// Generates for `request`, telling `on_step` of every denoising step.
+    pub async fn generate_async(
+        &self,
+        request: &DgemmaRequest,
+        on_step: &mut dyn FnMut(StepReport<'_>),
+    ) -> Result<DgemmaOutput, EngineError> {
+        let (ids, shared) = self.encode_prompt(&request.prompt)?;
+        let cfg = &self.model.cfg;
+        if ids.is_empty() {
+            return Err(refused("prompt: expected at least one token, found none"));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(refused(&format!(
+                "prompt ids: expected ids below the vocabulary size {}, found {bad}",
+                cfg.vocab_size
+            )));
+        }
+        let mut params = self.params.clone();
+        params.max_new_tokens = request.max_new_tokens.unwrap_or(params.max_new_tokens);
+        params.max_denoising_steps = request
+            .max_denoising_steps
+            .unwrap_or(params.max_denoising_steps);
+        if params.max_new_tokens == 0 {
+            return Err(refused("max_new_tokens: expected at least 1, found 0"));
+        }
+        let len = cfg.canvas_length;
+        let positions = ids.len() + params.max_new_tokens.div_ceil(len) * len;
+        if positions > self.model.max_positions {
+            return Err(refused(&format!(
+                "prompt and answer: {} prompt tokens + {} canvas positions exceed the model's \
+                 {} positions",
+                ids.len(),
+                positions - ids.len(),
+                self.model.max_positions
+            )));
+        }
+        let start = Stopwatch::start();
+        let mut draws = SeededDraws::new(request.seed);
+        // Taken out for the request (no lock held across its awaits) and put back after.
+        let mut store = if request.share_system && shared > 0 {
+            self.store.lock().unwrap_or_else(|e| e.into_inner()).take()
+        } else {
+            None
+        };
+        let prefix = store.as_mut().map(|store| SharedPrefix { shared, store });
+        let run = self.model.generate_async(
+            &self.ctx,
+            &ids,
+            prefix,
+            &params,
+            &mut draws,
+            request.seed,
+            on_step,
+        );
+        let result = run.await;
+        if let Some(store) = store {
+            *self.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(store);
+        }
+        let (g, prefix) = result?;
+        let answer = g.sequence[ids.len()..].to_vec();
+        let text = match &self.tokenizer {
+            Some(t) => Some(t.decode(&answer, DecodeMode::Clean)?),
+            None => None,
+        };
+        Ok(DgemmaOutput {
+            prompt_ids: ids,
+            ids: answer,
+            text,
+            canvases: g.canvases,
+            prefix,
+            seconds: start.elapsed_s(),
+        })
+    }
+
+    /// `generate_async`, blocking (natively).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn generate(&self, request: &DgemmaRequest) -> Result<DgemmaOutput, EngineError> {
+        pollster::block_on(self.generate_async(request, &mut |_| {}))
+    }
+}
+
+fn refused(message: &str) -> EngineError {
+    EngineError::Model(ModelError::Input(message.to_string()))
+}
