@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the browser demo in web/: the wasm module (profile `web`: release, opt-level s)
-# with its JavaScript glue in web/pkg/, and a link web/models/tiny to the bundled model so
-# the page can fetch it. Installs what is missing: the wasm32 target, and wasm-bindgen-cli
-# at exactly the wasm-bindgen version in Cargo.lock (the glue must match the crate).
+# with its JavaScript glue in web/pkg/, and links web/models/tiny to the bundled model (and
+# web/models/tiny-dgemma to the DiffusionGemma fixture) so the page can fetch them.
+# Installs what is missing: the wasm32 target, and wasm-bindgen-cli at exactly the
+# wasm-bindgen version in Cargo.lock (the glue must match the crate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,4 +28,6 @@ wasm-bindgen --target web --no-typescript --out-dir web/pkg \
 
 mkdir -p web/models
 ln -sfn ../../models/tiny web/models/tiny
+# A DiffusionGemma folder too (the test fixture): index.html?model=tiny-dgemma&weights=f32.
+ln -sfn ../../tests/fixtures/tiny-dgemma web/models/tiny-dgemma
 echo "built web/ ($(du -h web/pkg/unmask_wasm_bg.wasm | cut -f1) wasm); serve it with scripts/serve-web.sh"

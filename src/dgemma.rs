@@ -11,11 +11,11 @@ use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::{DiffusionGemmaConfig, entropy_bound_params};
 use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
 use unmask_core::tokenizer::{DecodeMode, Tokenizer};
-use unmask_gpu::GpuContext;
 use unmask_gpu::dgemma::{
     DgemmaModel, DgemmaPrefixStore, GeneratedCanvas, PrefixUse, SharedPrefix, StepReport,
 };
 use unmask_gpu::model::ModelError;
+use unmask_gpu::{GpuContext, WeightFormat};
 
 use crate::clock::Stopwatch;
 use crate::files::{self, ModelFiles};
@@ -72,6 +72,8 @@ pub struct DgemmaEngine {
     model: DgemmaModel,
     tokenizer: Option<Tokenizer>,
     params: EntropyBoundParams,
+    /// The matrices' storage, as resolved on this device.
+    format: WeightFormat,
     /// Out of its slot while a request uses it: a request that finds it taken runs without.
     store: Mutex<Option<DgemmaPrefixStore>>,
     dir: PathBuf,
@@ -197,18 +199,14 @@ impl DgemmaEngine {
         options: &EngineOptions,
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
-        let model = DgemmaModel::from_checkpoint(
-            &ctx,
-            small.cfg,
-            ck,
-            options.weight_format,
-            small.positions,
-        )?;
+        let format = options.weight_format.resolve(&ctx);
+        let model = DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, format, small.positions)?;
         Ok(Self {
             ctx,
             model,
             tokenizer: small.tokenizer,
             params: small.params,
+            format,
             store: Mutex::new(Some(DgemmaPrefixStore::new(DEFAULT_PREFIX_TOKENS))),
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
@@ -232,6 +230,16 @@ impl DgemmaEngine {
         &self.params
     }
 
+    /// The matrices' storage on the GPU.
+    pub fn weight_format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// GPU bytes of the weights.
+    pub fn weight_bytes(&self) -> u64 {
+        unmask_gpu::dgemma::weight_bytes(&self.model.cfg, self.format)
+    }
+
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
     }
@@ -250,6 +258,13 @@ impl DgemmaEngine {
         let slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
         slot.as_ref()
             .map(|s| (s.len(), s.tokens(), s.hits, s.misses))
+    }
+
+    /// Drops every stored shared prefix; returns how many (0 while a request holds the
+    /// store).
+    pub fn clear_prefix_store(&self) -> usize {
+        let mut slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_mut().map_or(0, DgemmaPrefixStore::clear)
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {

@@ -49,6 +49,11 @@ const DEFAULT_SYSTEM = [
   "- Helen pet : parrot",
 ].join("\n");
 
+// The model folder under web/models/ (`?model=NAME`, the bundled one by default) and the
+// weight format to load it with (`?weights=f32`); the family comes from its config.json.
+const query = new URLSearchParams(window.location.search);
+const MODEL = /^[\w.-]+$/.test(query.get("model") ?? "") ? query.get("model") : "tiny";
+
 const state = {
   engine: null,
   /** `engine.info()` of the loaded model. */
@@ -126,8 +131,10 @@ function drawCanvas(step) {
   canvas.replaceChildren(...cells);
   const left = step.masked.length;
   const rate = step.elapsed > 0 ? (step.canvas.length - left) / step.elapsed : 0;
-  $("step-label").textContent =
-    `step ${step.step} · ${left} masked · ${rate.toFixed(1)} tokens/s`;
+  $("step-label").textContent = step.family === "diffusion_gemma"
+    ? `step ${step.step} · canvas ${step.canvasIndex + 1} · ${left} renoised · ` +
+      `temperature ${step.temperature.toFixed(2)}`
+    : `step ${step.step} · ${left} masked · ${rate.toFixed(1)} tokens/s`;
 }
 
 // Special tokens decode to nothing; they are drawn by a short name.
@@ -168,6 +175,12 @@ function numberOr(id, fallback) {
 // at least one token, and a block is part of the canvas. They mark a box out of range
 // (:invalid) before a request is sent.
 function updateLimits() {
+  if (isGemma()) {
+    // Whole canvases are generated; steps bound each canvas, not the answer.
+    $("gen-length").max = String(state.info.maxSequenceLength - 1);
+    $("steps").max = "4096";
+    return;
+  }
   const context = state.info?.maxSequenceLength;
   const genMax = context ? context - 1 : Number($("gen-length").max);
   $("gen-length").max = String(genMax);
@@ -188,11 +201,23 @@ function showRequestError(message) {
   line.hidden = !message;
 }
 
+function isGemma() {
+  return state.info?.family === "diffusion_gemma";
+}
+
 function request(question) {
   const messages = [];
   const system = $("system").value;
   if (system.trim() !== "") messages.push({ role: "system", content: system });
   messages.push(...state.history, { role: "user", content: question });
+  if (isGemma()) {
+    return {
+      messages,
+      genLength: numberOr("gen-length", state.info.genLength),
+      steps: numberOr("steps", state.info.steps),
+      seed: numberOr("seed", 0),
+    };
+  }
   return {
     messages,
     genLength: numberOr("gen-length", 32),
@@ -204,7 +229,27 @@ function request(question) {
   };
 }
 
+function reportGemma(result) {
+  const t = result.timings;
+  const steps = result.canvases.map((c) => c.steps);
+  const pairs = [
+    ["tokens/s (canvas)", t.throughput_canvas.toFixed(1)],
+    ["tokens/s (answer)", t.throughput_answer.toFixed(1)],
+    ["time", `${t.total_s.toFixed(2)} s`],
+    ["canvases · steps", `${steps.length} · ${steps.join(" + ")}`],
+  ];
+  const p = result.prefix;
+  if (p) pairs.push(["system turn", `${p.use} (${p.tokens} tokens)`]);
+  const s = result.store;
+  pairs.push(
+    ["store hits / misses", `${s.hits} / ${s.misses}`],
+    ["store entries", `${s.entries} (${s.tokens} tokens)`],
+  );
+  showStats(pairs);
+}
+
 function report(result) {
+  if (result.family === "diffusion_gemma") return reportGemma(result);
   const t = result.timings;
   const pairs = [
     ["tokens/s (canvas)", t.throughput_canvas.toFixed(1)],
@@ -255,17 +300,27 @@ async function load() {
       if (files.length === 0) throw new Error("pick the model's files first");
       state.engine = await Engine.fromFiles(files, { weights }, onProgress);
     } else {
-      const url = new URL("models/tiny/", window.location.href).href;
+      const url = new URL(`models/${MODEL}/`, window.location.href).href;
       state.engine = await Engine.fromUrl(url, { weights }, onProgress);
     }
     const info = state.engine.info();
     state.info = info;
+    document.body.dataset.family = info.family ?? "masked";
+    if (isGemma()) {
+      $("gen-length").value = String(info.genLength);
+      $("steps").value = String(info.steps);
+    }
     updateLimits();
-    $("model-status").textContent =
-      `${(info.parameters / 1e6).toFixed(2)} M parameters, ${info.layers} layers, ` +
-      `${info.weights} weights (${mib(info.weightBytes)} MiB on the GPU), ` +
-      `loaded in ${info.loadSeconds.toFixed(2)} s` +
-      (info.hasDepthTable ? "" : " · no BiCache depth table: bicache runs as its fallback");
+    $("model-status").textContent = isGemma()
+      ? `DiffusionGemma: ${(info.parameters / 1e6).toFixed(2)} M parameters ` +
+        `(${(info.activeParameters / 1e6).toFixed(2)} M active), ${info.layers} layers, ` +
+        `${info.experts} experts (top ${info.topKExperts}), canvas of ${info.canvasLength}, ` +
+        `${info.weights} weights (${mib(info.weightBytes)} MiB on the GPU), ` +
+        `loaded in ${info.loadSeconds.toFixed(2)} s`
+      : `${(info.parameters / 1e6).toFixed(2)} M parameters, ${info.layers} layers, ` +
+        `${info.weights} weights (${mib(info.weightBytes)} MiB on the GPU), ` +
+        `loaded in ${info.loadSeconds.toFixed(2)} s` +
+        (info.hasDepthTable ? "" : " · no BiCache depth table: bicache runs as its fallback");
     $("adapter").textContent = describeAdapter(info);
     $("question").disabled = false;
     $("send").disabled = false;
@@ -317,6 +372,7 @@ async function ask(event) {
 
 async function main() {
   $("system").value = DEFAULT_SYSTEM;
+  if (["f16", "q8", "q4", "f32"].includes(query.get("weights"))) $("weights").value = query.get("weights");
   updateLimits();
   for (const radio of document.querySelectorAll("input[name=source]")) {
     radio.addEventListener("change", () => {
@@ -337,7 +393,7 @@ async function main() {
     return;
   }
   await init();
-  $("adapter").textContent = "WebGPU available. Loading the bundled model…";
+  $("adapter").textContent = `WebGPU available. Loading models/${MODEL}…`;
   await load();
 }
 

@@ -15,6 +15,7 @@
 //! drawing while the model runs.
 
 pub mod busy;
+pub mod dgemma_mapping;
 pub mod mapping;
 
 #[cfg(target_arch = "wasm32")]

@@ -75,7 +75,7 @@ fn field<'a, T>(
 /// An optional whole number within `range`; `why` (empty, or " (...)") says where the
 /// bound comes from. Fractions, negatives and numbers past the bound are errors, never
 /// rounded or wrapped.
-fn whole_in(
+pub(crate) fn whole_in(
     obj: &Value,
     key: &str,
     range: RangeInclusive<u64>,
@@ -92,7 +92,7 @@ fn whole_in(
 }
 
 /// `whole_in` for a count or length: the bound keeps it within a 32-bit `usize`.
-fn count_in(
+pub(crate) fn count_in(
     obj: &Value,
     key: &str,
     range: RangeInclusive<usize>,
@@ -103,7 +103,7 @@ fn count_in(
     Ok(whole_in(obj, key, lo..=hi, why)?.map(|n| n as usize))
 }
 
-fn flag(obj: &Value, key: &str) -> Result<Option<bool>, String> {
+pub(crate) fn flag(obj: &Value, key: &str) -> Result<Option<bool>, String> {
     field(obj, key, "true or false", Value::as_bool)
 }
 
@@ -174,7 +174,7 @@ pub fn device_options(obj: &Value) -> Result<DeviceOptions, String> {
 
 /// The prompt of a request: token `ids`, `messages` ([{role, content}]), or `system` +
 /// `prompt`.
-fn prompt(obj: &Value, limits: &Limits) -> Result<Prompt, String> {
+pub(crate) fn prompt(obj: &Value, limits: &Limits) -> Result<Prompt, String> {
     if let Some(list) = obj.get("ids").filter(|v| !v.is_null()) {
         let items = list
             .as_array()

@@ -6,12 +6,17 @@ use std::sync::{Arc, Once};
 
 use js_sys::{Array, Function, Object, Promise};
 use serde_json::{Value, json};
-use unmask::{Engine, EngineError, LoadProgress, MemoryFiles, ModelFiles, Request, StepEvent};
+use unmask::{
+    DgemmaEngine, DgemmaRequest, Engine, EngineError, LoadProgress, MemoryFiles, ModelFiles,
+    Request, StepEvent, is_diffusion_gemma_config,
+};
+use unmask_gpu::dgemma::StepReport;
 use unmask_gpu::{ContextOptions, GpuContext};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::busy::BusyGuard;
+use crate::dgemma_mapping;
 use crate::files::{PickedFiles, UrlFiles};
 use crate::mapping::{self, CanvasTracker, Limits};
 
@@ -117,10 +122,17 @@ async fn context(options: &Value) -> Result<Arc<GpuContext>, JsError> {
         .map_err(|e| JsError::new(&e.to_string()))
 }
 
+/// The loaded model, by family: the masked-diffusion engine (LLaDA, Dream) or
+/// DiffusionGemma's.
+enum Loaded {
+    Masked(Rc<Engine>),
+    Gemma(Rc<DgemmaEngine>),
+}
+
 /// A model on the page's GPU.
 #[wasm_bindgen(js_name = Engine)]
 pub struct WebEngine {
-    engine: Rc<Engine>,
+    loaded: Loaded,
     /// One generation at a time (see `BusyGuard`, the only thing that sets it).
     busy: Rc<Cell<bool>>,
 }
@@ -136,6 +148,20 @@ impl WebEngine {
         let opts = from_js(&options, "options").map_err(|e| JsError::new(&e))?;
         let engine_options = mapping::engine_options(&opts).map_err(|e| JsError::new(&e))?;
         let ctx = context(&opts).await?;
+        let config = files.read("config.json").await.map_err(engine_error)?;
+        let gemma = config
+            .as_deref()
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .is_some_and(is_diffusion_gemma_config);
+        if gemma {
+            let engine = DgemmaEngine::load_from(ctx, files, &engine_options)
+                .await
+                .map_err(engine_error)?;
+            return Ok(WebEngine {
+                loaded: Loaded::Gemma(Rc::new(engine)),
+                busy: Rc::new(Cell::new(false)),
+            });
+        }
         let mut progress = |p: LoadProgress<'_>| {
             if let Some(f) = &on_progress {
                 let v = json!({"tensor": p.tensor, "done": p.done_bytes, "total": p.total_bytes});
@@ -146,14 +172,66 @@ impl WebEngine {
             .await
             .map_err(engine_error)?;
         Ok(WebEngine {
-            engine: Rc::new(engine),
+            loaded: Loaded::Masked(Rc::new(engine)),
             busy: Rc::new(Cell::new(false)),
         })
     }
 
-    /// The engine, for Rust callers (tests).
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// The masked-diffusion engine, for Rust callers (tests); `None` for DiffusionGemma.
+    pub fn engine(&self) -> Option<&Engine> {
+        match &self.loaded {
+            Loaded::Masked(e) => Some(e),
+            Loaded::Gemma(_) => None,
+        }
+    }
+
+    /// The DiffusionGemma engine; `None` for the other families.
+    pub fn dgemma(&self) -> Option<&DgemmaEngine> {
+        match &self.loaded {
+            Loaded::Gemma(e) => Some(e),
+            Loaded::Masked(_) => None,
+        }
+    }
+
+    /// A DiffusionGemma request, checked whole before anything runs: its fields and
+    /// numbers, then whether its prompt and canvases fit the model's positions.
+    fn checked_dgemma(engine: &DgemmaEngine, request: &JsValue) -> Result<DgemmaRequest, String> {
+        let r = dgemma_mapping::request(
+            &from_js(request, "request")?,
+            &dgemma_mapping::limits(engine),
+        )?;
+        let (ids, _) = engine
+            .encode_prompt(&r.prompt)
+            .map_err(|e| format!("prompt: {e}"))?;
+        dgemma_mapping::fit_prompt(&r, ids.len(), engine)?;
+        Ok(r)
+    }
+
+    fn generate_dgemma(
+        &self,
+        engine: Rc<DgemmaEngine>,
+        request: JsValue,
+        on_step: Option<Function>,
+    ) -> Promise {
+        let busy = self.busy.clone();
+        let checked = Self::checked_dgemma(&engine, &request);
+        future_to_promise(async move {
+            let request = checked.map_err(|e| js_error(&e))?;
+            let _busy = BusyGuard::acquire(&busy)
+                .ok_or_else(|| js_error("a generation is already running"))?;
+            let mut tracker = dgemma_mapping::StepTracker::new();
+            let mut each_step = |r: StepReport<'_>| {
+                if let Some(f) = &on_step {
+                    let v = tracker.event(&r, engine.tokenizer());
+                    let _ = f.call1(&JsValue::NULL, &to_js(&v));
+                }
+            };
+            let out = engine
+                .generate_async(&request, &mut each_step)
+                .await
+                .map_err(|e| JsValue::from(engine_error(e)))?;
+            Ok(to_js(&dgemma_mapping::generation(&engine, &out)))
+        })
     }
 
     /// A JavaScript request, checked whole against the model before anything is sized
@@ -225,9 +303,13 @@ impl WebEngine {
         Self::load(&mut MemoryFiles::new(list, 1 << 20), options, on_progress).await
     }
 
-    /// Adapter, features in use, model shape and weight formats.
+    /// Adapter, features in use, model shape and weight formats; `family` is
+    /// "diffusion_gemma" for DiffusionGemma (whose requests take other settings).
     pub fn info(&self) -> JsValue {
-        to_js(&mapping::engine_info(&self.engine))
+        match &self.loaded {
+            Loaded::Masked(e) => to_js(&mapping::engine_info(e)),
+            Loaded::Gemma(e) => to_js(&dgemma_mapping::engine_info(e)),
+        }
     }
 
     /// Generates. `request`: `{system, prompt}` or `{messages}` or `{ids}`, and
@@ -238,8 +320,16 @@ impl WebEngine {
     ///
     /// A request the model cannot run rejects with an `Error` naming the field, what it
     /// expected and what it found; the engine stays usable.
+    ///
+    /// DiffusionGemma: `{system, prompt}` or `{messages}` or `{ids}`, and `genLength, steps,
+    /// seed, shareSystem`; any other field is refused. `onStep` gets each denoising step
+    /// shaped like the above (the argmax canvas, accepted positions as committed, the rest
+    /// as masked). Resolves to `{ids, text, canvases, prefix, store, timings}`.
     pub fn generate(&self, request: JsValue, on_step: Option<Function>) -> Promise {
-        let engine = self.engine.clone();
+        let engine = match &self.loaded {
+            Loaded::Masked(e) => e.clone(),
+            Loaded::Gemma(e) => return self.generate_dgemma(e.clone(), request, on_step),
+        };
         let busy = self.busy.clone();
         let checked = Self::checked_request(&engine, &request);
         future_to_promise(async move {
@@ -270,20 +360,35 @@ impl WebEngine {
     /// Counters of the BiCache prefix store: hits, misses, inserts, evictions, entries...
     #[wasm_bindgen(js_name = cacheStats)]
     pub fn cache_stats(&self) -> JsValue {
-        to_js(&mapping::store_stats(&self.engine))
+        match &self.loaded {
+            Loaded::Masked(e) => to_js(&mapping::store_stats(e)),
+            Loaded::Gemma(e) => to_js(&dgemma_mapping::store_stats(e)),
+        }
     }
 
     /// Drops every shared prefix entry not in use; returns how many.
     #[wasm_bindgen(js_name = clearCache)]
     pub fn clear_cache(&self) -> usize {
-        self.engine.clear_prefix_store()
+        match &self.loaded {
+            Loaded::Masked(e) => e.clear_prefix_store(),
+            Loaded::Gemma(e) => e.clear_prefix_store(),
+        }
     }
 
     /// The token ids of a chat prompt (`{system, prompt}` or `{messages}`).
     #[wasm_bindgen(js_name = encodePrompt)]
     pub fn encode_prompt(&self, request: JsValue) -> Result<Vec<u32>, JsError> {
         let v = from_js(&request, "request").map_err(|e| JsError::new(&e))?;
-        let r = mapping::request(&v, &Limits::of(&self.engine)).map_err(|e| JsError::new(&e))?;
-        self.engine.encode_prompt(&r.prompt).map_err(engine_error)
+        match &self.loaded {
+            Loaded::Masked(e) => {
+                let r = mapping::request(&v, &Limits::of(e)).map_err(|e| JsError::new(&e))?;
+                e.encode_prompt(&r.prompt).map_err(engine_error)
+            }
+            Loaded::Gemma(e) => {
+                let r = dgemma_mapping::request(&v, &dgemma_mapping::limits(e))
+                    .map_err(|e| JsError::new(&e))?;
+                Ok(e.encode_prompt(&r.prompt).map_err(engine_error)?.0)
+            }
+        }
     }
 }

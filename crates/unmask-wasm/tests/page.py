@@ -8,7 +8,11 @@ take the next request. Then it asks the first question of data/tasks/heldout-sma
 with that item's system prompt and waits for the answer: the answer (text and token ids)
 must equal what `unmask generate` prints for the same question with the same parameters.
 Then, in a new chat, it asks the second question (same system prompt, so BiCache must hit)
-and saves a screenshot while the canvas is half denoised.
+and saves a screenshot while the canvas is half denoised. Last, it opens the page on the
+DiffusionGemma fixture (`?model=tiny-dgemma&weights=f32`): the page must take the family from
+its config.json (its settings, not the masked-diffusion ones), answer exactly as `unmask
+generate` does for the same seed, and take the system turn from the prefix store the second
+time.
 
     python3 crates/unmask-wasm/tests/page.py --unmask target/debug/unmask \
         --screenshot /tmp/web-demo.png
@@ -168,6 +172,56 @@ def cli_answer(unmask, model, system, question):
     return json.loads(out.stdout)
 
 
+# The DiffusionGemma part: a random tiny model (its text is noise), compared token for token.
+GEMMA_SYSTEM, GEMMA_STEPS, GEMMA_LENGTH = "You answer in one word.", 8, 16
+GEMMA_QUESTIONS = ["Name a colour.", "Name an animal."]
+
+
+def gemma_page(wd, server, unmask, timeout):
+    model = ROOT / "tests/fixtures/tiny-dgemma"
+    cmd = [unmask, "generate", "--model", str(model), "--system", GEMMA_SYSTEM,
+           "--prompt", GEMMA_QUESTIONS[0], "--gen-length", str(GEMMA_LENGTH),
+           "--steps", str(GEMMA_STEPS), "--seed", "0", "--weights", "f32", "--json"]
+    want = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                     cwd=ROOT).stdout)
+    page = (f"http://127.0.0.1:{server.server_address[1]}/index.html"
+            "?model=tiny-dgemma&weights=f32")
+    wd.s("POST", "/url", {"url": page}, timeout=120)
+    wd.wait_state({"ready"}, timeout)
+    family = wd.js("return document.body.dataset.family;")
+    shown = wd.js("return [...document.querySelectorAll('#cache, #block-length, #seed')]"
+                  ".map(e => e.offsetParent !== null);")
+    status = wd.js("return document.getElementById('model-status').textContent;")
+    print(f"[page] {status}")
+    if family != "diffusion_gemma" or shown != [False, False, True]:
+        sys.exit(f"the page should pick DiffusionGemma and its settings: family {family!r}, "
+                 f"cache/block/seed shown {shown}")
+    wd.js("""
+        const [system, gen, steps] = arguments;
+        document.getElementById('system').value = system;
+        document.getElementById('gen-length').value = gen;
+        document.getElementById('steps').value = steps;
+        document.getElementById('seed').value = '0';
+    """, GEMMA_SYSTEM, GEMMA_LENGTH, GEMMA_STEPS)
+    results = []
+    for question in GEMMA_QUESTIONS:
+        wd.s("POST", f"/element/{wd.element('#new-chat')}/click", {})
+        wd.s("POST", f"/element/{wd.element('#question')}/value", {"text": question})
+        wd.s("POST", f"/element/{wd.element('#send')}/click", {})
+        wd.wait_state({"done"}, timeout)
+        results.append(wd.js("return window.unmask.last;"))
+    first, second = results
+    print(f"[page] DiffusionGemma: {len(first['ids'])} tokens in "
+          f"{first['timings']['total_s']:.2f} s, steps {[c['steps'] for c in first['canvases']]}, "
+          f"system turn {first['prefix']} then {second['prefix']}")
+    if first["ids"] != want["ids"]:
+        sys.exit(f"DiffusionGemma: page {first['ids']}, CLI {want['ids']}")
+    print("[page] DiffusionGemma: the page's tokens equal `unmask generate`'s")
+    if (first["prefix"] or {}).get("use") != "stored" or (second["prefix"] or {}).get("use") != "hit":
+        sys.exit(f"DiffusionGemma: the system turn should be stored, then reused: "
+                 f"{first['prefix']}, {second['prefix']}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--unmask", default=str(ROOT / "target/debug/unmask"))
@@ -273,6 +327,7 @@ def main():
               f"{wd.js('return window.unmask.last.text;')!r}, BiCache {again['bicache']}")
         if not (again["bicache"] and again["bicache"]["hit"]):
             sys.exit(f"the second request should reuse the shared prefix: {again['bicache']}")
+        gemma_page(wd, server, args.unmask, args.timeout)
     finally:
         try:
             if wd.session:

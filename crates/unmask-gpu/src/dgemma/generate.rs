@@ -26,6 +26,8 @@ pub struct StepReport<'a> {
     /// Which canvas (0 for the first 256 tokens).
     pub canvas: usize,
     pub step: &'a EntropyBoundStep,
+    /// Each row's entropy (nats) of the step's tempered distribution.
+    pub entropies: &'a [f32],
 }
 
 #[derive(Clone, Debug)]
@@ -123,9 +125,11 @@ impl DgemmaModel {
                     .unwrap_or_else(|| stats.iter().map(|r| r.sampled).collect());
                 let step = step_from_rows(&rows, sampled, vocab, t, params, &mut canvas, draws);
                 let stop = step.stop;
+                let entropies: Vec<f32> = rows.iter().map(|r| r.1).collect();
                 on_step(StepReport {
                     canvas: index,
                     step: &step,
+                    entropies: &entropies,
                 });
                 steps.push(step);
                 if stop {

@@ -63,6 +63,13 @@ impl DgemmaPrefixStore {
         self.entries.is_empty()
     }
 
+    /// Drops every entry (their GPU buffers with them); returns how many there were.
+    pub fn clear(&mut self) -> usize {
+        let n = self.entries.len();
+        self.entries.clear();
+        n
+    }
+
     fn find(&self, ids: &[u32]) -> Option<usize> {
         self.entries.iter().position(|e| e.ids == ids)
     }

@@ -25,11 +25,13 @@ use wasm_bindgen_test::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
+mod dgemma;
+
 macro_rules! fixture_file {
     ($name:literal) => {
         (
             $name,
-            include_bytes!(concat!("../../../tests/fixtures/tiny/", $name)).as_slice(),
+            include_bytes!(concat!("../../../../tests/fixtures/tiny/", $name)).as_slice(),
         )
     };
 }
@@ -44,16 +46,16 @@ const FIXTURE: [(&str, &[u8]); 7] = [
     fixture_file!("model-00002-of-00002.safetensors"),
 ];
 
-const GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/generate.json");
-const ACACHE_GOLDENS: &str = include_str!("../../../tests/fixtures/tiny/goldens/acache.json");
+const GOLDENS: &str = include_str!("../../../../tests/fixtures/tiny/goldens/generate.json");
+const ACACHE_GOLDENS: &str = include_str!("../../../../tests/fixtures/tiny/goldens/acache.json");
 const DLLM_CACHE_GOLDENS: &str =
-    include_str!("../../../tests/fixtures/tiny/goldens/dllm_cache.json");
+    include_str!("../../../../tests/fixtures/tiny/goldens/dllm_cache.json");
 
 macro_rules! dream_file {
     ($name:literal) => {
         (
             $name,
-            include_bytes!(concat!("../../../tests/fixtures/tiny-dream/", $name)).as_slice(),
+            include_bytes!(concat!("../../../../tests/fixtures/tiny-dream/", $name)).as_slice(),
         )
     };
 }
@@ -70,7 +72,7 @@ const DREAM: [(&str, &[u8]); 7] = [
 ];
 
 const DREAM_GOLDENS: &str =
-    include_str!("../../../tests/fixtures/tiny-dream/goldens/generate.json");
+    include_str!("../../../../tests/fixtures/tiny-dream/goldens/generate.json");
 
 fn files(piece: usize) -> MemoryFiles {
     MemoryFiles::new(
@@ -131,7 +133,7 @@ fn golden_cases() -> Vec<(String, Vec<u32>, GenerationParams, Vec<u32>)> {
 #[wasm_bindgen_test]
 async fn the_tiny_fixture_generates_the_native_goldens() {
     let web = load(r#"{"weights": "f32"}"#, 4099).await;
-    let engine = web.engine();
+    let engine = web.engine().expect("a LLaDA or Dream engine");
     assert_eq!(engine.ctx().info.backend, wgpu::Backend::BrowserWebGpu);
     web_sys::console::log_1(&engine.ctx().describe().into());
     let cases = golden_cases();
@@ -160,7 +162,7 @@ async fn a_dream_folder_generates_the_dream_goldens() {
         Ok(e) => e,
         Err(e) => panic!("the Dream fixture loads: {:?}", JsValue::from(e)),
     };
-    let engine = web.engine();
+    let engine = web.engine().expect("a LLaDA or Dream engine");
     assert_eq!(engine.config().family, unmask::ModelFamily::Dream);
     let mut checked = 0;
     for c in goldens::cases(DREAM_GOLDENS) {
@@ -207,7 +209,7 @@ async fn a_dream_folder_generates_the_dream_goldens() {
 #[wasm_bindgen_test]
 async fn an_f16_kv_arena_generates_the_native_goldens() {
     let web = load(r#"{"weights": "f32", "kv": "f16"}"#, 4099).await;
-    let engine = web.engine();
+    let engine = web.engine().expect("a LLaDA or Dream engine");
     assert_eq!(engine.model().kv_dtype, unmask_gpu::DType::F16);
     for (name, prompt, params, want) in golden_cases().into_iter().take(3) {
         let out = engine
@@ -231,7 +233,7 @@ async fn weights_split_over_small_bindings_give_the_same_tokens() {
     // 48 KiB bindings split the embedding and LM head into chunks, as 128 MiB bindings
     // split LLaDA-8B's (and still hold the activations).
     let web = load(r#"{"weights": "f32", "maxBindingBytes": 49152}"#, 1 << 20).await;
-    let engine = web.engine();
+    let engine = web.engine().expect("a LLaDA or Dream engine");
     assert!(engine.model().weights.embedding.chunks.len() > 1);
     let (name, prompt, params, want) = golden_cases().remove(0);
     let out = engine
@@ -309,7 +311,7 @@ async fn generate_from_javascript_reports_every_step() {
 #[wasm_bindgen_test]
 async fn acache_matches_the_reference_and_shares_the_span_entry() {
     let web = load(r#"{"weights": "f32"}"#, 4099).await;
-    let engine = web.engine();
+    let engine = web.engine().expect("a LLaDA or Dream engine");
     let all: Value = serde_json::from_str(ACACHE_GOLDENS).unwrap();
     for case in all["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
@@ -355,7 +357,7 @@ async fn acache_matches_the_reference_and_shares_the_span_entry() {
 #[wasm_bindgen_test]
 async fn dllm_cache_matches_the_reference() {
     let web = load(r#"{"weights": "f32"}"#, 4099).await;
-    let engine = web.engine();
+    let engine = web.engine().expect("a LLaDA or Dream engine");
     let all: Value = serde_json::from_str(DLLM_CACHE_GOLDENS).unwrap();
     for case in all["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
@@ -531,7 +533,11 @@ async fn bad_requests_reject_naming_the_field_and_the_engine_stays_usable() {
     }
     // An error from the engine itself (after the checks pass): BiCache cannot predict
     // masks inside the prompt. Its way out clears the busy flag too.
-    let mask = web.engine().special().mask;
+    let mask = web
+        .engine()
+        .expect("a LLaDA or Dream engine")
+        .special()
+        .mask;
     let e = generate(
         &web,
         js(&format!(
@@ -566,7 +572,11 @@ async fn one_generation_at_a_time_and_the_next_after_it() {
 #[wasm_bindgen_test]
 async fn a_mask_inside_the_prompt_is_reported_apart_from_the_canvas() {
     let web = load("{}", 1 << 20).await;
-    let mask = web.engine().special().mask;
+    let mask = web
+        .engine()
+        .expect("a LLaDA or Dream engine")
+        .special()
+        .mask;
     let events: Rc<RefCell<Vec<Value>>> = Rc::default();
     let sink = events.clone();
     let on_step = Closure::<dyn FnMut(JsValue)>::new(move |v: JsValue| {
@@ -631,7 +641,11 @@ fn special_ids() -> Vec<u32> {
 async fn special_token_markup_in_a_message_stays_text() {
     let web = load("{}", 1 << 20).await;
     let specials = special_ids();
-    let mask = web.engine().special().mask;
+    let mask = web
+        .engine()
+        .expect("a LLaDA or Dream engine")
+        .special()
+        .mask;
     assert!(specials.contains(&mask));
     let chat = |system: &str, user: &str| {
         json!({"messages": [
