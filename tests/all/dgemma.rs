@@ -94,12 +94,19 @@ fn generations_replay_the_reference_step_by_step() {
     use unmask_goldens::dgemma::{RunCanvas, generation_cases};
     let dir = fixture();
     let ctx = common::ctx();
-    let model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
     let cases =
         generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
     assert_eq!(cases.len(), 7);
     let mut early_stops = 0;
-    for case in cases {
+    // Caches whose sliding layers never move (256 rows), then ones that keep W - 1 + 16 rows
+    // (23 for the fixture's window of 8) and move them at every other commit.
+    let runs = cases
+        .iter()
+        .map(|c| (16, c))
+        .chain(cases.iter().map(|c| (512, c)));
+    for (pass_rows, case) in runs.rev() {
+        model.pass_rows = pass_rows;
         let mut draws = case.draws.clone();
         let got = model
             .generate(&ctx, &case.prompt, &case.params, &mut draws, 0)
@@ -114,7 +121,7 @@ fn generations_replay_the_reference_step_by_step() {
             .collect();
         early_stops += case.assert_run(&canvases, &got.sequence);
         eprintln!(
-            "[check] DiffusionGemma generation {}: {} canvases, {} steps, sequence of {} equal to the reference's",
+            "[check] DiffusionGemma generation {} (passes of {pass_rows}): {} canvases, {} steps, sequence of {} equal to the reference's",
             case.name,
             got.canvases.len(),
             got.canvases.iter().map(|c| c.steps.len()).sum::<usize>(),
@@ -122,6 +129,62 @@ fn generations_replay_the_reference_step_by_step() {
         );
     }
     assert!(early_stops > 0, "some canvas stopped early");
+}
+
+/// The sliding layers' K/V: a cache keeping only W - 1 + 16 rows (moving them as the
+/// prompt's pieces and the commits arrive) gives the encoder, commit and decoder the same
+/// logits as one keeping every position, bit for bit, and allocates what `kv_cache_bytes`
+/// predicts.
+#[test]
+fn sliding_layers_keep_only_their_window() {
+    use unmask_gpu::dgemma::kv_cache_bytes;
+    let ctx = common::ctx();
+    let mut model = DgemmaModel::load(&ctx, &fixture(), WeightFormat::F32, 256).unwrap();
+    let w = model.cfg.sliding_window;
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 250 + 3).collect();
+    let canvas: Vec<u32> = (0..16).map(|i| (i * 11 + 2) % 250 + 3).collect();
+    let run = |model: &DgemmaModel| {
+        let mut cache = model.new_cache(&ctx, 200).unwrap();
+        let mut out = model
+            .encode(&ctx, &mut cache, &prompt, true)
+            .unwrap()
+            .unwrap();
+        for _ in 0..3 {
+            out.extend(
+                model
+                    .encode(&ctx, &mut cache, &canvas, true)
+                    .unwrap()
+                    .unwrap(),
+            );
+            out.extend(model.decode(&ctx, &cache, &canvas, None).unwrap());
+        }
+        let bytes: u64 = cache.k.iter().chain(&cache.v).map(|t| t.size_bytes()).sum();
+        (out, bytes, cache.sliding_base, cache.sliding_rows)
+    };
+    model.pass_rows = 512;
+    let (every, every_bytes, base, rows) = run(&model);
+    assert_eq!(
+        (base, rows),
+        (0, 200),
+        "a cache of 200 positions never moves"
+    );
+    model.pass_rows = 16;
+    let (windowed, bytes, base, rows) = run(&model);
+    assert_eq!(rows, w - 1 + 16);
+    // Moved before each pass that would overflow: the last move kept positions 65.. (the
+    // last W - 1 before the third commit), and every position since.
+    let len = 40 + 3 * 16;
+    assert_eq!(base, len - 16 - (w - 1), "the rows kept at the last move");
+    assert_eq!(bytes, kv_cache_bytes(&model.cfg, 200, 16));
+    assert!(bytes < every_bytes, "{bytes} vs {every_bytes}");
+    assert_eq!(
+        windowed, every,
+        "the same logits with the window's rows only"
+    );
+    eprintln!(
+        "[check] DiffusionGemma sliding cache: {} logits equal, K/V {bytes} bytes instead of {every_bytes}",
+        every.len()
+    );
 }
 
 /// The engine: a chat request gives what the model's own loop gives for the same ids and

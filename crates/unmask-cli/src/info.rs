@@ -9,7 +9,7 @@ use unmask::{Engine, EngineError};
 use unmask_core::config::{DiffusionGemmaConfig, ModelConfig};
 use unmask_core::tokenizer::{SpecialTokens, Tokenizer};
 use unmask_gpu::WeightFormat;
-use unmask_gpu::dgemma::{kv_bytes_per_position, weight_bytes};
+use unmask_gpu::dgemma::{PASS_ROWS, kv_cache_bytes, weight_bytes};
 use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::AttentionKernel;
@@ -226,12 +226,16 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
             short_count(active as usize)
         ),
         format!(
-            "  GPU memory of the weights (router f32): f16 {}, q8 {}, q4 {}; K/V {} per \
-             position (f32)",
+            "  GPU memory of the weights (router f32): f16 {}, q8 {}, q4 {}",
             bytes_text(weight_bytes(&c, WeightFormat::F16Packed)),
             bytes_text(weight_bytes(&c, WeightFormat::Q8)),
             bytes_text(weight_bytes(&c, WeightFormat::Q4)),
-            bytes_text(kv_bytes_per_position(&c))
+        ),
+        format!(
+            "  K/V cache (f32; sliding layers keep W - 1 + {PASS_ROWS} rows): {} at 8192 \
+             positions, {} at 32768",
+            bytes_text(kv_cache_bytes(&c, 8192, PASS_ROWS)),
+            bytes_text(kv_cache_bytes(&c, 32768, PASS_ROWS)),
         ),
     ]))
 }

@@ -14,14 +14,12 @@ mod weights;
 use std::path::Path;
 
 use unmask_core::checkpoint::Checkpoint;
-use unmask_core::config::DiffusionGemmaConfig;
+use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
 
 pub use generate::{GeneratedCanvas, Generation, SharedPrefix, StepReport};
 pub use pass::{Pass, SelfConditioning};
 pub use prefix::{DgemmaPrefixStore, PrefixUse};
-pub use weights::{
-    DgemmaLayer, DgemmaWeights, SelfConditioningMlp, kv_bytes_per_position, weight_bytes,
-};
+pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioningMlp, weight_bytes};
 
 use crate::context::GpuContext;
 use crate::model::ModelError;
@@ -39,6 +37,8 @@ pub struct DgemmaModel {
     pub weights: DgemmaWeights,
     /// Positions the RoPE tables cover: the cache's capacity cannot exceed it.
     pub max_positions: usize,
+    /// Most positions one encoder pass appends in the caches `new_cache` makes (`PASS_ROWS`).
+    pub pass_rows: usize,
     /// `(cos, sin)` tables of the sliding and the full layers.
     rope_sliding: Tensor,
     rope_full: Tensor,
@@ -46,13 +46,53 @@ pub struct DgemmaModel {
     ones: Tensor,
 }
 
-/// The K/V of every position encoded so far, per layer: f32 rows `[capacity, K·d]`.
+/// The K/V of the positions encoded so far, per layer, f32 rows of `K·d`. A full-attention
+/// layer keeps every position (row p is position p); a sliding layer keeps only what a
+/// window can still see: its buffer holds `sliding_rows` rows, row 0 being position
+/// `sliding_base`, and before a pass would write past its end the last W − 1 positions move
+/// to its front. The encoder appends at most `pass_rows` positions per pass (longer inputs go
+/// in pieces; the encoder is causal, so the pieces give the same K/V as one pass).
 pub struct DgemmaCache {
     pub k: Vec<Tensor>,
     pub v: Vec<Tensor>,
     /// Positions written (the prompt and every committed canvas).
     pub len: usize,
     pub capacity: usize,
+    /// Most positions one encoder pass appends.
+    pub pass_rows: usize,
+    /// Rows of a sliding layer's buffer: W − 1 + `pass_rows`, or `capacity` when smaller.
+    pub sliding_rows: usize,
+    /// Position of row 0 of every sliding layer's buffer.
+    pub sliding_base: usize,
+}
+
+/// Positions one encoder pass appends unless a cache is made with another figure: a long
+/// prompt is encoded in pieces this long (at least a canvas).
+pub const PASS_ROWS: usize = 512;
+
+impl DgemmaCache {
+    /// The buffer row of position `p` in layer `a`'s K/V.
+    pub fn row(&self, a: &LayerAttention, p: usize) -> usize {
+        if a.sliding { p - self.sliding_base } else { p }
+    }
+}
+
+/// GPU bytes of a cache for `positions` positions with passes of `pass_rows` (`PASS_ROWS`
+/// for the runtime's caches): every position of the full layers, W − 1 + `pass_rows` rows of
+/// the sliding ones.
+pub fn kv_cache_bytes(cfg: &DiffusionGemmaConfig, positions: usize, pass_rows: usize) -> u64 {
+    let sliding = sliding_rows(cfg, positions, pass_rows.max(cfg.canvas_length));
+    cfg.layers
+        .iter()
+        .map(|a| {
+            let rows = if a.sliding { sliding } else { positions };
+            2 * 4 * (a.kv_heads * a.head_dim * rows) as u64
+        })
+        .sum()
+}
+
+fn sliding_rows(cfg: &DiffusionGemmaConfig, capacity: usize, pass_rows: usize) -> usize {
+    (cfg.sliding_window.saturating_sub(1) + pass_rows).min(capacity)
 }
 
 impl DgemmaModel {
@@ -146,13 +186,16 @@ impl DgemmaModel {
             cfg,
             weights,
             max_positions,
+            pass_rows: PASS_ROWS,
             rope_sliding,
             rope_full,
             ones,
         })
     }
 
-    /// An empty cache for `capacity` positions (the prompt and every canvas committed after it).
+    /// An empty cache for `capacity` positions (the prompt and every canvas committed after
+    /// it), encoder passes of at most `self.pass_rows` positions (at least a canvas): the
+    /// sliding layers hold W − 1 + that many rows.
     pub fn new_cache(&self, ctx: &GpuContext, capacity: usize) -> Result<DgemmaCache, ModelError> {
         if capacity > self.max_positions {
             return Err(ModelError::Input(format!(
@@ -160,28 +203,26 @@ impl DgemmaModel {
                 self.max_positions
             )));
         }
+        let pass_rows = self.pass_rows.max(self.cfg.canvas_length).max(1);
+        let sliding_rows = sliding_rows(&self.cfg, capacity, pass_rows);
         let mut k = Vec::with_capacity(self.cfg.layers.len());
         let mut v = Vec::with_capacity(self.cfg.layers.len());
         for (l, a) in self.cfg.layers.iter().enumerate() {
-            let shape = [capacity.max(1), a.kv_heads * a.head_dim];
-            k.push(Tensor::zeros(
-                ctx,
-                DType::F32,
-                &shape,
-                &format!("k cache {l}"),
-            )?);
-            v.push(Tensor::zeros(
-                ctx,
-                DType::F32,
-                &shape,
-                &format!("v cache {l}"),
-            )?);
+            let rows = if a.sliding { sliding_rows } else { capacity };
+            let shape = [rows.max(1), a.kv_heads * a.head_dim];
+            for (list, name) in [(&mut k, "k"), (&mut v, "v")] {
+                let label = format!("{name} cache {l}");
+                list.push(Tensor::zeros(ctx, DType::F32, &shape, &label)?);
+            }
         }
         Ok(DgemmaCache {
             k,
             v,
             len: 0,
             capacity,
+            pass_rows,
+            sliding_rows,
+            sliding_base: 0,
         })
     }
 
@@ -209,15 +250,29 @@ mod tests {
             gib(WeightFormat::Q8),
             gib(WeightFormat::Q4),
         );
-        let kv = kv_bytes_per_position(&cfg);
+        let kv =
+            |positions| kv_cache_bytes(&cfg, positions, PASS_ROWS) as f64 / (1u64 << 30) as f64;
+        // Every layer keeping every position, as a cache without the sliding window would.
+        let every: u64 = cfg
+            .layers
+            .iter()
+            .map(|a| 2 * 4 * (a.kv_heads * a.head_dim) as u64)
+            .sum();
+        let every = |positions: usize| (positions as u64 * every) as f64 / (1u64 << 30) as f64;
         eprintln!(
             "[memory] DiffusionGemma 26B-A4B weights: f16 {f16:.1} GiB, q8 {q8:.1} GiB, \
-             q4 {q4:.1} GiB; K/V {} KiB per position",
-            kv / 1024
+             q4 {q4:.1} GiB; K/V (f32) at 8192 positions {:.2} GiB (every position in every \
+             layer: {:.2} GiB), at 32768 {:.2} GiB ({:.2} GiB)",
+            kv(8192),
+            every(8192),
+            kv(32768),
+            every(32768)
         );
         assert!((46.0..50.0).contains(&f16), "{f16}");
         assert!(q8 > 22.4 && q4 < 16.0, "{q8} {q4}");
-        // 24 GB = 22.35 GiB: q4 plus 8192 positions of K/V still fit.
-        assert!(q4 + (8192 * kv) as f64 / (1u64 << 30) as f64 <= 22.35);
+        // The sliding layers (25 of 30, 91 % of a position's K/V) keep W - 1 + PASS_ROWS rows.
+        assert!(kv(32768) < every(32768) / 4.0);
+        // 24 GB = 22.35 GiB: q4 plus 32768 positions of K/V fit.
+        assert!(q4 + kv(32768) <= 22.35, "{q4} + {}", kv(32768));
     }
 }

@@ -135,6 +135,12 @@ impl DgemmaModel {
             )));
         }
         let p0 = cache.len;
+        if matches!(pass, Pass::Encode) && t > cache.pass_rows {
+            return Err(ModelError::Input(format!(
+                "encoder pass: expected at most the cache's {} rows per pass, found {t}",
+                cache.pass_rows
+            )));
+        }
         if p0 + t > cache.capacity {
             return Err(ModelError::Input(format!(
                 "positions: {p0} cached + {t} new exceed the cache's {} positions",
@@ -410,7 +416,7 @@ impl DgemmaModel {
         let q_stride = self.cfg.heads * a.head_dim;
         match pass {
             Pass::Encode => {
-                let at = (p0 * kv_w * 4) as u64;
+                let at = (cache.row(&a, p0) * kv_w * 4) as u64;
                 let bytes = (t * kv_w * 4) as u64;
                 step.copy(&s.k.buffer, 0, &ck.buffer, at, bytes);
                 step.copy(&s.v.buffer, 0, &cv.buffer, at, bytes);
@@ -433,7 +439,7 @@ impl DgemmaModel {
                 let seg = KvSegment {
                     k: ck,
                     v: cv,
-                    start: lo,
+                    start: cache.row(&a, lo),
                     len: p0 + t - lo,
                 };
                 let out = &s.attn;
@@ -459,7 +465,7 @@ impl DgemmaModel {
                 let cached = KvSegment {
                     k: ck,
                     v: cv,
-                    start: lo,
+                    start: cache.row(&a, lo),
                     len: p0 - lo,
                 };
                 let canvas = KvSegment::first(&s.k, &s.v, t);

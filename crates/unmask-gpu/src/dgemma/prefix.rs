@@ -12,10 +12,13 @@ use crate::model::ModelError;
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
+/// A stored prefix: per layer the K/V a later pass can read — every position of a full
+/// layer, the last W − 1 (from position `sliding_base`) of a sliding one.
 struct Entry {
     ids: Vec<u32>,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    sliding_base: usize,
     last_used: u64,
 }
 
@@ -94,13 +97,18 @@ impl DgemmaPrefixStore {
             self.entries.swap_remove(oldest);
         }
         let n = ids.len();
+        let sliding_base = n.saturating_sub(model.cfg.sliding_window.saturating_sub(1));
         let mut step = StepEncoder::new(ctx, "dgemma prefix store");
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for (l, a) in model.cfg.layers.iter().enumerate() {
             let w = a.kv_heads * a.head_dim;
+            let first = if a.sliding { sliding_base } else { 0 };
+            let rows = n - first;
+            let from = (cache.row(a, first) * w * 4) as u64;
             for (src, dst) in [(&cache.k[l], &mut k), (&cache.v[l], &mut v)] {
-                let t = Tensor::zeros(ctx, DType::F32, &[n, w], &format!("prefix kv {l}"))?;
-                step.copy(&src.buffer, 0, &t.buffer, 0, (n * w * 4) as u64);
+                let shape = [rows.max(1), w];
+                let t = Tensor::zeros(ctx, DType::F32, &shape, &format!("prefix kv {l}"))?;
+                step.copy(&src.buffer, from, &t.buffer, 0, (rows * w * 4) as u64);
                 dst.push(t);
             }
         }
@@ -110,6 +118,7 @@ impl DgemmaPrefixStore {
             ids: ids.to_vec(),
             k,
             v,
+            sliding_base,
             last_used: self.clock,
         });
         Ok(true)
@@ -156,12 +165,14 @@ impl DgemmaModel {
             let e = &mut store.entries[i];
             e.last_used = store.clock;
             let mut step = StepEncoder::new(ctx, "dgemma prefix reuse");
-            for l in 0..self.cfg.layers.len() {
-                let bytes = e.k[l].size_bytes().min(cache.k[l].size_bytes());
+            for (l, a) in self.cfg.layers.iter().enumerate() {
+                let first = if a.sliding { e.sliding_base } else { 0 };
+                let bytes = ((shared - first) * a.kv_heads * a.head_dim * 4) as u64;
                 step.copy(&e.k[l].buffer, 0, &cache.k[l].buffer, 0, bytes);
                 step.copy(&e.v[l].buffer, 0, &cache.v[l].buffer, 0, bytes);
             }
             step.submit()?;
+            cache.sliding_base = e.sliding_base;
             cache.len = shared;
             PrefixUse::Hit { reused: shared }
         } else {

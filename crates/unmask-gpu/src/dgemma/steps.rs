@@ -9,6 +9,15 @@ use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows, parse
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
+/// `ids` in pieces of at most `n` (one empty piece for no ids, so the pass reports it).
+fn pieces(ids: &[u32], n: usize) -> Vec<&[u32]> {
+    if ids.is_empty() {
+        vec![ids]
+    } else {
+        ids.chunks(n.max(1)).collect()
+    }
+}
+
 impl DgemmaModel {
     /// Encoder (or commit) pass: `ids` at positions `cache.len ..`, their K/V appended to the
     /// cache. With `logits`, the soft-capped logits `[T, V]` of the final normed states.
@@ -31,12 +40,20 @@ impl DgemmaModel {
         ids: &[u32],
         logits: bool,
     ) -> Result<Option<Vec<f32>>, ModelError> {
-        let out = self.submit(ctx, cache, ids, Pass::Encode, logits)?;
-        cache.len += ids.len();
-        Ok(match out {
-            Some(t) => Some(t.read_f32_async(ctx).await?),
-            None => None,
-        })
+        let mut outs = Vec::new();
+        for piece in pieces(ids, cache.pass_rows) {
+            self.make_room(ctx, cache, piece.len())?;
+            outs.push(self.submit(ctx, cache, piece, Pass::Encode, logits)?);
+            cache.len += piece.len();
+        }
+        if !logits {
+            return Ok(None);
+        }
+        let mut all = Vec::new();
+        for t in outs.into_iter().flatten() {
+            all.extend(t.read_f32_async(ctx).await?);
+        }
+        Ok(Some(all))
     }
 
     /// The encoder pass without logits: submitted, nothing read back, so it never waits.
@@ -46,8 +63,49 @@ impl DgemmaModel {
         cache: &mut DgemmaCache,
         ids: &[u32],
     ) -> Result<(), ModelError> {
-        self.submit(ctx, cache, ids, Pass::Encode, false)?;
-        cache.len += ids.len();
+        for piece in pieces(ids, cache.pass_rows) {
+            self.make_room(ctx, cache, piece.len())?;
+            self.submit(ctx, cache, piece, Pass::Encode, false)?;
+            cache.len += piece.len();
+        }
+        Ok(())
+    }
+
+    /// Before an encoder pass appends `t` positions: when the sliding layers' buffers would
+    /// overflow, their last W − 1 positions (all a window still sees) move to the front,
+    /// through a scratch buffer (a copy within one buffer is not allowed).
+    fn make_room(
+        &self,
+        ctx: &GpuContext,
+        cache: &mut DgemmaCache,
+        t: usize,
+    ) -> Result<(), ModelError> {
+        let p0 = cache.len;
+        if p0 + t <= cache.sliding_base + cache.sliding_rows {
+            return Ok(());
+        }
+        let base = p0.saturating_sub(self.cfg.sliding_window.saturating_sub(1));
+        let keep = p0 - base;
+        let from = base - cache.sliding_base;
+        let widest = self.cfg.layers.iter().filter(|a| a.sliding);
+        let width = widest.map(|a| a.kv_heads * a.head_dim).max().unwrap_or(0);
+        if keep > 0 && width > 0 {
+            let scratch = Tensor::zeros(ctx, DType::F32, &[keep, width], "dgemma kv move")?;
+            let mut step = StepEncoder::new(ctx, "dgemma sliding cache move");
+            for (l, a) in self.cfg.layers.iter().enumerate() {
+                if !a.sliding {
+                    continue;
+                }
+                let row = (a.kv_heads * a.head_dim * 4) as u64;
+                let bytes = keep as u64 * row;
+                for buf in [&cache.k[l].buffer, &cache.v[l].buffer] {
+                    step.copy(buf, from as u64 * row, &scratch.buffer, 0, bytes);
+                    step.copy(&scratch.buffer, 0, buf, 0, bytes);
+                }
+            }
+            step.submit()?;
+        }
+        cache.sliding_base = base;
         Ok(())
     }
 

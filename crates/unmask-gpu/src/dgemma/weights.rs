@@ -298,14 +298,6 @@ pub fn weight_bytes(cfg: &DiffusionGemmaConfig, format: WeightFormat) -> u64 {
     bytes
 }
 
-/// Bytes of K and V (f32) per cached position over every layer.
-pub fn kv_bytes_per_position(cfg: &DiffusionGemmaConfig) -> u64 {
-    cfg.layers
-        .iter()
-        .map(|a| 2 * 4 * (a.kv_heads * a.head_dim) as u64)
-        .sum()
-}
-
 impl DgemmaWeights {
     /// Bytes of every buffer the weights hold.
     pub fn size_bytes(&self) -> u64 {
