@@ -23,7 +23,7 @@ use crate::{EngineError, EngineOptions, Prompt};
 
 /// Positions a model's RoPE tables and caches cover when its config names no smaller limit:
 /// the prompt and every canvas of one request.
-pub const DEFAULT_POSITIONS: usize = 8192;
+pub const DEFAULT_POSITIONS: usize = 32_768;
 
 /// Tokens of shared system prompts the prefix store keeps (over all entries).
 pub const DEFAULT_PREFIX_TOKENS: usize = 16_384;

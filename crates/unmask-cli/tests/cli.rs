@@ -1661,6 +1661,69 @@ fn generate_runs_diffusion_gemma_from_text() {
     assert_eq!(generate("5")["ids"], a["ids"], "same seed, same output");
 }
 
+/// `unmask eval` on the tiny DiffusionGemma: each item answers what `unmask generate` gives
+/// for its system and user turns with the same seed, the second item takes the shared system
+/// turn from the prefix store, and cache modes are refused by name.
+#[test]
+fn eval_runs_diffusion_gemma() {
+    let dir = workspace().join("tests/fixtures/tiny-dgemma");
+    let dir_arg = dir.display().to_string();
+    let set = std::env::temp_dir().join(format!(
+        "unmask-cli-{}-dgemma-set.jsonl",
+        std::process::id()
+    ));
+    let system = "Answer from the table.\n- Ada city : Rome";
+    let item = |id: &str, user: &str| {
+        serde_json::json!({"id": id, "task": "lookup", "system": system, "user": user,
+            "answer": "Ada city : Rome"})
+        .to_string()
+    };
+    let lines = [
+        item("a", "What is the city of Ada?"),
+        item("b", "Where does Ada live?"),
+    ];
+    std::fs::write(&set, lines.join("\n") + "\n").unwrap();
+    let set_arg = set.display().to_string();
+    let common = ["--gen-length", "16", "--steps", "6", "--seed", "4"];
+    let mut args = vec!["eval", "--model", &dir_arg, "--set", &set_arg, "--json"];
+    args.extend(common);
+    let o = run(&args);
+    assert_ok(&o);
+    let r = json(&o);
+    assert_eq!(r["family"], "diffusion_gemma");
+    assert_eq!(r["items"], 2);
+    assert_eq!(
+        r["system_turn_hits"], 1,
+        "the second item reuses the system turn"
+    );
+    let results = r["results"].as_array().unwrap();
+    for (res, user) in results
+        .iter()
+        .zip(["What is the city of Ada?", "Where does Ada live?"])
+    {
+        let mut args = vec![
+            "generate", "--model", &dir_arg, "--system", system, "--prompt", user, "--json",
+        ];
+        args.extend(common);
+        let g = run(&args);
+        assert_ok(&g);
+        assert_eq!(
+            res["ids"],
+            json(&g)["ids"],
+            "eval and generate agree on {user:?}"
+        );
+    }
+    let o = run(&[
+        "eval", "--model", &dir_arg, "--set", &set_arg, "--cache", "bicache",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--cache bicache: DiffusionGemma has no cache modes"),
+        "{err}"
+    );
+}
+
 /// `unmask bench` on a DiffusionGemma folder: one record per kernel of a decoder step (the
 /// projections of both layer types, the router, the LM head, the experts, both attentions),
 /// each with its time and the environment.

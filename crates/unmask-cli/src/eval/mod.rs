@@ -7,6 +7,7 @@
 //! there is none), trimmed, and it is correct when that equals the expected answer.
 
 mod anchors;
+mod dgemma;
 mod items;
 mod report;
 
@@ -147,6 +148,10 @@ struct ModeRun {
     store_bytes: u64,
 }
 pub fn run(args: &EvalArgs) -> Result<(), CliError> {
+    let dir = args.model.dir()?;
+    if crate::dgemma::is_diffusion_gemma(&dir) {
+        return dgemma::run(args, &dir);
+    }
     let set_path = &args.set;
     let modes = args.cache.clone().unwrap_or_else(|| vec![CacheMode::None]);
     let bicache = args.run.bicache.settings(&modes);
@@ -168,7 +173,6 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
     if let Some(n) = limit {
         items.truncate(n);
     }
-    let dir = args.model.dir()?;
     let engine = options::load_engine(&dir, &engine_options)?;
     if engine.tokenizer().is_none() {
         return Err(CliError::runtime(format!(

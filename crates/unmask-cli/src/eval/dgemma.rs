@@ -1,0 +1,240 @@
+//! `unmask eval` on a DiffusionGemma folder: every item through `unmask::DgemmaEngine` (the
+//! system turn through its prefix store, the project's draws from `--seed`), exact-match
+//! accuracy per task, the time and the store's use. The family has no cache modes: its
+//! prompt K/V are exact, so `--cache` other than none and the cache sweeps are refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::json;
+use unmask::{DgemmaEngine, DgemmaRequest, Message, Prompt};
+use unmask_core::cache::CacheMode;
+use unmask_gpu::dgemma::PrefixUse;
+
+use super::items::extract_answer;
+use super::{EvalArgs, Item, check_output, load_set, shorten, write_file};
+use crate::error::CliError;
+use crate::output;
+
+/// One item's run.
+struct Outcome {
+    output: String,
+    correct: bool,
+    ids: Vec<u32>,
+    prompt_tokens: usize,
+    seconds: f64,
+    steps: usize,
+    stored_prefix: Option<PrefixUse>,
+}
+
+fn refuse_cache_flags(args: &EvalArgs) -> Result<(), CliError> {
+    let modes = args.cache.as_deref().unwrap_or(&[]);
+    if let Some(m) = modes.iter().find(|m| **m != CacheMode::None) {
+        return Err(CliError::usage(format!(
+            "--cache {m}: DiffusionGemma has no cache modes (its prompt's K/V never change; a \
+             shared system turn is kept exactly by its prefix store): leave --cache out"
+        )));
+    }
+    let sweeps = [
+        ("--anchor-ratios", args.anchor_ratios.is_some()),
+        ("--refresh-ratios", args.refresh_ratios.is_some()),
+        ("--response-intervals", args.response_intervals.is_some()),
+        ("--with-full-canvas", args.with_full_canvas),
+        ("--batch", args.batch > 1),
+    ];
+    if let Some((flag, _)) = sweeps.iter().find(|(_, given)| *given) {
+        return Err(CliError::usage(format!(
+            "{flag}: not a DiffusionGemma setting (eval takes --gen-length, --steps and --seed)"
+        )));
+    }
+    Ok(())
+}
+
+fn request(item: &Item, args: &EvalArgs) -> DgemmaRequest {
+    let mut messages = Vec::new();
+    if let Some(s) = &item.system {
+        messages.push(Message::system(s.as_str()));
+    }
+    messages.push(Message::user(item.user.as_str()));
+    DgemmaRequest {
+        seed: args.sampling.seed.unwrap_or(0),
+        max_new_tokens: args.sampling.gen_length,
+        max_denoising_steps: args.sampling.steps,
+        ..DgemmaRequest::new(Prompt::Chat(messages))
+    }
+}
+
+/// `unmask eval` over `dir`, a DiffusionGemma folder.
+pub(super) fn run(args: &EvalArgs, dir: &Path) -> Result<(), CliError> {
+    refuse_cache_flags(args)?;
+    check_output("markdown", args.markdown.as_deref())?;
+    check_output("out", args.out.as_deref())?;
+    let mut items = load_set(&args.set)?;
+    let set_items = items.len();
+    if let Some(n) = args.limit {
+        items.truncate(n);
+    }
+    let engine = DgemmaEngine::load(dir, &args.run.engine_options()?)?;
+    if engine.tokenizer().is_none() {
+        return Err(CliError::runtime(format!(
+            "{} has no tokenizer.json: eval renders text prompts and needs one",
+            dir.display()
+        )));
+    }
+    // Every prompt must fit before anything runs, so a long run does not stop half-way.
+    let canvas = engine.config().canvas_length;
+    let answer = args
+        .sampling
+        .gen_length
+        .unwrap_or(engine.params().max_new_tokens);
+    let most = engine.model().max_positions;
+    for item in &items {
+        let (ids, _) = engine.encode_prompt(&request(item, args).prompt)?;
+        let positions = ids.len() + answer.div_ceil(canvas) * canvas;
+        if positions > most {
+            return Err(CliError::usage(format!(
+                "item {:?} ({}:{}): the prompt's {} tokens + {} canvases of {canvas} for \
+                 --gen-length {answer} exceed the model's {most} positions",
+                item.id,
+                args.set.display(),
+                item.line,
+                ids.len(),
+                answer.div_ceil(canvas)
+            )));
+        }
+    }
+    eprintln!(
+        "evaluating {} of {set_items} items of {} with DiffusionGemma ({answer} tokens)",
+        items.len(),
+        args.set.display()
+    );
+    let mut outcomes = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let out = engine.generate(&request(item, args)).map_err(|e| {
+            CliError::runtime(format!("item {:?} (line {}): {e}", item.id, item.line))
+        })?;
+        let text = out.text.clone().unwrap_or_default();
+        let output = extract_answer(&text).to_string();
+        let correct = output == item.answer.trim();
+        eprintln!(
+            "[{}/{}] {} {}: {} ({:.2} s, system turn {:?})",
+            i + 1,
+            items.len(),
+            item.id,
+            item.task,
+            if correct {
+                "correct".to_string()
+            } else {
+                format!(
+                    "wrong (expected {:?}, got {:?})",
+                    item.answer.trim(),
+                    shorten(&output, 40)
+                )
+            },
+            out.seconds,
+            out.prefix
+        );
+        outcomes.push(Outcome {
+            output,
+            correct,
+            ids: out.ids,
+            prompt_tokens: out.prompt_ids.len(),
+            seconds: out.seconds,
+            steps: out.canvases.iter().map(|c| c.steps.len()).sum(),
+            stored_prefix: out.prefix,
+        });
+    }
+    let report = report(&engine, args, &items, &outcomes, set_items);
+    if let Some(path) = &args.out {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::context("cannot encode the JSON results", e))?;
+        write_file("out", path, &(text + "\n"))?;
+    }
+    let table = markdown(&report);
+    if let Some(path) = &args.markdown {
+        write_file("markdown", path, &table)?;
+    }
+    if args.json {
+        output::line(&report.to_string())
+    } else {
+        output::partial(&table)
+    }
+}
+
+fn report(
+    engine: &DgemmaEngine,
+    args: &EvalArgs,
+    items: &[Item],
+    outcomes: &[Outcome],
+    set_items: usize,
+) -> serde_json::Value {
+    let mut tasks: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (item, o) in items.iter().zip(outcomes) {
+        let t = tasks.entry(item.task.as_str()).or_default();
+        t.0 += usize::from(o.correct);
+        t.1 += 1;
+    }
+    let seconds: f64 = outcomes.iter().map(|o| o.seconds).sum();
+    let answer_tokens: usize = outcomes.iter().map(|o| o.ids.len()).sum();
+    let hits = outcomes
+        .iter()
+        .filter(|o| matches!(o.stored_prefix, Some(PrefixUse::Hit { .. })))
+        .count();
+    json!({
+        "family": "diffusion_gemma",
+        "model": engine.dir().display().to_string(),
+        "set": args.set.display().to_string(),
+        "set_items": set_items,
+        "items": items.len(),
+        "correct": outcomes.iter().filter(|o| o.correct).count(),
+        "tasks": tasks.iter().map(|(k, (c, n))| (k.to_string(), json!({"correct": c, "items": n}))).collect::<serde_json::Map<_, _>>(),
+        "seed": args.sampling.seed.unwrap_or(0),
+        "seconds": seconds,
+        "answer_tokens_per_s": answer_tokens as f64 / seconds.max(1e-9),
+        "denoising_steps": outcomes.iter().map(|o| o.steps).sum::<usize>(),
+        "system_turn_hits": hits,
+        "results": items.iter().zip(outcomes).map(|(item, o)| json!({
+            "id": item.id,
+            "task": item.task,
+            "expected": item.answer.trim(),
+            "output": o.output,
+            "correct": o.correct,
+            "ids": o.ids,
+            "prompt_tokens": o.prompt_tokens,
+            "seconds": o.seconds,
+            "steps": o.steps,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn markdown(r: &serde_json::Value) -> String {
+    let tasks = r["tasks"].as_object().cloned().unwrap_or_default();
+    let mut head = "| model | accuracy |".to_string();
+    let mut line = "|---|---|".to_string();
+    let (correct, items) = (
+        r["correct"].as_u64().unwrap_or(0),
+        r["items"].as_u64().unwrap_or(0),
+    );
+    let mut row = format!("| DiffusionGemma | {correct}/{items} |");
+    for (task, t) in &tasks {
+        head += &format!(" {task} |");
+        line += "---|";
+        row += &format!(" {}/{} |", t["correct"], t["items"]);
+    }
+    head += " answer tok/s | steps | system turn from the store |";
+    line += "---|---|---|";
+    row += &format!(
+        " {:.1} | {} | {}/{} |",
+        r["answer_tokens_per_s"].as_f64().unwrap_or(0.0),
+        r["denoising_steps"],
+        r["system_turn_hits"],
+        items
+    );
+    format!(
+        "{} ({} of {} items, seed {})\n\n{head}\n{line}\n{row}\n",
+        r["set"].as_str().unwrap_or(""),
+        items,
+        r["set_items"],
+        r["seed"]
+    )
+}
