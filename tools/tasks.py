@@ -246,6 +246,8 @@ def main():
     h.add_argument("--suffix", default="", help="file name suffix, e.g. -seed1 for a fresh set")
     h.add_argument("--members", type=int, default=MEMBERS, help="members per table (system prompt length)")
     h.add_argument("--bare", action="store_true", help="system prompts without the rules paragraph")
+    h.add_argument("--tasks", default="", help="keep only these task types, e.g. lookup,pair "
+                   "(answers short enough for a 16-token canvas)")
     a = sub.add_parser("affix", help="write heldout-affix.jsonl and heldout-affix-small.jsonl: the table as a shared span after a per-request preamble")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "tasks"))
@@ -257,6 +259,9 @@ def main():
     args = ap.parse_args()
     if args.cmd == "heldout":
         items = heldout_items(args.seed, members=args.members, bare=args.bare)
+        if args.tasks:
+            keep = set(args.tasks.split(","))
+            items = [it for it in items if it["task"] in keep]
         os.makedirs(args.out, exist_ok=True)
         write_jsonl(os.path.join(args.out, f"heldout{args.suffix}.jsonl"), items)
         write_jsonl(os.path.join(args.out, f"heldout-small{args.suffix}.jsonl"), small_subset(items, 40))

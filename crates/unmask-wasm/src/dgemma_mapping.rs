@@ -218,14 +218,9 @@ pub fn engine_info(engine: &DgemmaEngine) -> Value {
     let c = engine.config();
     let ctx = engine.ctx();
     let (total, active) = c.parameter_counts();
-    json!({
+    let mut info = mapping::adapter_info(ctx);
+    info.extend(mapping::json_object(json!({
         "family": "diffusion_gemma",
-        "adapter": ctx.describe(),
-        "adapterName": ctx.info.name,
-        "deviceType": format!("{:?}", ctx.info.device_type),
-        "shaderF16": ctx.features.shader_f16,
-        "subgroups": ctx.features.subgroups,
-        "maxBindingBytes": ctx.features.max_binding_bytes,
         "layers": c.layers.len(),
         "dModel": c.hidden_size,
         "vocab": c.vocab_size,
@@ -242,7 +237,8 @@ pub fn engine_info(engine: &DgemmaEngine) -> Value {
         "loadSeconds": engine.load_s(),
         "genLength": engine.params().max_new_tokens,
         "steps": engine.params().max_denoising_steps,
-    })
+    })));
+    Value::Object(info)
 }
 
 #[cfg(test)]

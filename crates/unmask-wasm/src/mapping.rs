@@ -562,13 +562,8 @@ pub fn engine_info(engine: &Engine) -> Value {
     let c = engine.config();
     let ctx = engine.ctx();
     let formats = engine.model().weights.formats();
-    json!({
-        "adapter": ctx.describe(),
-        "adapterName": ctx.info.name,
-        "deviceType": format!("{:?}", ctx.info.device_type),
-        "shaderF16": ctx.features.shader_f16,
-        "subgroups": ctx.features.subgroups,
-        "maxBindingBytes": ctx.features.max_binding_bytes,
+    let mut info = adapter_info(ctx);
+    info.extend(json_object(json!({
         "layers": c.n_layers,
         "dModel": c.d_model,
         "vocab": c.embedding_size,
@@ -581,7 +576,28 @@ pub fn engine_info(engine: &Engine) -> Value {
         "hasDepthTable": engine.depth_table().is_some(),
         "loadSeconds": engine.load_s(),
         "maskId": engine.special().mask,
-    })
+    })));
+    Value::Object(info)
+}
+
+/// The adapter's part of `info`: its name and the features the kernels use.
+pub fn adapter_info(ctx: &unmask_gpu::GpuContext) -> serde_json::Map<String, Value> {
+    json_object(json!({
+        "adapter": ctx.describe(),
+        "adapterName": ctx.info.name,
+        "deviceType": format!("{:?}", ctx.info.device_type),
+        "shaderF16": ctx.features.shader_f16,
+        "subgroups": ctx.features.subgroups,
+        "maxBindingBytes": ctx.features.max_binding_bytes,
+    }))
+}
+
+/// The fields of a JSON object (`json!` of an object literal always is one).
+pub fn json_object(v: Value) -> serde_json::Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
 }
 
 #[cfg(test)]

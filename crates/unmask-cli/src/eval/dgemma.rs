@@ -11,8 +11,7 @@ use unmask::{DgemmaEngine, DgemmaRequest, Message, Prompt};
 use unmask_core::cache::CacheMode;
 use unmask_gpu::dgemma::PrefixUse;
 
-use super::items::extract_answer;
-use super::{EvalArgs, Item, check_output, load_set, shorten, write_file};
+use super::{EvalArgs, Item, check_output, load_set, write_file};
 use crate::error::CliError;
 use crate::output;
 
@@ -113,24 +112,13 @@ pub(super) fn run(args: &EvalArgs, dir: &Path) -> Result<(), CliError> {
         let out = engine.generate(&request(item, args)).map_err(|e| {
             CliError::runtime(format!("item {:?} (line {}): {e}", item.id, item.line))
         })?;
-        let text = out.text.clone().unwrap_or_default();
-        let output = extract_answer(&text).to_string();
-        let correct = output == item.answer.trim();
+        let (output, correct, verdict) = item.score(out.text.as_deref().unwrap_or_default());
         eprintln!(
-            "[{}/{}] {} {}: {} ({:.2} s, system turn {:?})",
+            "[{}/{}] {} {}: {verdict} ({:.2} s, system turn {:?})",
             i + 1,
             items.len(),
             item.id,
             item.task,
-            if correct {
-                "correct".to_string()
-            } else {
-                format!(
-                    "wrong (expected {:?}, got {:?})",
-                    item.answer.trim(),
-                    shorten(&output, 40)
-                )
-            },
             out.seconds,
             out.prefix
         );

@@ -50,6 +50,25 @@ impl Item {
     }
 }
 
+impl Item {
+    /// A model's output against the expected answer: the extracted answer, whether it is
+    /// right, and the progress line's verdict.
+    pub(super) fn score(&self, text: &str) -> (String, bool, String) {
+        let output = extract_answer(text).to_string();
+        let want = self.answer.trim();
+        let correct = output == want;
+        let verdict = if correct {
+            "correct".to_string()
+        } else {
+            format!(
+                "wrong (expected {want:?}, got {:?})",
+                super::shorten(&output, 40)
+            )
+        };
+        (output, correct, verdict)
+    }
+}
+
 /// The answer in a model's output: the text after the last `####`, else the whole output,
 /// trimmed.
 pub fn extract_answer(text: &str) -> &str {

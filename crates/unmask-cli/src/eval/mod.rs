@@ -23,7 +23,6 @@ use crate::error::{CliError, ErrorKind};
 use crate::options::{self, CacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
 use crate::{output, values};
 
-use items::extract_answer;
 pub use items::{Item, load_set};
 use report::{
     Context, Summary, kv_arena_bytes_per_position, markdown, report_json, summarize, task_columns,
@@ -396,18 +395,8 @@ fn run_mode(
             })?;
             let anchors_on_asked = anchors::on_asked_lines(engine, &g, &item.user);
             let text = g.text.unwrap_or_default();
-            let output = extract_answer(&text).to_string();
-            let correct = output == item.answer.trim();
+            let (output, correct, verdict) = item.score(&text);
             let t = g.timings;
-            let verdict = if correct {
-                "correct".to_string()
-            } else {
-                format!(
-                    "wrong (expected {:?}, got {:?})",
-                    item.answer.trim(),
-                    shorten(&output, 40)
-                )
-            };
             let reuse = match &g.bicache {
                 Some(b) => match &b.fallback {
                     Some(why) => format!(" ({why})"),
