@@ -179,5 +179,25 @@ else
   fail=$((fail + 1)); echo "FAIL  typed special-token markup stays text: $out"
 fi
 
+echo "== DiffusionGemma"
+DG=tests/fixtures/tiny-dgemma
+dg_config() {
+  local dir="$WORK/$1"
+  cp -r "$DG" "$dir"
+  python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); t=c['text_config']; $2; json.dump(c, open(p, 'w'))" "$dir/config.json"
+  echo "$dir"
+}
+DGG=(generate --prompt-ids 2,105,90 --gen-length 16 --steps 4)
+case_ "dgemma: layer_types unknown" "layer_types" -- "$BIN" "${DGG[@]}" --model "$(dg_config lt 't["layer_types"][0]="global_attention"')"
+case_ "dgemma: top_k_experts past num_experts" "top_k_experts" -- "$BIN" "${DGG[@]}" --model "$(dg_config topk 't["top_k_experts"]=99')"
+cp -r "$DG" "$WORK/dgtrunc" && truncate -s 1000 "$WORK/dgtrunc/model-00002-of-00002.safetensors"
+case_ "dgemma: a truncated shard" "model-00002-of-00002.safetensors" -- "$BIN" "${DGG[@]}" --model "$WORK/dgtrunc"
+cp -r "$DG" "$WORK/dgmissing" && rm "$WORK/dgmissing/model-00001-of-00002.safetensors"
+case_ "dgemma: a missing shard" "model-00001-of-00002.safetensors" -- "$BIN" "${DGG[@]}" --model "$WORK/dgmissing"
+case_ "dgemma: --prompt-ids past the vocabulary" "vocabulary size" -- "$BIN" generate --model "$DG" --prompt-ids 2,999999 --gen-length 16
+case_ "dgemma: --gen-length past the positions" "exceed the model's" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 1000000
+case_ "dgemma: --steps 0" "steps" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --steps 0
+case_ "dgemma: eval --cache bicache" "no cache modes" -- "$BIN" eval --model "$DG" --set data/tasks/heldout-small.jsonl --cache bicache
+
 echo "== $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
