@@ -13,6 +13,11 @@
 //! (`unmask_gpu::model`): one command encoder per step, 8 bytes read back per sampled row.
 //! Every request runs in a `Session` of N ≥ 1 requests stepped together.
 //!
+//! DiffusionGemma folders (`config.json` with `model_type: "diffusion_gemma"`) load into a
+//! `DgemmaEngine` instead: encoder, decoder and commit passes with the entropy-bound
+//! sampler, a shared system turn kept by its prefix store (`is_diffusion_gemma_config` tells
+//! the two apart).
+//!
 //! Generation is one `async` implementation (`Engine::generate_async`): natively the
 //! blocking `generate` drives it with `pollster`, polling the device at each read-back; in a
 //! browser it is awaited and each read-back yields to the page's event loop. Models load
