@@ -198,8 +198,8 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
     Ok(Some(vec![
         format!("model: {}", dir.display()),
         "  family: DiffusionGemma (model.decoder.* tensors; the vision tower is skipped): \
-         unmask generate and unmask logits run it, unmask bench times its kernels; serve, \
-         eval and the browser do not yet (docs/models/diffusion-gemma.md)"
+         unmask generate, logits and eval run it, unmask bench times its kernels, the \
+         browser build loads it (docs/models/diffusion-gemma.md)"
             .to_string(),
         format!(
             "  config: hidden {}, {} layers ({sliding} sliding-window {}, {} full), {} heads, \

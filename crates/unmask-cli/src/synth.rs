@@ -1,5 +1,6 @@
-//! `unmask synth`: a checkpoint with random weights and the real LLaDA or Dream tensor names and
-//! shapes, in the Hugging Face layout, for load tests and benchmarks without real weights.
+//! `unmask synth`: a checkpoint with random weights and the real LLaDA, Dream or DiffusionGemma
+//! tensor names and shapes, in the Hugging Face layout, for load tests and benchmarks without
+//! real weights.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,20 +22,21 @@ const PROGRESS_FROM_BYTES: u64 = 256 << 20;
 
 #[derive(Args, Debug)]
 #[command(
-    about = "Write a LLaDA or Dream checkpoint with random weights (real names and shapes).",
-    override_usage = "unmask synth --config <llada-8b|tiny|dream-7b|tiny-dream|FILE> --out <DIR> [--layers <N>] [--seed <S>] \
+    about = "Write a LLaDA, Dream or DiffusionGemma checkpoint with random weights (real names and shapes).",
+    override_usage = "unmask synth --config <llada-8b|tiny|dream-7b|tiny-dream|diffusiongemma-26b-a4b|FILE> --out <DIR> [--layers <N>] [--seed <S>] \
                       [--dtype <D>] [--shard-bytes <N>] [--force]",
-    after_help = "Writes config.json (and generation_config.json for the presets, or when one is\n\
-                  beside FILE), model.safetensors or model-0000K-of-0000N.safetensors with\n\
-                  model.safetensors.index.json. Matrices are approximately N(0, 0.02^2), norm\n\
-                  weights are 1. Each tensor's values depend only on the seed and its name: the\n\
-                  same seed gives the same bytes whatever the shard size. No tokenizer is\n\
-                  written, so use token ids (e.g. `unmask logits --prompt-ids`)."
+    after_help = "Writes config.json (and generation_config.json for the LLaDA and Dream presets,\n\
+                  or when one is beside FILE), model.safetensors or model-0000K-of-0000N.safetensors\n\
+                  with model.safetensors.index.json. Matrices are approximately N(0, 0.02^2);\n\
+                  norm weights, and DiffusionGemma's router scales and layer scalars, are 1.\n\
+                  Each tensor's values depend only on the seed and its name: the same seed\n\
+                  gives the same bytes whatever the shard size. No tokenizer is written, so\n\
+                  use token ids (e.g. `unmask logits --prompt-ids`)."
 )]
 pub struct SynthArgs {
     /// llada-8b (LLaDA-8B-Instruct's config.json), tiny (test size), dream-7b (Dream-v0-7B and
-    /// DiffuCoder-7B), tiny-dream, or a LLaDA or Dream config.json
-    /// (or its folder)
+    /// DiffuCoder-7B), tiny-dream, diffusiongemma-26b-a4b (the published text stack; no
+    /// vision tower), or a LLaDA, Dream or DiffusionGemma config.json (or its folder)
     #[arg(long, value_name = "C")]
     config: String,
     /// folder to write (created when missing)
@@ -51,7 +53,7 @@ pub struct SynthArgs {
     )]
     seed: u64,
     /// keep only N transformer layers (every other field as the config says), e.g. an
-    /// LLaDA-8B- or Dream-7B-shaped checkpoint of 2 layers
+    /// LLaDA-8B-, Dream-7B- or DiffusionGemma-shaped checkpoint of 2 layers
     #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
     layers: Option<usize>,
     /// stored weight type: bf16 (default, as LLaDA and Dream ship), f16, f32

@@ -135,6 +135,67 @@ impl DiffusionGemmaConfig {
         Ok(config)
     }
 
+    /// The published checkpoint's text tensors (`docs/models/diffusion-gemma.md` §2), in
+    /// the order a layer reads them: name and shape. The encoder's layer scalars are its
+    /// only tensors besides the decoder's; the vision tower is not listed.
+    pub fn tensor_specs(&self) -> Vec<(String, Vec<usize>)> {
+        const DEC: &str = "model.decoder.";
+        let (d, i, e, ie) = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_experts,
+            self.moe_intermediate_size,
+        );
+        let mut out = vec![
+            (
+                format!("{DEC}embed_tokens.weight"),
+                vec![self.vocab_size, d],
+            ),
+            (format!("{DEC}norm.weight"), vec![d]),
+        ];
+        for (l, a) in self.layers.iter().enumerate() {
+            let p = format!("{DEC}layers.{l}.");
+            let (q, kv) = (self.heads * a.head_dim, a.kv_heads * a.head_dim);
+            let mut t = |name: &str, shape: Vec<usize>| out.push((format!("{p}{name}"), shape));
+            t("input_layernorm.weight", vec![d]);
+            t("self_attn.q_proj.weight", vec![q, d]);
+            t("self_attn.k_proj.weight", vec![kv, d]);
+            if a.sliding {
+                t("self_attn.v_proj.weight", vec![kv, d]);
+            }
+            t("self_attn.o_proj.weight", vec![d, q]);
+            t("self_attn.q_norm.weight", vec![a.head_dim]);
+            t("self_attn.k_norm.weight", vec![a.head_dim]);
+            t("post_attention_layernorm.weight", vec![d]);
+            t("pre_feedforward_layernorm.weight", vec![d]);
+            t("mlp.gate_proj.weight", vec![i, d]);
+            t("mlp.up_proj.weight", vec![i, d]);
+            t("mlp.down_proj.weight", vec![d, i]);
+            t("post_feedforward_layernorm_1.weight", vec![d]);
+            t("router.proj.weight", vec![e, d]);
+            t("router.scale", vec![d]);
+            t("router.per_expert_scale", vec![e]);
+            t("pre_feedforward_layernorm_2.weight", vec![d]);
+            t("experts.gate_up_proj", vec![e, 2 * ie, d]);
+            t("experts.down_proj", vec![e, d, ie]);
+            t("post_feedforward_layernorm_2.weight", vec![d]);
+            t("post_feedforward_layernorm.weight", vec![d]);
+            t("layer_scalar", vec![1]);
+        }
+        for l in 0..self.layers.len() {
+            out.push((
+                format!("model.encoder.language_model.layers.{l}.layer_scalar"),
+                vec![1],
+            ));
+        }
+        let sc = format!("{DEC}self_conditioning.");
+        out.push((format!("{sc}pre_norm.weight"), vec![d]));
+        out.push((format!("{sc}gate_proj.weight"), vec![i, d]));
+        out.push((format!("{sc}up_proj.weight"), vec![i, d]));
+        out.push((format!("{sc}down_proj.weight"), vec![d, i]));
+        out
+    }
+
     /// Parameters of the text stack: (all of them, those one token uses: K of the E experts).
     pub fn parameter_counts(&self) -> (u64, u64) {
         let d = self.hidden_size as u64;
@@ -285,6 +346,24 @@ mod tests {
         let (total, active) = c.parameter_counts();
         assert!((25.0e9..27.0e9).contains(&(total as f64)), "{total}");
         assert!((3.5e9..4.5e9).contains(&(active as f64)), "{active}");
+        // The tensor list, counted on its own: every parameter, plus the encoder's copies of
+        // the layer scalars (one per layer), with no name twice.
+        let specs = c.tensor_specs();
+        let listed: u64 = specs
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .sum();
+        assert_eq!(listed, total + c.layers.len() as u64);
+        let names: std::collections::BTreeSet<&str> =
+            specs.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names.len(), specs.len());
+        assert_eq!(
+            specs
+                .iter()
+                .filter(|(n, _)| n.ends_with("v_proj.weight"))
+                .count(),
+            25
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Checkpoints with random weights under the real LLaDA tensor names and shapes, in the
-//! Hugging Face layout (`config.json`, safetensors shards and their index), for loading
+//! Checkpoints with random weights under the real LLaDA, Dream or DiffusionGemma tensor names
+//! and shapes, in the Hugging Face layout (`config.json`, safetensors shards and their index), for loading
 //! tests and benchmarks at sizes whose real weights are not at hand.
 //!
 //! Every tensor's values come from its own counter-based stream keyed by (seed, tensor
@@ -16,10 +16,13 @@ use half::{bf16, f16};
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use crate::config::ModelConfig;
 use crate::error::ConfigError;
+
+mod config;
 use crate::rng::SplitMix64;
 use crate::safetensors_writer::{Dtype, SafetensorsError, SafetensorsWriter, TensorDecl};
+use config::pretty;
+pub use config::{DIFFUSION_GEMMA_PRESET, PRESET_NAMES, SynthConfig, SynthModel};
 
 /// Standard deviation of the weight matrices: LLaDA's `init_std`.
 pub const INIT_STD: f32 = 0.02;
@@ -27,9 +30,6 @@ pub const INIT_STD: f32 = 0.02;
 /// Largest tensor data per shard when none is given: Hugging Face's `max_shard_size`
 /// default ("5GB").
 pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
-
-/// Names accepted by [`SynthConfig::preset`].
-pub const PRESET_NAMES: [&str; 4] = ModelConfig::PRESETS;
 
 /// The index that lists the shards of a multi-file checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -98,7 +98,7 @@ impl WeightDtype {
 #[derive(Debug, Error)]
 pub enum SynthError {
     #[error(
-        "unknown config `{given}`: expected a preset ({}) or the path of a LLaDA or Dream config.json",
+        "unknown config `{given}`: expected a preset ({}) or the path of a LLaDA, Dream or DiffusionGemma config.json",
         PRESET_NAMES.join(", ")
     )]
     UnknownConfig { given: String },
@@ -130,115 +130,6 @@ pub enum SynthError {
         #[source]
         source: SafetensorsError,
     },
-}
-
-/// A model configuration to synthesize: the files' text and the parsed config.
-#[derive(Clone, Debug)]
-pub struct SynthConfig {
-    /// Where it came from (a preset name or a path), for messages.
-    pub source: String,
-    /// The `config.json` written into the checkpoint.
-    pub config_json: String,
-    /// The `generation_config.json` written beside it, when there is one.
-    pub generation_config_json: Option<String>,
-    pub config: ModelConfig,
-}
-
-impl SynthConfig {
-    /// A preset (see [`ModelConfig::preset`]); None for other names.
-    pub fn preset(name: &str) -> Option<Self> {
-        let files = ModelConfig::preset_files(name)?;
-        Some(Self {
-            source: name.to_string(),
-            config_json: files.config_json,
-            generation_config_json: Some(files.generation_config_json),
-            config: ModelConfig::preset(name)?,
-        })
-    }
-
-    /// A LLaDA `config.json` (or a folder holding one), copied as it is, with the
-    /// `generation_config.json` beside it when there is one.
-    pub fn from_file(path: &Path) -> Result<Self, SynthError> {
-        let config_path = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        let err = |source| SynthError::Config {
-            path: config_path.clone(),
-            source,
-        };
-        // from_file first: it refuses a FIFO, a broken link or a file past its size bound
-        // before anything reads it whole, and checks generation_config.json's token ids.
-        let config = ModelConfig::from_file(&config_path).map_err(err)?;
-        let config_json = std::fs::read_to_string(&config_path).map_err(|source| {
-            err(ConfigError::Io {
-                path: config_path.clone(),
-                source,
-            })
-        })?;
-        let generation_path = config_path.with_file_name("generation_config.json");
-        let generation_config_json = if generation_path.is_file() {
-            Some(std::fs::read_to_string(&generation_path).map_err(|source| {
-                err(ConfigError::Io {
-                    path: generation_path.clone(),
-                    source,
-                })
-            })?)
-        } else {
-            None
-        };
-        Ok(Self {
-            source: config_path.display().to_string(),
-            config_json,
-            generation_config_json,
-            config,
-        })
-    }
-
-    /// A preset name, else the path of a config file or folder.
-    /// The same model with `n_layers` layers (every other field kept): a checkpoint with the
-    /// real tensor names and shapes of a big model, small enough to run a few layers of it.
-    pub fn with_layers(mut self, n_layers: usize) -> Result<Self, SynthError> {
-        let path = PathBuf::from(&self.source);
-        let err = |source| SynthError::Config {
-            path: path.clone(),
-            source,
-        };
-        let mut value: Value = serde_json::from_str(&self.config_json).map_err(|source| {
-            err(ConfigError::Json {
-                file: "config.json".into(),
-                source,
-            })
-        })?;
-        if let Some(obj) = value.as_object_mut() {
-            let key = self.config.family.config_key("n_layers");
-            obj.insert(key.into(), Value::from(n_layers));
-        }
-        let config_json = pretty(&value);
-        self.config = ModelConfig::from_json_str(&config_json).map_err(err)?;
-        self.config_json = config_json;
-        self.source = format!("{} with {n_layers} layers", self.source);
-        Ok(self)
-    }
-
-    pub fn resolve(spec: &str) -> Result<Self, SynthError> {
-        if let Some(preset) = Self::preset(spec) {
-            return Ok(preset);
-        }
-        let path = Path::new(spec);
-        if !path.exists() {
-            return Err(SynthError::UnknownConfig {
-                given: spec.to_string(),
-            });
-        }
-        Self::from_file(path)
-    }
-}
-
-/// Indented like Hugging Face's JSON files.
-fn pretty(value: &Value) -> String {
-    serde_json::to_string_pretty(value).expect("JSON values serialize") + "\n"
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -283,7 +174,7 @@ pub struct SynthSummary {
 }
 
 /// The tensors of a checkpoint of `config`, in checkpoint order, stored as `dtype`.
-pub fn tensor_decls(config: &ModelConfig, dtype: WeightDtype) -> Vec<TensorDecl> {
+pub fn tensor_decls(config: &SynthModel, dtype: WeightDtype) -> Vec<TensorDecl> {
     config
         .tensor_specs()
         .into_iter()
@@ -349,8 +240,9 @@ pub fn fill_normal(seed: u64, name: &str, start: u64, out: &mut [f32]) {
 }
 
 /// Values of tensor `decl` from element `start`: RMSNorm weights are 1 as at
-/// initialization; matrices and biases (Dream's q/k/v, random so their path is exercised)
-/// are random.
+/// initialization (so are DiffusionGemma's router and expert scales and layer scalars, its
+/// other vectors); matrices (DiffusionGemma's stacked experts too) and biases (Dream's q/k/v,
+/// random so their path is exercised) are random.
 fn fill_tensor(seed: u64, decl: &TensorDecl, start: u64, out: &mut [f32]) {
     if decl.shape.len() == 1 && !decl.name.ends_with(".bias") {
         out.fill(1.0);
@@ -526,119 +418,4 @@ pub fn write_checkpoint(
 }
 
 #[cfg(test)]
-mod tests {
-
-    #[test]
-    fn fewer_layers_keep_every_other_field() {
-        let full = SynthConfig::preset("llada-8b").unwrap();
-        let two = full.clone().with_layers(2).unwrap();
-        assert_eq!(two.config.n_layers, 2);
-        assert_eq!(two.config.d_model, full.config.d_model);
-        assert_eq!(two.config.embedding_size, full.config.embedding_size);
-        assert_eq!(two.generation_config_json, full.generation_config_json);
-        let reread = ModelConfig::from_json_str(&two.config_json).unwrap();
-        assert_eq!(reread, two.config);
-        assert!(two.source.contains("2 layers"), "{}", two.source);
-    }
-
-    use super::*;
-
-    #[test]
-    fn llada_8b_preset_has_the_reference_size() {
-        let preset = SynthConfig::preset("llada-8b").unwrap();
-        // llada.md §5: 8,015,581,184 parameters, 16,031,162,368 bytes in bf16.
-        assert_eq!(preset.config.parameter_count(), 8_015_581_184);
-        let decls = tensor_decls(&preset.config, WeightDtype::BF16);
-        assert_eq!(decls.len(), 291);
-        let bytes: u64 = decls.iter().map(|d| d.byte_len().unwrap()).sum();
-        assert_eq!(bytes, 16_031_162_368);
-        let c = &preset.config;
-        assert_eq!(
-            (c.d_model, c.n_layers, c.n_heads, c.n_kv_heads),
-            (4096, 32, 32, 32)
-        );
-        assert_eq!((c.mlp_hidden_size, c.vocab_size), (12288, 126464));
-        assert_eq!(c.embedding_size, 126464);
-        assert!(!c.weight_tying);
-        // Four shards under Hugging Face's 5 GB default, none over it.
-        let shards = plan_shards(&decls, DEFAULT_SHARD_BYTES);
-        assert_eq!(shards.len(), 4);
-        for s in &shards {
-            let size: u64 = decls[s.clone()].iter().map(|d| d.byte_len().unwrap()).sum();
-            assert!(size <= DEFAULT_SHARD_BYTES, "{size}");
-        }
-    }
-
-    #[test]
-    fn llada_8b_preset_is_the_reference_file() {
-        let preset = SynthConfig::preset("llada-8b").unwrap();
-        let value: Value = serde_json::from_str(&preset.config_json).unwrap();
-        let map = value.as_object().unwrap();
-        assert_eq!(map.len(), 46);
-        assert_eq!(map["rms_norm_eps"], json!(1e-5));
-        assert_eq!(map["init_std"], json!(0.02));
-        assert!(preset.config_json.contains("\"rms_norm_eps\": 1e-05,\n"));
-        assert!(!preset.config_json.ends_with('\n'));
-        let generation = preset.generation_config_json.unwrap();
-        let generation: Value = serde_json::from_str(&generation).unwrap();
-        assert_eq!(generation["bos_token_id"], 126080);
-    }
-
-    #[test]
-    fn unknown_configs_name_the_presets() {
-        let e = SynthConfig::resolve("llada-9b").unwrap_err().to_string();
-        assert!(
-            e.contains("llada-9b") && e.contains("llada-8b, tiny"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn streams_are_counter_based() {
-        let mut whole = vec![0f32; 1000];
-        fill_normal(5, "w", 0, &mut whole);
-        let mut part = vec![0f32; 300];
-        fill_normal(5, "w", 700, &mut part);
-        assert_eq!(&whole[700..], &part[..]);
-        let mut other = vec![0f32; 1000];
-        fill_normal(5, "v", 0, &mut other);
-        assert_ne!(whole, other);
-        fill_normal(6, "w", 0, &mut other);
-        assert_ne!(whole, other);
-    }
-
-    #[test]
-    fn values_have_the_init_statistics() {
-        let mut v = vec![0f32; 1 << 18];
-        fill_normal(1, "model.transformer.wte.weight", 0, &mut v);
-        let n = v.len() as f64;
-        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
-        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-        assert!(mean.abs() < 2e-4, "mean {mean}");
-        assert!(
-            (var.sqrt() - INIT_STD as f64).abs() < 2e-4,
-            "std {}",
-            var.sqrt()
-        );
-        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(max <= 3.47 * INIT_STD && max > 2.5 * INIT_STD, "max {max}");
-    }
-
-    #[test]
-    fn shards_follow_the_budget() {
-        let d = |n: usize| TensorDecl::new(format!("t{n}"), Dtype::U8, vec![n]);
-        let tensors = vec![d(4), d(3), d(10), d(2), d(2)];
-        assert_eq!(plan_shards(&tensors, 7), vec![0..2, 2..3, 3..5]);
-        assert_eq!(plan_shards(&tensors, 100), vec![0..5]);
-        assert_eq!(plan_shards(&tensors, 1).len(), 5);
-        assert!(plan_shards(&[], 10).is_empty());
-        assert_eq!(shard_names(1), vec!["model.safetensors"]);
-        assert_eq!(
-            shard_names(2),
-            vec![
-                "model-00001-of-00002.safetensors",
-                "model-00002-of-00002.safetensors"
-            ]
-        );
-    }
-}
+mod tests;
