@@ -3,6 +3,7 @@
 //! directory or any `ModelFiles` source (a page's downloads). Generation is one `async`
 //! implementation; natively `generate` blocks on it.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -287,11 +288,12 @@ impl DgemmaEngine {
         Ok((ids, shared))
     }
 
-    /// Generates for `request`, telling `on_step` of every denoising step.
+    /// Generates for `request`, telling `on_step` of every denoising step; `on_step`
+    /// breaking stops it there (`ModelError::Cancelled`), the prefix store kept.
     pub async fn generate_async(
         &self,
         request: &DgemmaRequest,
-        on_step: &mut dyn FnMut(StepReport<'_>),
+        on_step: &mut dyn FnMut(StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<DgemmaOutput, EngineError> {
         let (ids, shared) = self.encode_prompt(&request.prompt)?;
         let cfg = &self.model.cfg;
@@ -364,7 +366,7 @@ impl DgemmaEngine {
     /// `generate_async`, blocking (natively).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn generate(&self, request: &DgemmaRequest) -> Result<DgemmaOutput, EngineError> {
-        pollster::block_on(self.generate_async(request, &mut |_| {}))
+        pollster::block_on(self.generate_async(request, &mut |_| ControlFlow::Continue(())))
     }
 }
 

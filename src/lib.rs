@@ -73,4 +73,5 @@ pub use unmask_core::prefix_store::{Recount, StoreEvent};
 pub use unmask_core::sampler::{GenerationParams, Remasking, Schedule, StepRecord};
 pub use unmask_core::tokenizer::DecodeMode;
 pub use unmask_gpu::WeightFormat;
-pub use unmask_gpu::model::{LoadProgress, WeightFormats};
+pub use unmask_gpu::dgemma::{PrefixUse, StepReport as DgemmaStep};
+pub use unmask_gpu::model::{LoadProgress, ModelError, WeightFormats};

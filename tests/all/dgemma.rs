@@ -256,6 +256,33 @@ fn the_engine_generates_through_the_prefix_store() {
     let bad_id = DgemmaRequest::new(Prompt::Ids(vec![1, 1 << 30]));
     let e = engine.generate(&bad_id).unwrap_err().to_string();
     assert!(e.contains("vocabulary size"), "{e}");
+    // A caller stopping after 3 steps (a client gone): the error says where, and the store
+    // is back in its slot for the next request.
+    let mut seen = 0;
+    let mut stop_at_3 = |_: unmask::DgemmaStep<'_>| {
+        seen += 1;
+        if seen == 3 {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    };
+    let stopped =
+        pollster::block_on(engine.generate_async(&request("Name a colour."), &mut stop_at_3));
+    assert!(
+        matches!(
+            stopped,
+            Err(unmask::EngineError::Model(unmask::ModelError::Cancelled {
+                steps: 3
+            }))
+        ),
+        "{stopped:?}"
+    );
+    assert_eq!(engine.prefix_stats().map(|s| s.0), Some(1));
+    assert_eq!(
+        engine.generate(&request("Name a colour.")).unwrap().ids,
+        first.ids
+    );
     eprintln!(
         "[check] DiffusionGemma engine: {} prompt ids ({:?}), answer of {} ids equal with and without the stored system turn",
         first.prompt_ids.len(),

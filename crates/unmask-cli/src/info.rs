@@ -198,7 +198,7 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
     Ok(Some(vec![
         format!("model: {}", dir.display()),
         "  family: DiffusionGemma (model.decoder.* tensors; the vision tower is skipped): \
-         unmask generate, logits and eval run it, unmask bench times its kernels, the \
+         unmask generate, logits, eval and serve run it, unmask bench times its kernels, the \
          browser build loads it (docs/models/diffusion-gemma.md)"
             .to_string(),
         format!(

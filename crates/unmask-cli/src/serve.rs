@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use unmask::CacheMode;
-use unmask_server::{Limits, NetConfig, SchedulerConfig, ServeConfig};
+use unmask_server::{Limits, NetConfig, SchedulerConfig, ServeConfig, ServedModel};
 
 use crate::error::CliError;
 use crate::options::{ModelArgs, RunArgs, load_engine};
@@ -42,13 +42,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     pub model_name: Option<String>,
     /// cache mode of requests that name none (bicache-dual falls back to fast-dllm-dual for
-    /// requests that cannot share a prefix)
-    #[arg(long = "cache", value_name = "MODE", value_parser = values::cache_mode(), default_value = "bicache-dual")]
-    pub cache: CacheMode,
+    /// requests that cannot share a prefix) [default: bicache-dual; LLaDA and Dream only]
+    #[arg(long = "cache", value_name = "MODE", value_parser = values::cache_mode())]
+    pub cache: Option<CacheMode>,
     /// largest max_tokens a request may ask for (default: the model's positions minus one)
     #[arg(long, value_name = "N", value_parser = values::positive)]
     pub max_tokens: Option<usize>,
-    /// max_tokens of a request that gives none
+    /// max_tokens of a request that gives none (DiffusionGemma: generation_config.json's
+    /// max_new_tokens instead)
     #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 64)]
     pub default_max_tokens: usize,
     /// requests accepted and not yet running; past it a request gets 429
@@ -104,7 +105,23 @@ pub struct ServeArgs {
 pub fn run(args: &ServeArgs) -> Result<(), CliError> {
     let dir = args.model.dir()?;
     let options = args.run.engine_options()?;
-    let bicache = args.run.bicache.settings(&[args.cache]);
+    let gemma = crate::dgemma::is_diffusion_gemma(&dir);
+    if gemma {
+        if let Some(mode) = args.cache {
+            return Err(CliError::usage(format!(
+                "--cache {mode}: DiffusionGemma has no cache modes (its prompt's K/V are exact; \
+                 a shared system turn is reused through the prefix store); leave --cache out"
+            )));
+        }
+        if args.kv_events.is_some() {
+            return Err(CliError::usage(
+                "--kv-events: a DiffusionGemma server does not publish its prefix store's \
+                 changes; leave it out",
+            ));
+        }
+    }
+    let cache = args.cache.unwrap_or(CacheMode::BicacheDual);
+    let bicache = args.run.bicache.settings(&[cache]);
     let model_name = args.model_name.clone().unwrap_or_else(|| {
         let canonical = dir.canonicalize().unwrap_or_else(|_| dir.clone());
         canonical
@@ -132,7 +149,9 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
         limits: Limits {
             max_tokens: args.max_tokens.unwrap_or(usize::MAX),
             default_max_tokens: args.default_max_tokens,
-            default_cache: args.cache,
+            default_cache: cache,
+            // Set from the model once it is loaded.
+            family: unmask_server::Family::MaskedDiffusion,
         },
         scheduler: SchedulerConfig {
             max_solo: args.max_solo,
@@ -161,7 +180,17 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
                 block_size: args.kv_block_size,
             }),
     };
-    let load = move || load_engine(&dir, &options).map_err(|e| e.report());
+    let load = move || {
+        if gemma {
+            unmask::DgemmaEngine::load(&dir, &options)
+                .map(ServedModel::DiffusionGemma)
+                .map_err(|e| CliError::from(e).report())
+        } else {
+            load_engine(&dir, &options)
+                .map(ServedModel::Masked)
+                .map_err(|e| e.report())
+        }
+    };
     unmask_server::serve(config, load, |addr, loaded| {
         eprintln!(
             "serving {} positions per request; ctrl-c to stop",

@@ -527,7 +527,7 @@ fn help_info_and_selfcheck() {
         "4 layers (2 sliding-window 8, 2 full)",
         "8 experts top 2",
         "canvas 16",
-        "unmask generate and unmask logits run it",
+        "unmask generate, logits, eval and serve run it",
         "GPU memory of the weights (router f32): f16 ",
     ] {
         assert!(text.contains(needle), "`{needle}` not in\n{text}");

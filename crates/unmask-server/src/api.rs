@@ -17,7 +17,23 @@ pub struct Limits {
     pub default_max_tokens: usize,
     /// The cache mode when the request names none.
     pub default_cache: CacheMode,
+    /// The served model's family: which settings a request may give.
+    pub family: Family,
 }
+
+/// The kinds of model a server runs, each with its own request settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Family {
+    /// LLaDA and Dream: masked diffusion with the cache modes and remasking rules.
+    #[default]
+    MaskedDiffusion,
+    /// DiffusionGemma: canvases denoised by its entropy-bound sampler, whose settings come
+    /// from the model's generation_config.json.
+    DiffusionGemma,
+}
+
+/// Most denoising steps per canvas a DiffusionGemma request may ask for.
+pub const MOST_GEMMA_STEPS: u64 = 4096;
 
 /// One message's content: a string, or OpenAI's list of parts (text parts only).
 #[derive(Debug, Deserialize)]
@@ -188,10 +204,9 @@ pub enum Input {
     },
 }
 
-/// A checked request: what the scheduler runs and how the answer is shaped.
+/// A masked-diffusion request's sampler and caches.
 #[derive(Clone, Debug)]
-pub struct JobSpec {
-    pub input: Input,
+pub struct MaskedSampling {
     pub params: GenerationParams,
     pub cache: CacheMode,
     /// ACache: the shared span's text and the anchor ratio (`None`: the server's default).
@@ -201,6 +216,30 @@ pub struct JobSpec {
     pub adaptive: unmask::AdaptiveOverrides,
     /// `None`: the server's default.
     pub full_canvas: Option<bool>,
+}
+
+/// A DiffusionGemma request's limits and seed (the rest is generation_config.json's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GemmaSampling {
+    /// `max_tokens` (`None`: generation_config.json's max_new_tokens).
+    pub max_new_tokens: Option<usize>,
+    /// `steps`: most denoising steps per canvas (`None`: generation_config.json's).
+    pub max_denoising_steps: Option<usize>,
+    pub seed: u64,
+}
+
+/// How a request samples, by the served model's family.
+#[derive(Clone, Debug)]
+pub enum Sampling {
+    Masked(Box<MaskedSampling>),
+    Gemma(GemmaSampling),
+}
+
+/// A checked request: what the scheduler runs and how the answer is shaped.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    pub input: Input,
+    pub sampling: Sampling,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -344,7 +383,7 @@ impl CompletionRequest {
 }
 
 impl Common {
-    fn check(self, input: Input, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
+    fn check(mut self, input: Input, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
         if let Some(m) = self.model.as_deref().filter(|m| *m != served) {
             return Err(ApiError {
                 status: axum::http::StatusCode::NOT_FOUND,
@@ -412,20 +451,110 @@ impl Common {
                 "tool_choice: not supported by this runtime; leave it out",
             ));
         }
-        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+        let stop = match self.stop.take() {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "stop: expected up to 4 non-empty strings, found {} ({} empty)",
+                    stop.len(),
+                    stop.iter().filter(|s| s.is_empty()).count()
+                ),
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        let options = self.stream_options.take().unwrap_or_default();
+        if !stream && (options.include_usage || options.include_canvas) {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options: only allowed with \"stream\": true",
+            ));
+        }
+        let requested = match (self.max_completion_tokens, self.max_tokens) {
             (Some(n), _) => whole("max_completion_tokens", Some(n))?,
             (None, n) => whole("max_tokens", n)?,
-        }
-        .unwrap_or(limits.default_max_tokens);
-        if max_tokens > limits.max_tokens {
+        };
+        if let Some(n) = requested.filter(|&n| n > limits.max_tokens) {
             return Err(ApiError::invalid(
                 "max_tokens",
                 format!(
-                    "max_tokens: expected at most {} (the server's limit), found {max_tokens}",
+                    "max_tokens: expected at most {} (the server's limit), found {n}",
                     limits.max_tokens
                 ),
             ));
         }
+        let sampling = match limits.family {
+            Family::MaskedDiffusion => {
+                let max_tokens = requested.unwrap_or(limits.default_max_tokens);
+                Sampling::Masked(Box::new(self.masked(max_tokens, limits)?))
+            }
+            Family::DiffusionGemma => Sampling::Gemma(self.gemma(requested)?),
+        };
+        Ok(JobSpec {
+            input,
+            sampling,
+            stop,
+            stream,
+            include_usage: options.include_usage,
+            include_canvas: options.include_canvas,
+        })
+    }
+
+    /// DiffusionGemma's few settings; every masked-diffusion one is refused by name.
+    fn gemma(&self, max_new_tokens: Option<usize>) -> Result<GemmaSampling, ApiError> {
+        let masked_only: [(&str, bool); 17] = [
+            ("temperature", self.temperature.is_some()),
+            ("top_p", self.top_p.is_some()),
+            ("top_k", self.top_k.is_some()),
+            ("block_length", self.block_length.is_some()),
+            ("threshold", self.threshold.is_some()),
+            ("cache", self.cache.is_some()),
+            ("affix", self.affix.is_some()),
+            ("anchor_ratio", self.anchor_ratio.is_some()),
+            ("prompt_interval", self.prompt_interval.is_some()),
+            ("response_interval", self.response_interval.is_some()),
+            ("refresh_ratio", self.refresh_ratio.is_some()),
+            ("verify_pick", self.verify_pick.is_some()),
+            ("pin_block", self.pin_block.is_some()),
+            ("full_canvas", self.full_canvas.is_some()),
+            ("remasking", self.remasking.is_some()),
+            ("alg_temp", self.alg_temp.is_some()),
+            ("eps", self.eps.is_some()),
+        ];
+        if let Some((field, _)) = masked_only.iter().find(|(_, set)| *set) {
+            return Err(ApiError::invalid(
+                *field,
+                format!(
+                    "{field}: not a DiffusionGemma setting (its sampler's temperature schedule \
+                     and entropy bound come from generation_config.json; a request may give \
+                     max_tokens, steps, seed, stop and stream); leave it out"
+                ),
+            ));
+        }
+        let steps = whole("steps", self.steps)?;
+        if let Some(s) = steps.filter(|&s| s == 0 || s as u64 > MOST_GEMMA_STEPS) {
+            return Err(ApiError::invalid(
+                "steps",
+                format!(
+                    "steps: expected denoising steps per canvas in 1..={MOST_GEMMA_STEPS}, \
+                     found {s}"
+                ),
+            ));
+        }
+        Ok(GemmaSampling {
+            max_new_tokens,
+            max_denoising_steps: steps,
+            seed: self.seed.unwrap_or(0),
+        })
+    }
+
+    /// The masked-diffusion settings by the rules the library and the browser API share;
+    /// the engine checks the model's context when the request runs.
+    fn masked(&self, max_tokens: usize, limits: &Limits) -> Result<MaskedSampling, ApiError> {
         let temperature = self.temperature.unwrap_or(0.0);
         if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
             return Err(ApiError::invalid(
@@ -433,8 +562,6 @@ impl Common {
                 format!("temperature: expected a number in [0, 2], found {temperature}"),
             ));
         }
-        // The generation settings by the rules the library and the browser API share; the
-        // engine checks the model's context when the request runs.
         let spec = unmask::RequestSpec {
             gen_length: Some(max_tokens as u64),
             steps: self.steps,
@@ -474,41 +601,13 @@ impl Common {
                 format!("{field}: expected {}, found {}", e.expected, e.found),
             )
         })?;
-        let stop = match self.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
-        };
-        if stop.len() > 4 || stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid(
-                "stop",
-                format!(
-                    "stop: expected up to 4 non-empty strings, found {} ({} empty)",
-                    stop.len(),
-                    stop.iter().filter(|s| s.is_empty()).count()
-                ),
-            ));
-        }
-        let stream = self.stream.unwrap_or(false);
-        let options = self.stream_options.unwrap_or_default();
-        if !stream && (options.include_usage || options.include_canvas) {
-            return Err(ApiError::invalid(
-                "stream_options",
-                "stream_options: only allowed with \"stream\": true",
-            ));
-        }
-        Ok(JobSpec {
-            input,
+        Ok(MaskedSampling {
             params: settings.params,
             cache: settings.cache.unwrap_or(limits.default_cache),
             affix: settings.affix,
             anchor_ratio: settings.anchor_ratio,
             adaptive: settings.adaptive,
             full_canvas: settings.full_canvas,
-            stop,
-            stream,
-            include_usage: options.include_usage,
-            include_canvas: options.include_canvas,
         })
     }
 }
@@ -522,6 +621,14 @@ mod tests {
             max_tokens: 256,
             default_max_tokens: 64,
             default_cache: CacheMode::BicacheDual,
+            family: Family::MaskedDiffusion,
+        }
+    }
+
+    fn masked(spec: &JobSpec) -> &MaskedSampling {
+        match &spec.sampling {
+            Sampling::Masked(m) => m,
+            Sampling::Gemma(g) => panic!("a masked-diffusion request, found {g:?}"),
         }
     }
 
@@ -534,22 +641,25 @@ mod tests {
         let spec =
             chat(r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#)
                 .unwrap();
-        assert_eq!(spec.params.gen_length, 64);
-        assert_eq!(spec.params.block_length, 32);
-        assert_eq!(spec.params.steps, 64);
-        assert_eq!(spec.params.temperature, 0.0);
-        assert_eq!(spec.cache, CacheMode::BicacheDual);
+        assert_eq!(masked(&spec).params.gen_length, 64);
+        assert_eq!(masked(&spec).params.block_length, 32);
+        assert_eq!(masked(&spec).params.steps, 64);
+        assert_eq!(masked(&spec).params.temperature, 0.0);
+        assert_eq!(masked(&spec).cache, CacheMode::BicacheDual);
         assert_eq!(
             spec.input,
             Input::Chat(vec![Message::system("s"), Message::user("q")])
         );
         let spec = chat(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"max_tokens":48,"cache":"none"}"#).unwrap();
-        assert_eq!(spec.params.block_length, 48);
-        assert_eq!(spec.cache, CacheMode::None);
+        assert_eq!(masked(&spec).params.block_length, 48);
+        assert_eq!(masked(&spec).cache, CacheMode::None);
         assert_eq!(spec.input, Input::Chat(vec![Message::user("ab")]));
-        assert_eq!((spec.params.top_p, spec.params.top_k), (None, None));
+        assert_eq!(
+            (masked(&spec).params.top_p, masked(&spec).params.top_k),
+            (None, None)
+        );
         let cut = |body| {
-            let p = chat(body).unwrap().params;
+            let p = masked(&chat(body).unwrap()).params.clone();
             (p.top_p, p.top_k)
         };
         assert_eq!(
@@ -729,9 +839,69 @@ mod tests {
             }
         }
         // The smallest positive f32 itself is taken.
-        let p = chat(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1e-45}"#)
-            .unwrap()
-            .params;
+        let spec = chat(r#"{"messages":[{"role":"user","content":"q"}],"top_p":1e-45}"#).unwrap();
+        let p = &masked(&spec).params;
         assert!(p.top_p.is_some_and(|p| p > 0.0));
+    }
+
+    /// A DiffusionGemma server takes max_tokens, steps and seed, and names every
+    /// masked-diffusion setting it is given.
+    #[test]
+    fn diffusion_gemma_requests() {
+        let gemma = Limits {
+            family: Family::DiffusionGemma,
+            ..limits()
+        };
+        let check = |body: &str| ChatRequest::parse(body.as_bytes())?.check(&gemma, "tiny");
+        let sampling = |body: &str| match check(body).unwrap().sampling {
+            Sampling::Gemma(g) => g,
+            Sampling::Masked(m) => panic!("{body}: a DiffusionGemma request, found {m:?}"),
+        };
+        let q = r#""messages":[{"role":"user","content":"q"}]"#;
+        assert_eq!(
+            sampling(&format!("{{{q}}}")),
+            GemmaSampling {
+                max_new_tokens: None,
+                max_denoising_steps: None,
+                seed: 0
+            }
+        );
+        assert_eq!(
+            sampling(&format!(
+                r#"{{{q},"max_tokens":40,"steps":12,"seed":7,"stream":true,"stop":["x"]}}"#
+            )),
+            GemmaSampling {
+                max_new_tokens: Some(40),
+                max_denoising_steps: Some(12),
+                seed: 7
+            }
+        );
+        for field in [
+            "temperature",
+            "top_p",
+            "block_length",
+            "cache",
+            "remasking",
+            "threshold",
+            "full_canvas",
+        ] {
+            let value = match field {
+                "cache" | "remasking" => "\"none\"",
+                "full_canvas" => "true",
+                "block_length" => "8",
+                _ => "0.5",
+            };
+            let e = check(&format!(r#"{{{q},"{field}":{value}}}"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{e}");
+            assert!(e.message.contains("not a DiffusionGemma setting"), "{e}");
+        }
+        for (body, field) in [
+            (format!(r#"{{{q},"steps":5000}}"#), "steps"),
+            (format!(r#"{{{q},"steps":0}}"#), "steps"),
+            (format!(r#"{{{q},"max_tokens":1000}}"#), "max_tokens"),
+        ] {
+            let e = check(&body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
+        }
     }
 }

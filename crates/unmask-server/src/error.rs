@@ -91,6 +91,20 @@ impl ApiError {
             EngineError::Tokenizer(_) | EngineError::NoTokenizer { .. } => {
                 Self::invalid("messages", e.to_string())
             }
+            // DiffusionGemma's checks of a request, each naming its setting first.
+            EngineError::Model(unmask::ModelError::Input(text)) => {
+                let param = match text.split(':').next().unwrap_or("") {
+                    "prompt" | "prompt ids" => "messages",
+                    "max_new_tokens" | "prompt and answer" => "max_tokens",
+                    "max_denoising_steps" => "steps",
+                    _ => "",
+                };
+                if param.is_empty() {
+                    Self::unnamed(e.to_string())
+                } else {
+                    Self::invalid(param, e.to_string())
+                }
+            }
             EngineError::Refused(_) | EngineError::DepthTable(_) => Self::unnamed(e.to_string()),
             _ => Self::server(e.to_string()),
         }

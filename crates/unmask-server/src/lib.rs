@@ -1,10 +1,13 @@
-//! `unmask serve`: an OpenAI-compatible HTTP server over one `Engine`.
+//! `unmask serve`: an OpenAI-compatible HTTP server over one model: a LLaDA or Dream
+//! `Engine`, or a `DgemmaEngine`.
 //!
-//! The HTTP side runs on tokio (axum); the engine runs on its own thread
-//! (`scheduler::run`), which steps every running request in a fair round and batches
-//! BiCache requests that share a system prompt. Handlers and the engine thread talk through
-//! channels: a handler sends a `Job` and reads its events (accepted, final text as it
-//! appears, the canvas, the result).
+//! The HTTP side runs on tokio (axum); the engine runs on its own thread. For LLaDA and
+//! Dream (`scheduler::run`) it steps every running request in a fair round and batches
+//! BiCache requests that share a system prompt; for DiffusionGemma
+//! (`scheduler::run_gemma`) it runs one request at a time, the system turn through the
+//! prefix store. Handlers and the engine thread talk through channels: a handler sends a
+//! `Job` and reads its events (accepted, final text as it appears, the canvas, the
+//! result).
 
 mod access;
 pub mod api;
@@ -22,10 +25,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-use unmask::Engine;
+use unmask::{DgemmaEngine, Engine};
 
 pub use access::Access;
-pub use api::Limits;
+pub use api::{Family, Limits};
 pub use kv_events::KvEventsConfig;
 pub use net::NetConfig;
 pub use scheduler::SchedulerConfig;
@@ -71,10 +74,27 @@ pub enum ServeError {
     KvEvents(String),
 }
 
+/// The model a server runs.
+pub enum ServedModel {
+    /// LLaDA or Dream.
+    Masked(Engine),
+    DiffusionGemma(DgemmaEngine),
+}
+
+impl ServedModel {
+    pub fn family(&self) -> Family {
+        match self {
+            Self::Masked(_) => Family::MaskedDiffusion,
+            Self::DiffusionGemma(_) => Family::DiffusionGemma,
+        }
+    }
+}
+
 /// What the engine thread reports once the model is loaded.
 pub struct Loaded {
     /// Positions the model takes (prompt and answer together).
     pub max_sequence_length: usize,
+    pub family: Family,
     /// The engine's tokenizer and chat format, for the handlers to tokenize requests
     /// before they queue them (`scheduler::encode_input`).
     encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
@@ -90,7 +110,7 @@ pub fn serve<L>(
     on_listening: impl FnOnce(SocketAddr, &Loaded),
 ) -> Result<(), ServeError>
 where
-    L: FnOnce() -> Result<Engine, String> + Send + 'static,
+    L: FnOnce() -> Result<ServedModel, String> + Send + 'static,
 {
     let shared = Arc::new(scheduler::Shared {
         metrics: metrics::Metrics::new(),
@@ -111,21 +131,42 @@ where
     let engine_thread = std::thread::Builder::new()
         .name("unmask-engine".into())
         .spawn(move || {
-            let engine = match load() {
-                Ok(e) => e,
+            let model = match load() {
+                Ok(m) => m,
                 Err(why) => {
                     let _ = ready_tx.send(Err(why));
                     return;
                 }
             };
-            let loaded = Loaded {
-                max_sequence_length: engine.config().max_sequence_length,
-                encoder: engine
-                    .tokenizer()
-                    .map(|t| Arc::new((t.clone(), engine.chat_format().clone()))),
-            };
-            let _ = ready_tx.send(Ok(loaded));
-            scheduler::run(&engine, jobs_rx, engine_shared, scheduler_config);
+            match model {
+                ServedModel::Masked(engine) => {
+                    let loaded = Loaded {
+                        max_sequence_length: engine.config().max_sequence_length,
+                        family: Family::MaskedDiffusion,
+                        encoder: engine
+                            .tokenizer()
+                            .map(|t| Arc::new((t.clone(), engine.chat_format().clone()))),
+                    };
+                    let _ = ready_tx.send(Ok(loaded));
+                    scheduler::run(&engine, jobs_rx, engine_shared, scheduler_config);
+                }
+                ServedModel::DiffusionGemma(engine) => {
+                    if scheduler_config.kv_events.is_some() {
+                        let why = "kv events: a DiffusionGemma server does not publish its \
+                                   prefix store's changes; leave --kv-events out";
+                        let _ = ready_tx.send(Err(why.to_string()));
+                        return;
+                    }
+                    // Its prompts are encoded on the engine thread, one request at a time.
+                    let loaded = Loaded {
+                        max_sequence_length: engine.model().max_positions,
+                        family: Family::DiffusionGemma,
+                        encoder: None,
+                    };
+                    let _ = ready_tx.send(Ok(loaded));
+                    scheduler::run_gemma(&engine, jobs_rx, engine_shared);
+                }
+            }
         })?;
     let loaded = match ready_rx.recv() {
         Ok(Ok(l)) => l,
@@ -135,6 +176,7 @@ where
     let mut limits = config.limits.clone();
     limits.max_tokens = limits.max_tokens.min(loaded.max_sequence_length - 1);
     limits.default_max_tokens = limits.default_max_tokens.min(limits.max_tokens);
+    limits.family = loaded.family;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -406,15 +406,9 @@ fn usage(f: &Finished) -> Value {
     })
 }
 
-/// What the runtime did, beside OpenAI's fields: cache mode, BiCache, timings.
+/// What the runtime did, beside OpenAI's fields (`Finished::report`).
 fn extension(f: &Finished) -> Value {
-    json!({
-        "cache": f.cache.name(),
-        "bicache": f.bicache,
-        "acache": f.acache,
-        "dllm_cache": f.adaptive,
-        "timings": f.timings,
-    })
+    f.report.clone()
 }
 
 async fn whole_response(shape: Shape, mut events: mpsc::UnboundedReceiver<JobEvent>) -> Response {

@@ -14,6 +14,12 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
+    /// `Stop` when the answer ended (the model's end of turn, a stop string), else
+    /// `Length`.
+    pub fn of(ended: bool) -> Self {
+        if ended { Self::Stop } else { Self::Length }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stop => "stop",

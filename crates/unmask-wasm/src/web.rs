@@ -220,11 +220,16 @@ impl WebEngine {
             let _busy = BusyGuard::acquire(&busy)
                 .ok_or_else(|| js_error("a generation is already running"))?;
             let mut tracker = dgemma_mapping::StepTracker::new();
+            // `onStep` returning `false` stops the generation there.
             let mut each_step = |r: StepReport<'_>| {
                 if let Some(f) = &on_step {
                     let v = tracker.event(&r, engine.tokenizer());
-                    let _ = f.call1(&JsValue::NULL, &to_js(&v));
+                    let answer = f.call1(&JsValue::NULL, &to_js(&v));
+                    if answer.is_ok_and(|a| a.as_bool() == Some(false)) {
+                        return std::ops::ControlFlow::Break(());
+                    }
                 }
+                std::ops::ControlFlow::Continue(())
             };
             let out = engine
                 .generate_async(&request, &mut each_step)

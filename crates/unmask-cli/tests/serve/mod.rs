@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use super::{unmask, workspace};
 
+mod dgemma;
+
 /// A running `unmask serve --port 0` on the bundled model, its stderr collected.
 struct Server {
     child: Child,
@@ -25,7 +27,10 @@ impl Server {
 
     /// With `descriptors`: under `ulimit -n` of that many open files.
     fn start_limited(extra: &[&str], descriptors: Option<u32>) -> Self {
-        let model = workspace().join("models/tiny");
+        Self::start_model(&workspace().join("models/tiny"), extra, descriptors)
+    }
+
+    fn start_model(model: &std::path::Path, extra: &[&str], descriptors: Option<u32>) -> Self {
         let mut command = unmask();
         if let Some(n) = descriptors {
             let mut wrapped = std::process::Command::new("bash");

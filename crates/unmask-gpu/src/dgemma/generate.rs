@@ -2,6 +2,8 @@
 //! canvas — denoise from random tokens until the step limit or the stopping rule, keep the
 //! last argmax canvas, stop at an eos, else commit the canvas and go on.
 
+use std::ops::ControlFlow;
+
 use unmask_core::sampler::entropy_bound::{
     Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, pad_after_eos, step_from_rows,
 };
@@ -57,14 +59,15 @@ impl DgemmaModel {
         draws: &mut dyn CanvasDraws,
         seed: u64,
     ) -> Result<Generation, ModelError> {
-        let mut quiet = |_: StepReport<'_>| {};
+        let mut quiet = |_: StepReport<'_>| ControlFlow::Continue(());
         let run = self.generate_async(ctx, prompt, None, params, draws, seed, &mut quiet);
         Ok(pollster::block_on(run)?.0)
     }
 
     /// `generate`, awaiting each step's read-back (a browser's event loop delivers it), the
     /// prompt's shared part through `prefix` when given, `on_step` told of every step
-    /// (its canvas index and the step).
+    /// (its canvas index and the step); `on_step` breaking ends the generation with
+    /// `ModelError::Cancelled` (a client gone, a cancel button).
     #[allow(clippy::too_many_arguments)] // one request's inputs
     pub async fn generate_async(
         &self,
@@ -74,7 +77,7 @@ impl DgemmaModel {
         params: &EntropyBoundParams,
         draws: &mut dyn CanvasDraws,
         seed: u64,
-        on_step: &mut dyn FnMut(StepReport<'_>),
+        on_step: &mut dyn FnMut(StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(Generation, Option<PrefixUse>), ModelError> {
         let len = self.cfg.canvas_length;
         let vocab = self.cfg.vocab_size;
@@ -126,11 +129,16 @@ impl DgemmaModel {
                 let step = step_from_rows(&rows, sampled, vocab, t, params, &mut canvas, draws);
                 let stop = step.stop;
                 let entropies: Vec<f32> = rows.iter().map(|r| r.1).collect();
-                on_step(StepReport {
+                let flow = on_step(StepReport {
                     canvas: index,
                     step: &step,
                     entropies: &entropies,
                 });
+                if flow.is_break() {
+                    return Err(ModelError::Cancelled {
+                        steps: step_counter as usize,
+                    });
+                }
                 steps.push(step);
                 if stop {
                     break;

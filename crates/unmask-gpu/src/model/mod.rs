@@ -43,6 +43,9 @@ pub enum ModelError {
     Write(#[from] unmask_core::safetensors_writer::SafetensorsError),
     #[error("invalid input: {0}")]
     Input(String),
+    /// The caller stopped a generation between two steps.
+    #[error("cancelled after {steps} denoising steps")]
+    Cancelled { steps: usize },
     #[error(
         "tensor {name} in {path} holds {value} at row {row}, column {col} ({count} non-finite \
          values in that block): expected finite weights (a corrupt or wrongly converted checkpoint)",

@@ -27,12 +27,15 @@ use unmask::{
 
 use unmask_core::tokenizer::Tokenizer;
 
-use crate::api::{Input, JobSpec};
+use crate::api::{Input, JobSpec, MaskedSampling, Sampling};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, SessionKind};
 use crate::text::{FinishReason, TextStream, final_tokens};
 
 mod gauges;
+mod gemma;
+
+pub use gemma::run as run_gemma;
 
 /// A request handed to the engine thread, with the channel its events go back on.
 pub struct Job {
@@ -67,11 +70,26 @@ pub struct Finished {
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    pub cache: CacheMode,
-    pub bicache: Option<BicacheReport>,
-    pub acache: Option<Box<AcacheReport>>,
-    pub adaptive: Option<Box<unmask::AdaptiveReport>>,
-    pub timings: Timings,
+    /// What the runtime did, beside OpenAI's fields (the answer's `unmask` object): the
+    /// cache mode and its reports and timings, or DiffusionGemma's canvases and prefix.
+    pub report: serde_json::Value,
+}
+
+/// The report of a masked-diffusion generation.
+fn masked_report(
+    cache: CacheMode,
+    bicache: Option<&BicacheReport>,
+    acache: Option<&AcacheReport>,
+    adaptive: Option<&unmask::AdaptiveReport>,
+    timings: &Timings,
+) -> serde_json::Value {
+    serde_json::json!({
+        "cache": cache.name(),
+        "bicache": bicache,
+        "acache": acache,
+        "dllm_cache": adaptive,
+        "timings": timings,
+    })
 }
 
 /// How much the scheduler runs at once.
@@ -184,35 +202,43 @@ impl Tracker {
             }
             Ok(g) => {
                 let full = g.text.clone().unwrap_or_default();
-                let (end, stopped) = self.text.cut(&full);
-                if let Some(delta) = self.text.advance(&full, true)
-                    && !delta.is_empty()
-                {
-                    let _ = self.events.send(JobEvent::Text(delta));
-                }
+                let (text, stopped) = finish_text(&mut self.text, &self.events, &full);
                 let ended = g.timings.answer_tokens < g.ids.len();
-                let finish_reason = if stopped || ended {
-                    FinishReason::Stop
-                } else {
-                    FinishReason::Length
-                };
                 m.count("ok");
                 m.record_finished(&g);
                 Ok(Finished {
-                    text: full[..end].to_string(),
-                    finish_reason,
+                    text,
+                    finish_reason: FinishReason::of(stopped || ended),
                     prompt_tokens: g.prompt_ids.len(),
                     completion_tokens: g.timings.answer_tokens,
-                    cache: g.cache,
-                    bicache: g.bicache,
-                    acache: g.acache.map(Box::new),
-                    adaptive: g.adaptive.map(Box::new),
-                    timings: g.timings,
+                    report: masked_report(
+                        g.cache,
+                        g.bicache.as_ref(),
+                        g.acache.as_ref(),
+                        g.adaptive.as_ref(),
+                        &g.timings,
+                    ),
                 })
             }
         };
         let _ = self.events.send(JobEvent::Done(result));
     }
+}
+
+/// Sends the rest of an answer whose whole text is `full`; returns the text cut at the
+/// first stop string and whether one was met.
+fn finish_text(
+    stream: &mut TextStream,
+    events: &UnboundedSender<JobEvent>,
+    full: &str,
+) -> (String, bool) {
+    let (end, stopped) = stream.cut(full);
+    if let Some(delta) = stream.advance(full, true)
+        && !delta.is_empty()
+    {
+        let _ = events.send(JobEvent::Text(delta));
+    }
+    (full[..end].to_string(), stopped)
 }
 
 /// A session and the requests in it, by their session ids.
@@ -275,11 +301,12 @@ pub fn encode_input(
 /// The request the engine runs for a job.
 fn engine_request(
     engine: &Engine,
-    spec: &JobSpec,
+    input: &Input,
+    spec: &MaskedSampling,
     config: &SchedulerConfig,
 ) -> Result<Request, EngineError> {
     let mut prefix_len = None;
-    let prompt = match &spec.input {
+    let prompt = match input {
         Input::Chat(messages) => Prompt::Chat(messages.clone()),
         Input::Ids(ids) => Prompt::Ids(ids.clone()),
         Input::Encoded {
@@ -380,7 +407,11 @@ impl<'e> Scheduler<'e> {
     /// Turns a job into its request and the prefix it shares, and queues it.
     fn accept(&mut self, job: Job) {
         let engine = self.engine;
-        let request = match engine_request(engine, &job.spec, &self.config) {
+        let Sampling::Masked(sampling) = &job.spec.sampling else {
+            let e = ApiError::server("a DiffusionGemma request reached a LLaDA/Dream engine");
+            return self.reject(job, e);
+        };
+        let request = match engine_request(engine, &job.spec.input, sampling, &self.config) {
             Ok(r) => r,
             Err(e) => return self.reject(job, ApiError::from_engine(&e)),
         };

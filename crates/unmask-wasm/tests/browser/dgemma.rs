@@ -131,7 +131,7 @@ async fn diffusion_gemma_logits_and_generations_match_the_reference() {
                 &case.params,
                 &mut draws,
                 0,
-                &mut |_| {},
+                &mut |_| std::ops::ControlFlow::Continue(()),
             )
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", case.name));
