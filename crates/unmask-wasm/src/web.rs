@@ -329,7 +329,9 @@ impl WebEngine {
     /// DiffusionGemma: `{system, prompt}` or `{messages}` or `{ids}`, and `genLength, steps,
     /// seed, shareSystem`; any other field is refused. `onStep` gets each denoising step
     /// shaped like the above (the argmax canvas, accepted positions as committed, the rest
-    /// as masked). Resolves to `{ids, text, canvases, prefix, store, timings}`.
+    /// as masked); `onStep` returning `false` stops the generation there (the promise
+    /// rejects: `cancelled after N denoising steps`). Resolves to `{ids, text, canvases,
+    /// prefix, store, timings}`.
     pub fn generate(&self, request: JsValue, on_step: Option<Function>) -> Promise {
         let engine = match &self.loaded {
             Loaded::Masked(e) => e.clone(),

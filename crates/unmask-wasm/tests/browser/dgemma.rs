@@ -203,5 +203,18 @@ async fn diffusion_gemma_answers_from_javascript() {
         .await
         .unwrap_err();
     assert!(e.starts_with("genLength: expected a whole number"), "{e}");
+    // `onStep` returning false stops the generation: the promise rejects saying so, and
+    // the engine (its store back in place) answers the next request as before.
+    let stop = js_sys::Function::new_with_args("event", "return event.step < 2;");
+    let e = JsFuture::from(web.generate(js(request), Some(stop)))
+        .await
+        .expect_err("a stopped generation rejects");
+    let message = String::from(e.dyn_ref::<js_sys::Error>().unwrap().message());
+    assert!(
+        message.contains("cancelled after 2 denoising steps"),
+        "{message}"
+    );
+    let after = generate(&web, js(request)).await.unwrap();
+    assert_eq!(after["ids"], first["ids"]);
     assert_eq!(web.clear_cache(), 1);
 }
