@@ -1,6 +1,7 @@
 """Tests `unmask serve` on a loopback port: the official `openai` Python client (chat, a
 streamed chat, a text completion, the models list), every error path over raw HTTP, the
-queue's 429, a client that disconnects mid-stream, and the metrics after it all.
+queue's 429, a client that disconnects mid-stream, and the metrics after it all; then a
+DiffusionGemma folder (`--dgemma`, the test fixture by default) served the same way.
 
     python3 tools/serve_test.py --unmask target/debug/unmask [--model models/tiny]
 
@@ -13,6 +14,7 @@ import concurrent.futures
 import http.client
 import json
 import socket
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -260,10 +262,78 @@ def disconnect_case(server):
           f"pins {m.get('unmask_prefix_store_pins')}")
 
 
+def dgemma_cases(unmask, model):
+    """A DiffusionGemma folder: the OpenAI client's chat and stream equal `unmask generate`,
+    requests sent at once run one after another with the same answers, a client gone stops
+    its request, and LLaDA's settings are refused by name."""
+    server = Server(unmask, model, "--max-queue", "8")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        name = client.models.list().data[0].id
+        system, question = "You answer in one word.", "Name a colour."
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        out = subprocess.run([unmask, "generate", "--model", model, "--system", system, "--prompt",
+                              question, "--gen-length", "32", "--steps", "8", "--seed", "3", "--json"],
+                             capture_output=True, text=True, check=True)
+        expected = json.loads(out.stdout)["text"]
+        r = client.chat.completions.create(model=name, messages=messages, max_tokens=32, seed=3,
+                                           extra_body={"steps": 8})
+        ext = r.model_extra.get("unmask", {})
+        check(r.choices[0].message.content == expected,
+              f"DiffusionGemma: chat equals unmask generate ({len(expected)} characters)")
+        check(ext.get("family") == "diffusion_gemma" and ext.get("prefix", {}).get("use") in ("stored", "hit"),
+              f"DiffusionGemma: the report names the family and the prefix store's use: {ext.get('prefix')}")
+        pieces = []
+        for chunk in client.chat.completions.create(model=name, messages=messages, max_tokens=32, seed=3,
+                                                    stream=True, extra_body={"steps": 8}):
+            pieces += [c.delta.content for c in chunk.choices if c.delta.content]
+        check("".join(pieces) == expected, f"DiffusionGemma: {len(pieces)} streamed pieces join to the answer")
+        # Four requests at once: they queue and run one at a time, each answering as alone.
+        seeds = [11, 12, 13, 14]
+        alone = {}
+        for seed in seeds:
+            alone[seed] = client.chat.completions.create(
+                model=name, messages=messages, max_tokens=32, seed=seed, extra_body={"steps": 8}
+            ).choices[0].message.content
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = dict(zip(seeds, pool.map(lambda seed: client.chat.completions.create(
+                model=name, messages=messages, max_tokens=32, seed=seed, extra_body={"steps": 8}
+            ).choices[0].message.content, seeds)))
+        check(together == alone, "DiffusionGemma: requests sent at once answer as when sent alone")
+        check(len(set(alone.values())) > 1, "DiffusionGemma: the seed changes the answer")
+        try:
+            client.chat.completions.create(model=name, messages=messages, temperature=0.7)
+            check(False, "DiffusionGemma: temperature is refused")
+        except openai.BadRequestError as e:
+            check(e.body.get("param") == "temperature", f"DiffusionGemma: the error names the field: {e.body}")
+        # A client gone mid-stream: its request stops and is counted as cancelled.
+        u = urllib.parse.urlparse(server.url)
+        body = json.dumps({"messages": messages, "max_tokens": 256, "steps": 64, "stream": True}).encode()
+        s = socket.create_connection((u.hostname, u.port))
+        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n".encode()
+                  + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                  + body)
+        s.recv(4096)
+        s.close()
+        deadline, m = time.time() + 60, {}
+        while time.time() < deadline:
+            m = server.metrics()
+            if m.get('unmask_requests_total{outcome="cancelled"}', 0) >= 1 and m.get("unmask_running_requests") == 0:
+                break
+            time.sleep(0.2)
+        check(m.get('unmask_requests_total{outcome="cancelled"}', 0) >= 1 and m.get("unmask_running_requests") == 0,
+              "DiffusionGemma: a disconnect stops its request (cancelled, nothing running)")
+    finally:
+        stderr = server.stop()
+    check("panicked" not in stderr, "DiffusionGemma: the server never panicked")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--unmask", default="target/debug/unmask")
     ap.add_argument("--model", default="models/tiny")
+    ap.add_argument("--dgemma", default="../tests/fixtures/tiny-dgemma",
+                    help="a DiffusionGemma folder to serve too ('' to skip)")
     a = ap.parse_args()
     server = Server(a.unmask, a.model, "--api-key", KEY, "--max-queue", "2", "--max-body", "1M")
     try:
@@ -290,6 +360,8 @@ def main():
     finally:
         stderr = server.stop()
     check("panicked" not in stderr, "the server never panicked")
+    if a.dgemma:
+        dgemma_cases(a.unmask, a.dgemma)
     print(f"{len(failures)} failure(s)")
     sys.exit(1 if failures else 0)
 
