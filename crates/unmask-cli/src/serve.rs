@@ -19,6 +19,8 @@ use crate::values;
                   GET /health, GET /metrics (Prometheus). BiCache requests that share a system \
                   prompt run in one batch; the others run side by side. Requests may add the \
                   diffusion settings steps, block_length, threshold, cache and remasking. \
+                  A DiffusionGemma folder runs one request at a time (steps, seed and \
+                  max_tokens are its settings; a shared system prompt is encoded once). \
                   Prints `listening on http://ADDR` on stdout once it accepts requests; \
                   ctrl-c or SIGTERM finishes the accepted requests within --shutdown-grace \
                   and stops (a second one stops at once). Requests must name this server in \

@@ -1,0 +1,57 @@
+//! The settings of a request to a DiffusionGemma server: its sampler's schedule and bound
+//! are the model's (generation_config.json), so a request gives only lengths and a seed, and
+//! every masked-diffusion setting is refused by name rather than ignored.
+
+use super::{Common, GemmaSampling, MOST_GEMMA_STEPS};
+use crate::error::ApiError;
+use crate::fields::whole;
+
+impl Common {
+    /// DiffusionGemma's few settings; every masked-diffusion one is refused by name.
+    pub(super) fn gemma(&self, max_new_tokens: Option<usize>) -> Result<GemmaSampling, ApiError> {
+        let masked_only: [(&str, bool); 17] = [
+            ("temperature", self.temperature.is_some()),
+            ("top_p", self.top_p.is_some()),
+            ("top_k", self.top_k.is_some()),
+            ("block_length", self.block_length.is_some()),
+            ("threshold", self.threshold.is_some()),
+            ("cache", self.cache.is_some()),
+            ("affix", self.affix.is_some()),
+            ("anchor_ratio", self.anchor_ratio.is_some()),
+            ("prompt_interval", self.prompt_interval.is_some()),
+            ("response_interval", self.response_interval.is_some()),
+            ("refresh_ratio", self.refresh_ratio.is_some()),
+            ("verify_pick", self.verify_pick.is_some()),
+            ("pin_block", self.pin_block.is_some()),
+            ("full_canvas", self.full_canvas.is_some()),
+            ("remasking", self.remasking.is_some()),
+            ("alg_temp", self.alg_temp.is_some()),
+            ("eps", self.eps.is_some()),
+        ];
+        if let Some((field, _)) = masked_only.iter().find(|(_, set)| *set) {
+            return Err(ApiError::invalid(
+                *field,
+                format!(
+                    "{field}: not a DiffusionGemma setting (its sampler's temperature schedule \
+                     and entropy bound come from generation_config.json; a request may give \
+                     max_tokens, steps, seed, stop and stream); leave it out"
+                ),
+            ));
+        }
+        let steps = whole("steps", self.steps)?;
+        if let Some(s) = steps.filter(|&s| s == 0 || s as u64 > MOST_GEMMA_STEPS) {
+            return Err(ApiError::invalid(
+                "steps",
+                format!(
+                    "steps: expected denoising steps per canvas in 1..={MOST_GEMMA_STEPS}, \
+                     found {s}"
+                ),
+            ));
+        }
+        Ok(GemmaSampling {
+            max_new_tokens,
+            max_denoising_steps: steps,
+            seed: self.seed.unwrap_or(0),
+        })
+    }
+}
