@@ -16,7 +16,7 @@ use unmask_gpu::dgemma::{
     DgemmaModel, DgemmaPrefixStore, GeneratedCanvas, PrefixUse, SharedPrefix, StepReport,
 };
 use unmask_gpu::model::ModelError;
-use unmask_gpu::{GpuContext, WeightFormat};
+use unmask_gpu::{DType, GpuContext, WeightFormat};
 
 use crate::clock::Stopwatch;
 use crate::files::{self, ModelFiles};
@@ -201,7 +201,28 @@ impl DgemmaEngine {
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
         let format = options.weight_format.resolve(&ctx);
-        let model = DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, format, small.positions)?;
+        let mut model = DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, format, small.positions)?;
+        let dims_of_4 = model
+            .cfg
+            .layers
+            .iter()
+            .all(|a| a.head_dim.is_multiple_of(4));
+        model.kv_dtype = match options.kv_dtype {
+            DType::F32 => DType::F32,
+            DType::F16 if dims_of_4 => DType::F16,
+            other => {
+                return Err(EngineError::Model(ModelError::Input(format!(
+                    "K/V storage {other:?}: expected f32, or f16 with head dims that are \
+                     multiples of 4 (found {:?})",
+                    model
+                        .cfg
+                        .layers
+                        .iter()
+                        .map(|a| a.head_dim)
+                        .collect::<Vec<_>>()
+                ))));
+            }
+        };
         Ok(Self {
             ctx,
             model,

@@ -1,8 +1,8 @@
 //! DiffusionGemma's own kernels against the host: the per-head norm with RoPE, the
-//! soft-embedding product in every weight format and the sampler's row statistics (its
-//! attention masks are `kernels_attention_mask`'s).
+//! soft-embedding product in every weight format, the sampler's row statistics and the f16
+//! packing of K/V rows (its attention masks are `kernels_attention_mask`'s).
 
-use unmask_gpu::ops::elementwise::rope_table;
+use unmask_gpu::ops::elementwise::{pack_f16_rows, rope_table};
 use unmask_gpu::ops::heads::{HeadLayout, Rotation, head_norm_rope, rope_table_partial};
 use unmask_gpu::ops::soft_embed::soft_embed;
 use unmask_gpu::{DType, StepEncoder, Tensor, Weight, WeightFormat};
@@ -201,4 +201,42 @@ fn denoise_rows_match_the_host() {
         "another step draws anew"
     );
     assert!(other.iter().zip(&got).all(|(a, b)| a.argmax == b.argmax));
+}
+
+/// f32 rows rounded to f16 into rows `dst_row..` of an f16 tensor: each value as the host
+/// rounds it (nearest, ties to even), the rows around untouched, a window of wider rows read.
+#[test]
+fn k_v_rows_pack_into_f16_as_the_host_rounds() {
+    let ctx = common::ctx();
+    let (rows, cols, src_stride, dst_rows) = (5, 12, 16, 9);
+    let mut x = random_vec(21, rows * src_stride, 3.0);
+    // Values f16 cannot hold exactly, a tie and an overflow.
+    x[0] = 1.0 / 3.0;
+    x[1] = 1.0 + 1.0 / 2048.0;
+    x[2] = 70_000.0;
+    let src = Tensor::from_f32(&ctx, &[rows, src_stride], &x, "src").unwrap();
+    let dst = Tensor::zeros(&ctx, DType::F16, &[dst_rows, cols], "dst").unwrap();
+    let mut step = StepEncoder::new(&ctx, "pack f16 test");
+    pack_f16_rows(&mut step, &src, src_stride, &dst, cols, 3, (rows, cols)).unwrap();
+    step.submit().unwrap();
+    let got = dst.read_values(&ctx).unwrap();
+    for r in 0..dst_rows {
+        for c in 0..cols {
+            let want = if (3..3 + rows).contains(&r) {
+                half::f16::from_f32(x[(r - 3) * src_stride + c]).to_f32()
+            } else {
+                0.0
+            };
+            let g = got[r * cols + c];
+            assert!(
+                g == want || (g.is_infinite() && want.is_infinite()),
+                "row {r}, col {c}: {g} vs {want}"
+            );
+        }
+    }
+    // An odd width, or a destination too short, is refused by name.
+    let mut step = StepEncoder::new(&ctx, "pack f16 refusals");
+    let e = pack_f16_rows(&mut step, &src, src_stride, &dst, cols, 0, (rows, 11)).unwrap_err();
+    assert!(e.to_string().contains("pack_f16"), "{e}");
+    assert!(pack_f16_rows(&mut step, &src, src_stride, &dst, cols, 5, (rows, cols)).is_err());
 }

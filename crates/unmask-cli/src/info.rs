@@ -14,7 +14,7 @@ use unmask_gpu::model::{Checkpoint, ModelError, WeightFormats};
 use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::AttentionKernel;
 use unmask_gpu::ops::matmul::MatmulKernel;
-use unmask_gpu::{ContextOptions, GpuContext};
+use unmask_gpu::{ContextOptions, DType, GpuContext};
 
 use crate::error::CliError;
 use crate::options::{EngineArgs, ModelArgs};
@@ -232,10 +232,12 @@ fn diffusion_gemma_summary(dir: &Path) -> Result<Option<Vec<String>>, CliError> 
             bytes_text(weight_bytes(&c, WeightFormat::Q4)),
         ),
         format!(
-            "  K/V cache (f32; sliding layers keep W - 1 + {PASS_ROWS} rows): {} at 8192 \
-             positions, {} at 32768",
-            bytes_text(kv_cache_bytes(&c, 8192, PASS_ROWS)),
-            bytes_text(kv_cache_bytes(&c, 32768, PASS_ROWS)),
+            "  K/V cache (sliding layers keep W - 1 + {PASS_ROWS} rows): f32 {} at 8192 \
+             positions, {} at 32768; --kv f16 {} and {}",
+            bytes_text(kv_cache_bytes(&c, 8192, PASS_ROWS, DType::F32)),
+            bytes_text(kv_cache_bytes(&c, 32768, PASS_ROWS, DType::F32)),
+            bytes_text(kv_cache_bytes(&c, 8192, PASS_ROWS, DType::F16)),
+            bytes_text(kv_cache_bytes(&c, 32768, PASS_ROWS, DType::F16)),
         ),
     ]))
 }

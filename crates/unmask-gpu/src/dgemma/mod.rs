@@ -39,6 +39,9 @@ pub struct DgemmaModel {
     pub max_positions: usize,
     /// Most positions one encoder pass appends in the caches `new_cache` makes (`PASS_ROWS`).
     pub pass_rows: usize,
+    /// Storage of the caches `new_cache` makes and of stored prefixes: `F32`, or `F16`
+    /// (half the memory and the attention's reads; K and V rounded once, as written).
+    pub kv_dtype: DType,
     /// `(cos, sin)` tables of the sliding and the full layers.
     rope_sliding: Tensor,
     rope_full: Tensor,
@@ -64,6 +67,8 @@ pub struct DgemmaCache {
     pub sliding_rows: usize,
     /// Position of row 0 of every sliding layer's buffer.
     pub sliding_base: usize,
+    /// `F32` or `F16` rows.
+    pub dtype: DType,
 }
 
 /// Positions one encoder pass appends unless a cache is made with another figure: a long
@@ -75,18 +80,28 @@ impl DgemmaCache {
     pub fn row(&self, a: &LayerAttention, p: usize) -> usize {
         if a.sliding { p - self.sliding_base } else { p }
     }
+
+    /// Bytes of one position's K (or V) in layer `a`.
+    pub fn row_bytes(&self, a: &LayerAttention) -> u64 {
+        (a.kv_heads * a.head_dim * self.dtype.size_bytes()) as u64
+    }
 }
 
 /// GPU bytes of a cache for `positions` positions with passes of `pass_rows` (`PASS_ROWS`
 /// for the runtime's caches): every position of the full layers, W − 1 + `pass_rows` rows of
 /// the sliding ones.
-pub fn kv_cache_bytes(cfg: &DiffusionGemmaConfig, positions: usize, pass_rows: usize) -> u64 {
+pub fn kv_cache_bytes(
+    cfg: &DiffusionGemmaConfig,
+    positions: usize,
+    pass_rows: usize,
+    dtype: DType,
+) -> u64 {
     let sliding = sliding_rows(cfg, positions, pass_rows.max(cfg.canvas_length));
     cfg.layers
         .iter()
         .map(|a| {
             let rows = if a.sliding { sliding } else { positions };
-            2 * 4 * (a.kv_heads * a.head_dim * rows) as u64
+            (2 * dtype.size_bytes() * a.kv_heads * a.head_dim * rows) as u64
         })
         .sum()
 }
@@ -187,6 +202,7 @@ impl DgemmaModel {
             weights,
             max_positions,
             pass_rows: PASS_ROWS,
+            kv_dtype: DType::F32,
             rope_sliding,
             rope_full,
             ones,
@@ -212,7 +228,7 @@ impl DgemmaModel {
             let shape = [rows.max(1), a.kv_heads * a.head_dim];
             for (list, name) in [(&mut k, "k"), (&mut v, "v")] {
                 let label = format!("{name} cache {l}");
-                list.push(Tensor::zeros(ctx, DType::F32, &shape, &label)?);
+                list.push(Tensor::zeros(ctx, self.kv_dtype, &shape, &label)?);
             }
         }
         Ok(DgemmaCache {
@@ -223,6 +239,7 @@ impl DgemmaModel {
             pass_rows,
             sliding_rows,
             sliding_base: 0,
+            dtype: self.kv_dtype,
         })
     }
 
@@ -250,8 +267,9 @@ mod tests {
             gib(WeightFormat::Q8),
             gib(WeightFormat::Q4),
         );
-        let kv =
-            |positions| kv_cache_bytes(&cfg, positions, PASS_ROWS) as f64 / (1u64 << 30) as f64;
+        let kv = |positions| {
+            kv_cache_bytes(&cfg, positions, PASS_ROWS, DType::F32) as f64 / (1u64 << 30) as f64
+        };
         // Every layer keeping every position, as a cache without the sliding window would.
         let every: u64 = cfg
             .layers

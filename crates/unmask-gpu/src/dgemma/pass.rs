@@ -11,7 +11,7 @@ use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
 use crate::ops::attention::{
     AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with,
 };
-use crate::ops::elementwise::{add_in_place, embed, rms_norm};
+use crate::ops::elementwise::{add_in_place, embed, pack_f16_rows, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
 use crate::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
 use crate::ops::moe::{ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route};
@@ -51,6 +51,9 @@ pub(super) struct Scratch {
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    /// The canvas's K and V rounded to f16, for a cache of f16 rows (attention reads one
+    /// storage for both segments).
+    kv16: Option<(Tensor, Tensor)>,
     attn: Tensor,
     gate_up: Tensor,
     act: Tensor,
@@ -63,12 +66,14 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
+    /// For `ids` at positions `cache.len ..` (K/V kept in `cache.dtype`).
     pub(super) fn new(
         ctx: &GpuContext,
         m: &DgemmaModel,
         ids: &[u32],
-        first_pos: usize,
+        cache: &DgemmaCache,
     ) -> Result<Self, ModelError> {
+        let first_pos = cache.len;
         let c = &m.cfg;
         let t = ids.len();
         let d = c.hidden_size;
@@ -102,6 +107,13 @@ impl Scratch {
             q: f(&[t, q_w], "dgemma q")?,
             k: f(&[t, kv_w], "dgemma k")?,
             v: f(&[t, kv_w], "dgemma v")?,
+            kv16: match cache.dtype {
+                DType::F16 => Some((
+                    Tensor::zeros(ctx, DType::F16, &[t, kv_w], "dgemma k f16")?,
+                    Tensor::zeros(ctx, DType::F16, &[t, kv_w], "dgemma v f16")?,
+                )),
+                _ => None,
+            },
             attn: f(&[t, q_w], "dgemma attention")?,
             gate_up: f(&[t, 2 * inter], "dgemma gate|up")?,
             act: f(&[t, inter], "dgemma act")?,
@@ -176,7 +188,7 @@ impl DgemmaModel {
         want_logits: bool,
     ) -> Result<Option<Tensor>, ModelError> {
         self.check_pass(cache, ids, pass)?;
-        let s = Scratch::new(ctx, self, ids, cache.len)?;
+        let s = Scratch::new(ctx, self, ids, cache)?;
         let mut step = StepEncoder::new(ctx, "diffusion gemma pass");
         self.record_pass(ctx, &mut step, &s, cache, pass)?;
         let logits = if want_logits {
@@ -416,10 +428,16 @@ impl DgemmaModel {
         let q_stride = self.cfg.heads * a.head_dim;
         match pass {
             Pass::Encode => {
-                let at = (cache.row(&a, p0) * kv_w * 4) as u64;
-                let bytes = (t * kv_w * 4) as u64;
-                step.copy(&s.k.buffer, 0, &ck.buffer, at, bytes);
-                step.copy(&s.v.buffer, 0, &cv.buffer, at, bytes);
+                let at = cache.row(&a, p0);
+                if cache.dtype == DType::F16 {
+                    pack_f16_rows(step, &s.k, kv_w, ck, kv_w, at, (t, kv_w))?;
+                    pack_f16_rows(step, &s.v, kv_w, cv, kv_w, at, (t, kv_w))?;
+                } else {
+                    let row = cache.row_bytes(&a);
+                    let bytes = t as u64 * row;
+                    step.copy(&s.k.buffer, 0, &ck.buffer, at as u64 * row, bytes);
+                    step.copy(&s.v.buffer, 0, &cv.buffer, at as u64 * row, bytes);
+                }
                 // Keys before p0 + 1 - W are outside every row's window.
                 let lo = if a.sliding {
                     (p0 + 1).saturating_sub(window)
@@ -468,7 +486,16 @@ impl DgemmaModel {
                     start: cache.row(&a, lo),
                     len: p0 - lo,
                 };
-                let canvas = KvSegment::first(&s.k, &s.v, t);
+                let rounded;
+                let canvas = match &s.kv16 {
+                    Some((k16, v16)) => {
+                        pack_f16_rows(step, &s.k, kv_w, k16, kv_w, 0, (t, kv_w))?;
+                        pack_f16_rows(step, &s.v, kv_w, v16, kv_w, 0, (t, kv_w))?;
+                        rounded = (view(k16, &[t, kv_w]), view(v16, &[t, kv_w]));
+                        KvSegment::first(&rounded.0, &rounded.1, t)
+                    }
+                    None => KvSegment::first(&s.k, &s.v, t),
+                };
                 let options = AttentionOptions {
                     scale: Some(1.0),
                     ..Default::default()

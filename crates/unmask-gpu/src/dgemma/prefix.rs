@@ -10,7 +10,7 @@ use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::step::StepEncoder;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 
 /// A stored prefix: per layer the K/V a later pass can read — every position of a full
 /// layer, the last W − 1 (from position `sliding_base`) of a sliding one.
@@ -104,11 +104,12 @@ impl DgemmaPrefixStore {
             let w = a.kv_heads * a.head_dim;
             let first = if a.sliding { sliding_base } else { 0 };
             let rows = n - first;
-            let from = (cache.row(a, first) * w * 4) as u64;
+            let row = cache.row_bytes(a);
+            let from = cache.row(a, first) as u64 * row;
             for (src, dst) in [(&cache.k[l], &mut k), (&cache.v[l], &mut v)] {
                 let shape = [rows.max(1), w];
-                let t = Tensor::zeros(ctx, DType::F32, &shape, &format!("prefix kv {l}"))?;
-                step.copy(&src.buffer, from, &t.buffer, 0, (rows * w * 4) as u64);
+                let t = Tensor::zeros(ctx, cache.dtype, &shape, &format!("prefix kv {l}"))?;
+                step.copy(&src.buffer, from, &t.buffer, 0, rows as u64 * row);
                 dst.push(t);
             }
         }
@@ -167,7 +168,13 @@ impl DgemmaModel {
             let mut step = StepEncoder::new(ctx, "dgemma prefix reuse");
             for (l, a) in self.cfg.layers.iter().enumerate() {
                 let first = if a.sliding { e.sliding_base } else { 0 };
-                let bytes = ((shared - first) * a.kv_heads * a.head_dim * 4) as u64;
+                if e.k[l].dtype != cache.dtype {
+                    return Err(ModelError::Input(format!(
+                        "prefix entry: stored as {:?} K/V, the cache holds {:?}",
+                        e.k[l].dtype, cache.dtype
+                    )));
+                }
+                let bytes = (shared - first) as u64 * cache.row_bytes(a);
                 step.copy(&e.k[l].buffer, 0, &cache.k[l].buffer, 0, bytes);
                 step.copy(&e.v[l].buffer, 0, &cache.v[l].buffer, 0, bytes);
             }

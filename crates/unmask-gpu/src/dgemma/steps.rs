@@ -90,13 +90,13 @@ impl DgemmaModel {
         let widest = self.cfg.layers.iter().filter(|a| a.sliding);
         let width = widest.map(|a| a.kv_heads * a.head_dim).max().unwrap_or(0);
         if keep > 0 && width > 0 {
-            let scratch = Tensor::zeros(ctx, DType::F32, &[keep, width], "dgemma kv move")?;
+            let scratch = Tensor::zeros(ctx, cache.dtype, &[keep, width], "dgemma kv move")?;
             let mut step = StepEncoder::new(ctx, "dgemma sliding cache move");
             for (l, a) in self.cfg.layers.iter().enumerate() {
                 if !a.sliding {
                     continue;
                 }
-                let row = (a.kv_heads * a.head_dim * 4) as u64;
+                let row = cache.row_bytes(a);
                 let bytes = keep as u64 * row;
                 for buf in [&cache.k[l].buffer, &cache.v[l].buffer] {
                     step.copy(buf, from as u64 * row, &scratch.buffer, 0, bytes);
@@ -188,7 +188,7 @@ impl DgemmaModel {
         };
         let pass = Pass::Decode { self_conditioning };
         self.check_pass(cache, canvas, pass)?;
-        let s = Scratch::new(ctx, self, canvas, cache.len)?;
+        let s = Scratch::new(ctx, self, canvas, cache)?;
         let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
         self.record_pass(ctx, &mut step, &s, cache, pass)?;
         let logits = self.record_logits(ctx, &mut step, &s)?;

@@ -16,6 +16,7 @@ const RMSNORM: KernelSource = kernel_source!("rmsnorm");
 pub(super) const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
 const ROPE_QKV: KernelSource = kernel_source!("rope_qkv");
 const ADD: KernelSource = kernel_source!("add");
+const PACK_F16: KernelSource = kernel_source!("pack_f16");
 
 /// Spec flags that select how a kernel reads a weight of the given format.
 pub fn weight_spec(format: WeightFormat) -> Spec {
@@ -42,6 +43,7 @@ pub fn variants() -> Vec<ShaderVariant> {
         (COPY_ROWS, "gather"),
         (COPY_ROWS, "scatter"),
         (ADD, "main"),
+        (PACK_F16, "main"),
     ] {
         v.push(ShaderVariant {
             kernel,
@@ -491,6 +493,73 @@ pub fn add_in_place(step: &mut StepEncoder, x: &Tensor, y: &Tensor, n: usize) ->
     Ok(())
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct PackParams {
+    rows: u32,
+    cols: u32,
+    src_stride: u32,
+    dst_stride: u32,
+    dst_row: u32,
+    _pad: [u32; 3],
+}
+
+/// Rows `dst_row..dst_row + rows` of the f16 tensor `dst` (`[.., dst_stride]`) = the first
+/// `cols` values of `src`'s f32 rows (`src_stride` apart), rounded to nearest: how K/V
+/// computed in f32 enter an f16 cache. `cols` and `dst_stride` even (rows start on a word).
+pub fn pack_f16_rows(
+    step: &mut StepEncoder,
+    src: &Tensor,
+    src_stride: usize,
+    dst: &Tensor,
+    dst_stride: usize,
+    dst_row: usize,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    check_f32(
+        "pack_f16 src",
+        src,
+        rows.saturating_sub(1) * src_stride + cols,
+    )?;
+    check(
+        "pack_f16 dst",
+        dst.dtype == DType::F16
+            && cols.is_multiple_of(2)
+            && dst_stride.is_multiple_of(2)
+            && cols <= dst_stride
+            && cols <= src_stride
+            && dst.numel() >= (dst_row + rows) * dst_stride,
+        || {
+            format!(
+                "an f16 tensor of at least {} rows of {dst_stride} (even) taking {cols} (even) \
+                 of {src_stride} values per row",
+                dst_row + rows
+            )
+        },
+        || format!("{:?} {:?}", dst.dtype, dst.shape),
+    )?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let ctx = step.ctx();
+    let pipeline = ctx.pipeline(&PACK_F16, "main", &Spec::new())?;
+    let params = PackParams {
+        rows: u32_of(rows),
+        cols: u32_of(cols),
+        src_stride: u32_of(src_stride),
+        dst_stride: u32_of(dst_stride),
+        dst_row: u32_of(dst_row),
+        _pad: [0; 3],
+    };
+    step.dispatch(
+        &pipeline,
+        &params,
+        &[src.into(), dst.into()],
+        groups_2d(ctx, u32_of(rows)),
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) fn host_params() -> Vec<super::HostParams> {
     use super::host_params;
@@ -509,6 +578,17 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
         ),
         host_params!("rmsnorm", "main", NormParams { rows, cols, eps }),
         host_params!("add", "main", AddParams { n }),
+        host_params!(
+            "pack_f16",
+            "main",
+            PackParams {
+                rows,
+                cols,
+                src_stride,
+                dst_stride,
+                dst_row
+            }
+        ),
         host_params!(
             "copy_rows",
             "*",
