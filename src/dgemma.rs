@@ -202,6 +202,8 @@ impl DgemmaEngine {
     ) -> Result<Self, EngineError> {
         let format = options.weight_format.resolve(&ctx);
         let mut model = DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, format, small.positions)?;
+        model.matmul = options.matmul_kernel;
+        model.attention = options.attention_kernel;
         let dims_of_4 = model
             .cfg
             .layers

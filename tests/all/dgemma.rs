@@ -29,6 +29,23 @@ fn logits_match_the_reference_in_every_pass() {
     check_logits(DType::F32, 1e-3, &[]);
 }
 
+/// Pinned kernels (`--matmul`, `--attention`) run every pass of the family too.
+#[test]
+fn logits_match_the_reference_with_pinned_kernels() {
+    use unmask_gpu::ops::attention::AttentionKernel;
+    use unmask_gpu::ops::matmul::MatmulKernel;
+    for (matmul, attention) in [
+        (MatmulKernel::Naive, AttentionKernel::Register),
+        (MatmulKernel::Gemm, AttentionKernel::WideSplit),
+        (MatmulKernel::CoopSplit, AttentionKernel::CoopSplit),
+    ] {
+        check_logits_with(DType::F32, 1e-3, &[], &|m: &mut DgemmaModel| {
+            m.matmul = matmul;
+            m.attention = attention;
+        });
+    }
+}
+
 /// K/V stored in f16 (`--kv f16`): every pass's logits stay near the reference (measured:
 /// 2–5e-4 for the encoder and commit passes, 2e-3 for the decoder, 3.3e-2 for a decoder with
 /// self-conditioning, where the rounding moves one of the random fixture's thin router
@@ -38,13 +55,24 @@ fn logits_with_f16_k_v_stay_near_the_reference() {
     check_logits(DType::F16, 5e-3, &[("dec.p24_c2_sc", 5e-2)]);
 }
 
-/// Every logits case within `tolerance` (`exceptions`: a case's own bound).
 fn check_logits(kv: DType, tolerance: f64, exceptions: &[(&str, f64)]) {
+    check_logits_with(kv, tolerance, exceptions, &|_| {});
+}
+
+/// Every logits case within `tolerance` (`exceptions`: a case's own bound), the model set
+/// up by `setup`.
+fn check_logits_with(
+    kv: DType,
+    tolerance: f64,
+    exceptions: &[(&str, f64)],
+    setup: &dyn Fn(&mut DgemmaModel),
+) {
     let dir = fixture();
     let ctx = common::ctx();
     let mut model =
         DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 64).expect("tiny DiffusionGemma loads");
     model.kv_dtype = kv;
+    setup(&mut model);
     let v = model.cfg.vocab_size;
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("goldens/logits.json")).unwrap())
@@ -94,7 +122,10 @@ fn check_logits(kv: DType, tolerance: f64, exceptions: &[(&str, f64)]) {
         let rows = got.len() / v;
         assert!(cache.k.iter().all(|t| t.dtype == kv));
         common::assert_close(
-            &format!("DiffusionGemma {name} ({rows} rows, {kv:?} K/V)"),
+            &format!(
+                "DiffusionGemma {name} ({rows} rows, {kv:?} K/V, {:?} / {:?})",
+                model.matmul, model.attention
+            ),
             &got,
             &golden(name, rows),
             exceptions

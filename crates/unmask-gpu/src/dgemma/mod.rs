@@ -23,7 +23,9 @@ pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioningMlp, weight_bytes}
 
 use crate::context::GpuContext;
 use crate::model::ModelError;
+use crate::ops::attention::AttentionKernel;
 use crate::ops::heads::rope_table_partial;
+use crate::ops::matmul::MatmulKernel;
 use crate::tensor::{DType, Tensor, WeightFormat};
 
 /// RoPE of the sliding layers (`default`, full rotation).
@@ -42,6 +44,10 @@ pub struct DgemmaModel {
     /// Storage of the caches `new_cache` makes and of stored prefixes: `F32`, or `F16`
     /// (half the memory and the attention's reads; K and V rounded once, as written).
     pub kv_dtype: DType,
+    /// The matmul and attention kernels its passes ask for (`Auto`: the fixed choice per
+    /// shape; a pinned kernel runs where it can, else its fallback).
+    pub matmul: MatmulKernel,
+    pub attention: AttentionKernel,
     /// `(cos, sin)` tables of the sliding and the full layers.
     rope_sliding: Tensor,
     rope_full: Tensor,
@@ -203,6 +209,8 @@ impl DgemmaModel {
             max_positions,
             pass_rows: PASS_ROWS,
             kv_dtype: DType::F32,
+            matmul: MatmulKernel::Auto,
+            attention: AttentionKernel::Auto,
             rope_sliding,
             rope_full,
             ones,

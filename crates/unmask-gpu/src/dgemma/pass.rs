@@ -9,11 +9,11 @@ use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
 use crate::ops::attention::{
-    AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with,
+    AttentionKernel, AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with,
 };
 use crate::ops::elementwise::{add_in_place, embed, pack_f16_rows, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
-use crate::ops::matmul::{Fusion, MatmulKernel, matmul, matmul_fused};
+use crate::ops::matmul::{Fusion, matmul, matmul_fused};
 use crate::ops::moe::{ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route};
 use crate::ops::soft_embed::soft_embed;
 use crate::step::StepEncoder;
@@ -236,7 +236,7 @@ impl DgemmaModel {
         let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
         let w = &self.weights;
         rms_norm(step, &s.x, &w.final_norm, &s.a, t, d, c.rms_norm_eps as f32)?;
-        matmul(step, &s.a, &w.embedding, &logits, t, MatmulKernel::Auto)?;
+        matmul(step, &s.a, &w.embedding, &logits, t, self.matmul)?;
         softcap(step, &logits, t * v, c.final_logit_softcapping as f32)?;
         Ok(logits)
     }
@@ -274,9 +274,9 @@ impl DgemmaModel {
             let scale = self.embed_scale();
             soft_embed(step, probs, &self.weights.embedding, &s.a, t, scale)?;
             rms_norm(step, &s.a, &sc.pre_norm, &s.b, t, d, eps)?;
-            matmul(step, &s.b, &sc.gate_up, &s.gate_up, t, MatmulKernel::Auto)?;
+            matmul(step, &s.b, &sc.gate_up, &s.gate_up, t, self.matmul)?;
             gelu_tanh_gate(step, &s.gate_up, &s.act, t, i)?;
-            matmul(step, &s.act, &sc.down, &s.a, t, MatmulKernel::Auto)?;
+            matmul(step, &s.act, &sc.down, &s.a, t, self.matmul)?;
             add_in_place(step, &s.x, &s.a, t * d)?;
         }
         rms_norm(step, &s.x, &self.ones, &s.a, t, d, eps)?;
@@ -307,7 +307,7 @@ impl DgemmaModel {
             norm: Some((weight, eps)),
             ..Default::default()
         };
-        let auto = MatmulKernel::Auto;
+        let auto = self.matmul;
         let (q, k, v, attn) = (
             view(&s.q, &[t, h * hd]),
             view(&s.k, &[t, kv * hd]),
@@ -446,6 +446,7 @@ impl DgemmaModel {
                 };
                 // Scale 1: the q/k norms carry it.
                 let options = AttentionOptions {
+                    kernel: unsplit(self.attention),
                     scale: Some(1.0),
                     mask: AttentionMask {
                         causal: true,
@@ -497,6 +498,7 @@ impl DgemmaModel {
                     None => KvSegment::first(&s.k, &s.v, t),
                 };
                 let options = AttentionOptions {
+                    kernel: unsplit(self.attention),
                     scale: Some(1.0),
                     ..Default::default()
                 };
@@ -517,6 +519,15 @@ impl DgemmaModel {
             }
         }
         Ok(())
+    }
+}
+
+/// The family's passes give attention no split scratch: a pinned split kernel runs unsplit.
+fn unsplit(kernel: AttentionKernel) -> AttentionKernel {
+    match kernel {
+        AttentionKernel::WideSplit => AttentionKernel::Wide,
+        AttentionKernel::CoopSplit => AttentionKernel::Coop,
+        other => other,
     }
 }
 
