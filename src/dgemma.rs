@@ -26,9 +26,6 @@ use crate::{EngineError, EngineOptions, Prompt};
 /// the prompt and every canvas of one request.
 pub const DEFAULT_POSITIONS: usize = 32_768;
 
-/// Tokens of shared system prompts the prefix store keeps (over all entries).
-pub const DEFAULT_PREFIX_TOKENS: usize = 16_384;
-
 /// One request: the prompt and what may differ from `generation_config.json`.
 #[derive(Clone, Debug)]
 pub struct DgemmaRequest {
@@ -231,7 +228,10 @@ impl DgemmaEngine {
             tokenizer: small.tokenizer,
             params: small.params,
             format,
-            store: Mutex::new(Some(DgemmaPrefixStore::new(DEFAULT_PREFIX_TOKENS))),
+            store: Mutex::new(Some(DgemmaPrefixStore::new(
+                options.cache_budget.max_tokens,
+                options.cache_budget.max_bytes,
+            ))),
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
         })

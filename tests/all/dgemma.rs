@@ -420,7 +420,7 @@ fn stored_prompt_prefixes_are_exact_and_never_cross_prompts() {
         };
         (used, model.decode(&ctx, &cache, &canvas, None).unwrap())
     };
-    let mut store = DgemmaPrefixStore::new(30);
+    let mut store = DgemmaPrefixStore::new(30, u64::MAX);
     let (used, first) = decode(&prompt(&system, &user_a), system.len(), Some(&mut store));
     assert_eq!(used, PrefixUse::Stored { tokens: 12 });
     let (used, again) = decode(&prompt(&system, &user_a), system.len(), Some(&mut store));
@@ -460,6 +460,18 @@ fn stored_prompt_prefixes_are_exact_and_never_cross_prompts() {
         PrefixUse::Stored { tokens: 12 },
         "the oldest entry was evicted"
     );
+    // A byte budget: two entries' bytes hold two, a third evicts; one entry over it alone is
+    // never stored.
+    let one = store.bytes() / 2;
+    let mut small = DgemmaPrefixStore::new(1000, 2 * one);
+    for head in [&system, &other, &third] {
+        let (used, _) = decode(&prompt(head, &user_a), 12, Some(&mut small));
+        assert_eq!(used, PrefixUse::Stored { tokens: 12 });
+    }
+    assert_eq!((small.len(), small.bytes()), (2, 2 * one));
+    let mut tiny = DgemmaPrefixStore::new(1000, one - 1);
+    let (used, _) = decode(&prompt(&system, &user_a), 12, Some(&mut tiny));
+    assert_eq!((used, tiny.len()), (PrefixUse::Uncached, 0));
     // Bad input is refused by name.
     let mut cache = model.new_cache(&ctx, 8).unwrap();
     let err = model

@@ -37,16 +37,20 @@ pub struct DgemmaPrefixStore {
     entries: Vec<Entry>,
     /// Most tokens all entries together may hold.
     pub budget_tokens: usize,
+    /// Most GPU bytes their K/V may take (a sliding layer's W − 1 rows are most of an
+    /// entry's bytes at the published shapes, whatever its length).
+    pub budget_bytes: u64,
     clock: u64,
     pub hits: u64,
     pub misses: u64,
 }
 
 impl DgemmaPrefixStore {
-    pub fn new(budget_tokens: usize) -> Self {
+    pub fn new(budget_tokens: usize, budget_bytes: u64) -> Self {
         Self {
             entries: Vec::new(),
             budget_tokens,
+            budget_bytes,
             clock: 0,
             hits: 0,
             misses: 0,
@@ -56,6 +60,15 @@ impl DgemmaPrefixStore {
     /// Tokens held by all entries.
     pub fn tokens(&self) -> usize {
         self.entries.iter().map(|e| e.ids.len()).sum()
+    }
+
+    /// GPU bytes held by all entries.
+    pub fn bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .flat_map(|e| e.k.iter().chain(&e.v))
+            .map(Tensor::size_bytes)
+            .sum()
     }
 
     pub fn len(&self) -> usize {
@@ -87,17 +100,26 @@ impl DgemmaPrefixStore {
         cache: &DgemmaCache,
         ids: &[u32],
     ) -> Result<bool, ModelError> {
-        if ids.len() > self.budget_tokens || ids.is_empty() {
+        let n = ids.len();
+        let sliding_base = n.saturating_sub(model.cfg.sliding_window.saturating_sub(1));
+        let need: u64 = model
+            .cfg
+            .layers
+            .iter()
+            .map(|a| {
+                let rows = if a.sliding { n - sliding_base } else { n };
+                2 * rows.max(1) as u64 * cache.row_bytes(a)
+            })
+            .sum();
+        if n > self.budget_tokens || need > self.budget_bytes || ids.is_empty() {
             return Ok(false);
         }
-        while self.tokens() + ids.len() > self.budget_tokens {
+        while self.tokens() + n > self.budget_tokens || self.bytes() + need > self.budget_bytes {
             let oldest = (0..self.entries.len())
                 .min_by_key(|&i| self.entries[i].last_used)
                 .expect("a store over its budget has entries");
             self.entries.swap_remove(oldest);
         }
-        let n = ids.len();
-        let sliding_base = n.saturating_sub(model.cfg.sliding_window.saturating_sub(1));
         let mut step = StepEncoder::new(ctx, "dgemma prefix store");
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for (l, a) in model.cfg.layers.iter().enumerate() {
