@@ -75,6 +75,11 @@ pub enum RowStatistic {
     /// two odd rows alone, but whatever the prefix length (`P1` ignores 1 % of the rows, which
     /// at a 500-row prefix hides the 4 rows a question reads).
     Low3,
+    /// s_l = `P1` up to 300 rows, the third-lowest beyond: the rank floor(0.01 (rows - 1)),
+    /// at most 2. Short prefixes keep `P1`'s sensitivity (its first rows' spreading heads
+    /// count, so a short prefix's share moves the depth), long ones `Low3`'s (the few rows a
+    /// question reads stay seen at any length).
+    P1Low3,
 }
 
 impl RowStatistic {
@@ -85,6 +90,7 @@ impl RowStatistic {
             RowStatistic::Min => "min",
             RowStatistic::P1 => "p1",
             RowStatistic::Low3 => "low3",
+            RowStatistic::P1Low3 => "p1-low3",
         }
     }
 
@@ -95,6 +101,10 @@ impl RowStatistic {
             RowStatistic::Min => "s_l = min over prefix rows of min(cos K, cos V)",
             RowStatistic::P1 => "s_l = 1st percentile over prefix rows of min(cos K, cos V)",
             RowStatistic::Low3 => "s_l = third-lowest over prefix rows of min(cos K, cos V)",
+            RowStatistic::P1Low3 => {
+                "s_l = 1st percentile over prefix rows of min(cos K, cos V), at most the \
+                 third-lowest"
+            }
         }
     }
 
@@ -111,7 +121,7 @@ impl RowStatistic {
                     );
                 if m == f64::INFINITY { 1.0 } else { m }
             }
-            RowStatistic::P1 | RowStatistic::Low3 => {
+            RowStatistic::P1 | RowStatistic::Low3 | RowStatistic::P1Low3 => {
                 let mut rows: Vec<f64> = k.iter().zip(v).map(|(&a, &b)| a.min(b)).collect();
                 if k.iter().chain(v).any(|x| x.is_nan()) {
                     return f64::NAN;
@@ -120,8 +130,10 @@ impl RowStatistic {
                     return 1.0;
                 }
                 rows.sort_by(f64::total_cmp);
+                let p1 = (rows.len() - 1) / 100;
                 let rank = match self {
-                    RowStatistic::P1 => (rows.len() - 1) / 100,
+                    RowStatistic::P1 => p1,
+                    RowStatistic::P1Low3 => p1.min(2),
                     _ => 2.min(rows.len() - 1),
                 };
                 rows[rank]
@@ -685,6 +697,12 @@ mod tests {
         assert_eq!(RowStatistic::Low3.score(&[0.3, 0.9], &[1.0, 1.0]), 0.9);
         assert_eq!(RowStatistic::Low3.score(&[], &[]), 1.0);
         assert!(RowStatistic::Low3.score(&[f64::NAN], &[1.0]).is_nan());
+        // p1-low3: p1's rank up to 300 rows (here the lowest of 100), the third-lowest beyond.
+        assert!((RowStatistic::P1Low3.score(&k, &v) - 0.7).abs() < 1e-12);
+        let mut k3 = vec![1.0; 100];
+        k3[7] = 0.25;
+        assert_eq!(RowStatistic::P1Low3.score(&k3, &[1.0; 100]), 0.25);
+        assert_eq!(RowStatistic::Low3.score(&k3, &[1.0; 100]), 1.0);
     }
 
     #[test]

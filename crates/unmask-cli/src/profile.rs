@@ -29,7 +29,7 @@ pub const SIMILARITY_SVG: &str = "similarity.svg";
 #[command(
     about = "Profile BiCache's safe depth per prefix ratio and write the depth table.",
     override_usage = "unmask profile [--model <DIR>] --set <FILE> --out <DIR> [--tau <T>] [--gen-length <G>] \
-                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min|p1|low3>] \
+                      [--limit <N>] [--user-repeat <K1,K2,...>] [--row-statistic <mean|min|p1|low3|p1-low3>] \
                       [--depth-rule <leading|boundary>]",
     after_help = "For every item the shared prefix is run alone and with the rest of the prompt,\n\
                   and each layer scores the cosine similarity of the prefix's K and V between\n\
@@ -37,7 +37,8 @@ pub const SIMILARITY_SVG: &str = "similarity.svg";
                   official profiler), or the smallest of any row's K and V cosines (min: sees\n\
                   the few rows a question reads, which the mean hides), or its 1st percentile\n\
                   over rows (p1: those rows too, but not one odd row alone), or the third-lowest\n\
-                  row (low3: like p1, but two odd rows ignored at any prefix length). Items are bucketed by\n\
+                  row (low3: like p1, but two odd rows ignored at any prefix length), or p1 up to\n\
+                  300 prefix rows and low3 beyond (p1-low3). Items are bucketed by\n\
                   r = round(100*P/(P+U+G)) and a bucket scores the mean of its items' scores.\n\
                   With n the number of leading layers whose score exceeds tau, the depth at r\n\
                   is n (--depth-rule leading, the official rule) or, by default, n - 1 when a\n\
@@ -88,7 +89,7 @@ pub struct ProfileArgs {
     user_repeat: Option<::std::vec::Vec<usize>>,
     /// a layer's score per item from its per-row K/V cosines: mean (default, the official
     /// profiler), min (the least similar row of K and V), p1 (the 1st percentile of those rows)
-    /// or low3 (the third-lowest of those rows)
+    /// low3 (the third-lowest of those rows) or p1-low3 (p1 up to 300 rows, low3 beyond)
     #[arg(
         long,
         value_name = "S",
@@ -117,6 +118,9 @@ enum RowStatisticArg {
     Min,
     P1,
     Low3,
+    /// p1 up to 300 prefix rows, low3 beyond.
+    #[value(name = "p1-low3")]
+    P1Low3,
 }
 
 impl From<RowStatisticArg> for RowStatistic {
@@ -126,6 +130,7 @@ impl From<RowStatisticArg> for RowStatistic {
             RowStatisticArg::Min => RowStatistic::Min,
             RowStatisticArg::P1 => RowStatistic::P1,
             RowStatisticArg::Low3 => RowStatistic::Low3,
+            RowStatisticArg::P1Low3 => RowStatistic::P1Low3,
         }
     }
 }
@@ -548,6 +553,8 @@ mod tests {
         assert_eq!(DepthRule::from(a.depth_rule), DepthRule::Boundary);
         let a = parse(&["--row-statistic", "low3"]).unwrap();
         assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::Low3);
+        let a = parse(&["--row-statistic", "p1-low3"]).unwrap();
+        assert_eq!(RowStatistic::from(a.row_statistic), RowStatistic::P1Low3);
         let err = parse(&["--row-statistic", "median"]).unwrap_err();
         assert!(
             err.contains("--row-statistic") && err.contains("min"),
