@@ -15,7 +15,7 @@ use unmask_core::tokenizer::{DecodeMode, Tokenizer};
 use unmask_gpu::dgemma::{
     DgemmaModel, DgemmaPrefixStore, GeneratedCanvas, PrefixUse, SharedPrefix, StepReport,
 };
-use unmask_gpu::model::ModelError;
+use unmask_gpu::model::{ModelError, WeightFormats};
 use unmask_gpu::{DType, GpuContext, WeightFormat};
 
 use crate::clock::Stopwatch;
@@ -70,8 +70,9 @@ pub struct DgemmaEngine {
     model: DgemmaModel,
     tokenizer: Option<Tokenizer>,
     params: EntropyBoundParams,
-    /// The matrices' storage, as resolved on this device.
-    format: WeightFormat,
+    /// The matrices' storage as resolved on this device, the token table's apart
+    /// (`--embed-weights`).
+    formats: WeightFormats,
     /// Out of its slot while a request uses it: a request that finds it taken runs without.
     store: Mutex<Option<DgemmaPrefixStore>>,
     dir: PathBuf,
@@ -198,7 +199,12 @@ impl DgemmaEngine {
         start: Stopwatch,
     ) -> Result<Self, EngineError> {
         let format = options.weight_format.resolve(&ctx);
-        let mut model = DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, format, small.positions)?;
+        let formats = WeightFormats {
+            layers: format,
+            embed: options.embed_format.map_or(format, |f| f.resolve(&ctx)),
+        };
+        let mut model =
+            DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, formats, small.positions)?;
         model.matmul = options.matmul_kernel;
         model.attention = options.attention_kernel;
         let dims_of_4 = model
@@ -227,7 +233,7 @@ impl DgemmaEngine {
             model,
             tokenizer: small.tokenizer,
             params: small.params,
-            format,
+            formats,
             store: Mutex::new(Some(DgemmaPrefixStore::new(
                 options.cache_budget.max_tokens,
                 options.cache_budget.max_bytes,
@@ -256,12 +262,12 @@ impl DgemmaEngine {
 
     /// The matrices' storage on the GPU.
     pub fn weight_format(&self) -> WeightFormat {
-        self.format
+        self.formats.layers
     }
 
     /// GPU bytes of the weights.
     pub fn weight_bytes(&self) -> u64 {
-        unmask_gpu::dgemma::weight_bytes(&self.model.cfg, self.format)
+        unmask_gpu::dgemma::weight_bytes(&self.model.cfg, self.formats)
     }
 
     pub fn tokenizer(&self) -> Option<&Tokenizer> {

@@ -584,4 +584,50 @@ fn every_weight_format_loads_the_predicted_bytes_and_decodes() {
             tol,
         );
     }
+    // The token table in its own format (`--embed-weights`): f32 layers, a q8 table.
+    let options = unmask::EngineOptions {
+        weight_format: WeightFormat::F32,
+        embed_format: Some(WeightFormat::Q8),
+        ..unmask::EngineOptions::default()
+    };
+    let engine = unmask::DgemmaEngine::load(&dir, &options).unwrap();
+    let mixed = unmask::WeightFormats {
+        layers: WeightFormat::F32,
+        embed: WeightFormat::Q8,
+    };
+    let (predicted, held) = (
+        weight_bytes(&engine.config().clone(), mixed),
+        engine.model().weights.size_bytes(),
+    );
+    assert_eq!(engine.weight_bytes(), predicted);
+    assert!(predicted <= held && held <= predicted + 16 * 100);
+    assert!(predicted < weight_bytes(engine.config(), WeightFormat::F32));
+    let m = engine.model();
+    let mut cache = m.new_cache(engine.ctx(), 64).unwrap();
+    m.encode(engine.ctx(), &mut cache, &ids(&case["prompt"]), false)
+        .unwrap();
+    let got = m
+        .decode(engine.ctx(), &cache, &ids(&case["canvas"]), None)
+        .unwrap();
+    // Only the table rounded: within what rounding every matrix to q8 moves the logits.
+    let all_q8 = DgemmaModel::load(&ctx, &dir, WeightFormat::Q8, 64).unwrap();
+    let mut cache = all_q8.new_cache(&ctx, 64).unwrap();
+    all_q8
+        .encode(&ctx, &mut cache, &ids(&case["prompt"]), false)
+        .unwrap();
+    let every = all_q8
+        .decode(&ctx, &cache, &ids(&case["canvas"]), None)
+        .unwrap();
+    let (table_err, every_err) = (
+        common::relative_error(&got, &want),
+        common::relative_error(&every, &want),
+    );
+    eprintln!(
+        "[check] dec.p24_c2: a q8 token table moves the logits by {table_err:.2e}, every matrix \
+         in q8 by {every_err:.2e}"
+    );
+    assert!(
+        table_err > 0.0 && table_err <= every_err,
+        "{table_err} vs {every_err}"
+    );
 }

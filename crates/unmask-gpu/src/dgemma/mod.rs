@@ -22,7 +22,7 @@ pub use prefix::{DgemmaPrefixStore, PrefixUse};
 pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioningMlp, weight_bytes};
 
 use crate::context::GpuContext;
-use crate::model::ModelError;
+use crate::model::{ModelError, WeightFormats};
 use crate::ops::attention::AttentionKernel;
 use crate::ops::heads::rope_table_partial;
 use crate::ops::matmul::MatmulKernel;
@@ -154,20 +154,20 @@ impl DgemmaModel {
             .map_err(|e| ModelError::Input(format!("reading {}: {e}", config_path.display())))?;
         let cfg = DiffusionGemmaConfig::from_json_str(&text, &config_path.display().to_string())?;
         let ck = Checkpoint::open(dir)?;
-        let weights = DgemmaWeights::load_rounded(ctx, &ck, &cfg, format, round)?;
+        let weights = DgemmaWeights::load_rounded(ctx, &ck, &cfg, format.into(), round)?;
         Self::new(ctx, cfg, weights, max_positions)
     }
 
     /// A model from a parsed config and a checkpoint held anywhere (files on disk, or bytes
-    /// a page downloaded: `Checkpoint::from_bytes`).
+    /// a page downloaded: `Checkpoint::from_bytes`), the token table in `formats.embed`.
     pub fn from_checkpoint(
         ctx: &GpuContext,
         cfg: DiffusionGemmaConfig,
         ck: &Checkpoint,
-        format: WeightFormat,
+        formats: impl Into<WeightFormats>,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
-        let weights = DgemmaWeights::load_rounded(ctx, ck, &cfg, format, None)?;
+        let weights = DgemmaWeights::load_rounded(ctx, ck, &cfg, formats.into(), None)?;
         Self::new(ctx, cfg, weights, max_positions)
     }
 

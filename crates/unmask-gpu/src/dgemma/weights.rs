@@ -10,7 +10,7 @@ use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
 use unmask_core::quant::QuantFormat;
 
 use crate::context::GpuContext;
-use crate::model::ModelError;
+use crate::model::{ModelError, WeightFormats};
 use crate::tensor::{Tensor, Weight, WeightFormat};
 
 const DECODER: &str = "model.decoder.";
@@ -183,28 +183,35 @@ impl DgemmaWeights {
         cfg: &DiffusionGemmaConfig,
         format: WeightFormat,
     ) -> Result<Self, ModelError> {
-        Self::load_rounded(ctx, ck, cfg, format, None)
+        Self::load_rounded(ctx, ck, cfg, format.into(), None)
     }
 
-    /// `load` with every matrix but the router rounded through `round`'s quantization on the
-    /// host first: with `format` f32, a model computing exactly what a `round`-quantized one
-    /// stores, in f32.
+    /// `load` with the token table (input embedding, LM head, soft embedding) in
+    /// `formats.embed` and every other matrix in `formats.layers`, every matrix but the
+    /// router rounded through `round`'s quantization on the host first: with f32 formats, a
+    /// model computing exactly what a `round`-quantized one stores, in f32.
     pub fn load_rounded(
         ctx: &GpuContext,
         ck: &Checkpoint,
         cfg: &DiffusionGemmaConfig,
-        format: WeightFormat,
+        formats: WeightFormats,
         round: Option<QuantFormat>,
     ) -> Result<Self, ModelError> {
         let r = Reader {
             ctx,
             ck,
-            format,
+            format: formats.layers,
+            round,
+        };
+        let table = Reader {
+            ctx,
+            ck,
+            format: formats.embed,
             round,
         };
         let (d, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         let (e, ie, h) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.heads);
-        let embedding = r.matrix(&format!("{DECODER}embed_tokens.weight"), v, d)?;
+        let embedding = table.matrix(&format!("{DECODER}embed_tokens.weight"), v, d)?;
         let final_norm = r.vector(&format!("{DECODER}norm.weight"), d)?;
         let mut layers = Vec::with_capacity(cfg.layers.len());
         for (l, &attention) in cfg.layers.iter().enumerate() {
@@ -280,12 +287,14 @@ impl DgemmaWeights {
 /// Bytes the loader's matrices take in `format` and its vectors in f32 for `cfg` (without
 /// the 16-byte rounding of each buffer): what a folder of that shape needs on the GPU for its
 /// weights.
-pub fn weight_bytes(cfg: &DiffusionGemmaConfig, format: WeightFormat) -> u64 {
+pub fn weight_bytes(cfg: &DiffusionGemmaConfig, formats: impl Into<WeightFormats>) -> u64 {
+    let formats = formats.into();
     let (d, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
     let (e, ie, h) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.heads);
-    let m = |rows: usize, cols: usize| rows as u64 * format.row_bytes(cols);
+    let m = |rows: usize, cols: usize| rows as u64 * formats.layers.row_bytes(cols);
     let f32s = |n: usize| 4 * n as u64;
-    let mut bytes = m(v, d) + f32s(d) + f32s(d) + m(2 * i, d) + m(d, i);
+    let table = v as u64 * formats.embed.row_bytes(d);
+    let mut bytes = table + f32s(d) + f32s(d) + m(2 * i, d) + m(d, i);
     for a in &cfg.layers {
         let (hd, kv) = (a.head_dim, a.kv_heads);
         bytes += m(h * hd, d) + m(kv * hd, d) + m(d, h * hd);
