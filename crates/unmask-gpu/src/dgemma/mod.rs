@@ -26,7 +26,9 @@ use crate::model::{ModelError, WeightFormats};
 use crate::ops::attention::AttentionKernel;
 use crate::ops::heads::rope_table_partial;
 use crate::ops::matmul::MatmulKernel;
-use crate::tensor::{DType, Tensor, WeightFormat};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::tensor::WeightFormat;
+use crate::tensor::{DType, Tensor};
 
 /// RoPE of the sliding layers (`default`, full rotation).
 pub const SLIDING_THETA: f32 = 10_000.0;
