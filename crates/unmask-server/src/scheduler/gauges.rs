@@ -3,7 +3,6 @@
 //! updated after every round and when the engine goes idle.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use super::Scheduler;
 
@@ -31,14 +30,7 @@ impl Scheduler<'_> {
             }
         }
         let m = &self.shared.metrics;
-        let window = Duration::from_secs(10);
-        let now = Instant::now();
-        while self.recent.front().is_some_and(|(t, _)| now - *t > window) {
-            self.recent.pop_front();
-        }
-        let tokens: usize = self.recent.iter().map(|(_, n)| n).sum();
-        m.tokens_per_second
-            .set(tokens as f64 / window.as_secs_f64());
+        m.tokens_per_second.set(self.recent.per_second());
         let running: usize = self.slots.iter().map(|s| s.session.running()).sum();
         let queued = self.shared.queued.load(Ordering::Relaxed) as i64;
         m.queue_depth.set(queued);

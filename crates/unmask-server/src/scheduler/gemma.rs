@@ -8,11 +8,9 @@
 //! streams canvas by canvas; with `include_canvas` every step shows the canvas being
 //! denoised (accepted positions with their text, the rest as masked).
 
-use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -21,14 +19,16 @@ use unmask::{
     PrefixUse, Prompt,
 };
 
-use super::{CanvasView, Finished, Job, JobEvent, Shared, Tracker, finish_text};
+use super::{
+    CanvasView, Finished, Job, JobEvent, RecentTokens, Shared, Tracker, api_error, finish_text,
+};
 use crate::api::{GemmaSampling, Input, Sampling};
 use crate::error::ApiError;
 use crate::text::FinishReason;
 
 /// Runs the engine thread until every sender of `jobs` is gone and the work is done.
 pub fn run(engine: &DgemmaEngine, mut jobs: UnboundedReceiver<Job>, shared: Arc<Shared>) {
-    let mut recent: VecDeque<(Instant, usize)> = VecDeque::new();
+    let mut recent = RecentTokens::default();
     update_gauges(engine, &shared, &mut recent, false);
     while let Some(job) = jobs.blocking_recv() {
         if job.events.is_closed() {
@@ -38,7 +38,7 @@ pub fn run(engine: &DgemmaEngine, mut jobs: UnboundedReceiver<Job>, shared: Arc<
         }
         update_gauges(engine, &shared, &mut recent, true);
         if let Some(tokens) = run_one(engine, job, &shared) {
-            recent.push_back((Instant::now(), tokens));
+            recent.push(tokens);
         }
         update_gauges(engine, &shared, &mut recent, false);
     }
@@ -122,10 +122,6 @@ fn request_of(prompt: Prompt, sampling: &GemmaSampling) -> DgemmaRequest {
         share_system: true,
         ..DgemmaRequest::new(prompt)
     }
-}
-
-fn api_error(e: &EngineError, completion: bool) -> ApiError {
-    super::api_error(e, completion)
 }
 
 /// Ends a request that failed.
@@ -242,21 +238,9 @@ impl CanvasStream {
 }
 
 /// The `/metrics` gauges of a server that runs one request at a time.
-fn update_gauges(
-    engine: &DgemmaEngine,
-    shared: &Shared,
-    recent: &mut VecDeque<(Instant, usize)>,
-    running: bool,
-) {
+fn update_gauges(engine: &DgemmaEngine, shared: &Shared, recent: &mut RecentTokens, running: bool) {
     let m = &shared.metrics;
-    let window = Duration::from_secs(10);
-    let now = Instant::now();
-    while recent.front().is_some_and(|(t, _)| now - *t > window) {
-        recent.pop_front();
-    }
-    let tokens: usize = recent.iter().map(|(_, n)| n).sum();
-    m.tokens_per_second
-        .set(tokens as f64 / window.as_secs_f64());
+    m.tokens_per_second.set(recent.per_second());
     let queued = shared.queued.load(Ordering::Relaxed) as i64;
     m.queue_depth.set(queued);
     m.running.set(i64::from(running));

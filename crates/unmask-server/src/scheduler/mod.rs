@@ -17,25 +17,28 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use unmask::{
-    AcacheReport, BicacheReport, CacheMode, ChatFormat, Engine, EngineError, Generation, PrefixKey,
-    Prompt, Refusal, Request, Role, Session, Span, StepEvent, Timings,
+    AcacheReport, BicacheReport, CacheMode, Engine, EngineError, Generation, PrefixKey, Refusal,
+    Request, Session, StepEvent, Timings,
 };
 
-use unmask_core::tokenizer::Tokenizer;
-
-use crate::api::{Input, JobSpec, MaskedSampling, Sampling};
+use crate::api::{JobSpec, Sampling};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, SessionKind};
 use crate::text::{FinishReason, TextStream, final_tokens};
 
 mod gauges;
 mod gemma;
+mod recent;
+mod request;
 
 pub use gemma::run as run_gemma;
+pub use request::encode_input;
+
+use recent::RecentTokens;
+use request::engine_request;
 
 /// A request handed to the engine thread, with the channel its events go back on.
 pub struct Job {
@@ -266,78 +269,6 @@ enum Placement {
     Failed(EngineError),
 }
 
-/// Tokenizes a chat or a text as the engine would (the same ids and shared prefix), so
-/// that the handler can do it on a blocking thread before the job is queued: a large body
-/// tokenized on the engine thread would hold every running stream meanwhile.
-pub fn encode_input(
-    tokenizer: &Tokenizer,
-    chat: &ChatFormat,
-    input: Input,
-) -> Result<Input, EngineError> {
-    Ok(match input {
-        Input::Chat(messages) if messages.iter().any(|m| m.role == Role::User) => {
-            let split = chat.prefix_split(tokenizer, &messages)?;
-            let at = split.split_at();
-            Input::Encoded {
-                ids: split.whole,
-                prefix_len: Some(at),
-                chat: true,
-            }
-        }
-        Input::Chat(messages) => Input::Encoded {
-            ids: chat.encode(tokenizer, &messages)?,
-            prefix_len: Some(0),
-            chat: true,
-        },
-        Input::Text(text) => Input::Encoded {
-            ids: tokenizer.encode(&text)?,
-            prefix_len: None,
-            chat: false,
-        },
-        other => other,
-    })
-}
-
-/// The request the engine runs for a job.
-fn engine_request(
-    engine: &Engine,
-    input: &Input,
-    spec: &MaskedSampling,
-    config: &SchedulerConfig,
-) -> Result<Request, EngineError> {
-    let mut prefix_len = None;
-    let prompt = match input {
-        Input::Chat(messages) => Prompt::Chat(messages.clone()),
-        Input::Ids(ids) => Prompt::Ids(ids.clone()),
-        Input::Encoded {
-            ids, prefix_len: p, ..
-        } => {
-            prefix_len = *p;
-            Prompt::Ids(ids.clone())
-        }
-        Input::Text(text) => match engine.tokenizer() {
-            Some(t) => Prompt::Ids(t.encode(text)?),
-            None => {
-                return Err(EngineError::NoTokenizer {
-                    dir: engine.dir().to_path_buf(),
-                });
-            }
-        },
-    };
-    let mut request = Request::new(prompt)
-        .with_params(spec.params.clone())
-        .with_cache(spec.cache);
-    request.prefix_len = prefix_len;
-    request.depth = config.depth;
-    request.refresh_every = config.refresh_every;
-    request.anchor_ratio = spec.anchor_ratio.unwrap_or(config.anchor_ratio);
-    request.adaptive = config.adaptive;
-    spec.adaptive.apply(&mut request.adaptive);
-    request.full_canvas = spec.full_canvas.unwrap_or(config.full_canvas);
-    request.span = spec.affix.clone().map(Span::Text);
-    Ok(request)
-}
-
 /// The scheduler's state: sessions and the requests waiting for one.
 struct Scheduler<'e> {
     engine: &'e Engine,
@@ -346,8 +277,8 @@ struct Scheduler<'e> {
     slots: Vec<Slot<'e>>,
     /// Accepted requests not in a session yet, with their shared prefix (BiCache).
     waiting: VecDeque<(Job, Request, Option<PrefixKey>)>,
-    /// (when, answer tokens) of recent finishes, for tokens/s.
-    recent: VecDeque<(Instant, usize)>,
+    /// Recent finishes, for tokens/s.
+    recent: RecentTokens,
 }
 
 /// Runs the engine thread until every sender of `jobs` is gone and the work is done.
@@ -363,7 +294,7 @@ pub fn run(
         config,
         slots: Vec::new(),
         waiting: VecDeque::new(),
-        recent: VecDeque::new(),
+        recent: RecentTokens::default(),
     };
     if s.config.kv_events.is_some() {
         engine.record_store_events(true);
@@ -575,7 +506,9 @@ impl<'e> Scheduler<'e> {
             }
             for (id, result) in done {
                 if let Some(t) = members.remove(&id) {
-                    record(&mut self.recent, &result);
+                    if let Ok(g) = &result {
+                        self.recent.push(g.timings.answer_tokens);
+                    }
                     t.finish(&shared, result);
                 }
             }
@@ -591,13 +524,6 @@ fn api_error(e: &EngineError, completion: bool) -> ApiError {
         error.for_completion()
     } else {
         error
-    }
-}
-
-/// Counts a finish for tokens/s.
-fn record(recent: &mut VecDeque<(Instant, usize)>, result: &Result<Generation, EngineError>) {
-    if let Ok(g) = result {
-        recent.push_back((Instant::now(), g.timings.answer_tokens));
     }
 }
 
