@@ -2,8 +2,8 @@
 # Batched BiCache benchmark: requests that share a system prompt, run one at a time and in
 # batches that share one forward pass per step, with the paper's request shape scaled to
 # the bundled model (8 blocks of 4, 2 tokens per step, shared prefix ~85 % of the request).
-# Then the held-out set through bicache-dual one item at a time and 5 at a time (the items
-# of one system prompt), compared token by token. Writes JSON lines, a report and the
+# Then the held-out set through bicache-dual one item at a time and up to 5 at a time
+# (continuous batching), compared token by token. Writes JSON lines, a report and the
 # comparison under docs/benchmarks/ (DIR to change); extra arguments go to `unmask bench`.
 #
 #   scripts/bench-batch.sh                         # models/tiny, batches 1, 2, 4, 8

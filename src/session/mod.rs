@@ -61,6 +61,7 @@ struct Member {
     adaptive: Option<AdaptiveCache>,
 }
 
+mod queue;
 mod step;
 
 /// Requests stepped together, with continuous batching: requests are submitted at any time

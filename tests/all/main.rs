@@ -8,6 +8,7 @@ mod acache;
 mod bicache;
 mod cache_modes;
 mod checkpoint_errors;
+mod continuous;
 mod dgemma;
 mod dllm_cache;
 mod dream;

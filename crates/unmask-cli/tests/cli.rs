@@ -1370,6 +1370,45 @@ fn eval_and_chat_share_the_system_prompt_through_bicache() {
     assert!(err.contains("BiCache depth 1 at r = "), "{err}");
     assert!(err.contains(", hit)"), "{err}");
 
+    // Up to 3 items at once (continuous batching) give each item's tokens of one at a time
+    // (one matmul kernel for every row count, so batched rows round as alone).
+    let items_at = |batch: &str| {
+        let o = run(&[
+            "eval",
+            "--model",
+            &fixture(),
+            "--set",
+            &tiny_set(),
+            "--cache",
+            "bicache-dual",
+            "--depth",
+            "1",
+            "--gen-length",
+            "8",
+            "--matmul",
+            "tiled",
+            "--batch",
+            batch,
+            "--json",
+        ]);
+        assert_ok(&o);
+        json(&o)["modes"][0]["items"]
+            .as_array()
+            .expect("items")
+            .clone()
+    };
+    let (alone, batched) = (items_at("1"), items_at("3"));
+    assert_eq!(alone.len(), 4);
+    for (a, b) in alone.iter().zip(&batched) {
+        assert_eq!(a["ids"], b["ids"], "{} differs in a batch", a["id"]);
+        assert_eq!(a["bicache"]["batch"], 1);
+    }
+    let most = batched
+        .iter()
+        .filter_map(|i| i["bicache"]["batch"].as_u64())
+        .max();
+    assert_eq!(most, Some(3), "g1's three items share the forward passes");
+
     let args = [
         "chat",
         "--model",

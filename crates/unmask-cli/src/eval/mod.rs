@@ -11,12 +11,14 @@ mod dgemma;
 mod items;
 mod report;
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
 use unmask::{
-    AcacheReport, AdaptiveRefresh, BicacheReport, CacheMode, Engine, GenerationParams, Request,
+    AcacheReport, AdaptiveRefresh, BicacheReport, CacheMode, Engine, EngineError, Generation,
+    GenerationParams, Request,
 };
 
 use crate::error::{CliError, ErrorKind};
@@ -64,8 +66,9 @@ pub struct EvalArgs {
     /// evaluate only the first N items of the set
     #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
     limit: Option<usize>,
-    /// run N consecutive items per batched call: BiCache items sharing a system prompt run in
-    /// the same forward passes (default 1)
+    /// run up to N items at once with continuous batching, each finished item's place taken
+    /// by the next at the following step; items sharing a system prompt (BiCache) or none
+    /// run in the same forward passes (default 1)
     #[arg(
         long,
         value_name = "N",
@@ -140,7 +143,8 @@ struct ModeRun {
     /// equals the full-canvas row's.
     same_text_as_full: Option<usize>,
     results: Vec<ItemResult>,
-    /// Generation time: each batch's slowest request (every request's own time at batch 1).
+    /// Generation time: every request's own time at batch 1; the whole run's with
+    /// continuous batching (the requests share the forward passes).
     busy_s: f64,
     wall_s: f64,
     /// Bytes held by the shared prefix store after the mode's last item.
@@ -359,7 +363,9 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
     }
 }
 
-/// Runs every item with one cache mode, with a progress line per item on stderr.
+/// Runs every item with one cache mode, with a progress line per item on stderr. With
+/// `batch` > 1 up to that many items run at once with continuous batching (a finished
+/// item's place goes to the next at the following step), as the server runs requests.
 fn run_mode(
     engine: &Engine,
     items: &[Item],
@@ -369,85 +375,49 @@ fn run_mode(
     batch: usize,
 ) -> Result<ModeRun, CliError> {
     let start = Instant::now();
-    let mut results = Vec::with_capacity(items.len());
+    let mut results: Vec<Option<ItemResult>> = items.iter().map(|_| None).collect();
     let mut busy_s = 0.0;
-    for chunk in items.chunks(batch.max(1)) {
-        let requests: Vec<Request> = chunk
+    let mut failed = None;
+    if batch <= 1 {
+        for (index, item) in items.iter().enumerate() {
+            let g = engine.generate(&item.request(params, cache, bicache));
+            if let Ok(g) = &g {
+                busy_s += g.timings.total_s;
+            }
+            results[index] = Some(item_result(engine, items, index, cache, g)?);
+        }
+    } else {
+        let requests: Vec<Request> = items
             .iter()
             .map(|item| item.request(params, cache, bicache))
             .collect();
-        let generations = engine.generate_batch(&requests);
-        // A batch's requests run together: its time is that of its slowest request.
-        busy_s += generations
-            .iter()
-            .flatten()
-            .map(|g| g.timings.total_s)
-            .fold(0.0, f64::max);
-        for (item, g) in chunk.iter().zip(generations) {
-            let index = results.len();
-            let g = g.map_err(|e| CliError {
-                kind: ErrorKind::Runtime,
-                message: format!(
-                    "item {:?} (line {}) with cache {cache}: {e}",
-                    item.id, item.line
-                ),
-                source: Some(Box::new(e)),
-            })?;
-            let anchors_on_asked = anchors::on_asked_lines(engine, &g, &item.user);
-            let text = g.text.unwrap_or_default();
-            let (output, correct, verdict) = item.score(&text);
-            let t = g.timings;
-            let reuse = match &g.bicache {
-                Some(b) => match &b.fallback {
-                    Some(why) => format!(" ({why})"),
-                    None => format!(
-                        " (BiCache depth {} at r = {}, {})",
-                        b.depth,
-                        b.ratio,
-                        if b.hit { "hit" } else { "miss" }
-                    ),
-                },
-                None => match &g.acache {
-                    Some(a) => match &a.fallback {
-                        Some(why) => format!(" ({why})"),
-                        None => format!(
-                            " (ACache span of {} at {}, {} anchors, {})",
-                            a.span_tokens,
-                            a.span_start,
-                            a.anchors.len(),
-                            if a.hit { "hit" } else { "miss" }
-                        ),
-                    },
-                    None => String::new(),
-                },
-            };
-            eprintln!(
-                "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
-                index + 1,
-                items.len(),
-                item.id,
-                item.task,
-                t.total_s
-            );
-            results.push(ItemResult {
-                output,
-                text,
-                correct,
-                ids: g.ids,
-                prompt_tokens: g.prompt_ids.len(),
-                prefix_len: g.prefix_len,
-                total_s: t.total_s,
-                first_step_s: t.first_step_s,
-                steps: t.steps,
-                forward_passes: t.forward_passes,
-                token_layer_passes: t.token_layer_passes,
-                answer_tokens: t.answer_tokens,
-                bicache: g.bicache,
-                acache: g.acache,
-                anchors_on_asked,
-            });
+        engine.generate_continuous_with(&requests, batch, &mut |index, g| match item_result(
+            engine, items, index, cache, g,
+        ) {
+            Ok(r) => {
+                results[index] = Some(r);
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
         }
+        // The items share the forward passes: the time is the run's.
+        busy_s = start.elapsed().as_secs_f64();
     }
+    let results = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.ok_or_else(|| {
+                CliError::runtime(format!("item {:?}: no result came back", items[i].id))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(ModeRun {
         cache,
         anchor_ratio: None,
@@ -458,6 +428,78 @@ fn run_mode(
         busy_s,
         wall_s: start.elapsed().as_secs_f64(),
         store_bytes: engine.prefix_store_stats().bytes,
+    })
+}
+
+/// Scores item `index`'s generation and prints its progress line.
+fn item_result(
+    engine: &Engine,
+    items: &[Item],
+    index: usize,
+    cache: CacheMode,
+    g: Result<Generation, EngineError>,
+) -> Result<ItemResult, CliError> {
+    let item = &items[index];
+    let g = g.map_err(|e| CliError {
+        kind: ErrorKind::Runtime,
+        message: format!(
+            "item {:?} (line {}) with cache {cache}: {e}",
+            item.id, item.line
+        ),
+        source: Some(Box::new(e)),
+    })?;
+    let anchors_on_asked = anchors::on_asked_lines(engine, &g, &item.user);
+    let text = g.text.unwrap_or_default();
+    let (output, correct, verdict) = item.score(&text);
+    let t = g.timings;
+    let reuse = match &g.bicache {
+        Some(b) => match &b.fallback {
+            Some(why) => format!(" ({why})"),
+            None => format!(
+                " (BiCache depth {} at r = {}, {})",
+                b.depth,
+                b.ratio,
+                if b.hit { "hit" } else { "miss" }
+            ),
+        },
+        None => match &g.acache {
+            Some(a) => match &a.fallback {
+                Some(why) => format!(" ({why})"),
+                None => format!(
+                    " (ACache span of {} at {}, {} anchors, {})",
+                    a.span_tokens,
+                    a.span_start,
+                    a.anchors.len(),
+                    if a.hit { "hit" } else { "miss" }
+                ),
+            },
+            None => String::new(),
+        },
+    };
+    eprintln!(
+        "[{cache} {}/{}] {} ({}): {verdict} in {:.2} s{reuse}",
+        index + 1,
+        items.len(),
+        item.id,
+        item.task,
+        t.total_s
+    );
+    Ok(ItemResult {
+        output,
+        text,
+        correct,
+        ids: g.ids,
+        prompt_tokens: g.prompt_ids.len(),
+        prefix_len: g.prefix_len,
+        total_s: t.total_s,
+        first_step_s: t.first_step_s,
+        steps: t.steps,
+        forward_passes: t.forward_passes,
+        token_layer_passes: t.token_layer_passes,
+        answer_tokens: t.answer_tokens,
+        bicache: g.bicache,
+        acache: g.acache,
+        anchors_on_asked,
     })
 }
 
