@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::{DiffusionGemmaConfig, entropy_bound_params};
+use unmask_core::prefix_store::StoreStats;
 use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
 use unmask_core::tokenizer::{DecodeMode, Tokenizer};
 use unmask_gpu::dgemma::{
@@ -20,7 +21,7 @@ use unmask_gpu::{DType, GpuContext, WeightFormat};
 
 use crate::clock::Stopwatch;
 use crate::files::{self, ModelFiles};
-use crate::{EngineError, EngineOptions, Prompt};
+use crate::{CacheBudget, EngineError, EngineOptions, Prompt};
 
 /// Positions a model's RoPE tables and caches cover when its config names no smaller limit:
 /// the prompt and every canvas of one request.
@@ -75,6 +76,7 @@ pub struct DgemmaEngine {
     formats: WeightFormats,
     /// Out of its slot while a request uses it: a request that finds it taken runs without.
     store: Mutex<Option<DgemmaPrefixStore>>,
+    budget: CacheBudget,
     dir: PathBuf,
     load_s: f64,
 }
@@ -205,8 +207,8 @@ impl DgemmaEngine {
         };
         let mut model =
             DgemmaModel::from_checkpoint(&ctx, small.cfg, ck, formats, small.positions)?;
-        model.matmul = options.matmul_kernel;
-        model.attention = options.attention_kernel;
+        // The kernels asked for, and `--tune`'s measured choice of `Auto` on a GPU.
+        model.kernels = unmask_gpu::ops::Kernels::new(&ctx, &options.kernel_options());
         let dims_of_4 = model
             .cfg
             .layers
@@ -238,6 +240,7 @@ impl DgemmaEngine {
                 options.cache_budget.max_tokens,
                 options.cache_budget.max_bytes,
             ))),
+            budget: options.cache_budget,
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
         })
@@ -282,12 +285,15 @@ impl DgemmaEngine {
         self.load_s
     }
 
-    /// Stored shared prefixes: (entries, tokens, hits, misses); `None` while a request
-    /// holds the store.
-    pub fn prefix_stats(&self) -> Option<(usize, usize, u64, u64)> {
+    /// The shared prefix store's counters and contents; `None` while a request holds it.
+    pub fn prefix_stats(&self) -> Option<StoreStats> {
         let slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        slot.as_ref()
-            .map(|s| (s.len(), s.tokens(), s.hits, s.misses))
+        slot.as_ref().map(DgemmaPrefixStore::stats)
+    }
+
+    /// The shared prefix store's budget (`EngineOptions::cache_budget`).
+    pub fn prefix_store_budget(&self) -> CacheBudget {
+        self.budget
     }
 
     /// Drops every stored shared prefix; returns how many (0 while a request holds the

@@ -40,10 +40,46 @@ fn logits_match_the_reference_with_pinned_kernels() {
         (MatmulKernel::CoopSplit, AttentionKernel::CoopSplit),
     ] {
         check_logits_with(DType::F32, 1e-3, &[], &|m: &mut DgemmaModel| {
-            m.matmul = matmul;
-            m.attention = attention;
+            m.kernels.matmul = matmul;
+            m.kernels.attention = attention;
         });
     }
+}
+
+/// `--tune always`: the tuner times `Auto`'s candidates for each of the family's matmul and
+/// attention shape classes, and whatever wins keeps the logits.
+#[test]
+fn logits_match_the_reference_with_measured_kernels() {
+    use unmask_gpu::ops::{KernelOptions, Kernels};
+    use unmask_gpu::tune::TunePolicy;
+    let dir = std::env::temp_dir().join(format!("unmask-dgemma-tune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = KernelOptions {
+        tune: TunePolicy::Always,
+        tune_file: Some(dir.join("kernels.json")),
+        ..KernelOptions::default()
+    };
+    let kernels = Kernels::new(&common::ctx(), &options);
+    check_logits_with(DType::F32, 1e-3, &[], &|m: &mut DgemmaModel| {
+        m.kernels = kernels.clone();
+    });
+    let classes: Vec<String> = kernels
+        .tuner
+        .entries()
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert!(
+        classes.iter().any(|c| c.starts_with("matmul"))
+            && classes.iter().any(|c| c.starts_with("attention")),
+        "matmul and attention classes measured: {classes:?}"
+    );
+    assert!(dir.join("kernels.json").is_file(), "the winners are kept");
+    eprintln!(
+        "[dgemma] --tune always: {} shape classes measured, logits within 1e-3",
+        classes.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// K/V stored in f16 (`--kv f16`): every pass's logits stay near the reference (measured:
@@ -124,7 +160,7 @@ fn check_logits_with(
         common::assert_close(
             &format!(
                 "DiffusionGemma {name} ({rows} rows, {kv:?} K/V, {:?} / {:?})",
-                model.matmul, model.attention
+                model.kernels.matmul, model.kernels.attention
             ),
             &got,
             &golden(name, rows),
@@ -311,8 +347,10 @@ fn the_engine_generates_through_the_prefix_store() {
     let other = engine.generate(&request("Name an animal.")).unwrap();
     assert!(matches!(other.prefix, Some(PrefixUse::Hit { .. })));
     assert_eq!(
-        engine.prefix_stats().map(|s| (s.0, s.2, s.3)),
-        Some((1, 2, 1))
+        engine
+            .prefix_stats()
+            .map(|s| (s.entries, s.hits, s.misses, s.inserts)),
+        Some((1, 2, 1, 1))
     );
     let too_long = DgemmaRequest {
         max_new_tokens: Some(100_000),
@@ -345,7 +383,7 @@ fn the_engine_generates_through_the_prefix_store() {
         ),
         "{stopped:?}"
     );
-    assert_eq!(engine.prefix_stats().map(|s| s.0), Some(1));
+    assert_eq!(engine.prefix_stats().map(|s| s.entries), Some(1));
     assert_eq!(
         engine.generate(&request("Name a colour.")).unwrap().ids,
         first.ids

@@ -206,8 +206,8 @@ pub fn generation(engine: &DgemmaEngine, out: &DgemmaOutput) -> Value {
 /// The prefix store's counters (`null` fields while a request holds the store).
 pub fn store_stats(engine: &DgemmaEngine) -> Value {
     match engine.prefix_stats() {
-        Some((entries, tokens, hits, misses)) => json!({
-            "entries": entries, "tokens": tokens, "hits": hits, "misses": misses,
+        Some(s) => json!({
+            "entries": s.entries, "tokens": s.tokens, "hits": s.hits, "misses": s.misses,
         }),
         None => json!({"entries": null, "tokens": null, "hits": null, "misses": null}),
     }

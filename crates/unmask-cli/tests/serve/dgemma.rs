@@ -147,6 +147,23 @@ fn a_diffusion_gemma_server_answers_as_generate_and_encodes_a_shared_system_turn
         .find_map(|l| l.strip_prefix("unmask_requests_total{outcome=\"ok\"} "))
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert_eq!(ok, Some(5.0), "{metrics}");
+    // The stored system turn is the K/V the server keeps: its bytes and their share of the
+    // store's budget, the gauge routers read.
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert_eq!(
+        value("unmask_prefix_store_entries "),
+        Some(1.0),
+        "{metrics}"
+    );
+    let bytes = value("unmask_prefix_store_bytes ").expect("store bytes");
+    assert!(bytes > 0.0, "{metrics}");
+    let usage = value("vllm:kv_cache_usage_perc ").expect("K/V usage");
+    assert!(usage > 0.0 && usage <= 1.0, "{metrics}");
 }
 
 #[test]

@@ -23,9 +23,8 @@ pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioningMlp, weight_bytes}
 
 use crate::context::GpuContext;
 use crate::model::{ModelError, WeightFormats};
-use crate::ops::attention::AttentionKernel;
 use crate::ops::heads::rope_table_partial;
-use crate::ops::matmul::MatmulKernel;
+use crate::ops::{KernelOptions, Kernels};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensor::WeightFormat;
 use crate::tensor::{DType, Tensor};
@@ -46,10 +45,10 @@ pub struct DgemmaModel {
     /// Storage of the caches `new_cache` makes and of stored prefixes: `F32`, or `F16`
     /// (half the memory and the attention's reads; K and V rounded once, as written).
     pub kv_dtype: DType,
-    /// The matmul and attention kernels its passes ask for (`Auto`: the fixed choice per
-    /// shape; a pinned kernel runs where it can, else its fallback).
-    pub matmul: MatmulKernel,
-    pub attention: AttentionKernel,
+    /// The matmul and attention kernels its passes ask for and the tuner that measures
+    /// `Auto`'s candidates on a GPU (a pinned kernel runs where it can, else its fallback),
+    /// with the split-K and fused-norm scratch its matmuls share.
+    pub kernels: Kernels,
     /// `(cos, sin)` tables of the sliding and the full layers.
     rope_sliding: Tensor,
     rope_full: Tensor,
@@ -211,8 +210,7 @@ impl DgemmaModel {
             max_positions,
             pass_rows: PASS_ROWS,
             kv_dtype: DType::F32,
-            matmul: MatmulKernel::Auto,
-            attention: AttentionKernel::Auto,
+            kernels: Kernels::new(ctx, &KernelOptions::default()),
             rope_sliding,
             rope_full,
             ones,

@@ -9,7 +9,7 @@ use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
 use crate::ops::attention::{
-    AttentionKernel, AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with,
+    AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with, model_split_floats,
 };
 use crate::ops::elementwise::{add_in_place, embed, pack_f16_rows, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
@@ -55,6 +55,8 @@ pub(super) struct Scratch {
     /// storage for both segments).
     kv16: Option<(Tensor, Tensor)>,
     attn: Tensor,
+    /// Partial results of the split attention kernels (`None` where no split runs).
+    attn_parts: Option<Tensor>,
     gate_up: Tensor,
     act: Tensor,
     router_logits: Tensor,
@@ -115,6 +117,10 @@ impl Scratch {
                 _ => None,
             },
             attn: f(&[t, q_w], "dgemma attention")?,
+            attn_parts: match m.split_scratch_floats(ctx, t) {
+                0 => None,
+                n => Some(f(&[n], "dgemma attention split parts")?),
+            },
             gate_up: f(&[t, 2 * inter], "dgemma gate|up")?,
             act: f(&[t, inter], "dgemma act")?,
             router_logits: f(&[t, c.num_experts], "dgemma router logits")?,
@@ -128,6 +134,22 @@ impl Scratch {
 }
 
 impl DgemmaModel {
+    /// f32 of the split attention's scratch for a pass of `rows` rows over any layer
+    /// (`attention::model_split_floats`).
+    fn split_scratch_floats(&self, ctx: &GpuContext, rows: usize) -> usize {
+        let shapes: Vec<AttentionShape> = self
+            .cfg
+            .layers
+            .iter()
+            .map(|l| AttentionShape {
+                n_heads: self.cfg.heads,
+                n_kv_heads: l.kv_heads,
+                head_dim: l.head_dim,
+            })
+            .collect();
+        model_split_floats(ctx, self.kernels.attention, &shapes, rows)
+    }
+
     pub(super) fn check_pass(
         &self,
         cache: &DgemmaCache,
@@ -236,7 +258,7 @@ impl DgemmaModel {
         let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
         let w = &self.weights;
         rms_norm(step, &s.x, &w.final_norm, &s.a, t, d, c.rms_norm_eps as f32)?;
-        matmul(step, &s.a, &w.embedding, &logits, t, self.matmul)?;
+        matmul(step, &s.a, &w.embedding, &logits, t, &self.kernels)?;
         softcap(step, &logits, t * v, c.final_logit_softcapping as f32)?;
         Ok(logits)
     }
@@ -274,9 +296,9 @@ impl DgemmaModel {
             let scale = self.embed_scale();
             soft_embed(step, probs, &self.weights.embedding, &s.a, t, scale)?;
             rms_norm(step, &s.a, &sc.pre_norm, &s.b, t, d, eps)?;
-            matmul(step, &s.b, &sc.gate_up, &s.gate_up, t, self.matmul)?;
+            matmul(step, &s.b, &sc.gate_up, &s.gate_up, t, &self.kernels)?;
             gelu_tanh_gate(step, &s.gate_up, &s.act, t, i)?;
-            matmul(step, &s.act, &sc.down, &s.a, t, self.matmul)?;
+            matmul(step, &s.act, &sc.down, &s.a, t, &self.kernels)?;
             add_in_place(step, &s.x, &s.a, t * d)?;
         }
         rms_norm(step, &s.x, &self.ones, &s.a, t, d, eps)?;
@@ -307,7 +329,7 @@ impl DgemmaModel {
             norm: Some((weight, eps)),
             ..Default::default()
         };
-        let auto = self.matmul;
+        let auto = &self.kernels;
         let (q, k, v, attn) = (
             view(&s.q, &[t, h * hd]),
             view(&s.k, &[t, kv * hd]),
@@ -446,7 +468,9 @@ impl DgemmaModel {
                 };
                 // Scale 1: the q/k norms carry it.
                 let options = AttentionOptions {
-                    kernel: unsplit(self.attention),
+                    kernel: self.kernels.attention,
+                    tuner: Some(&self.kernels.tuner),
+                    scratch: s.attn_parts.as_ref(),
                     scale: Some(1.0),
                     mask: AttentionMask {
                         causal: true,
@@ -498,7 +522,9 @@ impl DgemmaModel {
                     None => KvSegment::first(&s.k, &s.v, t),
                 };
                 let options = AttentionOptions {
-                    kernel: unsplit(self.attention),
+                    kernel: self.kernels.attention,
+                    tuner: Some(&self.kernels.tuner),
+                    scratch: s.attn_parts.as_ref(),
                     scale: Some(1.0),
                     ..Default::default()
                 };
@@ -519,15 +545,6 @@ impl DgemmaModel {
             }
         }
         Ok(())
-    }
-}
-
-/// The family's passes give attention no split scratch: a pinned split kernel runs unsplit.
-fn unsplit(kernel: AttentionKernel) -> AttentionKernel {
-    match kernel {
-        AttentionKernel::WideSplit => AttentionKernel::Wide,
-        AttentionKernel::CoopSplit => AttentionKernel::Coop,
-        other => other,
     }
 }
 

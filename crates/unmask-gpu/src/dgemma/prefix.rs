@@ -6,6 +6,8 @@
 //! Entries match by their exact token ids; the least recently used go first when the token
 //! budget is passed.
 
+use unmask_core::prefix_store::StoreStats;
+
 use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
@@ -43,6 +45,10 @@ pub struct DgemmaPrefixStore {
     clock: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Prefixes stored, evicted to make room, and refused (over the budget alone).
+    pub inserts: u64,
+    pub evictions: u64,
+    pub rejected: u64,
 }
 
 impl DgemmaPrefixStore {
@@ -54,6 +60,9 @@ impl DgemmaPrefixStore {
             clock: 0,
             hits: 0,
             misses: 0,
+            inserts: 0,
+            evictions: 0,
+            rejected: 0,
         }
     }
 
@@ -73,6 +82,20 @@ impl DgemmaPrefixStore {
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// The counters and what the store holds, as the other families' store reports them.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            hits: self.hits,
+            misses: self.misses,
+            inserts: self.inserts,
+            evictions: self.evictions,
+            rejected: self.rejected,
+            entries: self.entries.len(),
+            tokens: self.tokens(),
+            bytes: self.bytes(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -112,6 +135,7 @@ impl DgemmaPrefixStore {
             })
             .sum();
         if n > self.budget_tokens || need > self.budget_bytes || ids.is_empty() {
+            self.rejected += 1;
             return Ok(false);
         }
         while self.tokens() + n > self.budget_tokens || self.bytes() + need > self.budget_bytes {
@@ -119,6 +143,7 @@ impl DgemmaPrefixStore {
                 .min_by_key(|&i| self.entries[i].last_used)
                 .expect("a store over its budget has entries");
             self.entries.swap_remove(oldest);
+            self.evictions += 1;
         }
         let mut step = StepEncoder::new(ctx, "dgemma prefix store");
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -137,6 +162,7 @@ impl DgemmaPrefixStore {
         }
         step.submit()?;
         self.clock += 1;
+        self.inserts += 1;
         self.entries.push(Entry {
             ids: ids.to_vec(),
             k,

@@ -17,9 +17,9 @@ use unmask_core::config::ModelConfig;
 use super::ModelError;
 use super::checkpoint::Checkpoint;
 use super::weights::{LoadProgress, ModelWeights, WeightFormats};
-use crate::context::{AdapterClass, GpuContext};
+use crate::context::GpuContext;
 use crate::ops::acache::{self, AnchorProbe, KvShape, ProbeShape};
-use crate::ops::attention::{self, AttentionKernel, AttentionShape, KvSegment};
+use crate::ops::attention::{self, AttentionShape, KvSegment};
 use crate::ops::elementwise as ew;
 use crate::ops::matmul::{self, Fusion};
 use crate::ops::{KernelOptions, Kernels};
@@ -230,34 +230,15 @@ impl Model {
         })
     }
 
-    /// f32 of the scratch that lets attention split over keys: on hardware GPUs, for up to
-    /// `SPLIT_ROWS` query rows at `SPLIT_SLICES` slices (the split pays only for few rows;
-    /// more rows fill the GPU without it). None elsewhere (lavapipe, browsers), where the
-    /// plan never splits unless the context asks for the split kernel.
+    /// f32 of the scratch that lets attention split over keys (`attention::model_split_floats`).
     fn split_scratch_floats(&self, capacity: usize) -> usize {
-        /// Query rows the scratch is sized for (a block under a dual cache is 32).
-        const SPLIT_ROWS: usize = 64;
-        /// Slices at `SPLIT_ROWS` rows; fewer rows may take more.
-        const SPLIT_SLICES: usize = 32;
-        let split_asked = matches!(
-            self.kernels.attention,
-            AttentionKernel::WideSplit | AttentionKernel::CoopSplit
-        );
-        if self.ctx.features.adapter != AdapterClass::Gpu && !split_asked {
-            return 0;
-        }
         let c = &self.cfg;
         let shape = AttentionShape {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim(),
         };
-        attention::split_scratch_floats(
-            &self.ctx,
-            shape,
-            capacity.clamp(1, SPLIT_ROWS),
-            SPLIT_SLICES,
-        )
+        attention::model_split_floats(&self.ctx, self.kernels.attention, &[shape], capacity)
     }
 
     /// The most rows (and arena positions) one `ForwardState` can hold on this device: its

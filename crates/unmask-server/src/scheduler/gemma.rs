@@ -245,8 +245,16 @@ fn update_gauges(engine: &DgemmaEngine, shared: &Shared, recent: &mut RecentToke
     m.queue_depth.set(queued);
     m.running.set(i64::from(running));
     m.sessions.set(i64::from(running));
-    if let Some((entries, _, _, _)) = engine.prefix_stats() {
-        m.store_entries.set(entries as i64);
+    // The store is out of its slot while a request runs: the gauges keep their last values.
+    if let Some(stats) = engine.prefix_stats() {
+        m.store_entries.set(stats.entries as i64);
+        m.store_bytes.set(stats.bytes as i64);
+        // The K/V the server keeps between requests is the store's (a request's own cache
+        // is made for it and freed when it ends).
+        let budget = engine.prefix_store_budget().max_bytes.max(1);
+        m.vllm
+            .kv_cache_usage
+            .set((stats.bytes as f64 / budget as f64).min(1.0));
     }
     m.gpu_memory_bytes
         .set(engine.ctx().memory.live_bytes() as i64);

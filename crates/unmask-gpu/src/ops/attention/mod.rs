@@ -50,7 +50,7 @@ use params::*;
 use plan::*;
 pub use plan::{
     AttentionKernel, AttentionOptions, AttentionPlan, KvRead, coop_attention, coop_attention_bytes,
-    split_scratch_floats,
+    model_split_floats, split_scratch_floats,
 };
 
 const ATTENTION: KernelSource = kernel_source!("attention");

@@ -393,6 +393,36 @@ pub fn split_scratch_floats(
     slices * split_cell_floats(shape, m, tile)
 }
 
+/// Query rows a model's split scratch is sized for (a block under a dual cache is 32).
+const SPLIT_ROWS: usize = 64;
+/// Slices at `SPLIT_ROWS` rows; fewer rows may take more.
+const SPLIT_SLICES: usize = 32;
+
+/// f32 of the scratch that lets a model's attention split over keys, for passes of up to
+/// `rows` query rows with heads of any of `shapes`: on hardware GPUs, for up to
+/// `SPLIT_ROWS` rows at `SPLIT_SLICES` slices (the split pays only for few rows; more rows
+/// fill the GPU without it). 0 elsewhere (lavapipe, browsers), where the plan never splits
+/// unless `kernel` pins a split kernel.
+pub fn model_split_floats(
+    ctx: &GpuContext,
+    kernel: AttentionKernel,
+    shapes: &[AttentionShape],
+    rows: usize,
+) -> usize {
+    let split_asked = matches!(
+        kernel,
+        AttentionKernel::WideSplit | AttentionKernel::CoopSplit
+    );
+    if ctx.features.adapter != AdapterClass::Gpu && !split_asked {
+        return 0;
+    }
+    shapes
+        .iter()
+        .map(|&shape| split_scratch_floats(ctx, shape, rows.clamp(1, SPLIT_ROWS), SPLIT_SLICES))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Invocations of a wide workgroup: 4 warps of 32, 2 waves of 64.
 pub(super) const WIDE_WG: usize = 128;
 
