@@ -213,7 +213,8 @@ for r in records("parity.jsonl"):
     gen = [f"gen {g['tokens_agree']}/{g['gen_length']}" for g in r.get("generation", []) if "tokens_agree" in g]
     par.append(f"{r.get('phase')} {max(rel) if rel else float('nan'):.1e} " + " ".join(gen + ["ok" if r.get("pass") else "FAIL"]))
 L += wrap("parity max|err|/scale:", par) or ["parity: no records"]
-ker = [r for r in records("bench-kernels.jsonl") if r.get("kernel") == "matmul" and r.get("agrees", True)]
+kr = records("bench-kernels.jsonl")
+ker = [r for r in kr if r.get("kernel") == "matmul" and "variant" in r and r.get("agrees", True)]
 for m in sorted({r["m"] for r in ker}):
     best = {}
     for r in ker:
@@ -225,6 +226,9 @@ for m in sorted({r["m"] for r in ker}):
     auto = sum(r["ms"] for r in ker if r["m"] == m and r["variant"].startswith("auto"))
     items = [f"{c} {r['variant']} {r['ms']:.3g}ms{share(r)}" for c, r in best.items()]
     L += wrap(f"matmul m={m} best ({sum(r['ms'] for r in best.values()):.3g} ms; auto {auto:.3g} ms):", items)
+dg = [r for r in kr if r.get("record") == "step"]
+L += wrap(f"dgemma decoder step ({dg[0]['layers']} layers, {dg[0]['m']} rows):" if dg else "",
+          [f"{r['format']} {r['ms']:.4g}ms (experts {r['experts_ms']:.3g}, attention {r['attention_ms']:.3g})" for r in dg])
 req = [r for r in records("bench-requests.jsonl") if r.get("record") == "request"]
 items = []
 for r in req:

@@ -17,6 +17,8 @@
 #                to 1e-4), the coop kernel forced (f16, 1e-2); Dream tiny-dream if it fits;
 #   requests     synthetic LLaDA-8B, one request per cache mode (quota decoding), `none` last;
 #   pytorch      tools/torch_bench.py on the same request (a reserved budget);
+#   dgemma       DiffusionGemma-26B-A4B's decoder step kernels (zero weights), f16 and q4,
+#                with each format's whole-step estimate;
 #   8B parity    logits of the synthetic 8B: f16 as the tuner picks (1e-2), f32 fixed (1e-4);
 #   kv-f16       bicache-dual with f16 K/V, merged into bench-requests.jsonl;
 #   dream        synthetic Dream-7B of 2 layers, logits parity f16 and f32;
@@ -56,7 +58,8 @@ case "$SCALE" in
     DREAM_ARGS=(--config tiny-dream)
     KERNEL_ARGS=(--config tiny --rows "8,96" --kv-lens 96)
     REQ_ARGS=(--gen-length 32 --steps 16 --block-length 8 --prefix-tokens 48 --user-tokens 16)
-    LIM=([kernels]=120 [tiny]=60 [synth]=60 [requests]=240 [torch]=120 [psynth16]=120 [psynth32]=120 [kv]=60 [dsynth]=60 [pdream]=120)
+    DGEMMA_ARGS=(--model tests/fixtures/tiny-dgemma --kv-lens 64 --formats f32,q4)
+    LIM=([kernels]=120 [tiny]=60 [synth]=60 [requests]=240 [torch]=120 [dgemma]=120 [psynth16]=120 [psynth32]=120 [kv]=60 [dsynth]=60 [pdream]=120)
     BUDGET="${RUN_BUDGET:-3600}" ;;
   medium)
     # LLaDA's layout at 1/8 of 8B's width: head_dim 128, MLP 3x, vocab 32768, 4 layers
@@ -71,7 +74,8 @@ EOF
     DREAM_ARGS=(--config dream-7b --layers 1)
     KERNEL_ARGS=(--config "$WORK/medium.json" --rows "32,352" --kv-lens 352)
     REQ_ARGS=(--gen-length 64 --steps 32 --block-length 32 --prefix-tokens 256 --user-tokens 32)
-    LIM=([kernels]=300 [tiny]=60 [synth]=120 [requests]=600 [torch]=300 [psynth16]=300 [psynth32]=300 [kv]=200 [dsynth]=120 [pdream]=300)
+    DGEMMA_ARGS=(--config diffusiongemma-26b-a4b --rows 8 --kv-lens 256 --formats f16,q4)
+    LIM=([kernels]=300 [tiny]=60 [synth]=120 [requests]=600 [torch]=300 [dgemma]=120 [psynth16]=300 [psynth32]=300 [kv]=200 [dsynth]=120 [pdream]=300)
     BUDGET="${RUN_BUDGET:-1800}" ;;
   *)
     SYNTH_ARGS=(--config llada-8b)
@@ -79,7 +83,9 @@ EOF
     # rows: a 32-token block (dual cache) and a whole 1024 + 64 + 256 request
     KERNEL_ARGS=(--config llada-8b --rows "32,1344" --kv-lens 1344)
     REQ_ARGS=(--gen-length 256 --steps 128 --block-length 32 --prefix-tokens 1024 --user-tokens 64)
-    LIM=([kernels]=75 [tiny]=25 [synth]=75 [requests]=170 [torch]=90 [psynth16]=75 [psynth32]=100 [kv]=45 [dsynth]=30 [pdream]=45)
+    # one decoder step of a 256-token canvas after 1024 cached positions, zero weights
+    DGEMMA_ARGS=(--config diffusiongemma-26b-a4b --kv-lens 1024 --formats f16,q4)
+    LIM=([kernels]=75 [tiny]=25 [synth]=75 [requests]=170 [torch]=90 [dgemma]=30 [psynth16]=75 [psynth32]=100 [kv]=45 [dsynth]=30 [pdream]=45)
     BUDGET="${RUN_BUDGET:-450}" ;;
 esac
 if [ "$SCALE" != full ]; then
@@ -152,6 +158,12 @@ else
     --like "$OUT/bench-requests.jsonl" --out "$OUT/bench-requests.jsonl" --device "$TORCH_DEVICE" \
     --dtype bf16 --max-requests 1
 fi
+
+# --- DiffusionGemma's decoder step at its published shapes (zero weights: nothing to load or
+# write), its records and per-format step estimates merged into bench-kernels.jsonl --------
+phase bench-dgemma "$(left "${LIM[dgemma]}" "$R_REPORT")" "$BIN" bench --only kernels --backend "$BACKEND" \
+  "${DGEMMA_ARGS[@]}" --out "$WORK/dgemma.jsonl"
+[ -f "$WORK/dgemma.jsonl" ] && cat "$WORK/dgemma.jsonl" >>"$OUT/bench-kernels.jsonl"
 
 # --- e: logits parity of the synthetic checkpoint (the canvas only: one load each) ----------
 parity parity-synth-f16 "$(left "${LIM[psynth16]}" "$R_REPORT")" --model "$SYNTH" --dtype f16 --rtol 1e-2 \

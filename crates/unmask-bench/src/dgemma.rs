@@ -7,8 +7,11 @@
 
 use serde_json::{Value, json};
 use unmask_core::config::DiffusionGemmaConfig;
-use unmask_gpu::ops::attention::{AttentionOptions, AttentionShape, KvSegment, attention_with};
-use unmask_gpu::ops::matmul::{MatmulKernel, matmul};
+use unmask_gpu::ops::Kernels;
+use unmask_gpu::ops::attention::{
+    AttentionOptions, AttentionShape, KvSegment, attention_with, model_split_floats,
+};
+use unmask_gpu::ops::matmul::matmul;
 use unmask_gpu::ops::moe::{
     ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route,
 };
@@ -18,7 +21,7 @@ use crate::env::with_envelope;
 use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
 
 /// What to measure.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DgemmaBenchOptions {
     /// Canvas rows of the decoder step (the config's canvas length by default).
     pub rows: usize,
@@ -26,6 +29,9 @@ pub struct DgemmaBenchOptions {
     pub prompt: usize,
     pub formats: Vec<WeightFormat>,
     pub repeats: Repeats,
+    /// The kernels asked for (`Auto`: measured per shape class on a GPU, as a model's
+    /// passes choose them).
+    pub kernels: Kernels,
 }
 
 /// The environment of DiffusionGemma records (the model part of `env::envelope`).
@@ -112,7 +118,7 @@ pub fn run_dgemma_kernels(
             };
             let y = Tensor::zeros(ctx, DType::F32, &[m, n], "bench.y")?;
             let s = time_step(ctx, o.repeats, |step| {
-                matmul(step, &xk, &w, &y, m, MatmulKernel::Auto)
+                matmul(step, &xk, &w, &y, m, &o.kernels)
             })?;
             let fields = json!({"kernel": "matmul", "case": case, "m": m, "n": n, "k": k, "format": wf.name()});
             emit(record(envelope, fields, s, 2.0 * (m * n * k) as f64));
@@ -182,7 +188,14 @@ pub fn run_dgemma_kernels(
             n_kv_heads: kv,
             head_dim: hd,
         };
+        let scratch = match model_split_floats(ctx, o.kernels.attention, &[shape], m) {
+            0 => None,
+            n => Some(Tensor::zeros(ctx, DType::F32, &[n], "bench.attn_parts")?),
+        };
         let options = AttentionOptions {
+            kernel: o.kernels.attention,
+            tuner: Some(&o.kernels.tuner),
+            scratch: scratch.as_ref(),
             scale: Some(1.0),
             ..Default::default()
         };
@@ -209,5 +222,73 @@ pub fn run_dgemma_kernels(
         let fields = json!({"kernel": kernel, "case": format!("{kind}.attention"), "m": m, "keys": cached + m, "heads": h, "kv_heads": kv, "head_dim": hd});
         emit(record(envelope, fields, s, flops));
     }
+    let formats: Vec<WeightFormat> = o.formats.iter().map(|f| f.resolve(ctx)).collect();
+    for step in step_estimates(cfg, envelope, o, &formats, &out) {
+        on_record(&step);
+        out.push(step);
+    }
     Ok(out)
+}
+
+/// One whole decoder step per format from the kernel records: each layer type's projections
+/// and attention times its layers, the dense MLP, router and experts times every layer, the
+/// LM head once (the norms, RoPE and residual adds are left out: small beside these).
+fn step_estimates(
+    cfg: &DiffusionGemmaConfig,
+    envelope: &Value,
+    o: &DgemmaBenchOptions,
+    formats: &[WeightFormat],
+    records: &[Value],
+) -> Vec<Value> {
+    let sliding = cfg.layers.iter().filter(|a| a.sliding).count();
+    let full = cfg.layers.len() - sliding;
+    let times = |case: &str| match case.split_once('.') {
+        Some(("sliding", _)) => sliding,
+        Some(("full", _)) => full,
+        _ if case == "lm_head" => 1,
+        _ => cfg.layers.len(),
+    };
+    let ms_of = |r: &Value| r["ms"].as_f64().unwrap_or(0.0);
+    let attention: f64 = records
+        .iter()
+        .filter(|r| {
+            r["case"]
+                .as_str()
+                .is_some_and(|c| c.ends_with(".attention"))
+        })
+        .map(|r| ms_of(r) * times(r["case"].as_str().unwrap_or("")) as f64)
+        .sum();
+    // The router's matrix stays f32 in every format: its first record counts for each.
+    let router = records
+        .iter()
+        .find(|r| r["case"] == "router")
+        .map_or(0.0, |r| ms_of(r) * cfg.layers.len() as f64);
+    let mut out = Vec::new();
+    for format in formats {
+        let name = format.name();
+        let (mut ms, mut experts, mut lm_head) = (attention + router, 0.0, 0.0);
+        for r in records {
+            let case = r["case"].as_str().unwrap_or("");
+            let skip = case == "router" || case.ends_with(".attention");
+            if skip || r["format"].as_str() != Some(name) {
+                continue;
+            }
+            let t = ms_of(r) * times(case) as f64;
+            ms += t;
+            match case {
+                "experts" => experts += t,
+                "lm_head" => lm_head += t,
+                _ => {}
+            }
+        }
+        let fields = json!({
+            "record": "step", "case": "decoder_step", "format": name, "m": o.rows,
+            "cached": o.prompt, "layers": cfg.layers.len(), "ms": round3(ms),
+            "experts_ms": round3(experts), "attention_ms": round3(attention),
+            "lm_head_ms": round3(lm_head),
+            "canvas_rows_per_s": round3(o.rows as f64 / (ms / 1e3)),
+        });
+        out.push(with_envelope(envelope, fields));
+    }
+    out
 }

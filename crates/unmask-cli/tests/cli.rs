@@ -1819,4 +1819,19 @@ fn bench_times_diffusion_gemma_kernels() {
         16 + 7,
         "the canvas and the last W - 1 prompt positions"
     );
+    // The whole step from them: each layer type's kernels times its layers, the dense MLP,
+    // router and experts times every layer, the LM head once.
+    let step = records
+        .iter()
+        .find(|r| r["record"] == "step")
+        .expect("a step estimate");
+    let ms = |case: &str| {
+        let r = records.iter().find(|r| r["case"] == case).unwrap();
+        r["ms"].as_f64().unwrap()
+    };
+    let layers = step["layers"].as_f64().unwrap();
+    let at_least = ms("lm_head") + layers * (ms("experts") + ms("router") + ms("mlp.down"));
+    let total = step["ms"].as_f64().unwrap();
+    assert!(total >= at_least && total.is_finite(), "{step}");
+    assert!(step["experts_ms"].as_f64().unwrap() > 0.0, "{step}");
 }

@@ -86,6 +86,7 @@ pub(super) fn run(
             WeightFormat::Q4,
         ]),
         repeats: bench::Repeats::default(),
+        kernels: unmask_gpu::ops::Kernels::new(&ctx, &engine_options.kernel_options()),
     };
     eprintln!(
         "DiffusionGemma kernels at {name}'s shapes: a decoder step of {} canvas rows after {} \
@@ -96,13 +97,27 @@ pub(super) fn run(
     let envelope = bench::dgemma_envelope(&ctx, name, cfg);
     let mut failed = None;
     bench::run_dgemma_kernels(&ctx, cfg, &envelope, &options, &mut |r| {
-        eprintln!(
-            "  {:<22} {:<10} {:>10.3} ms {:>9.2} GFLOP/s",
-            r["case"].as_str().unwrap_or("?"),
-            r["format"].as_str().unwrap_or("f32 K/V"),
-            r["ms"].as_f64().unwrap_or(f64::NAN),
-            r["gflops"].as_f64().unwrap_or(f64::NAN)
-        );
+        if r["record"] == "step" {
+            eprintln!(
+                "  decoder step, {} layers, {}: {:.3} ms (experts {:.3}, attention {:.3}, LM \
+                 head {:.3}): {:.1} canvas rows/s",
+                r["layers"],
+                r["format"].as_str().unwrap_or("?"),
+                r["ms"].as_f64().unwrap_or(f64::NAN),
+                r["experts_ms"].as_f64().unwrap_or(f64::NAN),
+                r["attention_ms"].as_f64().unwrap_or(f64::NAN),
+                r["lm_head_ms"].as_f64().unwrap_or(f64::NAN),
+                r["canvas_rows_per_s"].as_f64().unwrap_or(f64::NAN)
+            );
+        } else {
+            eprintln!(
+                "  {:<22} {:<10} {:>10.3} ms {:>9.2} GFLOP/s",
+                r["case"].as_str().unwrap_or("?"),
+                r["format"].as_str().unwrap_or("f32 K/V"),
+                r["ms"].as_f64().unwrap_or(f64::NAN),
+                r["gflops"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
         if let Err(e) = sink.write(r) {
             failed.get_or_insert(e);
         }

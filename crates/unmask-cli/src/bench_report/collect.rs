@@ -97,6 +97,9 @@ pub(super) struct Collected {
     pub(super) sources: Vec<Source>,
     pub(super) kernels: BTreeMap<(usize, KernelRow, String), Vec<Figures>>,
     pub(super) requests: BTreeMap<(usize, RequestRow), Vec<Figures>>,
+    /// DiffusionGemma's decoder-step records (its own cases, no `weights` or `variant`):
+    /// counted, not charted.
+    pub(super) diffusion_gemma: usize,
 }
 
 /// One JSON object being read, with where it came from for error messages.
@@ -233,6 +236,11 @@ impl Collected {
                     input.name
                 )));
             };
+            let family = object.get("model").and_then(|m| m.get("family"));
+            if family.and_then(Value::as_str) == Some("diffusion_gemma") {
+                self.diffusion_gemma += 1;
+                continue;
+            }
             let fields = Fields {
                 file: &input.name,
                 line: at,
@@ -403,6 +411,32 @@ mod tests {
 
     use super::super::build;
     use super::super::fixtures::{input, kernel, request};
+
+    #[test]
+    fn diffusion_gemma_records_are_counted_not_charted() {
+        let dgemma = serde_json::json!({
+            "record": "kernel", "kernel": "matmul", "case": "sliding.q", "m": 256, "ms": 1.0,
+            "model": {"name": "diffusiongemma-26b-a4b", "family": "diffusion_gemma"},
+        });
+        let r = build(
+            &[input(
+                "k.jsonl",
+                &[kernel("GPU A", "tiled", 1.0), dgemma.to_string()],
+            )],
+            "x",
+        )
+        .unwrap();
+        assert!(
+            r.markdown.contains("DiffusionGemma records: 1 "),
+            "{}",
+            r.markdown
+        );
+        let e = build(&[input("d.jsonl", &[dgemma.to_string()])], "x")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("DiffusionGemma records: 1 "), "{e}");
+    }
 
     #[test]
     fn malformed_line_names_file_and_line() {
