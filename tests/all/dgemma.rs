@@ -217,6 +217,62 @@ fn generations_replay_the_reference_step_by_step() {
     assert!(early_stops > 0, "some canvas stopped early");
 }
 
+/// The 7 recorded generations denoised together, one decoder pass per step for all the
+/// canvases still running (`step_runs_async`: rows of every request through each matmul and
+/// the experts, attention per canvas over its own cache, each its own temperature and
+/// draws): each replays the reference step for step as it does alone, while the others
+/// join, stop early, commit canvases and finish around it.
+#[test]
+fn generations_denoised_together_replay_the_reference() {
+    use unmask_goldens::dgemma::{RunCanvas, generation_cases};
+    let dir = fixture();
+    let ctx = common::ctx();
+    let model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
+    let mut runs: Vec<_> = cases
+        .iter()
+        .zip(draws.iter_mut())
+        .map(|(c, d)| {
+            model
+                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
+                .unwrap()
+        })
+        .collect();
+    let mut widest = 0;
+    let mut passes = 0;
+    while runs.iter().any(|r| !r.is_done()) {
+        let mut refs: Vec<_> = runs.iter_mut().collect();
+        let mut in_pass = 0;
+        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
+            in_pass += 1;
+            std::ops::ControlFlow::Continue(())
+        }))
+        .unwrap();
+        widest = widest.max(in_pass);
+        passes += 1;
+    }
+    let steps: usize = runs.iter().map(|r| r.steps_run()).sum();
+    for (case, run) in cases.iter().zip(runs) {
+        let (got, _) = run.finish().unwrap();
+        let canvases: Vec<RunCanvas<'_>> = got
+            .canvases
+            .iter()
+            .map(|c| RunCanvas {
+                steps: &c.steps,
+                output: &c.output,
+            })
+            .collect();
+        case.assert_run(&canvases, &got.sequence);
+    }
+    assert_eq!(widest, cases.len(), "the first pass denoises every canvas");
+    assert!(passes < steps, "{passes} passes for {steps} steps");
+    eprintln!(
+        "[check] DiffusionGemma: 7 generations together, {steps} steps in {passes} decoder passes, each equal to the reference's"
+    );
+}
+
 /// The sliding layers' K/V: a cache keeping only W - 1 + 16 rows (moving them as the
 /// prompt's pieces and the commits arrive) gives the encoder, commit and decoder the same
 /// logits as one keeping every position, bit for bit, and allocates what `kv_cache_bytes`

@@ -13,7 +13,9 @@ struct Params {
     seed_hi: u32,
     step: u32,
     write_probs: u32,
-    _pad: u32,
+    // The first row of logits and stats this dispatch reads and writes: a batched step's
+    // canvases share them, each canvas its own probs (and draws by its own row numbers).
+    first_row: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -47,7 +49,8 @@ fn main(
     if (row >= p.rows) {
         return;
     }
-    let base = row * p.vocab;
+    let base = (p.first_row + row) * p.vocab;
+    let out = row * p.vocab;
     // Pass 1: the largest z and, with the Gumbel noise, the drawn token.
     var best = NEG;
     var best_i = 0xffffffffu;
@@ -106,13 +109,14 @@ fn main(
     let total = w_sum[0];
     if (p.write_probs != 0u) {
         for (var v = lid; v < p.vocab; v += WG) {
-            probs[base + v] = exp(logits[base + v] / p.temperature - mx) / total;
+            probs[out + v] = exp(logits[base + v] / p.temperature - mx) / total;
         }
     }
     if (lid == 0u) {
-        stats[row * 4u] = w_idx[0];
-        stats[row * 4u + 1u] = w_gidx[0];
-        stats[row * 4u + 2u] = bitcast<u32>(max(ln_precise(total) - w_sz[0] / total, 0.0));
-        stats[row * 4u + 3u] = bitcast<u32>(mx);
+        let at = (p.first_row + row) * 4u;
+        stats[at] = w_idx[0];
+        stats[at + 1u] = w_gidx[0];
+        stats[at + 2u] = bitcast<u32>(max(ln_precise(total) - w_sz[0] / total, 0.0));
+        stats[at + 3u] = bitcast<u32>(mx);
     }
 }

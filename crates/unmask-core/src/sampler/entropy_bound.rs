@@ -73,6 +73,19 @@ pub trait CanvasDraws {
     }
 }
 
+/// Draws lent for a while (a run that owns its draws borrows a caller's).
+impl<D: CanvasDraws + ?Sized> CanvasDraws for &mut D {
+    fn uniform_canvas(&mut self, len: usize, vocab: usize) -> Vec<u32> {
+        (**self).uniform_canvas(len, vocab)
+    }
+    fn categorical(&mut self, z: &[f32], vocab: usize) -> Vec<u32> {
+        (**self).categorical(z, vocab)
+    }
+    fn replayed_categorical(&mut self, len: usize) -> Option<Vec<u32>> {
+        (**self).replayed_categorical(len)
+    }
+}
+
 /// The project's draws, from one seed.
 pub struct SeededDraws(SplitMix64);
 

@@ -8,7 +8,8 @@ use unmask_core::sampler::entropy_bound::{
     Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, pad_after_eos, step_from_rows,
 };
 
-use super::{DgemmaModel, DgemmaPrefixStore, PrefixUse};
+use super::steps::DecodeCanvas;
+use super::{DgemmaCache, DgemmaModel, DgemmaPrefixStore, PrefixUse};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::denoise::DrawStream;
@@ -46,6 +47,76 @@ pub struct SharedPrefix<'a> {
     pub store: &'a mut DgemmaPrefixStore,
 }
 
+/// One request's generation in progress (`DgemmaModel::start`): its cache, the canvas being
+/// denoised and every canvas done. `step_runs_async` advances several of them by one
+/// denoising step in one decoder pass; `finish` hands the generation back.
+pub struct DgemmaRun<'d> {
+    cache: DgemmaCache,
+    /// The softmax of the last step's scaled logits, read by the next step's decoder.
+    probs: Tensor,
+    params: EntropyBoundParams,
+    draws: Box<dyn CanvasDraws + 'd>,
+    seed: u64,
+    n_canvases: usize,
+    sequence: Vec<u32>,
+    canvases: Vec<GeneratedCanvas>,
+    /// The canvas being denoised: its index, initial tokens, state and steps so far.
+    index: usize,
+    init: Vec<u32>,
+    canvas: Canvas,
+    steps: Vec<EntropyBoundStep>,
+    /// Steps left for this canvas (the schedule's t, counting down to 1).
+    t: usize,
+    /// Denoising steps run over all canvases (each step's draw stream).
+    step_counter: u32,
+    prefix_use: Option<PrefixUse>,
+    state: RunState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunState {
+    Running,
+    Done,
+    /// `on_step` broke after this many steps.
+    Cancelled(usize),
+}
+
+impl DgemmaRun<'_> {
+    /// Whether it has ended (finished, or stopped by its caller): `finish` it.
+    pub fn is_done(&self) -> bool {
+        self.state != RunState::Running
+    }
+
+    /// Denoising steps run so far (over every canvas).
+    pub fn steps_run(&self) -> usize {
+        self.step_counter as usize
+    }
+
+    /// The generation and what the prompt's shared prefix did; `ModelError::Cancelled`
+    /// when `on_step` stopped it.
+    pub fn finish(self) -> Result<(Generation, Option<PrefixUse>), ModelError> {
+        match self.state {
+            RunState::Cancelled(steps) => Err(ModelError::Cancelled { steps }),
+            _ => Ok((
+                Generation {
+                    sequence: self.sequence,
+                    canvases: self.canvases,
+                },
+                self.prefix_use,
+            )),
+        }
+    }
+
+    /// Starts the next canvas from fresh uniform tokens.
+    fn next_canvas(&mut self, vocab: usize) {
+        let len = self.canvas.tokens.len();
+        self.init = self.draws.uniform_canvas(len, vocab);
+        self.canvas = Canvas::new(self.init.clone(), &self.params);
+        self.steps = Vec::new();
+        self.t = self.params.max_denoising_steps;
+    }
+}
+
 impl DgemmaModel {
     /// Generates after `prompt`: each step's decoder, statistics and draws on the GPU (the
     /// draws from `seed`'s stream unless `draws` replays recorded ones), the acceptance and
@@ -79,6 +150,25 @@ impl DgemmaModel {
         seed: u64,
         on_step: &mut dyn FnMut(StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(Generation, Option<PrefixUse>), ModelError> {
+        let mut run = self.start(ctx, prompt, prefix, params, Box::new(draws), seed)?;
+        while !run.is_done() {
+            self.step_runs_async(ctx, &mut [&mut run], &mut |_, r| on_step(r))
+                .await?;
+        }
+        run.finish()
+    }
+
+    /// Encodes `prompt` (its shared part through `prefix` when given) and starts its first
+    /// canvas: a run for `step_runs_async`.
+    pub fn start<'d>(
+        &self,
+        ctx: &GpuContext,
+        prompt: &[u32],
+        prefix: Option<SharedPrefix<'_>>,
+        params: &EntropyBoundParams,
+        mut draws: Box<dyn CanvasDraws + 'd>,
+        seed: u64,
+    ) -> Result<DgemmaRun<'d>, ModelError> {
         let len = self.cfg.canvas_length;
         let vocab = self.cfg.vocab_size;
         if params.max_denoising_steps == 0 {
@@ -95,69 +185,133 @@ impl DgemmaModel {
                 None
             }
         };
-        // The softmax of the last step's scaled logits, read by the next step's decoder.
         let probs = Tensor::zeros(ctx, DType::F32, &[len, vocab], "dgemma self-conditioning")?;
-        let mut sequence = prompt.to_vec();
-        let mut canvases = Vec::with_capacity(n_canvases);
-        let mut step_counter = 0u32;
-        for index in 0..n_canvases {
-            let init = draws.uniform_canvas(len, vocab);
-            let mut canvas = Canvas::new(init.clone(), params);
-            let mut steps: Vec<EntropyBoundStep> = Vec::new();
-            for t in (1..=params.max_denoising_steps).rev() {
-                let temperature = params.temperature(t);
-                let stream = DrawStream {
-                    seed,
-                    step: step_counter,
-                };
-                step_counter = step_counter.wrapping_add(1);
-                let stats = self
-                    .decode_step_async(
-                        ctx,
-                        &cache,
-                        &canvas.tokens,
-                        &probs,
-                        !steps.is_empty(),
-                        temperature,
-                        stream,
-                    )
-                    .await?;
-                let rows: Vec<(u32, f32)> = stats.iter().map(|r| (r.argmax, r.entropy)).collect();
-                let sampled = draws
-                    .replayed_categorical(len)
-                    .unwrap_or_else(|| stats.iter().map(|r| r.sampled).collect());
-                let step = step_from_rows(&rows, sampled, vocab, t, params, &mut canvas, draws);
-                let stop = step.stop;
-                let entropies: Vec<f32> = rows.iter().map(|r| r.1).collect();
-                let flow = on_step(StepReport {
-                    canvas: index,
+        let init = draws.uniform_canvas(len, vocab);
+        Ok(DgemmaRun {
+            cache,
+            probs,
+            canvas: Canvas::new(init.clone(), params),
+            init,
+            params: params.clone(),
+            draws,
+            seed,
+            n_canvases,
+            sequence: prompt.to_vec(),
+            canvases: Vec::with_capacity(n_canvases),
+            index: 0,
+            steps: Vec::new(),
+            t: params.max_denoising_steps,
+            step_counter: 0,
+            prefix_use,
+            state: if n_canvases == 0 {
+                RunState::Done
+            } else {
+                RunState::Running
+            },
+        })
+    }
+
+    /// One denoising step of every running run in one decoder pass (`decode_steps_async`),
+    /// then each run's acceptance and renoising; a run whose canvas ends commits it (an
+    /// encoder pass) and starts the next, or is done. `on_step` gets each run's index in
+    /// `runs` and its step; breaking stops that run (its `finish` says `Cancelled`). An
+    /// error of the pass is every run's.
+    pub async fn step_runs_async(
+        &self,
+        ctx: &GpuContext,
+        runs: &mut [&mut DgemmaRun<'_>],
+        on_step: &mut dyn FnMut(usize, StepReport<'_>) -> ControlFlow<()>,
+    ) -> Result<(), ModelError> {
+        let vocab = self.cfg.vocab_size;
+        let live: Vec<usize> = (0..runs.len()).filter(|&i| !runs[i].is_done()).collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let canvases: Vec<DecodeCanvas<'_>> = live
+            .iter()
+            .map(|&i| {
+                let r = &*runs[i];
+                DecodeCanvas {
+                    cache: &r.cache,
+                    canvas: &r.canvas.tokens,
+                    probs: &r.probs,
+                    self_conditioned: !r.steps.is_empty(),
+                    temperature: r.params.temperature(r.t),
+                    draws: DrawStream {
+                        seed: r.seed,
+                        step: r.step_counter,
+                    },
+                }
+            })
+            .collect();
+        let stats = self.decode_steps_async(ctx, &canvases).await?;
+        for (&i, stats) in live.iter().zip(stats) {
+            let run = &mut *runs[i];
+            run.step_counter = run.step_counter.wrapping_add(1);
+            let len = run.canvas.tokens.len();
+            let rows: Vec<(u32, f32)> = stats.iter().map(|r| (r.argmax, r.entropy)).collect();
+            let sampled = run
+                .draws
+                .replayed_categorical(len)
+                .unwrap_or_else(|| stats.iter().map(|r| r.sampled).collect());
+            let step = step_from_rows(
+                &rows,
+                sampled,
+                vocab,
+                run.t,
+                &run.params,
+                &mut run.canvas,
+                &mut *run.draws,
+            );
+            let entropies: Vec<f32> = rows.iter().map(|r| r.1).collect();
+            let flow = on_step(
+                i,
+                StepReport {
+                    canvas: run.index,
                     step: &step,
                     entropies: &entropies,
-                });
-                if flow.is_break() {
-                    return Err(ModelError::Cancelled {
-                        steps: step_counter as usize,
-                    });
-                }
-                steps.push(step);
-                if stop {
-                    break;
-                }
+                },
+            );
+            if flow.is_break() {
+                run.state = RunState::Cancelled(run.step_counter as usize);
+                continue;
             }
-            let output = steps.last().map(|s| s.argmax.clone()).unwrap_or_default();
-            let mut appended = output.clone();
-            let eos = pad_after_eos(&mut appended, params);
-            sequence.extend_from_slice(&appended);
-            canvases.push(GeneratedCanvas {
-                init,
-                steps,
-                output,
-            });
-            if eos {
-                break;
+            let stop = step.stop;
+            run.steps.push(step);
+            run.t -= 1;
+            if stop || run.t == 0 {
+                self.end_canvas(ctx, run, vocab)?;
             }
-            self.append(ctx, &mut cache, &appended)?;
         }
-        Ok((Generation { sequence, canvases }, prefix_use))
+        Ok(())
+    }
+
+    /// The canvas's output (its last argmax) joins the sequence; at an eos or the last
+    /// canvas the run is done, else the output is committed to the cache and the next
+    /// canvas starts.
+    fn end_canvas(
+        &self,
+        ctx: &GpuContext,
+        run: &mut DgemmaRun<'_>,
+        vocab: usize,
+    ) -> Result<(), ModelError> {
+        let steps = std::mem::take(&mut run.steps);
+        let output = steps.last().map(|s| s.argmax.clone()).unwrap_or_default();
+        let mut appended = output.clone();
+        let eos = pad_after_eos(&mut appended, &run.params);
+        run.sequence.extend_from_slice(&appended);
+        run.canvases.push(GeneratedCanvas {
+            init: std::mem::take(&mut run.init),
+            steps,
+            output,
+        });
+        if eos || run.index + 1 == run.n_canvases {
+            run.state = RunState::Done;
+            return Ok(());
+        }
+        self.append(ctx, &mut run.cache, &appended)?;
+        run.index += 1;
+        run.next_canvas(vocab);
+        Ok(())
     }
 }

@@ -16,9 +16,10 @@ use std::path::Path;
 use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
 
-pub use generate::{GeneratedCanvas, Generation, SharedPrefix, StepReport};
+pub use generate::{DgemmaRun, GeneratedCanvas, Generation, SharedPrefix, StepReport};
 pub use pass::{Pass, SelfConditioning};
 pub use prefix::{DgemmaPrefixStore, PrefixUse};
+pub use steps::DecodeCanvas;
 pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioningMlp, weight_bytes};
 
 use crate::context::GpuContext;

@@ -2,6 +2,8 @@
 //! the decoder's self-conditioning input, every layer (attention, dense MLP and experts in
 //! parallel, layer scalar), the final norm, the tied LM head and the soft-cap.
 
+use std::ops::Range;
+
 use unmask_core::config::LayerAttention;
 
 use super::{DgemmaCache, DgemmaLayer, DgemmaModel};
@@ -67,15 +69,23 @@ pub(super) struct Scratch {
     positions: Tensor,
 }
 
+/// The rows of one sequence in a pass: its cache and which rows of the pass are its. An
+/// encoder pass has one; a decoder step has one per canvas it denoises.
+#[derive(Clone)]
+pub(super) struct Span<'a> {
+    pub cache: &'a DgemmaCache,
+    pub rows: Range<usize>,
+}
+
 impl Scratch {
-    /// For `ids` at positions `cache.len ..` (K/V kept in `cache.dtype`).
+    /// For the pass of `ids` at `positions` (one per id), K/V kept in `kv_dtype`.
     pub(super) fn new(
         ctx: &GpuContext,
         m: &DgemmaModel,
         ids: &[u32],
-        cache: &DgemmaCache,
+        positions: &[u32],
+        kv_dtype: DType,
     ) -> Result<Self, ModelError> {
-        let first_pos = cache.len;
         let c = &m.cfg;
         let t = ids.len();
         let d = c.hidden_size;
@@ -100,7 +110,6 @@ impl Scratch {
             hidden: d,
             inter: c.moe_intermediate_size,
         };
-        let positions: Vec<u32> = (first_pos..first_pos + t).map(|p| p as u32).collect();
         Ok(Self {
             x: f(&[t, d], "dgemma x")?,
             a: f(&[t, d], "dgemma a")?,
@@ -109,7 +118,7 @@ impl Scratch {
             q: f(&[t, q_w], "dgemma q")?,
             k: f(&[t, kv_w], "dgemma k")?,
             v: f(&[t, kv_w], "dgemma v")?,
-            kv16: match cache.dtype {
+            kv16: match kv_dtype {
                 DType::F16 => Some((
                     Tensor::zeros(ctx, DType::F16, &[t, kv_w], "dgemma k f16")?,
                     Tensor::zeros(ctx, DType::F16, &[t, kv_w], "dgemma v f16")?,
@@ -128,7 +137,7 @@ impl Scratch {
             expert_weights: f(&[t, c.top_k_experts], "dgemma expert weights")?,
             experts: ExpertScratch::new(ctx, shape)?,
             ids: Tensor::from_u32(ctx, &[t], ids, "dgemma ids")?,
-            positions: Tensor::from_u32(ctx, &[t], &positions, "dgemma positions")?,
+            positions: Tensor::from_u32(ctx, &[t], positions, "dgemma positions")?,
         })
     }
 }
@@ -210,9 +219,16 @@ impl DgemmaModel {
         want_logits: bool,
     ) -> Result<Option<Tensor>, ModelError> {
         self.check_pass(cache, ids, pass)?;
-        let s = Scratch::new(ctx, self, ids, cache)?;
+        let positions: Vec<u32> = (cache.len..cache.len + ids.len())
+            .map(|p| p as u32)
+            .collect();
+        let s = Scratch::new(ctx, self, ids, &positions, cache.dtype)?;
         let mut step = StepEncoder::new(ctx, "diffusion gemma pass");
-        self.record_pass(ctx, &mut step, &s, cache, pass)?;
+        let span = Span {
+            cache,
+            rows: 0..ids.len(),
+        };
+        self.record_pass(ctx, &mut step, &s, &[span], pass)?;
         let logits = if want_logits {
             Some(self.record_logits(ctx, &mut step, &s)?)
         } else {
@@ -228,7 +244,7 @@ impl DgemmaModel {
         ctx: &GpuContext,
         step: &mut StepEncoder,
         s: &Scratch,
-        cache: &DgemmaCache,
+        spans: &[Span],
         pass: Pass,
     ) -> Result<(), ModelError> {
         let t = s.x.shape[0];
@@ -240,7 +256,7 @@ impl DgemmaModel {
         }
         for (l, layer) in w.layers.iter().enumerate() {
             step.set_layer(Some(l));
-            self.layer(step, s, cache, l, layer, pass)?;
+            self.layer(step, s, spans, l, layer, pass)?;
         }
         step.set_layer(None);
         Ok(())
@@ -311,7 +327,7 @@ impl DgemmaModel {
         &self,
         step: &mut StepEncoder,
         s: &Scratch,
-        cache: &DgemmaCache,
+        spans: &[Span],
         l: usize,
         w: &DgemmaLayer,
         pass: Pass,
@@ -361,7 +377,7 @@ impl DgemmaModel {
         head_norm_rope(step, &q, &w.q_norm, Some(rotation), heads(h), eps)?;
         head_norm_rope(step, &k, &w.k_norm, Some(rotation), heads(kv), eps)?;
         head_norm_rope(step, &v, &self.ones, None, heads(kv), eps)?;
-        self.attend(step, s, cache, l, w.attention, pass)?;
+        self.attend(step, s, spans, l, w.attention, pass)?;
         matmul(step, &attn, &w.o, &s.a, t, auto)?;
         rms_norm(step, &s.a, &w.post_attention_norm, &s.b, t, d, eps)?;
         add_in_place(step, &s.x, &s.b, t * d)?;
@@ -426,19 +442,19 @@ impl DgemmaModel {
     }
 
     /// Attention of the pass's rows (§5): the encoder writes its K/V into the cache and
-    /// attends causally over it (sliding layers: the last W keys); the decoder attends to the
-    /// cached keys (sliding layers: the last W - 1) and to every canvas key.
+    /// attends causally over it (sliding layers: the last W keys); the decoder attends, per
+    /// canvas, to its cached keys (sliding layers: the last W - 1) and to every key of the
+    /// canvas.
     fn attend(
         &self,
         step: &mut StepEncoder,
         s: &Scratch,
-        cache: &DgemmaCache,
+        spans: &[Span],
         l: usize,
         a: LayerAttention,
         pass: Pass,
     ) -> Result<(), ModelError> {
         let t = s.x.shape[0];
-        let p0 = cache.len;
         let kv_w = a.kv_heads * a.head_dim;
         let window = self.cfg.sliding_window;
         let shape = AttentionShape {
@@ -446,10 +462,34 @@ impl DgemmaModel {
             n_kv_heads: a.kv_heads,
             head_dim: a.head_dim,
         };
-        let (ck, cv) = (&cache.k[l], &cache.v[l]);
         let q_stride = self.cfg.heads * a.head_dim;
+        // Keys before p0 + 1 - W are outside every row's window.
+        let lowest = |p0: usize| {
+            if a.sliding {
+                (p0 + 1).saturating_sub(window)
+            } else {
+                0
+            }
+        };
+        // Scale 1: the q/k norms carry it.
+        let options = AttentionOptions {
+            kernel: self.kernels.attention,
+            tuner: Some(&self.kernels.tuner),
+            scratch: s.attn_parts.as_ref(),
+            scale: Some(1.0),
+            ..Default::default()
+        };
         match pass {
             Pass::Encode => {
+                let [span] = spans else {
+                    return Err(ModelError::Input(format!(
+                        "encoder pass: expected one sequence, found {}",
+                        spans.len()
+                    )));
+                };
+                let cache = span.cache;
+                let (ck, cv) = (&cache.k[l], &cache.v[l]);
+                let p0 = cache.len;
                 let at = cache.row(&a, p0);
                 if cache.dtype == DType::F16 {
                     pack_f16_rows(step, &s.k, kv_w, ck, kv_w, at, (t, kv_w))?;
@@ -460,24 +500,14 @@ impl DgemmaModel {
                     step.copy(&s.k.buffer, 0, &ck.buffer, at as u64 * row, bytes);
                     step.copy(&s.v.buffer, 0, &cv.buffer, at as u64 * row, bytes);
                 }
-                // Keys before p0 + 1 - W are outside every row's window.
-                let lo = if a.sliding {
-                    (p0 + 1).saturating_sub(window)
-                } else {
-                    0
-                };
-                // Scale 1: the q/k norms carry it.
+                let lo = lowest(p0);
                 let options = AttentionOptions {
-                    kernel: self.kernels.attention,
-                    tuner: Some(&self.kernels.tuner),
-                    scratch: s.attn_parts.as_ref(),
-                    scale: Some(1.0),
                     mask: AttentionMask {
                         causal: true,
                         window: if a.sliding { window } else { 0 },
                         query_start: p0 - lo,
                     },
-                    ..Default::default()
+                    ..options
                 };
                 let seg = KvSegment {
                     k: ck,
@@ -500,48 +530,49 @@ impl DgemmaModel {
                 )?;
             }
             Pass::Decode { .. } => {
-                let lo = if a.sliding {
-                    (p0 + 1).saturating_sub(window)
-                } else {
-                    0
-                };
-                let cached = KvSegment {
-                    k: ck,
-                    v: cv,
-                    start: cache.row(&a, lo),
-                    len: p0 - lo,
-                };
-                let rounded;
-                let canvas = match &s.kv16 {
+                // The canvases' K and V, rounded once for caches of f16 rows (attention reads
+                // one storage for both segments).
+                let rounded = match &s.kv16 {
                     Some((k16, v16)) => {
                         pack_f16_rows(step, &s.k, kv_w, k16, kv_w, 0, (t, kv_w))?;
                         pack_f16_rows(step, &s.v, kv_w, v16, kv_w, 0, (t, kv_w))?;
-                        rounded = (view(k16, &[t, kv_w]), view(v16, &[t, kv_w]));
-                        KvSegment::first(&rounded.0, &rounded.1, t)
+                        Some((view(k16, &[t, kv_w]), view(v16, &[t, kv_w])))
                     }
-                    None => KvSegment::first(&s.k, &s.v, t),
+                    None => None,
                 };
-                let options = AttentionOptions {
-                    kernel: self.kernels.attention,
-                    tuner: Some(&self.kernels.tuner),
-                    scratch: s.attn_parts.as_ref(),
-                    scale: Some(1.0),
-                    ..Default::default()
+                let (k_rows, v_rows) = match &rounded {
+                    Some((k, v)) => (k, v),
+                    None => (&s.k, &s.v),
                 };
-                let out = &s.attn;
-                let cached = Some(cached);
-                attention_with(
-                    step,
-                    &s.q,
-                    q_stride,
-                    0,
-                    0..t,
-                    cached,
-                    canvas,
-                    out,
-                    shape,
-                    &options,
-                )?;
+                for span in spans {
+                    let cache = span.cache;
+                    let p0 = cache.len;
+                    let lo = lowest(p0);
+                    let cached = KvSegment {
+                        k: &cache.k[l],
+                        v: &cache.v[l],
+                        start: cache.row(&a, lo),
+                        len: p0 - lo,
+                    };
+                    let canvas = KvSegment {
+                        k: k_rows,
+                        v: v_rows,
+                        start: span.rows.start,
+                        len: span.rows.len(),
+                    };
+                    attention_with(
+                        step,
+                        &s.q,
+                        q_stride,
+                        0,
+                        span.rows.clone(),
+                        Some(cached),
+                        canvas,
+                        &s.attn,
+                        shape,
+                        &options,
+                    )?;
+                }
             }
         }
         Ok(())

@@ -1,11 +1,11 @@
 //! The passes' entry points: encoder (commit), decoder and the denoising step, each with
 //! its read-back awaited (`*_async`, what a browser needs) or, natively, blocked on.
 
-use super::pass::{Pass, Scratch, SelfConditioning};
+use super::pass::{Pass, Scratch, SelfConditioning, Span};
 use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
-use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows, parse_stats};
+use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows_at, parse_stats};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 
@@ -179,31 +179,122 @@ impl DgemmaModel {
         temperature: f32,
         draws: DrawStream,
     ) -> Result<Vec<RowStats>, ModelError> {
-        let t = canvas.len();
-        let v = self.cfg.vocab_size;
-        let self_conditioning = if self_conditioned {
-            SelfConditioning::Probs(probs)
-        } else {
-            SelfConditioning::None
-        };
-        let pass = Pass::Decode { self_conditioning };
-        self.check_pass(cache, canvas, pass)?;
-        let s = Scratch::new(ctx, self, canvas, cache)?;
-        let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
-        self.record_pass(ctx, &mut step, &s, cache, pass)?;
-        let logits = self.record_logits(ctx, &mut step, &s)?;
-        let stats = Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?;
-        denoise_rows(
-            &mut step,
-            &logits,
+        let one = DecodeCanvas {
+            cache,
+            canvas,
             probs,
-            true,
-            &stats,
-            (t, v),
+            self_conditioned,
             temperature,
             draws,
-        )?;
-        step.submit()?;
-        Ok(parse_stats(&stats.read_u32_async(ctx).await?))
+        };
+        let mut rows = self.decode_steps_async(ctx, &[one]).await?;
+        Ok(rows.pop().unwrap_or_default())
     }
+
+    /// One denoising step of several canvases (each its own request's, with its own cache,
+    /// positions, temperature and draws) in one decoder pass: every matmul, the router and
+    /// the experts run once over all their rows (the weights are read once per step, and
+    /// the experts get the tokens of every canvas), attention per canvas over its own cache.
+    /// Each canvas's statistics are those of `decode_step` on it alone, up to the rounding
+    /// of kernels chosen for the larger row count.
+    pub async fn decode_steps_async(
+        &self,
+        ctx: &GpuContext,
+        canvases: &[DecodeCanvas<'_>],
+    ) -> Result<Vec<Vec<RowStats>>, ModelError> {
+        let Some(first) = canvases.first() else {
+            return Ok(Vec::new());
+        };
+        let v = self.cfg.vocab_size;
+        let dtype = first.cache.dtype;
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(canvases.len());
+        for c in canvases {
+            let sc = if c.self_conditioned {
+                SelfConditioning::Probs(c.probs)
+            } else {
+                SelfConditioning::None
+            };
+            self.check_pass(
+                c.cache,
+                c.canvas,
+                Pass::Decode {
+                    self_conditioning: sc,
+                },
+            )?;
+            if c.cache.dtype != dtype {
+                return Err(ModelError::Input(format!(
+                    "batched step: expected every cache in {dtype:?}, found {:?}",
+                    c.cache.dtype
+                )));
+            }
+            let start = ids.len();
+            ids.extend_from_slice(c.canvas);
+            let p0 = c.cache.len;
+            positions.extend((p0..p0 + c.canvas.len()).map(|p| p as u32));
+            spans.push(Span {
+                cache: c.cache,
+                rows: start..ids.len(),
+            });
+        }
+        let t = ids.len();
+        let s = Scratch::new(ctx, self, &ids, &positions, dtype)?;
+        let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
+        // The decoder's self-conditioning input: a lone canvas reads its own softmax; a
+        // batch gathers each self-conditioned canvas's into its rows and leaves zeros for the
+        // others (zero probabilities add exactly nothing: the soft embedding, its norm and
+        // the bias-free MLP of zeros are zeros).
+        let gathered;
+        let self_conditioning = if !canvases.iter().any(|c| c.self_conditioned) {
+            SelfConditioning::None
+        } else if let [one] = canvases {
+            SelfConditioning::Probs(one.probs)
+        } else {
+            gathered = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma batch self-conditioning")?;
+            for (c, span) in canvases.iter().zip(&spans) {
+                if c.self_conditioned {
+                    let row = (v * 4) as u64;
+                    let bytes = c.canvas.len() as u64 * row;
+                    let at = span.rows.start as u64 * row;
+                    step.copy(&c.probs.buffer, 0, &gathered.buffer, at, bytes);
+                }
+            }
+            SelfConditioning::Probs(&gathered)
+        };
+        let pass = Pass::Decode { self_conditioning };
+        self.record_pass(ctx, &mut step, &s, &spans, pass)?;
+        let logits = self.record_logits(ctx, &mut step, &s)?;
+        let stats = Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?;
+        for (c, span) in canvases.iter().zip(&spans) {
+            let shape = (span.rows.start, span.rows.len(), v);
+            denoise_rows_at(
+                &mut step,
+                &logits,
+                c.probs,
+                true,
+                &stats,
+                shape,
+                c.temperature,
+                c.draws,
+            )?;
+        }
+        step.submit()?;
+        let all = parse_stats(&stats.read_u32_async(ctx).await?);
+        Ok(spans
+            .iter()
+            .map(|span| all[span.rows.clone()].to_vec())
+            .collect())
+    }
+}
+
+/// One canvas of a denoising step (`decode_steps_async`).
+pub struct DecodeCanvas<'a> {
+    pub cache: &'a DgemmaCache,
+    pub canvas: &'a [u32],
+    /// Its softmax of the previous step (read when `self_conditioned`), then this step's.
+    pub probs: &'a Tensor,
+    pub self_conditioned: bool,
+    pub temperature: f32,
+    pub draws: DrawStream,
 }

@@ -35,7 +35,7 @@ struct DenoiseParams {
     seed_hi: u32,
     step: u32,
     write_probs: u32,
-    _pad: u32,
+    first_row: u32,
 }
 
 #[cfg(test)]
@@ -51,7 +51,8 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             seed_lo,
             seed_hi,
             step,
-            write_probs
+            write_probs,
+            first_row
         }
     )]
 }
@@ -98,14 +99,41 @@ pub fn denoise_rows(
     temperature: f32,
     draws: DrawStream,
 ) -> Result<()> {
+    let shape = (0, rows, vocab);
+    denoise_rows_at(
+        step,
+        logits,
+        probs,
+        write_probs,
+        stats,
+        shape,
+        temperature,
+        draws,
+    )
+}
+
+/// `denoise_rows` of rows `first .. first + rows` of `logits` and `stats` (a batched step's
+/// canvases share them), `probs` holding this canvas's `rows` alone; the draws take the
+/// rows' numbers within the canvas, as the canvas alone would.
+#[allow(clippy::too_many_arguments)] // the buffers of one dispatch and its settings
+pub fn denoise_rows_at(
+    step: &mut StepEncoder,
+    logits: &Tensor,
+    probs: &Tensor,
+    write_probs: bool,
+    stats: &Tensor,
+    (first, rows, vocab): (usize, usize, usize),
+    temperature: f32,
+    draws: DrawStream,
+) -> Result<()> {
     check(
         "denoise_rows",
         vocab > 0 && temperature.is_finite() && temperature > 0.0,
         || "a vocabulary and a finite temperature above 0".into(),
         || format!("vocab {vocab}, temperature {temperature}"),
     )?;
-    check_f32("denoise_rows logits", logits, rows * vocab)?;
-    check_u32("denoise_rows stats", stats, rows * STATS_WORDS)?;
+    check_f32("denoise_rows logits", logits, (first + rows) * vocab)?;
+    check_u32("denoise_rows stats", stats, (first + rows) * STATS_WORDS)?;
     check_f32(
         "denoise_rows probs",
         probs,
@@ -122,7 +150,7 @@ pub fn denoise_rows(
         seed_hi: (draws.seed >> 32) as u32,
         step: draws.step,
         write_probs: u32::from(write_probs),
-        _pad: 0,
+        first_row: u32_of(first),
     };
     let ctx = step.ctx();
     let pipeline = ctx.pipeline(&DENOISE_ROWS, "main", &Spec::new())?;
