@@ -49,7 +49,7 @@ pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
 pub use dgemma::{
     DEFAULT_POSITIONS as DGEMMA_DEFAULT_POSITIONS, DgemmaEngine, DgemmaOutput, DgemmaRequest,
-    is_diffusion_gemma_config,
+    DgemmaTask, is_diffusion_gemma_config,
 };
 pub use engine::Engine;
 pub use error::{EngineError, Refusal};

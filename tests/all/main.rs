@@ -10,6 +10,7 @@ mod cache_modes;
 mod checkpoint_errors;
 mod continuous;
 mod dgemma;
+mod dgemma_generate;
 mod dllm_cache;
 mod dream;
 mod generate_goldens;

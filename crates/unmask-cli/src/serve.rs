@@ -19,8 +19,9 @@ use crate::values;
                   GET /health, GET /metrics (Prometheus). BiCache requests that share a system \
                   prompt run in one batch; the others run side by side. Requests may add the \
                   diffusion settings steps, block_length, threshold, cache and remasking. \
-                  A DiffusionGemma folder runs one request at a time (steps, seed and \
-                  max_tokens are its settings; a shared system prompt is encoded once). \
+                  A DiffusionGemma folder denoises up to --max-solo requests together (steps, \
+                  seed and max_tokens are its settings; a shared system prompt is encoded \
+                  once). \
                   Prints `listening on http://ADDR` on stdout once it accepts requests; \
                   ctrl-c or SIGTERM finishes the accepted requests within --shutdown-grace \
                   and stops (a second one stops at once). Requests must name this server in \
@@ -60,7 +61,8 @@ pub struct ServeArgs {
     /// largest request body, e.g. 1M
     #[arg(long, value_name = "BYTES", value_parser = values::byte_size, default_value = "1M")]
     pub max_body: u64,
-    /// requests without a shared prefix that run at once
+    /// requests without a shared prefix that run at once (DiffusionGemma: requests whose
+    /// canvases are denoised together, one decoder pass per step)
     #[arg(long, value_name = "N", value_parser = values::positive, default_value_t = 4)]
     pub max_solo: usize,
     /// positions (prompts and answers) of the requests one shared-prefix batch holds (capped

@@ -1752,6 +1752,15 @@ fn eval_runs_diffusion_gemma() {
             "eval and generate agree on {user:?}"
         );
     }
+    // Both items denoised together (--batch 2) give the same answers.
+    args.extend(["--batch", "2"]);
+    let o = run(&args);
+    assert_ok(&o);
+    let batched = json(&o);
+    assert_eq!(batched["batch"], 2);
+    for (a, b) in results.iter().zip(batched["results"].as_array().unwrap()) {
+        assert_eq!(a["ids"], b["ids"], "{} alone and batched", a["id"]);
+    }
     let o = run(&[
         "eval", "--model", &dir_arg, "--set", &set_arg, "--cache", "bicache",
     ]);

@@ -4,8 +4,8 @@
 //! The HTTP side runs on tokio (axum); the engine runs on its own thread. For LLaDA and
 //! Dream (`scheduler::run`) it steps every running request in a fair round and batches
 //! BiCache requests that share a system prompt; for DiffusionGemma
-//! (`scheduler::run_gemma`) it runs one request at a time, the system turn through the
-//! prefix store. Handlers and the engine thread talk through channels: a handler sends a
+//! (`scheduler::run_gemma`) it denoises up to `max_solo` requests' canvases in one decoder
+//! pass per step, each system turn through the prefix store. Handlers and the engine thread talk through channels: a handler sends a
 //! `Job` and reads its events (accepted, final text as it appears, the canvas, the
 //! result).
 
@@ -157,14 +157,15 @@ where
                         let _ = ready_tx.send(Err(why.to_string()));
                         return;
                     }
-                    // Its prompts are encoded on the engine thread, one request at a time.
+                    // Its prompts are encoded on the engine thread as requests join.
                     let loaded = Loaded {
                         max_sequence_length: engine.model().max_positions,
                         family: Family::DiffusionGemma,
                         encoder: None,
                     };
                     let _ = ready_tx.send(Ok(loaded));
-                    scheduler::run_gemma(&engine, jobs_rx, engine_shared);
+                    let max_running = scheduler_config.max_solo;
+                    scheduler::run_gemma(&engine, jobs_rx, engine_shared, max_running);
                 }
             }
         })?;

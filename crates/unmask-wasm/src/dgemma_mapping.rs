@@ -203,14 +203,10 @@ pub fn generation(engine: &DgemmaEngine, out: &DgemmaOutput) -> Value {
     })
 }
 
-/// The prefix store's counters (`null` fields while a request holds the store).
+/// The prefix store's counters.
 pub fn store_stats(engine: &DgemmaEngine) -> Value {
-    match engine.prefix_stats() {
-        Some(s) => json!({
-            "entries": s.entries, "tokens": s.tokens, "hits": s.hits, "misses": s.misses,
-        }),
-        None => json!({"entries": null, "tokens": null, "hits": null, "misses": null}),
-    }
+    let s = engine.prefix_stats();
+    json!({"entries": s.entries, "tokens": s.tokens, "hits": s.hits, "misses": s.misses})
 }
 
 /// What was loaded and on which adapter; `family` tells the page which settings apply.

@@ -87,6 +87,29 @@ fn a_diffusion_gemma_server_answers_as_generate_and_encodes_a_shared_system_turn
     assert!(other["unmask"]["prefix"]["reused_tokens"].as_u64() > Some(0));
     let again = whole("Name a colour.");
     assert_eq!(again["choices"][0]["message"]["content"], content.as_str());
+    assert_eq!(again["unmask"]["batch"], 1, "alone in its passes");
+    // Three requests at once are denoised together (one decoder pass per step) and answer
+    // as each did alone.
+    let questions = ["Name a colour.", "Name an animal.", "Name a colour."];
+    let together: Vec<serde_json::Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = questions.iter().map(|q| scope.spawn(|| whole(q))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (q, v) in questions.iter().zip(&together) {
+        let alone = if q.contains("animal") { &other } else { &first };
+        assert_eq!(
+            v["choices"][0]["message"]["content"], alone["choices"][0]["message"]["content"],
+            "{q}"
+        );
+    }
+    let widest = together
+        .iter()
+        .filter_map(|v| v["unmask"]["batch"].as_u64())
+        .max();
+    assert!(
+        widest >= Some(2),
+        "requests sent at once share passes: {together:?}"
+    );
     // Canvases of 16 tokens: max_tokens 20 generates two and answers with at most 20.
     let (status, reply) = server.post(&chat(
         "Name a colour.",
@@ -146,7 +169,7 @@ fn a_diffusion_gemma_server_answers_as_generate_and_encodes_a_shared_system_turn
         .lines()
         .find_map(|l| l.strip_prefix("unmask_requests_total{outcome=\"ok\"} "))
         .and_then(|v| v.trim().parse::<f64>().ok());
-    assert_eq!(ok, Some(5.0), "{metrics}");
+    assert_eq!(ok, Some(8.0), "{metrics}");
     // The stored system turn is the K/V the server keeps: its bytes and their share of the
     // store's budget, the gauge routers read.
     let value = |name: &str| {

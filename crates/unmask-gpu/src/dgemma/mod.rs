@@ -4,6 +4,7 @@
 //! pass (the encoder again over an accepted canvas, appending its K/V). Every op is a kernel
 //! of `ops`; logits come back to the host per pass.
 
+mod attend;
 mod generate;
 mod pass;
 mod prefix;

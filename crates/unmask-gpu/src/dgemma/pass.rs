@@ -10,10 +10,8 @@ use super::{DgemmaCache, DgemmaLayer, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::activation::{gelu_tanh_gate, scale_in_place, softcap};
-use crate::ops::attention::{
-    AttentionMask, AttentionOptions, AttentionShape, KvSegment, attention_with, model_split_floats,
-};
-use crate::ops::elementwise::{add_in_place, embed, pack_f16_rows, rms_norm};
+use crate::ops::attention::{AttentionShape, model_split_floats};
+use crate::ops::elementwise::{add_in_place, embed, rms_norm};
 use crate::ops::heads::{HeadLayout, Rotation, head_norm_rope};
 use crate::ops::matmul::{Fusion, matmul, matmul_fused};
 use crate::ops::moe::{ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route};
@@ -46,27 +44,27 @@ pub enum SelfConditioning<'a> {
 
 /// The buffers of one pass of `t` rows.
 pub(super) struct Scratch {
-    x: Tensor,
-    a: Tensor,
-    b: Tensor,
-    h1: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    pub(super) x: Tensor,
+    pub(super) a: Tensor,
+    pub(super) b: Tensor,
+    pub(super) h1: Tensor,
+    pub(super) q: Tensor,
+    pub(super) k: Tensor,
+    pub(super) v: Tensor,
     /// The canvas's K and V rounded to f16, for a cache of f16 rows (attention reads one
     /// storage for both segments).
-    kv16: Option<(Tensor, Tensor)>,
-    attn: Tensor,
+    pub(super) kv16: Option<(Tensor, Tensor)>,
+    pub(super) attn: Tensor,
     /// Partial results of the split attention kernels (`None` where no split runs).
-    attn_parts: Option<Tensor>,
-    gate_up: Tensor,
-    act: Tensor,
-    router_logits: Tensor,
-    expert_ids: Tensor,
-    expert_weights: Tensor,
-    experts: ExpertScratch,
-    ids: Tensor,
-    positions: Tensor,
+    pub(super) attn_parts: Option<Tensor>,
+    pub(super) gate_up: Tensor,
+    pub(super) act: Tensor,
+    pub(super) router_logits: Tensor,
+    pub(super) expert_ids: Tensor,
+    pub(super) expert_weights: Tensor,
+    pub(super) experts: ExpertScratch,
+    pub(super) ids: Tensor,
+    pub(super) positions: Tensor,
 }
 
 /// The rows of one sequence in a pass: its cache and which rows of the pass are its. An
@@ -440,148 +438,11 @@ impl DgemmaModel {
         scale_in_place(step, &s.x, t * d, scalar)?;
         Ok(())
     }
-
-    /// Attention of the pass's rows (§5): the encoder writes its K/V into the cache and
-    /// attends causally over it (sliding layers: the last W keys); the decoder attends, per
-    /// canvas, to its cached keys (sliding layers: the last W - 1) and to every key of the
-    /// canvas.
-    fn attend(
-        &self,
-        step: &mut StepEncoder,
-        s: &Scratch,
-        spans: &[Span],
-        l: usize,
-        a: LayerAttention,
-        pass: Pass,
-    ) -> Result<(), ModelError> {
-        let t = s.x.shape[0];
-        let kv_w = a.kv_heads * a.head_dim;
-        let window = self.cfg.sliding_window;
-        let shape = AttentionShape {
-            n_heads: self.cfg.heads,
-            n_kv_heads: a.kv_heads,
-            head_dim: a.head_dim,
-        };
-        let q_stride = self.cfg.heads * a.head_dim;
-        // Keys before p0 + 1 - W are outside every row's window.
-        let lowest = |p0: usize| {
-            if a.sliding {
-                (p0 + 1).saturating_sub(window)
-            } else {
-                0
-            }
-        };
-        // Scale 1: the q/k norms carry it.
-        let options = AttentionOptions {
-            kernel: self.kernels.attention,
-            tuner: Some(&self.kernels.tuner),
-            scratch: s.attn_parts.as_ref(),
-            scale: Some(1.0),
-            ..Default::default()
-        };
-        match pass {
-            Pass::Encode => {
-                let [span] = spans else {
-                    return Err(ModelError::Input(format!(
-                        "encoder pass: expected one sequence, found {}",
-                        spans.len()
-                    )));
-                };
-                let cache = span.cache;
-                let (ck, cv) = (&cache.k[l], &cache.v[l]);
-                let p0 = cache.len;
-                let at = cache.row(&a, p0);
-                if cache.dtype == DType::F16 {
-                    pack_f16_rows(step, &s.k, kv_w, ck, kv_w, at, (t, kv_w))?;
-                    pack_f16_rows(step, &s.v, kv_w, cv, kv_w, at, (t, kv_w))?;
-                } else {
-                    let row = cache.row_bytes(&a);
-                    let bytes = t as u64 * row;
-                    step.copy(&s.k.buffer, 0, &ck.buffer, at as u64 * row, bytes);
-                    step.copy(&s.v.buffer, 0, &cv.buffer, at as u64 * row, bytes);
-                }
-                let lo = lowest(p0);
-                let options = AttentionOptions {
-                    mask: AttentionMask {
-                        causal: true,
-                        window: if a.sliding { window } else { 0 },
-                        query_start: p0 - lo,
-                    },
-                    ..options
-                };
-                let seg = KvSegment {
-                    k: ck,
-                    v: cv,
-                    start: cache.row(&a, lo),
-                    len: p0 + t - lo,
-                };
-                let out = &s.attn;
-                attention_with(
-                    step,
-                    &s.q,
-                    q_stride,
-                    0,
-                    0..t,
-                    None,
-                    seg,
-                    out,
-                    shape,
-                    &options,
-                )?;
-            }
-            Pass::Decode { .. } => {
-                // The canvases' K and V, rounded once for caches of f16 rows (attention reads
-                // one storage for both segments).
-                let rounded = match &s.kv16 {
-                    Some((k16, v16)) => {
-                        pack_f16_rows(step, &s.k, kv_w, k16, kv_w, 0, (t, kv_w))?;
-                        pack_f16_rows(step, &s.v, kv_w, v16, kv_w, 0, (t, kv_w))?;
-                        Some((view(k16, &[t, kv_w]), view(v16, &[t, kv_w])))
-                    }
-                    None => None,
-                };
-                let (k_rows, v_rows) = match &rounded {
-                    Some((k, v)) => (k, v),
-                    None => (&s.k, &s.v),
-                };
-                for span in spans {
-                    let cache = span.cache;
-                    let p0 = cache.len;
-                    let lo = lowest(p0);
-                    let cached = KvSegment {
-                        k: &cache.k[l],
-                        v: &cache.v[l],
-                        start: cache.row(&a, lo),
-                        len: p0 - lo,
-                    };
-                    let canvas = KvSegment {
-                        k: k_rows,
-                        v: v_rows,
-                        start: span.rows.start,
-                        len: span.rows.len(),
-                    };
-                    attention_with(
-                        step,
-                        &s.q,
-                        q_stride,
-                        0,
-                        span.rows.clone(),
-                        Some(cached),
-                        canvas,
-                        &s.attn,
-                        shape,
-                        &options,
-                    )?;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The first `shape` elements of `t`'s buffer as a tensor of that shape: the q/k/v and
 /// attention buffers are sized for the widest layer and read at each layer's width.
-fn view(t: &Tensor, shape: &[usize]) -> Tensor {
+pub(super) fn view(t: &Tensor, shape: &[usize]) -> Tensor {
     Tensor {
         buffer: t.buffer.clone(),
         dtype: t.dtype,

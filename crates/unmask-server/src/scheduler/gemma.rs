@@ -1,8 +1,9 @@
-//! The engine thread of a DiffusionGemma server: one request at a time, in the order they
-//! came, each running its canvases to the end before the next starts. The others wait in
-//! the queue (`--max-queue` bounds it); denoising several requests' canvases in one
-//! decoder pass is not built. A request's system turn goes through the engine's prefix
-//! store, so a system prompt many requests share is encoded once per server.
+//! The engine thread of a DiffusionGemma server: up to `max_running` requests at once, their
+//! canvases denoised together, one decoder pass per step for all of them (each request keeps
+//! its own cache, temperature schedule and draws). A request joins at the next step once
+//! there is room (the others wait in the queue, `--max-queue` bounds it) and leaves when its
+//! last canvas ends. A request's system turn goes through the engine's prefix store, so a
+//! system prompt many requests share is encoded once per server.
 //!
 //! A canvas's tokens are final only when the canvas is (its last step's argmax), so text
 //! streams canvas by canvas; with `include_canvas` every step shows the canvas being
@@ -14,9 +15,10 @@ use std::sync::atomic::Ordering;
 
 use serde_json::json;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::error::TryRecvError;
 use unmask::{
-    DecodeMode, DgemmaEngine, DgemmaOutput, DgemmaRequest, DgemmaStep, EngineError, ModelError,
-    PrefixUse, Prompt,
+    DecodeMode, DgemmaEngine, DgemmaOutput, DgemmaRequest, DgemmaStep, DgemmaTask, EngineError,
+    ModelError, PrefixUse, Prompt,
 };
 
 use super::{
@@ -26,73 +28,142 @@ use crate::api::{GemmaSampling, Input, Sampling};
 use crate::error::ApiError;
 use crate::text::FinishReason;
 
-/// Runs the engine thread until every sender of `jobs` is gone and the work is done.
-pub fn run(engine: &DgemmaEngine, mut jobs: UnboundedReceiver<Job>, shared: Arc<Shared>) {
+/// A request running on the engine thread.
+struct Running {
+    tracker: Tracker,
+    stream: CanvasStream,
+    sampling: GemmaSampling,
+    /// Most requests in one of its decoder passes.
+    batch: usize,
+}
+
+/// Runs the engine thread until every sender of `jobs` is gone and the work is done, with
+/// at most `max_running` requests denoised together.
+pub fn run(
+    engine: &DgemmaEngine,
+    mut jobs: UnboundedReceiver<Job>,
+    shared: Arc<Shared>,
+    max_running: usize,
+) {
+    let max_running = max_running.max(1);
     let mut recent = RecentTokens::default();
-    update_gauges(engine, &shared, &mut recent, false);
-    while let Some(job) = jobs.blocking_recv() {
-        if job.events.is_closed() {
-            shared.queued.fetch_sub(1, Ordering::Relaxed);
-            shared.metrics.count("cancelled");
+    let mut tasks: Vec<DgemmaTask> = Vec::new();
+    let mut running: Vec<Running> = Vec::new();
+    let mut open = true;
+    update_gauges(engine, &shared, &mut recent, 0);
+    loop {
+        // Wait for work when there is none; else take what arrived, up to the room left.
+        if tasks.is_empty() {
+            if !open {
+                break;
+            }
+            match jobs.blocking_recv() {
+                Some(job) => admit(engine, job, &shared, &mut tasks, &mut running),
+                None => break,
+            }
+        }
+        while open && tasks.len() < max_running {
+            match jobs.try_recv() {
+                Ok(job) => admit(engine, job, &shared, &mut tasks, &mut running),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        if tasks.is_empty() {
             continue;
         }
-        update_gauges(engine, &shared, &mut recent, true);
-        if let Some(tokens) = run_one(engine, job, &shared) {
-            recent.push(tokens);
+        update_gauges(engine, &shared, &mut recent, tasks.len());
+        for run in &mut running {
+            run.batch = run.batch.max(tasks.len());
         }
-        update_gauges(engine, &shared, &mut recent, false);
-    }
-}
-
-/// The prompt the engine encodes (a completion's text through the tokenizer).
-fn prompt_of(engine: &DgemmaEngine, input: &Input) -> Result<Prompt, EngineError> {
-    Ok(match input {
-        Input::Chat(messages) => Prompt::Chat(messages.clone()),
-        Input::Ids(ids) | Input::Encoded { ids, .. } => Prompt::Ids(ids.clone()),
-        Input::Text(text) => match engine.tokenizer() {
-            Some(t) => Prompt::Ids(t.encode(text)?),
-            None => {
-                return Err(EngineError::NoTokenizer {
-                    dir: engine.dir().to_path_buf(),
-                });
+        let mut refs: Vec<&mut DgemmaTask> = tasks.iter_mut().collect();
+        // A client gone stops its request at the next step.
+        let stepped = pollster::block_on(engine.step_async(&mut refs, &mut |i, r| {
+            let run = &mut running[i];
+            if run.tracker.gone() {
+                return ControlFlow::Break(());
             }
-        },
-    })
+            run.stream.step(&r, engine, &mut run.tracker);
+            ControlFlow::Continue(())
+        }));
+        if let Err(e) = stepped {
+            // The pass failed for every request in it.
+            tasks.clear();
+            for run in running.drain(..) {
+                let e = api_error(&e, run.tracker.completion);
+                finish(run.tracker, &shared, Err(e));
+            }
+            continue;
+        }
+        let mut k = 0;
+        while k < tasks.len() {
+            if !tasks[k].is_done() {
+                k += 1;
+                continue;
+            }
+            let task = tasks.remove(k);
+            let run = running.remove(k);
+            if let Some(tokens) = done(engine, task, run, &shared) {
+                recent.push(tokens);
+            }
+        }
+        update_gauges(engine, &shared, &mut recent, tasks.len());
+    }
+    update_gauges(engine, &shared, &mut recent, 0);
 }
 
-/// Runs one request to its end; returns its answer's tokens when it finished.
-fn run_one(engine: &DgemmaEngine, job: Job, shared: &Shared) -> Option<usize> {
+/// Starts `job` (its prompt encoded, its first canvas drawn) or answers its error.
+fn admit(
+    engine: &DgemmaEngine,
+    job: Job,
+    shared: &Shared,
+    tasks: &mut Vec<DgemmaTask>,
+    running: &mut Vec<Running>,
+) {
+    if job.events.is_closed() {
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        shared.metrics.count("cancelled");
+        return;
+    }
     let mut tracker = Tracker::new(&job);
     tracker.start(shared);
     let Sampling::Gemma(sampling) = &job.spec.sampling else {
         let e = ApiError::server("a LLaDA/Dream request reached a DiffusionGemma engine");
         finish(tracker, shared, Err(e));
-        return None;
+        return;
     };
-    let request = match prompt_of(engine, &job.spec.input) {
-        Ok(prompt) => request_of(prompt, sampling),
+    let started = prompt_of(engine, &job.spec.input)
+        .and_then(|prompt| engine.start(&request_of(prompt, sampling)));
+    match started {
+        Ok(task) => {
+            tasks.push(task);
+            running.push(Running {
+                tracker,
+                stream: CanvasStream::default(),
+                sampling: sampling.clone(),
+                batch: 0,
+            });
+        }
         Err(e) => {
             let e = api_error(&e, tracker.completion);
             finish(tracker, shared, Err(e));
-            return None;
         }
-    };
-    let result = {
-        let mut stream = CanvasStream::default();
-        // A client gone stops its request at the next step.
-        let mut on_step = |r: DgemmaStep<'_>| {
-            if tracker.gone() {
-                return ControlFlow::Break(());
-            }
-            stream.step(&r, engine, &mut tracker);
-            ControlFlow::Continue(())
-        };
-        pollster::block_on(engine.generate_async(&request, &mut on_step))
-    };
-    match result {
+    }
+}
+
+/// Answers a request whose task ended; returns its answer's tokens when it finished.
+fn done(engine: &DgemmaEngine, task: DgemmaTask, run: Running, shared: &Shared) -> Option<usize> {
+    let Running {
+        mut tracker,
+        sampling,
+        batch,
+        ..
+    } = run;
+    match engine.finish(task) {
         Ok(out) => {
             let tokens = answer_tokens(engine, &out, sampling.max_new_tokens);
-            let done = finished(engine, &mut tracker, &out, sampling.seed, tokens);
+            let mut done = finished(engine, &mut tracker, &out, sampling.seed, tokens);
+            done.report["batch"] = batch.into();
             shared.metrics.count("ok");
             shared.metrics.completion_tokens.inc_by(tokens as u64);
             shared
@@ -112,6 +183,22 @@ fn run_one(engine: &DgemmaEngine, job: Job, shared: &Shared) -> Option<usize> {
             None
         }
     }
+}
+
+/// The prompt the engine encodes (a completion's text through the tokenizer).
+fn prompt_of(engine: &DgemmaEngine, input: &Input) -> Result<Prompt, EngineError> {
+    Ok(match input {
+        Input::Chat(messages) => Prompt::Chat(messages.clone()),
+        Input::Ids(ids) | Input::Encoded { ids, .. } => Prompt::Ids(ids.clone()),
+        Input::Text(text) => match engine.tokenizer() {
+            Some(t) => Prompt::Ids(t.encode(text)?),
+            None => {
+                return Err(EngineError::NoTokenizer {
+                    dir: engine.dir().to_path_buf(),
+                });
+            }
+        },
+    })
 }
 
 fn request_of(prompt: Prompt, sampling: &GemmaSampling) -> DgemmaRequest {
@@ -237,27 +324,30 @@ impl CanvasStream {
     }
 }
 
-/// The `/metrics` gauges of a server that runs one request at a time.
-fn update_gauges(engine: &DgemmaEngine, shared: &Shared, recent: &mut RecentTokens, running: bool) {
+/// The `/metrics` gauges: `running` requests denoised together (one batch while any runs).
+fn update_gauges(
+    engine: &DgemmaEngine,
+    shared: &Shared,
+    recent: &mut RecentTokens,
+    running: usize,
+) {
     let m = &shared.metrics;
     m.tokens_per_second.set(recent.per_second());
     let queued = shared.queued.load(Ordering::Relaxed) as i64;
     m.queue_depth.set(queued);
-    m.running.set(i64::from(running));
-    m.sessions.set(i64::from(running));
-    // The store is out of its slot while a request runs: the gauges keep their last values.
-    if let Some(stats) = engine.prefix_stats() {
-        m.store_entries.set(stats.entries as i64);
-        m.store_bytes.set(stats.bytes as i64);
-        // The K/V the server keeps between requests is the store's (a request's own cache
-        // is made for it and freed when it ends).
-        let budget = engine.prefix_store_budget().max_bytes.max(1);
-        m.vllm
-            .kv_cache_usage
-            .set((stats.bytes as f64 / budget as f64).min(1.0));
-    }
+    m.running.set(running as i64);
+    m.sessions.set(i64::from(running > 0));
+    let stats = engine.prefix_stats();
+    m.store_entries.set(stats.entries as i64);
+    m.store_bytes.set(stats.bytes as i64);
+    // The K/V the server keeps between requests is the store's (a request's own cache is
+    // made for it and freed when it ends).
+    let budget = engine.prefix_store_budget().max_bytes.max(1);
+    m.vllm
+        .kv_cache_usage
+        .set((stats.bytes as f64 / budget as f64).min(1.0));
     m.gpu_memory_bytes
         .set(engine.ctx().memory.live_bytes() as i64);
-    m.vllm.running.set(i64::from(running));
+    m.vllm.running.set(running as i64);
     m.vllm.waiting.set(queued);
 }

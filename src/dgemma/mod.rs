@@ -11,17 +11,19 @@ use serde_json::Value;
 use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::{DiffusionGemmaConfig, entropy_bound_params};
 use unmask_core::prefix_store::StoreStats;
-use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
-use unmask_core::tokenizer::{DecodeMode, Tokenizer};
-use unmask_gpu::dgemma::{
-    DgemmaModel, DgemmaPrefixStore, GeneratedCanvas, PrefixUse, SharedPrefix, StepReport,
-};
+use unmask_core::sampler::entropy_bound::EntropyBoundParams;
+use unmask_core::tokenizer::Tokenizer;
+use unmask_gpu::dgemma::{DgemmaModel, DgemmaPrefixStore, GeneratedCanvas, PrefixUse, StepReport};
 use unmask_gpu::model::{ModelError, WeightFormats};
 use unmask_gpu::{DType, GpuContext, WeightFormat};
 
 use crate::clock::Stopwatch;
 use crate::files::{self, ModelFiles};
 use crate::{CacheBudget, EngineError, EngineOptions, Prompt};
+
+mod tasks;
+
+pub use tasks::DgemmaTask;
 
 /// Positions a model's RoPE tables and caches cover when its config names no smaller limit:
 /// the prompt and every canvas of one request.
@@ -74,8 +76,8 @@ pub struct DgemmaEngine {
     /// The matrices' storage as resolved on this device, the token table's apart
     /// (`--embed-weights`).
     formats: WeightFormats,
-    /// Out of its slot while a request uses it: a request that finds it taken runs without.
-    store: Mutex<Option<DgemmaPrefixStore>>,
+    /// Locked while a request's prompt is encoded (never across an await).
+    store: Mutex<DgemmaPrefixStore>,
     budget: CacheBudget,
     dir: PathBuf,
     load_s: f64,
@@ -236,10 +238,10 @@ impl DgemmaEngine {
             tokenizer: small.tokenizer,
             params: small.params,
             formats,
-            store: Mutex::new(Some(DgemmaPrefixStore::new(
+            store: Mutex::new(DgemmaPrefixStore::new(
                 options.cache_budget.max_tokens,
                 options.cache_budget.max_bytes,
-            ))),
+            )),
             budget: options.cache_budget,
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
@@ -285,10 +287,9 @@ impl DgemmaEngine {
         self.load_s
     }
 
-    /// The shared prefix store's counters and contents; `None` while a request holds it.
-    pub fn prefix_stats(&self) -> Option<StoreStats> {
-        let slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        slot.as_ref().map(DgemmaPrefixStore::stats)
+    /// The shared prefix store's counters and contents.
+    pub fn prefix_stats(&self) -> StoreStats {
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).stats()
     }
 
     /// The shared prefix store's budget (`EngineOptions::cache_budget`).
@@ -296,11 +297,9 @@ impl DgemmaEngine {
         self.budget
     }
 
-    /// Drops every stored shared prefix; returns how many (0 while a request holds the
-    /// store).
+    /// Drops every stored shared prefix; returns how many.
     pub fn clear_prefix_store(&self) -> usize {
-        let mut slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        slot.as_mut().map_or(0, DgemmaPrefixStore::clear)
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).clear()
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
@@ -330,72 +329,12 @@ impl DgemmaEngine {
         request: &DgemmaRequest,
         on_step: &mut dyn FnMut(StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<DgemmaOutput, EngineError> {
-        let (ids, shared) = self.encode_prompt(&request.prompt)?;
-        let cfg = &self.model.cfg;
-        if ids.is_empty() {
-            return Err(refused("prompt: expected at least one token, found none"));
+        let mut task = self.start(request)?;
+        while !task.is_done() {
+            self.step_async(&mut [&mut task], &mut |_, r| on_step(r))
+                .await?;
         }
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(refused(&format!(
-                "prompt ids: expected ids below the vocabulary size {}, found {bad}",
-                cfg.vocab_size
-            )));
-        }
-        let mut params = self.params.clone();
-        params.max_new_tokens = request.max_new_tokens.unwrap_or(params.max_new_tokens);
-        params.max_denoising_steps = request
-            .max_denoising_steps
-            .unwrap_or(params.max_denoising_steps);
-        if params.max_new_tokens == 0 {
-            return Err(refused("max_new_tokens: expected at least 1, found 0"));
-        }
-        let len = cfg.canvas_length;
-        let positions = ids.len() + params.max_new_tokens.div_ceil(len) * len;
-        if positions > self.model.max_positions {
-            return Err(refused(&format!(
-                "prompt and answer: {} prompt tokens + {} canvas positions exceed the model's \
-                 {} positions",
-                ids.len(),
-                positions - ids.len(),
-                self.model.max_positions
-            )));
-        }
-        let start = Stopwatch::start();
-        let mut draws = SeededDraws::new(request.seed);
-        // Taken out for the request (no lock held across its awaits) and put back after.
-        let mut store = if request.share_system && shared > 0 {
-            self.store.lock().unwrap_or_else(|e| e.into_inner()).take()
-        } else {
-            None
-        };
-        let prefix = store.as_mut().map(|store| SharedPrefix { shared, store });
-        let run = self.model.generate_async(
-            &self.ctx,
-            &ids,
-            prefix,
-            &params,
-            &mut draws,
-            request.seed,
-            on_step,
-        );
-        let result = run.await;
-        if let Some(store) = store {
-            *self.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(store);
-        }
-        let (g, prefix) = result?;
-        let answer = g.sequence[ids.len()..].to_vec();
-        let text = match &self.tokenizer {
-            Some(t) => Some(t.decode(&answer, DecodeMode::Clean)?),
-            None => None,
-        };
-        Ok(DgemmaOutput {
-            prompt_ids: ids,
-            ids: answer,
-            text,
-            canvases: g.canvases,
-            prefix,
-            seconds: start.elapsed_s(),
-        })
+        self.finish(task)
     }
 
     /// `generate_async`, blocking (natively).
@@ -405,6 +344,6 @@ impl DgemmaEngine {
     }
 }
 
-fn refused(message: &str) -> EngineError {
+pub(crate) fn refused(message: &str) -> EngineError {
     EngineError::Model(ModelError::Input(message.to_string()))
 }

@@ -1,0 +1,253 @@
+//! DiffusionGemma's generations on the fixture: the recorded ones replayed step for step,
+//! alone and denoised together, and the engine's requests through the prefix store.
+
+use std::path::PathBuf;
+
+use unmask_gpu::dgemma::DgemmaModel;
+use unmask_gpu::{DType, WeightFormat};
+
+use crate::common;
+
+fn fixture() -> PathBuf {
+    common::fixture_dir().with_file_name("tiny-dgemma")
+}
+
+/// Every generation of the fixture with the reference's draws replayed: each step's
+/// temperature, accepted positions, argmax canvas and stopping decision, each canvas's output
+/// and the whole sequence equal the reference's.
+#[test]
+fn generations_replay_the_reference_step_by_step() {
+    use unmask_goldens::dgemma::{RunCanvas, generation_cases};
+    let dir = fixture();
+    let ctx = common::ctx();
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    assert_eq!(cases.len(), 7);
+    let mut early_stops = 0;
+    // Caches whose sliding layers never move (256 rows), then ones that keep W - 1 + 16 rows
+    // (23 for the fixture's window of 8) and move them at every other commit.
+    let runs = cases
+        .iter()
+        .map(|c| (16, c))
+        .chain(cases.iter().map(|c| (512, c)));
+    for (pass_rows, case) in runs.rev() {
+        model.pass_rows = pass_rows;
+        let mut draws = case.draws.clone();
+        let got = model
+            .generate(&ctx, &case.prompt, &case.params, &mut draws, 0)
+            .unwrap();
+        let canvases: Vec<RunCanvas<'_>> = got
+            .canvases
+            .iter()
+            .map(|c| RunCanvas {
+                steps: &c.steps,
+                output: &c.output,
+            })
+            .collect();
+        early_stops += case.assert_run(&canvases, &got.sequence);
+        eprintln!(
+            "[check] DiffusionGemma generation {} (passes of {pass_rows}): {} canvases, {} steps, sequence of {} equal to the reference's",
+            case.name,
+            got.canvases.len(),
+            got.canvases.iter().map(|c| c.steps.len()).sum::<usize>(),
+            got.sequence.len()
+        );
+    }
+    assert!(early_stops > 0, "some canvas stopped early");
+}
+
+/// The 7 recorded generations denoised together, one decoder pass per step for all the
+/// canvases still running (`step_runs_async`: rows of every request through each matmul and
+/// the experts, attention per canvas over its own cache, each its own temperature and
+/// draws): each replays the reference step for step as it does alone, while the others
+/// join, stop early, commit canvases and finish around it.
+#[test]
+fn generations_denoised_together_replay_the_reference() {
+    use unmask_goldens::dgemma::{RunCanvas, generation_cases};
+    let dir = fixture();
+    let ctx = common::ctx();
+    let model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
+    let mut runs: Vec<_> = cases
+        .iter()
+        .zip(draws.iter_mut())
+        .map(|(c, d)| {
+            model
+                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
+                .unwrap()
+        })
+        .collect();
+    let mut widest = 0;
+    let mut passes = 0;
+    while runs.iter().any(|r| !r.is_done()) {
+        let mut refs: Vec<_> = runs.iter_mut().collect();
+        let mut in_pass = 0;
+        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
+            in_pass += 1;
+            std::ops::ControlFlow::Continue(())
+        }))
+        .unwrap();
+        widest = widest.max(in_pass);
+        passes += 1;
+    }
+    let steps: usize = runs.iter().map(|r| r.steps_run()).sum();
+    for (case, run) in cases.iter().zip(runs) {
+        let (got, _) = run.finish().unwrap();
+        let canvases: Vec<RunCanvas<'_>> = got
+            .canvases
+            .iter()
+            .map(|c| RunCanvas {
+                steps: &c.steps,
+                output: &c.output,
+            })
+            .collect();
+        case.assert_run(&canvases, &got.sequence);
+    }
+    assert_eq!(widest, cases.len(), "the first pass denoises every canvas");
+    assert!(passes < steps, "{passes} passes for {steps} steps");
+    eprintln!(
+        "[check] DiffusionGemma: 7 generations together, {steps} steps in {passes} decoder passes, each equal to the reference's"
+    );
+}
+
+/// The engine: a chat request gives what the model's own loop gives for the same ids and
+/// seed; a second request with the same system turn takes it from the prefix store and
+/// answers the same; requests it cannot run are refused with the field named.
+#[test]
+fn the_engine_generates_through_the_prefix_store() {
+    use unmask::{DgemmaEngine, DgemmaRequest, EngineOptions, Message, Prompt};
+    use unmask_core::sampler::entropy_bound::SeededDraws;
+    use unmask_gpu::dgemma::PrefixUse;
+    let options = EngineOptions {
+        weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
+    };
+    let engine = DgemmaEngine::load(fixture(), &options).unwrap();
+    let chat = |user: &str| {
+        Prompt::Chat(vec![
+            Message::system("You answer in one word."),
+            Message::user(user),
+        ])
+    };
+    let request = |user: &str| DgemmaRequest {
+        seed: 7,
+        max_new_tokens: Some(32),
+        ..DgemmaRequest::new(chat(user))
+    };
+    let first = engine.generate(&request("Name a colour.")).unwrap();
+    assert!(
+        matches!(first.prefix, Some(PrefixUse::Stored { tokens }) if tokens > 0 && tokens < first.prompt_ids.len()),
+        "the system turn is stored: {:?}",
+        first.prefix
+    );
+    let mut params = engine.params().clone();
+    params.max_new_tokens = 32;
+    let direct = engine
+        .model()
+        .generate(
+            engine.ctx(),
+            &first.prompt_ids,
+            &params,
+            &mut SeededDraws::new(7),
+            7,
+        )
+        .unwrap();
+    assert_eq!(
+        first.ids,
+        direct.sequence[first.prompt_ids.len()..],
+        "engine vs model loop"
+    );
+    let again = engine.generate(&request("Name a colour.")).unwrap();
+    assert!(
+        matches!(again.prefix, Some(PrefixUse::Hit { .. })),
+        "{:?}",
+        again.prefix
+    );
+    assert_eq!(again.ids, first.ids, "a stored system turn changes nothing");
+    let other = engine.generate(&request("Name an animal.")).unwrap();
+    assert!(matches!(other.prefix, Some(PrefixUse::Hit { .. })));
+    let s = engine.prefix_stats();
+    assert_eq!((s.entries, s.hits, s.misses, s.inserts), (1, 2, 1, 1));
+    let too_long = DgemmaRequest {
+        max_new_tokens: Some(100_000),
+        ..request("Name a colour.")
+    };
+    let e = engine.generate(&too_long).unwrap_err().to_string();
+    assert!(e.contains("exceed the model's"), "{e}");
+    let bad_id = DgemmaRequest::new(Prompt::Ids(vec![1, 1 << 30]));
+    let e = engine.generate(&bad_id).unwrap_err().to_string();
+    assert!(e.contains("vocabulary size"), "{e}");
+    // A caller stopping after 3 steps (a client gone): the error says where, and the store
+    // is back in its slot for the next request.
+    let mut seen = 0;
+    let mut stop_at_3 = |_: unmask::DgemmaStep<'_>| {
+        seen += 1;
+        if seen == 3 {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    };
+    let stopped =
+        pollster::block_on(engine.generate_async(&request("Name a colour."), &mut stop_at_3));
+    assert!(
+        matches!(
+            stopped,
+            Err(unmask::EngineError::Model(unmask::ModelError::Cancelled {
+                steps: 3
+            }))
+        ),
+        "{stopped:?}"
+    );
+    assert_eq!(engine.prefix_stats().entries, 1);
+    assert_eq!(
+        engine.generate(&request("Name a colour.")).unwrap().ids,
+        first.ids
+    );
+    eprintln!(
+        "[check] DiffusionGemma engine: {} prompt ids ({:?}), answer of {} ids equal with and without the stored system turn",
+        first.prompt_ids.len(),
+        first.prefix,
+        first.ids.len()
+    );
+}
+
+/// `--kv f16` through the engine: the caches and the stored system turn are f16, and a
+/// request served from the store answers as the one that stored it.
+#[test]
+fn an_f16_engine_reuses_a_stored_system_turn_exactly() {
+    use unmask::{DgemmaEngine, DgemmaRequest, EngineOptions, Message, Prompt};
+    use unmask_gpu::dgemma::PrefixUse;
+    let options = EngineOptions {
+        weight_format: WeightFormat::F32,
+        kv_dtype: DType::F16,
+        ..EngineOptions::default()
+    };
+    let engine = DgemmaEngine::load(fixture(), &options).unwrap();
+    assert_eq!(engine.model().kv_dtype, DType::F16);
+    let request = DgemmaRequest {
+        seed: 3,
+        max_new_tokens: Some(32),
+        ..DgemmaRequest::new(Prompt::Chat(vec![
+            Message::system("You answer in one word."),
+            Message::user("Name a colour."),
+        ]))
+    };
+    let first = engine.generate(&request).unwrap();
+    assert!(matches!(first.prefix, Some(PrefixUse::Stored { .. })));
+    let again = engine.generate(&request).unwrap();
+    assert!(matches!(again.prefix, Some(PrefixUse::Hit { .. })));
+    assert_eq!(again.ids, first.ids);
+    let odd = EngineOptions {
+        kv_dtype: DType::U32,
+        ..options
+    };
+    let e = DgemmaEngine::load(fixture(), &odd)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("K/V storage"), "{e}");
+}
