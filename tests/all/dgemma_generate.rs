@@ -8,6 +8,22 @@ use unmask_gpu::{DType, WeightFormat};
 
 use crate::common;
 
+/// Asserts that `got` replays `case` step for step; returns its canvases that stopped early.
+fn assert_replays(
+    case: &unmask_goldens::dgemma::GenerationCase,
+    got: &unmask_gpu::dgemma::Generation,
+) -> usize {
+    let canvases: Vec<unmask_goldens::dgemma::RunCanvas<'_>> = got
+        .canvases
+        .iter()
+        .map(|c| unmask_goldens::dgemma::RunCanvas {
+            steps: &c.steps,
+            output: &c.output,
+        })
+        .collect();
+    case.assert_run(&canvases, &got.sequence)
+}
+
 fn fixture() -> PathBuf {
     common::fixture_dir().with_file_name("tiny-dgemma")
 }
@@ -17,7 +33,7 @@ fn fixture() -> PathBuf {
 /// and the whole sequence equal the reference's.
 #[test]
 fn generations_replay_the_reference_step_by_step() {
-    use unmask_goldens::dgemma::{RunCanvas, generation_cases};
+    use unmask_goldens::dgemma::generation_cases;
     let dir = fixture();
     let ctx = common::ctx();
     let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
@@ -37,15 +53,7 @@ fn generations_replay_the_reference_step_by_step() {
         let got = model
             .generate(&ctx, &case.prompt, &case.params, &mut draws, 0)
             .unwrap();
-        let canvases: Vec<RunCanvas<'_>> = got
-            .canvases
-            .iter()
-            .map(|c| RunCanvas {
-                steps: &c.steps,
-                output: &c.output,
-            })
-            .collect();
-        early_stops += case.assert_run(&canvases, &got.sequence);
+        early_stops += assert_replays(case, &got);
         eprintln!(
             "[check] DiffusionGemma generation {} (passes of {pass_rows}): {} canvases, {} steps, sequence of {} equal to the reference's",
             case.name,
@@ -64,7 +72,7 @@ fn generations_replay_the_reference_step_by_step() {
 /// join, stop early, commit canvases and finish around it.
 #[test]
 fn generations_denoised_together_replay_the_reference() {
-    use unmask_goldens::dgemma::{RunCanvas, generation_cases};
+    use unmask_goldens::dgemma::generation_cases;
     let dir = fixture();
     let ctx = common::ctx();
     let model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
@@ -96,15 +104,7 @@ fn generations_denoised_together_replay_the_reference() {
     let steps: usize = runs.iter().map(|r| r.steps_run()).sum();
     for (case, run) in cases.iter().zip(runs) {
         let (got, _) = run.finish().unwrap();
-        let canvases: Vec<RunCanvas<'_>> = got
-            .canvases
-            .iter()
-            .map(|c| RunCanvas {
-                steps: &c.steps,
-                output: &c.output,
-            })
-            .collect();
-        case.assert_run(&canvases, &got.sequence);
+        assert_replays(case, &got);
     }
     assert_eq!(widest, cases.len(), "the first pass denoises every canvas");
     assert!(passes < steps, "{passes} passes for {steps} steps");
