@@ -105,7 +105,8 @@ impl Engine {
         // Members keep their arena rows from joining to finishing, so freed rows are
         // scattered: with n − 1 members of at most `longest` rows running, (2n − 1)·longest
         // rows always leave a gap of `longest` for the next one (n − 1 runs cut the free
-        // rows into at most n gaps). Capped by one storage binding; a longer request waits.
+        // rows into at most n gaps). Capped by one storage binding: then a request may wait
+        // for room, and one longer than the binding holds gets its refusal.
         let longest = prepared
             .iter()
             .flatten()
