@@ -1,19 +1,25 @@
-//! `unmask trace`: the dispatch list of one denoising step per cache mode, counted per layer
-//! and timed per dispatch and per kernel family (GPU timestamps where the adapter has them).
+//! `unmask trace`: the dispatch list of one denoising step per cache mode (DiffusionGemma:
+//! of its decoder step), counted per layer and timed per dispatch and per kernel family (GPU
+//! timestamps where the adapter has them).
 
 use std::collections::BTreeMap;
 
 use clap::Args;
 use serde_json::{Value, json};
-use unmask::{CacheMode, Engine, Generation, Prompt, Request};
+use unmask::{CacheMode, Prompt, Request};
 use unmask_gpu::{HostCounts, StepTrace, TraceClock, TraceOptions};
 
 use crate::error::CliError;
 use crate::options::{self, GenerationArgs, ModelArgs, RunArgs};
 use crate::{output, values};
 
-/// Labels of the submits that are denoising steps (others build prefix entries or warm up).
-const STEP_LABELS: [&str; 2] = ["denoise step", "bicache step"];
+/// Labels of the submits that are denoising steps (others build prefix entries, encode
+/// prompts and commits, or warm up).
+const STEP_LABELS: [&str; 3] = [
+    "denoise step",
+    "bicache step",
+    "diffusion gemma denoising step",
+];
 
 #[derive(Args, Debug)]
 #[command(
@@ -84,8 +90,11 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
     let json = args.json;
     let list = args.list;
     let dir = args.model.dir()?;
+    if crate::dgemma::is_diffusion_gemma(&dir) {
+        return trace_dgemma(args, &dir, &engine_options);
+    }
     let engine = options::load_engine(&dir, &engine_options)?;
-    let prompt = prompt(args, &engine)?;
+    let prompt = prompt(args, engine.tokenizer().is_some())?;
     if let Prompt::Ids(ids) = &prompt {
         options::check_ids(&engine, "prompt-ids", ids)?;
     }
@@ -119,23 +128,81 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
         let generated = engine.generate(&request);
         let traces = engine.ctx().finish_trace();
         let generation = generated?;
-        let report = StepReport::pick(&traces, step, mode)?;
+        let report = StepReport::pick(&traces, step, mode.name())?;
+        let traced = Traced {
+            cache: Some(mode),
+            ctx: engine.ctx(),
+            canvas_tokens_per_s: generation.timings.throughput_canvas,
+            n_layers,
+        };
         if json {
-            output::line(&report.json(&engine, &generation, n_layers).to_string())?;
+            output::line(&report.json(&traced).to_string())?;
         } else {
-            output::partial(&report.text(&engine, &generation, n_layers, list))?;
+            output::partial(&report.text(&traced, list))?;
         }
     }
     Ok(())
 }
 
+/// `unmask trace` on a DiffusionGemma folder: one decoder step of a request (the family has
+/// no cache modes; its prompt K/V are exact).
+fn trace_dgemma(
+    args: &TraceArgs,
+    dir: &std::path::Path,
+    engine_options: &unmask::EngineOptions,
+) -> Result<(), CliError> {
+    if let Some(m) = args.cache.iter().flatten().find(|m| **m != CacheMode::None) {
+        return Err(CliError::usage(format!(
+            "--cache {m}: DiffusionGemma has no cache modes (its prompt's K/V never change): \
+             leave --cache out"
+        )));
+    }
+    let engine = unmask::DgemmaEngine::load(dir, engine_options)?;
+    let request = unmask::DgemmaRequest {
+        seed: args.generation.sampling.seed.unwrap_or(0),
+        max_new_tokens: args.generation.sampling.gen_length,
+        max_denoising_steps: args.generation.sampling.steps,
+        ..unmask::DgemmaRequest::new(prompt(args, engine.tokenizer().is_some())?)
+    };
+    // Untraced first: pipelines compile and the prefix store takes the system turn.
+    engine.generate(&request)?;
+    engine.ctx().start_trace(TraceOptions {
+        timing: args.timing,
+    });
+    let generated = engine.generate(&request);
+    let traces = engine.ctx().finish_trace();
+    let out = generated?;
+    let report = StepReport::pick(&traces, args.step, "diffusion_gemma")?;
+    let canvas = engine.config().canvas_length;
+    let traced = Traced {
+        cache: None,
+        ctx: engine.ctx(),
+        canvas_tokens_per_s: (out.canvases.len() * canvas) as f64 / out.seconds.max(1e-9),
+        n_layers: engine.config().layers.len(),
+    };
+    if args.json {
+        output::line(&report.json(&traced).to_string())
+    } else {
+        output::partial(&report.text(&traced, args.list))
+    }
+}
+
+/// What a traced request ran on and gave.
+struct Traced<'a> {
+    /// The cache mode (`None`: DiffusionGemma).
+    cache: Option<CacheMode>,
+    ctx: &'a unmask_gpu::GpuContext,
+    canvas_tokens_per_s: f64,
+    n_layers: usize,
+}
+
 /// `--prompt-ids`, else a chat of `--system` and `--prompt` (clap lets only one of
 /// `--prompt` and `--prompt-ids` through), each with a default.
-fn prompt(args: &TraceArgs, engine: &Engine) -> Result<Prompt, CliError> {
+fn prompt(args: &TraceArgs, has_tokenizer: bool) -> Result<Prompt, CliError> {
     match &args.prompt_ids {
         Some(ids) => Ok(Prompt::Ids(ids.clone())),
         None => {
-            if engine.tokenizer().is_none() {
+            if !has_tokenizer {
                 return Err(CliError::usage(
                     "the model has no tokenizer.json: give the prompt as --prompt-ids 1,2,3",
                 ));
@@ -158,7 +225,8 @@ fn prompt(args: &TraceArgs, engine: &Engine) -> Result<Prompt, CliError> {
 
 /// One traced step of a request and what the host did for it.
 struct StepReport<'t> {
-    mode: CacheMode,
+    /// The cache mode's name, or the family's.
+    subject: &'static str,
     /// 1-based among the request's denoising steps.
     index: usize,
     steps: usize,
@@ -170,13 +238,13 @@ struct StepReport<'t> {
 }
 
 impl<'t> StepReport<'t> {
-    fn pick(traces: &'t [StepTrace], step: usize, mode: CacheMode) -> Result<Self, CliError> {
+    fn pick(traces: &'t [StepTrace], step: usize, subject: &'static str) -> Result<Self, CliError> {
         let steps: Vec<usize> = (0..traces.len())
             .filter(|&i| STEP_LABELS.contains(&traces[i].label))
             .collect();
         let &at = steps.get(step - 1).ok_or_else(|| {
             CliError::usage(format!(
-                "--step {step}: the {mode} request ran {} denoising steps",
+                "--step {step}: the {subject} request ran {} denoising steps",
                 steps.len()
             ))
         })?;
@@ -198,7 +266,7 @@ impl<'t> StepReport<'t> {
             trace.host - before
         };
         Ok(Self {
-            mode,
+            subject,
             index: step,
             steps: steps.len(),
             trace,
@@ -243,13 +311,13 @@ impl<'t> StepReport<'t> {
         }
     }
 
-    fn text(&self, engine: &Engine, g: &Generation, n_layers: usize, list: bool) -> String {
+    fn text(&self, run: &Traced<'_>, list: bool) -> String {
         let t = self.trace;
-        let per_layer = t.per_layer(n_layers);
+        let per_layer = t.per_layer(run.n_layers);
         let in_layers: usize = per_layer.iter().sum();
         let mut out = format!(
             "{} — step {} of {} (\"{}\"), clock {}\n",
-            self.mode,
+            self.subject,
             self.index,
             self.steps,
             t.label,
@@ -275,10 +343,7 @@ impl<'t> StepReport<'t> {
         ));
         out.push_str(&format!(
             "  request: {} submits for {} steps, {:.1} canvas tokens/s (adapter {})\n",
-            self.submits,
-            self.steps,
-            g.timings.throughput_canvas,
-            engine.ctx().info.name
+            self.submits, self.steps, run.canvas_tokens_per_s, run.ctx.info.name
         ));
         let total = self.total_ms();
         out.push_str("  kernel family              dispatches        ms   share\n");
@@ -313,7 +378,8 @@ impl<'t> StepReport<'t> {
         out
     }
 
-    fn json(&self, engine: &Engine, g: &Generation, n_layers: usize) -> Value {
+    fn json(&self, run: &Traced<'_>) -> Value {
+        let n_layers = run.n_layers;
         let t = self.trace;
         let families: Vec<Value> = self
             .families()
@@ -334,13 +400,15 @@ impl<'t> StepReport<'t> {
             })
             .collect();
         json!({
-            "cache": self.mode.name(),
+            "cache": run.cache.map(|m| m.name()),
+            // Set for DiffusionGemma, whose step has no cache mode.
+            "family": run.cache.is_none().then_some(self.subject),
             "step": self.index,
             "steps": self.steps,
             "label": t.label,
             "clock": t.clock.name(),
-            "adapter": engine.ctx().info.name,
-            "backend": format!("{:?}", engine.ctx().info.backend),
+            "adapter": run.ctx.info.name,
+            "backend": format!("{:?}", run.ctx.info.backend),
             "n_layers": n_layers,
             "dispatches_per_layer": t.per_layer(n_layers),
             "dispatch_count": t.dispatches.len(),
@@ -353,7 +421,7 @@ impl<'t> StepReport<'t> {
                 "staging_buffers_created": self.host.staging_buffers_created,
             },
             "request_submits": self.submits,
-            "canvas_tokens_per_s": g.timings.throughput_canvas,
+            "canvas_tokens_per_s": run.canvas_tokens_per_s,
             "total_ms": self.total_ms(),
             "families": families,
             "dispatches": dispatches,
