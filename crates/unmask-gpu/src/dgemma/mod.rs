@@ -56,6 +56,9 @@ pub struct DgemmaModel {
     rope_full: Tensor,
     /// Ones, as the weight of the norms that have none (v, the decoder input).
     ones: Tensor,
+    /// The last decoder step's buffers, kept for the next step of as many rows: a steady
+    /// request (or batch) allocates nothing per step, and its bind groups are found again.
+    step_buffers: std::sync::Mutex<Option<steps::StepBuffers>>,
 }
 
 /// The K/V of the positions encoded so far, per layer, f32 rows of `K·d`. A full-attention
@@ -216,6 +219,7 @@ impl DgemmaModel {
             rope_sliding,
             rope_full,
             ones,
+            step_buffers: std::sync::Mutex::new(None),
         })
     }
 

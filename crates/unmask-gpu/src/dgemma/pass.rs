@@ -267,14 +267,26 @@ impl DgemmaModel {
         step: &mut StepEncoder,
         s: &Scratch,
     ) -> Result<Tensor, ModelError> {
+        let (t, v) = (s.x.shape[0], self.cfg.vocab_size);
+        let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
+        self.record_logits_into(step, s, &logits)?;
+        Ok(logits)
+    }
+
+    /// `record_logits` into `logits` (`[T, V]` f32).
+    pub(super) fn record_logits_into(
+        &self,
+        step: &mut StepEncoder,
+        s: &Scratch,
+        logits: &Tensor,
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let (t, d, v) = (s.x.shape[0], c.hidden_size, c.vocab_size);
-        let logits = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma logits")?;
         let w = &self.weights;
         rms_norm(step, &s.x, &w.final_norm, &s.a, t, d, c.rms_norm_eps as f32)?;
-        matmul(step, &s.a, &w.embedding, &logits, t, &self.kernels)?;
-        softcap(step, &logits, t * v, c.final_logit_softcapping as f32)?;
-        Ok(logits)
+        matmul(step, &s.a, &w.embedding, logits, t, &self.kernels)?;
+        softcap(step, logits, t * v, c.final_logit_softcapping as f32)?;
+        Ok(())
     }
 
     /// The decoder's input (§4.1): `x = RMSNorm(e + MLP(RMSNorm_w(soft)))` with

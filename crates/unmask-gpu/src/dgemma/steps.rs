@@ -239,7 +239,16 @@ impl DgemmaModel {
             });
         }
         let t = ids.len();
-        let s = Scratch::new(ctx, self, &ids, &positions, dtype)?;
+        let kept = self.step_buffers.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let bufs = match kept {
+            Some(b) if b.rows == t && b.dtype == dtype => {
+                b.scratch.ids.write_u32(ctx, &ids)?;
+                b.scratch.positions.write_u32(ctx, &positions)?;
+                b
+            }
+            _ => StepBuffers::new(ctx, self, &ids, &positions, dtype)?,
+        };
+        let s = &bufs.scratch;
         let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
         // The decoder's self-conditioning input: a lone canvas reads its own softmax; a
         // batch gathers each self-conditioned canvas's into its rows and leaves zeros for the
@@ -263,17 +272,17 @@ impl DgemmaModel {
             SelfConditioning::Probs(&gathered)
         };
         let pass = Pass::Decode { self_conditioning };
-        self.record_pass(ctx, &mut step, &s, &spans, pass)?;
-        let logits = self.record_logits(ctx, &mut step, &s)?;
-        let stats = Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?;
+        self.record_pass(ctx, &mut step, s, &spans, pass)?;
+        let (logits, stats) = (&bufs.logits, &bufs.stats);
+        self.record_logits_into(&mut step, s, logits)?;
         for (c, span) in canvases.iter().zip(&spans) {
             let shape = (span.rows.start, span.rows.len(), v);
             denoise_rows_at(
                 &mut step,
-                &logits,
+                logits,
                 c.probs,
                 true,
-                &stats,
+                stats,
                 shape,
                 c.temperature,
                 c.draws,
@@ -281,10 +290,41 @@ impl DgemmaModel {
         }
         step.submit()?;
         let all = parse_stats(&stats.read_u32_async(ctx).await?);
+        // Read back: the step is done with them.
+        *self.step_buffers.lock().unwrap_or_else(|e| e.into_inner()) = Some(bufs);
         Ok(spans
             .iter()
             .map(|span| all[span.rows.clone()].to_vec())
             .collect())
+    }
+}
+
+/// A decoder step's buffers (`DgemmaModel::step_buffers`): the pass's scratch, the logits
+/// and the rows' statistics, for `rows` rows with K/V in `dtype`.
+pub(super) struct StepBuffers {
+    rows: usize,
+    dtype: DType,
+    scratch: Scratch,
+    logits: Tensor,
+    stats: Tensor,
+}
+
+impl StepBuffers {
+    fn new(
+        ctx: &GpuContext,
+        m: &DgemmaModel,
+        ids: &[u32],
+        positions: &[u32],
+        dtype: DType,
+    ) -> Result<Self, ModelError> {
+        let t = ids.len();
+        Ok(Self {
+            rows: t,
+            dtype,
+            scratch: Scratch::new(ctx, m, ids, positions, dtype)?,
+            logits: Tensor::zeros(ctx, DType::F32, &[t, m.cfg.vocab_size], "dgemma logits")?,
+            stats: Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?,
+        })
     }
 }
 
