@@ -75,6 +75,8 @@ pub enum ServeError {
 }
 
 /// The model a server runs.
+// One value per server, moved once to the engine thread: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum ServedModel {
     /// LLaDA or Dream.
     Masked(Engine),

@@ -2,6 +2,9 @@
 //! inputs (never zeros), and error measures that are printed next to their tolerance.
 #![allow(dead_code)]
 
+pub mod attention;
+pub mod select;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 

@@ -239,7 +239,11 @@ impl DgemmaModel {
             });
         }
         let t = ids.len();
-        let kept = self.step_buffers.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let kept = self
+            .step_buffers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let bufs = match kept {
             Some(b) if b.rows == t && b.dtype == dtype => {
                 b.scratch.ids.write_u32(ctx, &ids)?;
