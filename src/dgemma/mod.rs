@@ -78,7 +78,6 @@ pub struct DgemmaEngine {
     formats: WeightFormats,
     /// Locked while a request's prompt is encoded (never across an await).
     store: Mutex<DgemmaPrefixStore>,
-    budget: CacheBudget,
     dir: PathBuf,
     load_s: f64,
 }
@@ -242,7 +241,6 @@ impl DgemmaEngine {
                 options.cache_budget.max_tokens,
                 options.cache_budget.max_bytes,
             )),
-            budget: options.cache_budget,
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
         })
@@ -294,7 +292,11 @@ impl DgemmaEngine {
 
     /// The shared prefix store's budget (`EngineOptions::cache_budget`).
     pub fn prefix_store_budget(&self) -> CacheBudget {
-        self.budget
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        CacheBudget {
+            max_tokens: store.budget_tokens,
+            max_bytes: store.budget_bytes,
+        }
     }
 
     /// Drops every stored shared prefix; returns how many.

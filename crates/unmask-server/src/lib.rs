@@ -5,9 +5,9 @@
 //! Dream (`scheduler::run`) it steps every running request in a fair round and batches
 //! BiCache requests that share a system prompt; for DiffusionGemma
 //! (`scheduler::run_gemma`) it denoises up to `max_solo` requests' canvases in one decoder
-//! pass per step, each system turn through the prefix store. Handlers and the engine thread talk through channels: a handler sends a
-//! `Job` and reads its events (accepted, final text as it appears, the canvas, the
-//! result).
+//! pass per step, each system turn through the prefix store. Handlers and the engine thread
+//! talk through channels: a handler sends a `Job` and reads its events (accepted, final text
+//! as it appears, the canvas, the result).
 
 mod access;
 pub mod api;

@@ -150,9 +150,13 @@ fn run_items(
             next += 1;
         }
         let mut tasks: Vec<&mut DgemmaTask> = running.iter_mut().map(|(_, t)| t).collect();
-        engine
-            .step(&mut tasks)
-            .map_err(|e| failed(&items[running[0].0], e))?;
+        if let Err(e) = engine.step(&mut tasks) {
+            // The pass was every running item's.
+            let ids: Vec<&str> = running.iter().map(|(i, _)| items[*i].id.as_str()).collect();
+            return Err(CliError::runtime(format!(
+                "the denoising step of items {ids:?}: {e}"
+            )));
+        }
         let mut k = 0;
         while k < running.len() {
             if !running[k].1.is_done() {

@@ -30,6 +30,7 @@ use crate::text::FinishReason;
 
 /// A request running on the engine thread.
 struct Running {
+    task: DgemmaTask,
     tracker: Tracker,
     stream: CanvasStream,
     sampling: GemmaSampling,
@@ -47,48 +48,51 @@ pub fn run(
 ) {
     let max_running = max_running.max(1);
     let mut recent = RecentTokens::default();
-    let mut tasks: Vec<DgemmaTask> = Vec::new();
     let mut running: Vec<Running> = Vec::new();
     let mut open = true;
     update_gauges(engine, &shared, &mut recent, 0);
     loop {
         // Wait for work when there is none; else take what arrived, up to the room left.
-        if tasks.is_empty() {
+        if running.is_empty() {
             if !open {
                 break;
             }
             match jobs.blocking_recv() {
-                Some(job) => admit(engine, job, &shared, &mut tasks, &mut running),
+                Some(job) => admit(engine, job, &shared, &mut running),
                 None => break,
             }
         }
-        while open && tasks.len() < max_running {
+        while open && running.len() < max_running {
             match jobs.try_recv() {
-                Ok(job) => admit(engine, job, &shared, &mut tasks, &mut running),
+                Ok(job) => admit(engine, job, &shared, &mut running),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
         }
-        if tasks.is_empty() {
+        if running.is_empty() {
             continue;
         }
-        update_gauges(engine, &shared, &mut recent, tasks.len());
-        for run in &mut running {
-            run.batch = run.batch.max(tasks.len());
-        }
-        let mut refs: Vec<&mut DgemmaTask> = tasks.iter_mut().collect();
+        let n = running.len();
+        update_gauges(engine, &shared, &mut recent, n);
+        // The tasks step together; each step's report goes to its request's stream.
+        let (mut tasks, mut streams): (Vec<&mut DgemmaTask>, Vec<_>) = running
+            .iter_mut()
+            .map(|r| {
+                r.batch = r.batch.max(n);
+                (&mut r.task, (&mut r.tracker, &mut r.stream))
+            })
+            .unzip();
         // A client gone stops its request at the next step.
-        let stepped = pollster::block_on(engine.step_async(&mut refs, &mut |i, r| {
-            let run = &mut running[i];
-            if run.tracker.gone() {
+        let stepped = pollster::block_on(engine.step_async(&mut tasks, &mut |i, r| {
+            let (tracker, stream) = &mut streams[i];
+            if tracker.gone() {
                 return ControlFlow::Break(());
             }
-            run.stream.step(&r, engine, &mut run.tracker);
+            stream.step(&r, engine, tracker);
             ControlFlow::Continue(())
         }));
         if let Err(e) = stepped {
             // The pass failed for every request in it.
-            tasks.clear();
             for run in running.drain(..) {
                 let e = api_error(&e, run.tracker.completion);
                 finish(run.tracker, &shared, Err(e));
@@ -96,30 +100,22 @@ pub fn run(
             continue;
         }
         let mut k = 0;
-        while k < tasks.len() {
-            if !tasks[k].is_done() {
+        while k < running.len() {
+            if !running[k].task.is_done() {
                 k += 1;
                 continue;
             }
-            let task = tasks.remove(k);
-            let run = running.remove(k);
-            if let Some(tokens) = done(engine, task, run, &shared) {
+            if let Some(tokens) = done(engine, running.remove(k), &shared) {
                 recent.push(tokens);
             }
         }
-        update_gauges(engine, &shared, &mut recent, tasks.len());
+        update_gauges(engine, &shared, &mut recent, running.len());
     }
     update_gauges(engine, &shared, &mut recent, 0);
 }
 
 /// Starts `job` (its prompt encoded, its first canvas drawn) or answers its error.
-fn admit(
-    engine: &DgemmaEngine,
-    job: Job,
-    shared: &Shared,
-    tasks: &mut Vec<DgemmaTask>,
-    running: &mut Vec<Running>,
-) {
+fn admit(engine: &DgemmaEngine, job: Job, shared: &Shared, running: &mut Vec<Running>) {
     if job.events.is_closed() {
         shared.queued.fetch_sub(1, Ordering::Relaxed);
         shared.metrics.count("cancelled");
@@ -136,8 +132,8 @@ fn admit(
         .and_then(|prompt| engine.start(&request_of(prompt, sampling)));
     match started {
         Ok(task) => {
-            tasks.push(task);
             running.push(Running {
+                task,
                 tracker,
                 stream: CanvasStream::default(),
                 sampling: sampling.clone(),
@@ -152,8 +148,9 @@ fn admit(
 }
 
 /// Answers a request whose task ended; returns its answer's tokens when it finished.
-fn done(engine: &DgemmaEngine, task: DgemmaTask, run: Running, shared: &Shared) -> Option<usize> {
+fn done(engine: &DgemmaEngine, run: Running, shared: &Shared) -> Option<usize> {
     let Running {
+        task,
         mut tracker,
         sampling,
         batch,
