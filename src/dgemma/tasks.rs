@@ -93,7 +93,9 @@ impl DgemmaEngine {
     /// One denoising step of every running task in one decoder pass (rows of all their
     /// canvases through each matmul and the experts, attention per task over its own
     /// cache). `on_step` gets each task's index in `tasks` and its step; breaking stops that
-    /// task (its `finish` says `Cancelled`). An error of the pass is every task's.
+    /// task (its `finish` says `Cancelled`). A batch that does not fit in memory runs in
+    /// smaller passes, and a task that fails alone (no memory for its own pass, its commit)
+    /// is done with its `finish` giving the error; any other error is every task's.
     pub async fn step_async(
         &self,
         tasks: &mut [&mut DgemmaTask],

@@ -113,6 +113,126 @@ fn generations_denoised_together_replay_the_reference() {
     );
 }
 
+/// Four recorded generations stepped together under a GPU memory budget that fits one
+/// canvas's decoder pass but not two: every step's batch is split until its parts fit (one
+/// canvas each), the limit is remembered, and each generation still replays the reference
+/// step for step. Under a budget that fits no pass at all, each run fails alone with the
+/// budget's error naming what it was for.
+#[test]
+fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
+    use unmask_goldens::dgemma::generation_cases;
+    use unmask_gpu::{ContextOptions, GpuContext};
+    let dir = fixture();
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    let cases = &cases[..4];
+    let context = |budget: Option<u64>| {
+        GpuContext::new(&ContextOptions {
+            memory_budget: budget,
+            ..common::options()
+        })
+        .unwrap()
+    };
+    // What one canvas's decoder step needs beyond the runs' own memory, measured without
+    // a budget on a fresh context (its first step and a self-conditioned one).
+    let (runs_bytes, start_bytes, solo_bytes) = {
+        let ctx = context(None);
+        let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+        model.pass_rows = 16;
+        let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
+        let mut runs: Vec<_> = cases
+            .iter()
+            .zip(draws.iter_mut())
+            .map(|(c, d)| {
+                model
+                    .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
+                    .unwrap()
+            })
+            .collect();
+        let live = ctx.memory.live_bytes();
+        let start_bytes = ctx.memory.peak_bytes() - live;
+        ctx.memory.reset_peak();
+        for _ in 0..2 {
+            pollster::block_on(
+                model.step_runs_async(&ctx, &mut [&mut runs[0]], &mut |_, _| {
+                    std::ops::ControlFlow::Continue(())
+                }),
+            )
+            .unwrap();
+        }
+        (live, start_bytes, ctx.memory.peak_bytes() - live)
+    };
+    // Starting a run (its prompt encoded in passes of 16 rows) needs less than a step.
+    assert!(start_bytes < solo_bytes, "{start_bytes} vs {solo_bytes}");
+    let ctx = context(Some(runs_bytes + solo_bytes + solo_bytes / 4));
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    model.pass_rows = 16;
+    let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
+    let mut runs: Vec<_> = cases
+        .iter()
+        .zip(draws.iter_mut())
+        .map(|(c, d)| {
+            model
+                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ctx.memory.live_bytes(),
+        runs_bytes,
+        "the same runs, the same memory"
+    );
+    let mut widest = 0;
+    let mut passes = 0;
+    while runs.iter().any(|r| !r.is_done()) {
+        let mut refs: Vec<_> = runs.iter_mut().collect();
+        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, r| {
+            widest = widest.max(r.pass_canvases);
+            std::ops::ControlFlow::Continue(())
+        }))
+        .unwrap();
+        passes += 1;
+    }
+    assert_eq!(widest, 1, "no pass of two canvases fits the budget");
+    // Remembered: 1, or 2 when the last step was the probe after PROBE_AFTER clean ones.
+    let limit = model.pass_limit();
+    assert!(
+        limit.is_some_and(|l| l <= 2),
+        "the limit is remembered: {limit:?}"
+    );
+    for (case, run) in cases.iter().zip(runs) {
+        let (got, _) = run.finish().unwrap();
+        assert_replays(case, &got);
+    }
+    // A budget no decoder pass fits: each run fails alone, nothing panics.
+    let ctx = context(Some(runs_bytes + (start_bytes + solo_bytes) / 2));
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    model.pass_rows = 16;
+    let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
+    let mut runs: Vec<_> = cases
+        .iter()
+        .zip(draws.iter_mut())
+        .map(|(c, d)| {
+            model
+                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
+                .unwrap()
+        })
+        .collect();
+    let mut refs: Vec<_> = runs.iter_mut().collect();
+    pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
+        std::ops::ControlFlow::Continue(())
+    }))
+    .unwrap();
+    for run in runs {
+        assert!(run.is_done());
+        let e = run.finish().unwrap_err().to_string();
+        assert!(e.contains("of the budget's"), "{e}");
+    }
+    eprintln!(
+        "[check] DiffusionGemma under a budget of one canvas's step ({solo_bytes} bytes over the runs' {runs_bytes}): 4 generations in {passes} rounds of one-canvas passes, each equal to the reference's; under less, each run fails alone"
+    );
+}
+
 /// The engine: a chat request gives what the model's own loop gives for the same ids and
 /// seed; a second request with the same system turn takes it from the prefix store and
 /// answers the same; requests it cannot run are refused with the field named.

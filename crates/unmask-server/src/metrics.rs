@@ -54,6 +54,8 @@ pub struct Metrics {
     pub store_entries: Gauge,
     pub store_pins: Gauge,
     pub gpu_memory_bytes: Gauge,
+    /// Most canvases one DiffusionGemma decoder pass takes (0: no limit).
+    pub pass_limit: Gauge,
     /// vLLM's names for what routers read (`vllm_metrics`).
     pub vllm: crate::vllm_metrics::VllmMetrics,
 }
@@ -89,6 +91,7 @@ impl Metrics {
             store_entries: Gauge::default(),
             store_pins: Gauge::default(),
             gpu_memory_bytes: Gauge::default(),
+            pass_limit: Gauge::default(),
             vllm: crate::vllm_metrics::VllmMetrics::new(),
             registry: Registry::default(),
         };
@@ -216,6 +219,12 @@ impl Metrics {
             "gpu_memory_bytes",
             "GPU memory held by the engine",
             m.gpu_memory_bytes.clone(),
+        );
+        registry.register(
+            "decoder_pass_limit",
+            "Most requests one DiffusionGemma decoder pass takes, lowered while a larger batch \
+             does not fit in GPU memory (0: no limit)",
+            m.pass_limit.clone(),
         );
         Self { registry, ..m }
     }

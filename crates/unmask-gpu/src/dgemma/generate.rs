@@ -8,11 +8,12 @@ use unmask_core::sampler::entropy_bound::{
     Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, pad_after_eos, step_from_rows,
 };
 
+use super::pass_limit::{PassLimit, is_capacity};
 use super::steps::DecodeCanvas;
 use super::{DgemmaCache, DgemmaModel, DgemmaPrefixStore, PrefixUse};
 use crate::context::GpuContext;
 use crate::model::ModelError;
-use crate::ops::denoise::DrawStream;
+use crate::ops::denoise::{DrawStream, RowStats};
 use crate::tensor::{DType, Tensor};
 
 /// One canvas: every step (without its scaled logits) and its output, the last step's
@@ -31,6 +32,8 @@ pub struct StepReport<'a> {
     pub step: &'a EntropyBoundStep,
     /// Each row's entropy (nats) of the step's tempered distribution.
     pub entropies: &'a [f32],
+    /// Canvases in the decoder pass that ran this step (this one's included).
+    pub pass_canvases: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -73,18 +76,20 @@ pub struct DgemmaRun<'d> {
     state: RunState,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum RunState {
     Running,
     Done,
     /// `on_step` broke after this many steps.
     Cancelled(usize),
+    /// Its step or its commit failed (alone: the other runs of the step went on).
+    Failed(ModelError),
 }
 
 impl DgemmaRun<'_> {
-    /// Whether it has ended (finished, or stopped by its caller): `finish` it.
+    /// Whether it has ended (finished, stopped by its caller, or failed): `finish` it.
     pub fn is_done(&self) -> bool {
-        self.state != RunState::Running
+        !matches!(self.state, RunState::Running)
     }
 
     /// Denoising steps run so far (over every canvas).
@@ -93,17 +98,33 @@ impl DgemmaRun<'_> {
     }
 
     /// The generation and what the prompt's shared prefix did; `ModelError::Cancelled`
-    /// when `on_step` stopped it.
+    /// when `on_step` stopped it, its own error when it failed.
     pub fn finish(self) -> Result<(Generation, Option<PrefixUse>), ModelError> {
         match self.state {
             RunState::Cancelled(steps) => Err(ModelError::Cancelled { steps }),
-            _ => Ok((
+            RunState::Failed(e) => Err(e),
+            RunState::Running | RunState::Done => Ok((
                 Generation {
                     sequence: self.sequence,
                     canvases: self.canvases,
                 },
                 self.prefix_use,
             )),
+        }
+    }
+
+    /// Its canvas as the next decoder pass reads it.
+    fn decode_canvas(&self) -> DecodeCanvas<'_> {
+        DecodeCanvas {
+            cache: &self.cache,
+            canvas: &self.canvas.tokens,
+            probs: &self.probs,
+            self_conditioned: !self.steps.is_empty(),
+            temperature: self.params.temperature(self.t),
+            draws: DrawStream {
+                seed: self.seed,
+                step: self.step_counter,
+            },
         }
     }
 
@@ -214,8 +235,12 @@ impl DgemmaModel {
     /// One denoising step of every running run in one decoder pass (`decode_steps_async`),
     /// then each run's acceptance and renoising; a run whose canvas ends commits it (an
     /// encoder pass) and starts the next, or is done. `on_step` gets each run's index in
-    /// `runs` and its step; breaking stops that run (its `finish` says `Cancelled`). An
-    /// error of the pass is every run's.
+    /// `runs` and its step; breaking stops that run (its `finish` says `Cancelled`).
+    ///
+    /// A pass that does not fit in memory is split in halves until its parts do (nothing of
+    /// a run changes before its pass has run, so a part runs as the whole would have); a
+    /// run that does not fit alone, or whose commit fails, fails alone (its `finish` gives
+    /// the error) and the others go on. Any other error of a pass is every run's.
     pub async fn step_runs_async(
         &self,
         ctx: &GpuContext,
@@ -227,25 +252,34 @@ impl DgemmaModel {
         if live.is_empty() {
             return Ok(());
         }
-        let canvases: Vec<DecodeCanvas<'_>> = live
-            .iter()
-            .map(|&i| {
-                let r = &*runs[i];
-                DecodeCanvas {
-                    cache: &r.cache,
-                    canvas: &r.canvas.tokens,
-                    probs: &r.probs,
-                    self_conditioned: !r.steps.is_empty(),
-                    temperature: r.params.temperature(r.t),
-                    draws: DrawStream {
-                        seed: r.seed,
-                        step: r.step_counter,
-                    },
+        let mut pending = self.limit().passes(&live);
+        pending.reverse();
+        let mut ran: Vec<(usize, usize, Vec<RowStats>)> = Vec::with_capacity(live.len());
+        let (mut widest, mut split) = (0, false);
+        while let Some(pass) = pending.pop() {
+            let canvases: Vec<DecodeCanvas<'_>> =
+                pass.iter().map(|&i| runs[i].decode_canvas()).collect();
+            match self.decode_steps_async(ctx, &canvases).await {
+                Ok(stats) => {
+                    widest = widest.max(pass.len());
+                    ran.extend(pass.iter().zip(stats).map(|(&i, s)| (i, pass.len(), s)));
                 }
-            })
-            .collect();
-        let stats = self.decode_steps_async(ctx, &canvases).await?;
-        for (&i, stats) in live.iter().zip(stats) {
+                Err(e) if is_capacity(&e) && pass.len() > 1 => {
+                    split = true;
+                    let (first, second) = pass.split_at(pass.len() / 2);
+                    pending.push(second.to_vec());
+                    pending.push(first.to_vec());
+                }
+                Err(e) if is_capacity(&e) => {
+                    split = true;
+                    runs[pass[0]].state = RunState::Failed(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.limit().after_step(widest, split);
+        ran.sort_by_key(|r| r.0);
+        for (i, pass_canvases, stats) in ran {
             let run = &mut *runs[i];
             run.step_counter = run.step_counter.wrapping_add(1);
             let len = run.canvas.tokens.len();
@@ -270,6 +304,7 @@ impl DgemmaModel {
                     canvas: run.index,
                     step: &step,
                     entropies: &entropies,
+                    pass_canvases,
                 },
             );
             if flow.is_break() {
@@ -279,11 +314,23 @@ impl DgemmaModel {
             let stop = step.stop;
             run.steps.push(step);
             run.t -= 1;
-            if stop || run.t == 0 {
-                self.end_canvas(ctx, run, vocab)?;
+            if (stop || run.t == 0)
+                && let Err(e) = self.end_canvas(ctx, run, vocab)
+            {
+                run.state = RunState::Failed(e);
             }
         }
         Ok(())
+    }
+
+    /// Most canvases one decoder pass takes now (`None`: no limit): lowered when a batched
+    /// step did not fit in memory, raised again after `PROBE_AFTER` steps that did.
+    pub fn pass_limit(&self) -> Option<usize> {
+        self.limit().get()
+    }
+
+    fn limit(&self) -> std::sync::MutexGuard<'_, PassLimit> {
+        self.pass_limit.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The canvas's output (its last argmax) joins the sequence; at an eos or the last

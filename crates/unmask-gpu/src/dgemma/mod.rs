@@ -7,6 +7,7 @@
 mod attend;
 mod generate;
 mod pass;
+mod pass_limit;
 mod prefix;
 mod steps;
 mod weights;
@@ -19,6 +20,7 @@ use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
 
 pub use generate::{DgemmaRun, GeneratedCanvas, Generation, SharedPrefix, StepReport};
 pub use pass::{Pass, SelfConditioning};
+pub use pass_limit::PROBE_AFTER;
 pub use prefix::{DgemmaPrefixStore, PrefixUse};
 pub use steps::DecodeCanvas;
 pub use weights::{DgemmaLayer, DgemmaWeights, SelfConditioningMlp, weight_bytes};
@@ -59,6 +61,8 @@ pub struct DgemmaModel {
     /// The last decoder step's buffers, kept for the next step of as many rows: a steady
     /// request (or batch) allocates nothing per step, and its bind groups are found again.
     step_buffers: std::sync::Mutex<Option<steps::StepBuffers>>,
+    /// Most canvases one decoder pass takes, lowered when a batch did not fit in memory.
+    pass_limit: std::sync::Mutex<pass_limit::PassLimit>,
 }
 
 /// The K/V of the positions encoded so far, per layer, f32 rows of `K·d`. A full-attention
@@ -220,6 +224,7 @@ impl DgemmaModel {
             rope_full,
             ones,
             step_buffers: std::sync::Mutex::new(None),
+            pass_limit: std::sync::Mutex::default(),
         })
     }
 

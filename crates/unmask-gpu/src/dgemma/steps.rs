@@ -2,6 +2,7 @@
 //! its read-back awaited (`*_async`, what a browser needs) or, natively, blocked on.
 
 use super::pass::{Pass, Scratch, SelfConditioning, Span};
+use super::pass_limit::is_capacity;
 use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
@@ -65,7 +66,15 @@ impl DgemmaModel {
     ) -> Result<(), ModelError> {
         for piece in pieces(ids, cache.pass_rows) {
             self.make_room(ctx, cache, piece.len())?;
-            self.submit(ctx, cache, piece, Pass::Encode, false)?;
+            match self.submit(ctx, cache, piece, Pass::Encode, false) {
+                // The kept decoder step buffers are the memory to give back first.
+                Err(e) if is_capacity(&e) && self.free_step_buffers() => {
+                    self.submit(ctx, cache, piece, Pass::Encode, false)?;
+                }
+                result => {
+                    result?;
+                }
+            }
             cache.len += piece.len();
         }
         Ok(())
@@ -244,37 +253,50 @@ impl DgemmaModel {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let bufs = match kept {
+        let mut bufs = match kept {
             Some(b) if b.rows == t && b.dtype == dtype => {
                 b.scratch.ids.write_u32(ctx, &ids)?;
                 b.scratch.positions.write_u32(ctx, &positions)?;
                 b
             }
-            _ => StepBuffers::new(ctx, self, &ids, &positions, dtype)?,
+            other => {
+                // The kept set is freed before the new one is made: never both at once.
+                drop(other);
+                StepBuffers::new(ctx, self, &ids, &positions, dtype)?
+            }
         };
-        let s = &bufs.scratch;
         let mut step = StepEncoder::new(ctx, "diffusion gemma denoising step");
         // The decoder's self-conditioning input: a lone canvas reads its own softmax; a
-        // batch gathers each self-conditioned canvas's into its rows and leaves zeros for the
-        // others (zero probabilities add exactly nothing: the soft embedding, its norm and
-        // the bias-free MLP of zeros are zeros).
-        let gathered;
+        // batch gathers each self-conditioned canvas's into its rows and zeros the others'
+        // (zero probabilities add exactly nothing: the soft embedding, its norm and the
+        // bias-free MLP of zeros are zeros). The gathered buffer is kept with the step's.
         let self_conditioning = if !canvases.iter().any(|c| c.self_conditioned) {
             SelfConditioning::None
         } else if let [one] = canvases {
             SelfConditioning::Probs(one.probs)
         } else {
-            gathered = Tensor::zeros(ctx, DType::F32, &[t, v], "dgemma batch self-conditioning")?;
+            let gathered: &Tensor = match &mut bufs.gathered {
+                Some(g) => g,
+                slot @ None => slot.insert(Tensor::zeros(
+                    ctx,
+                    DType::F32,
+                    &[t, v],
+                    "dgemma batch self-conditioning",
+                )?),
+            };
+            let row = (v * 4) as u64;
             for (c, span) in canvases.iter().zip(&spans) {
+                let bytes = c.canvas.len() as u64 * row;
+                let at = span.rows.start as u64 * row;
                 if c.self_conditioned {
-                    let row = (v * 4) as u64;
-                    let bytes = c.canvas.len() as u64 * row;
-                    let at = span.rows.start as u64 * row;
                     step.copy(&c.probs.buffer, 0, &gathered.buffer, at, bytes);
+                } else {
+                    step.clear(&gathered.buffer, at, bytes);
                 }
             }
-            SelfConditioning::Probs(&gathered)
+            SelfConditioning::Probs(gathered)
         };
+        let s = &bufs.scratch;
         let pass = Pass::Decode { self_conditioning };
         self.record_pass(ctx, &mut step, s, &spans, pass)?;
         let (logits, stats) = (&bufs.logits, &bufs.stats);
@@ -303,14 +325,29 @@ impl DgemmaModel {
     }
 }
 
+impl DgemmaModel {
+    /// Frees the kept decoder step buffers (memory for a pass that did not fit); whether
+    /// there were any.
+    pub(super) fn free_step_buffers(&self) -> bool {
+        let kept = self
+            .step_buffers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        kept.is_some()
+    }
+}
+
 /// A decoder step's buffers (`DgemmaModel::step_buffers`): the pass's scratch, the logits
-/// and the rows' statistics, for `rows` rows with K/V in `dtype`.
+/// and the rows' statistics, for `rows` rows with K/V in `dtype`, and a batch's gathered
+/// self-conditioning input once one needed it.
 pub(super) struct StepBuffers {
     rows: usize,
     dtype: DType,
     scratch: Scratch,
     logits: Tensor,
     stats: Tensor,
+    gathered: Option<Tensor>,
 }
 
 impl StepBuffers {
@@ -328,6 +365,7 @@ impl StepBuffers {
             scratch: Scratch::new(ctx, m, ids, positions, dtype)?,
             logits: Tensor::zeros(ctx, DType::F32, &[t, m.cfg.vocab_size], "dgemma logits")?,
             stats: Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?,
+            gathered: None,
         })
     }
 }

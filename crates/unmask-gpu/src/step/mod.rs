@@ -75,8 +75,9 @@ enum Command {
         groups: [u32; 3],
         layer: Option<u32>,
     },
+    /// A buffer-to-buffer copy, or with no `src` a clear of the destination range to zeros.
     Copy {
-        src: Arc<GpuBuffer>,
+        src: Option<Arc<GpuBuffer>>,
         src_offset: u64,
         dst: Arc<GpuBuffer>,
         dst_offset: u64,
@@ -121,7 +122,10 @@ fn record_copy(encoder: &mut wgpu::CommandEncoder, command: &Command) {
         size,
     } = command
     {
-        encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size);
+        match src {
+            Some(src) => encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size),
+            None => encoder.clear_buffer(dst, *dst_offset, Some(*size)),
+        }
     }
 }
 
@@ -197,10 +201,25 @@ impl<'a> StepEncoder<'a> {
             return;
         }
         self.commands.push(Command::Copy {
-            src: src.clone(),
+            src: Some(src.clone()),
             src_offset,
             dst: dst.clone(),
             dst_offset,
+            size,
+        });
+    }
+
+    /// Records zeroing `size` bytes of `dst` from `offset` (multiples of 4), in order with
+    /// the dispatches and copies around it.
+    pub fn clear(&mut self, dst: &Arc<GpuBuffer>, offset: u64, size: u64) {
+        if size == 0 {
+            return;
+        }
+        self.commands.push(Command::Copy {
+            src: None,
+            src_offset: 0,
+            dst: dst.clone(),
+            dst_offset: offset,
             size,
         });
     }

@@ -34,7 +34,8 @@ struct Running {
     tracker: Tracker,
     stream: CanvasStream,
     sampling: GemmaSampling,
-    /// Most requests in one of its decoder passes.
+    /// Most requests in one of its decoder passes (fewer than were running when a batch
+    /// did not fit in memory).
     batch: usize,
 }
 
@@ -74,25 +75,24 @@ pub fn run(
         }
         let n = running.len();
         update_gauges(engine, &shared, &mut recent, n);
-        // The tasks step together; each step's report goes to its request's stream.
+        // The tasks step together (in passes that fit in memory); each step's report goes
+        // to its request's stream.
         let (mut tasks, mut streams): (Vec<&mut DgemmaTask>, Vec<_>) = running
             .iter_mut()
-            .map(|r| {
-                r.batch = r.batch.max(n);
-                (&mut r.task, (&mut r.tracker, &mut r.stream))
-            })
+            .map(|r| (&mut r.task, (&mut r.tracker, &mut r.stream, &mut r.batch)))
             .unzip();
         // A client gone stops its request at the next step.
         let stepped = pollster::block_on(engine.step_async(&mut tasks, &mut |i, r| {
-            let (tracker, stream) = &mut streams[i];
+            let (tracker, stream, batch) = &mut streams[i];
             if tracker.gone() {
                 return ControlFlow::Break(());
             }
+            **batch = (**batch).max(r.pass_canvases);
             stream.step(&r, engine, tracker);
             ControlFlow::Continue(())
         }));
         if let Err(e) = stepped {
-            // The pass failed for every request in it.
+            // Not a matter of memory (a device lost): every request in the step fails.
             for run in running.drain(..) {
                 let e = api_error(&e, run.tracker.completion);
                 finish(run.tracker, &shared, Err(e));
@@ -345,6 +345,8 @@ fn update_gauges(
         .set((stats.bytes as f64 / budget as f64).min(1.0));
     m.gpu_memory_bytes
         .set(engine.ctx().memory.live_bytes() as i64);
+    m.pass_limit
+        .set(engine.model().pass_limit().map_or(0, |l| l as i64));
     m.vllm.running.set(running as i64);
     m.vllm.waiting.set(queued);
 }
