@@ -90,6 +90,10 @@ pub struct Session<'e> {
     /// run by `generate`, whose report counts them); a session from `Engine::session`
     /// reports them apart (`entry_token_layer_passes`).
     pub(crate) charge_setup: bool,
+    /// Arena windows taken in whole slots of this many rows (`None`: as long as each
+    /// request). With slots of the longest request, n slots always hold n requests whatever
+    /// order they finish in (packed windows leave gaps that need up to 2n − 1 longest).
+    pub(crate) slot_rows: Option<usize>,
 }
 
 impl Engine {
@@ -166,6 +170,7 @@ impl Engine {
             guidance: None,
             first_to_join: true,
             charge_setup: false,
+            slot_rows: None,
         })
     }
 }
@@ -345,12 +350,14 @@ impl Session<'_> {
     /// not fit yet holds back later ones.
     async fn place_waiting(&mut self, done: &mut Vec<(usize, Result<Generation, EngineError>)>) {
         let engine = self.engine;
+        let slot_rows = self.slot_rows;
+        let window = move |len: usize| slot_rows.map_or(len, |s| len.div_ceil(s.max(1)) * s);
         while let Some((_, p)) = self.waiting.front() {
-            let len = p.sampler.tokens().len();
+            let len = window(p.sampler.tokens().len());
             let mut occupied: Vec<(usize, usize)> = self
                 .running
                 .iter()
-                .map(|(_, m)| (m.kv_base, m.prepared.sampler.tokens().len()))
+                .map(|(_, m)| (m.kv_base, window(m.prepared.sampler.tokens().len())))
                 .collect();
             let Some(kv_base) = first_fit(&mut occupied, len, self.state.st.seq_len) else {
                 break;

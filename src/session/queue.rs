@@ -102,18 +102,18 @@ impl Engine {
                 }
             }
         }
-        // Members keep their arena rows from joining to finishing, so freed rows are
-        // scattered: with n − 1 members of at most `longest` rows running, (2n − 1)·longest
-        // rows always leave a gap of `longest` for the next one (n − 1 runs cut the free
-        // rows into at most n gaps). Capped by one storage binding: then a request may wait
-        // for room, and one longer than the binding holds gets its refusal.
+        // Members keep their arena rows from joining to finishing; each takes a slot of
+        // `longest` rows, so n slots always hold the n running whatever order they finish
+        // in (windows packed by length would leave gaps: (2n − 1)·longest rows). Capped by
+        // one storage binding: then a request may wait for room, and one longer than the
+        // binding holds gets its refusal.
         let longest = prepared
             .iter()
             .flatten()
             .map(|p| p.sampler.tokens().len())
             .max()
             .unwrap_or(1);
-        let rows = (longest * (2 * max_running - 1)).min(self.model.max_state_rows());
+        let rows = (longest * max_running).min(self.model.max_state_rows());
         let mut lanes: Vec<Lane<'_>> = Vec::new();
         let mut next = 0;
         loop {
@@ -124,7 +124,7 @@ impl Engine {
                 let Some(p) = prepared[i].take() else {
                     continue;
                 };
-                match self.join(&mut lanes, p, rows) {
+                match self.join(&mut lanes, p, rows, longest) {
                     Ok((k, id)) => {
                         lanes[k].members.push((id, i));
                         running += 1;
@@ -164,12 +164,14 @@ impl Engine {
 
     /// Admits `p` to the lane that takes it, or to a new session: its prefix's (built if
     /// not stored; when it cannot be stored `p` falls back and shares none) or one without
-    /// a prefix. Returns the lane and the request's id there.
+    /// a prefix; a new session has `rows` rows in slots of `slot_rows`. Returns the lane
+    /// and the request's id there.
     fn join<'e>(
         &'e self,
         lanes: &mut Vec<Lane<'e>>,
         mut p: Prepared<'static>,
         rows: usize,
+        slot_rows: usize,
     ) -> Result<(usize, usize), EngineError> {
         let shared =
             |p: &Prepared<'static>| p.shared.map(|(depth, _)| (p.prefix().to_vec(), depth));
@@ -186,6 +188,7 @@ impl Engine {
             match self.session(Some(&PrefixKey { tokens, depth }), rows) {
                 Ok(mut session) => {
                     session.charge_setup = true;
+                    session.slot_rows = Some(slot_rows);
                     lanes.push(Lane {
                         session,
                         members: Vec::new(),
@@ -203,8 +206,10 @@ impl Engine {
         let k = match k {
             Some(k) => k,
             None => {
+                let mut session = self.session(None, rows)?;
+                session.slot_rows = Some(slot_rows);
                 lanes.push(Lane {
-                    session: self.session(None, rows)?,
+                    session,
                     members: Vec::new(),
                 });
                 lanes.len() - 1
