@@ -6,6 +6,7 @@ mod common;
 
 mod acache;
 mod bicache;
+mod bicache_batch;
 mod cache_modes;
 mod checkpoint_errors;
 mod continuous;
@@ -21,6 +22,7 @@ mod kernels_dgemma;
 mod kernels_elementwise;
 mod kernels_experts;
 mod kernels_matmul;
+mod kernels_matmul_fused;
 mod kernels_moe;
 mod kernels_quant;
 mod kernels_select;

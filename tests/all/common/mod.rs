@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod attention;
+pub mod matmul;
 pub mod select;
 
 use std::path::{Path, PathBuf};
