@@ -24,7 +24,14 @@ use measure::choose;
 pub use measure::tune_class;
 pub use variants::variants;
 
-pub const KERNEL: KernelSource = crate::kernel_source!("matmul", "weight_load");
+pub const KERNEL: KernelSource = crate::kernel_source!(
+    "matmul",
+    "matmul_tiled",
+    "matmul_gemm",
+    "matmul_narrow",
+    "matmul_coop",
+    "weight_load"
+);
 /// The second pass of `CoopSplit`: sums of the K slices and the epilogue.
 pub const SPLIT_REDUCE: KernelSource = crate::kernel_source!("matmul_split");
 

@@ -1,5 +1,6 @@
-//! Every specialisation of `shaders/matmul.wgsl` and `shaders/matmul_split.wgsl` the matmul
-//! can dispatch, for the shader checks (naga, spirv-val, the browser's limits).
+//! Every specialisation of `shaders/matmul.wgsl` (with the kernels appended to it) and
+//! `shaders/matmul_split.wgsl` the matmul can dispatch, for the shader checks (naga,
+//! spirv-val, the browser's limits).
 
 use super::{CoopShape, FUSIONS, KERNEL, MatmulKernel, SPLIT_REDUCE, spec};
 use crate::ops::ShaderVariant;
