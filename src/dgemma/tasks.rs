@@ -1,6 +1,7 @@
-//! Requests run together: `start` checks and encodes one (its system turn through the prefix
-//! store) and begins its first canvas, `step_async` denoises every running one by a step in
-//! one decoder pass, `finish` gives the output back. `generate_async` is one request run so.
+//! Requests run together: `start` checks one, encodes its system turn through the prefix
+//! store and draws its first canvas, `step_async` denoises every running one by a step in
+//! one decoder pass (and encodes a piece of each newer one's prompt), `finish` gives the
+//! output back. `generate_async` is one request run so.
 
 use std::ops::ControlFlow;
 
@@ -36,9 +37,10 @@ impl DgemmaTask {
 }
 
 impl DgemmaEngine {
-    /// Checks `request`, encodes its prompt (the system turn through the prefix store: copied
-    /// when stored, else encoded and stored) and starts its first canvas. A request the model
-    /// cannot run is refused here, by name.
+    /// Checks `request`, encodes its system turn through the prefix store (copied when
+    /// stored, else encoded and stored) and draws its first canvas; the rest of the prompt
+    /// is encoded by the next steps, a piece each. A request the model cannot run is refused
+    /// here, by name.
     pub fn start(&self, request: &DgemmaRequest) -> Result<DgemmaTask, EngineError> {
         let (ids, shared) = self.encode_prompt(&request.prompt)?;
         let cfg = &self.model.cfg;
@@ -72,8 +74,8 @@ impl DgemmaEngine {
         }
         let start = Stopwatch::start();
         let draws = Box::new(SeededDraws::new(request.seed));
-        // The store is only needed while the prompt is encoded (its passes are submitted,
-        // not awaited): locked for that alone.
+        // The store is only needed while the system turn is encoded (its passes are
+        // submitted, not awaited): locked for that alone.
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let prefix = (request.share_system && shared > 0).then_some(SharedPrefix {
             shared,

@@ -106,10 +106,10 @@ fn generations_denoised_together_replay_the_reference() {
         let (got, _) = run.finish().unwrap();
         assert_replays(case, &got);
     }
-    assert_eq!(widest, cases.len(), "the first pass denoises every canvas");
+    assert_eq!(widest, cases.len(), "a pass denoises every canvas");
     assert!(passes < steps, "{passes} passes for {steps} steps");
     eprintln!(
-        "[check] DiffusionGemma: 7 generations together, {steps} steps in {passes} decoder passes, each equal to the reference's"
+        "[check] DiffusionGemma: 7 generations together, {steps} steps in {passes} rounds (the first encodes their prompts), each equal to the reference's"
     );
 }
 
@@ -152,7 +152,8 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
         let live = ctx.memory.live_bytes();
         let start_bytes = ctx.memory.peak_bytes() - live;
         ctx.memory.reset_peak();
-        for _ in 0..2 {
+        // Its prompt's pieces, then a first and a self-conditioned step.
+        while runs[0].steps_run() < 2 {
             pollster::block_on(
                 model.step_runs_async(&ctx, &mut [&mut runs[0]], &mut |_, _| {
                     std::ops::ControlFlow::Continue(())
@@ -162,7 +163,8 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
         }
         (live, start_bytes, ctx.memory.peak_bytes() - live)
     };
-    // Starting a run (its prompt encoded in passes of 16 rows) needs less than a step.
+    // Starting a run (its cache; its prompt is encoded by the steps, in pieces of 16 rows)
+    // needs less than a step.
     assert!(start_bytes < solo_bytes, "{start_bytes} vs {solo_bytes}");
     let ctx = context(Some(runs_bytes + solo_bytes + solo_bytes / 4));
     let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
@@ -218,18 +220,102 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
                 .unwrap()
         })
         .collect();
-    let mut refs: Vec<_> = runs.iter_mut().collect();
-    pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
-        std::ops::ControlFlow::Continue(())
-    }))
-    .unwrap();
+    // Their prompts' pieces, then the first steps that fail.
+    for _ in 0..8 {
+        let mut refs: Vec<_> = runs.iter_mut().collect();
+        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
+            std::ops::ControlFlow::Continue(())
+        }))
+        .unwrap();
+    }
     for run in runs {
         assert!(run.is_done());
+        assert_eq!(run.steps_run(), 0);
         let e = run.finish().unwrap_err().to_string();
         assert!(e.contains("of the budget's"), "{e}");
     }
     eprintln!(
         "[check] DiffusionGemma under a budget of one canvas's step ({solo_bytes} bytes over the runs' {runs_bytes}): 4 generations in {passes} rounds of one-canvas passes, each equal to the reference's; under less, each run fails alone"
+    );
+}
+
+/// A request whose long prompt arrives while another denoises: its prompt is encoded a
+/// piece per step (16 rows here) and the running request takes a denoising step in every
+/// one of those rounds instead of waiting for the whole prompt; the late request's
+/// generation equals its run alone, and the running one still replays the reference.
+#[test]
+fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
+    use unmask_core::sampler::entropy_bound::SeededDraws;
+    use unmask_goldens::dgemma::generation_cases;
+    let dir = fixture();
+    let ctx = common::ctx();
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    model.pass_rows = 16;
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    let case = &cases[0];
+    let mut draws = case.draws.clone();
+    let mut running = model
+        .start(
+            &ctx,
+            &case.prompt,
+            None,
+            &case.params,
+            Box::new(&mut draws),
+            0,
+        )
+        .unwrap();
+    let quiet =
+        &mut |_: usize, _: unmask_gpu::dgemma::StepReport<'_>| std::ops::ControlFlow::Continue(());
+    // The running request is past its own prompt and denoising.
+    while running.steps_run() < 2 {
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running], quiet)).unwrap();
+    }
+    let long: Vec<u32> = (0..100).map(|i| 2 + (i * 7) % 60).collect();
+    let mut params = case.params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(32);
+    let start = |model: &DgemmaModel| {
+        model
+            .start(&ctx, &long, None, &params, Box::new(SeededDraws::new(5)), 5)
+            .unwrap()
+    };
+    let mut late = start(&model);
+    assert_eq!(late.prompt_left(), long.len());
+    let mut rounds = 0;
+    while late.prompt_left() > 0 {
+        let before = running.steps_run();
+        let left = late.prompt_left();
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running, &mut late], quiet))
+            .unwrap();
+        assert_eq!(
+            left - late.prompt_left(),
+            left.min(16),
+            "one piece per step"
+        );
+        if !running.is_done() {
+            assert_eq!(
+                running.steps_run(),
+                before + 1,
+                "the running request stepped"
+            );
+        }
+        rounds += 1;
+    }
+    assert_eq!(rounds, long.len().div_ceil(16));
+    while !running.is_done() || !late.is_done() {
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running, &mut late], quiet))
+            .unwrap();
+    }
+    assert_replays(case, &running.finish().unwrap().0);
+    let (together, _) = late.finish().unwrap();
+    let mut alone = start(&model);
+    while !alone.is_done() {
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut alone], quiet)).unwrap();
+    }
+    assert_eq!(together.sequence, alone.finish().unwrap().0.sequence);
+    eprintln!(
+        "[check] DiffusionGemma: a {}-token prompt encoded in {rounds} pieces, the running request stepping in each; its generation equals its run alone",
+        long.len()
     );
 }
 

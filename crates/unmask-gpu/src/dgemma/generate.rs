@@ -72,6 +72,8 @@ pub struct DgemmaRun<'d> {
     t: usize,
     /// Denoising steps run over all canvases (each step's draw stream).
     step_counter: u32,
+    /// Prompt tokens (the end of `sequence`) not encoded yet: the run denoises once they are.
+    prompt_left: usize,
     prefix_use: Option<PrefixUse>,
     state: RunState,
 }
@@ -95,6 +97,11 @@ impl DgemmaRun<'_> {
     /// Denoising steps run so far (over every canvas).
     pub fn steps_run(&self) -> usize {
         self.step_counter as usize
+    }
+
+    /// Prompt tokens not encoded yet (its first denoising step waits for them).
+    pub fn prompt_left(&self) -> usize {
+        self.prompt_left
     }
 
     /// The generation and what the prompt's shared prefix did; `ModelError::Cancelled`
@@ -199,13 +206,13 @@ impl DgemmaModel {
         }
         let n_canvases = params.max_new_tokens.div_ceil(len);
         let mut cache = self.new_cache(ctx, prompt.len() + n_canvases * len)?;
+        // The shared part now (through the store, so the next request finds it); the rest
+        // a piece per step (`step_runs_async`), between the other runs' decoder passes.
         let prefix_use = match prefix {
-            Some(p) => Some(self.encode_prompt(ctx, &mut cache, prompt, p.shared, p.store)?),
-            None => {
-                self.append(ctx, &mut cache, prompt)?;
-                None
-            }
+            Some(p) => Some(self.encode_shared(ctx, &mut cache, prompt, p.shared, p.store)?),
+            None => None,
         };
+        let prompt_left = prompt.len() - cache.len;
         let probs = Tensor::zeros(ctx, DType::F32, &[len, vocab], "dgemma self-conditioning")?;
         let init = draws.uniform_canvas(len, vocab);
         Ok(DgemmaRun {
@@ -223,6 +230,7 @@ impl DgemmaModel {
             steps: Vec::new(),
             t: params.max_denoising_steps,
             step_counter: 0,
+            prompt_left,
             prefix_use,
             state: if n_canvases == 0 {
                 RunState::Done
@@ -241,18 +249,58 @@ impl DgemmaModel {
     /// a run changes before its pass has run, so a part runs as the whole would have); a
     /// run that does not fit alone, or whose commit fails, fails alone (its `finish` gives
     /// the error) and the others go on. Any other error of a pass is every run's.
+    ///
+    /// A run still encoding its prompt encodes one piece of it instead (an encoder pass of
+    /// `pass_rows` tokens, after the decoder pass), so a long prompt that arrives does not
+    /// hold the running requests' steps back; it denoises once its prompt is in. The pieces
+    /// are the ones a whole-prompt encode makes, so its K/V and its generation are the same.
     pub async fn step_runs_async(
         &self,
         ctx: &GpuContext,
         runs: &mut [&mut DgemmaRun<'_>],
         on_step: &mut dyn FnMut(usize, StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(), ModelError> {
+        let ready = |r: &DgemmaRun<'_>| !r.is_done() && r.prompt_left == 0;
+        let live: Vec<usize> = (0..runs.len()).filter(|&i| ready(runs[i])).collect();
+        let encoding: Vec<usize> = (0..runs.len())
+            .filter(|&i| !runs[i].is_done() && runs[i].prompt_left > 0)
+            .collect();
+        self.denoise_runs(ctx, runs, &live, on_step).await?;
+        for i in encoding {
+            let run = &mut *runs[i];
+            if let Err(e) = self.encode_prompt_piece(ctx, run) {
+                run.state = RunState::Failed(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The next piece of `run`'s prompt into its cache.
+    fn encode_prompt_piece(
+        &self,
+        ctx: &GpuContext,
+        run: &mut DgemmaRun<'_>,
+    ) -> Result<(), ModelError> {
+        let from = run.sequence.len() - run.prompt_left;
+        let n = run.prompt_left.min(run.cache.pass_rows.max(1));
+        self.append(ctx, &mut run.cache, &run.sequence[from..from + n])?;
+        run.prompt_left -= n;
+        Ok(())
+    }
+
+    /// The denoising step of the runs `live` (ready to denoise), in passes that fit.
+    async fn denoise_runs(
+        &self,
+        ctx: &GpuContext,
+        runs: &mut [&mut DgemmaRun<'_>],
+        live: &[usize],
+        on_step: &mut dyn FnMut(usize, StepReport<'_>) -> ControlFlow<()>,
+    ) -> Result<(), ModelError> {
         let vocab = self.cfg.vocab_size;
-        let live: Vec<usize> = (0..runs.len()).filter(|&i| !runs[i].is_done()).collect();
         if live.is_empty() {
             return Ok(());
         }
-        let mut pending = self.limit().passes(&live);
+        let mut pending = self.limit().passes(live);
         pending.reverse();
         let mut ran: Vec<(usize, usize, Vec<RowStats>)> = Vec::with_capacity(live.len());
         let (mut widest, mut split) = (0, false);

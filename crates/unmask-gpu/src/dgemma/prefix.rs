@@ -176,9 +176,24 @@ impl DgemmaPrefixStore {
 
 impl DgemmaModel {
     /// Encodes `prompt` into the empty `cache`, its first `shared` tokens (the part many
-    /// requests share: a system turn) through `store`: copied from it when stored, else
-    /// encoded and stored; then the rest.
+    /// requests share: a system turn) through `store` (`encode_shared`), then the rest.
     pub fn encode_prompt(
+        &self,
+        ctx: &GpuContext,
+        cache: &mut DgemmaCache,
+        prompt: &[u32],
+        shared: usize,
+        store: &mut DgemmaPrefixStore,
+    ) -> Result<PrefixUse, ModelError> {
+        let used = self.encode_shared(ctx, cache, prompt, shared, store)?;
+        self.append(ctx, cache, &prompt[cache.len..])?;
+        Ok(used)
+    }
+
+    /// Encodes the first `shared` tokens of `prompt` (the part many requests share: a
+    /// system turn) into the empty `cache` through `store`: copied from it when stored, else
+    /// encoded and stored. The rest of the prompt is left to the caller (from `cache.len`).
+    pub fn encode_shared(
         &self,
         ctx: &GpuContext,
         cache: &mut DgemmaCache,
@@ -205,7 +220,7 @@ impl DgemmaModel {
                 prompt.len()
             )));
         }
-        let (head, rest) = prompt.split_at(shared);
+        let head = &prompt[..shared];
         let used = if shared == 0 {
             PrefixUse::Uncached
         } else if let Some(i) = store.find(head) {
@@ -239,13 +254,6 @@ impl DgemmaModel {
                 PrefixUse::Uncached
             }
         };
-        if shared == 0 || rest.is_empty() {
-            if shared == 0 {
-                self.append(ctx, cache, prompt)?;
-            }
-            return Ok(used);
-        }
-        self.append(ctx, cache, rest)?;
         Ok(used)
     }
 }
