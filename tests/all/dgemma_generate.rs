@@ -79,26 +79,10 @@ fn generations_denoised_together_replay_the_reference() {
     let cases =
         generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
     let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
-    let mut runs: Vec<_> = cases
-        .iter()
-        .zip(draws.iter_mut())
-        .map(|(c, d)| {
-            model
-                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
-                .unwrap()
-        })
-        .collect();
-    let mut widest = 0;
-    let mut passes = 0;
+    let mut runs = start_runs(&model, &ctx, &cases, &mut draws);
+    let (mut widest, mut passes) = (0, 0);
     while runs.iter().any(|r| !r.is_done()) {
-        let mut refs: Vec<_> = runs.iter_mut().collect();
-        let mut in_pass = 0;
-        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
-            in_pass += 1;
-            std::ops::ControlFlow::Continue(())
-        }))
-        .unwrap();
-        widest = widest.max(in_pass);
+        widest = widest.max(step_all(&model, &ctx, &mut runs));
         passes += 1;
     }
     let steps: usize = runs.iter().map(|r| r.steps_run()).sum();
@@ -111,6 +95,40 @@ fn generations_denoised_together_replay_the_reference() {
     eprintln!(
         "[check] DiffusionGemma: 7 generations together, {steps} steps in {passes} rounds (the first encodes their prompts), each equal to the reference's"
     );
+}
+
+/// The runs of `cases` started on `model`, each replaying its case's draws.
+fn start_runs<'d>(
+    model: &DgemmaModel,
+    ctx: &unmask_gpu::GpuContext,
+    cases: &[unmask_goldens::dgemma::GenerationCase],
+    draws: &'d mut [unmask_core::sampler::entropy_bound::ReplayedDraws],
+) -> Vec<unmask_gpu::dgemma::DgemmaRun<'d>> {
+    cases
+        .iter()
+        .zip(draws.iter_mut())
+        .map(|(c, d)| {
+            model
+                .start(ctx, &c.prompt, None, &c.params, Box::new(d), 0)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// One `step_runs_async` of `runs`; returns the widest pass that denoised any of them.
+fn step_all(
+    model: &DgemmaModel,
+    ctx: &unmask_gpu::GpuContext,
+    runs: &mut [unmask_gpu::dgemma::DgemmaRun<'_>],
+) -> usize {
+    let mut widest = 0;
+    let mut refs: Vec<_> = runs.iter_mut().collect();
+    pollster::block_on(model.step_runs_async(ctx, &mut refs, &mut |_, r| {
+        widest = widest.max(r.pass_canvases);
+        std::ops::ControlFlow::Continue(())
+    }))
+    .unwrap();
+    widest
 }
 
 /// Four recorded generations stepped together under a GPU memory budget that fits one
@@ -126,74 +144,47 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
     let cases =
         generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
     let cases = &cases[..4];
-    let context = |budget: Option<u64>| {
-        GpuContext::new(&ContextOptions {
+    // The fixture on a context with `budget`, in passes of 16 rows (a prompt's pieces then
+    // need less memory than a decoder step).
+    let setup = |budget: Option<u64>| {
+        let ctx = GpuContext::new(&ContextOptions {
             memory_budget: budget,
             ..common::options()
         })
-        .unwrap()
-    };
-    // What one canvas's decoder step needs beyond the runs' own memory, measured without
-    // a budget on a fresh context (its first step and a self-conditioned one).
-    let (runs_bytes, start_bytes, solo_bytes) = {
-        let ctx = context(None);
+        .unwrap();
         let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
         model.pass_rows = 16;
-        let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
-        let mut runs: Vec<_> = cases
-            .iter()
-            .zip(draws.iter_mut())
-            .map(|(c, d)| {
-                model
-                    .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
-                    .unwrap()
-            })
-            .collect();
+        (ctx, model)
+    };
+    let fresh_draws = || cases.iter().map(|c| c.draws.clone()).collect::<Vec<_>>();
+    // What one canvas's decoder step needs beyond the runs' own memory, measured without
+    // a budget on a fresh context: its prompt's pieces, a first and a self-conditioned step.
+    let (runs_bytes, start_bytes, solo_bytes) = {
+        let (ctx, model) = setup(None);
+        let mut draws = fresh_draws();
+        let mut runs = start_runs(&model, &ctx, cases, &mut draws);
         let live = ctx.memory.live_bytes();
         let start_bytes = ctx.memory.peak_bytes() - live;
         ctx.memory.reset_peak();
-        // Its prompt's pieces, then a first and a self-conditioned step.
         while runs[0].steps_run() < 2 {
-            pollster::block_on(
-                model.step_runs_async(&ctx, &mut [&mut runs[0]], &mut |_, _| {
-                    std::ops::ControlFlow::Continue(())
-                }),
-            )
-            .unwrap();
+            step_all(&model, &ctx, &mut runs[..1]);
         }
         (live, start_bytes, ctx.memory.peak_bytes() - live)
     };
-    // Starting a run (its cache; its prompt is encoded by the steps, in pieces of 16 rows)
-    // needs less than a step.
+    // Starting a run (its cache; its prompt is encoded by the steps) needs less than a step.
     assert!(start_bytes < solo_bytes, "{start_bytes} vs {solo_bytes}");
-    let ctx = context(Some(runs_bytes + solo_bytes + solo_bytes / 4));
-    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
-    model.pass_rows = 16;
-    let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
-    let mut runs: Vec<_> = cases
-        .iter()
-        .zip(draws.iter_mut())
-        .map(|(c, d)| {
-            model
-                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
-                .unwrap()
-        })
-        .collect();
+    let (ctx, model) = setup(Some(runs_bytes + solo_bytes + solo_bytes / 4));
+    let mut draws = fresh_draws();
+    let mut runs = start_runs(&model, &ctx, cases, &mut draws);
     assert_eq!(
         ctx.memory.live_bytes(),
         runs_bytes,
         "the same runs, the same memory"
     );
-    let mut widest = 0;
-    let mut passes = 0;
+    let (mut widest, mut rounds) = (0, 0);
     while runs.iter().any(|r| !r.is_done()) {
-        let mut refs: Vec<_> = runs.iter_mut().collect();
-        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, r| {
-            widest = widest.max(r.pass_canvases);
-            std::ops::ControlFlow::Continue(())
-        }))
-        .unwrap();
-        passes += 1;
+        widest = widest.max(step_all(&model, &ctx, &mut runs));
+        rounds += 1;
     }
     assert_eq!(widest, 1, "no pass of two canvases fits the budget");
     // Remembered: 1, or 2 when the last step was the probe after PROBE_AFTER clean ones.
@@ -207,26 +198,12 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
         assert_replays(case, &got);
     }
     // A budget no decoder pass fits: each run fails alone, nothing panics.
-    let ctx = context(Some(runs_bytes + (start_bytes + solo_bytes) / 2));
-    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
-    model.pass_rows = 16;
-    let mut draws: Vec<_> = cases.iter().map(|c| c.draws.clone()).collect();
-    let mut runs: Vec<_> = cases
-        .iter()
-        .zip(draws.iter_mut())
-        .map(|(c, d)| {
-            model
-                .start(&ctx, &c.prompt, None, &c.params, Box::new(d), 0)
-                .unwrap()
-        })
-        .collect();
-    // Their prompts' pieces, then the first steps that fail.
+    let (ctx, model) = setup(Some(runs_bytes + (start_bytes + solo_bytes) / 2));
+    let mut draws = fresh_draws();
+    let mut runs = start_runs(&model, &ctx, cases, &mut draws);
+    // Their prompts' pieces, then the first steps, which fail.
     for _ in 0..8 {
-        let mut refs: Vec<_> = runs.iter_mut().collect();
-        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut |_, _| {
-            std::ops::ControlFlow::Continue(())
-        }))
-        .unwrap();
+        step_all(&model, &ctx, &mut runs);
     }
     for run in runs {
         assert!(run.is_done());
@@ -235,7 +212,7 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
         assert!(e.contains("of the budget's"), "{e}");
     }
     eprintln!(
-        "[check] DiffusionGemma under a budget of one canvas's step ({solo_bytes} bytes over the runs' {runs_bytes}): 4 generations in {passes} rounds of one-canvas passes, each equal to the reference's; under less, each run fails alone"
+        "[check] DiffusionGemma under a budget of one canvas's step ({solo_bytes} bytes over the runs' {runs_bytes}): 4 generations in {rounds} rounds of one-canvas passes, each equal to the reference's; under less, each run fails alone"
     );
 }
 
