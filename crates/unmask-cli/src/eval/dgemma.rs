@@ -108,6 +108,7 @@ pub(super) fn run(args: &EvalArgs, dir: &Path) -> Result<(), CliError> {
         items.len(),
         args.set.display()
     );
+    engine.ctx().memory.reset_peak();
     let (outcomes, wall_s) = run_items(&engine, args, &items)?;
     let report = report(&engine, args, &items, &outcomes, set_items, wall_s);
     if let Some(path) = &args.out {
@@ -230,6 +231,8 @@ fn report(
         "answer_tokens_per_s": answer_tokens as f64 / seconds.max(1e-9),
         "denoising_steps": outcomes.iter().map(|o| o.steps).sum::<usize>(),
         "system_turn_hits": hits,
+        // The most GPU memory the engine held while the items ran (weights included).
+        "peak_gpu_bytes": engine.ctx().memory.peak_bytes(),
         "results": items.iter().zip(outcomes).map(|(item, o)| json!({
             "id": item.id,
             "task": item.task,
@@ -258,14 +261,15 @@ fn markdown(r: &serde_json::Value) -> String {
         line += "---|";
         row += &format!(" {}/{} |", t["correct"], t["items"]);
     }
-    head += " answer tok/s | steps | system turn from the store |";
-    line += "---|---|---|";
+    head += " answer tok/s | steps | system turn from the store | peak GPU memory (MiB) |";
+    line += "---|---|---|---|";
     row += &format!(
-        " {:.1} | {} | {}/{} |",
+        " {:.1} | {} | {}/{} | {:.1} |",
         r["answer_tokens_per_s"].as_f64().unwrap_or(0.0),
         r["denoising_steps"],
         r["system_turn_hits"],
-        items
+        items,
+        r["peak_gpu_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64
     );
     format!(
         "{} ({} of {} items, seed {}, batch {})\n\n{head}\n{line}\n{row}\n",

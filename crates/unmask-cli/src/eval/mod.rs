@@ -149,6 +149,8 @@ struct ModeRun {
     wall_s: f64,
     /// Bytes held by the shared prefix store after the mode's last item.
     store_bytes: u64,
+    /// The most GPU memory the engine held while the mode ran (weights included).
+    peak_gpu_bytes: u64,
 }
 pub fn run(args: &EvalArgs) -> Result<(), CliError> {
     let dir = args.model.dir()?;
@@ -375,6 +377,7 @@ fn run_mode(
     batch: usize,
 ) -> Result<ModeRun, CliError> {
     let start = Instant::now();
+    engine.ctx().memory.reset_peak();
     let mut results: Vec<Option<ItemResult>> = items.iter().map(|_| None).collect();
     let mut busy_s = 0.0;
     let mut failed = None;
@@ -428,6 +431,7 @@ fn run_mode(
         busy_s,
         wall_s: start.elapsed().as_secs_f64(),
         store_bytes: engine.prefix_store_stats().bytes,
+        peak_gpu_bytes: engine.ctx().memory.peak_bytes(),
     })
 }
 

@@ -45,6 +45,8 @@ pub(super) struct Summary {
     asked_recall: Option<f64>,
     /// KV arena plus the shared prefix store, for BiCache modes; the arena otherwise.
     cache_bytes: f64,
+    /// Measured: the most GPU memory the engine held during the mode (weights included).
+    peak_gpu_bytes: u64,
 }
 
 impl Summary {
@@ -172,6 +174,7 @@ pub(super) fn summarize(
         fallbacks: fallbacks.len(),
         first_fallback: fallbacks.first().map(|s| s.to_string()),
         cache_bytes,
+        peak_gpu_bytes: run.peak_gpu_bytes,
         mean_anchors,
         anchors_on_asked,
         asked_recall,
@@ -250,6 +253,7 @@ fn summary_json(s: &Summary) -> Map<String, Value> {
         "agreement_with_none": s.agreement_with_none,
         "cache_bytes": s.cache_bytes.round() as u64,
         "kv_arena_bytes": kv,
+        "peak_gpu_bytes": s.peak_gpu_bytes,
         "cache_hits": s.cache_hits,
         "cache_misses": s.cache_misses,
         "fallbacks": s.fallbacks,
@@ -380,6 +384,7 @@ pub(super) fn markdown(
             "agreement with none",
             "shared entry hit/miss/fallback",
             "anchors (on asked lines / asked lines' tokens anchored)",
+            "peak GPU memory (MiB)",
         ]
         .map(String::from),
     );
@@ -442,6 +447,7 @@ pub(super) fn markdown(
                 (Some(n), None) => format!("{n:.1}"),
                 _ => "–".to_string(),
             },
+            format!("{:.1}", s.peak_gpu_bytes as f64 / (1u64 << 20) as f64),
         ]);
         out.push_str(&table_row(&cells));
     }

@@ -208,6 +208,14 @@ fn eval_runs_diffusion_gemma() {
     for (a, b) in results.iter().zip(batched["results"].as_array().unwrap()) {
         assert_eq!(a["ids"], b["ids"], "{} alone and batched", a["id"]);
     }
+    // Measured on the device (weights included): two canvases at once hold more.
+    let peak = |r: &serde_json::Value| r["peak_gpu_bytes"].as_u64().expect("peak_gpu_bytes");
+    assert!(
+        peak(&batched) > peak(&r),
+        "{} vs {}",
+        peak(&batched),
+        peak(&r)
+    );
     let o = run(&[
         "eval", "--model", &dir_arg, "--set", &set_arg, "--cache", "bicache",
     ]);

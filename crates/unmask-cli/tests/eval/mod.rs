@@ -93,6 +93,12 @@ fn eval_runs_every_cache_mode_over_the_set() {
         }
         assert_eq!(m["canvas_tokens"], 32, "{name}");
         assert!(f64_of(&m["throughput_canvas"]) > 0.0, "{name}");
+        // Measured on the device: the weights and at least the mode's K/V.
+        let peak = m["peak_gpu_bytes"].as_u64().expect("peak_gpu_bytes");
+        assert!(
+            peak > m["kv_arena_bytes"].as_u64().unwrap_or(u64::MAX),
+            "{name}: {peak}"
+        );
         assert!(f64_of(&m["agreement_with_none"]) <= 1.0, "{name}");
         // The fixture has no depth table and no --depth is given: BiCache falls back on
         // every item, says why, and holds nothing in the store.
@@ -175,7 +181,7 @@ fn eval_runs_every_cache_mode_over_the_set() {
     }
     assert!(table.contains("| cache | accuracy | lookup | pair | record | format |"));
     assert!(table.contains(
-        "| TTFT (s) | agreement with none | shared entry hit/miss/fallback | anchors (on asked lines / asked lines' tokens anchored) |"
+        "| TTFT (s) | agreement with none | shared entry hit/miss/fallback | anchors (on asked lines / asked lines' tokens anchored) | peak GPU memory (MiB) |"
     ));
     for mode in ALL_CACHE_MODES {
         let rows = table
