@@ -104,16 +104,22 @@ impl Engine {
         }
         // Members keep their arena rows from joining to finishing; each takes a slot of
         // `longest` rows, so n slots always hold the n running whatever order they finish
-        // in (windows packed by length would leave gaps: (2n − 1)·longest rows). Capped by
-        // one storage binding: then a request may wait for room, and one longer than the
-        // binding holds gets its refusal.
+        // in (windows packed by length would leave gaps: (2n − 1)·longest rows). When n
+        // slots are over one storage binding the windows are packed by length in what the
+        // binding holds instead (a request may then wait for room, and one longer than the
+        // binding gets its refusal; slots of it would leave no room for the rest).
         let longest = prepared
             .iter()
             .flatten()
             .map(|p| p.sampler.tokens().len())
             .max()
             .unwrap_or(1);
-        let rows = (longest * max_running).min(self.model.max_state_rows());
+        let cap = self.model.max_state_rows();
+        let slot_rows = (longest * max_running <= cap).then_some(longest);
+        let rows = match slot_rows {
+            Some(slot) => slot * max_running,
+            None => (longest * (2 * max_running - 1)).min(cap),
+        };
         let mut lanes: Vec<Lane<'_>> = Vec::new();
         let mut next = 0;
         loop {
@@ -124,7 +130,7 @@ impl Engine {
                 let Some(p) = prepared[i].take() else {
                     continue;
                 };
-                match self.join(&mut lanes, p, rows, longest) {
+                match self.join(&mut lanes, p, rows, slot_rows) {
                     Ok((k, id)) => {
                         lanes[k].members.push((id, i));
                         running += 1;
@@ -164,14 +170,14 @@ impl Engine {
 
     /// Admits `p` to the lane that takes it, or to a new session: its prefix's (built if
     /// not stored; when it cannot be stored `p` falls back and shares none) or one without
-    /// a prefix; a new session has `rows` rows in slots of `slot_rows`. Returns the lane
+    /// a prefix; a new session has `rows` rows, in slots of `slot_rows` when given. Returns the lane
     /// and the request's id there.
     fn join<'e>(
         &'e self,
         lanes: &mut Vec<Lane<'e>>,
         mut p: Prepared<'static>,
         rows: usize,
-        slot_rows: usize,
+        slot_rows: Option<usize>,
     ) -> Result<(usize, usize), EngineError> {
         let shared =
             |p: &Prepared<'static>| p.shared.map(|(depth, _)| (p.prefix().to_vec(), depth));
@@ -188,7 +194,7 @@ impl Engine {
             match self.session(Some(&PrefixKey { tokens, depth }), rows) {
                 Ok(mut session) => {
                     session.charge_setup = true;
-                    session.slot_rows = Some(slot_rows);
+                    session.slot_rows = slot_rows;
                     lanes.push(Lane {
                         session,
                         members: Vec::new(),
@@ -207,7 +213,7 @@ impl Engine {
             Some(k) => k,
             None => {
                 let mut session = self.session(None, rows)?;
-                session.slot_rows = Some(slot_rows);
+                session.slot_rows = slot_rows;
                 lanes.push(Lane {
                     session,
                     members: Vec::new(),

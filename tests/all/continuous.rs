@@ -181,3 +181,45 @@ fn continuous_batching_keeps_each_depth_and_stops_when_asked() {
         "[continuous] depths 2, 1, 2: two sessions, each at its own depth; a stop leaves no pin"
     );
 }
+
+/// Requests whose longest one is over one storage binding's rows: the long one gets its
+/// refusal and the others still run, packed by length in what the binding holds (slots of
+/// the longest would leave them no room).
+#[test]
+fn continuous_batching_runs_the_rest_when_one_request_is_over_the_binding() {
+    let probe = engine();
+    let row_bytes = probe.model().state_row_bytes();
+    drop(probe);
+    // 100 rows of state fit one binding of this context.
+    let ctx = common::ctx_with_binding_limit(100 * row_bytes as u64);
+    let options = EngineOptions {
+        backend: None,
+        weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
+    };
+    let mut engine =
+        Engine::load_on(ctx, &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads");
+    engine.set_matmul_kernel(MatmulKernel::Tiled);
+    assert_eq!(engine.model().max_state_rows(), 100);
+    let short = |q: u32| Request::ids(vec![3 + q, 4, 5, 6]).with_params(params(32, 8, 32));
+    let requests = vec![
+        short(0),
+        Request::ids(vec![3, 4, 5, 6]).with_params(params(128, 8, 32)),
+        short(1),
+        short(2),
+    ];
+    let results = engine.generate_continuous(&requests, 2);
+    for (i, r) in results.iter().enumerate() {
+        if i == 1 {
+            let e = r.as_ref().expect_err("over the binding").to_string();
+            assert!(e.contains("132"), "{e}");
+        } else {
+            let g = r.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
+            let alone = engine.generate(&requests[i]).unwrap();
+            assert_eq!(g.ids, alone.ids, "request {i}");
+        }
+    }
+    eprintln!(
+        "[continuous] a request over the binding's 100 rows refused, the 3 others run and equal their runs alone"
+    );
+}

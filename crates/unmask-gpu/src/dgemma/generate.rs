@@ -186,8 +186,9 @@ impl DgemmaModel {
         run.finish()
     }
 
-    /// Encodes `prompt` (its shared part through `prefix` when given) and starts its first
-    /// canvas: a run for `step_runs_async`.
+    /// Encodes `prompt`'s shared part through `prefix` when given (the rest is encoded by
+    /// `step_runs_async`, a piece per step) and starts its first canvas: a run for
+    /// `step_runs_async`.
     pub fn start<'d>(
         &self,
         ctx: &GpuContext,
@@ -205,7 +206,9 @@ impl DgemmaModel {
             ));
         }
         let n_canvases = params.max_new_tokens.div_ceil(len);
-        let mut cache = self.new_cache(ctx, prompt.len() + n_canvases * len)?;
+        // A run's own memory comes before the kept step buffers of runs that ended.
+        let mut cache =
+            self.retry_after_freeing(|| self.new_cache(ctx, prompt.len() + n_canvases * len))?;
         // The shared part now (through the store, so the next request finds it); the rest
         // a piece per step (`step_runs_async`), between the other runs' decoder passes.
         let prefix_use = match prefix {
@@ -213,7 +216,14 @@ impl DgemmaModel {
             None => None,
         };
         let prompt_left = prompt.len() - cache.len;
-        let probs = Tensor::zeros(ctx, DType::F32, &[len, vocab], "dgemma self-conditioning")?;
+        let probs = self.retry_after_freeing(|| {
+            Ok(Tensor::zeros(
+                ctx,
+                DType::F32,
+                &[len, vocab],
+                "dgemma self-conditioning",
+            )?)
+        })?;
         let init = draws.uniform_canvas(len, vocab);
         Ok(DgemmaRun {
             cache,
@@ -247,8 +257,9 @@ impl DgemmaModel {
     ///
     /// A pass that does not fit in memory is split in halves until its parts do (nothing of
     /// a run changes before its pass has run, so a part runs as the whole would have); a
-    /// run that does not fit alone, or whose commit fails, fails alone (its `finish` gives
-    /// the error) and the others go on. Any other error of a pass is every run's.
+    /// run that does not fit alone, or whose commit or prompt piece fails, fails alone (its
+    /// `finish` gives the error; a failed commit's step was already given to `on_step`) and
+    /// the others go on. Any other error of a decoder pass is every run's.
     ///
     /// A run still encoding its prompt encodes one piece of it instead (an encoder pass of
     /// `pass_rows` tokens, after the decoder pass), so a long prompt that arrives does not

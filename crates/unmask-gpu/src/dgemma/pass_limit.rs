@@ -30,14 +30,17 @@ impl PassLimit {
     }
 
     /// After a step: `widest` canvases ran in its largest pass, `split` when a pass had to be
-    /// split for memory.
+    /// split for memory. A step in which nothing fit (runs that fail alone) says nothing of
+    /// batches; a step of passes smaller than the limit does not test it.
     pub(super) fn after_step(&mut self, widest: usize, split: bool) {
         if split {
-            self.canvases = Some(widest.max(1));
-            self.clean_steps = 0;
+            if widest > 0 {
+                self.canvases = Some(widest);
+                self.clean_steps = 0;
+            }
             return;
         }
-        let Some(limit) = self.canvases else {
+        let Some(limit) = self.canvases.filter(|&l| widest >= l) else {
             return;
         };
         self.clean_steps += 1;
@@ -88,6 +91,23 @@ mod tests {
         limit.after_step(1, true);
         assert_eq!(limit.get(), Some(1));
         assert_eq!(limit.passes(&[3, 7]), vec![vec![3], vec![7]]);
+        // Runs that fit nowhere fail alone: the limit stays.
+        limit.after_step(0, true);
+        assert_eq!(limit.get(), Some(1));
+    }
+
+    #[test]
+    fn only_steps_at_the_limit_count_towards_raising_it() {
+        let mut limit = PassLimit::default();
+        limit.after_step(4, true);
+        for _ in 0..PROBE_AFTER {
+            limit.after_step(2, false);
+        }
+        assert_eq!(limit.get(), Some(4), "passes of 2 never tested 4");
+        for _ in 0..PROBE_AFTER {
+            limit.after_step(4, false);
+        }
+        assert_eq!(limit.get(), Some(8));
     }
 
     #[test]

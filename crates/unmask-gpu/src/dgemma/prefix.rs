@@ -8,6 +8,7 @@
 
 use unmask_core::prefix_store::StoreStats;
 
+use super::pass_limit::is_capacity;
 use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
@@ -186,7 +187,9 @@ impl DgemmaModel {
         store: &mut DgemmaPrefixStore,
     ) -> Result<PrefixUse, ModelError> {
         let used = self.encode_shared(ctx, cache, prompt, shared, store)?;
-        self.append(ctx, cache, &prompt[cache.len..])?;
+        if cache.len < prompt.len() {
+            self.append(ctx, cache, &prompt[cache.len..])?;
+        }
         Ok(used)
     }
 
@@ -248,10 +251,16 @@ impl DgemmaModel {
         } else {
             store.misses += 1;
             self.append(ctx, cache, head)?;
-            if store.insert(ctx, self, cache, head)? {
-                PrefixUse::Stored { tokens: shared }
-            } else {
-                PrefixUse::Uncached
+            // The store saves work, it never fails a request: an entry there is no memory
+            // for (after the kept step buffers are given back) is not kept.
+            match self.retry_after_freeing(|| store.insert(ctx, self, cache, head)) {
+                Ok(true) => PrefixUse::Stored { tokens: shared },
+                Ok(false) => PrefixUse::Uncached,
+                Err(e) if is_capacity(&e) => {
+                    store.rejected += 1;
+                    PrefixUse::Uncached
+                }
+                Err(e) => return Err(e),
             }
         };
         Ok(used)

@@ -66,15 +66,8 @@ impl DgemmaModel {
     ) -> Result<(), ModelError> {
         for piece in pieces(ids, cache.pass_rows) {
             self.make_room(ctx, cache, piece.len())?;
-            match self.submit(ctx, cache, piece, Pass::Encode, false) {
-                // The kept decoder step buffers are the memory to give back first.
-                Err(e) if is_capacity(&e) && self.free_step_buffers() => {
-                    self.submit(ctx, cache, piece, Pass::Encode, false)?;
-                }
-                result => {
-                    result?;
-                }
-            }
+            // The kept decoder step buffers are the memory to give back first.
+            self.retry_after_freeing(|| self.submit(ctx, cache, piece, Pass::Encode, false))?;
             cache.len += piece.len();
         }
         Ok(())
@@ -335,6 +328,17 @@ impl DgemmaModel {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         kept.is_some()
+    }
+
+    /// `alloc()`, once more after freeing the kept step buffers when it did not fit.
+    pub(super) fn retry_after_freeing<T>(
+        &self,
+        mut alloc: impl FnMut() -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        match alloc() {
+            Err(e) if is_capacity(&e) && self.free_step_buffers() => alloc(),
+            result => result,
+        }
     }
 }
 

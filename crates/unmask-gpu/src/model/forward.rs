@@ -244,6 +244,12 @@ impl Model {
     /// The most rows (and arena positions) one `ForwardState` can hold on this device: its
     /// widest activation (or an arena layer) must fit one storage binding.
     pub fn max_state_rows(&self) -> usize {
+        (self.ctx.features.max_binding_bytes / self.state_row_bytes() as u64) as usize
+    }
+
+    /// Bytes of one row of the widest buffer of a `ForwardState` (an activation or an arena
+    /// layer): what `max_state_rows` divides one storage binding by.
+    pub fn state_row_bytes(&self) -> usize {
         let c = &self.cfg;
         let widest = [
             c.d_model,
@@ -254,10 +260,9 @@ impl Model {
         .into_iter()
         .max()
         .unwrap_or(1);
-        let row_bytes = (4 * widest)
+        (4 * widest)
             .max(c.n_kv_heads * c.head_dim() * self.kv_dtype.size_bytes())
-            .max(1);
-        (self.ctx.features.max_binding_bytes / row_bytes as u64) as usize
+            .max(1)
     }
 
     pub fn new_state(&self, capacity: usize, seq_len: usize) -> Result<ForwardState, ModelError> {

@@ -70,6 +70,19 @@ pub fn run(
                 Err(TryRecvError::Disconnected) => open = false,
             }
         }
+        // A client gone stops its request here too (one still encoding its prompt has no
+        // step to stop at).
+        let before = running.len();
+        running.retain(|r| {
+            let gone = r.tracker.gone();
+            if gone {
+                shared.metrics.count("cancelled");
+            }
+            !gone
+        });
+        if running.len() < before {
+            update_gauges(engine, &shared, &mut recent, running.len());
+        }
         if running.is_empty() {
             continue;
         }
