@@ -312,6 +312,16 @@ impl DgemmaModel {
             return Ok(());
         }
         let mut pending = self.limit().passes(live);
+        // Under a limit the passes differ in size; the one the kept step buffers fit runs
+        // first, so a step reallocates them once, not once per pass.
+        let canvas = self.cfg.canvas_length;
+        if let Some(k) = self
+            .kept_step_rows()
+            .and_then(|rows| pending.iter().position(|p| p.len() * canvas == rows))
+        {
+            let fits = pending.remove(k);
+            pending.insert(0, fits);
+        }
         pending.reverse();
         let mut ran: Vec<(usize, usize, Vec<RowStats>)> = Vec::with_capacity(live.len());
         let (mut widest, mut split) = (0, false);

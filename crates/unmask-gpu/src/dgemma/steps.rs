@@ -330,6 +330,12 @@ impl DgemmaModel {
         kept.is_some()
     }
 
+    /// Rows of the kept decoder step buffers, when there are any.
+    pub(super) fn kept_step_rows(&self) -> Option<usize> {
+        let kept = self.step_buffers.lock().unwrap_or_else(|e| e.into_inner());
+        kept.as_ref().map(|b| b.rows)
+    }
+
     /// `alloc()`, once more after freeing the kept step buffers when it did not fit.
     pub(super) fn retry_after_freeing<T>(
         &self,
