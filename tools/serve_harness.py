@@ -92,3 +92,14 @@ def generate(unmask, model, system, user, gen_length, steps, block_length, cache
     if out.returncode != 0:
         sys.exit(f"unmask generate failed ({out.returncode}): {out.stderr}")
     return json.loads(out.stdout)["text"]
+
+
+def report(result, path=None):
+    """Prints a load test's JSON result (and writes it to `path`); its exit status: 1 when
+    the result lists failures."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    return 1 if result.get("failures") else 0

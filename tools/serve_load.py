@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from serve_harness import ROOT, SYSTEM, Server, generate
+from serve_harness import ROOT, SYSTEM, Server, generate, report
 
 QUESTIONS = [
     "What is the city of Bella?", "What is the pet of Martin?", "Give the record of Peter.",
@@ -186,12 +186,7 @@ def main():
         }
     finally:
         server.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    sys.exit(1 if failures else 0)
+    sys.exit(report(result, a.json))
 
 
 if __name__ == "__main__":

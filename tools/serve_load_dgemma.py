@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from serve_harness import Server
+from serve_harness import Server, report
 
 SYSTEM = "You answer in one word."
 QUESTIONS = [
@@ -126,12 +126,7 @@ def main():
         "answers_equal_generate": not any("!=" in f for f in failures),
         "failures": failures,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    sys.exit(1 if failures else 0)
+    sys.exit(report(result, a.json))
 
 
 if __name__ == "__main__":
