@@ -48,6 +48,7 @@ done
 phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
+python3 tools/parity.py --against goldens --model tests/fixtures/tiny-wide-heads --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dgemma --unmask target/debug/unmask
 
 phase "the numpy references of ACache, dLLM-Cache and DiffusionGemma reproduce their goldens"

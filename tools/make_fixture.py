@@ -309,34 +309,40 @@ def generation_config():
 # ---------------------------------------------------------------------------
 
 
-def make_weights(rng):
-    """name -> float32 array (values drawn in float32 order, then rounded to bf16)."""
-    D, F, V = D_MODEL, MLP_HIDDEN, VOCAB_SIZE
-    kv = N_KV_HEADS * (D_MODEL // N_HEADS)
+def make_weights(rng, dims=None, stds=None, ids=None):
+    """name -> float32 array (values drawn in float32 order, then rounded to bf16).
+
+    dims = (d_model, n_heads, n_kv_heads, n_layers, mlp_hidden, vocab), stds the standard
+    deviations and ids = (eos, eot, mask); the defaults are this fixture's
+    (tools/make_wide_head_fixture.py passes its own)."""
+    D, H, Hkv, L, F, V = dims or (D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE)
+    stds = stds or STD
+    eos_id, eot_id, mask_id = ids or (EOS_ID, EOT_ID, MASK_ID)
+    kv = Hkv * (D // H)
 
     def normal(shape, std):
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
     def norm_w():
-        return (1.0 + rng.standard_normal(D) * STD["norm_jitter"]).astype(np.float32)
+        return (1.0 + rng.standard_normal(D) * stds["norm_jitter"]).astype(np.float32)
 
-    w = {"model.transformer.wte.weight": normal((V, D), STD["wte"])}
-    for i in range(N_LAYERS):
+    w = {"model.transformer.wte.weight": normal((V, D), stds["wte"])}
+    for i in range(L):
         p = f"model.transformer.blocks.{i}."
         w[p + "attn_norm.weight"] = norm_w()
-        w[p + "q_proj.weight"] = normal((D, D), STD["q_proj"])
-        w[p + "k_proj.weight"] = normal((kv, D), STD["k_proj"])
-        w[p + "v_proj.weight"] = normal((kv, D), STD["v_proj"])
-        w[p + "attn_out.weight"] = normal((D, D), STD["attn_out"])
+        w[p + "q_proj.weight"] = normal((D, D), stds["q_proj"])
+        w[p + "k_proj.weight"] = normal((kv, D), stds["k_proj"])
+        w[p + "v_proj.weight"] = normal((kv, D), stds["v_proj"])
+        w[p + "attn_out.weight"] = normal((D, D), stds["attn_out"])
         w[p + "ff_norm.weight"] = norm_w()
-        w[p + "ff_proj.weight"] = normal((F, D), STD["ff_proj"])
-        w[p + "up_proj.weight"] = normal((F, D), STD["up_proj"])
-        w[p + "ff_out.weight"] = normal((D, F), STD["ff_out"])
+        w[p + "ff_proj.weight"] = normal((F, D), stds["ff_proj"])
+        w[p + "up_proj.weight"] = normal((F, D), stds["up_proj"])
+        w[p + "ff_out.weight"] = normal((D, F), stds["ff_out"])
     w["model.transformer.ln_f.weight"] = norm_w()
-    head = normal((V, D), STD["lm_head"])
-    head[EOS_ID] *= EOS_EOT_HEAD_SCALE
-    head[EOT_ID] *= EOS_EOT_HEAD_SCALE
-    head[MASK_ID] *= MASK_HEAD_SCALE
+    head = normal((V, D), stds["lm_head"])
+    head[eos_id] *= EOS_EOT_HEAD_SCALE
+    head[eot_id] *= EOS_EOT_HEAD_SCALE
+    head[mask_id] *= MASK_HEAD_SCALE
     w["model.transformer.ff_out.weight"] = head
     return {k: llada_ref.bf16_round(v) for k, v in w.items()}
 

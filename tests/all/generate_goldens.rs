@@ -31,9 +31,32 @@ fn committed_positions(case: &Value) -> Vec<Vec<u32>> {
 
 #[test]
 fn generation_matches_reference_goldens() {
-    let engine = engine();
+    let checked = check_generations(&engine(), &common::golden_cases());
+    assert_eq!(checked, 7, "every non-random golden case ran");
+}
+
+/// The reference's generations on the checkpoint with one 256-wide head: one block, several
+/// blocks and threshold decoding, token for token and step for step.
+#[test]
+fn generation_matches_reference_goldens_with_heads_256_wide() {
+    let dir = common::wide_head_fixture_dir();
+    let options = EngineOptions {
+        weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_on(common::ctx(), &dir, &options, &mut |_| {}).unwrap();
+    assert_eq!(engine.config().head_dim(), 256);
+    let text = std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap();
+    let goldens: Value = serde_json::from_str(&text).unwrap();
+    let checked = check_generations(&engine, goldens["cases"].as_array().unwrap());
+    assert_eq!(checked, 3, "every golden case ran");
+}
+
+/// Every non-random case: the whole sequence and the positions committed at each step equal
+/// the reference's. Returns how many cases ran.
+fn check_generations(engine: &Engine, cases: &[Value]) -> usize {
     let mut checked = 0;
-    for case in common::golden_cases() {
+    for case in cases {
         let name = case["name"].as_str().unwrap().to_string();
         if case["params"]["remasking"] == "random" {
             continue; // covered by random_remasking_matches_with_the_reference_numbers
@@ -41,7 +64,7 @@ fn generation_matches_reference_goldens() {
         let prompt = ids(&case["prompt"]);
         let want = ids(&case["output"]);
         let request = Request::ids(prompt.clone())
-            .with_params(params(&case))
+            .with_params(params(case))
             .with_full_canvas();
         let out = engine
             .generate(&request)
@@ -56,7 +79,7 @@ fn generation_matches_reference_goldens() {
             .collect();
         assert_eq!(
             got_steps,
-            committed_positions(&case),
+            committed_positions(case),
             "{name}: per-step commits differ"
         );
         eprintln!(
@@ -66,7 +89,7 @@ fn generation_matches_reference_goldens() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 7, "every non-random golden case ran");
+    checked
 }
 
 /// Random remasking draws its confidences on the host; the reference drew them with numpy's

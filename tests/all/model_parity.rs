@@ -1,10 +1,11 @@
 //! The whole LLaDA forward on the GPU against golden logits of the independent numpy
 //! reference (tools/llada_ref.py) on the tiny bf16 checkpoint (2 layers, GQA 4/2 heads,
-//! 2 shards with an index).
+//! 2 shards with an index), and on the wide-head one (one head of 256 dimensions).
 
 use crate::common;
 
-use common::fixture_dir;
+use common::{fixture_dir, wide_head_fixture_dir};
+use std::path::Path;
 
 use common::{assert_close, ctx, flat, relative_error};
 use serde_json::Value;
@@ -13,14 +14,19 @@ use unmask_gpu::model::Model;
 use unmask_gpu::ops::KernelOptions;
 use unmask_gpu::ops::matmul::MatmulKernel;
 
-fn goldens() -> Value {
-    let text =
-        std::fs::read_to_string(fixture_dir().join("goldens/logits.json")).expect("logits goldens");
+fn goldens(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("goldens/logits.json")).expect("logits goldens");
     serde_json::from_str(&text).expect("valid JSON")
 }
 
 fn check(format: WeightFormat, tol: f64) {
-    check_on(ctx(), format, &KernelOptions::default(), tol);
+    check_on(
+        ctx(),
+        &fixture_dir(),
+        format,
+        &KernelOptions::default(),
+        tol,
+    );
 }
 
 fn check_with(format: WeightFormat, kernel: MatmulKernel, tol: f64) {
@@ -28,29 +34,30 @@ fn check_with(format: WeightFormat, kernel: MatmulKernel, tol: f64) {
         matmul: kernel,
         ..KernelOptions::default()
     };
-    check_on(ctx(), format, &options, tol);
+    check_on(ctx(), &fixture_dir(), format, &options, tol);
 }
 
 fn check_on(
     ctx: std::sync::Arc<unmask_gpu::GpuContext>,
+    dir: &Path,
     format: WeightFormat,
     kernels: &KernelOptions,
     tol: f64,
 ) {
-    let mut model =
-        Model::load(ctx.clone(), &fixture_dir(), format, &mut |_| {}).expect("tiny model loads");
+    let mut model = Model::load(ctx.clone(), dir, format, &mut |_| {}).expect("model loads");
     model.set_kernels(kernels);
     let what = format!(
         "matmul={} attention={}",
         kernels.matmul.name(),
         kernels.attention.name()
     );
-    check_model(&model, &what, tol);
+    check_model(&model, dir, &what, tol);
 }
 
-/// The model's logits and argmax on every golden case, within `tol` of the f32 reference.
-fn check_model(model: &Model, what: &str, tol: f64) {
-    let g = goldens();
+/// The model's logits and argmax on every golden case of the fixture in `dir`, within `tol`
+/// of the f32 reference.
+fn check_model(model: &Model, dir: &Path, what: &str, tol: f64) {
+    let g = goldens(dir);
     for case in g["cases"].as_array().unwrap() {
         let ids = unmask_goldens::ids(&case["ids"]);
         let want = flat(&case["logits_f32"]);
@@ -142,7 +149,7 @@ fn logits_match_reference_with_chunked_vocabulary() {
         model.weights.lm_head.chunks.len() > 1,
         "LM head should be chunked"
     );
-    let g = goldens();
+    let g = goldens(&fixture_dir());
     let case = &g["cases"][2];
     let ids = unmask_goldens::ids(&case["ids"]);
     let got = model.logits(&ids).expect("forward");
@@ -168,7 +175,46 @@ fn logits_match_reference_with_every_attention_kernel() {
             attention: kernel,
             ..KernelOptions::default()
         };
-        check_on(ctx(), WeightFormat::F32, &options, 1e-4);
+        check_on(ctx(), &fixture_dir(), WeightFormat::F32, &options, 1e-4);
+    }
+}
+
+// Heads 256 wide (the wide kernels stage them 128 dimensions at a time) through the whole
+// forward, with f32 and f16 weights and every attention kernel that serves them; the
+// register kernel (at most 128) refuses by name instead of computing something else.
+#[test]
+fn logits_match_reference_with_heads_256_wide() {
+    use unmask_gpu::ops::attention::AttentionKernel;
+    let dir = wide_head_fixture_dir();
+    check_on(
+        ctx(),
+        &dir,
+        WeightFormat::F32,
+        &KernelOptions::default(),
+        1e-4,
+    );
+    check_on(
+        ctx(),
+        &dir,
+        WeightFormat::F16Packed,
+        &KernelOptions::default(),
+        1e-2,
+    );
+    for kernel in AttentionKernel::CONCRETE {
+        let options = KernelOptions {
+            attention: kernel,
+            ..KernelOptions::default()
+        };
+        if kernel == AttentionKernel::Register {
+            let mut model = Model::load(ctx(), &dir, WeightFormat::F32, &mut |_| {}).unwrap();
+            model.set_kernels(&options);
+            let err = model.logits(&[1, 2, 3]).unwrap_err().to_string();
+            assert!(err.contains("register kernel"), "{err}");
+            eprintln!("[attention] the register kernel refuses head_dim 256: {err}");
+            continue;
+        }
+        eprintln!("[attention] head_dim 256 with the {} kernel", kernel.name());
+        check_on(ctx(), &dir, WeightFormat::F32, &options, 1e-4);
     }
 }
 
@@ -195,5 +241,5 @@ fn logits_match_reference_with_an_f16_kv_arena() {
             .all(|l| l.k.dtype == unmask_gpu::DType::F16 && l.v.dtype == unmask_gpu::DType::F16),
         "the arena is f16"
     );
-    check_model(&model, "kv=f16", 3e-3);
+    check_model(&model, &fixture_dir(), "kv=f16", 3e-3);
 }

@@ -123,6 +123,12 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
 }
 
+/// The LLaDA checkpoint with one 256-wide head and its goldens
+/// (tools/make_wide_head_fixture.py).
+pub fn wide_head_fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-wide-heads")
+}
+
 /// The tiny fixture loaded with f32 weights on the shared context.
 pub fn tiny_engine() -> unmask::Engine {
     let options = unmask::EngineOptions {

@@ -28,8 +28,9 @@ pub use fields::json_kind;
 pub use names::LayerTensor;
 pub use presets::{DREAM_7B_CONFIG_JSON, LLADA_8B_CONFIG_JSON, PresetFiles};
 
-/// Largest head dimension the attention kernel supports.
-pub const MAX_HEAD_DIM: usize = 128;
+/// Largest head dimension the attention kernels support (they stage heads wider than 128
+/// dimensions 128 at a time; `unmask_gpu::ops::attention::MAX_HEAD_DIM` is the same bound).
+pub const MAX_HEAD_DIM: usize = 512;
 
 /// The published architecture a checkpoint follows. Its facts (tensor names, config keys,
 /// logit shift, chat format, sampler defaults, shipped depth tables) are its `FamilySpec`

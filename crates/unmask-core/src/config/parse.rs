@@ -498,8 +498,13 @@ mod tests {
             invalid_field(with("n_kv_heads", Some(5.into()))),
             "n_kv_heads"
         );
-        // head_dim 256 is over the attention kernel's limit.
-        assert_eq!(invalid_field(with("n_heads", Some(16.into()))), "d_model");
+        // Heads up to 512 wide are taken (staged attention): d_model 4096 over 16 heads.
+        let mut v: Value = serde_json::from_str(LLADA_8B).unwrap();
+        v["n_heads"] = 16.into();
+        v["n_kv_heads"] = 8.into();
+        assert_eq!(ModelConfig::from_json_value(&v).unwrap().head_dim(), 256);
+        // head_dim 1024 is over the attention kernel's limit (512).
+        assert_eq!(invalid_field(with("n_heads", Some(4.into()))), "d_model");
         assert_eq!(
             invalid_field(with("vocab_size", Some(126465.into()))),
             "vocab_size"
@@ -525,8 +530,8 @@ mod tests {
             invalid_field(with("mask_token_id", Some(126464.into()))),
             "mask_token_id"
         );
-        let err = with("n_heads", Some(16.into())).unwrap_err().to_string();
-        assert!(err.contains("256") && err.contains("128"), "{err}");
+        let err = with("n_heads", Some(4.into())).unwrap_err().to_string();
+        assert!(err.contains("1024") && err.contains("512"), "{err}");
     }
 
     #[test]

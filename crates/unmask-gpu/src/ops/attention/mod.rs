@@ -480,6 +480,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_config_check_takes_every_head_dim_the_kernels_take() {
+        assert_eq!(unmask_core::config::MAX_HEAD_DIM, MAX_HEAD_DIM);
+    }
+
+    #[test]
     fn tiles_fit_browser_limits() {
         for hd in 1..=REGISTER_MAX_HEAD_DIM {
             let t = Tile::for_head_dim(hd);

@@ -1,0 +1,210 @@
+"""Build tests/fixtures/tiny-wide-heads/: a LLaDA checkpoint whose heads are 256 wide.
+
+Every published LLaDA and Dream model has head_dim 128; the runtime's attention kernels
+stage wider heads 128 dimensions at a time (up to 512), and this fixture is what checks
+that path end to end on the LLaDA forward: d_model 256 with one head (head_dim 256), one
+layer, mlp_hidden_size 64 and a vocabulary of 128 ids with no tokenizer (the tests feed
+token ids), so that the checkpoint stays under 1 MiB.  The weights are drawn as in
+tools/make_fixture.py with the standard deviations of the matrices that read the d_model
+stream halved (d_model is 4x the tiny fixture's), so attention is as far from uniform as
+there.
+
+Goldens from tools/llada_ref.py: goldens/logits.json (the tiny fixture's layout: float32
+and bf16-rounding paths, argmax per row) and goldens/generate.json (temperature 0: one
+block, several blocks, Fast-dLLM threshold decoding).
+
+Usage: tools/.venv/bin/python tools/make_wide_head_fixture.py [--seed 0] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_common  # noqa: E402
+import llada_ref  # noqa: E402
+import make_fixture  # noqa: E402
+from fixture_common import Floats, to_json, write_text  # noqa: E402
+
+DEFAULT_OUT = os.path.join(make_fixture.REPO_ROOT, "tests", "fixtures", "tiny-wide-heads")
+
+D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE = 256, 1, 1, 1, 64, 128
+# ids 0..119 ordinary, then the six LLaDA special tokens; 126 and 127 are rows without a token
+BOS_ID, EOS_ID, SHI_ID, EHI_ID, EOT_ID, MASK_ID = range(120, 126)
+N_ORDINARY = 120
+
+STD = dict(
+    make_fixture.STD,
+    q_proj=0.125,
+    k_proj=0.125,
+    v_proj=0.05,
+    attn_out=0.05,
+    ff_proj=0.1,
+    up_proj=0.1,
+    lm_head=0.25,
+)
+
+CASES = [name for name, _, _ in make_fixture.CASE_SPECS if name in ("a_nonblock", "b_blocks", "f_threshold")]
+
+
+def model_config():
+    cfg = make_fixture.model_config()
+    cfg.update(
+        d_model=D_MODEL,
+        n_heads=N_HEADS,
+        n_kv_heads=N_KV_HEADS,
+        n_layers=N_LAYERS,
+        mlp_hidden_size=MLP_HIDDEN,
+        vocab_size=VOCAB_SIZE,
+        embedding_size=VOCAB_SIZE,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+        mask_token_id=MASK_ID,
+    )
+    return cfg
+
+
+def shard_of(name):
+    """Two shards, the block split over both, as in the tiny fixture."""
+    first = name == "model.transformer.wte.weight" or name.endswith((".q_proj.weight", ".attn_norm.weight"))
+    return 1 if first else 2
+
+
+def prompts(rng):
+    """The logits prompts (lengths 5, 12 and 23, BOS on the last two, masks in the last,
+    one inside its prompt part) and the candidate generation prompts (BOS and 11 ordinary
+    ids each; a case takes the first whose margins clear the floor)."""
+    text = [int(i) for i in rng.integers(0, N_ORDINARY, size=20)]
+    p3 = [BOS_ID] + text[:14] + [MASK_ID] * 8
+    p3[6] = MASK_ID
+    logits = [("len5", text[:5]), ("len12_bos", [BOS_ID] + text[:11]), ("len23_masks", p3)]
+    candidates = [[BOS_ID] + [int(i) for i in rng.integers(0, N_ORDINARY, size=11)] for _ in range(64)]
+    return logits, candidates
+
+
+def logits_golden(params, cases):
+    out = []
+    for name, ids in cases:
+        lf = llada_ref.forward(params, ids, bf16_rounding=False)
+        lb = llada_ref.forward(params, ids, bf16_rounding=True)
+        top2 = np.sort(lf, axis=-1)[:, -2:]
+        out.append(
+            {
+                "name": name,
+                "ids": ids,
+                "shape": [int(lf.shape[0]), int(lf.shape[1])],
+                "argmax_f32": [int(i) for i in np.argmax(lf, axis=-1)],
+                "min_top2_gap_f32": float(np.min(top2[:, 1] - top2[:, 0])),
+                "max_abs_diff_f32_vs_bf16": float(np.max(np.abs(lf - lb))),
+                "logits_f32": [Floats(row) for row in lf],
+                "logits_bf16": [Floats(row, "f32") for row in lb],
+            }
+        )
+    return {
+        "description": (
+            "Golden logits of tools/llada_ref.py forward() on the wide-head checkpoint, in the "
+            "layout of tests/fixtures/tiny/goldens/logits.json."
+        ),
+        "vocab_size": VOCAB_SIZE,
+        "cases": out,
+    }
+
+
+def generate_golden(params, candidates):
+    cases = []
+    for ci, (name, desc, spec) in enumerate(s for s in make_fixture.CASE_SPECS if s[0] in CASES):
+        fp = dict(make_fixture.full_params(spec), mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
+        # each case starts at another candidate so the cases do not share prompts
+        for k in range(len(candidates)):
+            prompt = candidates[(ci * 8 + k) % len(candidates)]
+            r = fixture_common.try_case(make_fixture.run_case, interesting, params, name, prompt, fp)
+            if r is not None:
+                break
+        else:
+            raise RuntimeError(f"no candidate prompt satisfies case {name}")
+        out, trace, cm, lm = r
+        cases.append(
+            {
+                "name": name,
+                "description": desc,
+                "prompt": prompt,
+                "params": fp,
+                "output": [int(i) for i in out],
+                "steps": [
+                    {"block": s["block"], "step": s["step"], "committed": s["committed"], "tokens": s["tokens"]}
+                    for s in trace
+                ],
+                "min_margin": cm,
+                "min_logit_margin": lm,
+            }
+        )
+        print(f"  {name}: {len(trace)} steps, min_margin {cm:.3g}, min_logit_margin {lm:.3g}")
+    return {
+        "description": (
+            "Golden outputs of tools/llada_ref.py generate() (temperature 0, float32 forward) on "
+            "the wide-head checkpoint, in the layout of tests/fixtures/tiny/goldens/generate.json."
+        ),
+        "cases": cases,
+    }
+
+
+def interesting(name, params, prompt, fp, out, trace):
+    if MASK_ID in list(out[len(prompt):]):
+        return False
+    return make_fixture.case_is_interesting(name, params, prompt, fp, out, trace)
+
+
+README = """\
+# Tiny LLaDA fixture with 256-wide heads
+
+A 1-layer LLaDA-format checkpoint whose single attention head is 256 wide (d_model 256,
+n_heads = n_kv_heads = 1, mlp_hidden_size 64, vocab_size = embedding_size = 128), with
+random bf16 weights in two shards and goldens of the numpy reference. It checks the
+attention path for heads wider than 128 (staged 128 dimensions at a time) inside the whole
+forward and the sampler. There is no tokenizer: the tests feed token ids.
+
+Made with `tools/.venv/bin/python tools/make_wide_head_fixture.py --seed {seed}`
+(deterministic for a seed; see tests/fixtures/tiny/README.md for the venv).
+
+| id | token |
+|---|---|
+| 0..119 | ordinary |
+| {bos} | BOS |
+| {eos} | EOS = PAD |
+| {eot} | EoT |
+| {mask} | mask |
+
+`goldens/logits.json`: logits [T, 128] of three prompts (lengths 5, 12, 23; the last with
+masks), float32 and bf16-rounding paths. `goldens/generate.json`: temperature-0
+generations (one block of 16; 4 blocks of 4; threshold 0.5 in 2 blocks of 8) with the
+positions committed at every step; every margin is at least {floor:g}.
+"""
+
+
+def main():
+    args = fixture_common.maker_args(__doc__.splitlines()[0], DEFAULT_OUT)
+    out = args.out
+    fixture_common.write_json_files(out, {"config.json": model_config()})
+    rng = np.random.Generator(np.random.PCG64(args.seed))
+    dims = (D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE)
+    weights = make_fixture.make_weights(rng, dims, STD, (EOS_ID, EOT_ID, MASK_ID))
+    fixture_common.write_checkpoint(out, weights, shard_of)
+    params = llada_ref.load_checkpoint(out)
+    assert params["config"]["head_dim"] == 256
+    logits_cases, candidates = prompts(rng)
+    print("logits goldens")
+    write_text(os.path.join(out, "goldens", "logits.json"), to_json(logits_golden(params, logits_cases)) + "\n")
+    print("generate goldens")
+    write_text(os.path.join(out, "goldens", "generate.json"), to_json(generate_golden(params, candidates)) + "\n")
+    write_text(
+        os.path.join(out, "README.md"),
+        README.format(seed=args.seed, bos=BOS_ID, eos=EOS_ID, eot=EOT_ID, mask=MASK_ID, floor=fixture_common.MARGIN_FLOOR),
+    )
+    fixture_common.report_size(out)
+
+
+if __name__ == "__main__":
+    main()
