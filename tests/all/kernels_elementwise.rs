@@ -251,6 +251,75 @@ fn shape_errors_name_the_op() {
     assert!(err.to_string().contains("u32"), "{err}");
 }
 
+/// RoPE + K/V into the arena with a bias (Dream's q/k/v biases are added here) at head dims
+/// 256 and 512 (wider than the 128 every published LLaDA/Dream model has), GQA 4/2 heads,
+/// against the oracle: q rotated in place, k rotated and v copied into the arena rows at
+/// `kv_index`, every value biased first.
+#[test]
+fn rope_qkv_with_a_bias_matches_the_oracle_at_wide_heads() {
+    use ew::QkvShape;
+    let ctx = ctx();
+    for hd in [256, 512] {
+        let (rows, heads, kv_heads, max_pos, theta) = (3, 4, 2, 40, 1_000_000.0);
+        let stride = (heads + 2 * kv_heads) * hd;
+        let kv_w = kv_heads * hd;
+        let x = random_vec(hd as u64, rows * stride, 1.0);
+        let bias = random_vec(hd as u64 + 1, stride, 0.5);
+        let positions: Vec<u32> = vec![0, 39, 17];
+        let kv_index: Vec<u32> = vec![2, 0, 1];
+        let table = ew::rope_table(theta, hd, max_pos);
+        let tt = Tensor::from_f32(&ctx, &[max_pos, hd], &table, "table").unwrap();
+        let pt = Tensor::from_u32(&ctx, &[rows], &positions, "pos").unwrap();
+        let it = Tensor::from_u32(&ctx, &[rows], &kv_index, "kv index").unwrap();
+        let bt = Tensor::from_f32(&ctx, &[stride], &bias, "bias").unwrap();
+        let qkv = Tensor::from_f32(&ctx, &[rows, stride], &x, "qkv").unwrap();
+        let k = Tensor::zeros(&ctx, DType::F32, &[rows, kv_w], "k").unwrap();
+        let v = Tensor::zeros(&ctx, DType::F32, &[rows, kv_w], "v").unwrap();
+        let shape = QkvShape {
+            rows,
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim: hd,
+            max_pos,
+        };
+        let mut step = StepEncoder::new(&ctx, "rope_qkv wide");
+        ew::rope_qkv(&mut step, &qkv, &pt, &tt, &it, &k, &v, Some(&bt), shape).unwrap();
+        step.submit().unwrap();
+
+        let biased: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| a + bias[i % stride])
+            .collect();
+        let rotated = oracle::rope(&biased, stride, 0, heads + kv_heads, hd, &positions, theta);
+        let got_q = qkv.read_f32(&ctx).unwrap();
+        let (mut want_q, mut got_q_cols) = (Vec::new(), Vec::new());
+        let (mut want_k, mut want_v) = (vec![0.0; rows * kv_w], vec![0.0; rows * kv_w]);
+        for (r, &at) in kv_index.iter().enumerate() {
+            let row = &rotated[r * stride..(r + 1) * stride];
+            want_q.extend_from_slice(&row[..heads * hd]);
+            got_q_cols.extend_from_slice(&got_q[r * stride..r * stride + heads * hd]);
+            let at = at as usize * kv_w;
+            want_k[at..at + kv_w].copy_from_slice(&row[heads * hd..(heads + kv_heads) * hd]);
+            let v_cols = r * stride + (heads + kv_heads) * hd;
+            want_v[at..at + kv_w].copy_from_slice(&biased[v_cols..v_cols + kv_w]);
+        }
+        assert_close(
+            &format!("rope_qkv q hd={hd}"),
+            &got_q_cols,
+            &want_q,
+            F32_TOL,
+        );
+        let got_k = k.read_f32(&ctx).unwrap();
+        assert_close(&format!("rope_qkv k hd={hd}"), &got_k, &want_k, F32_TOL);
+        assert_eq!(
+            v.read_f32(&ctx).unwrap(),
+            want_v,
+            "v hd={hd}: biased, at kv_index"
+        );
+    }
+}
+
 /// RoPE + K/V into the arena with an f16 arena: every arena value is exactly the f32
 /// arena's value rounded to f16 (the same kernel math, words written two halves at a time),
 /// q is rotated exactly as with the f32 arena, rows land at `kv_index`, and an arena row no
