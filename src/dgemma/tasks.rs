@@ -1,7 +1,8 @@
-//! Requests run together: `start` checks one, encodes its system turn through the prefix
-//! store and draws its first canvas, `step_async` denoises every running one by a step in
-//! one decoder pass (and encodes a piece of each newer one's prompt), `finish` gives the
-//! output back. `generate_async` is one request run so.
+//! Requests run together: `start` checks one, copies its system turn from the prefix store
+//! when stored and draws its first canvas, `step_async` denoises every running one by a step
+//! in one decoder pass (and encodes a piece of each newer one's prompt, an unstored system
+//! turn included, which is then stored), `finish` gives the output back. `generate_async` is
+//! one request run so.
 
 use std::ops::ControlFlow;
 
@@ -37,10 +38,10 @@ impl DgemmaTask {
 }
 
 impl DgemmaEngine {
-    /// Checks `request`, encodes its system turn through the prefix store (copied when
-    /// stored, else encoded and stored) and draws its first canvas; the rest of the prompt
-    /// is encoded by the next steps, a piece each. A request the model cannot run is refused
-    /// here, by name.
+    /// Checks `request`, copies its system turn from the prefix store when stored and draws
+    /// its first canvas; the rest of the prompt is encoded by the next steps, a piece each
+    /// (an unstored system turn too, then stored; requests that arrive with the same one
+    /// wait for that one encoding). A request the model cannot run is refused here, by name.
     pub fn start(&self, request: &DgemmaRequest) -> Result<DgemmaTask, EngineError> {
         let (ids, shared) = self.encode_prompt(&request.prompt)?;
         let cfg = &self.model.cfg;
@@ -74,8 +75,8 @@ impl DgemmaEngine {
         }
         let start = Stopwatch::start();
         let draws = Box::new(SeededDraws::new(request.seed));
-        // The store is only needed while the system turn is encoded (its passes are
-        // submitted, not awaited): locked for that alone.
+        // Locked for the copy of a stored system turn alone (its passes are submitted, not
+        // awaited).
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let prefix = (request.share_system && shared > 0).then_some(SharedPrefix {
             shared,
@@ -104,10 +105,21 @@ impl DgemmaEngine {
         on_step: &mut dyn FnMut(usize, StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(), EngineError> {
         let mut runs: Vec<&mut DgemmaRun<'static>> = tasks.iter_mut().map(|t| &mut t.run).collect();
+        // The store's part before the step (a request that arrived since gets its encoder)
+        // and after it (a system turn whose last piece just ran is stored, and the requests
+        // waiting for it copy it, so they encode their own turns in the next step).
+        self.settle_shared_prefixes(&mut runs);
         self.model
             .step_runs_async(&self.ctx, &mut runs, on_step)
             .await?;
+        self.settle_shared_prefixes(&mut runs);
         Ok(())
+    }
+
+    fn settle_shared_prefixes(&self, runs: &mut [&mut DgemmaRun<'static>]) {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        self.model
+            .settle_shared_prefixes(&self.ctx, runs, &mut store);
     }
 
     /// `step_async` without step events, blocking (natively).

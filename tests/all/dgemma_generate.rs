@@ -9,7 +9,7 @@ use unmask_gpu::{DType, WeightFormat};
 use crate::common;
 
 /// Asserts that `got` replays `case` step for step; returns its canvases that stopped early.
-fn assert_replays(
+pub(crate) fn assert_replays(
     case: &unmask_goldens::dgemma::GenerationCase,
     got: &unmask_gpu::dgemma::Generation,
 ) -> usize {

@@ -12,6 +12,7 @@ mod checkpoint_errors;
 mod continuous;
 mod dgemma;
 mod dgemma_generate;
+mod dgemma_shared_turn;
 mod dllm_cache;
 mod dream;
 mod generate_goldens;

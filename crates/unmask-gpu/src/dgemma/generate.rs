@@ -74,8 +74,22 @@ pub struct DgemmaRun<'d> {
     step_counter: u32,
     /// Prompt tokens (the end of `sequence`) not encoded yet: the run denoises once they are.
     prompt_left: usize,
+    /// Where the prompt's shared part (its system turn) is to come from.
+    shared: SharedPart,
     prefix_use: Option<PrefixUse>,
     state: RunState,
+}
+
+/// A run's shared prompt part that the prefix store did not hold when it started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SharedPart {
+    /// Nothing to do with the store (none asked, copied from it, or stored already).
+    Settled,
+    /// Its first n tokens are wanted from the store, and another run is encoding them (or
+    /// `settle_shared_prefixes` has not looked yet): it encodes nothing meanwhile.
+    Waiting(usize),
+    /// This run encodes its first n tokens (its pieces stop there) and stores them once in.
+    Encoding(usize),
 }
 
 #[derive(Debug)]
@@ -178,8 +192,18 @@ impl DgemmaModel {
         seed: u64,
         on_step: &mut dyn FnMut(StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(Generation, Option<PrefixUse>), ModelError> {
+        let (shared, mut store) = match prefix {
+            Some(p) => (p.shared, Some(p.store)),
+            None => (0, None),
+        };
+        let prefix = store
+            .as_deref_mut()
+            .map(|store| SharedPrefix { shared, store });
         let mut run = self.start(ctx, prompt, prefix, params, Box::new(draws), seed)?;
         while !run.is_done() {
+            if let Some(store) = store.as_deref_mut() {
+                self.settle_shared_prefixes(ctx, &mut [&mut run], store);
+            }
             self.step_runs_async(ctx, &mut [&mut run], &mut |_, r| on_step(r))
                 .await?;
         }
@@ -209,12 +233,10 @@ impl DgemmaModel {
         // A run's own memory comes before the kept step buffers of runs that ended.
         let mut cache =
             self.retry_after_freeing(|| self.new_cache(ctx, prompt.len() + n_canvases * len))?;
-        // The shared part now (through the store, so the next request finds it); the rest
-        // a piece per step (`step_runs_async`), between the other runs' decoder passes.
-        let prefix_use = match prefix {
-            Some(p) => Some(self.encode_shared(ctx, &mut cache, prompt, p.shared, p.store)?),
-            None => None,
-        };
+        // A stored shared part is copied now; an unstored one is encoded a piece per step
+        // like the rest (`step_runs_async`), by one run of those that want it, and stored
+        // (`settle_shared_prefixes`).
+        let (shared, prefix_use) = self.start_shared(ctx, &mut cache, prompt, prefix)?;
         let prompt_left = prompt.len() - cache.len;
         let probs = self.retry_after_freeing(|| {
             Ok(Tensor::zeros(
@@ -241,6 +263,7 @@ impl DgemmaModel {
             t: params.max_denoising_steps,
             step_counter: 0,
             prompt_left,
+            shared,
             prefix_use,
             state: if n_canvases == 0 {
                 RunState::Done
@@ -248,6 +271,39 @@ impl DgemmaModel {
                 RunState::Running
             },
         })
+    }
+
+    /// `start`'s use of the store: a stored shared part copied into `cache`; one the store
+    /// could not hold even alone encoded as the rest of the prompt; else left waiting
+    /// (`settle_shared_prefixes`).
+    fn start_shared(
+        &self,
+        ctx: &GpuContext,
+        cache: &mut DgemmaCache,
+        prompt: &[u32],
+        prefix: Option<SharedPrefix<'_>>,
+    ) -> Result<(SharedPart, Option<PrefixUse>), ModelError> {
+        let Some(SharedPrefix { shared, store }) = prefix else {
+            return Ok((SharedPart::Settled, None));
+        };
+        if shared > prompt.len() {
+            return Err(ModelError::Input(format!(
+                "shared prefix: expected at most the prompt's {} tokens, found {shared}",
+                prompt.len()
+            )));
+        }
+        if shared == 0 {
+            return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
+        }
+        if self.copy_stored(ctx, cache, &prompt[..shared], store)? {
+            return Ok((SharedPart::Settled, Some(PrefixUse::Hit { reused: shared })));
+        }
+        if !store.holds(self, cache, shared) {
+            store.misses += 1;
+            store.rejected += 1;
+            return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
+        }
+        Ok((SharedPart::Waiting(shared), None))
     }
 
     /// One denoising step of every running run in one decoder pass (`decode_steps_async`),
@@ -274,7 +330,10 @@ impl DgemmaModel {
         let ready = |r: &DgemmaRun<'_>| !r.is_done() && r.prompt_left == 0;
         let live: Vec<usize> = (0..runs.len()).filter(|&i| ready(runs[i])).collect();
         let encoding: Vec<usize> = (0..runs.len())
-            .filter(|&i| !runs[i].is_done() && runs[i].prompt_left > 0)
+            .filter(|&i| {
+                let r = &runs[i];
+                !r.is_done() && r.prompt_left > 0 && !matches!(r.shared, SharedPart::Waiting(_))
+            })
             .collect();
         self.denoise_runs(ctx, runs, &live, on_step).await?;
         for i in encoding {
@@ -293,10 +352,75 @@ impl DgemmaModel {
         run: &mut DgemmaRun<'_>,
     ) -> Result<(), ModelError> {
         let from = run.sequence.len() - run.prompt_left;
-        let n = run.prompt_left.min(run.cache.pass_rows.max(1));
+        let mut n = run.prompt_left.min(run.cache.pass_rows.max(1));
+        // A shared part to store ends a piece: the store copies its rows before the rest
+        // is encoded (a sliding layer's rows are then still the part's own).
+        if let SharedPart::Encoding(end) = run.shared
+            && from < end
+        {
+            n = n.min(end - from);
+        }
         self.append(ctx, &mut run.cache, &run.sequence[from..from + n])?;
         run.prompt_left -= n;
         Ok(())
+    }
+
+    /// The prefix store's part of a step, before and after `step_runs_async` (the store
+    /// locked for this alone, not across the step): a run whose unstored shared part is now encoded
+    /// stores it; a run waiting for a shared part copies it once stored, and becomes its
+    /// encoder when no run of `runs` encodes it (the one that did failed, was stopped, or
+    /// could not store it). So requests that arrive together with a new system turn encode
+    /// it once, a piece per step, while the running requests go on denoising. A run whose
+    /// copy or store fails fails alone.
+    pub fn settle_shared_prefixes(
+        &self,
+        ctx: &GpuContext,
+        runs: &mut [&mut DgemmaRun<'_>],
+        store: &mut DgemmaPrefixStore,
+    ) {
+        for run in runs.iter_mut().filter(|r| !r.is_done()) {
+            let SharedPart::Encoding(n) = run.shared else {
+                continue;
+            };
+            if run.cache.len < n {
+                continue;
+            }
+            run.shared = SharedPart::Settled;
+            match self.store_prefix(ctx, &run.cache, &run.sequence[..n], store) {
+                Ok(used) => run.prefix_use = Some(used),
+                Err(e) => run.state = RunState::Failed(e),
+            }
+        }
+        for i in 0..runs.len() {
+            let SharedPart::Waiting(n) = runs[i].shared else {
+                continue;
+            };
+            if runs[i].is_done() {
+                continue;
+            }
+            let head = runs[i].sequence[..n].to_vec();
+            let run = &mut *runs[i];
+            match self.copy_stored(ctx, &mut run.cache, &head, store) {
+                Ok(true) => {
+                    run.shared = SharedPart::Settled;
+                    run.prefix_use = Some(PrefixUse::Hit { reused: n });
+                    run.prompt_left = run.sequence.len() - n;
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    run.state = RunState::Failed(e);
+                    continue;
+                }
+            }
+            let encoder = runs.iter().any(|r| {
+                !r.is_done() && r.shared == SharedPart::Encoding(n) && r.sequence[..n] == head
+            });
+            if !encoder {
+                store.misses += 1;
+                runs[i].shared = SharedPart::Encoding(n);
+            }
+        }
     }
 
     /// The denoising step of the runs `live` (ready to denoise), in passes that fit.

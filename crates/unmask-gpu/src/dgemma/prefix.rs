@@ -110,6 +110,11 @@ impl DgemmaPrefixStore {
         n
     }
 
+    /// Whether a prefix of `n` tokens fits in the budget alone (with nothing else stored).
+    pub(super) fn holds(&self, model: &DgemmaModel, cache: &DgemmaCache, n: usize) -> bool {
+        n > 0 && n <= self.budget_tokens && entry_size(model, cache, n).1 <= self.budget_bytes
+    }
+
     fn find(&self, ids: &[u32]) -> Option<usize> {
         self.entries.iter().position(|e| e.ids == ids)
     }
@@ -125,17 +130,8 @@ impl DgemmaPrefixStore {
         ids: &[u32],
     ) -> Result<bool, ModelError> {
         let n = ids.len();
-        let sliding_base = n.saturating_sub(model.cfg.sliding_window.saturating_sub(1));
-        let need: u64 = model
-            .cfg
-            .layers
-            .iter()
-            .map(|a| {
-                let rows = if a.sliding { n - sliding_base } else { n };
-                2 * rows.max(1) as u64 * cache.row_bytes(a)
-            })
-            .sum();
-        if n > self.budget_tokens || need > self.budget_bytes || ids.is_empty() {
+        let (sliding_base, need) = entry_size(model, cache, n);
+        if !self.holds(model, cache, n) {
             self.rejected += 1;
             return Ok(false);
         }
@@ -173,6 +169,21 @@ impl DgemmaPrefixStore {
         });
         Ok(true)
     }
+}
+
+/// An entry of `n` tokens: the first position its sliding layers keep, and its bytes.
+fn entry_size(model: &DgemmaModel, cache: &DgemmaCache, n: usize) -> (usize, u64) {
+    let sliding_base = n.saturating_sub(model.cfg.sliding_window.saturating_sub(1));
+    let bytes = model
+        .cfg
+        .layers
+        .iter()
+        .map(|a| {
+            let rows = if a.sliding { n - sliding_base } else { n };
+            2 * rows.max(1) as u64 * cache.row_bytes(a)
+        })
+        .sum();
+    (sliding_base, bytes)
 }
 
 impl DgemmaModel {
@@ -226,43 +237,69 @@ impl DgemmaModel {
         let head = &prompt[..shared];
         let used = if shared == 0 {
             PrefixUse::Uncached
-        } else if let Some(i) = store.find(head) {
-            store.hits += 1;
-            store.clock += 1;
-            let e = &mut store.entries[i];
-            e.last_used = store.clock;
-            let mut step = StepEncoder::new(ctx, "dgemma prefix reuse");
-            for (l, a) in self.cfg.layers.iter().enumerate() {
-                let first = if a.sliding { e.sliding_base } else { 0 };
-                if e.k[l].dtype != cache.dtype {
-                    return Err(ModelError::Input(format!(
-                        "prefix entry: stored as {:?} K/V, the cache holds {:?}",
-                        e.k[l].dtype, cache.dtype
-                    )));
-                }
-                let bytes = (shared - first) as u64 * cache.row_bytes(a);
-                step.copy(&e.k[l].buffer, 0, &cache.k[l].buffer, 0, bytes);
-                step.copy(&e.v[l].buffer, 0, &cache.v[l].buffer, 0, bytes);
-            }
-            step.submit()?;
-            cache.sliding_base = e.sliding_base;
-            cache.len = shared;
+        } else if self.copy_stored(ctx, cache, head, store)? {
             PrefixUse::Hit { reused: shared }
         } else {
             store.misses += 1;
             self.append(ctx, cache, head)?;
-            // The store saves work, it never fails a request: an entry there is no memory
-            // for (after the kept step buffers are given back) is not kept.
-            match self.retry_after_freeing(|| store.insert(ctx, self, cache, head)) {
-                Ok(true) => PrefixUse::Stored { tokens: shared },
-                Ok(false) => PrefixUse::Uncached,
-                Err(e) if is_capacity(&e) => {
-                    store.rejected += 1;
-                    PrefixUse::Uncached
-                }
-                Err(e) => return Err(e),
-            }
+            self.store_prefix(ctx, cache, head, store)?
         };
         Ok(used)
+    }
+
+    /// Copies `head`'s K/V into the empty `cache` when `store` holds it (a hit); false when
+    /// it does not (nothing changed).
+    pub(super) fn copy_stored(
+        &self,
+        ctx: &GpuContext,
+        cache: &mut DgemmaCache,
+        head: &[u32],
+        store: &mut DgemmaPrefixStore,
+    ) -> Result<bool, ModelError> {
+        let Some(i) = store.find(head) else {
+            return Ok(false);
+        };
+        store.hits += 1;
+        store.clock += 1;
+        let e = &mut store.entries[i];
+        e.last_used = store.clock;
+        let mut step = StepEncoder::new(ctx, "dgemma prefix reuse");
+        for (l, a) in self.cfg.layers.iter().enumerate() {
+            let first = if a.sliding { e.sliding_base } else { 0 };
+            if e.k[l].dtype != cache.dtype {
+                return Err(ModelError::Input(format!(
+                    "prefix entry: stored as {:?} K/V, the cache holds {:?}",
+                    e.k[l].dtype, cache.dtype
+                )));
+            }
+            let bytes = (head.len() - first) as u64 * cache.row_bytes(a);
+            step.copy(&e.k[l].buffer, 0, &cache.k[l].buffer, 0, bytes);
+            step.copy(&e.v[l].buffer, 0, &cache.v[l].buffer, 0, bytes);
+        }
+        step.submit()?;
+        cache.sliding_base = e.sliding_base;
+        cache.len = head.len();
+        Ok(true)
+    }
+
+    /// Keeps rows `0..head.len()` of `cache` (holding exactly `head` there) in `store`. The
+    /// store saves work, it never fails a request: an entry there is no memory for (after
+    /// the kept step buffers are given back) is not kept.
+    pub(super) fn store_prefix(
+        &self,
+        ctx: &GpuContext,
+        cache: &DgemmaCache,
+        head: &[u32],
+        store: &mut DgemmaPrefixStore,
+    ) -> Result<PrefixUse, ModelError> {
+        match self.retry_after_freeing(|| store.insert(ctx, self, cache, head)) {
+            Ok(true) => Ok(PrefixUse::Stored { tokens: head.len() }),
+            Ok(false) => Ok(PrefixUse::Uncached),
+            Err(e) if is_capacity(&e) => {
+                store.rejected += 1;
+                Ok(PrefixUse::Uncached)
+            }
+            Err(e) => Err(e),
+        }
     }
 }

@@ -1,0 +1,254 @@
+//! DiffusionGemma: a system turn the prefix store does not hold yet, arriving while other
+//! requests denoise. It is encoded a piece per step by one of the requests that want it
+//! (the others wait, encoding nothing), stored, then copied by the waiting ones; when its
+//! encoder goes away, a waiting request takes over. Every generation equals its run alone.
+
+use std::ops::ControlFlow;
+
+use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
+use unmask_goldens::dgemma::generation_cases;
+use unmask_gpu::GpuContext;
+use unmask_gpu::WeightFormat;
+use unmask_gpu::dgemma::{
+    DgemmaModel, DgemmaPrefixStore, DgemmaRun, PrefixUse, SharedPrefix, StepReport,
+};
+
+use crate::common;
+
+const PIECE: usize = 16;
+/// The system turn: longer than the fixture's sliding window (8), ending mid-piece.
+const SYSTEM: usize = 70;
+
+fn system_turn() -> Vec<u32> {
+    (0..SYSTEM as u32).map(|i| 2 + (i * 11) % 60).collect()
+}
+
+fn prompt(user: u32) -> Vec<u32> {
+    let mut p = system_turn();
+    p.extend((0..10).map(|i| 3 + (user * 13 + i * 5) % 60));
+    p
+}
+
+fn quiet() -> impl FnMut(usize, StepReport<'_>) -> ControlFlow<()> {
+    |_, _| ControlFlow::Continue(())
+}
+
+/// One round as an engine runs it: the store's part, then the step.
+fn round(
+    model: &DgemmaModel,
+    ctx: &GpuContext,
+    runs: &mut [&mut DgemmaRun<'_>],
+    store: &mut DgemmaPrefixStore,
+) {
+    model.settle_shared_prefixes(ctx, runs, store);
+    pollster::block_on(model.step_runs_async(ctx, runs, &mut quiet())).unwrap();
+}
+
+/// `user`'s request started with the system turn through `store`.
+fn start<'d>(
+    model: &DgemmaModel,
+    ctx: &GpuContext,
+    user: u32,
+    params: &EntropyBoundParams,
+    store: &mut DgemmaPrefixStore,
+) -> DgemmaRun<'d> {
+    let prefix = SharedPrefix {
+        shared: SYSTEM,
+        store,
+    };
+    let draws = Box::new(SeededDraws::new(u64::from(user)));
+    model
+        .start(
+            ctx,
+            &prompt(user),
+            Some(prefix),
+            params,
+            draws,
+            u64::from(user),
+        )
+        .unwrap()
+}
+
+/// `user`'s generation alone, without a store.
+fn alone(
+    model: &DgemmaModel,
+    ctx: &GpuContext,
+    user: u32,
+    params: &EntropyBoundParams,
+) -> Vec<u32> {
+    let draws = Box::new(SeededDraws::new(u64::from(user)));
+    let mut run = model
+        .start(ctx, &prompt(user), None, params, draws, u64::from(user))
+        .unwrap();
+    while !run.is_done() {
+        pollster::block_on(model.step_runs_async(ctx, &mut [&mut run], &mut quiet())).unwrap();
+    }
+    run.finish().unwrap().0.sequence
+}
+
+fn finish(run: DgemmaRun<'_>) -> (Vec<u32>, Option<PrefixUse>) {
+    let (g, used) = run.finish().unwrap();
+    (g.sequence, used)
+}
+
+#[test]
+fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
+    let dir = common::fixture_dir().with_file_name("tiny-dgemma");
+    let ctx = common::ctx();
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    model.pass_rows = PIECE;
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    let case = &cases[0];
+    let mut params = case.params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(32);
+    let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
+
+    // A request denoising when the others arrive (no system turn of its own).
+    let mut draws = case.draws.clone();
+    let mut running = model
+        .start(
+            &ctx,
+            &case.prompt,
+            None,
+            &case.params,
+            Box::new(&mut draws),
+            0,
+        )
+        .unwrap();
+    while running.steps_run() < 2 {
+        round(&model, &ctx, &mut [&mut running], &mut store);
+    }
+
+    // Two requests with the same new system turn: one encodes it, the other waits.
+    let mut b = start(&model, &ctx, 1, &params, &mut store);
+    let mut c = start(&model, &ctx, 2, &params, &mut store);
+    assert_eq!(
+        (b.prompt_left(), c.prompt_left()),
+        (SYSTEM + 10, SYSTEM + 10),
+        "nothing is encoded when a request starts"
+    );
+    let mut rounds = 0;
+    while b.prompt_left() > 10 {
+        let (before, b_left, c_left) = (running.steps_run(), b.prompt_left(), c.prompt_left());
+        round(
+            &model,
+            &ctx,
+            &mut [&mut running, &mut b, &mut c],
+            &mut store,
+        );
+        let encoded = SYSTEM + 10 - b.prompt_left();
+        assert_eq!(
+            b_left - b.prompt_left(),
+            PIECE.min(SYSTEM - (SYSTEM + 10 - b_left)),
+            "one piece per step, ending at the system turn's end (at {encoded})"
+        );
+        assert_eq!(
+            c.prompt_left(),
+            c_left,
+            "the second request waits, encoding nothing"
+        );
+        if !running.is_done() {
+            assert_eq!(
+                running.steps_run(),
+                before + 1,
+                "the running request stepped"
+            );
+        }
+        rounds += 1;
+    }
+    assert_eq!(rounds, SYSTEM.div_ceil(PIECE));
+    assert_eq!((store.misses, store.hits, store.inserts), (1, 0, 0));
+    // The next round stores it and the waiting request copies it: only its user turn is left.
+    round(
+        &model,
+        &ctx,
+        &mut [&mut running, &mut b, &mut c],
+        &mut store,
+    );
+    assert_eq!((store.misses, store.hits, store.inserts), (1, 1, 1));
+    assert_eq!(
+        c.prompt_left(),
+        10 - PIECE.min(10),
+        "the user turn's piece ran too"
+    );
+    while !running.is_done() || !b.is_done() || !c.is_done() {
+        round(
+            &model,
+            &ctx,
+            &mut [&mut running, &mut b, &mut c],
+            &mut store,
+        );
+    }
+    crate::dgemma_generate::assert_replays(case, &running.finish().unwrap().0);
+    let (b_seq, b_used) = finish(b);
+    let (c_seq, c_used) = finish(c);
+    assert_eq!(b_used, Some(PrefixUse::Stored { tokens: SYSTEM }));
+    assert_eq!(c_used, Some(PrefixUse::Hit { reused: SYSTEM }));
+    assert_eq!(
+        b_seq,
+        alone(&model, &ctx, 1, &params),
+        "the encoder's generation"
+    );
+    assert_eq!(
+        c_seq,
+        alone(&model, &ctx, 2, &params),
+        "the waiting one's generation"
+    );
+    eprintln!(
+        "[check] DiffusionGemma: a {SYSTEM}-token system turn encoded once in {rounds} pieces while a request denoised, stored, copied by the request that waited; generations equal their runs alone"
+    );
+}
+
+#[test]
+fn a_waiting_request_encodes_the_system_turn_when_its_encoder_goes_away() {
+    let dir = common::fixture_dir().with_file_name("tiny-dgemma");
+    let ctx = common::ctx();
+    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
+    model.pass_rows = PIECE;
+    let cases =
+        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
+    let mut params = cases[0].params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(16);
+    let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
+    let mut b = start(&model, &ctx, 3, &params, &mut store);
+    let mut c = start(&model, &ctx, 4, &params, &mut store);
+    for _ in 0..2 {
+        round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
+    }
+    assert_eq!(b.prompt_left(), SYSTEM + 10 - 2 * PIECE);
+    assert_eq!(c.prompt_left(), SYSTEM + 10, "waiting");
+    // The encoder's client is gone: the server drops its run.
+    drop(b);
+    round(&model, &ctx, &mut [&mut c], &mut store);
+    assert_eq!(
+        c.prompt_left(),
+        SYSTEM + 10 - PIECE,
+        "it encodes now, from the start"
+    );
+    assert_eq!(store.misses, 2, "a miss each time an encoder was chosen");
+    while !c.is_done() {
+        round(&model, &ctx, &mut [&mut c], &mut store);
+    }
+    let (c_seq, c_used) = finish(c);
+    assert_eq!(c_used, Some(PrefixUse::Stored { tokens: SYSTEM }));
+    assert_eq!(c_seq, alone(&model, &ctx, 4, &params));
+    // A later request copies it at once.
+    let d = start(&model, &ctx, 5, &params, &mut store);
+    assert_eq!(
+        d.prompt_left(),
+        10,
+        "the stored system turn copied when it starts"
+    );
+    assert_eq!(store.hits, 1);
+    // A store that cannot hold the turn even alone: no waiting, the whole prompt encoded.
+    let mut small = DgemmaPrefixStore::new(SYSTEM - 1, 1 << 30);
+    let mut e = start(&model, &ctx, 6, &params, &mut small);
+    let mut f = start(&model, &ctx, 7, &params, &mut small);
+    round(&model, &ctx, &mut [&mut e, &mut f], &mut small);
+    assert_eq!(
+        (e.prompt_left(), f.prompt_left()),
+        (SYSTEM + 10 - PIECE, SYSTEM + 10 - PIECE)
+    );
+    assert_eq!((small.misses, small.rejected), (2, 2));
+}
