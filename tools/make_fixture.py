@@ -362,24 +362,25 @@ def shard_of(name):
 # ---------------------------------------------------------------------------
 
 
+def logits_case(params, name, ids):
+    """One logits golden: the float32 and bf16-rounding paths' logits of `ids`."""
+    lf = llada_ref.forward(params, ids, bf16_rounding=False)
+    lb = llada_ref.forward(params, ids, bf16_rounding=True)
+    top2 = np.sort(lf, axis=-1)[:, -2:]
+    return {
+        "name": name,
+        "ids": [int(i) for i in ids],
+        "shape": [int(lf.shape[0]), int(lf.shape[1])],
+        "argmax_f32": [int(i) for i in np.argmax(lf, axis=-1)],
+        "min_top2_gap_f32": float(np.min(top2[:, 1] - top2[:, 0])),
+        "max_abs_diff_f32_vs_bf16": float(np.max(np.abs(lf - lb))),
+        "logits_f32": [Floats(row) for row in lf],
+        "logits_bf16": [Floats(row, "f32") for row in lb],
+    }
+
+
 def logits_golden(params, tok):
-    cases = []
-    for name, ids in fixture_common.logits_prompts(tok, BOS_ID, MASK_ID):
-        lf = llada_ref.forward(params, ids, bf16_rounding=False)
-        lb = llada_ref.forward(params, ids, bf16_rounding=True)
-        top2 = np.sort(lf, axis=-1)[:, -2:]
-        cases.append(
-            {
-                "name": name,
-                "ids": [int(i) for i in ids],
-                "shape": [int(lf.shape[0]), int(lf.shape[1])],
-                "argmax_f32": [int(i) for i in np.argmax(lf, axis=-1)],
-                "min_top2_gap_f32": float(np.min(top2[:, 1] - top2[:, 0])),
-                "max_abs_diff_f32_vs_bf16": float(np.max(np.abs(lf - lb))),
-                "logits_f32": [Floats(row) for row in lf],
-                "logits_bf16": [Floats(row, "f32") for row in lb],
-            }
-        )
+    cases = [logits_case(params, name, ids) for name, ids in fixture_common.logits_prompts(tok, BOS_ID, MASK_ID)]
     return {
         "description": (
             "Golden logits of tools/llada_ref.py forward() on the fixture checkpoint. "

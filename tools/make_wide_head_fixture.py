@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
 import make_fixture  # noqa: E402
-from fixture_common import Floats, to_json, write_text  # noqa: E402
+from fixture_common import to_json, write_text  # noqa: E402
 
 DEFAULT_OUT = os.path.join(make_fixture.REPO_ROOT, "tests", "fixtures", "tiny-wide-heads")
 
@@ -86,23 +86,7 @@ def prompts(rng):
 
 
 def logits_golden(params, cases):
-    out = []
-    for name, ids in cases:
-        lf = llada_ref.forward(params, ids, bf16_rounding=False)
-        lb = llada_ref.forward(params, ids, bf16_rounding=True)
-        top2 = np.sort(lf, axis=-1)[:, -2:]
-        out.append(
-            {
-                "name": name,
-                "ids": ids,
-                "shape": [int(lf.shape[0]), int(lf.shape[1])],
-                "argmax_f32": [int(i) for i in np.argmax(lf, axis=-1)],
-                "min_top2_gap_f32": float(np.min(top2[:, 1] - top2[:, 0])),
-                "max_abs_diff_f32_vs_bf16": float(np.max(np.abs(lf - lb))),
-                "logits_f32": [Floats(row) for row in lf],
-                "logits_bf16": [Floats(row, "f32") for row in lb],
-            }
-        )
+    out = [make_fixture.logits_case(params, name, ids) for name, ids in cases]
     return {
         "description": (
             "Golden logits of tools/llada_ref.py forward() on the wide-head checkpoint, in the "

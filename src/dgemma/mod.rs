@@ -76,7 +76,7 @@ pub struct DgemmaEngine {
     /// The matrices' storage as resolved on this device, the token table's apart
     /// (`--embed-weights`).
     formats: WeightFormats,
-    /// Locked while a request's system turn is encoded (never across an await).
+    /// Locked while a system turn is copied or stored (never across an await).
     store: Mutex<DgemmaPrefixStore>,
     dir: PathBuf,
     load_s: f64,

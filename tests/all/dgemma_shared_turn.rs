@@ -4,9 +4,10 @@
 //! encoder goes away, a waiting request takes over. Every generation equals its run alone.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use unmask_core::sampler::entropy_bound::{EntropyBoundParams, SeededDraws};
-use unmask_goldens::dgemma::generation_cases;
+use unmask_goldens::dgemma::{GenerationCase, generation_cases};
 use unmask_gpu::GpuContext;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::dgemma::{
@@ -91,15 +92,21 @@ fn finish(run: DgemmaRun<'_>) -> (Vec<u32>, Option<PrefixUse>) {
     (g.sequence, used)
 }
 
-#[test]
-fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
+/// The fixture in passes of `PIECE` rows and its first recorded generation.
+fn setup() -> (Arc<GpuContext>, DgemmaModel, GenerationCase) {
     let dir = common::fixture_dir().with_file_name("tiny-dgemma");
     let ctx = common::ctx();
     let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
     model.pass_rows = PIECE;
     let cases =
         generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
-    let case = &cases[0];
+    (ctx, model, cases.into_iter().next().unwrap())
+}
+
+#[test]
+fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
+    let (ctx, model, case) = setup();
+    let case = &case;
     let mut params = case.params.clone();
     params.max_new_tokens = params.max_new_tokens.min(32);
     let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
@@ -202,13 +209,8 @@ fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
 
 #[test]
 fn a_waiting_request_encodes_the_system_turn_when_its_encoder_goes_away() {
-    let dir = common::fixture_dir().with_file_name("tiny-dgemma");
-    let ctx = common::ctx();
-    let mut model = DgemmaModel::load(&ctx, &dir, WeightFormat::F32, 256).unwrap();
-    model.pass_rows = PIECE;
-    let cases =
-        generation_cases(&std::fs::read_to_string(dir.join("goldens/generate.json")).unwrap());
-    let mut params = cases[0].params.clone();
+    let (ctx, model, case) = setup();
+    let mut params = case.params.clone();
     params.max_new_tokens = params.max_new_tokens.min(16);
     let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
     let mut b = start(&model, &ctx, 3, &params, &mut store);
@@ -251,4 +253,64 @@ fn a_waiting_request_encodes_the_system_turn_when_its_encoder_goes_away() {
         (SYSTEM + 10 - PIECE, SYSTEM + 10 - PIECE)
     );
     assert_eq!((small.misses, small.rejected), (2, 2));
+}
+
+/// Two new system turns whose last pieces run in the same step, with a store that holds one:
+/// each turn's waiting request copies it as soon as it is stored, before the other turn's
+/// entry evicts it (so neither encodes its turn again).
+#[test]
+fn two_new_system_turns_stored_in_one_step_each_serve_their_waiting_request() {
+    let (ctx, model, case) = setup();
+    let mut params = case.params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(16);
+    let with_system = |first: u32, user: u32| {
+        let mut p: Vec<u32> = (0..SYSTEM as u32)
+            .map(|i| 2 + (first + i * 11) % 60)
+            .collect();
+        p.extend((0..10).map(|i| 3 + (user * 13 + i * 5) % 60));
+        p
+    };
+    let mut store = DgemmaPrefixStore::new(SYSTEM, 1 << 30);
+    let start = |prompt: Vec<u32>, seed: u64, store: &mut DgemmaPrefixStore| {
+        let prefix = SharedPrefix {
+            shared: SYSTEM,
+            store,
+        };
+        let draws = Box::new(SeededDraws::new(seed));
+        model
+            .start(&ctx, &prompt, Some(prefix), &params, draws, seed)
+            .unwrap()
+    };
+    let mut runs = [
+        start(with_system(0, 1), 1, &mut store),
+        start(with_system(0, 2), 2, &mut store),
+        start(with_system(1, 3), 3, &mut store),
+        start(with_system(1, 4), 4, &mut store),
+    ];
+    let mut rounds = 0;
+    // The first of each pair encodes its turn; the second waits.
+    while (runs[0].prompt_left() > 10 || runs[2].prompt_left() > 10) && rounds < 20 {
+        let mut refs: Vec<_> = runs.iter_mut().collect();
+        model.settle_shared_prefixes(&ctx, &mut refs, &mut store);
+        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut quiet())).unwrap();
+        rounds += 1;
+    }
+    assert_eq!(
+        rounds,
+        SYSTEM.div_ceil(PIECE),
+        "both turns encoded side by side"
+    );
+    assert_eq!(
+        (runs[1].prompt_left(), runs[3].prompt_left()),
+        (SYSTEM + 10, SYSTEM + 10)
+    );
+    let mut refs: Vec<_> = runs.iter_mut().collect();
+    model.settle_shared_prefixes(&ctx, &mut refs, &mut store);
+    let left: Vec<usize> = runs.iter().map(|r| r.prompt_left()).collect();
+    assert_eq!(left, [10, 10, 10, 10], "every request past its system turn");
+    assert_eq!(
+        (store.misses, store.inserts, store.hits, store.evictions),
+        (2, 2, 2, 1),
+        "two turns encoded once each, both copied, one evicted by the other"
+    );
 }

@@ -5,8 +5,8 @@ use serde_json::{Value, json};
 use unmask_core::config::ModelConfig;
 use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::{
-    AttentionKernel, AttentionOptions, AttentionShape, KvSegment, attention_with,
-    split_scratch_floats,
+    AttentionKernel, AttentionOptions, AttentionShape, KvSegment, REGISTER_MAX_HEAD_DIM,
+    attention_with, split_scratch_floats,
 };
 use unmask_gpu::ops::elementwise as ew;
 use unmask_gpu::ops::matmul::{
@@ -411,7 +411,10 @@ pub fn run_kernel_case(
                 let variants: Vec<AttentionKernel> = if options.all_variants {
                     AttentionKernel::CONCRETE
                         .into_iter()
-                        .filter(|&k| kv_dtype == DType::F32 || k != AttentionKernel::Register)
+                        .filter(|&k| {
+                            k != AttentionKernel::Register
+                                || (kv_dtype == DType::F32 && head_dim <= REGISTER_MAX_HEAD_DIM)
+                        })
                         .filter(|k| options.wants(k.name()))
                         .chain([AttentionKernel::Auto])
                         .collect()

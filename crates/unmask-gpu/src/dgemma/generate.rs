@@ -210,9 +210,11 @@ impl DgemmaModel {
         run.finish()
     }
 
-    /// Encodes `prompt`'s shared part through `prefix` when given (the rest is encoded by
-    /// `step_runs_async`, a piece per step) and starts its first canvas: a run for
-    /// `step_runs_async`.
+    /// Starts a run for `step_runs_async`: its cache, its first canvas, and its prompt's
+    /// shared part copied from `prefix`'s store when stored there. The prompt (an unstored
+    /// shared part too) is encoded by `step_runs_async`, a piece per step. A run started
+    /// with a store needs `settle_shared_prefixes` before each step: until then an unstored
+    /// shared part waits, unencoded.
     pub fn start<'d>(
         &self,
         ctx: &GpuContext,
@@ -378,47 +380,81 @@ impl DgemmaModel {
         runs: &mut [&mut DgemmaRun<'_>],
         store: &mut DgemmaPrefixStore,
     ) {
-        for run in runs.iter_mut().filter(|r| !r.is_done()) {
-            let SharedPart::Encoding(n) = run.shared else {
+        // Encoders whose part is in store it and serve its waiters at once (another turn's
+        // insert could evict it before a later pass over the waiters). A part that could
+        // not be stored releases its waiters to encode their own prompts together, not one
+        // after another.
+        for e in 0..runs.len() {
+            let SharedPart::Encoding(n) = runs[e].shared else {
                 continue;
             };
-            if run.cache.len < n {
+            if runs[e].is_done() || runs[e].cache.len < n {
                 continue;
             }
+            let run = &mut *runs[e];
             run.shared = SharedPart::Settled;
-            match self.store_prefix(ctx, &run.cache, &run.sequence[..n], store) {
+            // Past the part (no settle ran after its last piece) a sliding layer may no
+            // longer hold the part's own rows: it is not stored then.
+            let used = if run.cache.len == n {
+                self.store_prefix(ctx, &run.cache, &run.sequence[..n], store)
+            } else {
+                Ok(PrefixUse::Uncached)
+            };
+            let stored = matches!(used, Ok(PrefixUse::Stored { .. }));
+            match used {
                 Ok(used) => run.prefix_use = Some(used),
-                Err(e) => run.state = RunState::Failed(e),
+                Err(err) => run.state = RunState::Failed(err),
+            }
+            let head = run.sequence[..n].to_vec();
+            for w in runs.iter_mut() {
+                if w.is_done() || w.shared != SharedPart::Waiting(n) || w.sequence[..n] != head {
+                    continue;
+                }
+                if !(stored && self.copy_waiting(ctx, w, n, store)) {
+                    store.misses += 1;
+                    w.shared = SharedPart::Settled;
+                    w.prefix_use = Some(PrefixUse::Uncached);
+                }
             }
         }
         for i in 0..runs.len() {
             let SharedPart::Waiting(n) = runs[i].shared else {
                 continue;
             };
-            if runs[i].is_done() {
+            if runs[i].is_done() || self.copy_waiting(ctx, runs[i], n, store) {
                 continue;
             }
-            let head = runs[i].sequence[..n].to_vec();
-            let run = &mut *runs[i];
-            match self.copy_stored(ctx, &mut run.cache, &head, store) {
-                Ok(true) => {
-                    run.shared = SharedPart::Settled;
-                    run.prefix_use = Some(PrefixUse::Hit { reused: n });
-                    run.prompt_left = run.sequence.len() - n;
-                    continue;
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    run.state = RunState::Failed(e);
-                    continue;
-                }
-            }
+            let head = &runs[i].sequence[..n];
             let encoder = runs.iter().any(|r| {
-                !r.is_done() && r.shared == SharedPart::Encoding(n) && r.sequence[..n] == head
+                !r.is_done() && r.shared == SharedPart::Encoding(n) && r.sequence[..n] == *head
             });
             if !encoder {
                 store.misses += 1;
                 runs[i].shared = SharedPart::Encoding(n);
+            }
+        }
+    }
+
+    /// A waiting run's shared part copied from the store: false when the store does not
+    /// hold it (the run still waits); a failed copy fails the run.
+    fn copy_waiting(
+        &self,
+        ctx: &GpuContext,
+        run: &mut DgemmaRun<'_>,
+        n: usize,
+        store: &mut DgemmaPrefixStore,
+    ) -> bool {
+        match self.copy_stored(ctx, &mut run.cache, &run.sequence[..n], store) {
+            Ok(true) => {
+                run.shared = SharedPart::Settled;
+                run.prefix_use = Some(PrefixUse::Hit { reused: n });
+                run.prompt_left = run.sequence.len() - n;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                run.state = RunState::Failed(e);
+                true
             }
         }
     }

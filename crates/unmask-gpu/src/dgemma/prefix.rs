@@ -120,8 +120,8 @@ impl DgemmaPrefixStore {
     }
 
     /// Keeps rows `0..ids.len()` of `cache` (which must hold exactly `ids` there) under `ids`,
-    /// evicting the least recently used entries to stay within the budget. False when the
-    /// prefix alone is over the budget.
+    /// evicting the least recently used entries to stay within the budget (an entry for
+    /// `ids` already there is kept instead). False when the prefix alone is over the budget.
     fn insert(
         &mut self,
         ctx: &GpuContext,
@@ -129,6 +129,13 @@ impl DgemmaPrefixStore {
         cache: &DgemmaCache,
         ids: &[u32],
     ) -> Result<bool, ModelError> {
+        // Runs stepped apart (two engines' callers) may both encode a new prefix: it is
+        // kept once.
+        if let Some(i) = self.find(ids) {
+            self.clock += 1;
+            self.entries[i].last_used = self.clock;
+            return Ok(true);
+        }
         let n = ids.len();
         let (sliding_base, need) = entry_size(model, cache, n);
         if !self.holds(model, cache, n) {

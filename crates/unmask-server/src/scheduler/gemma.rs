@@ -127,8 +127,8 @@ pub fn run(
     update_gauges(engine, &shared, &mut recent, 0);
 }
 
-/// Starts `job` (its system turn encoded, its first canvas drawn; the rest of its prompt is
-/// encoded by the next steps) or answers its error.
+/// Starts `job` (a stored system turn copied, its first canvas drawn; its prompt is encoded
+/// by the next steps) or answers its error.
 fn admit(engine: &DgemmaEngine, job: Job, shared: &Shared, running: &mut Vec<Running>) {
     if job.events.is_closed() {
         shared.queued.fetch_sub(1, Ordering::Relaxed);
