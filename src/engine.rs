@@ -188,6 +188,16 @@ impl Engine {
                 ))));
             }
         };
+        use unmask_gpu::ops::attention::{AttentionKernel, REGISTER_MAX_HEAD_DIM};
+        if options.attention_kernel == AttentionKernel::Register
+            && model.cfg.head_dim() > REGISTER_MAX_HEAD_DIM
+        {
+            return Err(EngineError::Model(ModelError::Input(format!(
+                "attention kernel register: expected a head_dim of at most \
+                 {REGISTER_MAX_HEAD_DIM} (the wide kernels take heads up to 512), found {}",
+                model.cfg.head_dim()
+            ))));
+        }
         let cfg = &model.cfg;
         let special = match &tokenizer {
             Some(t) => t.special_tokens(cfg)?,

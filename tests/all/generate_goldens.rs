@@ -50,6 +50,16 @@ fn generation_matches_reference_goldens_with_heads_256_wide() {
     let goldens: Value = serde_json::from_str(&text).unwrap();
     let checked = check_generations(&engine, goldens["cases"].as_array().unwrap());
     assert_eq!(checked, 3, "every golden case ran");
+    // The register kernel (heads up to 128) asked for by name: refused when loading.
+    let register = EngineOptions {
+        attention_kernel: unmask_gpu::ops::attention::AttentionKernel::Register,
+        ..options
+    };
+    let err = Engine::load_on(common::ctx(), &dir, &register, &mut |_| {})
+        .err()
+        .expect("the register kernel is refused for 256-wide heads")
+        .to_string();
+    assert!(err.contains("register") && err.contains("256"), "{err}");
 }
 
 /// Every non-random case: the whole sequence and the positions committed at each step equal
