@@ -58,6 +58,11 @@ of the canvas.
 
 Exit status: 0 parity holds (or torch skipped), 1 parity fails, 2 setup or usage error.
 
+Modules: this script keeps the references and the command line; tools/parity_runtime.py
+runs `unmask` and reads its .npy output, tools/parity_compare.py computes the figures and
+prints the report (both standard library only), tools/parity_dgemma.py has DiffusionGemma's
+cases.
+
 Examples (from the repository root):
 
     python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
@@ -73,317 +78,35 @@ from __future__ import annotations
 
 import argparse
 import array
-import ast
 import json
-import math
 import os
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llada_common  # noqa: E402  (standard library only, like this script's goldens mode)
 
-# tools/parity_dgemma.py imports this module by name.  Run as a script it is __main__, and a
-# second copy would have its own SetupError, which main() would not catch.
-sys.modules.setdefault("parity", sys.modules[__name__])
+# The runtime side and the comparisons (with the report) are modules of their own; their
+# names are re-exported because tools/parity_dgemma.py reads some of them as parity.NAME.
+from parity_compare import (  # noqa: E402,F401
+    argmax_and_gap,
+    compare_generation,
+    compare_logits,
+    compare_row,
+    print_report,
+    runtime_steps,
+    strict_json,
+)
+from parity_runtime import ROOT, Runtime, SetupError, find_unmask, join_ids, read_npy, rows_of  # noqa: E402,F401
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tools/parity_dgemma.py imports this module by name.  Run as a script it is __main__, and
+# without this alias that import would load and run a second copy of this file.
+sys.modules.setdefault("parity", sys.modules[__name__])
 
 # default tolerances by reference numerics: (rtol, atol, min cosine, generation agreement)
 TOLERANCES = {
     "f32": (1e-4, 1e-5, 0.99999, 1.0),
     "bf16": (0.06, 1e-3, 0.998, None),
 }
-
-
-class SetupError(Exception):
-    """The comparison could not run (missing binary, bad files); exit status 2."""
-
-
-# ---------------------------------------------------------------------------
-# .npy reading (standard library)
-# ---------------------------------------------------------------------------
-
-
-def read_npy(path):
-    """(shape, flat array of floats) of a float32/float64 C-order .npy file."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:6] != b"\x93NUMPY":
-        raise SetupError(f"{path}: not a .npy file")
-    major = raw[6]
-    if major == 1:
-        hlen, start = int.from_bytes(raw[8:10], "little"), 10
-    elif major in (2, 3):
-        hlen, start = int.from_bytes(raw[8:12], "little"), 12
-    else:
-        raise SetupError(f"{path}: .npy version {major} is not supported")
-    header = ast.literal_eval(raw[start : start + hlen].decode("latin1"))
-    descr, fortran, shape = header["descr"], header["fortran_order"], tuple(header["shape"])
-    codes = {"<f4": "f", "<f8": "d"}
-    if descr not in codes or fortran:
-        raise SetupError(f"{path}: expected a C-order <f4 or <f8 array, found {descr} fortran={fortran}")
-    data = array.array(codes[descr])
-    data.frombytes(raw[start + hlen :])
-    if sys.byteorder != "little":
-        data.byteswap()
-    if len(data) != math.prod(shape):
-        raise SetupError(f"{path}: {len(data)} values for shape {shape}")
-    return shape, data
-
-
-def rows_of(shape, flat):
-    """Split a flat [T, V] array into T row slices."""
-    if len(shape) != 2:
-        raise SetupError(f"expected logits [T, V], found shape {shape}")
-    T, V = shape
-    return [flat[i * V : (i + 1) * V] for i in range(T)]
-
-
-# ---------------------------------------------------------------------------
-# the runtime
-# ---------------------------------------------------------------------------
-
-
-def find_unmask(given):
-    """The runtime binary: --unmask, else target/release/unmask, else target/debug/unmask."""
-    if given:
-        if not os.path.isfile(given):
-            raise SetupError(f"--unmask {given}: no such file (build it with `cargo build -p unmask-cli`)")
-        return given
-    for kind in ("release", "debug"):
-        path = os.path.join(ROOT, "target", kind, "unmask")
-        if os.path.isfile(path):
-            return path
-    raise SetupError(
-        "no target/release/unmask or target/debug/unmask: "
-        "build with `cargo build -p unmask-cli` or pass --unmask PATH"
-    )
-
-
-class Runtime:
-    """Runs the `unmask` binary with the --backend / --dtype / --matmul / --tune / --kv given to
-    this script."""
-
-    def __init__(self, binary, model, backend, dtype, matmul=None, kv=None, tune=None):
-        self.binary, self.model, self.backend, self.dtype = binary, model, backend, dtype
-        self.matmul, self.kv, self.tune = matmul, kv, tune
-        self.env = dict(os.environ)
-        if not self.env.get("XDG_RUNTIME_DIR"):
-            # Vulkan loaders and Mesa look for it; without one they print warnings
-            self._xdg = tempfile.TemporaryDirectory(prefix="unmask-xdg-")
-            self.env["XDG_RUNTIME_DIR"] = self._xdg.name
-
-    def _run(self, args):
-        cmd = [self.binary, *args, "--model", self.model]
-        if self.backend:
-            cmd += ["--backend", self.backend]
-        if self.dtype:
-            cmd += ["--dtype", self.dtype]
-        if self.matmul:
-            cmd += ["--matmul", self.matmul]
-        if self.kv:
-            cmd += ["--kv", self.kv]
-        if self.tune:
-            cmd += ["--tune", self.tune]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
-        if proc.returncode != 0:
-            command = " ".join(cmd)
-            raise SetupError(f"`{command}` failed with status {proc.returncode}:\n{proc.stderr.strip()}")
-        return proc.stdout
-
-    def logits(self, ids, canvases=()):
-        """Rows of float32 logits [T][V]; with DiffusionGemma canvases, the decoder's rows
-        [L][V] of each canvas after the prompt `ids`."""
-        args = ["logits", "--prompt-ids", join_ids(ids)]
-        for canvas in canvases:
-            args += ["--canvas-ids", join_ids(canvas)]
-        with tempfile.TemporaryDirectory(prefix="unmask-parity-") as tmp:
-            out = os.path.join(tmp, "logits.npy")
-            self._run([*args, "--out", out])
-            shape, flat = read_npy(out)
-        if canvases:
-            if shape[:2] != (len(canvases), len(canvases[0])) or len(shape) != 3:
-                raise SetupError(f"unmask logits returned {shape} for {len(canvases)} canvases")
-            size = shape[1] * shape[2]
-            return [rows_of(shape[1:], flat[i * size : (i + 1) * size]) for i in range(shape[0])]
-        if shape[0] != len(ids):
-            raise SetupError(f"unmask logits returned {shape[0]} rows for {len(ids)} ids")
-        return rows_of(shape, flat)
-
-    def generate(self, prompt, params):
-        """The `--json` object of one `unmask generate --prompt-ids` run over the whole
-        canvas, as the reference runs it."""
-        args = [
-            "generate",
-            "--full-canvas",
-            "--prompt-ids",
-            join_ids(prompt),
-            "--gen-length",
-            str(params["gen_length"]),
-            "--steps",
-            str(params["steps"]),
-            "--block-length",
-            str(params["block_length"]),
-            "--json",
-        ]
-        if params.get("cfg_scale"):
-            args += ["--cfg-scale", repr(float(params["cfg_scale"]))]
-        if params.get("threshold") is not None:
-            args += ["--threshold", repr(float(params["threshold"]))]
-        if params.get("logits_eos_inf"):
-            args.append("--logits-eos-inf")
-        if params.get("confidence_eos_eot_inf"):
-            args.append("--confidence-eos-eot-inf")
-        if "alg" in params:  # a Dream case: its timestep schedule and alg
-            args += ["--schedule", "dream", "--eps", repr(float(params["eps"])), "--remasking", params["alg"]]
-            if params.get("alg_temp"):
-                args += ["--alg-temp", repr(float(params["alg_temp"]))]
-            if params.get("top_p") is not None:
-                args += ["--top-p", repr(float(params["top_p"]))]
-            # A case without a cut ran the reference with none; unmask's default for Dream is
-            # the reference's own top_k 50 (diffusion_generate's), so "none" is asked for.
-            args += ["--top-k", str(int(params["top_k"])) if params.get("top_k") is not None else "0"]
-        args += ["--confidence-precision", params.get("confidence_precision", "f32")]
-        out = self._run(args)
-        lines = [line for line in out.splitlines() if line.strip()]
-        try:
-            return json.loads(lines[-1])
-        except (IndexError, json.JSONDecodeError) as e:
-            raise SetupError(f"unmask generate --json printed no JSON object: {e}") from None
-
-
-def join_ids(ids):
-    return ",".join(str(int(t)) for t in ids)
-
-
-# ---------------------------------------------------------------------------
-# comparison
-# ---------------------------------------------------------------------------
-
-
-def argmax_and_gap(row):
-    """(first index of the maximum, top-1 minus top-2 value)."""
-    best, best_i, second = -math.inf, 0, -math.inf
-    for i, v in enumerate(row):
-        if v > best:
-            best, best_i, second = v, i, best
-        elif v > second:
-            second = v
-    return best_i, best - second
-
-
-def compare_row(got, ref):
-    """Error figures of one position."""
-    max_abs = sum_abs = dot = n_got = n_ref = 0.0
-    for g, r in zip(got, ref):
-        d = abs(g - r)
-        if d > max_abs or d != d:  # NaN propagates as a failure
-            max_abs = d
-        sum_abs += d
-        dot += g * r
-        n_got += g * g
-        n_ref += r * r
-    if n_got == 0.0 and n_ref == 0.0:
-        cosine = 1.0
-    elif n_got == 0.0 or n_ref == 0.0:
-        cosine = 0.0
-    else:
-        cosine = dot / math.sqrt(n_got * n_ref)
-    a_got, _ = argmax_and_gap(got)
-    a_ref, gap = argmax_and_gap(ref)
-    return {
-        "max_abs": max_abs,
-        "mean_abs": sum_abs / max(1, len(ref)),
-        "cosine": cosine,
-        "argmax_runtime": a_got,
-        "argmax_reference": a_ref,
-        "argmax_agree": a_got == a_ref,
-        "top2_gap": gap,
-    }
-
-
-def compare_logits(name, ids, got, ref, tol):
-    """Per-position figures, the case summary and its verdict."""
-    if len(got) != len(ref) or any(len(g) != len(r) for g, r in zip(got, ref)):
-        raise SetupError(f"{name}: runtime logits and reference have different shapes")
-    scale = max((abs(v) for row in ref for v in row), default=0.0)
-    bound = tol["atol"] + tol["rtol"] * scale
-    positions = []
-    for p, (g, r) in enumerate(zip(got, ref)):
-        fig = compare_row(g, r)
-        fig["position"] = p
-        # a flip is an error only where the reference's own margin exceeds the tolerance
-        fig["argmax_decidable"] = fig["top2_gap"] > 2 * bound
-        positions.append(fig)
-    decidable = [f for f in positions if f["argmax_decidable"]]
-    summary = {
-        "name": name,
-        "ids": list(ids),
-        "tokens": len(ref),
-        "vocab": len(ref[0]) if ref else 0,
-        "scale": scale,
-        "bound": bound,
-        "max_abs": max(f["max_abs"] for f in positions),
-        "mean_abs": sum(f["mean_abs"] for f in positions) / len(positions),
-        "min_cosine": min(f["cosine"] for f in positions),
-        "argmax_agree": sum(f["argmax_agree"] for f in positions),
-        "argmax_decidable": len(decidable),
-        "argmax_decidable_agree": sum(f["argmax_agree"] for f in decidable),
-    }
-    failures = []
-    if not summary["max_abs"] <= bound:
-        failures.append(f"max abs error {summary['max_abs']:.3g} > bound {bound:.3g}")
-    if not summary["min_cosine"] >= tol["min_cosine"]:
-        failures.append(f"cosine {summary['min_cosine']:.7f} < {tol['min_cosine']}")
-    if summary["argmax_decidable_agree"] != summary["argmax_decidable"]:
-        bad = [f["position"] for f in decidable if not f["argmax_agree"]]
-        failures.append(f"argmax differs at positions {bad} (reference top-2 gap > 2 x bound)")
-    summary["failures"] = failures
-    summary["pass"] = not failures
-    summary["positions"] = positions
-    return summary
-
-
-def compare_generation(name, prompt, got_ids, got_steps, want_ids, want_steps, min_agreement):
-    """Token agreement of two generated canvases (after the prompt) and of their commits."""
-    n = len(want_ids)
-    agree = sum(1 for a, b in zip(got_ids, want_ids) if a == b)
-    if len(got_ids) != n:
-        agree = min(agree, n - 1)  # a length mismatch never counts as full agreement
-    first = next((i for i, (a, b) in enumerate(zip(got_ids, want_ids)) if a != b), None)
-    if first is None and len(got_ids) != n:
-        first = min(len(got_ids), n)
-    # a step with a zero quota commits nothing; the runtime skips it, numpy records it
-    steps_equal = [s for s in got_steps if s[0]] == [s for s in want_steps if s[0]]
-    result = {
-        "name": name,
-        "prompt_len": len(prompt),
-        "gen_length": n,
-        "tokens_agree": agree,
-        "agreement": agree / n if n else 1.0,
-        "first_diff": first,  # index into the generated canvas; None when equal
-        "first_diff_position": None if first is None else len(prompt) + first,
-        "steps_agree": steps_equal,
-        "runtime_ids": list(got_ids),
-        "reference_ids": list(want_ids),
-    }
-    failures = []
-    if min_agreement is not None:
-        if result["agreement"] < min_agreement:
-            failures.append(f"token agreement {result['agreement']:.3f} < {min_agreement}")
-        if min_agreement >= 1.0 and not steps_equal:
-            failures.append("per-step commits differ")
-    result["judged"] = min_agreement is not None
-    result["failures"] = failures
-    result["pass"] = not failures
-    return result
-
-
-def runtime_steps(gen_json):
-    """[(positions, tokens)] per step of `unmask generate --json`."""
-    return [(list(s["positions"]), list(s["tokens"])) for s in gen_json["steps"]]
 
 
 # ---------------------------------------------------------------------------
@@ -603,61 +326,6 @@ def dream_torch_cases(args, runtime, tol):
     return logit_results, gen_results, {"device": str(model.device), "dtype": args.ref_dtype, "model": "dream"}
 
 
-# ---------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------
-
-
-def print_report(logit_results, gen_results, quiet):
-    for r in logit_results:
-        if "skipped" in r:
-            print(f"\n-- logits: {r['name']}: not comparable ({r['skipped']})")
-            continue
-        print(
-            f"\n-- logits: {r['name']} ({r['tokens']} tokens x {r['vocab']}; "
-            f"scale {r['scale']:.4g}, bound {r['bound']:.3g})"
-        )
-        if not quiet:
-            head = ("pos", "max_abs", "mean_abs", "1 - cosine", "argmax rt/ref", "top2 gap")
-            print("  {:>4} {:>10} {:>10} {:>11} {:>15} {:>9}".format(*head))
-            for f in r["positions"]:
-                if f["argmax_agree"]:
-                    mark = ""
-                else:
-                    mark = "  DIFF" if f["argmax_decidable"] else "  diff (near tie)"
-                argmaxes = f"{f['argmax_runtime']}/{f['argmax_reference']}"
-                print(
-                    f"  {f['position']:>4} {f['max_abs']:>10.3e} {f['mean_abs']:>10.3e} {1 - f['cosine']:>11.3e}"
-                    f" {argmaxes:>15} {f['top2_gap']:>9.4f}{mark}"
-                )
-        verdict = "ok" if r["pass"] else "FAIL: " + "; ".join(r["failures"])
-        print(
-            f"  summary: max_abs {r['max_abs']:.3e}, mean_abs {r['mean_abs']:.3e}, "
-            f"min cosine 1 - {1 - r['min_cosine']:.3e}, argmax {r['argmax_agree']}/{r['tokens']} "
-            f"({r['argmax_decidable_agree']}/{r['argmax_decidable']} decidable) -> {verdict}"
-        )
-    if gen_results:
-        print("\n-- temperature-0 generations")
-    for g in gen_results:
-        if "skipped" in g:
-            print(f"  {g['name']}: not comparable ({g['skipped']})")
-            continue
-        if g["first_diff"] is None:
-            diff = "none"
-        else:
-            diff = f"canvas index {g['first_diff']} (position {g['first_diff_position']})"
-        if not g["judged"]:
-            verdict = "reported only"
-        else:
-            verdict = "ok" if g["pass"] else "FAIL: " + "; ".join(g["failures"])
-        print(
-            f"  {g['name']}: tokens {g['tokens_agree']}/{g['gen_length']} ({100 * g['agreement']:.1f}%), "
-            f"first difference {diff}, step commits {'equal' if g['steps_agree'] else 'differ'} -> {verdict}"
-        )
-        if g["first_diff"] is not None:
-            print(f"    runtime:   {join_ids(g['runtime_ids'])}")
-            print(f"    reference: {join_ids(g['reference_ids'])}")
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
@@ -798,17 +466,6 @@ def main(argv=None):
             f.write("\n")
     return 0 if ok else 1
 
-
-def strict_json(obj):
-    """The structure with non-finite floats written as strings ("inf", "nan"), which
-    plain JSON cannot hold (a top-2 gap is infinite when a row has one finite logit)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else str(obj)
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
 
 
 if __name__ == "__main__":
