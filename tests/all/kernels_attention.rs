@@ -362,13 +362,23 @@ fn browser_tiles_natively() {
 #[test]
 fn coop_attention_matches_the_oracle() {
     let ctx = ctx();
-    let served = attn::coop_attention(&ctx, 64)
+    let fragment = attn::coop_attention(&ctx, 64)
         .or_else(|| attn::coop_attention(&ctx, 128))
-        .map(|c| 8 * c.fragment as usize);
+        .map(|c| c.fragment as usize);
+    let served = fragment.map(|f| 8 * f);
     eprintln!(
         "[path] coop attention runs {}",
-        match served {
-            Some(hd) => format!("cooperative matrices at head dim {hd}"),
+        match fragment {
+            Some(f) => format!(
+                "cooperative matrices at head dim {} and {} at {}",
+                8 * f,
+                if attn::coop_attention(&ctx, 16 * f).is_some() {
+                    "also"
+                } else {
+                    "not (over the workgroup memory)"
+                },
+                16 * f
+            ),
             None => "the wide kernel (no cooperative matrices)".to_string(),
         }
     );
@@ -387,7 +397,13 @@ fn coop_attention_matches_the_oracle() {
         (8, 2, 7, Some(65), 3),
         (4, 1, 40, Some(17), 100),
     ];
-    for (heads, kv_heads, m, len_a, len_b) in cases {
+    // Heads of 8 fragments, and of 16 (its 2 x 4 accumulators per subgroup) on fewer cases.
+    let wide = cases
+        .iter()
+        .step_by(2)
+        .map(|&(h, kv, m, a, b)| (2 * hd, h, kv, m, a, b));
+    let all = cases.iter().map(|&(h, kv, m, a, b)| (hd, h, kv, m, a, b));
+    for (hd, heads, kv_heads, m, len_a, len_b) in all.chain(wide) {
         let width = heads * hd;
         let c = Case {
             shape: AttentionShape {
@@ -403,6 +419,7 @@ fn coop_attention_matches_the_oracle() {
         };
         let d = c.data();
         let want = c.oracle(&d);
+        let served = attn::coop_attention(&ctx, hd).is_some();
         let coop_split = |slices| Run {
             slices,
             ..Run::f32(AttentionKernel::CoopSplit)
@@ -417,14 +434,14 @@ fn coop_attention_matches_the_oracle() {
             Run::f16(AttentionKernel::CoopSplit, true),
         ] {
             let (got, plan) = run_with(&ctx, &c, &d, run);
-            let expected = match (run.kernel, served.is_some()) {
+            let expected = match (run.kernel, served) {
                 (AttentionKernel::Coop, true) => AttentionKernel::Coop,
                 (AttentionKernel::Coop, false) => AttentionKernel::Wide,
                 (_, true) => AttentionKernel::CoopSplit,
                 (_, false) => AttentionKernel::WideSplit,
             };
             assert_eq!(plan.kernel, expected, "{}", c.label());
-            let tol = if served.is_some() || run.kv == DType::F16 {
+            let tol = if served || run.kv == DType::F16 {
                 F16_TOL
             } else {
                 TOL

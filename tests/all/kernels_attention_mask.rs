@@ -457,14 +457,15 @@ fn coop_kernels_honour_the_mask() {
     // lavapipe), else their wide stand-ins: causal with a window across both segments, and
     // the decoder's scale 1.0.
     let ctx = ctx();
-    let hd = [64, 128]
+    // Every head dim it serves here (8 and 16 fragments), else 128 on the wide stand-ins.
+    let mut dims: Vec<usize> = [64, 128, 256]
         .into_iter()
-        .find(|&hd| attn::coop_attention(&ctx, hd).is_some())
-        .unwrap_or(128);
-    eprintln!(
-        "[path] coop attention at head dim {hd}: {}",
-        attn::coop_attention(&ctx, hd).is_some()
-    );
+        .filter(|&hd| attn::coop_attention(&ctx, hd).is_some())
+        .collect();
+    if dims.is_empty() {
+        dims.push(128);
+    }
+    eprintln!("[path] coop attention at head dims {dims:?}");
     let coop = [
         Run::new(AttentionKernel::Coop),
         Run {
@@ -472,7 +473,7 @@ fn coop_kernels_honour_the_mask() {
             ..Run::new(AttentionKernel::CoopSplit)
         },
     ];
-    for window in [0, 3] {
+    for (hd, window) in dims.iter().flat_map(|&hd| [(hd, 0), (hd, 3)]) {
         let c = Case::commit(hd, 2, 37, 20, window);
         let d = c.data();
         let want = c.oracle(&d);

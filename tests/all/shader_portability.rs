@@ -224,7 +224,9 @@ fn kernels_stay_within_browser_limits() {
                     .unwrap_or_else(|| panic!("{key} has no constant {name}"))
             };
             if v.kernel.name == "attention_wide" {
-                u64::from(coop_attention_bytes(constant("FR"), constant("SG")))
+                let fragments = if v.spec.has("HD16") { 16 } else { 8 };
+                let (fr, sg) = (constant("FR"), constant("SG"));
+                u64::from(coop_attention_bytes(fr, sg, fragments * fr))
             } else {
                 let shape = CoopShape {
                     subgroup: constant("SG"),

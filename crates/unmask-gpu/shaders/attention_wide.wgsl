@@ -432,14 +432,15 @@ fn main(
 
 //#if COOP
 // Tensor cores (wgpu's `wgpu_cooperative_matrix`, FR x FR f16 fragments with f32
-// accumulators) for head dim HD = 8 FR (128 on NVIDIA GPUs): a workgroup of 4 subgroups
-// owns BQ = 2 FR query units of one kv head and walks the keys in tiles of BK = 2 FR, twice.
+// accumulators) for head dim HD = 8 FR, or 16 FR with HD16 (128 and 256 on NVIDIA GPUs): a
+// workgroup of 4 subgroups owns BQ = 2 FR query units of one kv head and walks the keys in
+// tiles of BK = 2 FR, twice.
 //   pass 1: S = Q K^T per tile (subgroup s computes the score fragment (s / 2, s % 2)),
 //           then each unit's running max and sum of exp2(S - max): RT invocations per unit
 //           each take every RT-th key of the tile (score rows SP = BK + 4 floats apart, so
 //           the lanes of a subgroup read distinct banks), and one per unit folds theirs in;
 //   pass 2: S again, P = exp2(S - max) / sum as f16, O += P V (subgroup s owns the output
-//           columns s * 2 FR .. + 2 FR as 2 x 2 accumulators).
+//           columns s * HD / 4 .. + HD / 4 as 2 x 2 accumulators, 2 x 4 with HD16).
 // With the final max and sum known before any P V product, the accumulators never need a
 // rescale, which cooperative matrices cannot do per row; the price is a second Q K^T, cheap
 // on tensor cores. Q (scaled by log2(e) / sqrt(hd)), K, V and P are rounded to f16 (2^-11
@@ -453,7 +454,12 @@ const SG: u32 = {{SG}}u;
 const FR: u32 = {{FR}}u;
 const FF: u32 = FR * FR;
 const CWG: u32 = 4u * SG;
+//#if HD16
+const HD: u32 = 16u * FR;
+//#else
 const HD: u32 = 8u * FR;
+//#endif
+const HQ: u32 = HD / 4u; // output columns of a subgroup
 const BQ: u32 = 2u * FR;
 const BK: u32 = 2u * FR;
 const PS: u32 = HD + 8u; // row pitch of the staged Q and K/V tiles, in halves
@@ -503,7 +509,7 @@ fn coop_scores(sg: u32) {
     coopStoreT(acc, &cs[at_s], stride_s);
 }
 
-// Writes accumulator (i, j) of every subgroup (units i * FR .., columns s * 2 FR + j * FR ..)
+// Writes accumulator (i, j) of every subgroup (units i * FR .., columns s * HQ + j * FR ..)
 // to `out` through cs; SPLIT: to the slice's cells `cell0 + unit` of the scratch.
 fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u32, u0: u32, kvh: u32, cell0: u32) {
     let at = sg * FF;
@@ -512,7 +518,7 @@ fn coop_out(lid: u32, sg: u32, acc: coop_mat{{FR}}x{{FR}}<f32, C>, i: u32, j: u3
     workgroupBarrier();
     for (var e = lid; e < 4u * FF; e += CWG) {
         let u = u0 + i * FR + (e / FR) % FR;
-        let d = (e / FF) * 2u * FR + j * FR + e % FR;
+        let d = (e / FF) * HQ + j * FR + e % FR;
         if (u < p.units) {
 //#if SPLIT
             out[(cell0 + u) * HD + d] = cs[e];
@@ -629,11 +635,17 @@ fn main(
     }
 
     // Pass 2: O = P V with the final max and sum.
-    let c0 = sg * 2u * FR;
+    let c0 = sg * HQ;
     var acc00 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc01 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc10 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc11 = coop_mat{{FR}}x{{FR}}<f32, C>();
+//#if HD16
+    var acc02 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc03 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc12 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc13 = coop_mat{{FR}}x{{FR}}<f32, C>();
+//#endif
     for (var t = t_begin; t < t_end; t++) {
         let in_a = t < tiles_a;
         let t0 = select(t - tiles_a, t, in_a) * BK;
@@ -684,6 +696,14 @@ fn main(
             acc01 = coopMultiplyAdd(a0, b1, acc01);
             acc10 = coopMultiplyAdd(a1, b0, acc10);
             acc11 = coopMultiplyAdd(a1, b1, acc11);
+//#if HD16
+            let b2 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[vb0 + 2u * FR], sv);
+            let b3 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[vb0 + 3u * FR], sv);
+            acc02 = coopMultiplyAdd(a0, b2, acc02);
+            acc03 = coopMultiplyAdd(a0, b3, acc03);
+            acc12 = coopMultiplyAdd(a1, b2, acc12);
+            acc13 = coopMultiplyAdd(a1, b3, acc13);
+//#endif
         }
     }
     workgroupBarrier();
@@ -691,5 +711,11 @@ fn main(
     coop_out(lid, sg, acc01, 0u, 1u, u0, kvh, cell0);
     coop_out(lid, sg, acc10, 1u, 0u, u0, kvh, cell0);
     coop_out(lid, sg, acc11, 1u, 1u, u0, kvh, cell0);
+//#if HD16
+    coop_out(lid, sg, acc02, 0u, 2u, u0, kvh, cell0);
+    coop_out(lid, sg, acc03, 0u, 3u, u0, kvh, cell0);
+    coop_out(lid, sg, acc12, 1u, 2u, u0, kvh, cell0);
+    coop_out(lid, sg, acc13, 1u, 3u, u0, kvh, cell0);
+//#endif
 }
 //#endif

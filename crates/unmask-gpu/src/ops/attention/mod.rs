@@ -143,13 +143,16 @@ pub fn variants() -> Vec<ShaderVariant> {
     // The tensor-core kernel at an NVIDIA GPU's subgroup size and fragments and at
     // lavapipe's (8 x 8, and the 16 x 16 the tests force there).
     for (subgroup, fragment) in [(32, 16), (8, 8), (8, 16)] {
-        for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
-            for split in [false, true] {
-                v.push(ShaderVariant {
-                    kernel: ATTENTION_WIDE,
-                    entry: "main",
-                    spec: coop_spec(read, subgroup, fragment).flag_if(split, "SPLIT"),
-                });
+        for fragments in [8, 16] {
+            for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
+                for split in [false, true] {
+                    let spec = coop_spec(read, subgroup, fragment, fragments * fragment);
+                    v.push(ShaderVariant {
+                        kernel: ATTENTION_WIDE,
+                        entry: "main",
+                        spec: spec.flag_if(split, "SPLIT"),
+                    });
+                }
             }
         }
     }
@@ -161,13 +164,14 @@ pub fn variants() -> Vec<ShaderVariant> {
     v
 }
 
-/// The tensor-core variant of `attention_wide.wgsl` (head dim 8 `fragment`, K/V read as
-/// vec4s).
-fn coop_spec(read: KvRead, subgroup: u32, fragment: u32) -> Spec {
+/// The tensor-core variant of `attention_wide.wgsl` for `head_dim` (8 or 16 `fragment`s),
+/// K/V read as vec4s.
+fn coop_spec(read: KvRead, subgroup: u32, fragment: u32, head_dim: u32) -> Spec {
     Spec::new()
         .flag("COOP")
         .flag("KV_VEC")
         .flag(read.flag())
+        .flag_if(head_dim == 16 * fragment, "HD16")
         .constant("SG", subgroup)
         .constant("FR", fragment)
 }
@@ -438,7 +442,9 @@ pub fn attention_with(
         AttentionKernel::WideSplit | AttentionKernel::CoopSplit
     );
     let spec = match coop {
-        Some(c) => coop_spec(plan.read, c.subgroup, c.fragment).flag_if(split, "SPLIT"),
+        Some(c) => {
+            coop_spec(plan.read, c.subgroup, c.fragment, head_dim as u32).flag_if(split, "SPLIT")
+        }
         None => tile.spec(plan.read, split, head_dim == tile.hd_class),
     };
     let pipeline = ctx.pipeline(&ATTENTION_WIDE, "main", &spec)?;

@@ -259,24 +259,27 @@ impl AttentionKernel {
 
 /// How the tensor-core attention runs here for `head_dim`: the matmul's cooperative shape
 /// (subgroup size and fragment side), or `None` where it cannot: no cooperative matrices, a
-/// head dim other than 8 fragments, or 4 subgroups too few for a unit each of the 2
+/// head dim other than 8 or 16 fragments (128 or 256 with NVIDIA's 16 x 16 fragments), its
+/// tiles over the workgroup memory, or 4 subgroups too few for a unit each of the 2
 /// fragments of query units or too many for a workgroup.
 pub fn coop_attention(ctx: &GpuContext, head_dim: usize) -> Option<crate::ops::matmul::CoopShape> {
     crate::ops::matmul::coop_shape(ctx).filter(|c| {
-        head_dim == 8 * c.fragment as usize
-            && coop_attention_bytes(c.fragment, c.subgroup)
+        let fragments = head_dim / c.fragment as usize;
+        head_dim.is_multiple_of(c.fragment as usize)
+            && (fragments == 8 || fragments == 16)
+            && coop_attention_bytes(c.fragment, c.subgroup, head_dim as u32)
                 <= ctx.features.max_workgroup_storage_bytes
             && 4 * c.subgroup >= 2 * c.fragment
             && 4 * c.subgroup <= ctx.features.max_workgroup_invocations
     })
 }
 
-/// Workgroup memory of the tensor-core attention at fragment side `fragment` and subgroup
-/// size `subgroup`: the staged Q and K/V tiles (2 fragments of rows, 8 fragments and 8
+/// Workgroup memory of the tensor-core attention at fragment side `fragment`, subgroup size
+/// `subgroup` and head dim `hd`: the staged Q and K/V tiles (2 fragments of rows, `hd` + 8
 /// halves of pitch), the f32 scores (4 floats of pitch), the f16 probabilities (2 fragments
 /// and 8 halves of pitch), two f32 per query unit and two per invocation (4 subgroups).
-pub fn coop_attention_bytes(fragment: u32, subgroup: u32) -> u32 {
-    let (bq, bk, hd) = (2 * fragment, 2 * fragment, 8 * fragment);
+pub fn coop_attention_bytes(fragment: u32, subgroup: u32, hd: u32) -> u32 {
+    let (bq, bk) = (2 * fragment, 2 * fragment);
     2 * bq * (hd + 8) * 2
         + bq * (bk + 4) * 4
         + bq * (bk + 8) * 2
