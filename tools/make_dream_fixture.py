@@ -221,37 +221,43 @@ def generation_config():
 # ---------------------------------------------------------------------------
 
 
-def make_weights(rng):
-    """name -> float32 array (drawn in float32 order, then rounded to bf16)."""
-    D, F, V = HIDDEN, INTERMEDIATE, VOCAB_SIZE
-    kv = N_KV_HEADS * (HIDDEN // N_HEADS)
+def make_weights(rng, dims=None, stds=None, ids=None):
+    """name -> float32 array (drawn in float32 order, then rounded to bf16).
+
+    dims = (hidden, heads, kv_heads, layers, intermediate, vocab), stds the standard
+    deviations and ids = (eos, im_end, mask); the defaults are this fixture's
+    (tools/make_wide_head_fixture.py passes its own)."""
+    D, H, Hkv, L, F, V = dims or (HIDDEN, N_HEADS, N_KV_HEADS, N_LAYERS, INTERMEDIATE, VOCAB_SIZE)
+    stds = stds or STD
+    eos_id, im_end_id, mask_id = ids or (EOS_ID, IM_END_ID, MASK_ID)
+    kv = Hkv * (D // H)
 
     def normal(shape, std):
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
     def norm_w():
-        return (1.0 + rng.standard_normal(D) * STD["norm_jitter"]).astype(np.float32)
+        return (1.0 + rng.standard_normal(D) * stds["norm_jitter"]).astype(np.float32)
 
-    w = {"model.embed_tokens.weight": normal((V, D), STD["embed"])}
-    for i in range(N_LAYERS):
+    w = {"model.embed_tokens.weight": normal((V, D), stds["embed"])}
+    for i in range(L):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm_w()
-        w[p + "self_attn.q_proj.weight"] = normal((D, D), STD["q_proj"])
-        w[p + "self_attn.q_proj.bias"] = normal((D,), STD["q_bias"])
-        w[p + "self_attn.k_proj.weight"] = normal((kv, D), STD["k_proj"])
-        w[p + "self_attn.k_proj.bias"] = normal((kv,), STD["k_bias"])
-        w[p + "self_attn.v_proj.weight"] = normal((kv, D), STD["v_proj"])
-        w[p + "self_attn.v_proj.bias"] = normal((kv,), STD["v_bias"])
-        w[p + "self_attn.o_proj.weight"] = normal((D, D), STD["o_proj"])
+        w[p + "self_attn.q_proj.weight"] = normal((D, D), stds["q_proj"])
+        w[p + "self_attn.q_proj.bias"] = normal((D,), stds["q_bias"])
+        w[p + "self_attn.k_proj.weight"] = normal((kv, D), stds["k_proj"])
+        w[p + "self_attn.k_proj.bias"] = normal((kv,), stds["k_bias"])
+        w[p + "self_attn.v_proj.weight"] = normal((kv, D), stds["v_proj"])
+        w[p + "self_attn.v_proj.bias"] = normal((kv,), stds["v_bias"])
+        w[p + "self_attn.o_proj.weight"] = normal((D, D), stds["o_proj"])
         w[p + "post_attention_layernorm.weight"] = norm_w()
-        w[p + "mlp.gate_proj.weight"] = normal((F, D), STD["gate_proj"])
-        w[p + "mlp.up_proj.weight"] = normal((F, D), STD["up_proj"])
-        w[p + "mlp.down_proj.weight"] = normal((D, F), STD["down_proj"])
+        w[p + "mlp.gate_proj.weight"] = normal((F, D), stds["gate_proj"])
+        w[p + "mlp.up_proj.weight"] = normal((F, D), stds["up_proj"])
+        w[p + "mlp.down_proj.weight"] = normal((D, F), stds["down_proj"])
     w["model.norm.weight"] = norm_w()
-    head = normal((V, D), STD["lm_head"])
-    head[EOS_ID] *= EOS_HEAD_SCALE
-    head[IM_END_ID] *= EOS_HEAD_SCALE
-    head[MASK_ID] *= MASK_HEAD_SCALE
+    head = normal((V, D), stds["lm_head"])
+    head[eos_id] *= EOS_HEAD_SCALE
+    head[im_end_id] *= EOS_HEAD_SCALE
+    head[mask_id] *= MASK_HEAD_SCALE
     w["lm_head.weight"] = head
     return {k: llada_ref.bf16_round(v) for k, v in w.items()}
 

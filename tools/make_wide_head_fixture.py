@@ -1,35 +1,42 @@
-"""Build tests/fixtures/tiny-wide-heads/: a LLaDA checkpoint whose heads are 256 wide.
+"""Build tests/fixtures/tiny-wide-heads/ (LLaDA) and tests/fixtures/tiny-dream-wide-heads/
+(Dream): checkpoints whose heads are 256 wide.
 
 Every published LLaDA and Dream model has head_dim 128; the runtime's attention kernels
-stage wider heads 128 dimensions at a time (up to 512), and this fixture is what checks
-that path end to end on the LLaDA forward: d_model 256 with one head (head_dim 256), one
-layer, mlp_hidden_size 64 and a vocabulary of 128 ids with no tokenizer (the tests feed
-token ids), so that the checkpoint stays under 1 MiB.  The weights are drawn as in
-tools/make_fixture.py with the standard deviations of the matrices that read the d_model
-stream halved (d_model is 4x the tiny fixture's), so attention is as far from uniform as
+stage wider heads 128 dimensions at a time (up to 512), and these fixtures check that path
+end to end: hidden size 256 with one head (head_dim 256), one layer, an MLP of 64 and a
+vocabulary of 128 ids with no tokenizer (the tests feed token ids), so that each stays
+under 1 MiB.  The weights are drawn as in tools/make_fixture.py and
+tools/make_dream_fixture.py with the standard deviations of the matrices that read the
+hidden stream halved (it is 4x the tiny fixtures'), so attention is as far from uniform as
 there.
 
-Goldens from tools/llada_ref.py: goldens/logits.json (the tiny fixture's layout: float32
-and bf16-rounding paths, argmax per row) and goldens/generate.json (temperature 0: one
-block, several blocks, Fast-dLLM threshold decoding).
+Goldens: LLaDA's from tools/llada_ref.py, goldens/logits.json (the tiny fixture's layout:
+float32 and bf16-rounding paths, argmax per row) and goldens/generate.json (temperature 0:
+one block, several blocks, Fast-dLLM threshold decoding); Dream's from tools/dream_ref.py,
+goldens/logits.json (the tiny Dream fixture's layout: the unshifted output, float32).
 
-Usage: tools/.venv/bin/python tools/make_wide_head_fixture.py [--seed 0] [--out DIR]
+Usage: tools/.venv/bin/python tools/make_wide_head_fixture.py [--seed 0]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dream_ref  # noqa: E402
+import dream_fixture_goldens  # noqa: E402
 import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
+import make_dream_fixture  # noqa: E402
 import make_fixture  # noqa: E402
 from fixture_common import to_json, write_text  # noqa: E402
 
-DEFAULT_OUT = os.path.join(make_fixture.REPO_ROOT, "tests", "fixtures", "tiny-wide-heads")
+FIXTURES = os.path.join(make_fixture.REPO_ROOT, "tests", "fixtures")
 
 D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE = 256, 1, 1, 1, 64, 128
 # ids 0..119 ordinary, then the six LLaDA special tokens; 126 and 127 are rows without a token
@@ -168,11 +175,9 @@ positions committed at every step; every margin is at least {floor:g}.
 """
 
 
-def main():
-    args = fixture_common.maker_args(__doc__.splitlines()[0], DEFAULT_OUT)
-    out = args.out
+def llada_fixture(out, seed):
     fixture_common.write_json_files(out, {"config.json": model_config()})
-    rng = np.random.Generator(np.random.PCG64(args.seed))
+    rng = np.random.Generator(np.random.PCG64(seed))
     dims = (D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE)
     weights = make_fixture.make_weights(rng, dims, STD, (EOS_ID, EOT_ID, MASK_ID))
     fixture_common.write_checkpoint(out, weights, shard_of)
@@ -185,9 +190,107 @@ def main():
     write_text(os.path.join(out, "goldens", "generate.json"), to_json(generate_golden(params, candidates)) + "\n")
     write_text(
         os.path.join(out, "README.md"),
-        README.format(seed=args.seed, bos=BOS_ID, eos=EOS_ID, eot=EOT_ID, mask=MASK_ID, floor=fixture_common.MARGIN_FLOOR),
+        README.format(seed=seed, bos=BOS_ID, eos=EOS_ID, eot=EOT_ID, mask=MASK_ID, floor=fixture_common.MARGIN_FLOOR),
     )
     fixture_common.report_size(out)
+
+
+# --- Dream -------------------------------------------------------------------------------
+
+# ids 0..119 ordinary, then Dream's special tokens; 125..127 are rows without a token
+DREAM_EOS, DREAM_IM_START, DREAM_IM_END, DREAM_BOS, DREAM_MASK = range(120, 125)
+
+DREAM_STD = dict(
+    make_dream_fixture.STD,
+    q_proj=0.125,
+    k_proj=0.125,
+    v_proj=0.05,
+    o_proj=0.05,
+    gate_proj=0.1,
+    up_proj=0.1,
+    lm_head=0.25,
+)
+
+
+def dream_config():
+    cfg = make_dream_fixture.model_config()
+    cfg.update(
+        bos_token_id=DREAM_BOS,
+        eos_token_id=DREAM_EOS,
+        pad_token_id=DREAM_EOS,
+        mask_token_id=DREAM_MASK,
+        hidden_size=D_MODEL,
+        intermediate_size=MLP_HIDDEN,
+        num_attention_heads=N_HEADS,
+        num_key_value_heads=N_KV_HEADS,
+        num_hidden_layers=N_LAYERS,
+        max_window_layers=N_LAYERS,
+        vocab_size=VOCAB_SIZE,
+    )
+    return cfg
+
+
+def dream_shard_of(name):
+    first = name == "model.embed_tokens.weight" or ".self_attn.q_proj." in name
+    return 1 if first else 2
+
+
+DREAM_README = """\
+# Tiny Dream fixture with 256-wide heads
+
+A 1-layer Dream-format (Qwen2 names, q/k/v biases) checkpoint whose single attention head is
+256 wide (hidden_size 256, one query and one KV head, intermediate_size 64, vocab_size 128),
+with random bf16 weights in two shards and the logits of the numpy reference
+(`tools/dream_ref.py`): the unshifted output of three prompts (lengths 5, 12, 23; BOS on the
+last two, masks in the last), float32. There is no tokenizer: the tests feed token ids.
+
+Made with `tools/.venv/bin/python tools/make_wide_head_fixture.py --seed {seed}` (with the
+LLaDA one beside it).
+
+Ids: 0..119 ordinary, {eos} EOS = PAD, {bos} BOS, {mask} mask.
+"""
+
+
+def dream_fixture(out, seed):
+    fixture_common.write_json_files(out, {"config.json": dream_config()})
+    rng = np.random.Generator(np.random.PCG64(seed))
+    dims = (D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE)
+    ids = (DREAM_EOS, DREAM_IM_END, DREAM_MASK)
+    weights = make_dream_fixture.make_weights(rng, dims, DREAM_STD, ids)
+    fixture_common.write_checkpoint(out, weights, dream_shard_of)
+    params = dream_ref.load_checkpoint(out)
+    text = [int(i) for i in rng.integers(0, N_ORDINARY, size=20)]
+    p3 = [DREAM_BOS] + text[:14] + [DREAM_MASK] * 8
+    p3[6] = DREAM_MASK
+    cases = [("len5", text[:5]), ("len12_bos", [DREAM_BOS] + text[:11]), ("len23_masks", p3)]
+    golden = {
+        "description": (
+            "Golden logits of tools/dream_ref.py forward() on the wide-head checkpoint, in the "
+            "layout of tests/fixtures/tiny-dream/goldens/logits.json (unshifted output)."
+        ),
+        "vocab_size": VOCAB_SIZE,
+        "cases": [dream_fixture_goldens.logits_case(n, i, dream_ref.forward(params, i)) for n, i in cases],
+    }
+    write_text(os.path.join(out, "goldens", "logits.json"), to_json(golden) + "\n")
+    write_text(
+        os.path.join(out, "README.md"),
+        DREAM_README.format(seed=seed, eos=DREAM_EOS, bos=DREAM_BOS, mask=DREAM_MASK),
+    )
+    fixture_common.report_size(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out-dir", default=FIXTURES, help="the folder the two fixtures go in")
+    args = ap.parse_args()
+    for name, make in [("tiny-wide-heads", llada_fixture), ("tiny-dream-wide-heads", dream_fixture)]:
+        out = os.path.join(args.out_dir, name)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.makedirs(os.path.join(out, "goldens"))
+        print(name)
+        make(out, args.seed)
 
 
 if __name__ == "__main__":

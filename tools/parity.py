@@ -124,8 +124,10 @@ def goldens_cases(args, runtime, tol):
     try:
         with open(os.path.join(gdir, "logits.json"), encoding="utf-8") as f:
             logits_doc = json.load(f)
-        with open(os.path.join(gdir, "generate.json"), encoding="utf-8") as f:
-            gen_doc = json.load(f)
+        gen_doc = None
+        if not args.no_generate:  # --no-generate: a checkpoint with logit goldens only
+            with open(os.path.join(gdir, "generate.json"), encoding="utf-8") as f:
+                gen_doc = json.load(f)
     except OSError as e:
         raise SetupError(f"goldens not found: {e}") from None
     key = "logits_" + args.golden_logits

@@ -15,17 +15,22 @@ use unmask_goldens::{ids, params};
 use unmask_gpu::WeightFormat;
 use unmask_gpu::model::Model;
 
-fn logits_goldens() -> Value {
-    let text = std::fs::read_to_string(dream_fixture_dir().join("goldens/logits.json")).unwrap();
+fn logits_goldens(dir: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("goldens/logits.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
 fn check_logits(format: WeightFormat, tol: f64) {
-    let model = Model::load(common::ctx(), &dream_fixture_dir(), format, &mut |_| {})
-        .expect("tiny Dream model loads");
+    check_logits_of(&dream_fixture_dir(), format, tol);
+}
+
+/// The Dream checkpoint in `dir` against its reference logits.
+fn check_logits_of(dir: &std::path::Path, format: WeightFormat, tol: f64) {
+    let model =
+        Model::load(common::ctx(), dir, format, &mut |_| {}).expect("tiny Dream model loads");
     assert_eq!(model.cfg.family, ModelFamily::Dream);
     assert!(model.weights.layers.iter().all(|l| l.qkv_bias.is_some()));
-    for case in logits_goldens()["cases"].as_array().unwrap() {
+    for case in logits_goldens(dir)["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         // The left-padded case's rows are the real tokens' under the reference's
         // pad-aware positions: they must equal the unpadded prompt's logits, which is what
@@ -49,6 +54,15 @@ fn check_logits(format: WeightFormat, tol: f64) {
 fn dream_logits_match_the_reference() {
     check_logits(WeightFormat::F32, 1e-4);
     check_logits(WeightFormat::F16Packed, 1e-2);
+}
+
+/// One 256-wide head with its q/k/v biases (the wide attention kernels stage it 128
+/// dimensions at a time), against `tools/dream_ref.py`.
+#[test]
+fn dream_logits_match_the_reference_with_heads_256_wide() {
+    let dir = dream_fixture_dir().with_file_name("tiny-dream-wide-heads");
+    check_logits_of(&dir, WeightFormat::F32, 1e-4);
+    check_logits_of(&dir, WeightFormat::F16Packed, 1e-2);
 }
 
 /// Per step, the positions committed (empty steps left out: the runtime skips steps that
@@ -309,7 +323,7 @@ fn dream_every_cache_mode_follows_the_block_schedule() {
 /// generates a whole canvas.
 #[test]
 fn dream_quantized_weights_stay_close_and_generate() {
-    let case = &logits_goldens()["cases"][2];
+    let case = &logits_goldens(&dream_fixture_dir())["cases"][2];
     let ids = ids(&case["ids"]);
     let want = flat(&case["logits_f32"]);
     for (format, bound) in [(WeightFormat::Q8, 0.06), (WeightFormat::Q4, 0.5)] {
