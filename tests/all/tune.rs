@@ -160,7 +160,7 @@ fn attention_shape_classes_are_measured_too() {
     let dir = std::env::temp_dir().join(format!("unmask-tune-attn-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (ctx, kernels) = context(TunePolicy::Always, &dir.join("kernels.json"));
-    // The tensor-core kernels are candidates at the head dim they serve (8 fragments).
+    // The tensor-core kernels are candidates at a head dim they serve (8 fragments here).
     let coop_hd = [64, 128]
         .into_iter()
         .find(|&hd| attn::coop_attention(&ctx, hd).is_some());
