@@ -107,19 +107,22 @@ impl DgemmaEngine {
         let mut runs: Vec<&mut DgemmaRun<'static>> = tasks.iter_mut().map(|t| &mut t.run).collect();
         // The store's part before the step (a request that arrived since gets its encoder)
         // and after it (a system turn whose last piece just ran is stored, and the requests
-        // waiting for it copy it, so they encode their own turns in the next step).
+        // waiting for it copy it; each of them then encodes a piece of its own turn at once,
+        // not a step later).
         self.settle_shared_prefixes(&mut runs);
         self.model
             .step_runs_async(&self.ctx, &mut runs, on_step)
             .await?;
-        self.settle_shared_prefixes(&mut runs);
+        let settled = self.settle_shared_prefixes(&mut runs);
+        self.model
+            .encode_settled_pieces(&self.ctx, &mut runs, &settled);
         Ok(())
     }
 
-    fn settle_shared_prefixes(&self, runs: &mut [&mut DgemmaRun<'static>]) {
+    fn settle_shared_prefixes(&self, runs: &mut [&mut DgemmaRun<'static>]) -> Vec<usize> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         self.model
-            .settle_shared_prefixes(&self.ctx, runs, &mut store);
+            .settle_shared_prefixes(&self.ctx, runs, &mut store)
     }
 
     /// `step_async` without step events, blocking (natively).

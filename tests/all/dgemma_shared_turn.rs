@@ -314,3 +314,55 @@ fn two_new_system_turns_stored_in_one_step_each_serve_their_waiting_request() {
         "two turns encoded once each, both copied, one evicted by the other"
     );
 }
+
+/// A round as the engine runs it: the store's part, the step, the store's part again and
+/// the pieces of the requests it settled.
+fn engine_round(
+    model: &DgemmaModel,
+    ctx: &GpuContext,
+    runs: &mut [&mut DgemmaRun<'_>],
+    store: &mut DgemmaPrefixStore,
+) {
+    round(model, ctx, runs, store);
+    let settled = model.settle_shared_prefixes(ctx, runs, store);
+    model.encode_settled_pieces(ctx, runs, &settled);
+}
+
+/// After a step, the system turn whose last piece just ran is stored and both its encoder
+/// and the request that waited for it encode their own turns in that same round: they
+/// denoise in the next one.
+#[test]
+fn requests_go_on_with_their_own_turns_in_the_round_their_system_turn_is_stored() {
+    let (ctx, model, case) = setup();
+    let mut params = case.params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(16);
+    let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
+    let mut b = start(&model, &ctx, 8, &params, &mut store);
+    let mut c = start(&model, &ctx, 9, &params, &mut store);
+    let mut rounds = 0;
+    while b.prompt_left() > 10 {
+        engine_round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
+        rounds += 1;
+    }
+    assert_eq!(rounds, SYSTEM.div_ceil(PIECE));
+    assert_eq!(
+        (
+            b.prompt_left(),
+            c.prompt_left(),
+            b.steps_run(),
+            c.steps_run()
+        ),
+        (0, 0, 0, 0),
+        "both user turns encoded in the round the system turn was stored"
+    );
+    engine_round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
+    assert_eq!((b.steps_run(), c.steps_run()), (1, 1), "both denoise next");
+    while !b.is_done() || !c.is_done() {
+        engine_round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
+    }
+    let ((b_seq, b_used), (c_seq, c_used)) = (finish(b), finish(c));
+    assert_eq!(b_used, Some(PrefixUse::Stored { tokens: SYSTEM }));
+    assert_eq!(c_used, Some(PrefixUse::Hit { reused: SYSTEM }));
+    assert_eq!(b_seq, alone(&model, &ctx, 8, &params));
+    assert_eq!(c_seq, alone(&model, &ctx, 9, &params));
+}

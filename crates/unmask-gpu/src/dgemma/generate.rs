@@ -374,12 +374,16 @@ impl DgemmaModel {
     /// could not store it). So requests that arrive together with a new system turn encode
     /// it once, a piece per step, while the running requests go on denoising. A run whose
     /// copy or store fails fails alone.
+    ///
+    /// Returns the runs it settled (stored, copied or released) that have prompt left: after
+    /// a step, `encode_settled_pieces` gives them their next piece at once.
     pub fn settle_shared_prefixes(
         &self,
         ctx: &GpuContext,
         runs: &mut [&mut DgemmaRun<'_>],
         store: &mut DgemmaPrefixStore,
-    ) {
+    ) -> Vec<usize> {
+        let mut settled = Vec::new();
         // Encoders whose part is in store it and serve its waiters at once (another turn's
         // insert could evict it before a later pass over the waiters). A part that could
         // not be stored releases its waiters to encode their own prompts together, not one
@@ -406,7 +410,8 @@ impl DgemmaModel {
                 Err(err) => run.state = RunState::Failed(err),
             }
             let head = run.sequence[..n].to_vec();
-            for w in runs.iter_mut() {
+            settled.push(e);
+            for (i, w) in runs.iter_mut().enumerate() {
                 if w.is_done() || w.shared != SharedPart::Waiting(n) || w.sequence[..n] != head {
                     continue;
                 }
@@ -415,13 +420,18 @@ impl DgemmaModel {
                     w.shared = SharedPart::Settled;
                     w.prefix_use = Some(PrefixUse::Uncached);
                 }
+                settled.push(i);
             }
         }
         for i in 0..runs.len() {
             let SharedPart::Waiting(n) = runs[i].shared else {
                 continue;
             };
-            if runs[i].is_done() || self.copy_waiting(ctx, runs[i], n, store) {
+            if runs[i].is_done() {
+                continue;
+            }
+            if self.copy_waiting(ctx, runs[i], n, store) {
+                settled.push(i);
                 continue;
             }
             let head = &runs[i].sequence[..n];
@@ -431,6 +441,28 @@ impl DgemmaModel {
             if !encoder {
                 store.misses += 1;
                 runs[i].shared = SharedPart::Encoding(n);
+            }
+        }
+        settled.retain(|&i| !runs[i].is_done() && runs[i].prompt_left > 0);
+        settled
+    }
+
+    /// The next prompt piece of each run of `settled` (`settle_shared_prefixes`' answer after
+    /// a step): a stored or copied system turn's request goes on with its own turn in the
+    /// same round instead of the next one. A piece that fails fails its run alone.
+    pub fn encode_settled_pieces(
+        &self,
+        ctx: &GpuContext,
+        runs: &mut [&mut DgemmaRun<'_>],
+        settled: &[usize],
+    ) {
+        for &i in settled {
+            let run = &mut *runs[i];
+            if run.is_done() || run.prompt_left == 0 || run.shared != SharedPart::Settled {
+                continue;
+            }
+            if let Err(e) = self.encode_prompt_piece(ctx, run) {
+                run.state = RunState::Failed(e);
             }
         }
     }
