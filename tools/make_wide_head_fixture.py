@@ -43,16 +43,13 @@ D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MLP_HIDDEN, VOCAB_SIZE = 256, 1, 1, 1, 6
 BOS_ID, EOS_ID, SHI_ID, EHI_ID, EOT_ID, MASK_ID = range(120, 126)
 N_ORDINARY = 120
 
-STD = dict(
-    make_fixture.STD,
-    q_proj=0.125,
-    k_proj=0.125,
-    v_proj=0.05,
-    attn_out=0.05,
-    ff_proj=0.1,
-    up_proj=0.1,
-    lm_head=0.25,
-)
+
+def halved(stds, names):
+    """`stds` with the matrices that read the hidden stream (4x wider here) at half theirs."""
+    return dict(stds, **{n: stds[n] / 2 for n in names})
+
+
+STD = halved(make_fixture.STD, ["q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "lm_head"])
 
 CASES = [name for name, _, _ in make_fixture.CASE_SPECS if name in ("a_nonblock", "b_blocks", "f_threshold")]
 
@@ -200,16 +197,7 @@ def llada_fixture(out, seed):
 # ids 0..119 ordinary, then Dream's special tokens; 125..127 are rows without a token
 DREAM_EOS, DREAM_IM_START, DREAM_IM_END, DREAM_BOS, DREAM_MASK = range(120, 125)
 
-DREAM_STD = dict(
-    make_dream_fixture.STD,
-    q_proj=0.125,
-    k_proj=0.125,
-    v_proj=0.05,
-    o_proj=0.05,
-    gate_proj=0.1,
-    up_proj=0.1,
-    lm_head=0.25,
-)
+DREAM_STD = halved(make_dream_fixture.STD, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "lm_head"])
 
 
 def dream_config():
