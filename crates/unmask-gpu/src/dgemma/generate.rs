@@ -8,9 +8,14 @@ use unmask_core::sampler::entropy_bound::{
     Canvas, CanvasDraws, EntropyBoundParams, EntropyBoundStep, pad_after_eos, step_from_rows,
 };
 
+mod shared_turn;
+
+use shared_turn::SharedPart;
+pub use shared_turn::SharedPrefix;
+
 use super::pass_limit::{PassLimit, is_capacity};
 use super::steps::DecodeCanvas;
-use super::{DgemmaCache, DgemmaModel, DgemmaPrefixStore, PrefixUse};
+use super::{DgemmaCache, DgemmaModel, PrefixUse};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::denoise::{DrawStream, RowStats};
@@ -43,13 +48,6 @@ pub struct Generation {
     pub canvases: Vec<GeneratedCanvas>,
 }
 
-/// The prompt's first `shared` tokens (a system turn many requests share) through a prefix
-/// store: their K/V copied when stored, else encoded and stored.
-pub struct SharedPrefix<'a> {
-    pub shared: usize,
-    pub store: &'a mut DgemmaPrefixStore,
-}
-
 /// One request's generation in progress (`DgemmaModel::start`): its cache, the canvas being
 /// denoised and every canvas done. `step_runs_async` advances several of them by one
 /// denoising step in one decoder pass; `finish` hands the generation back.
@@ -78,18 +76,6 @@ pub struct DgemmaRun<'d> {
     shared: SharedPart,
     prefix_use: Option<PrefixUse>,
     state: RunState,
-}
-
-/// A run's shared prompt part that the prefix store did not hold when it started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SharedPart {
-    /// Nothing to do with the store (none asked, copied from it, or stored already).
-    Settled,
-    /// Its first n tokens are wanted from the store, and another run is encoding them (or
-    /// `settle_shared_prefixes` has not looked yet): it encodes nothing meanwhile.
-    Waiting(usize),
-    /// This run encodes its first n tokens (its pieces stop there) and stores them once in.
-    Encoding(usize),
 }
 
 #[derive(Debug)]
@@ -275,39 +261,6 @@ impl DgemmaModel {
         })
     }
 
-    /// `start`'s use of the store: a stored shared part copied into `cache`; one the store
-    /// could not hold even alone encoded as the rest of the prompt; else left waiting
-    /// (`settle_shared_prefixes`).
-    fn start_shared(
-        &self,
-        ctx: &GpuContext,
-        cache: &mut DgemmaCache,
-        prompt: &[u32],
-        prefix: Option<SharedPrefix<'_>>,
-    ) -> Result<(SharedPart, Option<PrefixUse>), ModelError> {
-        let Some(SharedPrefix { shared, store }) = prefix else {
-            return Ok((SharedPart::Settled, None));
-        };
-        if shared > prompt.len() {
-            return Err(ModelError::Input(format!(
-                "shared prefix: expected at most the prompt's {} tokens, found {shared}",
-                prompt.len()
-            )));
-        }
-        if shared == 0 {
-            return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
-        }
-        if self.copy_stored(ctx, cache, &prompt[..shared], store)? {
-            return Ok((SharedPart::Settled, Some(PrefixUse::Hit { reused: shared })));
-        }
-        if !store.holds(self, cache, shared) {
-            store.misses += 1;
-            store.rejected += 1;
-            return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
-        }
-        Ok((SharedPart::Waiting(shared), None))
-    }
-
     /// One denoising step of every running run in one decoder pass (`decode_steps_async`),
     /// then each run's acceptance and renoising; a run whose canvas ends commits it (an
     /// encoder pass) and starts the next, or is done. `on_step` gets each run's index in
@@ -365,130 +318,6 @@ impl DgemmaModel {
         self.append(ctx, &mut run.cache, &run.sequence[from..from + n])?;
         run.prompt_left -= n;
         Ok(())
-    }
-
-    /// The prefix store's part of a step, before and after `step_runs_async` (the store
-    /// locked for this alone, not across the step): a run whose unstored shared part is now encoded
-    /// stores it; a run waiting for a shared part copies it once stored, and becomes its
-    /// encoder when no run of `runs` encodes it (the one that did failed, was stopped, or
-    /// could not store it). So requests that arrive together with a new system turn encode
-    /// it once, a piece per step, while the running requests go on denoising. A run whose
-    /// copy or store fails fails alone.
-    ///
-    /// Returns the runs it settled (stored, copied or released) that have prompt left: after
-    /// a step, `encode_settled_pieces` gives them their next piece at once.
-    pub fn settle_shared_prefixes(
-        &self,
-        ctx: &GpuContext,
-        runs: &mut [&mut DgemmaRun<'_>],
-        store: &mut DgemmaPrefixStore,
-    ) -> Vec<usize> {
-        let mut settled = Vec::new();
-        // Encoders whose part is in store it and serve its waiters at once (another turn's
-        // insert could evict it before a later pass over the waiters). A part that could
-        // not be stored releases its waiters to encode their own prompts together, not one
-        // after another.
-        for e in 0..runs.len() {
-            let SharedPart::Encoding(n) = runs[e].shared else {
-                continue;
-            };
-            if runs[e].is_done() || runs[e].cache.len < n {
-                continue;
-            }
-            let run = &mut *runs[e];
-            run.shared = SharedPart::Settled;
-            // Past the part (no settle ran after its last piece) a sliding layer may no
-            // longer hold the part's own rows: it is not stored then.
-            let used = if run.cache.len == n {
-                self.store_prefix(ctx, &run.cache, &run.sequence[..n], store)
-            } else {
-                Ok(PrefixUse::Uncached)
-            };
-            let stored = matches!(used, Ok(PrefixUse::Stored { .. }));
-            match used {
-                Ok(used) => run.prefix_use = Some(used),
-                Err(err) => run.state = RunState::Failed(err),
-            }
-            let head = run.sequence[..n].to_vec();
-            settled.push(e);
-            for (i, w) in runs.iter_mut().enumerate() {
-                if w.is_done() || w.shared != SharedPart::Waiting(n) || w.sequence[..n] != head {
-                    continue;
-                }
-                if !(stored && self.copy_waiting(ctx, w, n, store)) {
-                    store.misses += 1;
-                    w.shared = SharedPart::Settled;
-                    w.prefix_use = Some(PrefixUse::Uncached);
-                }
-                settled.push(i);
-            }
-        }
-        for i in 0..runs.len() {
-            let SharedPart::Waiting(n) = runs[i].shared else {
-                continue;
-            };
-            if runs[i].is_done() {
-                continue;
-            }
-            if self.copy_waiting(ctx, runs[i], n, store) {
-                settled.push(i);
-                continue;
-            }
-            let head = &runs[i].sequence[..n];
-            let encoder = runs.iter().any(|r| {
-                !r.is_done() && r.shared == SharedPart::Encoding(n) && r.sequence[..n] == *head
-            });
-            if !encoder {
-                store.misses += 1;
-                runs[i].shared = SharedPart::Encoding(n);
-            }
-        }
-        settled.retain(|&i| !runs[i].is_done() && runs[i].prompt_left > 0);
-        settled
-    }
-
-    /// The next prompt piece of each run of `settled` (`settle_shared_prefixes`' answer after
-    /// a step): a stored or copied system turn's request goes on with its own turn in the
-    /// same round instead of the next one. A piece that fails fails its run alone.
-    pub fn encode_settled_pieces(
-        &self,
-        ctx: &GpuContext,
-        runs: &mut [&mut DgemmaRun<'_>],
-        settled: &[usize],
-    ) {
-        for &i in settled {
-            let run = &mut *runs[i];
-            if run.is_done() || run.prompt_left == 0 || run.shared != SharedPart::Settled {
-                continue;
-            }
-            if let Err(e) = self.encode_prompt_piece(ctx, run) {
-                run.state = RunState::Failed(e);
-            }
-        }
-    }
-
-    /// A waiting run's shared part copied from the store: false when the store does not
-    /// hold it (the run still waits); a failed copy fails the run.
-    fn copy_waiting(
-        &self,
-        ctx: &GpuContext,
-        run: &mut DgemmaRun<'_>,
-        n: usize,
-        store: &mut DgemmaPrefixStore,
-    ) -> bool {
-        match self.copy_stored(ctx, &mut run.cache, &run.sequence[..n], store) {
-            Ok(true) => {
-                run.shared = SharedPart::Settled;
-                run.prefix_use = Some(PrefixUse::Hit { reused: n });
-                run.prompt_left = run.sequence.len() - n;
-                true
-            }
-            Ok(false) => false,
-            Err(e) => {
-                run.state = RunState::Failed(e);
-                true
-            }
-        }
     }
 
     /// The denoising step of the runs `live` (ready to denoise), in passes that fit.
