@@ -112,7 +112,18 @@ impl DgemmaPrefixStore {
 
     /// Whether a prefix of `n` tokens fits in the budget alone (with nothing else stored).
     pub(super) fn holds(&self, model: &DgemmaModel, cache: &DgemmaCache, n: usize) -> bool {
-        n > 0 && n <= self.budget_tokens && entry_size(model, cache, n).1 <= self.budget_bytes
+        self.holds_entry(n, entry_size(model, cache, n).1)
+    }
+
+    /// `holds` for an entry of `n` tokens and `bytes` already measured.
+    fn holds_entry(&self, n: usize, bytes: u64) -> bool {
+        n > 0 && n <= self.budget_tokens && bytes <= self.budget_bytes
+    }
+
+    /// Marks entry `i` as used now (the least recently used go first).
+    fn touch(&mut self, i: usize) {
+        self.clock += 1;
+        self.entries[i].last_used = self.clock;
     }
 
     fn find(&self, ids: &[u32]) -> Option<usize> {
@@ -132,13 +143,12 @@ impl DgemmaPrefixStore {
         // Runs stepped apart (two engines' callers) may both encode a new prefix: it is
         // kept once.
         if let Some(i) = self.find(ids) {
-            self.clock += 1;
-            self.entries[i].last_used = self.clock;
+            self.touch(i);
             return Ok(true);
         }
         let n = ids.len();
         let (sliding_base, need) = entry_size(model, cache, n);
-        if !self.holds(model, cache, n) {
+        if !self.holds_entry(n, need) {
             self.rejected += 1;
             return Ok(false);
         }
@@ -176,6 +186,17 @@ impl DgemmaPrefixStore {
         });
         Ok(true)
     }
+}
+
+/// A shared part of `shared` tokens must lie within the prompt.
+pub(super) fn check_shared(prompt: &[u32], shared: usize) -> Result<(), ModelError> {
+    if shared > prompt.len() {
+        return Err(ModelError::Input(format!(
+            "shared prefix: expected at most the prompt's {} tokens, found {shared}",
+            prompt.len()
+        )));
+    }
+    Ok(())
 }
 
 /// An entry of `n` tokens: the first position its sliding layers keep, and its bytes.
@@ -235,12 +256,7 @@ impl DgemmaModel {
                 prompt.len()
             )));
         }
-        if shared > prompt.len() {
-            return Err(ModelError::Input(format!(
-                "shared prefix: expected at most the prompt's {} tokens, found {shared}",
-                prompt.len()
-            )));
-        }
+        check_shared(prompt, shared)?;
         let head = &prompt[..shared];
         let used = if shared == 0 {
             PrefixUse::Uncached
@@ -267,9 +283,8 @@ impl DgemmaModel {
             return Ok(false);
         };
         store.hits += 1;
-        store.clock += 1;
-        let e = &mut store.entries[i];
-        e.last_used = store.clock;
+        store.touch(i);
+        let e = &store.entries[i];
         let mut step = StepEncoder::new(ctx, "dgemma prefix reuse");
         for (l, a) in self.cfg.layers.iter().enumerate() {
             let first = if a.sliding { e.sliding_base } else { 0 };

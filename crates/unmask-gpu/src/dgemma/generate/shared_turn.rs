@@ -4,6 +4,7 @@
 
 use super::{DgemmaRun, RunState};
 use crate::context::GpuContext;
+use crate::dgemma::prefix::check_shared;
 use crate::dgemma::{DgemmaCache, DgemmaModel, DgemmaPrefixStore, PrefixUse};
 use crate::model::ModelError;
 
@@ -40,12 +41,7 @@ impl DgemmaModel {
         let Some(SharedPrefix { shared, store }) = prefix else {
             return Ok((SharedPart::Settled, None));
         };
-        if shared > prompt.len() {
-            return Err(ModelError::Input(format!(
-                "shared prefix: expected at most the prompt's {} tokens, found {shared}",
-                prompt.len()
-            )));
-        }
+        check_shared(prompt, shared)?;
         if shared == 0 {
             return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
         }
