@@ -8,16 +8,16 @@ use unmask_gpu::ops::attention::{
     AttentionKernel, AttentionOptions, AttentionShape, KvSegment, REGISTER_MAX_HEAD_DIM,
     attention_with, split_scratch_floats,
 };
-use unmask_gpu::ops::elementwise as ew;
-use unmask_gpu::ops::matmul::{
-    Fusion, MatmulChoice, MatmulKernel, matmul, matmul_fused, tune_class,
-};
-use unmask_gpu::ops::unfused;
+use unmask_gpu::ops::matmul::{Fusion, MatmulChoice, MatmulKernel, matmul_fused, tune_class};
 use unmask_gpu::tune::{max_relative_error, output_from_zero};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
 use crate::env::{Peak, with_envelope};
 use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
+
+mod fusion;
+
+use fusion::{LayerFusion, Unfused};
 
 /// One kernel measurement at a model shape.
 #[derive(Clone, Debug, PartialEq)]
@@ -508,94 +508,6 @@ pub fn run_kernel_case(
         }
     }
     Ok(records)
-}
-
-/// The fusions the forward pass gives each layer matmul.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LayerFusion {
-    norm: bool,
-    residual: bool,
-    swiglu: bool,
-}
-
-impl LayerFusion {
-    fn of(case: &str) -> Self {
-        let (norm, residual, swiglu) = match case {
-            "qkv" => (true, false, false),
-            "attn_out" | "ff_out" => (false, true, false),
-            "gate_up" => (true, false, true),
-            _ => (false, false, false),
-        };
-        Self {
-            norm,
-            residual,
-            swiglu,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match (self.norm, self.residual, self.swiglu) {
-            (true, _, true) => "norm+swiglu",
-            (true, _, false) => "norm",
-            (false, true, _) => "residual",
-            (false, false, true) => "swiglu",
-            (false, false, false) => "none",
-        }
-    }
-}
-
-/// A fused layer matmul's work as separate dispatches, with its own scratch.
-struct Unfused {
-    w: Weight,
-    normed: Tensor,
-    wide: Tensor,
-    fused: LayerFusion,
-    n: usize,
-    k: usize,
-}
-
-impl Unfused {
-    fn new(
-        ctx: &GpuContext,
-        m: usize,
-        n: usize,
-        k: usize,
-        format: WeightFormat,
-        w_data: &[f32],
-        fused: LayerFusion,
-    ) -> unmask_gpu::Result<Self> {
-        Ok(Self {
-            w: Weight::from_f32(ctx, n, k, w_data, format, "bench.w unfused")?,
-            normed: Tensor::zeros(ctx, DType::F32, &[m, k], "bench.normed")?,
-            wide: Tensor::zeros(ctx, DType::F32, &[m, n], "bench.wide")?,
-            fused,
-            n,
-            k,
-        })
-    }
-
-    fn record(
-        &self,
-        step: &mut StepEncoder,
-        x: &Tensor,
-        g: &Tensor,
-        y: &Tensor,
-        m: usize,
-    ) -> unmask_gpu::Result<()> {
-        let input = if self.fused.norm {
-            ew::rms_norm(step, x, g, &self.normed, m, self.k, 1e-5)?;
-            &self.normed
-        } else {
-            x
-        };
-        matmul(step, input, &self.w, &self.wide, m, MatmulKernel::Auto)?;
-        if self.fused.swiglu {
-            unfused::swiglu(step, &self.wide, y, m, self.n / 2)?;
-        } else if self.fused.residual {
-            unfused::add_in_place(step, y, &self.wide, m * self.n)?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

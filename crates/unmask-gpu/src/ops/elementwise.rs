@@ -11,6 +11,12 @@ use crate::pipeline::{KernelSource, Spec};
 use crate::step::{StepEncoder, groups_2d};
 use crate::tensor::{DType, Tensor, Weight, WeightFormat};
 
+#[cfg(test)]
+mod host;
+
+#[cfg(test)]
+pub(crate) use host::host_params;
+
 const EMBED: KernelSource = kernel_source!("embed");
 const RMSNORM: KernelSource = kernel_source!("rmsnorm");
 pub(super) const COPY_ROWS: KernelSource = kernel_source!("copy_rows");
@@ -558,60 +564,4 @@ pub fn pack_f16_rows(
         groups_2d(ctx, u32_of(rows)),
     );
     Ok(())
-}
-
-#[cfg(test)]
-pub(crate) fn host_params() -> Vec<super::HostParams> {
-    use super::host_params;
-    vec![
-        host_params!(
-            "embed",
-            "main",
-            EmbedParams {
-                rows,
-                cols,
-                row_stride,
-                row_start,
-                chunk_rows,
-                s_off
-            }
-        ),
-        host_params!("rmsnorm", "main", NormParams { rows, cols, eps }),
-        host_params!("add", "main", AddParams { n }),
-        host_params!(
-            "pack_f16",
-            "main",
-            PackParams {
-                rows,
-                cols,
-                src_stride,
-                dst_stride,
-                dst_row
-            }
-        ),
-        host_params!(
-            "copy_rows",
-            "*",
-            CopyParams {
-                rows,
-                cols,
-                src_stride,
-                src_col,
-                dst_stride,
-                dst_col
-            }
-        ),
-        host_params!(
-            "rope_qkv",
-            "main",
-            RopeQkvParams {
-                rows,
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                row_stride,
-                max_pos
-            }
-        ),
-    ]
 }
