@@ -8,9 +8,9 @@
 For each `--max-solo` value, starts a server with it and sends REQUESTS chat requests from
 CLIENTS concurrent clients, all with one system prompt (encoded once, then taken from the
 prefix store) and their own seeds; with `--long-every K`, every K-th request also carries a
-long user turn (its prompt is encoded a piece per step while the others denoise); with
+long user turn (its prompt is encoded a piece per round while the others denoise); with
 `--new-system-every K`, every K-th request has a long system turn of its own instead, one the
-prefix store has never seen (encoded a piece per step, then stored), and the result gives the
+prefix store has never seen (encoded a piece per round, then stored), and the result gives the
 other requests' latency apart. Checks
 that every request is answered, that each answer equals `unmask generate` for the same
 system, question, seed and steps, and that nothing is left running. Prints one JSON object:

@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 
 use unmask_core::sampler::entropy_bound::SeededDraws;
 use unmask_core::tokenizer::DecodeMode;
-use unmask_gpu::dgemma::{DgemmaRun, SharedPrefix, StepReport};
+use unmask_gpu::dgemma::{DgemmaRun, RoundStore, SharedPrefix, StepReport};
 
 use super::{DgemmaEngine, DgemmaOutput, DgemmaRequest, refused};
 use crate::EngineError;
@@ -93,8 +93,9 @@ impl DgemmaEngine {
         })
     }
 
-    /// One denoising step of every running task in one decoder pass (rows of all their
-    /// canvases through each matmul and the experts, attention per task over its own
+    /// One round of the tasks: a piece of each prompt still being encoded, then one
+    /// denoising step of every task whose prompt is in, in one decoder pass (rows of all
+    /// their canvases through each matmul and the experts, attention per task over its own
     /// cache). `on_step` gets each task's index in `tasks` and its step; breaking stops that
     /// task (its `finish` says `Cancelled`). A batch that does not fit in memory runs in
     /// smaller passes, and a task that fails alone (no memory for its own pass, its commit)
@@ -105,24 +106,14 @@ impl DgemmaEngine {
         on_step: &mut dyn FnMut(usize, StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(), EngineError> {
         let mut runs: Vec<&mut DgemmaRun<'static>> = tasks.iter_mut().map(|t| &mut t.run).collect();
-        // The store's part before the step (a request that arrived since gets its encoder)
-        // and after it (a system turn whose last piece just ran is stored, and the requests
-        // waiting for it copy it; each of them then encodes a piece of its own turn at once,
-        // not a step later).
-        self.settle_shared_prefixes(&mut runs);
+        // The store is locked for each of the round's uses alone (a request that arrived
+        // gets its encoder or copies its system turn; a turn whose last piece ran is
+        // stored), never across its passes.
+        let store = Some(RoundStore::Locked(&self.store));
         self.model
-            .step_runs_async(&self.ctx, &mut runs, on_step)
+            .step_runs_async(&self.ctx, &mut runs, store, on_step)
             .await?;
-        let settled = self.settle_shared_prefixes(&mut runs);
-        self.model
-            .encode_settled_pieces(&self.ctx, &mut runs, &settled);
         Ok(())
-    }
-
-    fn settle_shared_prefixes(&self, runs: &mut [&mut DgemmaRun<'static>]) -> Vec<usize> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        self.model
-            .settle_shared_prefixes(&self.ctx, runs, &mut store)
     }
 
     /// `step_async` without step events, blocking (natively).

@@ -115,7 +115,7 @@ fn start_runs<'d>(
         .collect()
 }
 
-/// One `step_runs_async` of `runs`; returns the widest pass that denoised any of them.
+/// One round (`step_runs_async`) of `runs`; returns the widest pass that denoised any of them.
 fn step_all(
     model: &DgemmaModel,
     ctx: &unmask_gpu::GpuContext,
@@ -123,7 +123,7 @@ fn step_all(
 ) -> usize {
     let mut widest = 0;
     let mut refs: Vec<_> = runs.iter_mut().collect();
-    pollster::block_on(model.step_runs_async(ctx, &mut refs, &mut |_, r| {
+    pollster::block_on(model.step_runs_async(ctx, &mut refs, None, &mut |_, r| {
         widest = widest.max(r.pass_canvases);
         std::ops::ControlFlow::Continue(())
     }))
@@ -217,9 +217,10 @@ fn a_batch_over_the_memory_budget_runs_in_passes_that_fit() {
 }
 
 /// A request whose long prompt arrives while another denoises: its prompt is encoded a
-/// piece per step (16 rows here) and the running request takes a denoising step in every
-/// one of those rounds instead of waiting for the whole prompt; the late request's
-/// generation equals its run alone, and the running one still replays the reference.
+/// piece per round (16 rows here) and the running request takes a denoising step in every
+/// one of those rounds instead of waiting for the whole prompt; the late request takes its
+/// first step in the round of its last piece, its generation equals its run alone, and the
+/// running one still replays the reference.
 #[test]
 fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
     use unmask_core::sampler::entropy_bound::SeededDraws;
@@ -246,7 +247,7 @@ fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
         &mut |_: usize, _: unmask_gpu::dgemma::StepReport<'_>| std::ops::ControlFlow::Continue(());
     // The running request is past its own prompt and denoising.
     while running.steps_run() < 2 {
-        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running], quiet)).unwrap();
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running], None, quiet)).unwrap();
     }
     let long: Vec<u32> = (0..100).map(|i| 2 + (i * 7) % 60).collect();
     let mut params = case.params.clone();
@@ -262,12 +263,17 @@ fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
     while late.prompt_left() > 0 {
         let before = running.steps_run();
         let left = late.prompt_left();
-        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running, &mut late], quiet))
-            .unwrap();
+        pollster::block_on(model.step_runs_async(
+            &ctx,
+            &mut [&mut running, &mut late],
+            None,
+            quiet,
+        ))
+        .unwrap();
         assert_eq!(
             left - late.prompt_left(),
             left.min(16),
-            "one piece per step"
+            "one piece per round"
         );
         if !running.is_done() {
             assert_eq!(
@@ -279,15 +285,25 @@ fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
         rounds += 1;
     }
     assert_eq!(rounds, long.len().div_ceil(16));
+    assert_eq!(
+        late.steps_run(),
+        1,
+        "its first step in the round of its last piece"
+    );
     while !running.is_done() || !late.is_done() {
-        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running, &mut late], quiet))
-            .unwrap();
+        pollster::block_on(model.step_runs_async(
+            &ctx,
+            &mut [&mut running, &mut late],
+            None,
+            quiet,
+        ))
+        .unwrap();
     }
     assert_replays(case, &running.finish().unwrap().0);
     let (together, _) = late.finish().unwrap();
     let mut alone = start(&model);
     while !alone.is_done() {
-        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut alone], quiet)).unwrap();
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut alone], None, quiet)).unwrap();
     }
     assert_eq!(together.sequence, alone.finish().unwrap().0.sequence);
     eprintln!(

@@ -1,7 +1,8 @@
 //! DiffusionGemma: a system turn the prefix store does not hold yet, arriving while other
-//! requests denoise. It is encoded a piece per step by one of the requests that want it
-//! (the others wait, encoding nothing), stored, then copied by the waiting ones; when its
-//! encoder goes away, a waiting request takes over. Every generation equals its run alone.
+//! requests denoise. It is encoded a piece per round by one of the requests that want it
+//! (the others wait, encoding nothing), stored, then copied by the waiting ones, which go on
+//! with their own turns and their first step in that same round; when its encoder goes
+//! away, a waiting request takes over. Every generation equals its run alone.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use unmask_goldens::dgemma::{GenerationCase, generation_cases};
 use unmask_gpu::GpuContext;
 use unmask_gpu::WeightFormat;
 use unmask_gpu::dgemma::{
-    DgemmaModel, DgemmaPrefixStore, DgemmaRun, PrefixUse, SharedPrefix, StepReport,
+    DgemmaModel, DgemmaPrefixStore, DgemmaRun, PrefixUse, RoundStore, SharedPrefix, StepReport,
 };
 
 use crate::common;
@@ -34,15 +35,16 @@ fn quiet() -> impl FnMut(usize, StepReport<'_>) -> ControlFlow<()> {
     |_, _| ControlFlow::Continue(())
 }
 
-/// One round as an engine runs it: the store's part, then the step.
+/// One round with `store`: the store's part, the prompt pieces, the store's part again,
+/// then the step.
 fn round(
     model: &DgemmaModel,
     ctx: &GpuContext,
     runs: &mut [&mut DgemmaRun<'_>],
     store: &mut DgemmaPrefixStore,
 ) {
-    model.settle_shared_prefixes(ctx, runs, store);
-    pollster::block_on(model.step_runs_async(ctx, runs, &mut quiet())).unwrap();
+    let store = Some(RoundStore::Held(store));
+    pollster::block_on(model.step_runs_async(ctx, runs, store, &mut quiet())).unwrap();
 }
 
 /// `user`'s request started with the system turn through `store`.
@@ -82,7 +84,8 @@ fn alone(
         .start(ctx, &prompt(user), None, params, draws, u64::from(user))
         .unwrap();
     while !run.is_done() {
-        pollster::block_on(model.step_runs_async(ctx, &mut [&mut run], &mut quiet())).unwrap();
+        pollster::block_on(model.step_runs_async(ctx, &mut [&mut run], None, &mut quiet()))
+            .unwrap();
     }
     run.finish().unwrap().0.sequence
 }
@@ -136,7 +139,7 @@ fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
         "nothing is encoded when a request starts"
     );
     let mut rounds = 0;
-    while b.prompt_left() > 10 {
+    while b.prompt_left() > 0 {
         let (before, b_left, c_left) = (running.steps_run(), b.prompt_left(), c.prompt_left());
         round(
             &model,
@@ -144,17 +147,16 @@ fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
             &mut [&mut running, &mut b, &mut c],
             &mut store,
         );
-        let encoded = SYSTEM + 10 - b.prompt_left();
-        assert_eq!(
-            b_left - b.prompt_left(),
-            PIECE.min(SYSTEM - (SYSTEM + 10 - b_left)),
-            "one piece per step, ending at the system turn's end (at {encoded})"
-        );
-        assert_eq!(
-            c.prompt_left(),
-            c_left,
-            "the second request waits, encoding nothing"
-        );
+        rounds += 1;
+        if SYSTEM + 10 - b.prompt_left() < SYSTEM {
+            assert_eq!(b_left - b.prompt_left(), PIECE, "one piece per round");
+            assert_eq!(
+                c.prompt_left(),
+                c_left,
+                "the second request waits, encoding nothing"
+            );
+            assert_eq!((store.misses, store.hits, store.inserts), (1, 0, 0));
+        }
         if !running.is_done() {
             assert_eq!(
                 running.steps_run(),
@@ -162,22 +164,16 @@ fn a_new_system_turn_is_encoded_once_in_pieces_while_the_others_denoise() {
                 "the running request stepped"
             );
         }
-        rounds += 1;
     }
+    // The round of the turn's last piece (its pieces end at the turn's end: it is stored
+    // only then) stored it; the waiting request copied it, and both encoded their own turns
+    // and took their first step in that round.
     assert_eq!(rounds, SYSTEM.div_ceil(PIECE));
-    assert_eq!((store.misses, store.hits, store.inserts), (1, 0, 0));
-    // The next round stores it and the waiting request copies it: only its user turn is left.
-    round(
-        &model,
-        &ctx,
-        &mut [&mut running, &mut b, &mut c],
-        &mut store,
-    );
     assert_eq!((store.misses, store.hits, store.inserts), (1, 1, 1));
     assert_eq!(
-        c.prompt_left(),
-        10 - PIECE.min(10),
-        "the user turn's piece ran too"
+        (c.prompt_left(), b.steps_run(), c.steps_run()),
+        (0, 1, 1),
+        "both past their turns and denoising in the round the system turn was stored"
     );
     while !running.is_done() || !b.is_done() || !c.is_done() {
         round(
@@ -255,11 +251,11 @@ fn a_waiting_request_encodes_the_system_turn_when_its_encoder_goes_away() {
     assert_eq!((small.misses, small.rejected), (2, 2));
 }
 
-/// Two new system turns whose last pieces run in the same step, with a store that holds one:
+/// Two new system turns whose last pieces run in the same round, with a store that holds one:
 /// each turn's waiting request copies it as soon as it is stored, before the other turn's
 /// entry evicts it (so neither encodes its turn again).
 #[test]
-fn two_new_system_turns_stored_in_one_step_each_serve_their_waiting_request() {
+fn two_new_system_turns_stored_in_one_round_each_serve_their_waiting_request() {
     let (ctx, model, case) = setup();
     let mut params = case.params.clone();
     params.max_new_tokens = params.max_new_tokens.min(16);
@@ -289,80 +285,28 @@ fn two_new_system_turns_stored_in_one_step_each_serve_their_waiting_request() {
     ];
     let mut rounds = 0;
     // The first of each pair encodes its turn; the second waits.
-    while (runs[0].prompt_left() > 10 || runs[2].prompt_left() > 10) && rounds < 20 {
+    while (runs[0].prompt_left() > 0 || runs[2].prompt_left() > 0) && rounds < 20 {
         let mut refs: Vec<_> = runs.iter_mut().collect();
-        model.settle_shared_prefixes(&ctx, &mut refs, &mut store);
-        pollster::block_on(model.step_runs_async(&ctx, &mut refs, &mut quiet())).unwrap();
+        round(&model, &ctx, &mut refs, &mut store);
         rounds += 1;
+        if runs[0].prompt_left() > 10 {
+            assert_eq!(
+                (runs[1].prompt_left(), runs[3].prompt_left()),
+                (SYSTEM + 10, SYSTEM + 10),
+                "waiting"
+            );
+        }
     }
     assert_eq!(
         rounds,
         SYSTEM.div_ceil(PIECE),
         "both turns encoded side by side"
     );
-    assert_eq!(
-        (runs[1].prompt_left(), runs[3].prompt_left()),
-        (SYSTEM + 10, SYSTEM + 10)
-    );
-    let mut refs: Vec<_> = runs.iter_mut().collect();
-    model.settle_shared_prefixes(&ctx, &mut refs, &mut store);
     let left: Vec<usize> = runs.iter().map(|r| r.prompt_left()).collect();
-    assert_eq!(left, [10, 10, 10, 10], "every request past its system turn");
+    assert_eq!(left, [0, 0, 0, 0], "every request past its own turn");
     assert_eq!(
         (store.misses, store.inserts, store.hits, store.evictions),
         (2, 2, 2, 1),
         "two turns encoded once each, both copied, one evicted by the other"
     );
-}
-
-/// A round as the engine runs it: the store's part, the step, the store's part again and
-/// the pieces of the requests it settled.
-fn engine_round(
-    model: &DgemmaModel,
-    ctx: &GpuContext,
-    runs: &mut [&mut DgemmaRun<'_>],
-    store: &mut DgemmaPrefixStore,
-) {
-    round(model, ctx, runs, store);
-    let settled = model.settle_shared_prefixes(ctx, runs, store);
-    model.encode_settled_pieces(ctx, runs, &settled);
-}
-
-/// After a step, the system turn whose last piece just ran is stored and both its encoder
-/// and the request that waited for it encode their own turns in that same round: they
-/// denoise in the next one.
-#[test]
-fn requests_go_on_with_their_own_turns_in_the_round_their_system_turn_is_stored() {
-    let (ctx, model, case) = setup();
-    let mut params = case.params.clone();
-    params.max_new_tokens = params.max_new_tokens.min(16);
-    let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
-    let mut b = start(&model, &ctx, 8, &params, &mut store);
-    let mut c = start(&model, &ctx, 9, &params, &mut store);
-    let mut rounds = 0;
-    while b.prompt_left() > 10 {
-        engine_round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
-        rounds += 1;
-    }
-    assert_eq!(rounds, SYSTEM.div_ceil(PIECE));
-    assert_eq!(
-        (
-            b.prompt_left(),
-            c.prompt_left(),
-            b.steps_run(),
-            c.steps_run()
-        ),
-        (0, 0, 0, 0),
-        "both user turns encoded in the round the system turn was stored"
-    );
-    engine_round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
-    assert_eq!((b.steps_run(), c.steps_run()), (1, 1), "both denoise next");
-    while !b.is_done() || !c.is_done() {
-        engine_round(&model, &ctx, &mut [&mut b, &mut c], &mut store);
-    }
-    let ((b_seq, b_used), (c_seq, c_used)) = (finish(b), finish(c));
-    assert_eq!(b_used, Some(PrefixUse::Stored { tokens: SYSTEM }));
-    assert_eq!(c_used, Some(PrefixUse::Hit { reused: SYSTEM }));
-    assert_eq!(b_seq, alone(&model, &ctx, 8, &params));
-    assert_eq!(c_seq, alone(&model, &ctx, 9, &params));
 }

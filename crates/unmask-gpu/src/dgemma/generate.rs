@@ -11,7 +11,7 @@ use unmask_core::sampler::entropy_bound::{
 mod shared_turn;
 
 use shared_turn::SharedPart;
-pub use shared_turn::SharedPrefix;
+pub use shared_turn::{RoundStore, SharedPrefix};
 
 use super::pass_limit::{PassLimit, is_capacity};
 use super::steps::DecodeCanvas;
@@ -187,10 +187,8 @@ impl DgemmaModel {
             .map(|store| SharedPrefix { shared, store });
         let mut run = self.start(ctx, prompt, prefix, params, Box::new(draws), seed)?;
         while !run.is_done() {
-            if let Some(store) = store.as_deref_mut() {
-                self.settle_shared_prefixes(ctx, &mut [&mut run], store);
-            }
-            self.step_runs_async(ctx, &mut [&mut run], &mut |_, r| on_step(r))
+            let round_store = store.as_deref_mut().map(RoundStore::Held);
+            self.step_runs_async(ctx, &mut [&mut run], round_store, &mut |_, r| on_step(r))
                 .await?;
         }
         run.finish()
@@ -198,9 +196,9 @@ impl DgemmaModel {
 
     /// Starts a run for `step_runs_async`: its cache, its first canvas, and its prompt's
     /// shared part copied from `prefix`'s store when stored there. The prompt (an unstored
-    /// shared part too) is encoded by `step_runs_async`, a piece per step. A run started
-    /// with a store needs `settle_shared_prefixes` before each step: until then an unstored
-    /// shared part waits, unencoded.
+    /// shared part too) is encoded by `step_runs_async`, a piece per round. A run started
+    /// with a store needs that store in each round: without it an unstored shared part
+    /// waits, unencoded.
     pub fn start<'d>(
         &self,
         ctx: &GpuContext,
@@ -221,7 +219,7 @@ impl DgemmaModel {
         // A run's own memory comes before the kept step buffers of runs that ended.
         let mut cache =
             self.retry_after_freeing(|| self.new_cache(ctx, prompt.len() + n_canvases * len))?;
-        // A stored shared part is copied now; an unstored one is encoded a piece per step
+        // A stored shared part is copied now; an unstored one is encoded a piece per round
         // like the rest (`step_runs_async`), by one run of those that want it, and stored
         // (`settle_shared_prefixes`).
         let (shared, prefix_use) = self.start_shared(ctx, &mut cache, prompt, prefix)?;
@@ -261,43 +259,57 @@ impl DgemmaModel {
         })
     }
 
-    /// One denoising step of every running run in one decoder pass (`decode_steps_async`),
+    /// One round of `runs`: a piece of each prompt still being encoded, then one denoising
+    /// step of every run whose prompt is in, in one decoder pass (`decode_steps_async`),
     /// then each run's acceptance and renoising; a run whose canvas ends commits it (an
     /// encoder pass) and starts the next, or is done. `on_step` gets each run's index in
     /// `runs` and its step; breaking stops that run (its `finish` says `Cancelled`).
+    ///
+    /// A run still encoding its prompt encodes one piece of it (an encoder pass of
+    /// `pass_rows` tokens), so a long prompt that arrives does not hold the running
+    /// requests' steps back; a prompt whose last piece runs denoises in the same round. The
+    /// pieces are the ones a whole-prompt encode makes, so its K/V and its generation are the
+    /// same. With `store`, shared prompt parts go through the prefix store before the pieces
+    /// and after them (`settle_shared_prefixes`): a request whose system turn is stored by
+    /// another, or by its own piece, encodes a piece of its own turn in that round too.
     ///
     /// A pass that does not fit in memory is split in halves until its parts do (nothing of
     /// a run changes before its pass has run, so a part runs as the whole would have); a
     /// run that does not fit alone, or whose commit or prompt piece fails, fails alone (its
     /// `finish` gives the error; a failed commit's step was already given to `on_step`) and
     /// the others go on. Any other error of a decoder pass is every run's.
-    ///
-    /// A run still encoding its prompt encodes one piece of it instead (an encoder pass of
-    /// `pass_rows` tokens, after the decoder pass), so a long prompt that arrives does not
-    /// hold the running requests' steps back; it denoises once its prompt is in. The pieces
-    /// are the ones a whole-prompt encode makes, so its K/V and its generation are the same.
     pub async fn step_runs_async(
         &self,
         ctx: &GpuContext,
         runs: &mut [&mut DgemmaRun<'_>],
+        mut store: Option<RoundStore<'_>>,
         on_step: &mut dyn FnMut(usize, StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(), ModelError> {
-        let ready = |r: &DgemmaRun<'_>| !r.is_done() && r.prompt_left == 0;
-        let live: Vec<usize> = (0..runs.len()).filter(|&i| ready(runs[i])).collect();
+        // Pieces before the step: a request that arrives with a prompt of one piece takes
+        // its first step in this round, not the next, and the round's work is the same.
+        if let Some(store) = store.as_mut() {
+            store.settle(self, ctx, runs);
+        }
         let encoding: Vec<usize> = (0..runs.len())
             .filter(|&i| {
                 let r = &runs[i];
                 !r.is_done() && r.prompt_left > 0 && !matches!(r.shared, SharedPart::Waiting(_))
             })
             .collect();
-        self.denoise_runs(ctx, runs, &live, on_step).await?;
         for i in encoding {
             let run = &mut *runs[i];
             if let Err(e) = self.encode_prompt_piece(ctx, run) {
                 run.state = RunState::Failed(e);
             }
         }
-        Ok(())
+        if let Some(store) = store.as_mut() {
+            let settled = store.settle(self, ctx, runs);
+            self.encode_settled_pieces(ctx, runs, &settled);
+        }
+        let live: Vec<usize> = (0..runs.len())
+            .filter(|&i| !runs[i].is_done() && runs[i].prompt_left == 0)
+            .collect();
+        self.denoise_runs(ctx, runs, &live, on_step).await
     }
 
     /// The next piece of `run`'s prompt into its cache.

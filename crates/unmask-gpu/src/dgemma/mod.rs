@@ -18,7 +18,7 @@ use std::path::Path;
 use unmask_core::checkpoint::Checkpoint;
 use unmask_core::config::{DiffusionGemmaConfig, LayerAttention};
 
-pub use generate::{DgemmaRun, GeneratedCanvas, Generation, SharedPrefix, StepReport};
+pub use generate::{DgemmaRun, GeneratedCanvas, Generation, RoundStore, SharedPrefix, StepReport};
 pub use pass::{Pass, SelfConditioning};
 pub use pass_limit::PROBE_AFTER;
 pub use prefix::{DgemmaPrefixStore, PrefixUse};

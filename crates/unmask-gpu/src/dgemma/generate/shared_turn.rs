@@ -1,6 +1,8 @@
 //! A request's shared prompt part (its system turn) and the prefix store: copied at `start`
-//! when stored; otherwise encoded a piece per step by one of the runs that want it, stored,
+//! when stored; otherwise encoded a piece per round by one of the runs that want it, stored,
 //! and copied by the others (`settle_shared_prefixes`).
+
+use std::sync::Mutex;
 
 use super::{DgemmaRun, RunState};
 use crate::context::GpuContext;
@@ -13,6 +15,34 @@ use crate::model::ModelError;
 pub struct SharedPrefix<'a> {
     pub shared: usize,
     pub store: &'a mut DgemmaPrefixStore,
+}
+
+/// Where a round (`step_runs_async`) finds the prefix store its runs' shared parts go
+/// through.
+pub enum RoundStore<'a> {
+    /// The caller's own, held for the whole round.
+    Held(&'a mut DgemmaPrefixStore),
+    /// Shared with other callers: locked for each of the round's uses alone, not across its
+    /// passes.
+    Locked(&'a Mutex<DgemmaPrefixStore>),
+}
+
+impl RoundStore<'_> {
+    /// `settle_shared_prefixes` with the store.
+    pub(super) fn settle(
+        &mut self,
+        model: &DgemmaModel,
+        ctx: &GpuContext,
+        runs: &mut [&mut DgemmaRun<'_>],
+    ) -> Vec<usize> {
+        match self {
+            RoundStore::Held(store) => model.settle_shared_prefixes(ctx, runs, store),
+            RoundStore::Locked(store) => {
+                let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+                model.settle_shared_prefixes(ctx, runs, &mut store)
+            }
+        }
+    }
 }
 
 /// A run's shared prompt part that the prefix store did not hold when it started.
@@ -56,16 +86,16 @@ impl DgemmaModel {
         Ok((SharedPart::Waiting(shared), None))
     }
 
-    /// The prefix store's part of a step, before and after `step_runs_async` (the store
-    /// locked for this alone, not across the step): a run whose unstored shared part is now encoded
-    /// stores it; a run waiting for a shared part copies it once stored, and becomes its
-    /// encoder when no run of `runs` encodes it (the one that did failed, was stopped, or
-    /// could not store it). So requests that arrive together with a new system turn encode
-    /// it once, a piece per step, while the running requests go on denoising. A run whose
-    /// copy or store fails fails alone.
+    /// The prefix store's part of a round (`step_runs_async` runs it before and after the
+    /// round's prompt pieces): a run whose unstored shared part is now encoded stores it; a
+    /// run waiting for a shared part copies it once stored, and becomes its encoder when no
+    /// run of `runs` encodes it (the one that did failed, was stopped, or could not store
+    /// it). So requests that arrive together with a new system turn encode it once, a piece
+    /// per round, while the running requests go on denoising. A run whose copy or store
+    /// fails fails alone.
     ///
-    /// Returns the runs it settled (stored, copied or released) that have prompt left: after
-    /// a step, `encode_settled_pieces` gives them their next piece at once.
+    /// Returns the runs it settled (stored, copied or released) that have prompt left:
+    /// after the round's pieces, `encode_settled_pieces` gives them their next piece at once.
     pub fn settle_shared_prefixes(
         &self,
         ctx: &GpuContext,
@@ -137,9 +167,9 @@ impl DgemmaModel {
     }
 
     /// The next prompt piece of each run of `settled` (`settle_shared_prefixes`' answer after
-    /// a step): a stored or copied system turn's request goes on with its own turn in the
-    /// same round instead of the next one. A piece that fails fails its run alone.
-    pub fn encode_settled_pieces(
+    /// the round's pieces): a stored or copied system turn's request goes on with its own
+    /// turn in the same round instead of the next one. A piece that fails fails its run alone.
+    pub(super) fn encode_settled_pieces(
         &self,
         ctx: &GpuContext,
         runs: &mut [&mut DgemmaRun<'_>],
