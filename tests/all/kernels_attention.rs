@@ -369,16 +369,18 @@ fn coop_attention_matches_the_oracle() {
     eprintln!(
         "[path] coop attention runs {}",
         match fragment {
-            Some(f) => format!(
-                "cooperative matrices at head dim {} and {} at {}",
-                8 * f,
-                if attn::coop_attention(&ctx, 16 * f).is_some() {
-                    "also"
-                } else {
-                    "not (over the workgroup memory)"
-                },
-                16 * f
-            ),
+            Some(f) => {
+                let also = |hd: usize| match attn::coop_attention(&ctx, hd) {
+                    Some(_) => format!("also at {hd}"),
+                    None => format!("not at {hd} (over the workgroup memory)"),
+                };
+                format!(
+                    "cooperative matrices at head dim {}, {}, {}",
+                    8 * f,
+                    also(16 * f),
+                    also(32 * f)
+                )
+            }
             None => "the wide kernel (no cooperative matrices)".to_string(),
         }
     );
@@ -397,13 +399,20 @@ fn coop_attention_matches_the_oracle() {
         (8, 2, 7, Some(65), 3),
         (4, 1, 40, Some(17), 100),
     ];
-    // Heads of 8 fragments, and of 16 (its 2 x 4 accumulators per subgroup) on fewer cases.
+    // Heads of 8 fragments, of 16 (its 2 x 4 accumulators per subgroup) on fewer cases, and
+    // of 32 (tiles of one fragment, scores summed over 4 planes, 1 x 8 accumulators) on
+    // fewer still, one of them with keys across many tiles.
     let wide = cases
         .iter()
         .step_by(2)
         .map(|&(h, kv, m, a, b)| (2 * hd, h, kv, m, a, b));
+    let widest = cases
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|&(h, kv, m, a, b)| (4 * hd, h, kv, m, a, b));
     let all = cases.iter().map(|&(h, kv, m, a, b)| (hd, h, kv, m, a, b));
-    for (hd, heads, kv_heads, m, len_a, len_b) in all.chain(wide) {
+    for (hd, heads, kv_heads, m, len_a, len_b) in all.chain(wide).chain(widest) {
         let width = heads * hd;
         let c = Case {
             shape: AttentionShape {

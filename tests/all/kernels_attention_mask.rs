@@ -457,8 +457,9 @@ fn coop_kernels_honour_the_mask() {
     // lavapipe), else their wide stand-ins: causal with a window across both segments, and
     // the decoder's scale 1.0.
     let ctx = ctx();
-    // Every head dim it serves here (8 and 16 fragments), else 128 on the wide stand-ins.
-    let mut dims: Vec<usize> = [64, 128, 256]
+    // Every head dim it serves here (8, 16 and 32 fragments), else 128 on the wide
+    // stand-ins.
+    let mut dims: Vec<usize> = [64, 128, 256, 512]
         .into_iter()
         .filter(|&hd| attn::coop_attention(&ctx, hd).is_some())
         .collect();

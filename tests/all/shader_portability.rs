@@ -224,7 +224,13 @@ fn kernels_stay_within_browser_limits() {
                     .unwrap_or_else(|| panic!("{key} has no constant {name}"))
             };
             if v.kernel.name == "attention_wide" {
-                let fragments = if v.spec.has("HD16") { 16 } else { 8 };
+                let fragments = if v.spec.has("HD32") {
+                    32
+                } else if v.spec.has("HD16") {
+                    16
+                } else {
+                    8
+                };
                 let (fr, sg) = (constant("FR"), constant("SG"));
                 u64::from(coop_attention_bytes(fr, sg, fragments * fr))
             } else {

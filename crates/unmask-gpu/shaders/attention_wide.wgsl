@@ -432,15 +432,19 @@ fn main(
 
 //#if COOP
 // Tensor cores (wgpu's `wgpu_cooperative_matrix`, FR x FR f16 fragments with f32
-// accumulators) for head dim HD = 8 FR, or 16 FR with HD16 (128 and 256 on NVIDIA GPUs): a
-// workgroup of 4 subgroups owns BQ = 2 FR query units of one kv head and walks the keys in
-// tiles of BK = 2 FR, twice.
+// accumulators) for head dim HD = 8 FR, 16 FR with HD16 or 32 FR with HD32 (128, 256 and
+// 512 on NVIDIA GPUs): a workgroup of 4 subgroups owns BQ = 2 FR query units of one kv head
+// and walks the keys in tiles of BK = 2 FR, twice.
 //   pass 1: S = Q K^T per tile (subgroup s computes the score fragment (s / 2, s % 2)),
 //           then each unit's running max and sum of exp2(S - max): RT invocations per unit
 //           each take every RT-th key of the tile (score rows SP = BK + 4 floats apart, so
 //           the lanes of a subgroup read distinct banks), and one per unit folds theirs in;
 //   pass 2: S again, P = exp2(S - max) / sum as f16, O += P V (subgroup s owns the output
 //           columns s * HD / 4 .. + HD / 4 as 2 x 2 accumulators, 2 x 4 with HD16).
+// HD32 halves both tiles (BQ = BK = FR) so that Q and a K/V tile of 512 dims fit in an
+// NVIDIA GPU's 48 KiB: S is one fragment, which subgroup s computes over the dims
+// s * HD / 4 .. + HD / 4 into a plane of its own, the planes then summed; subgroup s owns
+// the output columns s * HD / 4 .. + HD / 4 as 1 x 8 accumulators.
 // With the final max and sum known before any P V product, the accumulators never need a
 // rescale, which cooperative matrices cannot do per row; the price is a second Q K^T, cheap
 // on tensor cores. Q (scaled by log2(e) / sqrt(hd)), K, V and P are rounded to f16 (2^-11
@@ -454,23 +458,35 @@ const SG: u32 = {{SG}}u;
 const FR: u32 = {{FR}}u;
 const FF: u32 = FR * FR;
 const CWG: u32 = 4u * SG;
+//#if HD32
+const HD: u32 = 32u * FR;
+const BQ: u32 = FR;
+const BK: u32 = FR;
+//#else
 //#if HD16
 const HD: u32 = 16u * FR;
 //#else
 const HD: u32 = 8u * FR;
 //#endif
-const HQ: u32 = HD / 4u; // output columns of a subgroup
 const BQ: u32 = 2u * FR;
 const BK: u32 = 2u * FR;
+//#endif
+const HQ: u32 = HD / 4u; // output columns of a subgroup
 const PS: u32 = HD + 8u; // row pitch of the staged Q and K/V tiles, in halves
 const PP: u32 = BK + 8u; // row pitch of P, in halves
 const SP: u32 = BK + 4u; // row pitch of the scores, in floats (16-byte steps)
+const PLANE: u32 = BQ * SP; // one [unit][key] score plane
+//#if HD32
+const CS_LEN: u32 = 4u * PLANE; // a partial score plane per subgroup (over 4 FF floats)
+//#else
+const CS_LEN: u32 = PLANE; // 4 FR^2 + 8 FR floats: over the 4 FF that coop_out needs
+//#endif
 const RT: u32 = CWG / BQ; // invocations per unit in pass 1's statistics
 const NEG: f32 = -1.0e30;
 const MASKED: f32 = -2.0e30; // below NEG: exp2(MASKED - max) is 0 for every running max
 var<workgroup> cq: array<f16, BQ * PS>;  // [unit][dim]
 var<workgroup> ckv: array<f16, BK * PS>; // [key][dim], K then V of the tile
-var<workgroup> cs: array<f32, BQ * SP>;  // [unit][key] scores; [subgroup][FR x FR] at the end
+var<workgroup> cs: array<f32, CS_LEN>;   // [unit][key] scores; [subgroup][FR x FR] at the end
 var<workgroup> cp: array<f16, BQ * PP>;  // [unit][key] probabilities
 var<workgroup> cmax: array<f32, BQ>;
 var<workgroup> csum: array<f32, BQ>;
@@ -490,9 +506,31 @@ fn coop_stage(lid: u32, in_a: bool, values: bool, row: u32, keys: u32, kv_col: u
     }
 }
 
-// S = Q K^T of the staged tile into cs: subgroup s computes fragment (s / 2, s % 2).
-fn coop_scores(sg: u32) {
+// S = Q K^T of the staged tile into cs: subgroup s computes fragment (s / 2, s % 2); with
+// HD32 the one fragment over a quarter of the dims each, then the quarters summed.
+fn coop_scores(lid: u32, sg: u32) {
     var acc = coop_mat{{FR}}x{{FR}}<f32, C>();
+//#if HD32
+    // Indices and strides as lets: naga's SPIR-V writer wants every pointer operand of a
+    // cooperative load or store computed before it.
+    let d0 = sg * HQ;
+    for (var kk = 0u; kk < HQ; kk += FR) {
+        let stride = PS;
+        let at = d0 + kk;
+        let a = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&cq[at], stride);
+        let b = coopLoad<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[at], stride);
+        acc = coopMultiplyAdd(a, b, acc);
+    }
+    let stride_s = SP;
+    let plane = sg * PLANE;
+    coopStoreT(acc, &cs[plane], stride_s);
+    workgroupBarrier();
+    // Each score is one invocation's: plane 0 is read and written by it alone.
+    for (var e = lid; e < BQ * BK; e += CWG) {
+        let at = (e / BK) * SP + e % BK;
+        cs[at] = cs[at] + cs[PLANE + at] + cs[2u * PLANE + at] + cs[3u * PLANE + at];
+    }
+//#else
     let qa = (sg >> 1u) * FR * PS;
     let ka = (sg & 1u) * FR * PS;
     for (var kk = 0u; kk < HD; kk += FR) {
@@ -507,6 +545,7 @@ fn coop_scores(sg: u32) {
     let at_s = (sg >> 1u) * FR * SP + (sg & 1u) * FR;
     let stride_s = SP;
     coopStoreT(acc, &cs[at_s], stride_s);
+//#endif
 }
 
 // Writes accumulator (i, j) of every subgroup (units i * FR .., columns s * HQ + j * FR ..)
@@ -592,7 +631,7 @@ fn main(
         workgroupBarrier();
         coop_stage(lid, in_a, false, select(p.b_row0, p.a_row0, in_a) + t0, keys, kv_col);
         workgroupBarrier();
-        coop_scores(sg);
+        coop_scores(lid, sg);
         workgroupBarrier();
         // This invocation's keys lid % RT, + RT, .. of unit lid / RT.
         let su = lid / RT;
@@ -638,6 +677,14 @@ fn main(
     let c0 = sg * HQ;
     var acc00 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc01 = coop_mat{{FR}}x{{FR}}<f32, C>();
+//#if HD32
+    var acc02 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc03 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc04 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc05 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc06 = coop_mat{{FR}}x{{FR}}<f32, C>();
+    var acc07 = coop_mat{{FR}}x{{FR}}<f32, C>();
+//#else
     var acc10 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc11 = coop_mat{{FR}}x{{FR}}<f32, C>();
 //#if HD16
@@ -645,6 +692,7 @@ fn main(
     var acc03 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc12 = coop_mat{{FR}}x{{FR}}<f32, C>();
     var acc13 = coop_mat{{FR}}x{{FR}}<f32, C>();
+//#endif
 //#endif
     for (var t = t_begin; t < t_end; t++) {
         let in_a = t < tiles_a;
@@ -659,7 +707,7 @@ fn main(
         workgroupBarrier();
         coop_stage(lid, in_a, false, row, keys, kv_col);
         workgroupBarrier();
-        coop_scores(sg);
+        coop_scores(lid, sg);
         workgroupBarrier();
         for (var e = lid; e < BQ * BK; e += CWG) {
             let u = e / BK;
@@ -680,6 +728,28 @@ fn main(
         }
         coop_stage(lid, in_a, true, row, keys, kv_col);
         workgroupBarrier();
+//#if HD32
+        // One fragment of keys (BK = FR): P's one row of fragments times V's 8 columns.
+        let sp = PP;
+        let sv = PS;
+        let a = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, A>>(&cp[0], sp);
+        let b0 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0], sv);
+        let b1 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + FR], sv);
+        let b2 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + 2u * FR], sv);
+        let b3 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + 3u * FR], sv);
+        acc00 = coopMultiplyAdd(a, b0, acc00);
+        acc01 = coopMultiplyAdd(a, b1, acc01);
+        acc02 = coopMultiplyAdd(a, b2, acc02);
+        acc03 = coopMultiplyAdd(a, b3, acc03);
+        let b4 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + 4u * FR], sv);
+        let b5 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + 5u * FR], sv);
+        let b6 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + 6u * FR], sv);
+        let b7 = coopLoadT<coop_mat{{FR}}x{{FR}}<f16, B>>(&ckv[c0 + 7u * FR], sv);
+        acc04 = coopMultiplyAdd(a, b4, acc04);
+        acc05 = coopMultiplyAdd(a, b5, acc05);
+        acc06 = coopMultiplyAdd(a, b6, acc06);
+        acc07 = coopMultiplyAdd(a, b7, acc07);
+//#else
         for (var kk = 0u; kk < BK; kk += FR) {
             let sp = PP;
             let sv = PS;
@@ -705,10 +775,19 @@ fn main(
             acc13 = coopMultiplyAdd(a1, b3, acc13);
 //#endif
         }
+//#endif
     }
     workgroupBarrier();
     coop_out(lid, sg, acc00, 0u, 0u, u0, kvh, cell0);
     coop_out(lid, sg, acc01, 0u, 1u, u0, kvh, cell0);
+//#if HD32
+    coop_out(lid, sg, acc02, 0u, 2u, u0, kvh, cell0);
+    coop_out(lid, sg, acc03, 0u, 3u, u0, kvh, cell0);
+    coop_out(lid, sg, acc04, 0u, 4u, u0, kvh, cell0);
+    coop_out(lid, sg, acc05, 0u, 5u, u0, kvh, cell0);
+    coop_out(lid, sg, acc06, 0u, 6u, u0, kvh, cell0);
+    coop_out(lid, sg, acc07, 0u, 7u, u0, kvh, cell0);
+//#else
     coop_out(lid, sg, acc10, 1u, 0u, u0, kvh, cell0);
     coop_out(lid, sg, acc11, 1u, 1u, u0, kvh, cell0);
 //#if HD16
@@ -716,6 +795,7 @@ fn main(
     coop_out(lid, sg, acc03, 0u, 3u, u0, kvh, cell0);
     coop_out(lid, sg, acc12, 1u, 2u, u0, kvh, cell0);
     coop_out(lid, sg, acc13, 1u, 3u, u0, kvh, cell0);
+//#endif
 //#endif
 }
 //#endif

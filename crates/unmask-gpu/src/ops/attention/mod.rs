@@ -50,7 +50,7 @@ use params::*;
 use plan::*;
 pub use plan::{
     AttentionKernel, AttentionOptions, AttentionPlan, KvRead, coop_attention, coop_attention_bytes,
-    model_split_floats, split_scratch_floats,
+    coop_attention_tile, model_split_floats, split_scratch_floats,
 };
 
 const ATTENTION: KernelSource = kernel_source!("attention");
@@ -143,7 +143,7 @@ pub fn variants() -> Vec<ShaderVariant> {
     // The tensor-core kernel at an NVIDIA GPU's subgroup size and fragments and at
     // lavapipe's (8 x 8, and the 16 x 16 the tests force there).
     for (subgroup, fragment) in [(32, 16), (8, 8), (8, 16)] {
-        for fragments in [8, 16] {
+        for fragments in [8, 16, 32] {
             for read in [KvRead::F32, KvRead::F16Packed, KvRead::F16Native] {
                 for split in [false, true] {
                     let spec = coop_spec(read, subgroup, fragment, fragments * fragment);
@@ -164,14 +164,15 @@ pub fn variants() -> Vec<ShaderVariant> {
     v
 }
 
-/// The tensor-core variant of `attention_wide.wgsl` for `head_dim` (8 or 16 `fragment`s),
-/// K/V read as vec4s.
+/// The tensor-core variant of `attention_wide.wgsl` for `head_dim` (8, 16 or 32
+/// `fragment`s), K/V read as vec4s.
 fn coop_spec(read: KvRead, subgroup: u32, fragment: u32, head_dim: u32) -> Spec {
     Spec::new()
         .flag("COOP")
         .flag("KV_VEC")
         .flag(read.flag())
         .flag_if(head_dim == 16 * fragment, "HD16")
+        .flag_if(head_dim == 32 * fragment, "HD32")
         .constant("SG", subgroup)
         .constant("FR", fragment)
 }

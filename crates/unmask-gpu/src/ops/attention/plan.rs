@@ -210,7 +210,8 @@ impl AttentionKernel {
         let (bq, bk) = match (kernel, coop) {
             (AttentionKernel::Register, _) => (UNITS_PER_GROUP, Tile::for_head_dim(head_dim).bk()),
             (AttentionKernel::Coop | AttentionKernel::CoopSplit, Some(c)) => {
-                (2 * c.fragment as usize, 2 * c.fragment as usize)
+                let (bq, bk) = coop_attention_tile(c.fragment, head_dim as u32);
+                (bq as usize, bk as usize)
             }
             _ => (tile.bq, tile.bk),
         };
@@ -259,29 +260,43 @@ impl AttentionKernel {
 
 /// How the tensor-core attention runs here for `head_dim`: the matmul's cooperative shape
 /// (subgroup size and fragment side), or `None` where it cannot: no cooperative matrices, a
-/// head dim other than 8 or 16 fragments (128 or 256 with NVIDIA's 16 x 16 fragments), its
-/// tiles over the workgroup memory, or 4 subgroups too few for a unit each of the 2
-/// fragments of query units or too many for a workgroup.
+/// head dim other than 8, 16 or 32 fragments (128, 256 or 512 with NVIDIA's 16 x 16
+/// fragments), its tiles over the workgroup memory, or 4 subgroups too few for a unit each
+/// of the workgroup's query units or too many for a workgroup.
 pub fn coop_attention(ctx: &GpuContext, head_dim: usize) -> Option<crate::ops::matmul::CoopShape> {
     crate::ops::matmul::coop_shape(ctx).filter(|c| {
         let fragments = head_dim / c.fragment as usize;
+        let (bq, _) = coop_attention_tile(c.fragment, head_dim as u32);
         head_dim.is_multiple_of(c.fragment as usize)
-            && (fragments == 8 || fragments == 16)
+            && matches!(fragments, 8 | 16 | 32)
             && coop_attention_bytes(c.fragment, c.subgroup, head_dim as u32)
                 <= ctx.features.max_workgroup_storage_bytes
-            && 4 * c.subgroup >= 2 * c.fragment
+            && 4 * c.subgroup >= bq
             && 4 * c.subgroup <= ctx.features.max_workgroup_invocations
     })
 }
 
+/// The tensor-core attention's tile at fragment side `fragment` and head dim `hd`: query
+/// units and keys, 2 fragments of each, or 1 at 32 fragments of head dim (so that Q and a
+/// K/V tile of 512 dims fit in 48 KiB with 16 x 16 fragments).
+pub fn coop_attention_tile(fragment: u32, hd: u32) -> (u32, u32) {
+    if hd == 32 * fragment {
+        (fragment, fragment)
+    } else {
+        (2 * fragment, 2 * fragment)
+    }
+}
+
 /// Workgroup memory of the tensor-core attention at fragment side `fragment`, subgroup size
-/// `subgroup` and head dim `hd`: the staged Q and K/V tiles (2 fragments of rows, `hd` + 8
-/// halves of pitch), the f32 scores (4 floats of pitch), the f16 probabilities (2 fragments
-/// and 8 halves of pitch), two f32 per query unit and two per invocation (4 subgroups).
+/// `subgroup` and head dim `hd`: the staged Q and K/V tiles (`coop_attention_tile`'s rows,
+/// `hd` + 8 halves of pitch), the f32 scores (4 floats of pitch; 4 planes of partial sums at
+/// 32 fragments), the f16 probabilities (8 halves of pitch), two f32 per query unit and two
+/// per invocation (4 subgroups).
 pub fn coop_attention_bytes(fragment: u32, subgroup: u32, hd: u32) -> u32 {
-    let (bq, bk) = (2 * fragment, 2 * fragment);
-    2 * bq * (hd + 8) * 2
-        + bq * (bk + 4) * 4
+    let (bq, bk) = coop_attention_tile(fragment, hd);
+    let planes = if hd == 32 * fragment { 4 } else { 1 };
+    (bq + bk) * (hd + 8) * 2
+        + planes * bq * (bk + 4) * 4
         + bq * (bk + 8) * 2
         + 2 * bq * 4
         + 2 * 4 * subgroup * 4
