@@ -356,7 +356,7 @@ fn browser_tiles_natively() {
 /// The tensor-core kernels (`coop`, and `coop-split` over 2, 3 and the shape's count of key
 /// slices): Q K^T and P V as cooperative-matrix products, two passes over the keys. MHA and GQA (query units of several heads in one tile), one and two
 /// segments, empty and one-key segments, lengths that divide no tile, strided q, f32 and f16
-/// K/V, at the head dims it serves (8 and 16 fragments) and at one it does not (runs `wide`). Its
+/// K/V, at the head dims it serves (8, 16 and 32 fragments) and at one it does not (runs `wide`). Its
 /// inputs are rounded to f16: the f16 budget against the oracle on the unrounded data.
 /// Without cooperative matrices they run `wide` and `wide-split`, and say so.
 #[test]

@@ -66,7 +66,8 @@ pub enum AttentionKernel {
     /// `Wide` over slices of the keys, then a combine pass; needs a scratch buffer.
     WideSplit,
     /// Tensor cores: Q K^T and P V as cooperative-matrix products (f16 inputs, f32 sums),
-    /// for a head dim of 8 or 16 fragments (128 or 256 at NVIDIA's 16 x 16); `Wide` elsewhere.
+    /// for a head dim of 8, 16 or 32 fragments (128, 256 or 512 at NVIDIA's 16 x 16); `Wide`
+    /// elsewhere.
     Coop,
     /// `Coop` over slices of the keys, then `WideSplit`'s combine pass; needs its scratch.
     /// `WideSplit` where `Coop` does not run.
