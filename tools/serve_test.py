@@ -1,5 +1,6 @@
 """Tests `unmask serve` on a loopback port: the official `openai` Python client (chat, a
-streamed chat, a text completion, the models list), every error path over raw HTTP, the
+streamed chat, a text completion, the models list, `n` choices whole and streamed), every
+error path over raw HTTP, the
 queue's 429, a client that disconnects mid-stream, and the metrics after it all; then a
 DiffusionGemma folder (`--dgemma`, the test fixture by default) served the same way.
 
@@ -115,12 +116,51 @@ def openai_client_cases(server, unmask, model):
     check(isinstance(c.choices[0].text, str) and c.usage.prompt_tokens > 0,
           f"text completion: {c.choices[0].text!r}, usage {c.usage}")
 
+    choices_cases(client, name)
+
     try:
         client.chat.completions.create(model=name, messages=[{"role": "user", "content": "q"}], max_tokens=3,
                                        extra_body={"block_length": 2})
         check(False, "the client raises on a bad request")
     except openai.BadRequestError as e:
         check(e.body.get("param") == "block_length", f"the client sees the error naming the field: {e.body}")
+
+
+def choices_cases(client, name, extra=None, seed=5, what="", messages=None):
+    """`n` = 2: choice i is the answer with the seed `seed + i`, whole and streamed; usage
+    counts the prompt once and both choices' tokens. Returns the two answers."""
+    extra = extra if extra is not None else {"steps": STEPS, "block_length": BLOCK, "temperature": 0.9}
+    messages = messages or [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[2]}]
+    alone = [client.chat.completions.create(model=name, messages=messages, max_tokens=N, seed=seed + i,
+                                            extra_body=extra) for i in range(2)]
+    r = client.chat.completions.create(model=name, messages=messages, max_tokens=N, seed=seed, n=2,
+                                       extra_body=extra)
+    texts = [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
+    want = [a.choices[0].message.content for a in alone]
+    check([c.index for c in r.choices] == [0, 1] and texts == want,
+          f"{what}n=2: choice i equals the answer with seed {seed}+i: {texts} vs {want}")
+    check(r.usage.prompt_tokens == alone[0].usage.prompt_tokens
+          and r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone),
+          f"{what}n=2: usage counts the prompt once and both choices: {r.usage}")
+    check(all(isinstance(c.model_extra.get("unmask"), dict) for c in r.choices),
+          f"{what}n=2: each choice carries its own report")
+    pieces, finishes, usage = {0: [], 1: []}, {}, None
+    for chunk in client.chat.completions.create(model=name, messages=messages, max_tokens=N, seed=seed, n=2,
+                                                stream=True, stream_options={"include_usage": True},
+                                                extra_body=extra):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces[c.index].append(c.delta.content)
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    streamed = ["".join(pieces[i]) for i in range(2)]
+    check(streamed == want and sorted(finishes) == [0, 1],
+          f"{what}n=2 streamed: each index's pieces join to its answer, each ends: {streamed}, {finishes}")
+    check(usage is not None and usage.completion_tokens == r.usage.completion_tokens,
+          f"{what}n=2 streamed: one usage chunk for both: {usage}")
+    return want
 
 
 def raw_error_cases(server):
@@ -144,7 +184,8 @@ def raw_error_cases(server):
         ("temperature -1", "POST", "/v1/chat/completions", {**ok, "temperature": -1}, AUTH, 400, "temperature"),
         ("top_p 1.5", "POST", "/v1/chat/completions", {**ok, "top_p": 1.5}, AUTH, 400, "top_p"),
         ("top_k -2", "POST", "/v1/chat/completions", {**ok, "top_k": -2}, AUTH, 400, "top_k"),
-        ("n 2", "POST", "/v1/chat/completions", {**ok, "n": 2}, AUTH, 400, "n"),
+        ("n 0", "POST", "/v1/chat/completions", {**ok, "n": 0}, AUTH, 400, "n"),
+        ("n over the queue's bound", "POST", "/v1/chat/completions", {**ok, "n": 3}, AUTH, 400, "n"),
         ("steps not a multiple of blocks", "POST", "/v1/chat/completions",
          {**ok, "max_tokens": 64, "block_length": 32, "steps": 3}, AUTH, 400, "steps"),
         ("threshold 2", "POST", "/v1/chat/completions", {**ok, "threshold": 2}, AUTH, 400, "threshold"),
@@ -301,6 +342,10 @@ def dgemma_cases(unmask, model):
             ).choices[0].message.content, seeds)))
         check(together == alone, "DiffusionGemma: requests sent at once answer as when sent alone")
         check(len(set(alone.values())) > 1, "DiffusionGemma: the seed changes the answer")
+        both = choices_cases(client, name, extra={"steps": 8}, seed=11, what="DiffusionGemma: ",
+                             messages=messages)
+        check(both == [alone[11], alone[12]] and both[0] != both[1],
+              "DiffusionGemma: n=2's choices are the answers of seeds 11 and 12, which differ")
         try:
             client.chat.completions.create(model=name, messages=messages, temperature=0.7)
             check(False, "DiffusionGemma: temperature is refused")

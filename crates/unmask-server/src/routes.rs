@@ -15,7 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::{StreamExt, StreamMap};
 
 use crate::api::{ChatRequest, CompletionRequest, JobSpec, Limits};
 use crate::error::ApiError;
@@ -251,6 +252,17 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
     };
     let stream = spec.stream;
     let usage = spec.include_usage;
+    if spec.choices > app.max_queue {
+        app.shared.metrics.count("rejected");
+        return ApiError::invalid(
+            "n",
+            format!(
+                "n: expected at most {} choices (the server's --max-queue), found {}",
+                app.max_queue, spec.choices
+            ),
+        )
+        .into_response();
+    }
     let events = match submit(&app, spec).await {
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
@@ -276,15 +288,21 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
     }
 }
 
-/// Queues a job (429 when the queue is full) and waits until the engine accepts it.
-async fn submit(app: &App, spec: JobSpec) -> Result<mpsc::UnboundedReceiver<JobEvent>, ApiError> {
+/// Queues a job per choice (429 when the queue has no room for all of them) and waits until
+/// the engine accepts the first: a request it refuses (a prompt past the context) is refused
+/// for every choice alike. A later choice's events start with its own `Started`.
+async fn submit(
+    app: &App,
+    spec: JobSpec,
+) -> Result<Vec<mpsc::UnboundedReceiver<JobEvent>>, ApiError> {
     let shared = &app.shared;
+    let n = spec.choices.max(1);
     // Counted only when there is room: the count never passes the bound, even for a moment.
     let max = app.max_queue;
     let counted = shared
         .queued
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-            (q < max).then_some(q + 1)
+            (q + n <= max).then_some(q + n)
         });
     if counted.is_err() {
         shared.metrics.count("rejected");
@@ -298,13 +316,23 @@ async fn submit(app: &App, spec: JobSpec) -> Result<mpsc::UnboundedReceiver<JobE
             ),
         ));
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    if app.jobs.send(Job { spec, events: tx }).is_err() {
-        shared.queued.fetch_sub(1, Ordering::Relaxed);
-        return Err(engine_gone());
+    let mut receivers = Vec::with_capacity(n);
+    for index in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let spec = if n == 1 {
+            spec.clone()
+        } else {
+            spec.choice(index)
+        };
+        if app.jobs.send(Job { spec, events: tx }).is_err() {
+            // This job and the ones not sent were counted and will never run.
+            shared.queued.fetch_sub(n - index, Ordering::Relaxed);
+            return Err(engine_gone());
+        }
+        receivers.push(rx);
     }
-    match rx.recv().await {
-        Some(JobEvent::Started) => Ok(rx),
+    match receivers[0].recv().await {
+        Some(JobEvent::Started) => Ok(receivers),
         Some(JobEvent::Done(Err(e))) => Err(e),
         Some(other) => Err(ApiError::server(format!(
             "the engine answered {other:?} before accepting the request"
@@ -356,8 +384,8 @@ impl Shape {
         })
     }
 
-    /// A stream chunk carrying `text` (and `finish_reason` on the last).
-    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+    /// A stream chunk of choice `index` carrying `text` (and `finish_reason` on the last).
+    fn chunk(&self, index: usize, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -367,42 +395,60 @@ impl Shape {
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+                json!({ "index": index, "delta": delta, "logprobs": null, "finish_reason": finish })
             }
             Endpoint::Completion => {
-                json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
+                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
             }
         };
         self.envelope(true, json!([choice]))
     }
 
-    fn whole(&self, f: &Finished) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": { "role": "assistant", "content": f.text },
-                "logprobs": null,
-                "finish_reason": f.finish_reason.as_str(),
-            }),
-            Endpoint::Completion => json!({
-                "index": 0,
-                "text": f.text,
-                "logprobs": null,
-                "finish_reason": f.finish_reason.as_str(),
-            }),
-        };
-        let mut v = self.envelope(false, json!([choice]));
-        v["usage"] = usage(f);
-        v["unmask"] = extension(f);
+    /// The whole answer: one choice per finished job, in order. With one choice the
+    /// runtime's report is the answer's `unmask`; with several each choice carries its own.
+    fn whole(&self, finished: &[Finished]) -> Value {
+        let many = finished.len() > 1;
+        let choices: Vec<Value> = finished
+            .iter()
+            .enumerate()
+            .map(|(index, f)| {
+                let mut choice = match self.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "message": { "role": "assistant", "content": f.text },
+                        "logprobs": null,
+                        "finish_reason": f.finish_reason.as_str(),
+                    }),
+                    Endpoint::Completion => json!({
+                        "index": index,
+                        "text": f.text,
+                        "logprobs": null,
+                        "finish_reason": f.finish_reason.as_str(),
+                    }),
+                };
+                if many {
+                    choice["unmask"] = extension(f);
+                }
+                choice
+            })
+            .collect();
+        let mut v = self.envelope(false, json!(choices));
+        v["usage"] = usage(finished);
+        if let [one] = finished {
+            v["unmask"] = extension(one);
+        }
         v
     }
 }
 
-fn usage(f: &Finished) -> Value {
+/// OpenAI's usage of a request's choices: the prompt counted once, every choice's tokens.
+fn usage(finished: &[Finished]) -> Value {
+    let prompt = finished.first().map_or(0, |f| f.prompt_tokens);
+    let completion: usize = finished.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     })
 }
 
@@ -411,64 +457,79 @@ fn extension(f: &Finished) -> Value {
     f.report.clone()
 }
 
-async fn whole_response(shape: Shape, mut events: mpsc::UnboundedReceiver<JobEvent>) -> Response {
-    while let Some(event) = events.recv().await {
-        if let JobEvent::Done(result) = event {
-            return match result {
-                Ok(f) => axum::Json(shape.whole(&f)).into_response(),
-                Err(e) => e.into_response(),
-            };
+async fn whole_response(shape: Shape, events: Vec<mpsc::UnboundedReceiver<JobEvent>>) -> Response {
+    let mut finished = Vec::with_capacity(events.len());
+    for mut rx in events {
+        let result = loop {
+            match rx.recv().await {
+                Some(JobEvent::Done(result)) => break result,
+                Some(_) => continue,
+                None => return engine_gone().into_response(),
+            }
+        };
+        match result {
+            Ok(f) => finished.push(f),
+            // The other choices' receivers are dropped with `events`: they stop.
+            Err(e) => return e.into_response(),
         }
     }
-    engine_gone().into_response()
+    axum::Json(shape.whole(&finished)).into_response()
 }
 
+/// The SSE answer: each choice's chunks as its events arrive (several choices interleave,
+/// each chunk naming its `index`), then the usage chunk when asked for and `[DONE]`. A
+/// choice that fails ends the stream with its error, and the others stop.
 fn stream_response(
     shape: Shape,
-    mut events: mpsc::UnboundedReceiver<JobEvent>,
+    events: Vec<mpsc::UnboundedReceiver<JobEvent>>,
     include_usage: bool,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let n = events.len();
+    let mut merged = StreamMap::new();
+    for (index, events) in events.into_iter().enumerate() {
+        merged.insert(index, UnboundedReceiverStream::new(events));
+    }
     tokio::spawn(async move {
         let data = |v: Value| Ok(Event::default().data(v.to_string()));
-        // OpenAI's first chat chunk carries the role.
-        let first = shape.chunk((shape.endpoint == Endpoint::Chat).then_some(""), true, None);
-        if tx.send(data(first)).await.is_err() {
-            return;
+        // OpenAI's first chat chunk of each choice carries the role.
+        for index in 0..n {
+            let role = (shape.endpoint == Endpoint::Chat).then_some("");
+            if tx
+                .send(data(shape.chunk(index, role, true, None)))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
-        loop {
-            let event = tokio::select! {
-                e = events.recv() => e,
-                // The client went away: dropping `events` tells the engine.
+        let mut finished: Vec<Finished> = Vec::with_capacity(n);
+        while finished.len() < n {
+            let next = tokio::select! {
+                e = merged.next() => e,
+                // The client went away: dropping the receivers tells the engine.
                 _ = tx.closed() => return,
             };
-            let Some(event) = event else {
+            let Some((index, event)) = next else {
                 let _ = tx.send(data(engine_gone().body())).await;
-                break;
+                return;
             };
             let out: Vec<Value> = match event {
                 JobEvent::Started => Vec::new(),
-                JobEvent::Text(t) => vec![shape.chunk(Some(&t), false, None)],
+                JobEvent::Text(t) => vec![shape.chunk(index, Some(&t), false, None)],
                 JobEvent::Canvas(c) => {
                     let mut v = shape.envelope(true, json!([]));
                     v["canvas"] = json!(c);
+                    if n > 1 {
+                        v["index"] = json!(index);
+                    }
                     vec![v]
                 }
                 JobEvent::Done(Ok(f)) => {
-                    let mut last = shape.chunk(None, false, Some(f.finish_reason.as_str()));
+                    let mut last = shape.chunk(index, None, false, Some(f.finish_reason.as_str()));
                     last["unmask"] = extension(&f);
-                    let mut out = vec![last];
-                    if include_usage {
-                        let mut u = shape.envelope(true, json!([]));
-                        u["usage"] = usage(&f);
-                        out.push(u);
-                    }
-                    for v in out {
-                        if tx.send(data(v)).await.is_err() {
-                            return;
-                        }
-                    }
-                    break;
+                    finished.push(f);
+                    vec![last]
                 }
                 JobEvent::Done(Err(e)) => {
                     let _ = tx.send(data(e.body())).await;
@@ -479,6 +540,13 @@ fn stream_response(
                 if tx.send(data(v)).await.is_err() {
                     return;
                 }
+            }
+        }
+        if finished.len() == n && include_usage {
+            let mut u = shape.envelope(true, json!([]));
+            u["usage"] = usage(&finished);
+            if tx.send(data(u)).await.is_err() {
+                return;
             }
         }
         let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;

@@ -35,6 +35,9 @@ pub enum Family {
 /// Most denoising steps per canvas a DiffusionGemma request may ask for.
 pub const MOST_GEMMA_STEPS: u64 = 4096;
 
+/// Most choices (`n`) one request may ask for; the server's `--max-queue` bounds it too.
+pub const MOST_CHOICES: u64 = 64;
+
 /// One message's content: a string, or OpenAI's list of parts (text parts only).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -244,9 +247,24 @@ pub struct JobSpec {
     pub stream: bool,
     pub include_usage: bool,
     pub include_canvas: bool,
+    /// OpenAI's `n`: choices of the same prompt, each a request of its own with the seed
+    /// `seed + index` (so choice 0 is the answer with `n` = 1).
+    pub choices: usize,
 }
 
 impl JobSpec {
+    /// The request of choice `index`: this one with its seed moved on by `index`, alone.
+    pub fn choice(&self, index: usize) -> JobSpec {
+        let mut spec = self.clone();
+        let offset = index as u64;
+        match &mut spec.sampling {
+            Sampling::Masked(m) => m.params.seed = m.params.seed.wrapping_add(offset),
+            Sampling::Gemma(g) => g.seed = g.seed.wrapping_add(offset),
+        }
+        spec.choices = 1;
+        spec
+    }
+
     /// A text completion rather than a chat.
     pub fn is_completion(&self) -> bool {
         !matches!(
@@ -394,12 +412,16 @@ impl Common {
                 )
             });
         }
-        if let Some(n) = self.n.filter(|&n| n != 1) {
-            return Err(ApiError::invalid(
-                "n",
-                format!("n: expected 1 (one choice per request), found {n}"),
-            ));
-        }
+        let choices = match self.n {
+            None => 1,
+            Some(n) if (1..=MOST_CHOICES).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("n: expected 1..={MOST_CHOICES} choices, found {n}"),
+                ));
+            }
+        };
         let refused: [(&str, bool); 7] = [
             (
                 "logprobs",
@@ -501,6 +523,7 @@ impl Common {
             stream,
             include_usage: options.include_usage,
             include_canvas: options.include_canvas,
+            choices,
         })
     }
 

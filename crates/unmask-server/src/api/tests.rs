@@ -100,7 +100,15 @@ fn every_bad_field_is_named() {
             r#"{"messages":[{"role":"user","content":"q"}],"top_k":-3}"#,
             "top_k",
         ),
-        (r#"{"messages":[{"role":"user","content":"q"}],"n":2}"#, "n"),
+        (r#"{"messages":[{"role":"user","content":"q"}],"n":0}"#, "n"),
+        (
+            r#"{"messages":[{"role":"user","content":"q"}],"n":65}"#,
+            "n",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"q"}],"n":1.5}"#,
+            "n",
+        ),
         (
             r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":64,"block_length":48}"#,
             "block_length",
@@ -164,6 +172,40 @@ fn every_bad_field_is_named() {
     let e = chat("{not json").unwrap_err();
     assert_eq!(e.status, 400);
     assert!(e.message.contains("not valid JSON"), "{e}");
+}
+
+/// `n` choices: each a request of its own with the seed moved on by its index (choice 0 is
+/// the request itself), for both families.
+#[test]
+fn choices_take_consecutive_seeds() {
+    let spec = chat(r#"{"messages":[{"role":"user","content":"q"}],"n":3,"seed":7}"#).unwrap();
+    assert_eq!(spec.choices, 3);
+    let seeds: Vec<u64> = (0..3)
+        .map(|i| {
+            let choice = spec.choice(i);
+            assert_eq!(choice.choices, 1);
+            masked(&choice).params.seed
+        })
+        .collect();
+    assert_eq!(seeds, [7, 8, 9]);
+    assert_eq!(
+        chat(r#"{"messages":[{"role":"user","content":"q"}]}"#)
+            .unwrap()
+            .choices,
+        1
+    );
+    let gemma = Limits {
+        family: Family::DiffusionGemma,
+        ..limits()
+    };
+    let spec = ChatRequest::parse(br#"{"messages":[{"role":"user","content":"q"}],"n":2}"#)
+        .unwrap()
+        .check(&gemma, "tiny")
+        .unwrap();
+    match (&spec.choice(0).sampling, &spec.choice(1).sampling) {
+        (Sampling::Gemma(a), Sampling::Gemma(b)) => assert_eq!((a.seed, b.seed), (0, 1)),
+        other => panic!("DiffusionGemma choices, found {other:?}"),
+    }
 }
 
 #[test]
