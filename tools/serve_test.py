@@ -1,8 +1,8 @@
 """Tests `unmask serve` on a loopback port: the official `openai` Python client (chat, a
 streamed chat, a text completion, the models list, `n` choices whole and streamed), every
-error path over raw HTTP, the
-queue's 429, a client that disconnects mid-stream, and the metrics after it all; then a
-DiffusionGemma folder (`--dgemma`, the test fixture by default) served the same way.
+error path over raw HTTP, the queue's 429, a client that disconnects mid-stream, and the
+metrics after it all; then a DiffusionGemma folder (`--dgemma`, the test fixture by default)
+served the same way.
 
     python3 tools/serve_test.py --unmask target/debug/unmask [--model models/tiny]
 
