@@ -49,7 +49,7 @@ phase "parity script against the numpy goldens"
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-wide-heads --unmask target/debug/unmask
-python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream-wide-heads --unmask target/debug/unmask --no-generate
+python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream-wide-heads --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dgemma --unmask target/debug/unmask
 
 phase "the numpy references of ACache, dLLM-Cache and DiffusionGemma reproduce their goldens"

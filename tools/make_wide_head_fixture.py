@@ -13,9 +13,12 @@ there.
 Goldens: LLaDA's from tools/llada_ref.py, goldens/logits.json (the tiny fixture's layout:
 float32 and bf16-rounding paths, argmax per row) and goldens/generate.json (temperature 0:
 one block, several blocks, Fast-dLLM threshold decoding); Dream's from tools/dream_ref.py,
-goldens/logits.json (the tiny Dream fixture's layout: the unshifted output, float32).
+goldens/logits.json (the tiny Dream fixture's layout: the unshifted output, float32) and
+goldens/generate.json (temperature 0: maskgit_plus in one block, 4 blocks, threshold).
 
-Usage: tools/.venv/bin/python tools/make_wide_head_fixture.py [--seed 0]
+Usage: PYTHON tools/make_wide_head_fixture.py [--seed 0], with a Python that has numpy,
+safetensors and PyTorch (Dream's quota check computes the quotas in float32 as PyTorch does;
+tools/.venv has no PyTorch).
 """
 
 from __future__ import annotations
@@ -154,8 +157,8 @@ random bf16 weights in two shards and goldens of the numpy reference. It checks 
 attention path for heads wider than 128 (staged 128 dimensions at a time) inside the whole
 forward and the sampler. There is no tokenizer: the tests feed token ids.
 
-Made with `tools/.venv/bin/python tools/make_wide_head_fixture.py --seed {seed}`
-(deterministic for a seed; see tests/fixtures/tiny/README.md for the venv).
+Made with `python tools/make_wide_head_fixture.py --seed {seed}` (deterministic for a seed),
+in a Python with numpy, safetensors and PyTorch (for the Dream fixture made beside it).
 
 | id | token |
 |---|---|
@@ -229,14 +232,74 @@ DREAM_README = """\
 A 1-layer Dream-format (Qwen2 names, q/k/v biases) checkpoint whose single attention head is
 256 wide (hidden_size 256, one query and one KV head, intermediate_size 64, vocab_size 128),
 with random bf16 weights in two shards and the logits of the numpy reference
-(`tools/dream_ref.py`): the unshifted output of three prompts (lengths 5, 12, 23; BOS on the
-last two, masks in the last), float32. There is no tokenizer: the tests feed token ids.
+(`tools/dream_ref.py`): `goldens/logits.json`, the unshifted output of three prompts
+(lengths 5, 12, 23; BOS on the last two, masks in the last), float32; `goldens/generate.json`,
+temperature-0 generations (maskgit_plus in one block of 16; 4 blocks of 4; threshold 0.3 in 2
+blocks of 8) with the positions committed at every step, every margin at least {floor:g}.
+There is no tokenizer: the tests feed token ids.
 
-Made with `tools/.venv/bin/python tools/make_wide_head_fixture.py --seed {seed}` (with the
-LLaDA one beside it).
+Made with `python tools/make_wide_head_fixture.py --seed {seed}` (with the LLaDA one beside
+it), in a Python with numpy, safetensors and PyTorch (Dream's quotas are checked in float32
+as PyTorch computes them).
 
 Ids: 0..119 ordinary, {eos} EOS = PAD, {bos} BOS, {mask} mask.
 """
+
+
+DREAM_CASES = ("a_maskgit_plus", "g_blocks_maskgit", "h_threshold")
+
+
+def dream_generate_golden(params, candidates):
+    """Temperature-0 generations of tools/dream_ref.py (no random draws): one block, 4 blocks
+    of 4 and threshold decoding, in the layout of tests/fixtures/tiny-dream/goldens/generate.json
+    (id prompts; no chat fields)."""
+    cases = []
+    specs = [s for s in dream_fixture_goldens.CASE_SPECS if s[0] in DREAM_CASES]
+    for ci, (name, desc, spec) in enumerate(specs):
+        fp = dict(dream_fixture_goldens.full_params(spec), mask_id=DREAM_MASK, eos_id=DREAM_EOS)
+        for k in range(len(candidates)):
+            prompt = candidates[(ci * 8 + k) % len(candidates)]
+            r = fixture_common.try_case(dream_fixture_goldens.run_case, dream_interesting, params, name, prompt, fp)
+            if r is not None:
+                break
+        else:
+            raise RuntimeError(f"no candidate prompt satisfies case {name}")
+        out, trace, cm, lm = r
+        cases.append(
+            {
+                "name": name,
+                "description": desc,
+                "prompt": prompt,
+                "params": fp,
+                "output": [int(i) for i in out],
+                "steps": [
+                    {"block": s["block"], "step": s["step"], "committed": s["committed"], "tokens": s["tokens"]}
+                    for s in trace
+                ],
+                "min_margin": cm,
+                "min_logit_margin": lm,
+            }
+        )
+        print(f"  {name}: {len(trace)} steps, min_margin {cm:.3g}, min_logit_margin {lm:.3g}")
+    return {
+        "description": (
+            "Golden outputs of tools/dream_ref.py generate() (temperature 0, float32 forward) on "
+            "the wide-head checkpoint, in the layout of tests/fixtures/tiny-dream/goldens/generate.json."
+        ),
+        "cases": cases,
+    }
+
+
+def dream_interesting(name, params, prompt, fp, out, trace):
+    """The tiny Dream fixture's conditions, with this checkpoint's mask id."""
+    if DREAM_MASK in list(out[len(prompt):]):
+        return False
+    if not dream_fixture_goldens.quotas_are_robust(fp, trace):
+        return False
+    if name == "h_threshold":
+        sizes = [len(s["committed"]) for s in trace if s["step"] > 0]
+        return sum(1 for n in sizes if n >= 2) >= 1
+    return True
 
 
 def dream_fixture(out, seed):
@@ -260,9 +323,15 @@ def dream_fixture(out, seed):
         "cases": [dream_fixture_goldens.logits_case(n, i, dream_ref.forward(params, i)) for n, i in cases],
     }
     write_text(os.path.join(out, "goldens", "logits.json"), to_json(golden) + "\n")
+    # Drawn after the logits prompts: the checkpoint and logits stay what they were.
+    candidates = [[DREAM_BOS] + [int(i) for i in rng.integers(0, N_ORDINARY, size=11)] for _ in range(64)]
+    print("generate goldens")
+    write_text(os.path.join(out, "goldens", "generate.json"), to_json(dream_generate_golden(params, candidates)) + "\n")
     write_text(
         os.path.join(out, "README.md"),
-        DREAM_README.format(seed=seed, eos=DREAM_EOS, bos=DREAM_BOS, mask=DREAM_MASK),
+        DREAM_README.format(
+            seed=seed, eos=DREAM_EOS, bos=DREAM_BOS, mask=DREAM_MASK, floor=fixture_common.MARGIN_FLOOR
+        ),
     )
     fixture_common.report_size(out)
 
