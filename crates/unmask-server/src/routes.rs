@@ -316,14 +316,14 @@ async fn submit(
             ),
         ));
     }
+    let specs = if n == 1 {
+        vec![spec]
+    } else {
+        (0..n).map(|index| spec.choice(index)).collect()
+    };
     let mut receivers = Vec::with_capacity(n);
-    for index in 0..n {
+    for (index, spec) in specs.into_iter().enumerate() {
         let (tx, rx) = mpsc::unbounded_channel();
-        let spec = if n == 1 {
-            spec.clone()
-        } else {
-            spec.choice(index)
-        };
         if app.jobs.send(Job { spec, events: tx }).is_err() {
             // This job and the ones not sent were counted and will never run.
             shared.queued.fetch_sub(n - index, Ordering::Relaxed);
