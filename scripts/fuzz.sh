@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of model-file loading: config.json, safetensors headers and data,
-# the shard index, tokenizer.json (the targets are in fuzz/fuzz_targets). Builds them with
+# Coverage-guided fuzzing of model-file loading: config.json (LLaDA/Dream and DiffusionGemma,
+# each with its generation_config.json), safetensors headers and data, the shard index,
+# tokenizer.json (the targets are in fuzz/fuzz_targets). Builds them with
 # libFuzzer and coverage instrumentation, then runs each for a bounded time, starting from
 # the committed seeds (fuzz/corpus/<target>) and what earlier runs here found
 # (target/fuzz/corpus/<target>). Fails on any crash, panic, timeout or outsized allocation,
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config safetensors shard_index tokenizer)
+[ ${#targets[@]} -gt 0 ] || targets=(config dgemma_config safetensors shard_index tokenizer)
 
 # libfuzzer-sys compiles libFuzzer itself.
 if ! command -v c++ >/dev/null; then
@@ -50,7 +51,7 @@ echo "   built in $((SECONDS - start)) s"
 
 # Longest input per target: a few times its largest seed, so mutations can grow a file
 # without spending the run on megabytes of JSON.
-declare -A max_len=([config]=4096 [safetensors]=16384 [shard_index]=4096 [tokenizer]=16384)
+declare -A max_len=([config]=4096 [dgemma_config]=4096 [safetensors]=16384 [shard_index]=4096 [tokenizer]=16384)
 
 run_target() {
   local t="$1"

@@ -6,6 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::fields::Fields;
+use super::limits::{self, check_bound};
 use super::parse::parse_object;
 use crate::error::ConfigError;
 
@@ -87,6 +88,8 @@ impl DiffusionGemmaConfig {
             })
         };
         let n_layers = f.size_or("num_hidden_layers", 30)?;
+        // Bounded before the layer list is built from it.
+        check_bound("num_hidden_layers", n_layers, limits::MAX_LAYERS)?;
         let layers = layer_attention(&f, n_layers)?;
         if f.bool_or("attention_bias", false)? {
             return Err(ConfigError::Unsupported {
@@ -125,6 +128,7 @@ impl DiffusionGemmaConfig {
             final_logit_softcapping: f.positive_float_or("final_logit_softcapping", 30.0)?,
             canvas_length: Fields { map: top }.size_or("canvas_length", 256)?,
         };
+        config.check_bounds()?;
         if config.top_k_experts > config.num_experts {
             return Err(ConfigError::Invalid {
                 field: "top_k_experts",
@@ -194,6 +198,65 @@ impl DiffusionGemmaConfig {
         out.push((format!("{sc}up_proj.weight"), vec![i, d]));
         out.push((format!("{sc}down_proj.weight"), vec![d, i]));
         out
+    }
+
+    /// Every size within the runtime's bounds (`limits`), and the parameters they make: far
+    /// above the published model, far below what overflows a size computation or asks the
+    /// allocator for terabytes.
+    fn check_bounds(&self) -> Result<(), ConfigError> {
+        let mut sizes = vec![
+            ("hidden_size", self.hidden_size, limits::MAX_D_MODEL),
+            ("num_attention_heads", self.heads, limits::MAX_HEADS),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                limits::MAX_MLP_HIDDEN,
+            ),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                limits::MAX_MLP_HIDDEN,
+            ),
+            ("vocab_size", self.vocab_size, limits::MAX_VOCAB),
+            ("num_experts", self.num_experts, limits::MAX_EXPERTS),
+            (
+                "sliding_window",
+                self.sliding_window,
+                limits::MAX_SEQUENCE_LENGTH,
+            ),
+            (
+                "canvas_length",
+                self.canvas_length,
+                limits::MAX_SEQUENCE_LENGTH,
+            ),
+        ];
+        for l in &self.layers {
+            sizes.push(("head_dim", l.head_dim, limits::MAX_D_MODEL));
+            sizes.push(("num_key_value_heads", l.kv_heads, limits::MAX_HEADS));
+        }
+        for (field, value, max) in sizes {
+            check_bound(field, value, max)?;
+        }
+        let (parameters, _) = self.parameter_counts();
+        if parameters > limits::MAX_PARAMETERS {
+            return Err(ConfigError::Invalid {
+                field: "num_hidden_layers",
+                expected: format!(
+                    "a model of at most {} parameters (the runtime's bound)",
+                    limits::MAX_PARAMETERS
+                ),
+                found: format!(
+                    "{parameters} parameters from hidden_size {}, {} layers, {} experts of \
+                     {}, vocab_size {}",
+                    self.hidden_size,
+                    self.layers.len(),
+                    self.num_experts,
+                    self.moe_intermediate_size,
+                    self.vocab_size
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Parameters of the text stack: (all of them, those one token uses: K of the E experts).
@@ -406,6 +469,69 @@ mod tests {
                 DiffusionGemmaConfig::from_json_str(&base.replacen(from, to, 1), "config.json")
                     .unwrap_err()
                     .to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    /// Sizes past the runtime's bounds are refused by name before anything is built from
+    /// them (a layer count of 931608280 made the parser allocate a layer list of 22 GB),
+    /// and so are bounded sizes whose product is past the parameter bound.
+    #[test]
+    fn sizes_past_the_bounds_are_refused_before_allocating() {
+        let base = fixture();
+        let cases: [(&[(&str, &str)], &str); 7] = [
+            (
+                &[(
+                    r#""num_hidden_layers": 4"#,
+                    r#""num_hidden_layers": 931608280"#,
+                )],
+                "num_hidden_layers",
+            ),
+            (
+                &[(r#""num_experts": 8"#, r#""num_experts": 1048576"#)],
+                "num_experts",
+            ),
+            (
+                &[(r#""hidden_size": 48"#, r#""hidden_size": 4000000"#)],
+                "hidden_size",
+            ),
+            (
+                &[(
+                    r#""moe_intermediate_size": 16"#,
+                    r#""moe_intermediate_size": 4000000"#,
+                )],
+                "moe_intermediate_size",
+            ),
+            (
+                &[(r#""head_dim": 16"#, r#""head_dim": 4000000"#)],
+                "head_dim",
+            ),
+            (
+                &[(r#""canvas_length": 16"#, r#""canvas_length": 4000000"#)],
+                "canvas_length",
+            ),
+            // Each within its bound, together past the parameter bound.
+            (
+                &[
+                    (r#""hidden_size": 48"#, r#""hidden_size": 131072"#),
+                    (r#""num_experts": 8"#, r#""num_experts": 4096"#),
+                    (
+                        r#""moe_intermediate_size": 16"#,
+                        r#""moe_intermediate_size": 1048576"#,
+                    ),
+                ],
+                "parameters",
+            ),
+        ];
+        for (edits, field) in cases {
+            let mut text = base.clone();
+            for (from, to) in edits {
+                assert!(text.contains(from), "{from}");
+                text = text.replacen(from, to, 1);
+            }
+            let err = DiffusionGemmaConfig::from_json_str(&text, "config.json")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(field), "{field}: {err}");
         }
     }

@@ -16,3 +16,21 @@ pub const MAX_VOCAB: usize = 1 << 24;
 pub const MAX_SEQUENCE_LENGTH: usize = 1 << 20;
 /// About 8.0e9.
 pub const MAX_PARAMETERS: u64 = 1 << 40;
+/// DiffusionGemma-26B-A4B: 128 experts per layer.
+pub const MAX_EXPERTS: usize = 1 << 12;
+
+/// `value` of `field` at most `max`, the runtime's bound on that size.
+pub(crate) fn check_bound(
+    field: &'static str,
+    value: usize,
+    max: usize,
+) -> Result<(), crate::error::ConfigError> {
+    if value > max {
+        return Err(crate::error::ConfigError::Invalid {
+            field,
+            expected: format!("at most {max} (the runtime's bound on this size)"),
+            found: value.to_string(),
+        });
+    }
+    Ok(())
+}

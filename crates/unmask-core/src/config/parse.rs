@@ -198,13 +198,7 @@ impl ModelConfig {
                 limits::MAX_SEQUENCE_LENGTH,
             ),
         ] {
-            if value > max {
-                return Err(ConfigError::Invalid {
-                    field,
-                    expected: format!("at most {max} (the runtime's bound on this size)"),
-                    found: value.to_string(),
-                });
-            }
+            limits::check_bound(field, value, max)?;
         }
         if !d_model.is_multiple_of(n_heads) {
             return Err(ConfigError::Invalid {
