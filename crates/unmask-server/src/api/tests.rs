@@ -330,3 +330,111 @@ fn diffusion_gemma_requests() {
         assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
     }
 }
+
+/// Request bodies a client may send, mutated at random (values swapped for extremes and
+/// other types, characters cut, keys repeated): parsing and checking answer each with a
+/// request or a named error, and never panic, for both families and both endpoints.
+#[test]
+fn mutated_bodies_never_panic() {
+    let seeds = [
+        r#"{"model":"tiny","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"q"}]}],"max_tokens":64,"steps":32,"block_length":32,"temperature":0.5,"top_p":0.9,"top_k":20,"seed":3,"n":2,"stop":["x","y"],"stream":true,"stream_options":{"include_usage":true,"include_canvas":true},"cache":"acache","affix":"s","anchor_ratio":0.25,"threshold":0.9,"remasking":"low_confidence","alg_temp":0.1,"eps":0.001}"#,
+        r#"{"messages":[{"role":"user","content":"q"}],"cache":"dllm-cache","prompt_interval":10,"response_interval":3,"refresh_ratio":0.5,"verify_pick":"v","pin_block":true,"full_canvas":false,"max_completion_tokens":16,"logprobs":false,"tool_choice":"none","response_format":{"type":"text"}}"#,
+        r#"{"prompt":"Bella city","max_tokens":32,"steps":32,"block_length":32,"seed":18446744073709551615}"#,
+        r#"{"prompt":[1,2,3],"max_tokens":8,"n":1,"stop":"."}"#,
+    ];
+    let extremes = [
+        "-1",
+        "0",
+        "1e309",
+        "-1e309",
+        "1e-400",
+        "18446744073709551616",
+        "4294967296",
+        "9007199254740993",
+        "0.5",
+        "-0",
+        "null",
+        "true",
+        r#""x""#,
+        r#""""#,
+        "[]",
+        "{}",
+        "[null]",
+        r#"{"type":"image_url"}"#,
+    ];
+    let masked = limits();
+    let gemma = Limits {
+        family: Family::DiffusionGemma,
+        ..limits()
+    };
+    // xorshift64*: a fixed sequence, so a failure repeats.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: usize| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    };
+    const ROUNDS: usize = 40_000;
+    let mut answered = (0, 0);
+    for round in 0..ROUNDS {
+        let mut body = seeds[round % seeds.len()].to_string();
+        for _ in 0..1 + next(3) {
+            // Value starts: after a ':' or ',' or '[' outside strings is close enough for
+            // mutations; quoting may break, which is a case too.
+            let starts: Vec<usize> = body
+                .char_indices()
+                .filter(|&(_, c)| c == ':' || c == '[' || c == ',')
+                .map(|(i, _)| i + 1)
+                .collect();
+            let at = starts[next(starts.len())];
+            let end = body[at..]
+                .find([',', '}', ']'])
+                .map_or(body.len(), |e| at + e);
+            match next(4) {
+                0 | 1 => body.replace_range(at..end, extremes[next(extremes.len())]),
+                2 => {
+                    let cut = (at + 1 + next(8)).min(body.len());
+                    if body.is_char_boundary(cut) {
+                        body.replace_range(at..cut, "");
+                    }
+                }
+                _ => {
+                    let key = [
+                        "\"n\"",
+                        "\"steps\"",
+                        "\"seed\"",
+                        "\"max_tokens\"",
+                        "\"stop\"",
+                    ][next(5)];
+                    body.insert_str(1, &format!("{key}:{},", extremes[next(extremes.len())]));
+                }
+            }
+        }
+        for limits in [&masked, &gemma] {
+            let chat = ChatRequest::parse(body.as_bytes()).and_then(|r| r.check(limits, "tiny"));
+            let completion =
+                CompletionRequest::parse(body.as_bytes()).and_then(|r| r.check(limits, "tiny"));
+            for result in [chat, completion] {
+                match result {
+                    Ok(spec) => {
+                        answered.0 += 1;
+                        assert!(
+                            (1..=MOST_CHOICES as usize).contains(&spec.choices),
+                            "{body}"
+                        );
+                    }
+                    Err(e) => {
+                        answered.1 += 1;
+                        assert!(!e.message.is_empty(), "{body}: an error without a message");
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "[check] {ROUNDS} mutated bodies: {} requests accepted, {} refused with a message",
+        answered.0, answered.1
+    );
+    assert!(answered.0 > 100 && answered.1 > 100, "{answered:?}");
+}
