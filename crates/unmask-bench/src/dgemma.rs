@@ -9,13 +9,15 @@ use serde_json::{Value, json};
 use unmask_core::config::DiffusionGemmaConfig;
 use unmask_gpu::ops::Kernels;
 use unmask_gpu::ops::attention::{
-    AttentionOptions, AttentionShape, KvSegment, attention_with, model_split_floats,
+    AttentionKernel, AttentionOptions, AttentionShape, KvSegment, attention_with, coop_attention,
+    model_split_floats,
 };
 use unmask_gpu::ops::matmul::matmul;
 use unmask_gpu::ops::moe::{
     ExpertScratch, ExpertShape, ExpertWeights, Route, moe_experts, moe_route,
 };
-use unmask_gpu::{DType, GpuContext, Tensor, Weight, WeightFormat};
+use unmask_gpu::tune::{max_relative_error, output_from_zero};
+use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor, Weight, WeightFormat};
 
 use crate::env::with_envelope;
 use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
@@ -192,35 +194,45 @@ pub fn run_dgemma_kernels(
             0 => None,
             n => Some(Tensor::zeros(ctx, DType::F32, &[n], "bench.attn_parts")?),
         };
-        let options = AttentionOptions {
-            kernel: o.kernels.attention,
-            tuner: Some(&o.kernels.tuner),
-            scratch: scratch.as_ref(),
-            scale: Some(1.0),
-            ..Default::default()
-        };
-        let mut plan = None;
-        let s = time_step(ctx, o.repeats, |step| {
+        // The kernel the step uses (`o.kernels.attention`; `Auto`: the measured choice),
+        // and with `Auto` each candidate beside it (the wide kernel, the tensor-core one
+        // where this device serves the head dim), each checked against the wide kernel's
+        // output: the ratio a GPU run is for.
+        let requested = o.kernels.attention;
+        let mut kernels = Vec::new();
+        if requested == AttentionKernel::Auto {
+            kernels.push(AttentionKernel::Wide);
+            if coop_attention(ctx, hd).is_some() {
+                kernels.push(AttentionKernel::Coop);
+            }
+        }
+        kernels.push(requested);
+        let run = |step: &mut StepEncoder, kernel| {
+            let options = AttentionOptions {
+                kernel,
+                tuner: Some(&o.kernels.tuner),
+                scratch: scratch.as_ref(),
+                scale: Some(1.0),
+                ..Default::default()
+            };
             let a = KvSegment::first(&ka, &ka, cached);
             let b = KvSegment::first(&kb, &kb, m);
-            plan = Some(attention_with(
-                step,
-                &q,
-                h * hd,
-                0,
-                0..m,
-                Some(a),
-                b,
-                &out,
-                shape,
-                &options,
-            )?);
-            Ok(())
-        })?;
-        let flops = 4.0 * (m * h * hd * (cached + m)) as f64;
-        let kernel = plan.map_or("?", |p| p.kernel.name());
-        let fields = json!({"kernel": kernel, "case": format!("{kind}.attention"), "m": m, "keys": cached + m, "heads": h, "kv_heads": kv, "head_dim": hd});
-        emit(record(envelope, fields, s, flops));
+            attention_with(step, &q, h * hd, 0, 0..m, Some(a), b, &out, shape, &options)
+        };
+        let output = |kernel| output_from_zero(ctx, &out, |step| run(step, kernel).map(|_| ()));
+        let reference = output(AttentionKernel::Wide)?;
+        for kernel in kernels {
+            let error = max_relative_error(&reference, &output(kernel)?);
+            let mut plan = None;
+            let s = time_step(ctx, o.repeats, |step| {
+                plan = Some(run(step, kernel)?);
+                Ok(())
+            })?;
+            let flops = 4.0 * (m * h * hd * (cached + m)) as f64;
+            let ran = plan.map_or("?", |p| p.kernel.name());
+            let fields = json!({"kernel": ran, "requested": kernel.name(), "in_step": kernel == requested, "case": format!("{kind}.attention"), "m": m, "keys": cached + m, "heads": h, "kv_heads": kv, "head_dim": hd, "max_rel_error_vs_wide": error});
+            emit(record(envelope, fields, s, flops));
+        }
     }
     let formats: Vec<WeightFormat> = o.formats.iter().map(|f| f.resolve(ctx)).collect();
     for step in step_estimates(cfg, envelope, o, &formats, &out) {
@@ -249,12 +261,14 @@ fn step_estimates(
         _ => cfg.layers.len(),
     };
     let ms_of = |r: &Value| r["ms"].as_f64().unwrap_or(0.0);
+    // The kernel the step runs; the other candidates' records are for comparison.
     let attention: f64 = records
         .iter()
         .filter(|r| {
             r["case"]
                 .as_str()
                 .is_some_and(|c| c.ends_with(".attention"))
+                && r["in_step"] == true
         })
         .map(|r| ms_of(r) * times(r["case"].as_str().unwrap_or("")) as f64)
         .sum();
