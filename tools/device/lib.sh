@@ -235,6 +235,12 @@ for r in req:
     name = r["cache"] + (" kv-f16" if r.get("kv") == "f16" else "") + (f" b{r['batch']}" if r.get("batch", 1) > 1 else "")
     items.append(f"{name} {r['throughput_canvas']:.4g}")
 L += wrap("tokens/s (canvas):", items) or ["requests: no records"]
+# each layer type's attention per kernel (the tensor cores against the wide kernel), last:
+# the line the 19-line cut drops first
+da = [r for r in kr if str(r.get("case", "")).endswith(".attention") and "requested" in r]
+L += wrap("dgemma attention:", [f"{r['case'].split('.')[0]} hd{r['head_dim']} {r['requested']}"
+                                + ("" if r["requested"] == r["kernel"] else f"={r['kernel']}")
+                                + f" {r['ms']:.3g}ms" for r in da])
 print("\n".join(L[:19]))  # and the line of files: 20
 EOF
   [ -s "$WORK/summary.txt" ] || cat "$OUT/summary.txt" >"$WORK/summary.txt"
