@@ -104,14 +104,17 @@ def logits_golden(params, cases):
     }
 
 
-def generate_golden(params, candidates):
+def search_cases(params, candidates, specs, full_params, run_case, is_interesting):
+    """For each (name, description, spec) of `specs`, the first candidate prompt whose
+    generation keeps every margin off a tie and exercises its option, as a golden case in
+    the tiny fixtures' layout (each case starts at another candidate, so the cases do not
+    share prompts)."""
     cases = []
-    for ci, (name, desc, spec) in enumerate(s for s in make_fixture.CASE_SPECS if s[0] in CASES):
-        fp = dict(make_fixture.full_params(spec), mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
-        # each case starts at another candidate so the cases do not share prompts
+    for ci, (name, desc, spec) in enumerate(specs):
+        fp = full_params(spec)
         for k in range(len(candidates)):
             prompt = candidates[(ci * 8 + k) % len(candidates)]
-            r = fixture_common.try_case(make_fixture.run_case, interesting, params, name, prompt, fp)
+            r = fixture_common.try_case(run_case, is_interesting, params, name, prompt, fp)
             if r is not None:
                 break
         else:
@@ -133,12 +136,21 @@ def generate_golden(params, candidates):
             }
         )
         print(f"  {name}: {len(trace)} steps, min_margin {cm:.3g}, min_logit_margin {lm:.3g}")
+    return cases
+
+
+def generate_golden(params, candidates):
+    specs = [s for s in make_fixture.CASE_SPECS if s[0] in CASES]
+
+    def full_params(spec):
+        return dict(make_fixture.full_params(spec), mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
+
     return {
         "description": (
             "Golden outputs of tools/llada_ref.py generate() (temperature 0, float32 forward) on "
             "the wide-head checkpoint, in the layout of tests/fixtures/tiny/goldens/generate.json."
         ),
-        "cases": cases,
+        "cases": search_cases(params, candidates, specs, full_params, make_fixture.run_case, interesting),
     }
 
 
@@ -253,34 +265,12 @@ def dream_generate_golden(params, candidates):
     """Temperature-0 generations of tools/dream_ref.py (no random draws): one block, 4 blocks
     of 4 and threshold decoding, in the layout of tests/fixtures/tiny-dream/goldens/generate.json
     (id prompts; no chat fields)."""
-    cases = []
     specs = [s for s in dream_fixture_goldens.CASE_SPECS if s[0] in DREAM_CASES]
-    for ci, (name, desc, spec) in enumerate(specs):
-        fp = dict(dream_fixture_goldens.full_params(spec), mask_id=DREAM_MASK, eos_id=DREAM_EOS)
-        for k in range(len(candidates)):
-            prompt = candidates[(ci * 8 + k) % len(candidates)]
-            r = fixture_common.try_case(dream_fixture_goldens.run_case, dream_interesting, params, name, prompt, fp)
-            if r is not None:
-                break
-        else:
-            raise RuntimeError(f"no candidate prompt satisfies case {name}")
-        out, trace, cm, lm = r
-        cases.append(
-            {
-                "name": name,
-                "description": desc,
-                "prompt": prompt,
-                "params": fp,
-                "output": [int(i) for i in out],
-                "steps": [
-                    {"block": s["block"], "step": s["step"], "committed": s["committed"], "tokens": s["tokens"]}
-                    for s in trace
-                ],
-                "min_margin": cm,
-                "min_logit_margin": lm,
-            }
-        )
-        print(f"  {name}: {len(trace)} steps, min_margin {cm:.3g}, min_logit_margin {lm:.3g}")
+
+    def full_params(spec):
+        return dict(dream_fixture_goldens.full_params(spec), mask_id=DREAM_MASK, eos_id=DREAM_EOS)
+
+    cases = search_cases(params, candidates, specs, full_params, dream_fixture_goldens.run_case, dream_interesting)
     return {
         "description": (
             "Golden outputs of tools/dream_ref.py generate() (temperature 0, float32 forward) on "

@@ -243,11 +243,16 @@ fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
             0,
         )
         .unwrap();
-    let quiet =
-        &mut |_: usize, _: unmask_gpu::dgemma::StepReport<'_>| std::ops::ControlFlow::Continue(());
+    // One round of `runs`, without a store.
+    let round = |runs: &mut [&mut unmask_gpu::dgemma::DgemmaRun<'_>]| {
+        let quiet = &mut |_: usize, _: unmask_gpu::dgemma::StepReport<'_>| {
+            std::ops::ControlFlow::Continue(())
+        };
+        pollster::block_on(model.step_runs_async(&ctx, runs, None, quiet)).unwrap();
+    };
     // The running request is past its own prompt and denoising.
     while running.steps_run() < 2 {
-        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut running], None, quiet)).unwrap();
+        round(&mut [&mut running]);
     }
     let long: Vec<u32> = (0..100).map(|i| 2 + (i * 7) % 60).collect();
     let mut params = case.params.clone();
@@ -263,13 +268,7 @@ fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
     while late.prompt_left() > 0 {
         let before = running.steps_run();
         let left = late.prompt_left();
-        pollster::block_on(model.step_runs_async(
-            &ctx,
-            &mut [&mut running, &mut late],
-            None,
-            quiet,
-        ))
-        .unwrap();
+        round(&mut [&mut running, &mut late]);
         assert_eq!(
             left - late.prompt_left(),
             left.min(16),
@@ -291,19 +290,13 @@ fn a_long_prompt_is_encoded_between_the_running_requests_steps() {
         "its first step in the round of its last piece"
     );
     while !running.is_done() || !late.is_done() {
-        pollster::block_on(model.step_runs_async(
-            &ctx,
-            &mut [&mut running, &mut late],
-            None,
-            quiet,
-        ))
-        .unwrap();
+        round(&mut [&mut running, &mut late]);
     }
     assert_replays(case, &running.finish().unwrap().0);
     let (together, _) = late.finish().unwrap();
     let mut alone = start(&model);
     while !alone.is_done() {
-        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut alone], None, quiet)).unwrap();
+        round(&mut [&mut alone]);
     }
     assert_eq!(together.sequence, alone.finish().unwrap().0.sequence);
     eprintln!(
