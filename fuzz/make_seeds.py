@@ -101,6 +101,10 @@ def main():
     write("dgemma_config", "seed-config-generation", dgemma("config.json") + b"\0" + dgemma("generation_config.json"))
     write("shard_index", "seed-index", fixture("model.safetensors.index.json"))
     write("tokenizer", "seed-tokenizer", fixture("tokenizer.json"))
+    # Dream's ChatML BPE and DiffusionGemma's Gemma tokenizer: other models, normalizers and
+    # decoders than the tiny fixture's.
+    for family in ("tiny-dream", "tiny-dgemma"):
+        write("tokenizer", f"seed-tokenizer-{family}", (TINY.parent / family / "tokenizer.json").read_bytes())
     write("safetensors", "seed-micro-float", safetensors(micro_tensors(False)))
     quant_meta = {"unmask.quant.block": str(BLOCK), "unmask.quant.row_align": str(ROW_ALIGN),
                   "unmask.quant.layers": "q8", "unmask.quant.embed": "none"}
