@@ -310,10 +310,18 @@ async fn submit(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             "queue_full",
-            format!(
-                "the server's queue is full ({} requests waiting): retry later",
-                app.max_queue
-            ),
+            if n == 1 {
+                format!(
+                    "the server's queue is full ({} requests waiting): retry later",
+                    app.max_queue
+                )
+            } else {
+                format!(
+                    "the server's queue has no room for {n} choices (at most {} requests \
+                     wait): retry later",
+                    app.max_queue
+                )
+            },
         ));
     }
     let specs = if n == 1 {
