@@ -310,3 +310,25 @@ fn two_new_system_turns_stored_in_one_round_each_serve_their_waiting_request() {
         "two turns encoded once each, both copied, one evicted by the other"
     );
 }
+
+/// A run started with a store that does not hold its system turn, stepped without the
+/// store: it encodes the turn as its own prompt instead of waiting for ever.
+#[test]
+fn a_run_stepped_without_its_store_encodes_its_system_turn_itself() {
+    let (ctx, model, case) = setup();
+    let mut params = case.params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(16);
+    let mut store = DgemmaPrefixStore::new(4096, 1 << 30);
+    let mut run = start(&model, &ctx, 10, &params, &mut store);
+    let mut rounds = 0;
+    while !run.is_done() && rounds < 100 {
+        let quiet = &mut quiet();
+        pollster::block_on(model.step_runs_async(&ctx, &mut [&mut run], None, quiet)).unwrap();
+        rounds += 1;
+    }
+    assert!(run.is_done(), "not done after {rounds} rounds");
+    let (seq, used) = finish(run);
+    assert_eq!(used, Some(PrefixUse::Uncached));
+    assert_eq!(seq, alone(&model, &ctx, 10, &params));
+    assert_eq!(store.inserts, 0, "nothing stored");
+}

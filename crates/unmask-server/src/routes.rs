@@ -252,7 +252,8 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
     };
     let stream = spec.stream;
     let usage = spec.include_usage;
-    if spec.choices > app.max_queue {
+    // (One choice past the bound is the queue's 429, as before.)
+    if spec.choices > 1 && spec.choices > app.max_queue {
         app.shared.metrics.count("rejected");
         return ApiError::invalid(
             "n",
@@ -520,7 +521,7 @@ fn stream_response(
             };
             let Some((index, event)) = next else {
                 let _ = tx.send(data(engine_gone().body())).await;
-                return;
+                break;
             };
             let out: Vec<Value> = match event {
                 JobEvent::Started => Vec::new(),
@@ -540,6 +541,8 @@ fn stream_response(
                     vec![last]
                 }
                 JobEvent::Done(Err(e)) => {
+                    // The other choices stop now, not once a slow client took the error.
+                    merged.clear();
                     let _ = tx.send(data(e.body())).await;
                     break;
                 }

@@ -128,7 +128,6 @@ impl DiffusionGemmaConfig {
             final_logit_softcapping: f.positive_float_or("final_logit_softcapping", 30.0)?,
             canvas_length: Fields { map: top }.size_or("canvas_length", 256)?,
         };
-        config.check_bounds()?;
         if config.top_k_experts > config.num_experts {
             return Err(ConfigError::Invalid {
                 field: "top_k_experts",
@@ -136,6 +135,7 @@ impl DiffusionGemmaConfig {
                 found: config.top_k_experts.to_string(),
             });
         }
+        config.check_bounds()?;
         Ok(config)
     }
 
@@ -219,6 +219,7 @@ impl DiffusionGemmaConfig {
             ),
             ("vocab_size", self.vocab_size, limits::MAX_VOCAB),
             ("num_experts", self.num_experts, limits::MAX_EXPERTS),
+            ("top_k_experts", self.top_k_experts, limits::MAX_EXPERTS),
             (
                 "sliding_window",
                 self.sliding_window,
@@ -479,7 +480,7 @@ mod tests {
     #[test]
     fn sizes_past_the_bounds_are_refused_before_allocating() {
         let base = fixture();
-        let cases: [(&[(&str, &str)], &str); 7] = [
+        let cases: [(&[(&str, &str)], &str); 8] = [
             (
                 &[(
                     r#""num_hidden_layers": 4"#,
@@ -490,6 +491,18 @@ mod tests {
             (
                 &[(r#""num_experts": 8"#, r#""num_experts": 1048576"#)],
                 "num_experts",
+            ),
+            // Past num_experts, and with these widths a parameter count past u64.
+            (
+                &[
+                    (r#""top_k_experts": 2"#, r#""top_k_experts": 4294967295"#),
+                    (r#""hidden_size": 48"#, r#""hidden_size": 131072"#),
+                    (
+                        r#""moe_intermediate_size": 16"#,
+                        r#""moe_intermediate_size": 4096"#,
+                    ),
+                ],
+                "top_k_experts",
             ),
             (
                 &[(r#""hidden_size": 48"#, r#""hidden_size": 4000000"#)],

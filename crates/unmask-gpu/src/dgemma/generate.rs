@@ -197,8 +197,8 @@ impl DgemmaModel {
     /// Starts a run for `step_runs_async`: its cache, its first canvas, and its prompt's
     /// shared part copied from `prefix`'s store when stored there. The prompt (an unstored
     /// shared part too) is encoded by `step_runs_async`, a piece per round. A run started
-    /// with a store needs that store in each round: without it an unstored shared part
-    /// waits, unencoded.
+    /// with a store takes an unstored shared part through the store given to each round (a
+    /// round without it has the run encode the part as its own).
     pub fn start<'d>(
         &self,
         ctx: &GpuContext,
@@ -272,6 +272,8 @@ impl DgemmaModel {
     /// same. With `store`, shared prompt parts go through the prefix store before the pieces
     /// and after them (`settle_shared_prefixes`): a request whose system turn is stored by
     /// another, or by its own piece, encodes a piece of its own turn in that round too.
+    /// Without it, a run started with a store whose shared part was not stored encodes its
+    /// whole prompt itself.
     ///
     /// A pass that does not fit in memory is split in halves until its parts do (nothing of
     /// a run changes before its pass has run, so a part runs as the whole would have); a
@@ -287,8 +289,20 @@ impl DgemmaModel {
     ) -> Result<(), ModelError> {
         // Pieces before the step: a request that arrives with a prompt of one piece takes
         // its first step in this round, not the next, and the round's work is the same.
-        if let Some(store) = store.as_mut() {
-            store.settle(self, ctx, runs);
+        match store.as_mut() {
+            Some(store) => {
+                store.settle(self, ctx, runs);
+            }
+            // Without the store a run waiting for its shared part would wait forever: it
+            // encodes its whole prompt itself.
+            None => {
+                for run in runs.iter_mut() {
+                    if matches!(run.shared, SharedPart::Waiting(_)) {
+                        run.shared = SharedPart::Settled;
+                        run.prefix_use = Some(PrefixUse::Uncached);
+                    }
+                }
+            }
         }
         let encoding: Vec<usize> = (0..runs.len())
             .filter(|&i| {

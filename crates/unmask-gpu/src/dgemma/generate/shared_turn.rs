@@ -96,7 +96,7 @@ impl DgemmaModel {
     ///
     /// Returns the runs it settled (stored, copied or released) that have prompt left:
     /// after the round's pieces, `encode_settled_pieces` gives them their next piece at once.
-    pub fn settle_shared_prefixes(
+    pub(super) fn settle_shared_prefixes(
         &self,
         ctx: &GpuContext,
         runs: &mut [&mut DgemmaRun<'_>],
