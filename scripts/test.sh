@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: sets up a fresh machine, then runs every test of the workspace on the
-# best adapter found (lavapipe on a machine without a GPU), part of them again under the
-# Vulkan validation layers, the cross-target checks for Windows (DX12) and macOS (Metal),
-# and the lints.
+# best adapter found (lavapipe on a machine without a GPU), part of them again on the
+# OpenGL backend and under the Vulkan validation layers, the cross-target checks for
+# Windows (DX12) and macOS (Metal), and the lints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -43,6 +43,11 @@ for side in 8 16; do
     kernels_attention_mask::coop tune:: \
     model_parity::logits_match_reference_with_the_tensor_core_kernel
 done
+
+phase "the OpenGL backend: Mesa llvmpipe's OpenGL 4.5 through EGL (scripts/test-gl.sh)"
+# A forward and a generation of every family and the caches, one test at a time, on the
+# backend of machines without Vulkan, Metal or DX12 (no subgroups, no shader-f16 there).
+scripts/test-gl.sh
 
 # target/debug/unmask was built by the tests above (unmask-cli's integration tests run it)
 phase "parity script against the numpy goldens"
