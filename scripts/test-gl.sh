@@ -6,7 +6,8 @@
 #
 #   scripts/test-gl.sh            a forward and a generation of every family, the caches
 #   scripts/test-gl.sh FILTER...  the tests of tests/all these filters name ('' for all of
-#                                 them: about 45 minutes on 2 cores, the kernel tests most)
+#                                 them: far longer, each kernel test compiling its many
+#                                 variants through GLSL on the CPU)
 #
 # One test at a time: wgpu serialises a GL device behind a context lock that panics after
 # 6 s, and llvmpipe compiles some shaders for longer than that while another test holds the
