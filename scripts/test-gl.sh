@@ -32,24 +32,29 @@ if command -v dpkg >/dev/null; then
   fi
 fi
 
-# First that wgpu finds a GL adapter here: the test binary prints the adapter it got
-# ("[gpu] ... backend=Gl"), and a machine without one must fail, not test another backend.
+# First LLaDA's forward in f32 weights, which also shows that wgpu found a GL adapter here:
+# the test binary prints the adapter it got ("[gpu] ... backend=Gl"), and a machine without
+# one must fail, not test another backend.
+status=0
 WGPU_BACKEND=gl cargo test --workspace --test all --quiet -- --exact --nocapture \
-  model_parity::logits_match_reference_with_f32_weights 2>&1 | tee target/test-gl.log |
-  grep '^\[gpu\]' || true
+  model_parity::logits_match_reference_with_f32_weights >target/test-gl.log 2>&1 || status=$?
+grep '^\[gpu\]' target/test-gl.log || true
 grep -q '^\[gpu\].*backend=Gl' target/test-gl.log || {
   echo "test-gl: no GL adapter (see target/test-gl.log)"
   exit 1
 }
+if [ "$status" != 0 ]; then
+  tail -n 40 target/test-gl.log
+  exit "$status"
+fi
 if [ $# -gt 0 ]; then
   WGPU_BACKEND=gl cargo test --workspace --test all --quiet -- --test-threads=1 "$@"
   exit
 fi
-# LLaDA's forward in f32 and f16 weights, its generation against the reference's goldens,
+# LLaDA's forward in f16 weights and its generation against the reference's goldens,
 # Dream's logits and generation, DiffusionGemma's every pass and generation, BiCache,
 # ACache and dLLM-Cache against their references.
 WGPU_BACKEND=gl cargo test --workspace --test all --quiet -- --test-threads=1 --exact \
-  model_parity::logits_match_reference_with_f32_weights \
   model_parity::logits_match_reference_with_f16_weights \
   generate_goldens::generation_matches_reference_goldens \
   dream::dream_logits_match_the_reference \
