@@ -73,7 +73,7 @@ fn engine_thread(model: String, commands: mpsc::Receiver<Command>, updates: mpsc
                 break;
             }
             let step = run.step(&mut |event| {
-                let generated = &event.canvas[event.prompt_len..];
+                let generated = event.generated();
                 let masked = generated.iter().filter(|&&t| t == event.mask_id).count();
                 let _ = updates.send(Update::Step {
                     step: event.global_step,

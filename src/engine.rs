@@ -317,6 +317,12 @@ impl Engine {
         &self.chat
     }
 
+    /// `text`'s token ids as the tokenizer gives them: no chat template, no special token
+    /// spelled in the text (an infilling suffix, a completion prompt).
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        Ok(self.require_tokenizer()?.encode(text)?)
+    }
+
     pub(crate) fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
         self.tokenizer
             .as_ref()

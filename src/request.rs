@@ -42,6 +42,9 @@ pub struct Request {
     /// dLLM-Cache: read back the positions V-verify picks in every layer of every step
     /// into the report (`AdaptiveReport::picks`; checks against the reference).
     pub record_picks: bool,
+    /// Infilling: token ids after the generated canvas, which every step sees and none
+    /// predicts (empty: the canvas ends the sequence).
+    pub suffix: Vec<u32>,
     /// Run every step of the canvas (the reference). Otherwise a request whose decoded
     /// text stops at its end token ends as soon as that text is final: an end-of-text or
     /// end-of-turn token committed with every position before it committed. The text is
@@ -83,6 +86,7 @@ impl Request {
             anchor_ratio: DEFAULT_ANCHOR_RATIO,
             adaptive: AdaptiveRefresh::default(),
             record_picks: false,
+            suffix: Vec::new(),
             full_canvas: false,
         }
     }
@@ -111,6 +115,12 @@ impl Request {
         self
     }
 
+    /// The canvas infilled before `suffix` (token ids).
+    pub fn with_suffix(mut self, suffix: Vec<u32>) -> Self {
+        self.suffix = suffix;
+        self
+    }
+
     /// The request running every step of its canvas, as the reference does.
     pub fn with_full_canvas(mut self) -> Self {
         self.full_canvas = true;
@@ -124,15 +134,26 @@ pub struct StepEvent<'a> {
     pub record: &'a StepRecord,
     /// Steps run so far in this request, counting from 1 (the record's step restarts per block).
     pub global_step: usize,
-    /// The whole sequence after the step (prompt, committed tokens, masks).
+    /// The whole sequence after the step (prompt, committed tokens, masks, then an
+    /// infilling suffix).
     pub canvas: &'a [u32],
     pub prompt_len: usize,
+    /// Tokens of the suffix at the end of `canvas` (0 without one).
+    pub suffix_len: usize,
     pub mask_id: u32,
     pub elapsed_s: f64,
     /// The positions predicted at this step and each prediction (token, confidence), in
     /// the same order; the committed ones are in `record`.
     pub rows: &'a [u32],
     pub predictions: &'a [(u32, f32)],
+}
+
+impl StepEvent<'_> {
+    /// The generated canvas: after the prompt, before the suffix.
+    pub fn generated(&self) -> &[u32] {
+        let end = self.canvas.len().saturating_sub(self.suffix_len);
+        self.canvas.get(self.prompt_len..end).unwrap_or_default()
+    }
 }
 
 /// Wall-clock timings of one generation.
@@ -174,8 +195,10 @@ pub struct Generation {
     /// Tokens of the shared prefix used by prefix caches.
     pub prefix_len: usize,
     pub cache: CacheMode,
-    /// The generated canvas (gen_length ids, after the prompt).
+    /// The generated canvas (gen_length ids, after the prompt and before a suffix).
     pub ids: Vec<u32>,
+    /// Tokens of the infilling suffix after the canvas (0 without one).
+    pub suffix_len: usize,
     /// Decoded text, when the model has a tokenizer.
     pub text: Option<String>,
     pub steps: Vec<StepRecord>,

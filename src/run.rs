@@ -112,6 +112,7 @@ fn commit_predictions(
         global_step: timings.steps,
         canvas: sampler.tokens(),
         prompt_len: prompt.0,
+        suffix_len: sampler.suffix_len(),
         mask_id: prompt.1,
         elapsed_s: start.elapsed_s(),
         rows,
@@ -137,22 +138,25 @@ impl Engine {
         }
         // Like the schedule, the family's cut when the request names none.
         params.top_k = self.effective_top_k(&params);
-        let sampler = Sampler::new(
+        let sampler = Sampler::with_suffix(
             &prompt,
+            &req.suffix,
             params,
             self.special().mask,
             cfg.max_sequence_length,
         )?;
-        if let Some((i, t)) = prompt
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| t as usize >= cfg.embedding_size)
-        {
-            return Err(EngineError::Invalid {
-                field: "prompt",
-                expected: format!("token ids below the vocabulary's {}", cfg.embedding_size),
-                found: format!("{t} at position {i}"),
-            });
+        for (field, ids) in [("prompt", &prompt), ("suffix", &req.suffix)] {
+            if let Some((i, t)) = ids
+                .iter()
+                .enumerate()
+                .find(|&(_, &t)| t as usize >= cfg.embedding_size)
+            {
+                return Err(EngineError::Invalid {
+                    field,
+                    expected: format!("token ids below the vocabulary's {}", cfg.embedding_size),
+                    found: format!("{t} at position {i}"),
+                });
+            }
         }
         if let Some(b) = req.depth.filter(|&b| b > cfg.n_layers) {
             return Err(EngineError::Invalid {
@@ -197,7 +201,9 @@ impl Engine {
         // BiCache needs a shared prefix it can key on; otherwise the request runs with the
         // mode's fallback and the report says why.
         let sharing = if req.cache.is_bicache() && !req.recompute_all {
-            let u = prompt.len() - prefix_len;
+            // The suffix is part of the request's own context, like the prompt after the
+            // prefix.
+            let u = prompt.len() - prefix_len + req.suffix.len();
             Some(if let Some(note) = prefix_note {
                 Err(note)
             } else if p.cfg_scale > 0.0 {
@@ -372,6 +378,7 @@ impl Engine {
             prefix_len: f.prefix_len,
             cache: f.request.cache,
             ids,
+            suffix_len: f.sampler.suffix_len(),
             text,
             steps: records,
             timings,

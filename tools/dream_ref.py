@@ -303,15 +303,19 @@ def generate(
     mask_id=None,
     seed=0,
     draws=None,
+    suffix_ids=(),
 ):
     """Reference Dream sampler for one prompt (batch 1, no padding).
+
+    `suffix_ids` (infilling) follow the canvas: x = prompt, gen_length masks, suffix; they
+    hold no mask, so no schedule ever picks them.
 
     block_length None or equal to gen_length and no threshold: Dream's original
     schedule; otherwise the block schedule (see the module docstring).  `draws`, one
     entry per step (a list, or None for steps without random numbers), replaces the
     generator's draws, to replay stored goldens.
 
-    Returns (tokens int64 [Lp + gen_length], trace): one dict per step with block,
+    Returns (tokens int64 [Lp + gen_length + len(suffix_ids)], trace): one dict per step with block,
     step, committed (ascending positions), tokens, draws (float32 list, only where the
     step used random numbers), conf_margin (how far the step's confidence decision is
     from a different one; inf if no decision) and logit_margin (smallest top-1 minus
@@ -329,7 +333,8 @@ def generate(
         block_length = gen_length
     prompt = np.asarray(prompt_ids, dtype=np.int64)
     Lp = prompt.shape[0]
-    x = np.concatenate([prompt, np.full(gen_length, mask_id, dtype=np.int64)])
+    suffix = np.asarray(suffix_ids, dtype=np.int64)
+    x = np.concatenate([prompt, np.full(gen_length, mask_id, dtype=np.int64), suffix])
     rng = np.random.Generator(np.random.PCG64(seed))
     trace = []
 

@@ -285,8 +285,13 @@ def generate(
     seed=0,
     rng_uniform=None,
     bf16_rounding=False,
+    suffix_ids=(),
 ):
     """Reference LLaDA sampler (llada.md 3.1) for one prompt.
+
+    `suffix_ids` (infilling) follow the generated canvas: x = prompt, gen_length masks,
+    suffix. They are real tokens like the prompt's (CFG masks them too), and lie past every
+    block's end, so they are never candidates.
 
     `mask_id` and `eos_id` default to the config's `mask_token_id` / `eos_token_id`;
     `eot_id` must be given when `confidence_eos_eot_inf` is set.  With `threshold` set,
@@ -294,7 +299,7 @@ def generate(
     position of the current block whose confidence is >= threshold and at least the
     most confident one, and a block ends when it has no masks left (`steps` is unused).
 
-    Returns (tokens int64 [Lp + gen_length], trace).  trace has one dict per step with
+    Returns (tokens int64 [Lp + gen_length + len(suffix_ids)], trace).  trace has one dict per step with
     keys block, step, committed (ascending positions), tokens (committed token ids),
     conf_margin (gap between the weakest committed and the strongest non-committed
     confidence; distance to the threshold in threshold mode), logit_margin (smallest
@@ -316,9 +321,11 @@ def generate(
         raise NotImplementedError(remasking)
     prompt = np.asarray(prompt_ids, dtype=np.int64)
     Lp = prompt.shape[0]
-    T = Lp + gen_length
+    suffix = np.asarray(suffix_ids, dtype=np.int64)
+    T = Lp + gen_length + suffix.shape[0]
     x = np.full(T, mask_id, dtype=np.int64)
     x[:Lp] = prompt
+    x[Lp + gen_length :] = suffix
     prompt_index = x != mask_id  # fixed for the whole run
     if gen_length % block_length:
         raise ValueError("gen_length must be a multiple of block_length")

@@ -7,7 +7,7 @@ use crate::common;
 use common::fixture_dir;
 
 use serde_json::Value;
-use unmask::{Engine, EngineOptions, GenerationParams, Request};
+use unmask::{CacheMode, Engine, EngineOptions, GenerationParams, Request, Span};
 use unmask_core::sampler::Sampler;
 use unmask_core::step_plan::{SeqStep, StepPlan};
 use unmask_goldens::{ids, params};
@@ -270,4 +270,90 @@ fn generation_matches_goldens_with_chunked_vocabulary() {
             case["name"]
         );
     }
+}
+
+/// Infilling: the reference's generations with a suffix after the canvas (every case
+/// generates other tokens without it), token for token and step for step; then every cache
+/// mode, recomputing all rows, gives the same tokens through its own plumbing (entries,
+/// spans, arena offsets with the suffix's rows after the canvas), and running as a cache
+/// it fills the whole canvas.
+#[test]
+fn infilling_before_a_suffix_matches_reference_goldens_in_every_cache_mode() {
+    let checked = check_infillings(&engine(), &common::fixture_dir());
+    assert_eq!(checked, 4, "every LLaDA infilling case ran");
+    // Dream predicts a position from the row before it: the suffix's rows are never read
+    // for a prediction, the canvas's last row is.
+    let checked = check_infillings(&common::tiny_dream_engine(), &common::dream_fixture_dir());
+    assert_eq!(checked, 3, "every Dream infilling case ran");
+}
+
+/// The infilling goldens of the fixture at `dir` (goldens/infill.json) on `engine`; returns
+/// how many cases ran.
+fn check_infillings(engine: &Engine, dir: &std::path::Path) -> usize {
+    let text = std::fs::read_to_string(dir.join("goldens/infill.json")).unwrap();
+    let cases = unmask_goldens::cases(&text);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let (prompt, suffix) = (ids(&case["prompt"]), ids(&case["suffix"]));
+        let want = ids(&case["output"]);
+        let p = params(case);
+        let request = Request::ids(prompt.clone())
+            .with_params(p.clone())
+            .with_suffix(suffix.clone())
+            .with_full_canvas();
+        let out = engine
+            .generate(&request)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            (out.ids.len(), out.suffix_len),
+            (p.gen_length, suffix.len()),
+            "{name}: the canvas alone"
+        );
+        let mut got = prompt.clone();
+        got.extend(&out.ids);
+        got.extend(&suffix);
+        assert_eq!(got, want, "{name}: tokens differ from the reference");
+        let got_steps: Vec<Vec<u32>> = out
+            .steps
+            .iter()
+            .map(|s| s.committed.iter().map(|(p, _)| *p).collect())
+            .collect();
+        // The reference's steps that commit nothing (a Dream quota of 0) are not run here.
+        let mut want_steps = committed_positions(case);
+        want_steps.retain(|s| !s.is_empty());
+        assert_eq!(got_steps, want_steps, "{name}: commits");
+        let guided = p.cfg_scale > 0.0;
+        for mode in CacheMode::ALL {
+            if guided && (mode.is_adaptive() || mode.is_bicache() || mode == CacheMode::Acache) {
+                continue; // refused with guidance, each with its reason
+            }
+            let cached = Request {
+                prefix_len: Some(prompt.len() / 2),
+                span: (mode == CacheMode::Acache).then_some(Span::Tokens(4..12)),
+                ..request.clone().with_cache(mode)
+            };
+            let exact = Request {
+                recompute_all: true,
+                ..cached.clone()
+            };
+            let canvas = &want[prompt.len()..prompt.len() + p.gen_length];
+            let out = engine
+                .generate(&exact)
+                .unwrap_or_else(|e| panic!("{name} {mode}: {e}"));
+            assert_eq!(out.ids, canvas, "{name} {mode}");
+            let out = engine
+                .generate(&cached)
+                .unwrap_or_else(|e| panic!("{name} {mode} cached: {e}"));
+            assert_eq!(out.ids.len(), p.gen_length, "{name} {mode}");
+            assert!(
+                !out.ids.contains(&engine.special().mask),
+                "{name} {mode}: a canvas position stayed masked"
+            );
+        }
+        eprintln!(
+            "[infill] {name}: {} steps equal, every cache mode ran",
+            out.steps.len()
+        );
+    }
+    cases.len()
 }

@@ -102,6 +102,7 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
             anchor_ratio: bicache.anchor_ratio,
             adaptive: bicache.adaptive,
             record_picks: false,
+            suffix: Vec::new(),
             full_canvas: bicache.full_canvas,
         };
         turn += 1;

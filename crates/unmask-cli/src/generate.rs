@@ -35,6 +35,13 @@ pub struct GenerateArgs {
     // The path spelled out: one value holding the list, not a value per occurrence.
     #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
     prompt_ids: Option<::std::vec::Vec<u32>>,
+    /// infilling: text after the generated canvas, which every step sees and none predicts
+    /// (tokenized as it is, no chat template); the answer is the canvas between
+    #[arg(long, value_name = "TEXT", conflicts_with = "suffix_ids")]
+    suffix: Option<String>,
+    /// infilling: token ids after the generated canvas, e.g. 4,5,6
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    suffix_ids: Option<::std::vec::Vec<u32>>,
     #[command(flatten)]
     generation: GenerationArgs,
     #[command(flatten)]
@@ -91,8 +98,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             )));
         }
     }
+    let suffix = suffix(&engine, args)?;
     let prompt_len = engine.encode_prompt(&prompt)?.len();
-    options::check_length(&engine, prompt_len, &params)?;
+    options::check_length(&engine, prompt_len, suffix.len(), &params)?;
     if let Some(p) = prefix_len.filter(|&p| p > prompt_len) {
         return Err(CliError::usage(format!(
             "--prefix-len {p} exceeds the prompt's {prompt_len} tokens"
@@ -115,6 +123,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         anchor_ratio: bicache.anchor_ratio,
         adaptive: bicache.adaptive,
         record_picks: false,
+        suffix,
         full_canvas: bicache.full_canvas,
     };
     let live = !json && std::io::stdout().is_terminal();
@@ -142,6 +151,29 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     }
     eprintln!("{}", summary(&generation));
     Ok(())
+}
+
+/// `--suffix`'s or `--suffix-ids`' tokens (none without either).
+fn suffix(engine: &Engine, args: &GenerateArgs) -> Result<Vec<u32>, CliError> {
+    let (flag, ids) = match (&args.suffix, &args.suffix_ids) {
+        (Some(text), _) => ("suffix", engine.encode_text(text)?),
+        (None, Some(ids)) => ("suffix-ids", ids.clone()),
+        (None, None) => return Ok(Vec::new()),
+    };
+    if ids.is_empty() {
+        return Err(CliError::usage(format!(
+            "--{flag}: expected at least one token, found none"
+        )));
+    }
+    options::check_ids(engine, flag, &ids)?;
+    if let Some(i) = ids.iter().position(|&t| t == engine.special().mask) {
+        return Err(CliError::usage(format!(
+            "--{flag}: holds the mask token {} at position {i}; the suffix is context, the \
+             canvas before it is what is predicted",
+            engine.special().mask
+        )));
+    }
+    Ok(ids)
 }
 
 /// Where `--affix-file`'s text goes in the system prompt.
@@ -377,6 +409,7 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "acache": g.acache,
         "prompt_ids": g.prompt_ids,
         "ids": g.ids,
+        "suffix_len": g.suffix_len,
         "text": g.text,
         "steps": steps_json(g),
         "timings": timings_json(g),

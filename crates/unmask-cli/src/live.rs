@@ -126,7 +126,8 @@ impl<'a> CanvasView<'a> {
 
     pub fn step(&mut self, event: &StepEvent<'_>) {
         self.steps_seen += 1;
-        let masks_left = event.canvas[event.prompt_len..]
+        let masks_left = event
+            .generated()
             .iter()
             .filter(|&&t| t == event.mask_id)
             .count();
@@ -160,7 +161,7 @@ impl<'a> CanvasView<'a> {
     /// character); masks become one dim cell each.
     fn canvas_pieces(&self, event: &StepEvent<'_>) -> Vec<(Style, String)> {
         let fresh: Vec<u32> = event.record.committed.iter().map(|&(p, _)| p).collect();
-        let generated = &event.canvas[event.prompt_len..];
+        let generated = event.generated();
         let mut pieces = Vec::new();
         let mut i = 0;
         while i < generated.len() {

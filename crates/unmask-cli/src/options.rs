@@ -356,7 +356,7 @@ impl SamplingArgs {
             }),
         };
         params
-            .validate(1, usize::MAX)
+            .validate(1, 0, usize::MAX)
             .map_err(|e| schedule_error(&params, e))?;
         Ok(params)
     }
@@ -464,20 +464,26 @@ pub fn check_ids(engine: &Engine, flag: &str, ids: &[u32]) -> Result<(), CliErro
     }
 }
 
-/// The prompt and the generated tokens must fit the model's maximum sequence length.
+/// The prompt, the generated tokens and an infilling suffix must fit the model's maximum
+/// sequence length.
 pub fn check_length(
     engine: &Engine,
     prompt_len: usize,
+    suffix_len: usize,
     params: &GenerationParams,
 ) -> Result<(), CliError> {
     let max = engine.config().max_sequence_length;
-    let total = prompt_len.saturating_add(params.gen_length);
-    if total > max {
+    let total = prompt_len as u128 + params.gen_length as u128 + suffix_len as u128;
+    if total > max as u128 {
+        let suffix = if suffix_len > 0 {
+            format!(" + the suffix's {suffix_len}")
+        } else {
+            String::new()
+        };
         return Err(CliError::usage(format!(
-            "the prompt's {prompt_len} tokens + --gen-length {} = {} exceed the model's maximum \
-             sequence length {max}; lower --gen-length or shorten the prompt",
+            "the prompt's {prompt_len} tokens + --gen-length {}{suffix} = {total} exceed the \
+             model's maximum sequence length {max}; lower --gen-length or shorten the prompt",
             params.gen_length,
-            prompt_len as u128 + params.gen_length as u128
         )));
     }
     Ok(())

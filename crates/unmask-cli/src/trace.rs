@@ -99,7 +99,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
         options::check_ids(&engine, "prompt-ids", ids)?;
     }
     let prompt_len = engine.encode_prompt(&prompt)?.len();
-    options::check_length(&engine, prompt_len, &params)?;
+    options::check_length(&engine, prompt_len, 0, &params)?;
     let n_layers = engine.config().n_layers;
     for mode in modes {
         let mut request = Request {
@@ -115,6 +115,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             anchor_ratio: bicache.anchor_ratio,
             adaptive: bicache.adaptive,
             record_picks: false,
+            suffix: Vec::new(),
             full_canvas: bicache.full_canvas,
         };
         // ACache's span: the shared prefix after its first token (a span at an offset).

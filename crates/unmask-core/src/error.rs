@@ -138,15 +138,23 @@ pub enum SamplerError {
     #[error("prompt: expected at least one token, found none")]
     EmptyPrompt,
     #[error(
-        "prompt ({prompt_len} tokens) + gen_length ({gen_length}) = {total} exceeds the \
-         model's maximum sequence length {max_len}"
+        "prompt ({prompt_len} tokens) + gen_length ({gen_length}){} = {total} exceeds the \
+         model's maximum sequence length {max_len}",
+        suffix_term(*suffix_len)
     )]
     TooLong {
         prompt_len: usize,
         gen_length: usize,
+        /// Tokens of an infilling suffix (0 without one).
+        suffix_len: usize,
         total: usize,
         max_len: usize,
     },
+    #[error(
+        "suffix: expected no mask token (the canvas before it is what is predicted), found \
+         one at suffix position {position}"
+    )]
+    MaskInSuffix { position: usize },
     #[error("commit: expected {expected} predictions (one per requested row), found {found}")]
     PredictionCount { expected: usize, found: usize },
     #[error("commit: expected as many confidences as tokens ({tokens}), found {confidences}")]
@@ -175,4 +183,13 @@ pub enum SamplerError {
          maskgit_plus), found {remasking}"
     )]
     ThresholdNeedsProbability { remasking: &'static str },
+}
+
+/// The suffix's term of a length sum, when there is one.
+fn suffix_term(suffix_len: usize) -> String {
+    if suffix_len == 0 {
+        String::new()
+    } else {
+        format!(" + suffix ({suffix_len} tokens)")
+    }
 }

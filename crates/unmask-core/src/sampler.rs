@@ -115,9 +115,11 @@ pub struct Sampler {
     params: GenerationParams,
     mask_id: u32,
     prompt_len: usize,
+    /// End of the generated canvas: a suffix (infilling) follows it up to the end.
+    canvas_end: usize,
     tokens: Vec<u32>,
-    /// Prompt positions that held a real token at the start; CFG's unconditional input
-    /// masks exactly these.
+    /// Positions of the prompt and the suffix that held a real token at the start; CFG's
+    /// unconditional input masks exactly these.
     prompt_index: Vec<bool>,
     num_blocks: usize,
     /// `None` in threshold mode.
@@ -141,24 +143,43 @@ impl Sampler {
         mask_id: u32,
         max_len: usize,
     ) -> Result<Self, SamplerError> {
+        Self::with_suffix(prompt, &[], params, mask_id, max_len)
+    }
+
+    /// Starts a generation of `params.gen_length` masked tokens between `prompt` and
+    /// `suffix` (infilling): the suffix is context every step sees, never predicted, and
+    /// the generation is the canvas between the two.
+    pub fn with_suffix(
+        prompt: &[u32],
+        suffix: &[u32],
+        params: GenerationParams,
+        mask_id: u32,
+        max_len: usize,
+    ) -> Result<Self, SamplerError> {
         let mut params = params;
         if params.schedule == Schedule::Auto {
             params.schedule = Schedule::Llada;
         }
-        let num_blocks = params.validate(prompt.len(), max_len)?;
+        let num_blocks = params.validate(prompt.len(), suffix.len(), max_len)?;
+        if let Some(position) = suffix.iter().position(|&t| t == mask_id) {
+            return Err(SamplerError::MaskInSuffix { position });
+        }
         let steps_per_block = match params.threshold {
             Some(_) => None,
             None => Some(params.steps / num_blocks),
         };
-        let mut tokens = Vec::with_capacity(prompt.len() + params.gen_length);
+        let canvas_end = prompt.len() + params.gen_length;
+        let mut tokens = Vec::with_capacity(canvas_end + suffix.len());
         tokens.extend_from_slice(prompt);
-        tokens.resize(prompt.len() + params.gen_length, mask_id);
-        let prompt_index = prompt.iter().map(|&t| t != mask_id).collect();
+        tokens.resize(canvas_end, mask_id);
+        tokens.extend_from_slice(suffix);
+        let prompt_index = tokens.iter().map(|&t| t != mask_id).collect();
         let rng = SplitMix64(params.seed);
         let mut sampler = Self {
             params,
             mask_id,
             prompt_len: prompt.len(),
+            canvas_end,
             tokens,
             prompt_index,
             num_blocks,
@@ -190,14 +211,25 @@ impl Sampler {
         }
     }
 
-    /// Prompt followed by the canvas (committed tokens and masks).
+    /// The whole sequence: the prompt, the canvas (committed tokens and masks), then the
+    /// suffix when infilling.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
 
-    /// The canvas after the prompt.
+    /// The canvas: after the prompt, before the suffix.
     pub fn generated(&self) -> &[u32] {
-        &self.tokens[self.prompt_len..]
+        &self.tokens[self.canvas()]
+    }
+
+    /// Positions of the canvas in the sequence.
+    pub fn canvas(&self) -> Range<usize> {
+        self.prompt_len..self.canvas_end
+    }
+
+    /// Tokens after the canvas (infilling's suffix; 0 without one).
+    pub fn suffix_len(&self) -> usize {
+        self.tokens.len() - self.canvas_end
     }
 
     /// The input of CFG's unconditional pass: the prompt's tokens masked, the canvas kept.
@@ -218,7 +250,7 @@ impl Sampler {
     /// Absolute positions of the current block; empty (at the end) once done.
     pub fn block(&self) -> Range<usize> {
         if self.is_done() {
-            return self.tokens.len()..self.tokens.len();
+            return self.canvas_end..self.canvas_end;
         }
         let start = self.prompt_len + self.block * self.params.block_length;
         start..start + self.params.block_length
@@ -293,7 +325,7 @@ impl Sampler {
     /// the prompt included). Committed tokens never change, so the text up to the first
     /// stop is then that of the whole canvas. `None` while it can still change.
     pub fn final_answer_len(&self, stops: &[u32]) -> Option<usize> {
-        let canvas = &self.tokens[self.prompt_len..];
+        let canvas = self.generated();
         let q = canvas.iter().position(|t| stops.contains(t))?;
         let end = self.prompt_len + q;
         (!self.tokens[..end].contains(&self.mask_id)).then_some(q)

@@ -235,7 +235,9 @@ impl Metrics {
         self.vllm.record_finished(g);
         self.completion_tokens
             .inc_by(g.timings.answer_tokens as u64);
-        self.prompt_tokens.inc_by(g.prompt_ids.len() as u64);
+        // An infilling suffix is input too.
+        self.prompt_tokens
+            .inc_by((g.prompt_ids.len() + g.suffix_len) as u64);
         if let Some(r) = &g.bicache {
             if r.fallback.is_some() {
                 self.bicache_fallbacks.inc();

@@ -246,7 +246,15 @@ impl WebEngine {
     /// finding a chat's shared prefix.
     fn checked_request(engine: &Engine, request: &JsValue) -> Result<Request, String> {
         let limits = Limits::of(engine);
-        let r = mapping::request(&from_js(request, "request")?, &limits)?;
+        let obj = from_js(request, "request")?;
+        let mut r = mapping::request(&obj, &limits)?;
+        r.suffix = match mapping::suffix(&obj, &limits)? {
+            None => Vec::new(),
+            Some(mapping::SuffixInput::Ids(ids)) => ids,
+            Some(mapping::SuffixInput::Text(text)) => engine
+                .encode_text(&text)
+                .map_err(|e| format!("suffix: {e}"))?,
+        };
         let prompt = engine
             .encode_prompt(&r.prompt)
             .map_err(|e| format!("prompt: {e}"))?;

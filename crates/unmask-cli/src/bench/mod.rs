@@ -328,7 +328,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         block_length,
         ..GenerationParams::default()
     };
-    params.validate(1, usize::MAX).map_err(|e| {
+    params.validate(1, 0, usize::MAX).map_err(|e| {
         CliError::usage(format!("invalid --gen-length/--steps/--block-length: {e}"))
     })?;
     let workload = Workload {

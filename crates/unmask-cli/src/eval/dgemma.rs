@@ -40,6 +40,7 @@ fn refuse_cache_flags(args: &EvalArgs) -> Result<(), CliError> {
         ("--refresh-ratios", args.refresh_ratios.is_some()),
         ("--response-intervals", args.response_intervals.is_some()),
         ("--with-full-canvas", args.with_full_canvas),
+        ("--infill", args.infill),
     ];
     if let Some((flag, _)) = sweeps.iter().find(|(_, given)| *given) {
         return Err(CliError::usage(format!(

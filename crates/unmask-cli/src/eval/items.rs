@@ -29,6 +29,8 @@ pub struct Item {
     pub prompt_group: Option<String>,
     /// ACache: the system prompt's shared span (text inside `system`).
     pub affix: Option<String>,
+    /// `--infill`: the item as an infilling task (its `answer` is then the hidden value).
+    pub infill: Option<super::infill::Infill>,
 }
 
 impl Item {
@@ -46,7 +48,10 @@ impl Item {
         request.prefix_len = None;
         bicache.apply(&mut request);
         request.span = self.affix.clone().map(unmask::Span::Text);
-        request
+        match &self.infill {
+            Some(infill) => infill.request(request),
+            None => request,
+        }
     }
 }
 
@@ -155,6 +160,7 @@ fn parse_item(line: &str, number: usize) -> Result<Item, String> {
         answer: required("answer")?,
         prompt_group: optional("prompt_group")?,
         affix,
+        infill: None,
     })
 }
 

@@ -8,6 +8,7 @@
 
 mod anchors;
 mod dgemma;
+mod infill;
 mod items;
 mod report;
 
@@ -94,6 +95,12 @@ pub struct EvalArgs {
     /// own, and count the items whose answer text is the same both ways
     #[arg(long)]
     with_full_canvas: bool,
+    /// infilling: hide the value of each answer's first fact (answers "<name> <field> :
+    /// <value> ..."): the prompt ends with "#### <name> <field> :", the canvas is the
+    /// value's length, the suffix the rest of the answer; the value must come back
+    /// (--gen-length, --block-length and --steps are then the value's token count)
+    #[arg(long)]
+    infill: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -117,6 +124,8 @@ struct ItemResult {
     correct: bool,
     ids: Vec<u32>,
     prompt_tokens: usize,
+    /// Positions of the whole sequence: prompt, canvas and an infilling suffix.
+    sequence_tokens: usize,
     prefix_len: usize,
     total_s: f64,
     first_step_s: f64,
@@ -185,20 +194,30 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
             dir.display()
         )));
     }
+    if args.infill {
+        items = items
+            .iter()
+            .map(|item| infill::prepare(&engine, item))
+            .collect::<Result<_, _>>()?;
+    }
     // Every prompt must fit before anything runs, so a long run does not stop half-way.
     let max = engine.config().max_sequence_length;
     for item in &items {
-        let len = engine
-            .encode_prompt(&item.request(&params, CacheMode::None, bicache).prompt)?
-            .len();
-        if len + params.gen_length > max {
+        let (len, what) = match &item.infill {
+            Some(f) => (f.len(), "the infilling task's prompt, value and suffix"),
+            None => {
+                let request = item.request(&params, CacheMode::None, bicache);
+                let len = engine.encode_prompt(&request.prompt)?.len() + params.gen_length;
+                (len, "the prompt's tokens + --gen-length")
+            }
+        };
+        if len > max {
             return Err(CliError::usage(format!(
-                "item {:?} ({}:{}): the prompt's {len} tokens + --gen-length {} exceed the \
-                 model's maximum sequence length {max}",
+                "item {:?} ({}:{}): {what} = {len} tokens exceed the model's maximum \
+                 sequence length {max}",
                 item.id,
                 set_path.display(),
                 item.line,
-                params.gen_length
             )));
         }
     }
@@ -326,16 +345,7 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
     let arena_scale = kv_arena_bytes_per_position(&engine, &params);
     let summaries: Vec<Summary> = runs
         .iter()
-        .map(|r| {
-            summarize(
-                r,
-                &items,
-                &tasks,
-                none_for(r),
-                arena_scale,
-                params.gen_length,
-            )
-        })
+        .map(|r| summarize(r, &items, &tasks, none_for(r), arena_scale))
         .collect();
 
     let context = Context {
@@ -345,6 +355,7 @@ pub fn run(args: &EvalArgs) -> Result<(), CliError> {
         limit,
         batch,
         params: &params,
+        infill: args.infill,
         command: command_line(),
     };
     if let Some(path) = out_path {
@@ -492,6 +503,7 @@ fn item_result(
         output,
         text,
         correct,
+        sequence_tokens: g.prompt_ids.len() + g.ids.len() + g.suffix_len,
         ids: g.ids,
         prompt_tokens: g.prompt_ids.len(),
         prefix_len: g.prefix_len,

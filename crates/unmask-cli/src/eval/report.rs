@@ -91,7 +91,6 @@ pub(super) fn summarize(
     tasks: &[String],
     none: Option<&ModeRun>,
     arena_bytes_per_position: f64,
-    gen_length: usize,
 ) -> Summary {
     let r = &run.results;
     let n = r.len();
@@ -143,8 +142,7 @@ pub(super) fn summarize(
         });
     let anchors_on_asked = (all > 0).then(|| on as f64 / all as f64);
     let asked_recall = (asked > 0 && all > 0).then(|| on as f64 / asked as f64);
-    let kv_arena_bytes =
-        mean(&|x| (x.prompt_tokens + gen_length) as f64) * arena_bytes_per_position;
+    let kv_arena_bytes = mean(&|x| x.sequence_tokens as f64) * arena_bytes_per_position;
     let cache_bytes = if run.cache.is_bicache() {
         kv_arena_bytes + run.store_bytes as f64
     } else {
@@ -189,6 +187,9 @@ pub(super) struct Context<'a> {
     pub(super) limit: Option<usize>,
     pub(super) batch: usize,
     pub(super) params: &'a GenerationParams,
+    /// `--infill`: each item's canvas is its hidden value (gen_length, block_length and
+    /// steps are the value's token count).
+    pub(super) infill: bool,
     pub(super) command: String,
 }
 
@@ -283,6 +284,7 @@ fn items_json(items: &[Item], run: &ModeRun) -> Value {
                 "text": r.text,
                 "ids": r.ids,
                 "prompt_tokens": r.prompt_tokens,
+                "sequence_tokens": r.sequence_tokens,
                 "prefix_len": r.prefix_len,
                 "total_s": r.total_s,
                 "first_step_s": r.first_step_s,
@@ -332,6 +334,7 @@ pub(super) fn report_json(
         "limit": cx.limit,
         "batch": cx.batch,
         "params": params_json(cx.params),
+        "infill": cx.infill,
         "command": cx.command,
         "modes": modes,
     })
@@ -360,8 +363,14 @@ pub(super) fn markdown(
     tasks: &[String],
     summaries: &[Summary],
 ) -> String {
+    let infill = if cx.infill {
+        " · infill: the first fact's value hidden (canvas, block and steps: its tokens; the \
+         rest of the answer after it)"
+    } else {
+        ""
+    };
     let mut out = format!(
-        "adapter: {} ({}) · model: {} · set: {} ({} of {} items) · batch: {} · params: {} · command: `{}`\n\n",
+        "adapter: {} ({}) · model: {} · set: {} ({} of {} items) · batch: {} · params: {}{infill} · command: `{}`\n\n",
         cx.adapter(),
         cx.backend(),
         cx.engine.dir().display(),
@@ -495,6 +504,7 @@ mod tests {
             answer: "a".into(),
             prompt_group: None,
             affix: None,
+            infill: None,
         };
         let cols = task_columns(&[item("format"), item("riddle"), item("lookup")]);
         assert_eq!(cols, ["lookup", "pair", "record", "format", "riddle"]);

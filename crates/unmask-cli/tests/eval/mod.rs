@@ -406,3 +406,63 @@ fn eval_errors_name_the_value_the_file_and_the_line() {
         "does not exist",
     );
 }
+
+/// `--infill` on the bundled model: the first fact's value of each held-out answer is hidden
+/// between the answer's head and the rest of it, the canvas is as long as the value, and
+/// the model fills it back; a set whose answers are not facts is refused at its line.
+#[test]
+fn eval_infill_hides_the_first_facts_value() {
+    let root = super::workspace();
+    let model = root.join("models/tiny").display().to_string();
+    let set = root
+        .join("data/tasks/heldout-small.jsonl")
+        .display()
+        .to_string();
+    let out = temp_path("infill.json");
+    let out_arg = out.display().to_string();
+    let o = run(&[
+        "eval",
+        "--model",
+        &model,
+        "--set",
+        &set,
+        "--limit",
+        "3",
+        "--cache",
+        "none,bicache-dual",
+        "--infill",
+        "--out",
+        &out_arg,
+    ]);
+    assert_ok(&o);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    assert_eq!(v["infill"], true);
+    for mode in v["modes"].as_array().unwrap() {
+        let name = mode["cache"].as_str().unwrap();
+        let items = mode["items"].as_array().unwrap();
+        assert_eq!(items.len(), 3, "{name}");
+        for item in items {
+            // The value alone: one word, no marker, no other fact.
+            let expected = item["answer"].as_str().unwrap();
+            assert!(!expected.contains(' ') && !expected.is_empty(), "{item}");
+            assert!(item["ids"].as_array().unwrap().len() <= 3, "{item}");
+        }
+        assert_eq!(
+            mode["correct"], 3,
+            "{name}: the bundled model fills every value"
+        );
+    }
+    assert_fails(
+        &[
+            "eval",
+            "--model",
+            &fixture(),
+            "--set",
+            &tiny_set(),
+            "--infill",
+        ],
+        2,
+        "--infill: item \"g1-lookup\" (line 1): expected an answer of facts",
+    );
+}

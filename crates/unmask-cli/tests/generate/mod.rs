@@ -349,3 +349,80 @@ fn logits_writes_npy_matching_the_goldens() {
     eprintln!("[logits] max |error| vs golden f32 logits: {max_err:.2e} (tolerance 1e-3)");
     assert!(max_err < 1e-3, "max error {max_err}");
 }
+
+/// Infilling from the command line: `--suffix-ids` gives the reference's canvas before the
+/// suffix (tests/fixtures/tiny/goldens/infill.json), `--suffix` text tokenizes to the same
+/// ids, and bad suffixes are refused by flag.
+#[test]
+fn generate_infills_the_canvas_before_a_suffix() {
+    let fix = fixture();
+    let text = std::fs::read_to_string(workspace().join("tests/fixtures/tiny/goldens/infill.json"))
+        .expect("infill goldens");
+    let goldens: Value = serde_json::from_str(&text).unwrap();
+    let case = &goldens["cases"][0];
+    let list = |v: &Value| {
+        u64s(v)
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (prompt, suffix) = (list(&case["prompt"]), list(&case["suffix"]));
+    let n = case["params"]["gen_length"].as_u64().unwrap() as usize;
+    let base = [
+        "generate",
+        "--model",
+        &fix,
+        "--prompt-ids",
+        &prompt,
+        "--gen-length",
+        "8",
+        "--steps",
+        "8",
+        "--block-length",
+        "8",
+        "--confidence-precision",
+        "f32",
+        "--full-canvas",
+        "--json",
+    ];
+    let output = u64s(&case["output"]);
+    let p = u64s(&case["prompt"]).len();
+    let want = &output[p..p + n];
+    let by_ids = run(&[&base[..], &["--suffix-ids", &suffix]].concat());
+    assert_ok(&by_ids);
+    let v = json(&by_ids);
+    assert_eq!(u64s(&v["ids"]), want);
+    assert_eq!(v["suffix_len"], u64s(&case["suffix"]).len());
+    let by_text = run(&[
+        &base[..],
+        &["--suffix", case["suffix_text"].as_str().unwrap()],
+    ]
+    .concat());
+    assert_ok(&by_text);
+    assert_eq!(u64s(&json(&by_text)["ids"]), want);
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [base, extra].concat()
+    }
+    assert_fails(
+        &with(&base, &["--suffix-ids", &format!("4,{MASK}")]),
+        2,
+        "--suffix-ids: holds the mask token 305 at position 1",
+    );
+    assert_fails(
+        &with(&base, &["--suffix-ids", "4,999"]),
+        2,
+        "--suffix-ids: token id 999 is outside the model's vocabulary",
+    );
+    assert_fails(
+        &with(&base, &["--suffix", ""]),
+        2,
+        "--suffix: expected at least one token",
+    );
+    let long = vec!["7"; 250].join(",");
+    assert_fails(
+        &with(&base, &["--suffix-ids", &long]),
+        2,
+        "+ the suffix's 250 = ",
+    );
+}

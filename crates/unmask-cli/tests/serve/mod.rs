@@ -577,3 +577,72 @@ fn requests_sharing_a_span_hit_its_entry_and_answer_as_generate() {
     assert!(value("unmask_acache_anchors_total ").is_some_and(|a| a > 0.0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// OpenAI's completion `suffix`: the canvas is infilled before it, the answer is the text
+/// `unmask generate --suffix` gives, and the suffix counts as prompt tokens.
+#[test]
+fn a_completion_with_a_suffix_answers_as_generate() {
+    let root = workspace();
+    let fixture = root.join("tests/fixtures/tiny");
+    let text = std::fs::read_to_string(fixture.join("goldens/infill.json")).unwrap();
+    let goldens: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let case = &goldens["cases"][0];
+    let (prompt, suffix) = (&case["prompt"], case["suffix_text"].as_str().unwrap());
+    let server = Server::start_model(&fixture, &[], None);
+    let body = serde_json::json!({
+        "prompt": prompt, "suffix": suffix, "max_tokens": 8, "steps": 8,
+        "block_length": 8, "cache": "none", "full_canvas": true,
+    });
+    let (status, reply) = server.request(
+        "POST",
+        "/v1/completions",
+        &["Content-Type: application/json"],
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{reply}\n{}", server.stderr());
+    let v: serde_json::Value = serde_json::from_str(&reply).expect("JSON reply");
+    let served = v["choices"][0]["text"].as_str().unwrap();
+    let suffix_ids = case["suffix"].as_array().unwrap().len();
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        prompt.as_array().unwrap().len() + suffix_ids
+    );
+    let ids = prompt
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = unmask()
+        .args(["generate", "--model", fixture.to_str().unwrap()])
+        .args([
+            "--prompt-ids",
+            &ids,
+            "--suffix",
+            suffix,
+            "--full-canvas",
+            "--json",
+        ])
+        .args(["--gen-length", "8", "--steps", "8", "--block-length", "8"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let generated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(generated["suffix_len"], suffix_ids);
+    assert_eq!(served, generated["text"].as_str().unwrap());
+    // A chat has no suffix.
+    let chat = r#"{"messages":[{"role":"user","content":"q"}],"suffix":"z"}"#;
+    let (status, reply) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &["Content-Type: application/json"],
+        chat,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("\"param\":\"suffix\""), "{reply}");
+}

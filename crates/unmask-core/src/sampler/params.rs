@@ -135,9 +135,14 @@ impl Default for GenerationParams {
 }
 
 impl GenerationParams {
-    /// Checks the parameters against a prompt length and the model's maximum sequence
-    /// length; returns the number of blocks.
-    pub fn validate(&self, prompt_len: usize, max_len: usize) -> Result<usize, SamplerError> {
+    /// Checks the parameters against a prompt length, a suffix length (infilling; 0
+    /// without) and the model's maximum sequence length; returns the number of blocks.
+    pub fn validate(
+        &self,
+        prompt_len: usize,
+        suffix_len: usize,
+        max_len: usize,
+    ) -> Result<usize, SamplerError> {
         if prompt_len == 0 {
             return Err(SamplerError::EmptyPrompt);
         }
@@ -233,11 +238,14 @@ impl GenerationParams {
         if self.cfg_scale > 0.0 && self.cuts() {
             return Err(SamplerError::CutWithCfg);
         }
-        let total = prompt_len.saturating_add(self.gen_length);
+        let total = prompt_len
+            .saturating_add(self.gen_length)
+            .saturating_add(suffix_len);
         if total > max_len {
             return Err(SamplerError::TooLong {
                 prompt_len,
                 gen_length: self.gen_length,
+                suffix_len,
                 total,
                 max_len,
             });

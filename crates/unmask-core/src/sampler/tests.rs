@@ -387,10 +387,66 @@ fn validation_errors() {
         SamplerError::TooLong {
             prompt_len: 2,
             gen_length: 8,
+            suffix_len: 0,
             total: 10,
             max_len: 9
         }
     );
     let text = err(ok, &[1, 2], 9).to_string();
     assert!(text.contains("10") && text.contains('9'), "{text}");
+}
+
+#[test]
+fn a_suffix_is_context_after_the_canvas_and_never_predicted() {
+    const STOP: u32 = 7;
+    // Prompt of 2, canvas of 4 in two blocks, suffix of 3.
+    let mut s = Sampler::with_suffix(&[1, 2], &[50, 51, 52], params(4, 4, 2), MASK, 64).unwrap();
+    assert_eq!(s.tokens(), &[1, 2, MASK, MASK, MASK, MASK, 50, 51, 52]);
+    assert_eq!((s.canvas(), s.suffix_len()), (2..6, 3));
+    assert_eq!(s.block(), 2..4);
+    let mut predicted = Vec::new();
+    while !s.is_done() {
+        let rows = s.rows_to_predict();
+        predicted.extend_from_slice(&rows);
+        let predictions: Vec<(u32, f32)> = rows
+            .iter()
+            .map(|&p| (if p == 5 { STOP } else { 1000 + p }, 1.0))
+            .collect();
+        s.commit(&predictions).unwrap();
+    }
+    assert!(
+        predicted.iter().all(|&p| (2..6).contains(&p)),
+        "{predicted:?}"
+    );
+    assert_eq!(s.generated(), &[1002, 1003, 1004, STOP]);
+    assert_eq!(&s.tokens()[6..], &[50, 51, 52]);
+    // The suffix is not part of the answer: its stop-free tail does not hide the canvas's.
+    assert_eq!(s.final_answer_len(&[STOP]), Some(3));
+    assert_eq!(s.block(), 6..6);
+    // CFG's unconditional input masks the suffix with the prompt, not the canvas.
+    assert_eq!(
+        s.unconditional_tokens(),
+        vec![MASK, MASK, 1002, 1003, 1004, STOP, MASK, MASK, MASK]
+    );
+}
+
+#[test]
+fn a_suffix_counts_in_the_length_and_holds_no_mask() {
+    let err = Sampler::with_suffix(&[1, 2], &[3, 4], params(8, 8, 8), MASK, 11).unwrap_err();
+    assert_eq!(
+        err,
+        SamplerError::TooLong {
+            prompt_len: 2,
+            gen_length: 8,
+            suffix_len: 2,
+            total: 12,
+            max_len: 11
+        }
+    );
+    let text = err.to_string();
+    assert!(text.contains("suffix (2 tokens) = 12"), "{text}");
+    assert!(Sampler::with_suffix(&[1, 2], &[3], params(8, 8, 8), MASK, 11).is_ok());
+    let err = Sampler::with_suffix(&[1], &[3, MASK], params(8, 8, 8), MASK, 64).unwrap_err();
+    assert_eq!(err, SamplerError::MaskInSuffix { position: 1 });
+    assert!(err.to_string().contains("suffix position 1"), "{err}");
 }

@@ -167,8 +167,9 @@ pub struct Common {
     pub best_of: Option<u64>,
     #[serde(default)]
     pub echo: Option<bool>,
+    /// Infilling (completions): text after the generated canvas.
     #[serde(default)]
-    pub suffix: Option<Value>,
+    pub suffix: Option<String>,
 }
 
 #[derive(Debug)]
@@ -219,6 +220,9 @@ pub struct MaskedSampling {
     pub adaptive: unmask::AdaptiveOverrides,
     /// `None`: the server's default.
     pub full_canvas: Option<bool>,
+    /// Infilling: the text after the canvas (OpenAI's completion `suffix`), tokenized as it
+    /// is; the answer is the canvas between the prompt and it.
+    pub suffix: Option<String>,
 }
 
 /// A DiffusionGemma request's limits and seed (the rest is generation_config.json's).
@@ -346,6 +350,13 @@ impl ChatRequest {
                 "messages: expected at least one user message, found none",
             ));
         }
+        if self.common.suffix.is_some() {
+            return Err(ApiError::invalid(
+                "suffix",
+                "suffix: a field of /v1/completions (infilling after the prompt), not of chat \
+                 completions",
+            ));
+        }
         self.common.check(Input::Chat(messages), limits, served)
     }
 }
@@ -387,13 +398,6 @@ impl CompletionRequest {
             return Err(ApiError::invalid(
                 "echo",
                 "echo: expected false, found true (the prompt is not echoed)",
-            ));
-        }
-        if self.common.suffix.as_ref().is_some_and(|s| !s.is_null()) {
-            return Err(ApiError::invalid(
-                "suffix",
-                "suffix: not supported (use a prompt with masks and the chat endpoint's \
-                 canvas instead)",
             ));
         }
         self.common.check(input, limits, served)
@@ -509,10 +513,21 @@ impl Common {
                 ),
             ));
         }
+        // An empty suffix is no suffix.
+        let suffix = self.suffix.take().filter(|s| !s.is_empty());
         let sampling = match limits.family {
             Family::MaskedDiffusion => {
                 let max_tokens = requested.unwrap_or(limits.default_max_tokens);
-                Sampling::Masked(Box::new(self.masked(max_tokens, limits)?))
+                let mut masked = self.masked(max_tokens, limits)?;
+                masked.suffix = suffix;
+                Sampling::Masked(Box::new(masked))
+            }
+            Family::DiffusionGemma if suffix.is_some() => {
+                return Err(ApiError::invalid(
+                    "suffix",
+                    "suffix: not supported by DiffusionGemma (its canvases follow the prompt \
+                     and end it); leave it out",
+                ));
             }
             Family::DiffusionGemma => Sampling::Gemma(self.gemma(requested)?),
         };
@@ -583,6 +598,7 @@ impl Common {
             anchor_ratio: settings.anchor_ratio,
             adaptive: settings.adaptive,
             full_canvas: settings.full_canvas,
+            suffix: None,
         })
     }
 }

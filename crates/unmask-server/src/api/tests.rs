@@ -228,7 +228,7 @@ fn completion_prompts() {
         (r#"{"prompt":""}"#, "prompt"),
         (r#"{"prompt":"a","echo":true}"#, "echo"),
         (r#"{"prompt":"a","best_of":3}"#, "best_of"),
-        (r#"{"prompt":"a","suffix":"z"}"#, "suffix"),
+        (r#"{"prompt":"a","suffix":3}"#, "suffix"),
     ] {
         assert_eq!(
             check(body).unwrap_err().param.as_deref(),
@@ -236,6 +236,39 @@ fn completion_prompts() {
             "{body}"
         );
     }
+}
+
+/// OpenAI's `suffix` infills a completion's canvas before it; chats and DiffusionGemma
+/// refuse it by name.
+#[test]
+fn a_completion_suffix_is_infilled_before() {
+    let check = |body: &str, limits: &Limits| {
+        CompletionRequest::parse(body.as_bytes())?.check(limits, "tiny")
+    };
+    let spec = check(r#"{"prompt":"a","suffix":" z.","n":2}"#, &limits()).unwrap();
+    assert_eq!(masked(&spec).suffix.as_deref(), Some(" z."));
+    assert_eq!(masked(&spec.choice(1)).suffix.as_deref(), Some(" z."));
+    for body in [
+        r#"{"prompt":"a","suffix":""}"#,
+        r#"{"prompt":"a","suffix":null}"#,
+    ] {
+        assert_eq!(
+            masked(&check(body, &limits()).unwrap()).suffix,
+            None,
+            "{body}"
+        );
+    }
+    let e = chat(r#"{"messages":[{"role":"user","content":"q"}],"suffix":"z"}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("suffix"));
+    assert!(e.message.contains("/v1/completions"), "{e}");
+    let gemma = Limits {
+        family: Family::DiffusionGemma,
+        ..limits()
+    };
+    let e = check(r#"{"prompt":"a","suffix":"z"}"#, &gemma).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("suffix"));
+    assert!(e.message.contains("DiffusionGemma"), "{e}");
+    assert!(check(r#"{"prompt":"a","suffix":""}"#, &gemma).is_ok());
 }
 
 /// Numbers are checked as the f32 the sampler uses, and the error says the value given.

@@ -155,7 +155,7 @@ impl Tracker {
         let Some(tokenizer) = engine.tokenizer() else {
             return;
         };
-        let generated = &event.canvas[event.prompt_len..];
+        let generated = event.generated();
         let done = final_tokens(generated, event.mask_id);
         if let Ok(text) = tokenizer.decode(done, unmask::DecodeMode::Clean)
             && let Some(delta) = self.text.advance(&text, false)
@@ -212,7 +212,8 @@ impl Tracker {
                 Ok(Finished {
                     text,
                     finish_reason: FinishReason::of(stopped || ended),
-                    prompt_tokens: g.prompt_ids.len(),
+                    // The suffix is input as the prompt is.
+                    prompt_tokens: g.prompt_ids.len() + g.suffix_len,
                     completion_tokens: g.timings.answer_tokens,
                     report: masked_report(
                         g.cache,

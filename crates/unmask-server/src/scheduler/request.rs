@@ -76,5 +76,8 @@ pub(super) fn engine_request(
     spec.adaptive.apply(&mut request.adaptive);
     request.full_canvas = spec.full_canvas.unwrap_or(config.full_canvas);
     request.span = spec.affix.clone().map(Span::Text);
+    if let Some(text) = &spec.suffix {
+        request.suffix = engine.encode_text(text)?;
+    }
     Ok(request)
 }

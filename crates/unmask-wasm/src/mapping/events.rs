@@ -29,7 +29,7 @@ impl CanvasTracker {
     /// committed token's text, null for masks) and `text` (the answer so far).
     pub fn event(&mut self, e: &StepEvent<'_>, tokenizer: Option<&Tokenizer>) -> Value {
         let start = e.prompt_len;
-        let canvas = e.canvas.get(start..).unwrap_or_default();
+        let canvas = e.generated();
         for (&pos, &(token, conf)) in e.rows.iter().zip(e.predictions) {
             // Rows before `start` are masks inside the prompt (infilling): not the canvas.
             let Some(i) = (pos as usize).checked_sub(start) else {

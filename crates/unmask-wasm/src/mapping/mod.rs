@@ -175,38 +175,68 @@ pub fn device_options(obj: &Value) -> Result<DeviceOptions, String> {
 
 /// The prompt of a request: token `ids`, `messages` ([{role, content}]), or `system` +
 /// `prompt`.
+/// `list` as token ids of the model's vocabulary, at most the context less one.
+fn token_ids(field: &str, list: &Value, limits: &Limits) -> Result<Vec<u32>, String> {
+    let items = list
+        .as_array()
+        .ok_or_else(|| format!("{field}: expected an array of token ids, found {list}"))?;
+    let most = limits.most_tokens();
+    if items.is_empty() || items.len() > most {
+        return Err(format!(
+            "{field}: expected 1 to {most} token ids (the model's context of {} tokens, less \
+             one for the answer), found {}",
+            limits.context,
+            items.len()
+        ));
+    }
+    // An id past the embedding would read outside it on the GPU.
+    let top = limits.vocab.saturating_sub(1);
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .filter(|&n| n <= top as u64)
+                .map(|n| n as u32)
+                .ok_or_else(|| {
+                    format!(
+                        "{field}[{i}]: expected a token id from 0 to {top} (the model's \
+                         vocabulary), found {v}"
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Infilling's suffix as the page gives it: text (`suffix`, tokenized as it is) or token
+/// ids (`suffixIds`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SuffixInput {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// The request's suffix, if it names one (an empty `suffix` text names none).
+pub fn suffix(obj: &Value, limits: &Limits) -> Result<Option<SuffixInput>, String> {
+    let text = obj.get("suffix").filter(|v| !v.is_null());
+    let ids = obj.get("suffixIds").filter(|v| !v.is_null());
+    match (text, ids) {
+        (Some(_), Some(_)) => Err("suffix and suffixIds: give one of them".to_string()),
+        (Some(Value::String(t)), None) if t.is_empty() => Ok(None),
+        (Some(Value::String(t)), None) => Ok(Some(SuffixInput::Text(t.clone()))),
+        (Some(other), None) => Err(format!("suffix: expected a string, found {other}")),
+        (None, Some(list)) => Ok(Some(SuffixInput::Ids(token_ids(
+            "suffixIds",
+            list,
+            limits,
+        )?))),
+        (None, None) => Ok(None),
+    }
+}
+
 pub(crate) fn prompt(obj: &Value, limits: &Limits) -> Result<Prompt, String> {
     if let Some(list) = obj.get("ids").filter(|v| !v.is_null()) {
-        let items = list
-            .as_array()
-            .ok_or_else(|| format!("ids: expected an array of token ids, found {list}"))?;
-        let most = limits.most_tokens();
-        if items.is_empty() || items.len() > most {
-            return Err(format!(
-                "ids: expected 1 to {most} token ids (the model's context of {} tokens, less \
-                 one for the answer), found {}",
-                limits.context,
-                items.len()
-            ));
-        }
-        // An id past the embedding would read outside it on the GPU.
-        let top = limits.vocab.saturating_sub(1);
-        let ids = items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_u64()
-                    .filter(|&n| n <= top as u64)
-                    .map(|n| n as u32)
-                    .ok_or_else(|| {
-                        format!(
-                            "ids[{i}]: expected a token id from 0 to {top} (the model's \
-                             vocabulary), found {v}"
-                        )
-                    })
-            })
-            .collect::<Result<Vec<u32>, String>>()?;
-        return Ok(Prompt::Ids(ids));
+        return Ok(Prompt::Ids(token_ids("ids", list, limits)?));
     }
     if let Some(list) = obj.get("messages").filter(|v| !v.is_null()) {
         let items = list.as_array().ok_or_else(|| {
@@ -331,7 +361,8 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
 /// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
 /// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
 /// `decode`, ACache's `affix` and `anchorRatio`, dLLM-Cache's `promptInterval`,
-/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`). Checked against the model's `limits`; what depends on the prompt's length is
+/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`); an infilling suffix is
+/// read apart (`suffix`), since text needs the tokenizer. Checked against the model's `limits`; what depends on the prompt's length is
 /// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
     if !obj.is_object() {
@@ -358,12 +389,18 @@ pub fn fit_prompt(r: &Request, prompt_len: usize, limits: &Limits) -> Result<(),
              the answer), found {prompt_len}"
         ));
     }
-    let room = context - prompt_len;
+    let suffix_len = r.suffix.len();
+    let room = context.saturating_sub(prompt_len + suffix_len);
     let gen_length = r.params.gen_length;
     if gen_length > room {
+        let suffix = if suffix_len > 0 {
+            format!(" and the suffix's {suffix_len}")
+        } else {
+            String::new()
+        };
         return Err(format!(
             "genLength: expected at most {room} (the model's context of {context} tokens less \
-             the prompt's {prompt_len}), found {gen_length}"
+             the prompt's {prompt_len}{suffix}), found {gen_length}"
         ));
     }
     if let Some(p) = r.prefix_len.filter(|&p| p > prompt_len) {
@@ -378,7 +415,7 @@ pub fn fit_prompt(r: &Request, prompt_len: usize, limits: &Limits) -> Result<(),
 /// and how much layer work the cache saved, and the prefix store's counters.
 pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
     let n_layers = engine.config().n_layers;
-    let seq_len = g.prompt_ids.len() + g.ids.len();
+    let seq_len = g.prompt_ids.len() + g.ids.len() + g.suffix_len;
     // Work of the reference (no cache): every row through every layer at every step. In
     // u64: steps x rows x layers passes 2^32 (a 32-bit usize) for long contexts.
     let passes = if uncond { 2 } else { 1 };
@@ -426,6 +463,7 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
     });
     json!({
         "ids": g.ids,
+        "suffixLength": g.suffix_len,
         "text": g.text,
         "promptIds": g.prompt_ids,
         "prefixLength": g.prefix_len,

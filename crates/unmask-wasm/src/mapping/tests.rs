@@ -291,6 +291,50 @@ fn the_prompt_and_the_canvas_fit_the_context_together() {
     fit_prompt(&r, 12, &LIMITS).unwrap();
 }
 
+/// Infilling's suffix: text or ids (checked like the prompt's), never both, and it takes its
+/// room in the context with the prompt and the canvas.
+#[test]
+fn a_suffix_is_text_or_ids_and_fits_with_the_prompt() {
+    let s = |v: Value| suffix(&v, &LIMITS);
+    assert_eq!(s(json!({"prompt": "x"})), Ok(None));
+    assert_eq!(s(json!({"prompt": "x", "suffix": ""})), Ok(None));
+    assert_eq!(
+        s(json!({"prompt": "x", "suffix": " end."})),
+        Ok(Some(SuffixInput::Text(" end.".into())))
+    );
+    assert_eq!(
+        s(json!({"ids": [1], "suffixIds": [4, 5]})),
+        Ok(Some(SuffixInput::Ids(vec![4, 5])))
+    );
+    for (v, want) in [
+        (json!({"suffix": 3}), "suffix: expected a string, found 3"),
+        (
+            json!({"suffix": "a", "suffixIds": [1]}),
+            "suffix and suffixIds: give one of them",
+        ),
+        (
+            json!({"suffixIds": [1, 320]}),
+            "suffixIds[1]: expected a token id from 0 to 319 (the model's vocabulary), found 320",
+        ),
+        (
+            json!({"suffixIds": []}),
+            "suffixIds: expected 1 to 255 token ids (the model's context of 256 tokens, less \
+             one for the answer), found 0",
+        ),
+    ] {
+        assert_eq!(s(v.clone()), Err(want.to_string()), "{v}");
+    }
+    let mut r = parse(json!({"prompt": "x", "genLength": 200, "blockLength": 8})).unwrap();
+    r.suffix = vec![7; 6];
+    fit_prompt(&r, 50, &LIMITS).unwrap();
+    let e = fit_prompt(&r, 51, &LIMITS).unwrap_err();
+    assert_eq!(
+        e,
+        "genLength: expected at most 199 (the model's context of 256 tokens less the \
+         prompt's 51 and the suffix's 6), found 200"
+    );
+}
+
 #[test]
 fn load_options_are_bounded() {
     let two_32 = 1u64 << 32;
@@ -344,6 +388,7 @@ fn a_step_that_fills_a_prompt_mask_reports_it_apart() {
         global_step: 1,
         canvas: &canvas,
         prompt_len: 3,
+        suffix_len: 0,
         mask_id: MASK,
         elapsed_s: 0.5,
         rows: &[1, 3, 4],

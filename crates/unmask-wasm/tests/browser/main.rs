@@ -29,8 +29,8 @@ mod dgemma;
 mod support;
 
 use support::{
-    ACACHE_GOLDENS, DLLM_CACHE_GOLDENS, DREAM, DREAM_GOLDENS, generate, golden_cases, js, js_with,
-    load, special_ids, to_json,
+    ACACHE_GOLDENS, DLLM_CACHE_GOLDENS, DREAM, DREAM_GOLDENS, INFILL_GOLDENS, generate,
+    golden_cases, js, js_with, load, special_ids, to_json,
 };
 
 #[wasm_bindgen_test]
@@ -53,6 +53,29 @@ async fn the_tiny_fixture_generates_the_native_goldens() {
         got.extend(&out.ids);
         assert_eq!(got, want, "{name}: tokens differ from the reference");
         web_sys::console::log_1(&format!("[golden] {name}: {} tokens equal", out.ids.len()).into());
+    }
+    // Infilling from JavaScript: the reference's canvas before each suffix, given as text
+    // for the first case and as ids for the others.
+    for (k, case) in goldens::cases(INFILL_GOLDENS).iter().enumerate() {
+        let name = case["name"].as_str().unwrap();
+        let p = params(case);
+        let mut request = json!({
+            "ids": case["prompt"], "genLength": p.gen_length, "steps": p.steps,
+            "blockLength": p.block_length, "threshold": p.threshold, "cfgScale": p.cfg_scale,
+            "roundConfidenceBf16": false, "fullCanvas": true,
+        });
+        if k == 0 {
+            request["suffix"] = case["suffix_text"].clone();
+        } else {
+            request["suffixIds"] = case["suffix"].clone();
+        }
+        let out = generate(&web, js(&request.to_string()))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (prompt, suffix) = (ids(&case["prompt"]), ids(&case["suffix"]));
+        let want = &ids(&case["output"])[prompt.len()..prompt.len() + p.gen_length];
+        assert_eq!(ids(&out["ids"]), want, "{name}: the infilled canvas");
+        assert_eq!(out["suffixLength"], suffix.len(), "{name}");
     }
 }
 

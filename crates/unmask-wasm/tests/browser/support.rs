@@ -30,6 +30,8 @@ const FIXTURE: [(&str, &[u8]); 7] = [
 ];
 
 const GOLDENS: &str = include_str!("../../../../tests/fixtures/tiny/goldens/generate.json");
+pub(crate) const INFILL_GOLDENS: &str =
+    include_str!("../../../../tests/fixtures/tiny/goldens/infill.json");
 pub(crate) const ACACHE_GOLDENS: &str =
     include_str!("../../../../tests/fixtures/tiny/goldens/acache.json");
 pub(crate) const DLLM_CACHE_GOLDENS: &str =
