@@ -36,6 +36,9 @@ mod dgemma;
 mod engine;
 mod error;
 mod files;
+// Scoring reads logits back with blocking calls: native only, like `Model::logits`.
+#[cfg(not(target_arch = "wasm32"))]
+mod likelihood;
 mod options;
 mod prefix;
 pub mod profile;
@@ -56,6 +59,8 @@ pub use error::{EngineError, Refusal};
 #[cfg(not(target_arch = "wasm32"))]
 pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
+#[cfg(not(target_arch = "wasm32"))]
+pub use likelihood::Likelihood;
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{
     AcacheReport, AdaptiveReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request,
@@ -68,6 +73,7 @@ pub use unmask_core::adaptive::AdaptiveRefresh;
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{ChatFormat, Message, Role};
 pub use unmask_core::config::ModelFamily;
+pub use unmask_core::likelihood::{LikelihoodParams, MaskSample};
 pub use unmask_core::prefix_store::StoreBudget as CacheBudget;
 pub use unmask_core::prefix_store::{Recount, StoreEvent};
 pub use unmask_core::sampler::{GenerationParams, Remasking, Schedule, StepRecord};

@@ -455,3 +455,59 @@ def generate(
                 one_step(nb, i, None)
                 i += 1
     return x, trace
+
+
+# ---------------------------------------------------------------------------
+# log-likelihood (get_log_likelihood.py, llada.md 3.3)
+# ---------------------------------------------------------------------------
+
+
+def draw_likelihood_masks(answer_len, mc_num, batch_size, rng):
+    """The reference's forward_process masks for mc_num // batch_size batches: k ~ U{1..L},
+    row i masks ((round(linspace(k, k + (b-1) L/b, b))[i] - 1) mod L) + 1 positions of a
+    random permutation. Returns [(sorted masked answer positions, p_mask)]."""
+    L, b = answer_len, batch_size
+    out = []
+    for _ in range(mc_num // b):
+        k = int(rng.integers(1, L + 1))
+        x = np.round(np.linspace(float(k), k + (b - 1) * (L / b), num=b, dtype=np.float32)).astype(np.int64)
+        x = ((x - 1) % L) + 1
+        for i in range(b):
+            perm = rng.permutation(L)
+            masked = sorted(int(j) for j in perm[: x[i]])
+            out.append((masked, float(x[i]) / L))
+    return out
+
+
+def log_likelihood(params, prompt_ids, answer_ids, samples, cfg_scale=0.0, mask_id=None, logits_fn=None):
+    """The Monte Carlo estimate over the given samples [(masked answer positions, p_mask)]:
+    each sample's loss is the masked tokens' cross-entropy (float64 log-softmax of the
+    float32 logits) over p_mask, the estimate minus their mean. With cfg_scale > 0 the
+    logits are u + (w + 1)(c - u), u from the sequence with the prompt masked.
+    `logits_fn(params, ids)` gives the logits whose row p predicts position p (llada's
+    forward by default; Dream passes its shifted forward). Returns (estimate, losses)."""
+    if mask_id is None:
+        mask_id = params["config"]["mask_token_id"]
+    if logits_fn is None:
+        logits_fn = forward
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    answer = np.asarray(answer_ids, dtype=np.int64)
+    Lp = prompt.shape[0]
+    seq = np.concatenate([prompt, answer])
+    losses = []
+    for masked, p_mask in samples:
+        x = seq.copy()
+        idx = np.asarray(masked, dtype=np.int64) + Lp
+        x[idx] = mask_id
+        logits = logits_fn(params, x).astype(np.float64)
+        if cfg_scale > 0:
+            un = x.copy()
+            un[:Lp] = mask_id
+            u = logits_fn(params, un).astype(np.float64)
+            logits = u + (cfg_scale + 1.0) * (logits - u)
+        rows = logits[idx]
+        m = rows.max(axis=1, keepdims=True)
+        lse = (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True)))[:, 0]
+        ce = lse - rows[np.arange(idx.shape[0]), seq[idx]]
+        losses.append(float(ce.sum() / p_mask))
+    return -float(np.mean(losses)), losses

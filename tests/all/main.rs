@@ -29,6 +29,7 @@ mod kernels_quant;
 mod kernels_select;
 mod kernels_select_confidence;
 mod kernels_select_cut;
+mod likelihood;
 mod model_parity;
 mod profile;
 mod quant_checkpoint;

@@ -16,6 +16,7 @@ mod options;
 mod output;
 mod profile;
 mod quantize;
+mod score;
 mod selfcheck;
 mod serve;
 mod synth;
@@ -56,6 +57,7 @@ enum Command {
     Eval(eval::EvalArgs),
     Profile(profile::ProfileArgs),
     Logits(logits::LogitsArgs),
+    Score(score::ScoreArgs),
     Quantize(quantize::QuantizeArgs),
     Info(info::InfoArgs),
     Bench(bench::BenchArgs),
@@ -84,6 +86,7 @@ impl Command {
             Command::Eval(args) => eval::run(args),
             Command::Profile(args) => profile::run(args),
             Command::Logits(args) => logits::run(args),
+            Command::Score(args) => score::run(args),
             Command::Quantize(args) => quantize::run(args),
             Command::Info(args) => info::run(args),
             Command::Bench(args) => bench::run(args),

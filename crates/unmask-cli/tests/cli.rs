@@ -18,6 +18,7 @@ mod generate;
 mod info;
 mod profile;
 mod quantize;
+mod score;
 mod serve;
 
 fn workspace() -> PathBuf {

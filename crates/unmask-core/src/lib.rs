@@ -11,6 +11,7 @@ pub mod depth_policy;
 pub mod error;
 pub mod family;
 pub mod gemma_chat;
+pub mod likelihood;
 pub mod oracle;
 pub mod prefix_store;
 pub mod quant;

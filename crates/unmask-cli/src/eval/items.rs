@@ -15,7 +15,7 @@ use crate::options::CacheSettings;
 /// are accepted and get columns after these.
 pub const TASKS: [&str; 3] = ["lookup", "pair", "record"];
 /// Where the answer starts in a model's output: the text after the last marker.
-const ANSWER_MARKER: &str = "####";
+pub const ANSWER_MARKER: &str = "####";
 /// One line of a task set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Item {
@@ -31,6 +31,9 @@ pub struct Item {
     pub affix: Option<String>,
     /// `--infill`: the item as an infilling task (its `answer` is then the hidden value).
     pub infill: Option<super::infill::Infill>,
+    /// Multiple choice (`unmask score --set`): the candidate answers, the right one among
+    /// them.
+    pub choices: Option<Vec<String>>,
 }
 
 impl Item {
@@ -151,16 +154,40 @@ fn parse_item(line: &str, number: usize) -> Result<Item, String> {
             );
         }
     }
+    let answer = required("answer")?;
+    let choices = match obj.get("choices") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) => {
+            let choices = list
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<String>>>()
+                .ok_or("field \"choices\" must be an array of strings")?;
+            if !choices.contains(&answer) {
+                return Err(format!(
+                    "field \"choices\" must hold the answer {answer:?}, found {choices:?}"
+                ));
+            }
+            Some(choices)
+        }
+        Some(other) => {
+            return Err(format!(
+                "field \"choices\" must be an array of strings, found {}",
+                json_kind(other)
+            ));
+        }
+    };
     Ok(Item {
         line: number,
         id: required("id")?,
         task: required("task")?,
         system,
         user: required("user")?,
-        answer: required("answer")?,
+        answer,
         prompt_group: optional("prompt_group")?,
         affix,
         infill: None,
+        choices,
     })
 }
 
@@ -190,11 +217,25 @@ mod tests {
         assert_eq!(item.system.as_deref(), Some("S"));
         assert_eq!(item.prompt_group.as_deref(), Some("g1"));
         let minimal = parse_item(r#"{"id":"b","task":"t","user":"u","answer":""}"#, 1).unwrap();
+        assert_eq!(minimal.choices, None);
+        let mc = r#"{"id":"c","task":"t","user":"u","answer":"x","choices":["y","x"]}"#;
+        assert_eq!(
+            parse_item(mc, 1).unwrap().choices,
+            Some(vec!["y".into(), "x".into()])
+        );
         assert_eq!(minimal.system, None);
         assert_eq!(minimal.answer, "");
 
         let err = |line: &str| parse_item(line, 1).unwrap_err();
         assert!(err("{oops").contains("not a valid JSON"));
+        assert!(
+            err(r#"{"id":"c","task":"t","user":"u","answer":"x","choices":["y"]}"#)
+                .contains("must hold the answer \"x\"")
+        );
+        assert!(
+            err(r#"{"id":"c","task":"t","user":"u","answer":"x","choices":"x"}"#)
+                .contains("must be an array of strings, found a string")
+        );
         assert!(err("[1]").contains("found an array"));
         assert!(err(r#"{"id":"a","task":"t","answer":"x"}"#).contains("missing field \"user\""));
         assert!(

@@ -26,7 +26,7 @@ use crate::error::{CliError, ErrorKind};
 use crate::options::{self, CacheSettings, GenerationDefaults, ModelArgs, RunArgs, SamplingArgs};
 use crate::{output, values};
 
-pub use items::{Item, load_set};
+pub use items::{ANSWER_MARKER, Item, load_set};
 use report::{
     Context, Summary, kv_arena_bytes_per_position, markdown, report_json, summarize, task_columns,
 };

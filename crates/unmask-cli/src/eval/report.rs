@@ -505,6 +505,7 @@ mod tests {
             prompt_group: None,
             affix: None,
             infill: None,
+            choices: None,
         };
         let cols = task_columns(&[item("format"), item("riddle"), item("lookup")]);
         assert_eq!(cols, ["lookup", "pair", "record", "format", "riddle"]);

@@ -336,12 +336,28 @@ impl Model {
             .collect()
     }
 
-    /// The final hidden states (after the final norm) of the first `rows` computed rows,
-    /// then the full logits `[rows, embedding_size]` — for parity checks only; the
-    /// generation path never reads logits back.
+    /// The full logits `[rows, embedding_size]` of one forward pass over `ids` — for parity
+    /// checks; the generation path never reads logits back.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let rows: Vec<usize> = (0..ids.len()).collect();
+        self.logits_at(ids, &rows)
+    }
+
+    /// The full logits `[rows.len(), embedding_size]` of the positions `rows` (in that
+    /// order) after one forward pass over `ids`: the LM head runs on those rows alone, so
+    /// scoring a few positions of a long sequence reads back a few vocabulary rows.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn logits_at(&self, ids: &[u32], rows: &[usize]) -> Result<Vec<f32>, ModelError> {
         let t = ids.len();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r >= t) {
+            return Err(ModelError::Input(format!(
+                "logits at row {r}: expected rows below the sequence's {t} positions"
+            )));
+        }
         let st = self.new_state(t, t)?;
         use unmask_core::step_plan::{SeqStep, StepPlan};
         let plan = StepPlan::alone(&[SeqStep::whole(t)], self.cfg.n_layers, false)
@@ -361,22 +377,30 @@ impl Model {
             self.cfg.rms_norm_eps as f32,
         )?;
         step.submit()?;
+        // The asked rows gathered on the host: [t, d] is small next to [t, vocab].
+        let n = rows.len();
+        let all = h.read_f32(&self.ctx)?;
+        let picked: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| all[r * d..(r + 1) * d].iter().copied())
+            .collect();
+        let h = Tensor::from_f32(&self.ctx, &[n, d], &picked, "final norm rows")?;
         let head = &self.weights.lm_head;
-        let mut out = vec![0f32; t * vocab];
+        let mut out = vec![0f32; n * vocab];
         for (ci, chunk) in head.chunks.iter().enumerate() {
-            let logits = Tensor::zeros(&self.ctx, DType::F32, &[t, chunk.rows], "logits chunk")?;
+            let logits = Tensor::zeros(&self.ctx, DType::F32, &[n, chunk.rows], "logits chunk")?;
             let mut step = StepEncoder::new(&self.ctx, "lm head");
             matmul::matmul(
                 &mut step,
                 &h,
                 &head.chunk_view(ci),
                 &logits,
-                t,
+                n,
                 &self.kernels,
             )?;
             step.submit()?;
             let part = logits.read_f32(&self.ctx)?;
-            for r in 0..t {
+            for r in 0..n {
                 out[r * vocab + chunk.row_start..r * vocab + chunk.row_start + chunk.rows]
                     .copy_from_slice(&part[r * chunk.rows..(r + 1) * chunk.rows]);
             }

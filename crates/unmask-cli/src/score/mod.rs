@@ -1,0 +1,195 @@
+//! `unmask score`: the log-likelihood of one or more answers after a prompt, by LLaDA's
+//! Monte Carlo estimate, ranked (the way multiple-choice evaluations pick an answer).
+
+use clap::{ArgGroup, Args};
+use serde_json::json;
+use unmask::{Engine, LikelihoodParams, Prompt};
+use unmask_core::chat::Message;
+use unmask_core::likelihood::{DEFAULT_MC_BATCH, DEFAULT_MC_NUM};
+
+use crate::error::CliError;
+
+mod choices;
+use crate::options::{self, EngineArgs, ModelArgs};
+use crate::{output, values};
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Score answers by their log-likelihood after a prompt (Monte Carlo estimate).",
+    override_usage = "unmask score [--model <DIR>] (--prompt <TEXT> [--system <TEXT>] | --prompt-ids <IDS>) (--answer <TEXT>... | --answer-ids <IDS>...) [OPTIONS]\n       unmask score [--model <DIR>] --set <FILE> [--limit <N>] [OPTIONS]",
+    after_help = "Each answer's estimate is LLaDA's (get_log_likelihood.py): --mc-num samples, each\n\
+                  masking k of the answer's L tokens (k stratified over --mc-batch samples), the\n\
+                  masked tokens' cross-entropy over k/L averaged and negated: a lower bound on\n\
+                  log p(answer | prompt) in nats. A chat prompt ends with the assistant's header,\n\
+                  so an answer is scored as the reply; answer text is tokenized as it is. Answers\n\
+                  are printed best first; every answer is scored over the same seed's draws.\n\n\
+                  With --set, each item of a task set with \"choices\" (tools/add_choices.py) is a\n\
+                  multiple-choice question: every choice is scored as the reply \"#### <choice>\"\n\
+                  and the end of the turn, the best is the pick, and the accuracy is printed by\n\
+                  task.",
+    group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "set"])),
+    group(ArgGroup::new("answers").args(["answer", "answer_ids"]).multiple(true).conflicts_with("set"))
+)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// the user message (rendered with the chat template)
+    #[arg(long, value_name = "TEXT")]
+    prompt: Option<String>,
+    /// a system message before the prompt
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// token ids used as they are, e.g. 1,2,3
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    prompt_ids: Option<::std::vec::Vec<u32>>,
+    /// an answer to score (repeat for several)
+    #[arg(long, value_name = "TEXT")]
+    answer: Vec<String>,
+    /// an answer's token ids (repeat for several)
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    answer_ids: Vec<::std::vec::Vec<u32>>,
+    /// Monte Carlo samples per answer (default 128)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    mc_num: Option<usize>,
+    /// samples whose mask counts are stratified together; divides --mc-num (default 16)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    mc_batch: Option<usize>,
+    /// classifier-free guidance weight (default 0: none)
+    #[arg(long, value_name = "W")]
+    cfg_scale: Option<f32>,
+    /// seed of the masks' draws (default 0)
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// a task set whose items have "choices": score every item's choices and report the
+    /// accuracy of the best-scored one
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["system", "prompt", "prompt_ids"])]
+    set: Option<std::path::PathBuf>,
+    /// with --set: only the first N items
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, requires = "set")]
+    limit: Option<usize>,
+    /// print one JSON object: every answer's estimate, standard error and sample losses
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
+    let dir = args.model.dir()?;
+    if crate::dgemma::is_diffusion_gemma(&dir) {
+        return Err(CliError::usage(
+            "score: DiffusionGemma's decoder denoises whole canvases with self-conditioning; \
+             the masked-token estimate is defined for LLaDA and Dream models",
+        ));
+    }
+    let params = LikelihoodParams {
+        mc_num: args.mc_num.unwrap_or(DEFAULT_MC_NUM),
+        batch: args.mc_batch.unwrap_or(DEFAULT_MC_BATCH),
+        cfg_scale: args.cfg_scale.unwrap_or(0.0),
+        seed: args.seed.unwrap_or(0),
+    };
+    params.check().map_err(|e| {
+        let flag = match e.field {
+            "mc_batch" => "--mc-batch",
+            "mc_num" => "--mc-num",
+            _ => "--cfg-scale",
+        };
+        CliError::usage(format!(
+            "{flag}: expected {}, found {}",
+            e.expected, e.found
+        ))
+    })?;
+    let engine = options::load_engine(&dir, &args.engine.options()?)?;
+    if let Some(set) = &args.set {
+        return choices::run(&engine, set, args.limit, &params, args.json);
+    }
+    if args.answer.is_empty() && args.answer_ids.is_empty() {
+        return Err(CliError::usage(
+            "score: give --answer TEXT or --answer-ids IDS (one or more), or --set FILE",
+        ));
+    }
+    let prompt = prompt_ids(&engine, args)?;
+    let mut answers: Vec<(String, Vec<u32>)> = Vec::new();
+    for text in &args.answer {
+        answers.push((text.clone(), engine.encode_text(text)?));
+    }
+    for ids in &args.answer_ids {
+        options::check_ids(&engine, "answer-ids", ids)?;
+        let label = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        answers.push((label, ids.clone()));
+    }
+    let mut scored = Vec::with_capacity(answers.len());
+    for (label, ids) in answers {
+        let l = engine.log_likelihood(&prompt, &ids, &params)?;
+        eprintln!(
+            "[score] {label:?}: {:.4} ± {:.4} nats over {} tokens ({} passes, {:.2} s)",
+            l.log_likelihood, l.standard_error, l.answer_tokens, l.forward_passes, l.total_s
+        );
+        scored.push((label, ids, l));
+    }
+    // Best first; equal estimates keep the order given.
+    let mut order: Vec<usize> = (0..scored.len()).collect();
+    order.sort_by(|&a, &b| {
+        scored[b]
+            .2
+            .log_likelihood
+            .total_cmp(&scored[a].2.log_likelihood)
+    });
+    if args.json {
+        let answers: Vec<_> = order
+            .iter()
+            .map(|&i| {
+                let (label, ids, l) = &scored[i];
+                json!({
+                    "answer": label,
+                    "ids": ids,
+                    "log_likelihood": l.log_likelihood,
+                    "standard_error": l.standard_error,
+                    "per_token": l.log_likelihood / l.answer_tokens as f64,
+                    "answer_tokens": l.answer_tokens,
+                    "sample_losses": l.sample_losses,
+                    "forward_passes": l.forward_passes,
+                    "total_s": l.total_s,
+                })
+            })
+            .collect();
+        let v = json!({
+            "model": engine.dir().display().to_string(),
+            "adapter": engine.ctx().describe(),
+            "prompt_ids": prompt,
+            "mc_num": params.mc_num,
+            "mc_batch": params.batch,
+            "cfg_scale": params.cfg_scale,
+            "seed": params.seed,
+            "answers": answers,
+        });
+        return output::line(&v.to_string());
+    }
+    for &i in &order {
+        let (label, _, l) = &scored[i];
+        output::line(&format!(
+            "{:>12.4} ± {:.4}  {label}",
+            l.log_likelihood, l.standard_error
+        ))?;
+    }
+    Ok(())
+}
+
+/// The prompt's ids: the chat template over `--system` and `--prompt`, or `--prompt-ids`.
+fn prompt_ids(engine: &Engine, args: &ScoreArgs) -> Result<Vec<u32>, CliError> {
+    if let Some(ids) = &args.prompt_ids {
+        if args.system.is_some() {
+            return Err(CliError::usage(
+                "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids in the list",
+            ));
+        }
+        options::check_ids(engine, "prompt-ids", ids)?;
+        return Ok(ids.clone());
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::system(system));
+    }
+    messages.push(Message::user(args.prompt.as_deref().unwrap_or_default()));
+    Ok(engine.encode_prompt(&Prompt::Chat(messages))?)
+}

@@ -1,0 +1,148 @@
+//! `unmask score`: answers ranked by their estimated log-likelihood, the estimate the
+//! library gives for the same seed, multiple choice over a set, and bad flags named.
+
+use serde_json::Value;
+
+use super::{assert_fails, assert_ok, fixture, json, run, stdout, temp_path, tiny_set, u64s};
+
+#[test]
+fn score_ranks_answers_and_a_set_reports_its_accuracy() {
+    let fix = fixture();
+    let o = run(&[
+        "score",
+        "--model",
+        &fix,
+        "--prompt-ids",
+        "300,5,6,7",
+        "--answer-ids",
+        "10,11,12",
+        "--answer-ids",
+        "40,41",
+        "--mc-num",
+        "8",
+        "--mc-batch",
+        "4",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let v = json(&o);
+    let answers = v["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 2);
+    let estimates: Vec<f64> = answers
+        .iter()
+        .map(|a| a["log_likelihood"].as_f64().unwrap())
+        .collect();
+    assert!(estimates[0] >= estimates[1], "best first: {estimates:?}");
+    for a in answers {
+        let losses = a["sample_losses"].as_array().unwrap();
+        assert_eq!(losses.len(), 8);
+        assert_eq!(a["forward_passes"], 8);
+        // The estimate is minus the mean sample loss.
+        let mean = losses.iter().map(|l| l.as_f64().unwrap()).sum::<f64>() / 8.0;
+        assert!((a["log_likelihood"].as_f64().unwrap() + mean).abs() < 1e-9);
+        assert!(!u64s(&a["ids"]).is_empty());
+    }
+    // The same seed draws the same masks: the same estimate again.
+    let again = run(&[
+        "score",
+        "--model",
+        &fix,
+        "--prompt-ids",
+        "300,5,6,7",
+        "--answer-ids",
+        "40,41",
+        "--mc-num",
+        "8",
+        "--mc-batch",
+        "4",
+        "--json",
+    ]);
+    let again = json(&again)["answers"][0]["log_likelihood"].clone();
+    assert!(
+        answers.iter().any(|a| a["log_likelihood"] == again),
+        "{again}"
+    );
+
+    // Multiple choice over a set: one item whose choices include its answer.
+    let set = temp_path("choices.jsonl");
+    std::fs::write(
+        &set,
+        r#"{"id": "q1", "task": "lookup", "system": "Alice: Oslo.", "user": "Which city?", "answer": "Oslo", "choices": ["Rome", "Oslo"]}
+"#,
+    )
+    .unwrap();
+    let set_arg = set.display().to_string();
+    let o = run(&[
+        "score",
+        "--model",
+        &fix,
+        "--set",
+        &set_arg,
+        "--mc-num",
+        "4",
+        "--mc-batch",
+        "4",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let v: Value = json(&o);
+    assert_eq!(v["items"], 1);
+    let r = &v["results"][0];
+    assert_eq!(r["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(r["correct"], r["picked"] == "Oslo");
+    let o = run(&[
+        "score",
+        "--model",
+        &fix,
+        "--set",
+        &set_arg,
+        "--mc-num",
+        "4",
+        "--mc-batch",
+        "4",
+    ]);
+    assert_ok(&o);
+    assert!(stdout(&o).starts_with("accuracy "), "{}", stdout(&o));
+    std::fs::remove_file(&set).unwrap();
+
+    assert_fails(
+        &[
+            "score",
+            "--model",
+            &fix,
+            "--prompt-ids",
+            "1,2",
+            "--answer-ids",
+            "3",
+            "--mc-num",
+            "6",
+            "--mc-batch",
+            "4",
+        ],
+        2,
+        "--mc-num: expected a positive multiple of mc_batch 4, found 6",
+    );
+    assert_fails(
+        &[
+            "score",
+            "--model",
+            &fix,
+            "--prompt-ids",
+            "1,2",
+            "--answer-ids",
+            "3,305",
+        ],
+        1,
+        "answer: expected token ids below the vocabulary's 320 other than the mask token 305",
+    );
+    assert_fails(
+        &["score", "--model", &fix, "--set", &tiny_set()],
+        2,
+        "item \"g1-lookup\" (line 1) has no \"choices\"",
+    );
+    assert_fails(
+        &["score", "--model", &fix, "--prompt-ids", "1,2"],
+        2,
+        "give --answer TEXT",
+    );
+}

@@ -1,0 +1,131 @@
+//! A continuation's log-likelihood (LLaDA's Monte Carlo estimate) against the numpy
+//! reference over the same stored samples, for LLaDA and Dream, with and without guidance;
+//! the seeded draw; and bad input named.
+
+use std::path::Path;
+
+use serde_json::Value;
+use unmask::{Engine, LikelihoodParams, MaskSample};
+use unmask_goldens::ids;
+
+use crate::common;
+
+/// Every case of the fixture's goldens/likelihood.json: each sample's loss and the estimate
+/// within f32 logits' rounding of the reference's. Returns how many cases ran.
+fn check_goldens(engine: &Engine, dir: &Path) -> usize {
+    let text = std::fs::read_to_string(dir.join("goldens/likelihood.json")).unwrap();
+    let cases = unmask_goldens::cases(&text);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let samples: Vec<MaskSample> = case["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| MaskSample {
+                masked: ids(&s["masked"]).iter().map(|&m| m as usize).collect(),
+                p_mask: s["p_mask"].as_f64().unwrap(),
+            })
+            .collect();
+        let cfg = case["cfg_scale"].as_f64().unwrap() as f32;
+        let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+        let got = engine
+            .log_likelihood_of(&prompt, &answer, &samples, cfg)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want: Vec<f64> = case["sample_losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(got.sample_losses.len(), want.len(), "{name}");
+        for (i, (g, w)) in got.sample_losses.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{name} sample {i}: {g} against the reference's {w}"
+            );
+        }
+        let estimate = case["log_likelihood"].as_f64().unwrap();
+        assert!(
+            (got.log_likelihood - estimate).abs() <= 1e-4 * estimate.abs(),
+            "{name}: {} against {estimate}",
+            got.log_likelihood
+        );
+        let passes = if cfg > 0.0 { 2 } else { 1 };
+        assert_eq!(got.forward_passes, samples.len() * passes, "{name}");
+        eprintln!(
+            "[likelihood] {name}: {:.4} (reference {estimate:.4}) over {} samples",
+            got.log_likelihood,
+            samples.len()
+        );
+    }
+    cases.len()
+}
+
+#[test]
+fn the_estimate_matches_the_reference_over_the_same_samples() {
+    assert_eq!(
+        check_goldens(&common::tiny_engine(), &common::fixture_dir()),
+        3
+    );
+    let dream = common::tiny_dream_engine();
+    assert_eq!(check_goldens(&dream, &common::dream_fixture_dir()), 3);
+}
+
+#[test]
+fn seeded_estimates_repeat_and_bad_input_is_named() {
+    let engine = common::tiny_engine();
+    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
+    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
+    let case = &cases["cases"][0];
+    let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+    let params = LikelihoodParams {
+        mc_num: 8,
+        batch: 4,
+        ..LikelihoodParams::default()
+    };
+    let a = engine.log_likelihood(&prompt, &answer, &params).unwrap();
+    let b = engine.log_likelihood(&prompt, &answer, &params).unwrap();
+    assert_eq!(
+        a.sample_losses, b.sample_losses,
+        "the same seed draws the same masks"
+    );
+    assert_eq!((a.forward_passes, a.answer_tokens), (8, answer.len()));
+    assert!(a.log_likelihood < 0.0 && a.standard_error > 0.0);
+    let other = LikelihoodParams { seed: 3, ..params };
+    let c = engine.log_likelihood(&prompt, &answer, &other).unwrap();
+    assert_ne!(a.sample_losses, c.sample_losses);
+    let mask = engine.special().mask;
+    let err = |p: &[u32], a: &[u32], params: &LikelihoodParams| {
+        engine.log_likelihood(p, a, params).unwrap_err().to_string()
+    };
+    let e = err(&prompt, &[1, mask], &params);
+    assert!(
+        e.starts_with("answer: ") && e.contains(&format!("{mask} at position 1")),
+        "{e}"
+    );
+    let e = err(&[], &answer, &params);
+    assert!(e.starts_with("prompt: expected at least one token"), "{e}");
+    let e = err(&prompt, &vec![7; 300], &params);
+    assert!(e.contains("within the model's 256 positions"), "{e}");
+    let e = err(
+        &prompt,
+        &answer,
+        &LikelihoodParams {
+            mc_num: 6,
+            ..params
+        },
+    );
+    assert!(
+        e.starts_with("mc_num: expected a positive multiple of mc_batch 4"),
+        "{e}"
+    );
+    let outside = [MaskSample {
+        masked: vec![answer.len()],
+        p_mask: 1.0,
+    }];
+    let e = engine
+        .log_likelihood_of(&prompt, &answer, &outside, 0.0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("samples: "), "{e}");
+}
