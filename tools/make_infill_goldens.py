@@ -94,16 +94,20 @@ class Dream:
         )
 
 
+def load_fixture(fixture):
+    """The fixture's family (Llada or Dream), its reference module, weights and tokenizer."""
+    with open(os.path.join(fixture, "config.json")) as f:
+        dream = json.load(f)["model_type"].lower() == "dream"
+    ref = dream_ref if dream else llada_ref
+    tok = Tokenizer.from_file(os.path.join(fixture, "tokenizer.json"))
+    return (Dream if dream else Llada), ref, ref.load_checkpoint(fixture), tok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", default="tests/fixtures/tiny")
     args = ap.parse_args()
-    with open(os.path.join(args.fixture, "config.json")) as f:
-        dream = json.load(f)["model_type"].lower() == "dream"
-    family = Dream if dream else Llada
-    ref = dream_ref if dream else llada_ref
-    params = ref.load_checkpoint(args.fixture)
-    tok = Tokenizer.from_file(os.path.join(args.fixture, "tokenizer.json"))
+    family, ref, params, tok = load_fixture(args.fixture)
     prompts = [family.prompt(tok, q) for q in GENERATE_QUESTIONS]
     suffixes = [tok.encode(s, add_special_tokens=False).ids for s in SUFFIXES]
     cases = []

@@ -9,19 +9,17 @@ Usage: tools/.venv/bin/python tools/make_likelihood_goldens.py [--fixture tests/
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
-from tokenizers import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dream_ref  # noqa: E402
 import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
 from make_fixture import GENERATE_QUESTIONS  # noqa: E402
-from make_infill_goldens import Dream, Llada  # noqa: E402
+from make_infill_goldens import Dream, load_fixture  # noqa: E402
 
 # (name, description, answer text, mc_num, batch, cfg_scale)
 CASES = [
@@ -35,14 +33,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", default="tests/fixtures/tiny")
     args = ap.parse_args()
-    with open(os.path.join(args.fixture, "config.json")) as f:
-        dream = json.load(f)["model_type"].lower() == "dream"
-    family = Dream if dream else Llada
-    ref = dream_ref if dream else llada_ref
-    logits_fn = dream_ref.shifted_forward if dream else llada_ref.forward
-    params = ref.load_checkpoint(args.fixture)
+    family, ref, params, tok = load_fixture(args.fixture)
+    logits_fn = dream_ref.shifted_forward if family is Dream else llada_ref.forward
     mask_id = params["config"]["mask_token_id"]
-    tok = Tokenizer.from_file(os.path.join(args.fixture, "tokenizer.json"))
     rng = np.random.Generator(np.random.PCG64(0))
     cases = []
     for ci, (name, desc, answer_text, mc_num, batch, cfg) in enumerate(CASES):

@@ -29,6 +29,14 @@ fn committed_positions(case: &Value) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The positions a generation committed at each of its steps.
+fn commits(out: &unmask::Generation) -> Vec<Vec<u32>> {
+    out.steps
+        .iter()
+        .map(|s| s.committed.iter().map(|(p, _)| *p).collect())
+        .collect()
+}
+
 #[test]
 fn generation_matches_reference_goldens() {
     let checked = check_generations(&engine(), &common::golden_cases());
@@ -82,13 +90,8 @@ fn check_generations(engine: &Engine, cases: &[Value]) -> usize {
         let mut got = prompt.clone();
         got.extend(&out.ids);
         assert_eq!(got, want, "{name}: tokens differ from the reference");
-        let got_steps: Vec<Vec<u32>> = out
-            .steps
-            .iter()
-            .map(|s| s.committed.iter().map(|(p, _)| *p).collect())
-            .collect();
         assert_eq!(
-            got_steps,
+            commits(&out),
             committed_positions(case),
             "{name}: per-step commits differ"
         );
@@ -313,15 +316,10 @@ fn check_infillings(engine: &Engine, dir: &std::path::Path) -> usize {
         got.extend(&out.ids);
         got.extend(&suffix);
         assert_eq!(got, want, "{name}: tokens differ from the reference");
-        let got_steps: Vec<Vec<u32>> = out
-            .steps
-            .iter()
-            .map(|s| s.committed.iter().map(|(p, _)| *p).collect())
-            .collect();
         // The reference's steps that commit nothing (a Dream quota of 0) are not run here.
         let mut want_steps = committed_positions(case);
         want_steps.retain(|s| !s.is_empty());
-        assert_eq!(got_steps, want_steps, "{name}: commits");
+        assert_eq!(commits(&out), want_steps, "{name}: commits");
         let guided = p.cfg_scale > 0.0;
         for mode in CacheMode::ALL {
             if guided && (mode.is_adaptive() || mode.is_bicache() || mode == CacheMode::Acache) {

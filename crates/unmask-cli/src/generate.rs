@@ -7,11 +7,10 @@ use serde_json::{Value, json};
 use unmask::{
     BicacheReport, CacheMode, Engine, Generation, GenerationParams, Prompt, Request, Schedule, Span,
 };
-use unmask_core::chat::Message;
 
 use crate::error::CliError;
 use crate::live::CanvasView;
-use crate::options::{self, CacheArgs, GenerationArgs, ModelArgs, RunArgs};
+use crate::options::{self, CacheArgs, GenerationArgs, ModelArgs, PromptArgs, RunArgs};
 use crate::{output, values};
 
 #[derive(Args, Debug)]
@@ -25,16 +24,8 @@ use crate::{output, values};
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// the user message (rendered with the chat template)
-    #[arg(long, value_name = "TEXT")]
-    prompt: Option<String>,
-    /// a system message before the prompt
-    #[arg(long, value_name = "TEXT")]
-    system: Option<String>,
-    /// token ids used as they are, e.g. 1,2,3 (no tokenizer needed; prints ids)
-    // The path spelled out: one value holding the list, not a value per occurrence.
-    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
-    prompt_ids: Option<::std::vec::Vec<u32>>,
+    #[command(flatten)]
+    input: PromptArgs,
     /// infilling: text after the generated canvas, which every step sees and none predicts
     /// (tokenized as it is, no chat template); the answer is the canvas between
     #[arg(long, value_name = "TEXT", conflicts_with = "suffix_ids")]
@@ -184,7 +175,7 @@ fn affix(args: &GenerateArgs) -> Result<Option<String>, CliError> {
     let Some(path) = &args.affix_file else {
         return Ok(None);
     };
-    if args.prompt_ids.is_some() {
+    if args.input.prompt_ids.is_some() {
         return Err(CliError::usage(
             "--affix-file needs --prompt TEXT; with --prompt-ids the span is a range of the ids",
         ));
@@ -217,24 +208,11 @@ pub fn system_with_affix(system: Option<&str>, affix: &str) -> String {
 /// The prompt: `--prompt` (with `--system` and the affix) or `--prompt-ids`; clap lets
 /// exactly one of them through.
 fn prompt(args: &GenerateArgs, affix: Option<&str>) -> Result<Prompt, CliError> {
-    if let Some(ids) = &args.prompt_ids {
-        if args.system.is_some() {
-            return Err(CliError::usage(
-                "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids in the list",
-            ));
-        }
-        return Ok(Prompt::Ids(ids.clone()));
-    }
-    let mut messages = Vec::new();
     let system = match affix {
-        Some(a) => Some(system_with_affix(args.system.as_deref(), a)),
-        None => args.system.clone(),
+        Some(a) => Some(system_with_affix(args.input.system.as_deref(), a)),
+        None => args.input.system.clone(),
     };
-    if let Some(system) = &system {
-        messages.push(Message::system(system));
-    }
-    messages.push(Message::user(args.prompt.as_deref().unwrap_or_default()));
-    Ok(Prompt::Chat(messages))
+    args.input.prompt(system)
 }
 
 /// Runs one request, showing the canvas live when `live` is set.

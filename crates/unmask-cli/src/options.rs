@@ -34,6 +34,45 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
 }
 
+/// A prompt as the generating and scoring commands take it: a user turn after an optional
+/// system turn (the chat template), or token ids.
+#[derive(Args, Debug)]
+pub struct PromptArgs {
+    /// the user message (rendered with the chat template)
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// a system message before the prompt
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// token ids used as they are, e.g. 1,2,3 (no tokenizer needed)
+    // The path spelled out: one value holding the list, not a value per occurrence.
+    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
+    pub prompt_ids: Option<::std::vec::Vec<u32>>,
+}
+
+impl PromptArgs {
+    /// The prompt, with `system` as the system turn (the flag's, or a caller's rewrite of
+    /// it).
+    pub fn prompt(&self, system: Option<String>) -> Result<unmask::Prompt, CliError> {
+        if let Some(ids) = &self.prompt_ids {
+            if self.system.is_some() {
+                return Err(CliError::usage(
+                    "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids \
+                     in the list",
+                ));
+            }
+            return Ok(unmask::Prompt::Ids(ids.clone()));
+        }
+        let mut messages = Vec::new();
+        if let Some(system) = system {
+            messages.push(unmask_core::chat::Message::system(system));
+        }
+        let user = self.prompt.as_deref().unwrap_or_default();
+        messages.push(unmask_core::chat::Message::user(user));
+        Ok(unmask::Prompt::Chat(messages))
+    }
+}
+
 impl ModelArgs {
     /// The model folder: `--model`, else the first default that exists. Says on stderr
     /// which one is used.

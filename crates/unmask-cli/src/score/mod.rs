@@ -4,13 +4,12 @@
 use clap::{ArgGroup, Args};
 use serde_json::json;
 use unmask::{Engine, LikelihoodParams, Prompt};
-use unmask_core::chat::Message;
 use unmask_core::likelihood::{DEFAULT_MC_BATCH, DEFAULT_MC_NUM};
 
 use crate::error::CliError;
 
 mod choices;
-use crate::options::{self, EngineArgs, ModelArgs};
+use crate::options::{self, EngineArgs, ModelArgs, PromptArgs};
 use crate::{output, values};
 
 #[derive(Args, Debug)]
@@ -33,15 +32,8 @@ use crate::{output, values};
 pub struct ScoreArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// the user message (rendered with the chat template)
-    #[arg(long, value_name = "TEXT")]
-    prompt: Option<String>,
-    /// a system message before the prompt
-    #[arg(long, value_name = "TEXT")]
-    system: Option<String>,
-    /// token ids used as they are, e.g. 1,2,3
-    #[arg(long, value_name = "IDS", value_parser = values::token_ids)]
-    prompt_ids: Option<::std::vec::Vec<u32>>,
+    #[command(flatten)]
+    input: PromptArgs,
     /// an answer to score (repeat for several)
     #[arg(long, value_name = "TEXT")]
     answer: Vec<String>,
@@ -177,19 +169,9 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
 
 /// The prompt's ids: the chat template over `--system` and `--prompt`, or `--prompt-ids`.
 fn prompt_ids(engine: &Engine, args: &ScoreArgs) -> Result<Vec<u32>, CliError> {
-    if let Some(ids) = &args.prompt_ids {
-        if args.system.is_some() {
-            return Err(CliError::usage(
-                "--system needs --prompt TEXT; with --prompt-ids put the system turn's ids in the list",
-            ));
-        }
+    let prompt = args.input.prompt(args.input.system.clone())?;
+    if let Prompt::Ids(ids) = &prompt {
         options::check_ids(engine, "prompt-ids", ids)?;
-        return Ok(ids.clone());
     }
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(Message::system(system));
-    }
-    messages.push(Message::user(args.prompt.as_deref().unwrap_or_default()));
-    Ok(engine.encode_prompt(&Prompt::Chat(messages))?)
+    Ok(engine.encode_prompt(&prompt)?)
 }
