@@ -57,7 +57,7 @@ python3 tools/parity.py --against goldens --model tests/fixtures/tiny-wide-heads
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dream-wide-heads --unmask target/debug/unmask
 python3 tools/parity.py --against goldens --model tests/fixtures/tiny-dgemma --unmask target/debug/unmask
 
-phase "the numpy references of ACache, dLLM-Cache and DiffusionGemma reproduce their goldens"
+phase "the numpy references of ACache, dLLM-Cache, DiffusionGemma, infilling and likelihoods reproduce their goldens"
 REF_VENV=target/numpy-venv
 if [ ! -x "$REF_VENV/bin/python" ] || ! "$REF_VENV/bin/python" -c "import numpy" 2>/dev/null; then
   python3 -m venv "$REF_VENV"
@@ -66,6 +66,10 @@ fi
 "$REF_VENV/bin/python" tools/acache_ref.py --model tests/fixtures/tiny --check
 "$REF_VENV/bin/python" tools/dllm_cache_ref.py --model tests/fixtures/tiny --check --self-check
 "$REF_VENV/bin/python" tools/dgemma_ref.py --model tests/fixtures/tiny-dgemma --check
+for fixture in tests/fixtures/tiny tests/fixtures/tiny-dream; do
+  "$REF_VENV/bin/python" tools/make_infill_goldens.py --fixture "$fixture" --check
+  "$REF_VENV/bin/python" tools/make_likelihood_goldens.py --fixture "$fixture" --check
+done
 
 phase "bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask

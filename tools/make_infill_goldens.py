@@ -8,6 +8,8 @@ tokens, so a runtime that dropped or misplaced the suffix would fail the case.
 
 Usage: tools/.venv/bin/python tools/make_infill_goldens.py [--fixture tests/fixtures/tiny]
        tools/.venv/bin/python tools/make_infill_goldens.py --fixture tests/fixtures/tiny-dream
+       python tools/make_infill_goldens.py --fixture DIR --check   (numpy alone: the stored
+       cases are the reference's)
 """
 
 from __future__ import annotations
@@ -18,16 +20,12 @@ import math
 import os
 import sys
 
-from tokenizers import Tokenizer
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import dream_fixture_chat  # noqa: E402
-import dream_fixture_goldens  # noqa: E402
 import dream_ref  # noqa: E402
-import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
-import make_fixture  # noqa: E402
-from make_fixture import GENERATE_QUESTIONS  # noqa: E402
+
+# The makers' modules need the `tokenizers` package; `--check` runs on numpy alone, so they
+# are imported where the goldens are made.
 
 SUFFIXES = [
     " and that is all.",
@@ -59,10 +57,17 @@ DREAM_CASES = [
 
 class Llada:
     cases = LLADA_CASES
-    full_params = staticmethod(make_fixture.full_params)
+
+    @staticmethod
+    def full_params(spec):
+        import make_fixture
+
+        return make_fixture.full_params(spec)
 
     @staticmethod
     def prompt(tok, question):
+        import make_fixture
+
         text = make_fixture.render_chat([{"role": "user", "content": question}])
         return tok.encode(text, add_special_tokens=False).ids
 
@@ -77,10 +82,18 @@ class Llada:
 
 class Dream:
     cases = DREAM_CASES
-    full_params = staticmethod(dream_fixture_goldens.full_params)
+
+    @staticmethod
+    def full_params(spec):
+        import dream_fixture_goldens
+
+        return dream_fixture_goldens.full_params(spec)
 
     @staticmethod
     def prompt(tok, question):
+        import dream_fixture_chat
+        import fixture_common
+
         text = dream_fixture_chat.render_chat([{"role": "user", "content": question}])
         return fixture_common.encode(tok, text)
 
@@ -94,19 +107,45 @@ class Dream:
         )
 
 
-def load_fixture(fixture):
-    """The fixture's family (Llada or Dream), its reference module, weights and tokenizer."""
+def family_of(fixture):
+    """The fixture's family (Llada or Dream), its reference module and its weights."""
     with open(os.path.join(fixture, "config.json")) as f:
         dream = json.load(f)["model_type"].lower() == "dream"
     ref = dream_ref if dream else llada_ref
-    tok = Tokenizer.from_file(os.path.join(fixture, "tokenizer.json"))
-    return (Dream if dream else Llada), ref, ref.load_checkpoint(fixture), tok
+    return (Dream if dream else Llada), ref, ref.load_checkpoint(fixture)
+
+
+def load_fixture(fixture):
+    """family_of's, and the fixture's tokenizer."""
+    from tokenizers import Tokenizer
+
+    family, ref, params = family_of(fixture)
+    return family, ref, params, Tokenizer.from_file(os.path.join(fixture, "tokenizer.json"))
+
+
+def check(fixture):
+    """Every stored case again through the reference: the same sequence and commits."""
+    family, _, params = family_of(fixture)
+    with open(os.path.join(fixture, "goldens", "infill.json")) as f:
+        cases = json.load(f)["cases"]
+    for case in cases:
+        out, trace = family.run(params, case["prompt"], case["params"], case["suffix"])
+        commits = [s["committed"] for s in trace]
+        if [int(t) for t in out] != case["output"] or commits != [s["committed"] for s in case["steps"]]:
+            raise SystemExit(f"{fixture}: infill case {case['name']} differs from the reference")
+    print(f"{fixture}: {len(cases)} infill goldens reproduced")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", default="tests/fixtures/tiny")
+    ap.add_argument("--check", action="store_true", help="reproduce the stored goldens")
     args = ap.parse_args()
+    if args.check:
+        return check(args.fixture)
+    import fixture_common
+    from make_fixture import GENERATE_QUESTIONS
+
     family, ref, params, tok = load_fixture(args.fixture)
     prompts = [family.prompt(tok, q) for q in GENERATE_QUESTIONS]
     suffixes = [tok.encode(s, add_special_tokens=False).ids for s in SUFFIXES]

@@ -4,11 +4,13 @@ case, so the runtime scores the same samples), written to FIXTURE/goldens/likeli
 
 Usage: tools/.venv/bin/python tools/make_likelihood_goldens.py [--fixture tests/fixtures/tiny]
        tools/.venv/bin/python tools/make_likelihood_goldens.py --fixture tests/fixtures/tiny-dream
+       python tools/make_likelihood_goldens.py --fixture DIR --check   (numpy alone)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -16,10 +18,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dream_ref  # noqa: E402
-import fixture_common  # noqa: E402
 import llada_ref  # noqa: E402
-from make_fixture import GENERATE_QUESTIONS  # noqa: E402
-from make_infill_goldens import Dream, load_fixture  # noqa: E402
+from make_infill_goldens import Dream, family_of, load_fixture  # noqa: E402
 
 # (name, description, answer text, mc_num, batch, cfg_scale)
 CASES = [
@@ -29,10 +29,33 @@ CASES = [
 ]
 
 
+def check(fixture):
+    """Every stored case's sample losses again through the reference."""
+    family, _, params = family_of(fixture)
+    logits_fn = dream_ref.shifted_forward if family is Dream else llada_ref.forward
+    with open(os.path.join(fixture, "goldens", "likelihood.json")) as f:
+        cases = json.load(f)["cases"]
+    for case in cases:
+        samples = [(s["masked"], s["p_mask"]) for s in case["samples"]]
+        _, losses = llada_ref.log_likelihood(
+            params, case["prompt"], case["answer"], samples, cfg_scale=case["cfg_scale"],
+            mask_id=params["config"]["mask_token_id"], logits_fn=logits_fn,
+        )
+        if not np.allclose(losses, case["sample_losses"], rtol=1e-9, atol=0):
+            raise SystemExit(f"{fixture}: likelihood case {case['name']} differs from the reference")
+    print(f"{fixture}: {len(cases)} likelihood goldens reproduced")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", default="tests/fixtures/tiny")
+    ap.add_argument("--check", action="store_true", help="reproduce the stored goldens")
     args = ap.parse_args()
+    if args.check:
+        return check(args.fixture)
+    import fixture_common
+    from make_fixture import GENERATE_QUESTIONS
+
     family, ref, params, tok = load_fixture(args.fixture)
     logits_fn = dream_ref.shifted_forward if family is Dream else llada_ref.forward
     mask_id = params["config"]["mask_token_id"]
