@@ -1,5 +1,6 @@
 """Tests `unmask serve` on a loopback port: the official `openai` Python client (chat, a
-streamed chat, a text completion, the models list, `n` choices whole and streamed), every
+streamed chat, a text completion, one infilled before a `suffix`, the models list, `n`
+choices whole and streamed), every
 error path over raw HTTP, the queue's 429, a client that disconnects mid-stream, and the
 metrics after it all; then a DiffusionGemma folder (`--dgemma`, the test fixture by default)
 served the same way.
@@ -115,6 +116,23 @@ def openai_client_cases(server, unmask, model):
                                   extra_body={"steps": STEPS, "block_length": BLOCK})
     check(isinstance(c.choices[0].text, str) and c.usage.prompt_tokens > 0,
           f"text completion: {c.choices[0].text!r}, usage {c.usage}")
+    # Infilling through OpenAI's suffix: the answer's start before a given end, as `unmask
+    # generate --suffix` gives it (prompt ids from the CLI), whole and streamed; the suffix
+    # counts as prompt tokens.
+    cli = subprocess.run([unmask, "generate", "--model", model, "--system", SYSTEM, "--prompt", QUESTIONS[0],
+                          "--suffix", " city : Lima", "--gen-length", "2", "--steps", "2", "--block-length", "2",
+                          "--json"], capture_output=True, text=True, check=True)
+    cli = json.loads(cli.stdout)
+    infill = dict(model=name, prompt=cli["prompt_ids"], suffix=" city : Lima", max_tokens=2, temperature=0,
+                  extra_body={"steps": 2, "block_length": 2, "cache": "none"})
+    whole = client.completions.create(**infill)
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **infill)
+                       if chunk.choices)
+    check(whole.choices[0].text == cli["text"] == streamed and cli["text"].startswith("####"),
+          f"a completion with a suffix answers as unmask generate --suffix, whole and streamed: "
+          f"{whole.choices[0].text!r}, {cli['text']!r}, {streamed!r}")
+    check(whole.usage.prompt_tokens == len(cli["prompt_ids"]) + cli["suffix_len"],
+          f"the suffix counts as prompt tokens: {whole.usage}")
 
     choices_cases(client, name)
 
