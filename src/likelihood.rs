@@ -37,7 +37,7 @@ impl Engine {
             expected: e.expected,
             found: e.found,
         })?;
-        self.check_scored(prompt, answer)?;
+        // `log_likelihood_of` checks prompt and answer before any pass.
         let samples = draw_masks(answer.len(), params);
         self.log_likelihood_of(prompt, answer, &samples, params.cfg_scale)
     }
