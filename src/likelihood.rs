@@ -1,12 +1,22 @@
 //! A continuation's log-likelihood: LLaDA's Monte Carlo estimate
-//! (`unmask_core::likelihood`) with one forward pass per sample (two under guidance) and
-//! the LM head on the masked positions alone.
+//! (`unmask_core::likelihood`), the samples carried side by side through as few forward
+//! passes as fit (the guided ones with their prompt-masked twins), the LM head on the
+//! masked positions alone.
 
 use unmask_core::likelihood::{
     LikelihoodParams, MaskSample, cross_entropy, draw_masks, estimate, sample_loss,
 };
+use unmask_gpu::error::GpuError;
+use unmask_gpu::model::{LogitsState, ModelError, ScoredSeq};
 
 use crate::{Engine, EngineError, Stopwatch};
+
+/// Rows one scoring pass aims at when the caller sets no pass size: past a few thousand
+/// rows a GPU's matmuls gain nothing from a wider pass, and the buffers keep growing.
+pub const SCORE_PASS_ROWS: usize = 4096;
+
+/// Logits one scoring pass may read back (f32 bytes over its samples' masked rows).
+const SCORE_PASS_LOGITS_BYTES: usize = 256 << 20;
 
 /// What the estimate gave.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -18,8 +28,11 @@ pub struct Likelihood {
     /// The estimate's standard error: the sample losses' standard deviation over √n.
     pub standard_error: f64,
     pub answer_tokens: usize,
-    /// Forward passes run (a guided sample counts two).
+    /// Sequences scored: one per sample, two under guidance.
+    pub sequences: usize,
+    /// Forward passes run, each carrying up to `pass_samples` samples side by side.
     pub forward_passes: usize,
+    pub pass_samples: usize,
     pub total_s: f64,
 }
 
@@ -39,21 +52,27 @@ impl Engine {
         })?;
         // `log_likelihood_of` checks prompt and answer before any pass.
         let samples = draw_masks(answer.len(), params);
-        self.log_likelihood_of(prompt, answer, &samples, params.cfg_scale)
+        self.log_likelihood_of(
+            prompt,
+            answer,
+            &samples,
+            params.cfg_scale,
+            params.pass_samples,
+        )
     }
 
     /// The estimate over the given samples (masks drawn elsewhere: a reference's, to
-    /// compare with it).
+    /// compare with it), `pass_samples` of them per forward pass (None: as many as fit).
     pub fn log_likelihood_of(
         &self,
         prompt: &[u32],
         answer: &[u32],
         samples: &[MaskSample],
         cfg_scale: f32,
+        pass_samples: Option<usize>,
     ) -> Result<Likelihood, EngineError> {
         let start = Stopwatch::start();
         self.check_scored(prompt, answer)?;
-        let mut losses = Vec::with_capacity(samples.len());
         for (i, sample) in samples.iter().enumerate() {
             if sample.masked.is_empty() || sample.masked.iter().any(|&m| m >= answer.len()) {
                 return Err(EngineError::Invalid {
@@ -62,20 +81,64 @@ impl Engine {
                     found: format!("sample {i}: {:?}", sample.masked),
                 });
             }
-            losses.push(self.sample_loss(prompt, answer, sample, cfg_scale)?);
+        }
+        let guided = cfg_scale > 0.0;
+        let twins = if guided { 2 } else { 1 };
+        let len = prompt.len() + answer.len();
+        let (state, per_pass) = self.scoring_state(
+            len * twins,
+            answer.len() * twins,
+            samples.len(),
+            pass_samples,
+        )?;
+        let mut losses = Vec::with_capacity(samples.len());
+        let mut passes = 0;
+        for group in samples.chunks(per_pass) {
+            losses.extend(self.pass_losses(&state, prompt, answer, group, cfg_scale)?);
+            passes += 1;
         }
         let n = losses.len() as f64;
         let mean = losses.iter().sum::<f64>() / n.max(1.0);
         let variance = losses.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
-        let passes = if cfg_scale > 0.0 { 2 } else { 1 };
         Ok(Likelihood {
             log_likelihood: estimate(&losses),
             standard_error: (variance / n.max(1.0)).sqrt(),
             sample_losses: losses,
             answer_tokens: answer.len(),
-            forward_passes: samples.len() * passes,
+            sequences: samples.len() * twins,
+            forward_passes: passes,
+            pass_samples: per_pass,
             total_s: start.elapsed_s(),
         })
+    }
+
+    /// Buffers for passes of `per_pass` samples of `rows` rows and at most `answer_rows`
+    /// logits rows each, and that count: the caller's, else as many as the row target,
+    /// one storage binding and the logits cap allow; halved while the memory budget
+    /// refuses the buffers, down to one sample (whose refusal is the error).
+    fn scoring_state(
+        &self,
+        rows: usize,
+        answer_rows: usize,
+        samples: usize,
+        asked: Option<usize>,
+    ) -> Result<(LogitsState, usize), EngineError> {
+        let vocab = self.model.cfg.embedding_size;
+        let mut per_pass = asked.unwrap_or_else(|| {
+            let by_rows = SCORE_PASS_ROWS.min(self.model.max_state_rows()) / rows;
+            let by_logits = SCORE_PASS_LOGITS_BYTES / (answer_rows * vocab * 4).max(1);
+            by_rows.min(by_logits)
+        });
+        per_pass = per_pass.clamp(1, samples.max(1));
+        loop {
+            match self.model.logits_state(per_pass * rows) {
+                Ok(state) => return Ok((state, per_pass)),
+                Err(ModelError::Gpu(GpuError::OverBudget { .. })) if per_pass > 1 => {
+                    per_pass = per_pass.div_ceil(2);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Prompt and answer must be ids of the model's vocabulary, neither empty nor holding
@@ -120,41 +183,63 @@ impl Engine {
         Ok(())
     }
 
-    /// One sample's loss: the answer with `sample.masked` masked, the logits of those
-    /// positions (Dream's from the row before each), guided by the prompt-masked pass
-    /// when `cfg_scale` > 0 as generation guides them.
-    fn sample_loss(
+    /// The losses of one pass's samples: each the answer with `sample.masked` masked, the
+    /// logits of those positions (Dream's from the row before each), guided by the
+    /// prompt-masked twin when `cfg_scale` > 0 as generation guides them.
+    fn pass_losses(
         &self,
+        state: &LogitsState,
         prompt: &[u32],
         answer: &[u32],
-        sample: &MaskSample,
+        samples: &[MaskSample],
         cfg_scale: f32,
-    ) -> Result<f64, EngineError> {
+    ) -> Result<Vec<f64>, EngineError> {
         let mask = self.special().mask;
         let p = prompt.len();
-        let mut seq: Vec<u32> = prompt.iter().chain(answer).copied().collect();
-        for &m in &sample.masked {
-            seq[p + m] = mask;
-        }
         let shift = usize::from(self.model.cfg.family.shifts_logits());
-        let rows: Vec<usize> = sample.masked.iter().map(|&m| p + m - shift).collect();
-        let vocab = self.model.cfg.embedding_size;
-        let mut logits = self.model.logits_at(&seq, &rows)?;
-        if cfg_scale > 0.0 {
-            let mut uncond = seq.clone();
-            uncond[..p].fill(mask);
-            let u = self.model.logits_at(&uncond, &rows)?;
-            let w = cfg_scale + 1.0;
-            for (c, u) in logits.iter_mut().zip(&u) {
-                *c = u + w * (*c - u);
+        let guided = cfg_scale > 0.0;
+        let mut seqs: Vec<Vec<u32>> = Vec::new();
+        let mut rows: Vec<Vec<usize>> = Vec::new();
+        for sample in samples {
+            let mut seq: Vec<u32> = prompt.iter().chain(answer).copied().collect();
+            for &m in &sample.masked {
+                seq[p + m] = mask;
             }
+            let at: Vec<usize> = sample.masked.iter().map(|&m| p + m - shift).collect();
+            if guided {
+                let mut uncond = seq.clone();
+                uncond[..p].fill(mask);
+                seqs.push(uncond);
+                rows.push(at.clone());
+            }
+            seqs.push(seq);
+            rows.push(at);
         }
-        let entropies: Vec<f64> = sample
-            .masked
+        let scored: Vec<ScoredSeq<'_>> = seqs
             .iter()
-            .enumerate()
-            .map(|(k, &m)| cross_entropy(&logits[k * vocab..(k + 1) * vocab], answer[m] as usize))
+            .zip(&rows)
+            .map(|(ids, rows)| ScoredSeq { ids, rows })
             .collect();
-        Ok(sample_loss(&entropies, sample.p_mask))
+        let mut logits = self.model.logits_batch(state, &scored)?.into_iter();
+        let vocab = self.model.cfg.embedding_size;
+        let w = cfg_scale + 1.0;
+        let mut losses = Vec::with_capacity(samples.len());
+        for sample in samples {
+            let uncond = if guided { logits.next() } else { None };
+            let mut cond = logits.next().unwrap_or_default();
+            if let Some(u) = uncond {
+                for (c, u) in cond.iter_mut().zip(&u) {
+                    *c = u + w * (*c - u);
+                }
+            }
+            let entropies: Vec<f64> = sample
+                .masked
+                .iter()
+                .enumerate()
+                .map(|(k, &m)| cross_entropy(&cond[k * vocab..(k + 1) * vocab], answer[m] as usize))
+                .collect();
+            losses.push(sample_loss(&entropies, sample.p_mask));
+        }
+        Ok(losses)
     }
 }

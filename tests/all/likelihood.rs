@@ -28,30 +28,41 @@ fn check_goldens(engine: &Engine, dir: &Path) -> usize {
             .collect();
         let cfg = case["cfg_scale"].as_f64().unwrap() as f32;
         let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
-        let got = engine
-            .log_likelihood_of(&prompt, &answer, &samples, cfg)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let want: Vec<f64> = case["sample_losses"]
             .as_array()
             .unwrap()
             .iter()
             .map(|v| v.as_f64().unwrap())
             .collect();
-        assert_eq!(got.sample_losses.len(), want.len(), "{name}");
-        for (i, (g, w)) in got.sample_losses.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                "{name} sample {i}: {g} against the reference's {w}"
-            );
-        }
         let estimate = case["log_likelihood"].as_f64().unwrap();
-        assert!(
-            (got.log_likelihood - estimate).abs() <= 1e-4 * estimate.abs(),
-            "{name}: {} against {estimate}",
-            got.log_likelihood
-        );
-        let passes = if cfg > 0.0 { 2 } else { 1 };
-        assert_eq!(got.forward_passes, samples.len() * passes, "{name}");
+        let twins = if cfg > 0.0 { 2 } else { 1 };
+        // All samples side by side in one pass, one per pass, and passes of 3 (the last
+        // one short): the same losses, as each sequence attends to itself alone.
+        let mut got = None;
+        for per_pass in [None, Some(1), Some(3)] {
+            let l = engine
+                .log_likelihood_of(&prompt, &answer, &samples, cfg, per_pass)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(l.sample_losses.len(), want.len(), "{name}");
+            for (i, (g, w)) in l.sample_losses.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                    "{name} sample {i} in passes of {per_pass:?}: {g} against the \
+                     reference's {w}"
+                );
+            }
+            assert!(
+                (l.log_likelihood - estimate).abs() <= 1e-4 * estimate.abs(),
+                "{name}: {} against {estimate}",
+                l.log_likelihood
+            );
+            assert_eq!(l.sequences, samples.len() * twins, "{name}");
+            let n = per_pass.unwrap_or(samples.len());
+            assert_eq!(l.pass_samples, n, "{name}: {per_pass:?}");
+            assert_eq!(l.forward_passes, samples.len().div_ceil(n), "{name}");
+            got.get_or_insert(l);
+        }
+        let got = got.unwrap();
         eprintln!(
             "[likelihood] {name}: {:.4} (reference {estimate:.4}) over {} samples",
             got.log_likelihood,
@@ -89,7 +100,7 @@ fn seeded_estimates_repeat_and_bad_input_is_named() {
         a.sample_losses, b.sample_losses,
         "the same seed draws the same masks"
     );
-    assert_eq!((a.forward_passes, a.answer_tokens), (8, answer.len()));
+    assert_eq!((a.sequences, a.answer_tokens), (8, answer.len()));
     assert!(a.log_likelihood < 0.0 && a.standard_error > 0.0);
     let other = LikelihoodParams { seed: 3, ..params };
     let c = engine.log_likelihood(&prompt, &answer, &other).unwrap();
@@ -124,7 +135,7 @@ fn seeded_estimates_repeat_and_bad_input_is_named() {
         p_mask: 1.0,
     }];
     let e = engine
-        .log_likelihood_of(&prompt, &answer, &outside, 0.0)
+        .log_likelihood_of(&prompt, &answer, &outside, 0.0, None)
         .unwrap_err()
         .to_string();
     assert!(e.starts_with("samples: "), "{e}");

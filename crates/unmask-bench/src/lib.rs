@@ -14,13 +14,15 @@
 //! Modules (everything is re-exported here): `timing` (repeats, medians, deterministic
 //! inputs), `env` (the environment a record carries: adapter peaks, commit), `kernels`
 //! (matmul and attention cases at a model's shapes), `requests` (whole requests per cache
-//! mode and decoding, served one at a time or in batches), `work` (a request's rows × layers
-//! and FLOPs per cache mode, counted from the mode planner without a GPU).
+//! mode and decoding, served one at a time or in batches), `scoring` (likelihood estimates
+//! at several pass sizes), `work` (a request's rows × layers and FLOPs per cache mode,
+//! counted from the mode planner without a GPU).
 
 mod dgemma;
 mod env;
 mod kernels;
 mod requests;
+mod scoring;
 mod timing;
 mod work;
 
@@ -32,5 +34,6 @@ pub use kernels::{
 pub use requests::{
     Decoding, RequestBenchOptions, Workload, WorkloadRequest, run_request_bench, serve_continuously,
 };
+pub use scoring::{ScoringBenchOptions, run_scoring_bench};
 pub use timing::{Repeats, Sample, pseudo_random, time_step};
 pub use work::{WorkMode, WorkRequest, request_work, with_ratios};

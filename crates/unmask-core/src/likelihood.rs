@@ -24,6 +24,10 @@ pub struct LikelihoodParams {
     /// Classifier-free guidance weight (0: none), as in generation.
     pub cfg_scale: f32,
     pub seed: u64,
+    /// Samples one forward pass carries, as sequences side by side (None: as many as fit
+    /// the engine's row target, one storage binding and the memory budget). It changes the
+    /// speed, not the estimate.
+    pub pass_samples: Option<usize>,
 }
 
 impl Default for LikelihoodParams {
@@ -33,6 +37,7 @@ impl Default for LikelihoodParams {
             batch: DEFAULT_MC_BATCH,
             cfg_scale: 0.0,
             seed: 0,
+            pass_samples: None,
         }
     }
 }
@@ -62,6 +67,9 @@ impl LikelihoodParams {
                 &format!("a positive multiple of mc_batch {}", self.batch),
                 self.mc_num.to_string(),
             ));
+        }
+        if self.pass_samples == Some(0) {
+            return Err(error("pass_samples", "at least 1", "0".into()));
         }
         if !(self.cfg_scale.is_finite() && self.cfg_scale >= 0.0) {
             return Err(error(
@@ -219,6 +227,11 @@ mod tests {
         assert_eq!(bad(LikelihoodParams { batch: 0, ..d }), "mc_batch");
         assert_eq!(bad(LikelihoodParams { mc_num: 20, ..d }), "mc_num");
         assert_eq!(bad(LikelihoodParams { mc_num: 0, ..d }), "mc_num");
+        let no_samples = LikelihoodParams {
+            pass_samples: Some(0),
+            ..d
+        };
+        assert_eq!(bad(no_samples), "pass_samples");
         assert_eq!(
             bad(LikelihoodParams {
                 cfg_scale: f32::NAN,

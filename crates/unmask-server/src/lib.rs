@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod net;
 mod routes;
 pub mod scheduler;
+mod scoring;
 pub mod text;
 pub mod vllm_metrics;
 

@@ -54,6 +54,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/loglikelihood", post(crate::scoring::loglikelihood))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize))
@@ -113,7 +114,8 @@ async fn not_found(request: Request) -> Response {
         "unknown_url",
         format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST \
-             /v1/completions, GET /v1/models, GET /health and GET /metrics",
+             /v1/completions, POST /v1/loglikelihood, GET /v1/models, GET /health and GET \
+             /metrics",
             request.method(),
             request.uri().path()
         ),
@@ -166,7 +168,7 @@ async fn models(State(app): State<Arc<App>>) -> Response {
 /// The body, or the error that names why it could not be read: too large, or not sent
 /// whole within `--body-timeout` (a client that stops halfway must not hold its connection
 /// and a handler forever).
-async fn read_body(app: &App, request: Request) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(app: &App, request: Request) -> Result<Bytes, ApiError> {
     let read = tokio::time::timeout(app.body_timeout, Bytes::from_request(request, &()));
     match read.await {
         Err(_) => Err(ApiError::status(
@@ -214,41 +216,9 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
             return e.into_response();
         }
     };
-    // Tokenized here, on a blocking thread: a large prompt tokenized on the engine thread
-    // would stall every running request meanwhile.
-    let spec = match &app.encoder {
-        Some(encoder) => {
-            let encoder = Arc::clone(encoder);
-            let encoded = tokio::task::spawn_blocking(move || {
-                let completion = spec.is_completion();
-                let mut spec = spec;
-                let input = std::mem::replace(&mut spec.input, crate::api::Input::Ids(Vec::new()));
-                match crate::scheduler::encode_input(&encoder.0, &encoder.1, input) {
-                    Ok(input) => Ok(JobSpec { input, ..spec }),
-                    Err(e) => {
-                        let error = ApiError::from_engine(&e);
-                        Err(if completion {
-                            error.for_completion()
-                        } else {
-                            error
-                        })
-                    }
-                }
-            })
-            .await;
-            match encoded {
-                Ok(Ok(spec)) => spec,
-                Ok(Err(e)) => {
-                    app.shared.metrics.count("rejected");
-                    return e.into_response();
-                }
-                Err(e) => {
-                    return ApiError::server(format!("tokenizing the request failed: {e}"))
-                        .into_response();
-                }
-            }
-        }
-        None => spec,
+    let spec = match encoded(&app, spec).await {
+        Ok(spec) => spec,
+        Err(e) => return e,
     };
     let stream = spec.stream;
     let usage = spec.include_usage;
@@ -289,10 +259,47 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
     }
 }
 
+/// The spec with its prompt tokenized here, on a blocking thread (a large prompt tokenized
+/// on the engine thread would stall every running request meanwhile); as it is without a
+/// tokenizer. Err: the answer to send.
+pub(crate) async fn encoded(app: &App, spec: JobSpec) -> Result<JobSpec, Response> {
+    let Some(encoder) = &app.encoder else {
+        return Ok(spec);
+    };
+    let encoder = Arc::clone(encoder);
+    let encoded = tokio::task::spawn_blocking(move || {
+        let completion = spec.is_completion();
+        let mut spec = spec;
+        let input = std::mem::replace(&mut spec.input, crate::api::Input::Ids(Vec::new()));
+        match crate::scheduler::encode_input(&encoder.0, &encoder.1, input) {
+            Ok(input) => Ok(JobSpec { input, ..spec }),
+            Err(e) => {
+                let error = ApiError::from_engine(&e);
+                Err(if completion {
+                    error.for_completion()
+                } else {
+                    error
+                })
+            }
+        }
+    })
+    .await;
+    match encoded {
+        Ok(Ok(spec)) => Ok(spec),
+        Ok(Err(e)) => {
+            app.shared.metrics.count("rejected");
+            Err(e.into_response())
+        }
+        Err(e) => {
+            Err(ApiError::server(format!("tokenizing the request failed: {e}")).into_response())
+        }
+    }
+}
+
 /// Queues a job per choice (429 when the queue has no room for all of them) and waits until
 /// the engine accepts the first: a request it refuses (a prompt past the context) is refused
 /// for every choice alike. A later choice's events start with its own `Started`.
-async fn submit(
+pub(crate) async fn submit(
     app: &App,
     spec: JobSpec,
 ) -> Result<Vec<mpsc::UnboundedReceiver<JobEvent>>, ApiError> {
@@ -350,7 +357,7 @@ async fn submit(
     }
 }
 
-fn engine_gone() -> ApiError {
+pub(crate) fn engine_gone() -> ApiError {
     ApiError::status(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
@@ -359,7 +366,7 @@ fn engine_gone() -> ApiError {
     )
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -524,7 +531,8 @@ fn stream_response(
                 break;
             };
             let out: Vec<Value> = match event {
-                JobEvent::Started => Vec::new(),
+                // (A scoring job's answer never comes on a stream.)
+                JobEvent::Started | JobEvent::Scored(_) => Vec::new(),
                 JobEvent::Text(t) => vec![shape.chunk(index, Some(&t), false, None)],
                 JobEvent::Canvas(c) => {
                     let mut v = shape.envelope(true, json!([]));

@@ -3,6 +3,7 @@
 //! plots).
 
 mod dgemma;
+mod scoring;
 mod sink;
 
 use std::path::{Path, PathBuf};
@@ -112,6 +113,17 @@ pub struct BenchArgs {
     /// seed of the workload's token ids (default 0)
     #[arg(long, value_name = "S", value_parser = values::seed, allow_negative_numbers = true, default_value_t = 0, hide_default_value = true)]
     seed: u64,
+    /// with --only scoring: tokens of the scored answer, after a prompt of --prefix-tokens
+    /// + --user-tokens (default 8)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 8, hide_default_value = true)]
+    answer_tokens: usize,
+    /// with --only scoring: Monte Carlo samples per estimate (default 128)
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, default_value_t = 128, hide_default_value = true)]
+    mc_num: usize,
+    /// with --only scoring: samples per forward pass to time, numbers or `auto` (the
+    /// engine's choice), e.g. 1,4,auto (default 1,auto)
+    #[arg(long, value_name = "LIST", value_parser = scoring::pass_sizes)]
+    pass_samples: Option<::std::vec::Vec<Option<usize>>>,
     /// the adapter's peak GFLOP/s, for the share-of-peak figures (known for H100/H200)
     #[arg(long, value_name = "X", value_parser = values::positive_number, allow_negative_numbers = true)]
     peak_gflops: Option<f64>,
@@ -139,6 +151,9 @@ enum Only {
     /// Each cache mode's rows × layers and FLOPs over one request's schedule, counted
     /// from the mode planner at the model's shapes (no GPU, no weights).
     Work,
+    /// Likelihood estimates (`unmask score`) of one prompt and answer at each pass size
+    /// of `--pass-samples`.
+    Scoring,
 }
 
 /// A decoding of `--decoding`; threshold decoding takes `--threshold`.
@@ -232,6 +247,17 @@ fn summary_line(r: &Value) -> String {
             f("gflops"),
             f("gbs")
         ),
+        Some("scoring") => format!(
+            "  scoring {} + {} tokens, {} samples, {:>4} per pass ({} passes): {:>10.1} ms {:>8.1} samples/s  x{:.2} over one per pass",
+            f("prompt_tokens"),
+            f("answer_tokens"),
+            f("mc_num"),
+            f("pass_samples"),
+            f("forward_passes"),
+            f("estimate_ms"),
+            f("samples_per_s"),
+            f("speedup_over_one_per_pass")
+        ),
         _ => format!(
             "  {:<16} {:<9} batch {:<3} {:>9.2} canvas tok/s {:>9.2} answer tok/s  TTFT {:.3} s  {:>10.0} token-layer passes  peak {:.1} MiB",
             s("cache"),
@@ -299,6 +325,34 @@ fn run_work(args: &BenchArgs, model: Option<&Path>) -> Result<(), CliError> {
     Ok(())
 }
 
+/// How many leading ids are ordinary text, and the special ids a workload never draws.
+fn ordinary_ids(engine: &unmask::Engine) -> (u32, Vec<u32>) {
+    let cfg = engine.config();
+    // LLaDA's special tokens come after the ordinary ones, so ids below the smallest
+    // special id are ordinary text.
+    let sp = engine.special();
+    let mut avoid = vec![
+        cfg.mask_token_id,
+        cfg.eos_token_id,
+        cfg.pad_token_id,
+        sp.bos,
+    ];
+    avoid.extend(cfg.bos_token_id);
+    avoid.extend(
+        [sp.eot, sp.start_header, sp.end_header]
+            .into_iter()
+            .flatten(),
+    );
+    let ordinary = avoid
+        .iter()
+        .copied()
+        .min()
+        .unwrap_or(u32::MAX)
+        .min(cfg.vocab_size as u32)
+        .min(cfg.embedding_size as u32);
+    (ordinary, avoid)
+}
+
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     // `--model` and `--config` are exclusive (clap checks it).
     let model = match &args.config {
@@ -308,15 +362,17 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     if let Some((name, cfg)) = dgemma::shapes(args.config.as_deref(), model.as_deref())? {
         return dgemma::run(args, &name, &cfg);
     }
-    let (kernels, requests) = match args.only {
-        Some(Only::Kernels) => (true, false),
-        Some(Only::Requests) => (false, true),
+    let (kernels, requests, scoring) = match args.only {
+        Some(Only::Kernels) => (true, false, false),
+        Some(Only::Requests) => (false, true, false),
+        Some(Only::Scoring) => (false, false, true),
         Some(Only::Work) => return run_work(args, model.as_deref()),
-        None => (true, model.is_some()),
+        None => (true, model.is_some(), false),
     };
-    if requests && model.is_none() {
+    if (requests || scoring) && model.is_none() {
         return Err(CliError::usage(
-            "request benchmarks need weights: give --model DIR (unmask synth makes a synthetic one)",
+            "request and scoring benchmarks need weights: give --model DIR (unmask synth makes \
+             a synthetic one)",
         ));
     }
     let gen_length = args.gen_length;
@@ -371,8 +427,8 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         shader_checks: !args.unchecked_shaders,
         ..args.engine.options()?
     };
-    let engine = match (&model, requests) {
-        (Some(dir), true) => Some(options::load_engine(dir, &engine_options)?),
+    let engine = match &model {
+        Some(dir) if requests || scoring => Some(options::load_engine(dir, &engine_options)?),
         _ => None,
     };
     let ctx = match &engine {
@@ -477,6 +533,21 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         }
     }
     if let Some(engine) = &engine {
+        // Which K/V storage the requests and estimates ran with (`--kv`); f16 K/V make a source of their
+        // own in `bench-report` (its weights name says so).
+        let kv = format!("{:?}", engine.model().kv_dtype).to_lowercase();
+        let source_weights = match kv.as_str() {
+            "f32" => weights.clone(),
+            _ => format!("{weights}, kv {kv}"),
+        };
+        let envelope = bench::with_envelope(
+            &bench::envelope(engine.ctx(), &name, engine.config(), &source_weights),
+            serde_json::json!({ "kv": kv }),
+        );
+        if scoring {
+            scoring::run(args, engine, &envelope, &mut on_record)?;
+            return failure.map_or(Ok(()), Err);
+        }
         let max = engine.config().max_sequence_length;
         if request_len > max {
             return Err(CliError::usage(format!(
@@ -485,29 +556,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                 workload.prefix_tokens, workload.user_tokens
             )));
         }
-        let cfg = engine.config();
-        // LLaDA's special tokens come after the ordinary ones, so ids below the smallest
-        // special id are ordinary text.
-        let sp = engine.special();
-        let mut avoid = vec![
-            cfg.mask_token_id,
-            cfg.eos_token_id,
-            cfg.pad_token_id,
-            sp.bos,
-        ];
-        avoid.extend(cfg.bos_token_id);
-        avoid.extend(
-            [sp.eot, sp.start_header, sp.end_header]
-                .into_iter()
-                .flatten(),
-        );
-        let ordinary = avoid
-            .iter()
-            .copied()
-            .min()
-            .unwrap_or(u32::MAX)
-            .min(cfg.vocab_size as u32)
-            .min(cfg.embedding_size as u32);
+        let (ordinary, avoid) = ordinary_ids(engine);
         let reqs = workload.requests(ordinary, &avoid);
         let warmup = Workload {
             groups: 1,
@@ -517,17 +566,6 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         }
         .requests(ordinary, &avoid)
         .remove(0);
-        // Which K/V storage the requests ran with (`--kv`); f16 K/V make a source of their
-        // own in `bench-report` (its weights name says so).
-        let kv = format!("{:?}", engine.model().kv_dtype).to_lowercase();
-        let source_weights = match kv.as_str() {
-            "f32" => weights.clone(),
-            _ => format!("{weights}, kv {kv}"),
-        };
-        let envelope = bench::with_envelope(
-            &bench::envelope(engine.ctx(), &name, cfg, &source_weights),
-            serde_json::json!({ "kv": kv }),
-        );
         let request_options = RequestBenchOptions {
             params,
             modes,

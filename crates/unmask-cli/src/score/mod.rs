@@ -52,6 +52,10 @@ pub struct ScoreArgs {
     /// seed of the masks' draws (default 0)
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// samples one forward pass carries side by side (default: as many as fit 4096 rows,
+    /// one storage binding and the memory budget); changes the speed, not the estimate
+    #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
+    pass_samples: Option<usize>,
     /// a task set whose items have "choices": score every item's choices and report the
     /// accuracy of the best-scored one
     #[arg(long, value_name = "FILE", conflicts_with_all = ["system", "prompt", "prompt_ids"])]
@@ -79,11 +83,13 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
         batch: args.mc_batch.unwrap_or(DEFAULT_MC_BATCH),
         cfg_scale: args.cfg_scale.unwrap_or(0.0),
         seed: args.seed.unwrap_or(0),
+        pass_samples: args.pass_samples,
     };
     params.check().map_err(|e| {
         let flag = match e.field {
             "mc_batch" => "--mc-batch",
             "mc_num" => "--mc-num",
+            "pass_samples" => "--pass-samples",
             _ => "--cfg-scale",
         };
         CliError::usage(format!(
@@ -114,8 +120,14 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
     for (label, ids) in answers {
         let l = engine.log_likelihood(&prompt, &ids, &params)?;
         eprintln!(
-            "[score] {label:?}: {:.4} ± {:.4} nats over {} tokens ({} passes, {:.2} s)",
-            l.log_likelihood, l.standard_error, l.answer_tokens, l.forward_passes, l.total_s
+            "[score] {label:?}: {:.4} ± {:.4} nats over {} tokens ({} sequences in {} passes, \
+             {:.2} s)",
+            l.log_likelihood,
+            l.standard_error,
+            l.answer_tokens,
+            l.sequences,
+            l.forward_passes,
+            l.total_s
         );
         scored.push((label, ids, l));
     }
@@ -140,7 +152,9 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
                     "per_token": l.log_likelihood / l.answer_tokens as f64,
                     "answer_tokens": l.answer_tokens,
                     "sample_losses": l.sample_losses,
+                    "sequences": l.sequences,
                     "forward_passes": l.forward_passes,
+                    "pass_samples": l.pass_samples,
                     "total_s": l.total_s,
                 })
             })

@@ -22,6 +22,8 @@ fn score_ranks_answers_and_a_set_reports_its_accuracy() {
         "8",
         "--mc-batch",
         "4",
+        "--pass-samples",
+        "3",
         "--json",
     ]);
     assert_ok(&o);
@@ -36,13 +38,19 @@ fn score_ranks_answers_and_a_set_reports_its_accuracy() {
     for a in answers {
         let losses = a["sample_losses"].as_array().unwrap();
         assert_eq!(losses.len(), 8);
-        assert_eq!(a["forward_passes"], 8);
+        assert_eq!(a["sequences"], 8);
+        // 8 samples, 3 side by side per pass: 3 passes.
+        assert_eq!(
+            (&a["pass_samples"], &a["forward_passes"]),
+            (&3.into(), &3.into())
+        );
         // The estimate is minus the mean sample loss.
         let mean = losses.iter().map(|l| l.as_f64().unwrap()).sum::<f64>() / 8.0;
         assert!((a["log_likelihood"].as_f64().unwrap() + mean).abs() < 1e-9);
         assert!(!u64s(&a["ids"]).is_empty());
     }
-    // The same seed draws the same masks: the same estimate again.
+    // The same seed draws the same masks: the same estimate again, in other passes (all
+    // 8 samples in one), within f32 rounding.
     let again = run(&[
         "score",
         "--model",
@@ -57,9 +65,12 @@ fn score_ranks_answers_and_a_set_reports_its_accuracy() {
         "4",
         "--json",
     ]);
-    let again = json(&again)["answers"][0]["log_likelihood"].clone();
+    let again = json(&again)["answers"][0].clone();
+    assert_eq!(again["forward_passes"], 1);
+    let again = again["log_likelihood"].as_f64().unwrap();
     assert!(
-        answers.iter().any(|a| a["log_likelihood"] == again),
+        answers.iter().any(|a| a["answer"] == "40,41"
+            && (a["log_likelihood"].as_f64().unwrap() - again).abs() <= 1e-4 * again.abs()),
         "{again}"
     );
 
@@ -144,5 +155,92 @@ fn score_ranks_answers_and_a_set_reports_its_accuracy() {
         &["score", "--model", &fix, "--prompt-ids", "1,2"],
         2,
         "give --answer TEXT",
+    );
+}
+
+#[test]
+fn bench_scoring_times_pass_sizes_with_the_same_estimate() {
+    let fix = fixture();
+    let out = temp_path("scoring-bench.jsonl");
+    let o = run(&[
+        "bench",
+        "--model",
+        &fix,
+        "--only",
+        "scoring",
+        "--prefix-tokens",
+        "8",
+        "--user-tokens",
+        "4",
+        "--answer-tokens",
+        "3",
+        "--mc-num",
+        "8",
+        "--pass-samples",
+        "1,auto",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert_ok(&o);
+    let text = std::fs::read_to_string(&out).expect("records");
+    let _ = std::fs::remove_file(&out);
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record per line"))
+        .collect();
+    assert_eq!(records.len(), 2, "{text}");
+    for r in &records {
+        assert_eq!(r["record"], "scoring");
+        assert_eq!(
+            (&r["prompt_tokens"], &r["answer_tokens"]),
+            (&12.into(), &3.into())
+        );
+        assert!(r["estimate_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["adapter"].is_string() && r["commit"].is_string(), "{r}");
+    }
+    // One sample per pass: 8 passes; the engine's choice: all 8 in one.
+    let passes: Vec<(u64, u64)> = records
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (n("pass_samples"), n("forward_passes"))
+        })
+        .collect();
+    assert_eq!(passes, [(1, 8), (8, 1)]);
+    assert_eq!(records[1]["pass_samples_asked"], "auto");
+    assert_eq!(records[0]["speedup_over_one_per_pass"], 1.0);
+    let ll: Vec<f64> = records
+        .iter()
+        .map(|r| r["log_likelihood"].as_f64().unwrap())
+        .collect();
+    assert!((ll[0] - ll[1]).abs() <= 1e-4 * ll[0].abs(), "{ll:?}");
+    assert_fails(
+        &[
+            "bench",
+            "--model",
+            &fix,
+            "--only",
+            "scoring",
+            "--prefix-tokens",
+            "250",
+            "--user-tokens",
+            "4",
+        ],
+        2,
+        "--prefix-tokens 250 + --user-tokens 4 + --answer-tokens 8 = 262 exceed the model's \
+         maximum sequence length 256",
+    );
+    assert_fails(
+        &[
+            "bench",
+            "--model",
+            &fix,
+            "--only",
+            "scoring",
+            "--pass-samples",
+            "0",
+        ],
+        2,
+        "a list of positive counts or auto",
     );
 }

@@ -164,6 +164,15 @@ fn a_diffusion_gemma_server_answers_as_generate_and_encodes_a_shared_system_turn
         let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
         assert_eq!(v["error"]["param"], field, "{extra}: {reply}");
     }
+    // Scoring is defined for masked models only.
+    let (status, reply) = server.request(
+        "POST",
+        "/v1/loglikelihood",
+        &["Content-Type: application/json"],
+        r#"{"prompt": "Name a colour.", "continuation": " red"}"#,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("DiffusionGemma's decoder"), "{reply}");
     let (_, metrics) = server.request("GET", "/metrics", &[], "");
     let ok = metrics
         .lines()

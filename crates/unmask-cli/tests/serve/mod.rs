@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::{unmask, workspace};
 
 mod dgemma;
+mod score;
 
 /// A running `unmask serve --port 0` on the bundled model, its stderr collected.
 struct Server {

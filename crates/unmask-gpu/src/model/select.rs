@@ -1,7 +1,7 @@
 //! The token choice of a step, recorded after the layers: gather the rows to sample →
 //! final norm → LM head per vocabulary chunk → streaming argmax/confidence (with the
 //! unconditional pass for classifier-free guidance). Only (token, confidence) per sampled
-//! row is read back. Also the full-logits path used by parity checks.
+//! row is read back. (Logits read back whole, for parity and scoring: `logits.rs`.)
 
 use std::sync::OnceLock;
 
@@ -334,77 +334,5 @@ impl Model {
                 confidence: f32::from_bits(w[1]),
             })
             .collect()
-    }
-
-    /// The full logits `[rows, embedding_size]` of one forward pass over `ids` — for parity
-    /// checks; the generation path never reads logits back.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let rows: Vec<usize> = (0..ids.len()).collect();
-        self.logits_at(ids, &rows)
-    }
-
-    /// The full logits `[rows.len(), embedding_size]` of the positions `rows` (in that
-    /// order) after one forward pass over `ids`: the LM head runs on those rows alone, so
-    /// scoring a few positions of a long sequence reads back a few vocabulary rows.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn logits_at(&self, ids: &[u32], rows: &[usize]) -> Result<Vec<f32>, ModelError> {
-        let t = ids.len();
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        if let Some(&r) = rows.iter().find(|&&r| r >= t) {
-            return Err(ModelError::Input(format!(
-                "logits at row {r}: expected rows below the sequence's {t} positions"
-            )));
-        }
-        let st = self.new_state(t, t)?;
-        use unmask_core::step_plan::{SeqStep, StepPlan};
-        let plan = StepPlan::alone(&[SeqStep::whole(t)], self.cfg.n_layers, false)
-            .map_err(|e| ModelError::Input(e.to_string()))?;
-        let d = self.cfg.d_model;
-        let vocab = self.cfg.embedding_size;
-        let h = Tensor::zeros(&self.ctx, DType::F32, &[t, d], "final norm")?;
-        let mut step = StepEncoder::new(&self.ctx, "logits");
-        self.encode_plan(&mut step, &st, None, &plan, ids, Default::default())?;
-        ew::rms_norm(
-            &mut step,
-            &st.x,
-            &self.weights.ln_f,
-            &h,
-            t,
-            d,
-            self.cfg.rms_norm_eps as f32,
-        )?;
-        step.submit()?;
-        // The asked rows gathered on the host: [t, d] is small next to [t, vocab].
-        let n = rows.len();
-        let all = h.read_f32(&self.ctx)?;
-        let picked: Vec<f32> = rows
-            .iter()
-            .flat_map(|&r| all[r * d..(r + 1) * d].iter().copied())
-            .collect();
-        let h = Tensor::from_f32(&self.ctx, &[n, d], &picked, "final norm rows")?;
-        let head = &self.weights.lm_head;
-        let mut out = vec![0f32; n * vocab];
-        for (ci, chunk) in head.chunks.iter().enumerate() {
-            let logits = Tensor::zeros(&self.ctx, DType::F32, &[n, chunk.rows], "logits chunk")?;
-            let mut step = StepEncoder::new(&self.ctx, "lm head");
-            matmul::matmul(
-                &mut step,
-                &h,
-                &head.chunk_view(ci),
-                &logits,
-                n,
-                &self.kernels,
-            )?;
-            step.submit()?;
-            let part = logits.read_f32(&self.ctx)?;
-            for r in 0..n {
-                out[r * vocab + chunk.row_start..r * vocab + chunk.row_start + chunk.rows]
-                    .copy_from_slice(&part[r * chunk.rows..(r + 1) * chunk.rows]);
-            }
-        }
-        Ok(out)
     }
 }

@@ -240,6 +240,8 @@ pub struct GemmaSampling {
 pub enum Sampling {
     Masked(Box<MaskedSampling>),
     Gemma(GemmaSampling),
+    /// Not a generation: continuations scored after the input (`/v1/loglikelihood`).
+    Score(Box<score::ScoreSpec>),
 }
 
 /// A checked request: what the scheduler runs and how the answer is shaped.
@@ -264,6 +266,8 @@ impl JobSpec {
         match &mut spec.sampling {
             Sampling::Masked(m) => m.params.seed = m.params.seed.wrapping_add(offset),
             Sampling::Gemma(g) => g.seed = g.seed.wrapping_add(offset),
+            // One answer per request: its draws are the seed's.
+            Sampling::Score(_) => {}
         }
         spec.choices = 1;
         spec
@@ -298,58 +302,7 @@ impl CompletionRequest {
 
 impl ChatRequest {
     pub fn check(self, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid(
-                "messages",
-                "messages: expected at least one message, found none",
-            ));
-        }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for (i, m) in self.messages.into_iter().enumerate() {
-            let role = match m.role.as_str() {
-                "system" | "developer" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                other => {
-                    return Err(ApiError::invalid(
-                        format!("messages[{i}].role"),
-                        format!(
-                            "messages[{i}].role: expected system, developer, user or assistant, \
-                             found {other:?}"
-                        ),
-                    ));
-                }
-            };
-            let text = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for (k, p) in parts.into_iter().enumerate() {
-                        match (p.kind.as_str(), p.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
-                                return Err(ApiError::invalid(
-                                    format!("messages[{i}].content[{k}]"),
-                                    format!(
-                                        "messages[{i}].content[{k}]: expected a text part, found \
-                                         a part of type {kind:?} (this model reads text only)"
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            messages.push(Message::new(role, text));
-        }
-        if !messages.iter().any(|m| m.role == Role::User) {
-            return Err(ApiError::invalid(
-                "messages",
-                "messages: expected at least one user message, found none",
-            ));
-        }
+        let messages = chat_messages(self.messages)?;
         if self.common.suffix.is_some() {
             return Err(ApiError::invalid(
                 "suffix",
@@ -359,6 +312,64 @@ impl ChatRequest {
         }
         self.common.check(Input::Chat(messages), limits, served)
     }
+}
+
+/// OpenAI's messages as the chat template takes them: known roles, text parts only, and
+/// at least one user turn.
+pub(crate) fn chat_messages(messages_in: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
+    if messages_in.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: expected at least one message, found none",
+        ));
+    }
+    let mut messages = Vec::with_capacity(messages_in.len());
+    for (i, m) in messages_in.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!(
+                        "messages[{i}].role: expected system, developer, user or assistant, \
+                         found {other:?}"
+                    ),
+                ));
+            }
+        };
+        let text = match m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for (k, p) in parts.into_iter().enumerate() {
+                    match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => text.push_str(&t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content[{k}]"),
+                                format!(
+                                    "messages[{i}].content[{k}]: expected a text part, found \
+                                     a part of type {kind:?} (this model reads text only)"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        messages.push(Message::new(role, text));
+    }
+    if !messages.iter().any(|m| m.role == Role::User) {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: expected at least one user message, found none",
+        ));
+    }
+    Ok(messages)
 }
 
 impl CompletionRequest {
@@ -545,5 +556,6 @@ impl Common {
 
 mod gemma;
 mod masked;
+pub mod score;
 #[cfg(test)]
 mod tests;

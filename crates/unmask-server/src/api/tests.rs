@@ -14,7 +14,7 @@ fn limits() -> Limits {
 fn masked(spec: &JobSpec) -> &MaskedSampling {
     match &spec.sampling {
         Sampling::Masked(m) => m,
-        Sampling::Gemma(g) => panic!("a masked-diffusion request, found {g:?}"),
+        other => panic!("a masked-diffusion request, found {other:?}"),
     }
 }
 
@@ -314,7 +314,7 @@ fn diffusion_gemma_requests() {
     let check = |body: &str| ChatRequest::parse(body.as_bytes())?.check(&gemma, "tiny");
     let sampling = |body: &str| match check(body).unwrap().sampling {
         Sampling::Gemma(g) => g,
-        Sampling::Masked(m) => panic!("{body}: a DiffusionGemma request, found {m:?}"),
+        other => panic!("{body}: a DiffusionGemma request, found {other:?}"),
     };
     let q = r#""messages":[{"role":"user","content":"q"}]"#;
     assert_eq!(

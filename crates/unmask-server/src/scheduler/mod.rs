@@ -33,9 +33,11 @@ mod gauges;
 mod gemma;
 mod recent;
 mod request;
+mod score;
 
 pub use gemma::run as run_gemma;
 pub use request::encode_input;
+pub use score::Scored;
 
 use recent::RecentTokens;
 use request::engine_request;
@@ -56,6 +58,8 @@ pub enum JobEvent {
     /// The whole canvas after a step (with `include_canvas`).
     Canvas(CanvasView),
     Done(Result<Finished, ApiError>),
+    /// A scoring job's answer (its errors come as `Done(Err)`).
+    Scored(Scored),
 }
 
 /// One step's canvas: each generated position's token text, `None` while masked.
@@ -339,6 +343,10 @@ impl<'e> Scheduler<'e> {
     /// Turns a job into its request and the prefix it shares, and queues it.
     fn accept(&mut self, job: Job) {
         let engine = self.engine;
+        if let Sampling::Score(spec) = &job.spec.sampling {
+            let spec = spec.clone();
+            return score::run(engine, &self.shared, job, &spec);
+        }
         let Sampling::Masked(sampling) = &job.spec.sampling else {
             let e = ApiError::server("a DiffusionGemma request reached a LLaDA/Dream engine");
             return self.reject(job, e);

@@ -1,0 +1,174 @@
+//! `POST /v1/loglikelihood`: the estimates `unmask score` gives for the same prompt,
+//! continuations and seed (ids, and a chat prompt with text continuations), the best one
+//! named, and bad requests refused by field.
+
+use serde_json::{Value, json};
+
+use super::super::unmask;
+use super::Server;
+
+fn post(server: &Server, body: &Value) -> (u16, Value) {
+    let (status, reply) = server.request(
+        "POST",
+        "/v1/loglikelihood",
+        &["Content-Type: application/json"],
+        &body.to_string(),
+    );
+    let v = serde_json::from_str(&reply)
+        .unwrap_or_else(|e| panic!("{e}: {reply}\n{}", server.stderr()));
+    (status, v)
+}
+
+/// `unmask score ... --json`'s estimates, in the order the answers were given.
+fn cli_estimates(model: &str, args: &[&str], labels: &[&str]) -> Vec<f64> {
+    let out = unmask()
+        .args(["score", "--model", model, "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answers = v["answers"].as_array().unwrap();
+    labels
+        .iter()
+        .map(|label| {
+            let a = answers.iter().find(|a| a["answer"] == *label).unwrap();
+            a["log_likelihood"].as_f64().unwrap()
+        })
+        .collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-4 * a.abs().max(1.0)
+}
+
+#[test]
+fn scores_answer_as_unmask_score_and_bad_requests_name_their_field() {
+    let model = super::super::workspace().join("models/tiny");
+    let dir = model.to_str().unwrap();
+    let server = Server::start(&["--max-queue", "4"]);
+    // Ids: two continuations after a prompt of ids.
+    let body = json!({
+        "prompt": [300, 5, 6, 7], "continuations": [[10, 11, 12], [40, 41]],
+        "mc_num": 8, "mc_batch": 4, "seed": 2,
+    });
+    let (status, v) = post(&server, &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "loglikelihood");
+    let data = v["data"].as_array().unwrap();
+    let got: Vec<f64> = data
+        .iter()
+        .map(|d| d["log_likelihood"].as_f64().unwrap())
+        .collect();
+    let want = cli_estimates(
+        dir,
+        &[
+            "--prompt-ids",
+            "300,5,6,7",
+            "--answer-ids",
+            "10,11,12",
+            "--answer-ids",
+            "40,41",
+            "--mc-num",
+            "8",
+            "--mc-batch",
+            "4",
+            "--seed",
+            "2",
+        ],
+        &["10,11,12", "40,41"],
+    );
+    assert!(
+        got.iter().zip(&want).all(|(g, w)| close(*g, *w)),
+        "{got:?} against {want:?}"
+    );
+    assert_eq!(
+        (&data[0]["tokens"], &data[1]["tokens"]),
+        (&json!(3), &json!(2))
+    );
+    let best = if got[0] >= got[1] { 0 } else { 1 };
+    assert_eq!(v["best"], best);
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    assert_eq!(v["usage"]["continuation_tokens"], 5);
+    assert_eq!(v["unmask"]["sequences"], 16);
+
+    // A chat prompt (ending with the assistant's header) and text continuations.
+    let body = json!({
+        "messages": [{"role": "system", "content": "Alice: Oslo."},
+                     {"role": "user", "content": "Which city?"}],
+        "continuations": ["#### Oslo", "#### Rome"], "mc_num": 16,
+    });
+    let (status, v) = post(&server, &body);
+    assert_eq!(status, 200, "{v}");
+    let got: Vec<f64> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["log_likelihood"].as_f64().unwrap())
+        .collect();
+    let want = cli_estimates(
+        dir,
+        &[
+            "--system",
+            "Alice: Oslo.",
+            "--prompt",
+            "Which city?",
+            "--answer",
+            "#### Oslo",
+            "--answer",
+            "#### Rome",
+            "--mc-num",
+            "16",
+        ],
+        &["#### Oslo", "#### Rome"],
+    );
+    assert!(
+        got.iter().zip(&want).all(|(g, w)| close(*g, *w)),
+        "{got:?} against {want:?}"
+    );
+
+    // Refusals, each naming its field.
+    let mask = 825; // models/tiny's mask token id (config.json)
+    for (body, status, param) in [
+        (json!({"prompt": [1, 2]}), 400, "continuations"),
+        (json!({"continuation": "x"}), 400, "prompt"),
+        (
+            json!({"prompt": [1], "messages": [], "continuation": "x"}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"prompt": [1, 2], "continuations": [[3], []]}),
+            400,
+            "continuations[1]",
+        ),
+        (
+            json!({"prompt": [1, 2], "continuation": [3, mask]}),
+            400,
+            "continuations[0]",
+        ),
+        (
+            json!({"prompt": [1, 2], "continuation": [3], "mc_num": 20}),
+            400,
+            "mc_num",
+        ),
+        (
+            json!({"prompt": [1, 2], "continuation": [3], "pass_samples": 0}),
+            400,
+            "pass_samples",
+        ),
+        (
+            json!({"prompt": [1, 2], "continuation": [3], "model": "other"}),
+            404,
+            "model",
+        ),
+    ] {
+        let (got, v) = post(&server, &body);
+        assert_eq!(got, status, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+}
