@@ -96,6 +96,53 @@ fn scores_answer_as_unmask_score_and_bad_requests_name_their_field() {
     assert_eq!(v["usage"]["continuation_tokens"], 5);
     assert_eq!(v["unmask"]["sequences"], 16);
 
+    // `greedy`: the canvas `generate` decodes at temperature 0, one token per step, is
+    // greedy; the same with its first token changed is not.
+    let out = unmask()
+        .args([
+            "generate",
+            "--model",
+            dir,
+            "--prompt-ids",
+            "300,5,6,7",
+            "--json",
+        ])
+        .args([
+            "--gen-length",
+            "3",
+            "--steps",
+            "3",
+            "--block-length",
+            "3",
+            "--full-canvas",
+        ])
+        .args(["--cache", "none"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let generated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let canvas: Vec<u64> = generated["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(canvas.len(), 3, "{generated}");
+    let mut other = canvas.clone();
+    other[0] = if other[0] == 10 { 11 } else { 10 };
+    let body = json!({
+        "prompt": [300, 5, 6, 7], "continuations": [canvas, other], "mc_num": 4,
+        "greedy": true,
+    });
+    let (status, v) = post(&server, &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["data"][0]["is_greedy"], true, "{v}");
+    assert_eq!(v["data"][1]["is_greedy"], false, "{v}");
+
     // A chat prompt (ending with the assistant's header) and text continuations.
     let body = json!({
         "messages": [{"role": "system", "content": "Alice: Oslo."},

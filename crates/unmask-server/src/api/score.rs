@@ -32,6 +32,9 @@ pub enum Continuation {
 pub struct ScoreSpec {
     pub continuations: Vec<Continuation>,
     pub params: LikelihoodParams,
+    /// Also whether greedy decoding of a canvas of the continuation's length gives the
+    /// continuation (lm-eval's `is_greedy`).
+    pub greedy: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,6 +59,8 @@ struct ScoreFields {
     cfg_scale: Option<f64>,
     #[serde(default)]
     seed: Option<u64>,
+    #[serde(default)]
+    greedy: Option<bool>,
 }
 
 /// A checked scoring request: the job the scheduler runs.
@@ -174,6 +179,7 @@ pub fn check_score(body: &[u8], limits: &Limits, served: &str) -> Result<JobSpec
         sampling: Sampling::Score(Box::new(ScoreSpec {
             continuations,
             params,
+            greedy: f.greedy.unwrap_or(false),
         })),
         stop: Vec::new(),
         stream: false,
@@ -216,8 +222,12 @@ mod tests {
         assert_eq!(s.continuations, [Continuation::Text(" a".into())]);
         assert_eq!((s.params.mc_num, s.params.batch), (128, 16));
         assert_eq!((s.params.seed, s.params.pass_samples), (0, None));
+        assert!(!s.greedy);
         // Fewer samples than a batch: one batch of them.
-        let (_, s) = check(r#"{"prompt": [1], "continuations": [[2], "b"], "mc_num": 8}"#).unwrap();
+        let (_, s) =
+            check(r#"{"prompt": [1], "continuations": [[2], "b"], "mc_num": 8, "greedy": true}"#)
+                .unwrap();
+        assert!(s.greedy);
         assert_eq!((s.params.mc_num, s.params.batch), (8, 8));
         assert_eq!(s.continuations.len(), 2);
         let (input, _) =
