@@ -60,7 +60,7 @@ pub use error::{EngineError, Refusal};
 pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
 #[cfg(not(target_arch = "wasm32"))]
-pub use likelihood::Likelihood;
+pub use likelihood::{Likelihood, LikelihoodRun};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{
     AcacheReport, AdaptiveReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request,

@@ -45,20 +45,7 @@ impl Engine {
         answer: &[u32],
         params: &LikelihoodParams,
     ) -> Result<Likelihood, EngineError> {
-        params.check().map_err(|e| EngineError::Invalid {
-            field: e.field,
-            expected: e.expected,
-            found: e.found,
-        })?;
-        // `log_likelihood_of` checks prompt and answer before any pass.
-        let samples = draw_masks(answer.len(), params);
-        self.log_likelihood_of(
-            prompt,
-            answer,
-            &samples,
-            params.cfg_scale,
-            params.pass_samples,
-        )
+        self.start_log_likelihood(prompt, answer, params)?.finish()
     }
 
     /// The estimate over the given samples (masks drawn elsewhere: a reference's, to
@@ -71,6 +58,44 @@ impl Engine {
         cfg_scale: f32,
         pass_samples: Option<usize>,
     ) -> Result<Likelihood, EngineError> {
+        self.start_log_likelihood_of(prompt, answer, samples.to_vec(), cfg_scale, pass_samples)?
+            .finish()
+    }
+
+    /// `log_likelihood` as a run of forward passes, each run by `LikelihoodRun::pass`
+    /// (a server interleaves them with its other work). Settings, prompt and answer are
+    /// checked, and the buffers made, before it returns.
+    pub fn start_log_likelihood(
+        &self,
+        prompt: &[u32],
+        answer: &[u32],
+        params: &LikelihoodParams,
+    ) -> Result<LikelihoodRun<'_>, EngineError> {
+        params.check().map_err(|e| EngineError::Invalid {
+            field: e.field,
+            expected: e.expected,
+            found: e.found,
+        })?;
+        // `start_log_likelihood_of` checks prompt and answer before any pass.
+        let samples = draw_masks(answer.len(), params);
+        self.start_log_likelihood_of(
+            prompt,
+            answer,
+            samples,
+            params.cfg_scale,
+            params.pass_samples,
+        )
+    }
+
+    /// `log_likelihood_of` as a run of forward passes.
+    pub fn start_log_likelihood_of(
+        &self,
+        prompt: &[u32],
+        answer: &[u32],
+        samples: Vec<MaskSample>,
+        cfg_scale: f32,
+        pass_samples: Option<usize>,
+    ) -> Result<LikelihoodRun<'_>, EngineError> {
         let start = Stopwatch::start();
         self.check_scored(prompt, answer)?;
         for (i, sample) in samples.iter().enumerate() {
@@ -82,8 +107,7 @@ impl Engine {
                 });
             }
         }
-        let guided = cfg_scale > 0.0;
-        let twins = if guided { 2 } else { 1 };
+        let twins = if cfg_scale > 0.0 { 2 } else { 1 };
         let len = prompt.len() + answer.len();
         let (state, per_pass) = self.scoring_state(
             len * twins,
@@ -91,24 +115,17 @@ impl Engine {
             samples.len(),
             pass_samples,
         )?;
-        let mut losses = Vec::with_capacity(samples.len());
-        let mut passes = 0;
-        for group in samples.chunks(per_pass) {
-            losses.extend(self.pass_losses(&state, prompt, answer, group, cfg_scale)?);
-            passes += 1;
-        }
-        let n = losses.len() as f64;
-        let mean = losses.iter().sum::<f64>() / n.max(1.0);
-        let variance = losses.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
-        Ok(Likelihood {
-            log_likelihood: estimate(&losses),
-            standard_error: (variance / n.max(1.0)).sqrt(),
-            sample_losses: losses,
-            answer_tokens: answer.len(),
-            sequences: samples.len() * twins,
-            forward_passes: passes,
-            pass_samples: per_pass,
-            total_s: start.elapsed_s(),
+        Ok(LikelihoodRun {
+            engine: self,
+            prompt: prompt.to_vec(),
+            answer: answer.to_vec(),
+            losses: Vec::with_capacity(samples.len()),
+            samples,
+            cfg_scale,
+            state,
+            per_pass,
+            passes: 0,
+            start,
         })
     }
 
@@ -241,5 +258,71 @@ impl Engine {
             losses.push(sample_loss(&entropies, sample.p_mask));
         }
         Ok(losses)
+    }
+}
+
+/// An estimate a forward pass at a time (`Engine::start_log_likelihood`). Dropping it frees
+/// its buffers.
+pub struct LikelihoodRun<'e> {
+    engine: &'e Engine,
+    prompt: Vec<u32>,
+    answer: Vec<u32>,
+    samples: Vec<MaskSample>,
+    cfg_scale: f32,
+    state: LogitsState,
+    per_pass: usize,
+    /// One per sample scored so far, in draw order.
+    losses: Vec<f64>,
+    passes: usize,
+    start: Stopwatch,
+}
+
+impl LikelihoodRun<'_> {
+    /// Whether every sample has been scored.
+    pub fn is_done(&self) -> bool {
+        self.losses.len() >= self.samples.len()
+    }
+
+    /// Runs the next forward pass (up to `pass_samples` samples side by side); nothing once
+    /// done.
+    pub fn pass(&mut self) -> Result<(), EngineError> {
+        let at = self.losses.len();
+        let group = &self.samples[at..(at + self.per_pass).min(self.samples.len())];
+        if group.is_empty() {
+            return Ok(());
+        }
+        let losses = self.engine.pass_losses(
+            &self.state,
+            &self.prompt,
+            &self.answer,
+            group,
+            self.cfg_scale,
+        )?;
+        self.losses.extend(losses);
+        self.passes += 1;
+        Ok(())
+    }
+
+    /// The estimate, after running the passes left. `total_s` runs from the start, waits
+    /// between passes included.
+    pub fn finish(mut self) -> Result<Likelihood, EngineError> {
+        while !self.is_done() {
+            self.pass()?;
+        }
+        let losses = self.losses;
+        let n = losses.len() as f64;
+        let mean = losses.iter().sum::<f64>() / n.max(1.0);
+        let variance = losses.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+        let twins = if self.cfg_scale > 0.0 { 2 } else { 1 };
+        Ok(Likelihood {
+            log_likelihood: estimate(&losses),
+            standard_error: (variance / n.max(1.0)).sqrt(),
+            sample_losses: losses,
+            answer_tokens: self.answer.len(),
+            sequences: self.samples.len() * twins,
+            forward_passes: self.passes,
+            pass_samples: self.per_pass,
+            total_s: self.start.elapsed_s(),
+        })
     }
 }

@@ -219,3 +219,44 @@ fn scores_answer_as_unmask_score_and_bad_requests_name_their_field() {
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
     }
 }
+
+#[test]
+fn a_long_estimate_does_not_hold_a_generation_back() {
+    let server = Server::start(&[]);
+    let port = server.port;
+    // 512 passes of one sample each: seconds of work, done a pass per round.
+    let long = std::thread::spawn(move || {
+        let body = json!({
+            "prompt": [300, 5, 6, 7], "continuation": [10, 11, 12, 13], "mc_num": 512,
+            "pass_samples": 1,
+        });
+        let reply = super::Port(port).request(
+            "POST",
+            "/v1/loglikelihood",
+            &["Content-Type: application/json"],
+            &body.to_string(),
+        );
+        (reply, std::time::Instant::now())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let body = json!({
+        "prompt": [300, 5, 6, 7], "max_tokens": 8, "steps": 8, "block_length": 8,
+        "cache": "none",
+    });
+    let (status, reply) = server.request(
+        "POST",
+        "/v1/completions",
+        &["Content-Type: application/json"],
+        &body.to_string(),
+    );
+    let generated = std::time::Instant::now();
+    assert_eq!(status, 200, "{reply}");
+    let ((status, reply), scored) = long.join().unwrap();
+    assert_eq!(status, 200, "{reply}");
+    let v: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(v["unmask"]["forward_passes"], 512, "{v}");
+    assert!(
+        generated < scored,
+        "the completion waited for the whole estimate"
+    );
+}

@@ -284,6 +284,8 @@ struct Scheduler<'e> {
     waiting: VecDeque<(Job, Request, Option<PrefixKey>)>,
     /// Recent finishes, for tokens/s.
     recent: RecentTokens,
+    /// Scoring jobs in progress, each advanced by one pass per round.
+    scoring: VecDeque<score::ScoreTask<'e>>,
 }
 
 /// Runs the engine thread until every sender of `jobs` is gone and the work is done.
@@ -300,6 +302,7 @@ pub fn run(
         slots: Vec::new(),
         waiting: VecDeque::new(),
         recent: RecentTokens::default(),
+        scoring: VecDeque::new(),
     };
     if s.config.kv_events.is_some() {
         engine.record_store_events(true);
@@ -326,7 +329,7 @@ pub fn run(
 
 impl<'e> Scheduler<'e> {
     fn is_idle(&self) -> bool {
-        self.slots.is_empty() && self.waiting.is_empty()
+        self.slots.is_empty() && self.waiting.is_empty() && self.scoring.is_empty()
     }
 
     fn reject(&self, job: Job, error: ApiError) {
@@ -345,7 +348,14 @@ impl<'e> Scheduler<'e> {
         let engine = self.engine;
         if let Sampling::Score(spec) = &job.spec.sampling {
             let spec = spec.clone();
-            return score::run(engine, &self.shared, job, &spec);
+            match score::encode(engine, &job.spec.input, &spec) {
+                Ok(ids) => {
+                    let task = score::ScoreTask::new(&self.shared, job, ids, &spec);
+                    self.scoring.push_back(task);
+                }
+                Err(e) => self.reject(job, e),
+            }
+            return;
         }
         let Sampling::Masked(sampling) = &job.spec.sampling else {
             let e = ApiError::server("a DiffusionGemma request reached a LLaDA/Dream engine");
@@ -480,6 +490,11 @@ impl<'e> Scheduler<'e> {
                 m.count("cancelled");
             }
         }
+        let before = self.scoring.len();
+        self.scoring.retain(|task| !task.gone());
+        for _ in self.scoring.len()..before {
+            m.count("cancelled");
+        }
         let before = self.waiting.len();
         self.waiting.retain(|(job, _, _)| !job.events.is_closed());
         for _ in self.waiting.len()..before {
@@ -524,6 +539,9 @@ impl<'e> Scheduler<'e> {
             slot.note_started(&shared);
         }
         self.slots.retain(|s| !s.session.is_idle());
+        // Each scoring job: one pass (or greedy step) per round, as a session takes one step.
+        self.scoring
+            .retain_mut(|task| !task.advance(engine, &shared));
     }
 }
 

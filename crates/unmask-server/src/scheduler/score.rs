@@ -1,12 +1,15 @@
-//! Scoring jobs (`/v1/loglikelihood`): run whole on the engine thread when accepted, so the
-//! running generations wait for the estimate's forward passes (a few per continuation, its
-//! samples side by side) as they wait for a prefix's setup.
+//! Scoring jobs (`/v1/loglikelihood`): each a task that the scheduler advances by one unit
+//! of work per round, beside the generations' steps: one forward pass of an estimate, or
+//! one step of a greedy decoding. A long estimate never holds the running streams for more
+//! than a pass.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 
-use unmask::{CacheMode, Engine, EngineError, GenerationParams, Likelihood, Prompt, Request};
+use unmask::{
+    CacheMode, Engine, EngineError, GenerationParams, Likelihood, LikelihoodParams, LikelihoodRun,
+    Prompt, Request, RequestRun,
+};
 
 use super::{Job, JobEvent, Shared};
 use crate::api::Input;
@@ -22,23 +25,145 @@ pub struct Scored {
     pub greedy: Option<Vec<bool>>,
 }
 
-pub(super) fn run(engine: &Engine, shared: &Shared, job: Job, spec: &ScoreSpec) {
-    shared.queued.fetch_sub(1, Ordering::Relaxed);
-    let _ = job.events.send(JobEvent::Started);
-    let completion = job.spec.is_completion();
-    let result = score(engine, &job.spec.input, spec);
-    shared
-        .metrics
-        .count(if result.is_ok() { "ok" } else { "error" });
-    let event = match result {
-        Ok(scored) => JobEvent::Scored(scored),
-        Err(e) if completion => JobEvent::Done(Err(e.for_completion())),
-        Err(e) => JobEvent::Done(Err(e)),
-    };
-    let _ = job.events.send(event);
+/// What a task runs next.
+enum Stage<'e> {
+    /// The next continuation's estimate starts (or the task is done).
+    Next,
+    Estimate(Box<LikelihoodRun<'e>>),
+    /// The greedy canvas of a continuation length.
+    Greedy(usize, Box<RequestRun<'e>>),
 }
 
-fn score(engine: &Engine, input: &Input, spec: &ScoreSpec) -> Result<Scored, ApiError> {
+/// A scoring job in progress.
+pub(super) struct ScoreTask<'e> {
+    job: Job,
+    prompt: Vec<u32>,
+    continuations: Vec<Vec<u32>>,
+    params: LikelihoodParams,
+    greedy: bool,
+    estimates: Vec<Likelihood>,
+    /// Greedy canvases by length: continuations of one length (most of a multiple-choice
+    /// item's) share one decoding.
+    canvases: HashMap<usize, Vec<u32>>,
+    stage: Stage<'e>,
+}
+
+impl<'e> ScoreTask<'e> {
+    /// The job with its prompt and continuations encoded (`encode`): it leaves the queue
+    /// and its handler hears it started.
+    pub(super) fn new(
+        shared: &Shared,
+        job: Job,
+        (prompt, continuations): (Vec<u32>, Vec<Vec<u32>>),
+        spec: &ScoreSpec,
+    ) -> Self {
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        let _ = job.events.send(JobEvent::Started);
+        Self {
+            job,
+            prompt,
+            continuations,
+            params: spec.params,
+            greedy: spec.greedy,
+            estimates: Vec::new(),
+            canvases: HashMap::new(),
+            stage: Stage::Next,
+        }
+    }
+
+    /// The client went away: the task stops.
+    pub(super) fn gone(&self) -> bool {
+        self.job.events.is_closed()
+    }
+
+    /// Runs one unit of work; true once the answer (or the error) was sent.
+    pub(super) fn advance(&mut self, engine: &'e Engine, shared: &Shared) -> bool {
+        match self.work(engine) {
+            Ok(false) => false,
+            Ok(true) => {
+                shared.metrics.count("ok");
+                let greedy = self.greedy.then(|| {
+                    self.continuations
+                        .iter()
+                        .map(|c| self.canvases.get(&c.len()) == Some(c))
+                        .collect()
+                });
+                let scored = Scored {
+                    prompt_tokens: self.prompt.len(),
+                    estimates: std::mem::take(&mut self.estimates),
+                    greedy,
+                };
+                let _ = self.job.events.send(JobEvent::Scored(scored));
+                true
+            }
+            Err(e) => {
+                shared.metrics.count("error");
+                let e = if self.job.spec.is_completion() {
+                    e.for_completion()
+                } else {
+                    e
+                };
+                let _ = self.job.events.send(JobEvent::Done(Err(e)));
+                true
+            }
+        }
+    }
+
+    /// One pass or step; Ok(true) when every estimate (and greedy canvas) is in.
+    fn work(&mut self, engine: &'e Engine) -> Result<bool, ApiError> {
+        let i = self.estimates.len();
+        match &mut self.stage {
+            Stage::Next => {
+                let Some(ids) = self.continuations.get(i) else {
+                    return Ok(true);
+                };
+                let run = engine
+                    .start_log_likelihood(&self.prompt, ids, &self.params)
+                    .map_err(|e| continuation_error(i, e))?;
+                self.stage = Stage::Estimate(Box::new(run));
+                self.work(engine)
+            }
+            Stage::Estimate(run) => {
+                run.pass().map_err(|e| ApiError::from_engine(&e))?;
+                if !run.is_done() {
+                    return Ok(false);
+                }
+                let estimate = match std::mem::replace(&mut self.stage, Stage::Next) {
+                    Stage::Estimate(run) => run.finish().map_err(|e| ApiError::from_engine(&e))?,
+                    _ => return Err(ApiError::server("a scoring task lost its estimate")),
+                };
+                self.estimates.push(estimate);
+                let n = self.continuations[i].len();
+                if self.greedy && !self.canvases.contains_key(&n) {
+                    let request = greedy_request(&self.prompt, n, self.params.cfg_scale);
+                    let run = engine
+                        .start(request)
+                        .map_err(|e| ApiError::from_engine(&e))?;
+                    self.stage = Stage::Greedy(n, Box::new(run));
+                }
+                Ok(false)
+            }
+            Stage::Greedy(n, run) => {
+                let done = run
+                    .step(&mut |_| {})
+                    .map_err(|e| ApiError::from_engine(&e))?;
+                if let Some(generation) = done {
+                    self.canvases.insert(*n, generation.ids);
+                    self.stage = Stage::Next;
+                }
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// The prompt's ids and each continuation's (text tokenized as it is), or the error that
+/// names the field.
+pub(super) fn encode(
+    engine: &Engine,
+    input: &Input,
+    spec: &ScoreSpec,
+) -> Result<(Vec<u32>, Vec<Vec<u32>>), ApiError> {
     let engine_error = |e: EngineError| ApiError::from_engine(&e);
     let prompt = match input {
         Input::Ids(ids) | Input::Encoded { ids, .. } => ids.clone(),
@@ -47,57 +172,35 @@ fn score(engine: &Engine, input: &Input, spec: &ScoreSpec) -> Result<Scored, Api
             .encode_prompt(&Prompt::Chat(messages.clone()))
             .map_err(engine_error)?,
     };
-    let mut estimates = Vec::with_capacity(spec.continuations.len());
-    let mut greedy = spec.greedy.then(Vec::new);
-    // The greedy canvas depends on its length alone: continuations of one length (most of
-    // a multiple-choice item's) share one decoding.
-    let mut canvases: HashMap<usize, Vec<u32>> = HashMap::new();
+    let mut continuations = Vec::with_capacity(spec.continuations.len());
     for (i, c) in spec.continuations.iter().enumerate() {
-        let field = format!("continuations[{i}]");
-        let ids = match c {
+        continuations.push(match c {
             Continuation::Ids(ids) => ids.clone(),
             Continuation::Text(text) => engine
                 .encode_text(text)
-                .map_err(|e| ApiError::invalid(field.clone(), format!("{field}: {e}")))?,
-        };
-        let estimate = engine
-            .log_likelihood(&prompt, &ids, &spec.params)
-            .map_err(|e| match e {
-                // The engine's `answer` is this request's continuation.
-                EngineError::Invalid {
-                    field: "answer", ..
-                } => ApiError::invalid(field.clone(), format!("{field}: {e}")),
-                e => ApiError::from_engine(&e),
-            })?;
-        estimates.push(estimate);
-        if let Some(greedy) = &mut greedy {
-            let canvas = match canvases.entry(ids.len()) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => e.insert(
-                    greedy_canvas(engine, &prompt, ids.len(), spec.params.cfg_scale)
-                        .map_err(engine_error)?,
-                ),
-            };
-            greedy.push(*canvas == ids);
-        }
+                .map_err(|e| continuation_error(i, e))?,
+        });
     }
-    Ok(Scored {
-        prompt_tokens: prompt.len(),
-        estimates,
-        greedy,
-    })
+    Ok((prompt, continuations))
+}
+
+/// The engine's error about continuation `i`, whose `answer` it is.
+fn continuation_error(i: usize, e: EngineError) -> ApiError {
+    let field = format!("continuations[{i}]");
+    match e {
+        EngineError::Invalid {
+            field: "answer", ..
+        }
+        | EngineError::Tokenizer(_) => ApiError::invalid(field.clone(), format!("{field}: {e}")),
+        e => ApiError::from_engine(&e),
+    }
 }
 
 /// Temperature-0 decoding of a canvas of `n` tokens after `prompt`, one token per step in
 /// one block (the model's remasking order). A continuation is greedy when it is this
 /// canvas: LLaDA's evaluation checks `is_greedy` this way, a masked model having no
 /// left-to-right argmax.
-fn greedy_canvas(
-    engine: &Engine,
-    prompt: &[u32],
-    n: usize,
-    cfg_scale: f32,
-) -> Result<Vec<u32>, EngineError> {
+fn greedy_request(prompt: &[u32], n: usize, cfg_scale: f32) -> Request {
     let mut request = Request::ids(prompt.to_vec())
         .with_params(GenerationParams {
             gen_length: n,
@@ -108,5 +211,5 @@ fn greedy_canvas(
         })
         .with_cache(CacheMode::None);
     request.full_canvas = true;
-    Ok(engine.generate(&request)?.ids)
+    request
 }
