@@ -36,8 +36,6 @@ mod dgemma;
 mod engine;
 mod error;
 mod files;
-// Scoring reads logits back with blocking calls: native only, like `Model::logits`.
-#[cfg(not(target_arch = "wasm32"))]
 mod likelihood;
 mod options;
 mod prefix;
@@ -59,7 +57,6 @@ pub use error::{EngineError, Refusal};
 #[cfg(not(target_arch = "wasm32"))]
 pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
-#[cfg(not(target_arch = "wasm32"))]
 pub use likelihood::{Likelihood, LikelihoodRun};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{

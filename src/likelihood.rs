@@ -1,7 +1,8 @@
 //! A continuation's log-likelihood: LLaDA's Monte Carlo estimate
 //! (`unmask_core::likelihood`), the samples carried side by side through as few forward
 //! passes as fit (the guided ones with their prompt-masked twins), the LM head on the
-//! masked positions alone.
+//! masked positions alone. Read-backs are awaited (`*_async`, for the browser); native
+//! callers have blocking wrappers.
 
 use unmask_core::likelihood::{
     LikelihoodParams, MaskSample, cross_entropy, draw_masks, estimate, sample_loss,
@@ -39,6 +40,7 @@ pub struct Likelihood {
 impl Engine {
     /// The log-likelihood of `answer` after `prompt` (token ids), estimated from
     /// `params.mc_num` masked samples drawn with `params.seed`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn log_likelihood(
         &self,
         prompt: &[u32],
@@ -48,8 +50,21 @@ impl Engine {
         self.start_log_likelihood(prompt, answer, params)?.finish()
     }
 
+    /// `log_likelihood`, awaiting the read-backs (the browser's way).
+    pub async fn log_likelihood_async(
+        &self,
+        prompt: &[u32],
+        answer: &[u32],
+        params: &LikelihoodParams,
+    ) -> Result<Likelihood, EngineError> {
+        self.start_log_likelihood(prompt, answer, params)?
+            .finish_async()
+            .await
+    }
+
     /// The estimate over the given samples (masks drawn elsewhere: a reference's, to
     /// compare with it), `pass_samples` of them per forward pass (None: as many as fit).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn log_likelihood_of(
         &self,
         prompt: &[u32],
@@ -203,7 +218,7 @@ impl Engine {
     /// The losses of one pass's samples: each the answer with `sample.masked` masked, the
     /// logits of those positions (Dream's from the row before each), guided by the
     /// prompt-masked twin when `cfg_scale` > 0 as generation guides them.
-    fn pass_losses(
+    async fn pass_losses(
         &self,
         state: &LogitsState,
         prompt: &[u32],
@@ -237,7 +252,11 @@ impl Engine {
             .zip(&rows)
             .map(|(ids, rows)| ScoredSeq { ids, rows })
             .collect();
-        let mut logits = self.model.logits_batch(state, &scored)?.into_iter();
+        let mut logits = self
+            .model
+            .logits_batch_async(state, &scored)
+            .await?
+            .into_iter();
         let vocab = self.model.cfg.embedding_size;
         let w = cfg_scale + 1.0;
         let mut losses = Vec::with_capacity(samples.len());
@@ -285,19 +304,28 @@ impl LikelihoodRun<'_> {
 
     /// Runs the next forward pass (up to `pass_samples` samples side by side); nothing once
     /// done.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn pass(&mut self) -> Result<(), EngineError> {
+        pollster::block_on(self.pass_async())
+    }
+
+    /// `pass`, awaiting its read-backs.
+    pub async fn pass_async(&mut self) -> Result<(), EngineError> {
         let at = self.losses.len();
         let group = &self.samples[at..(at + self.per_pass).min(self.samples.len())];
         if group.is_empty() {
             return Ok(());
         }
-        let losses = self.engine.pass_losses(
-            &self.state,
-            &self.prompt,
-            &self.answer,
-            group,
-            self.cfg_scale,
-        )?;
+        let losses = self
+            .engine
+            .pass_losses(
+                &self.state,
+                &self.prompt,
+                &self.answer,
+                group,
+                self.cfg_scale,
+            )
+            .await?;
         self.losses.extend(losses);
         self.passes += 1;
         Ok(())
@@ -305,9 +333,15 @@ impl LikelihoodRun<'_> {
 
     /// The estimate, after running the passes left. `total_s` runs from the start, waits
     /// between passes included.
-    pub fn finish(mut self) -> Result<Likelihood, EngineError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn finish(self) -> Result<Likelihood, EngineError> {
+        pollster::block_on(self.finish_async())
+    }
+
+    /// `finish`, awaiting the read-backs.
+    pub async fn finish_async(mut self) -> Result<Likelihood, EngineError> {
         while !self.is_done() {
-            self.pass()?;
+            self.pass_async().await?;
         }
         let losses = self.losses;
         let n = losses.len() as f64;

@@ -479,6 +479,48 @@ def draw_likelihood_masks(answer_len, mc_num, batch_size, rng):
     return out
 
 
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """unmask_core::rng::SplitMix64: (next state, next value)."""
+    state = (state + 0x9E3779B97F4A7C15) & MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return state, z ^ (z >> 31)
+
+
+def draw_seeded_masks(answer_len, mc_num, batch_size, seed):
+    """unmask_core::likelihood::draw_masks, ported: the runtime's seeded draw of the same
+    scheme as draw_likelihood_masks (SplitMix64, k and every permutation drawn below n
+    without modulo bias, the counts rounded ties-to-even in float64), so goldens can hold
+    the masks a seed gives. Returns [(sorted masked answer positions, p_mask)]."""
+    state = seed & MASK64
+
+    def below(n):
+        nonlocal state
+        zone = MASK64 - MASK64 % n
+        while True:
+            state, v = splitmix64(state)
+            if v < zone:
+                return v % n
+
+    L, b = answer_len, batch_size
+    out = []
+    for _ in range(mc_num // b):
+        k = 1 + below(L)
+        for i in range(b):
+            x = round(k + i * (L / b))
+            count = (x - 1) % L + 1
+            order = list(range(L))
+            for j in range(L - 1, 0, -1):
+                r = below(j + 1)
+                order[j], order[r] = order[r], order[j]
+            out.append((sorted(order[:count]), count / L))
+    return out
+
+
 def log_likelihood(params, prompt_ids, answer_ids, samples, cfg_scale=0.0, mask_id=None, logits_fn=None):
     """The Monte Carlo estimate over the given samples [(masked answer positions, p_mask)]:
     each sample's loss is the masked tokens' cross-entropy (float64 log-softmax of the

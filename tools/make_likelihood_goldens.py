@@ -21,11 +21,14 @@ import dream_ref  # noqa: E402
 import llada_ref  # noqa: E402
 from make_infill_goldens import Dream, family_of, load_fixture  # noqa: E402
 
-# (name, description, answer text, mc_num, batch, cfg_scale)
+# (name, description, answer text, mc_num, batch, cfg_scale, seed): a case with a seed holds
+# the masks the runtime's seeded draw gives (llada_ref.draw_seeded_masks), so a caller that
+# passes only the seed (the browser's score) is compared too.
 CASES = [
-    ("a_short", "a 3-token answer, 8 samples in batches of 4", " It is five.", 8, 4, 0.0),
-    ("b_long", "a longer answer, 16 samples in batches of 8", " The answer is five, as two and three make five.", 16, 8, 0.0),
-    ("c_cfg", "classifier-free guidance 1.0, 8 samples in batches of 4", " It is five.", 8, 4, 1.0),
+    ("a_short", "a 3-token answer, 8 samples in batches of 4", " It is five.", 8, 4, 0.0, None),
+    ("b_long", "a longer answer, 16 samples in batches of 8", " The answer is five, as two and three make five.", 16, 8, 0.0, None),
+    ("c_cfg", "classifier-free guidance 1.0, 8 samples in batches of 4", " It is five.", 8, 4, 1.0, None),
+    ("d_seeded", "the runtime's draw for seed 7: 8 samples in batches of 4", " It is five, I think.", 8, 4, 0.0, 7),
 ]
 
 
@@ -37,6 +40,11 @@ def check(fixture):
         cases = json.load(f)["cases"]
     for case in cases:
         samples = [(s["masked"], s["p_mask"]) for s in case["samples"]]
+        if case.get("seed") is not None:
+            drawn = llada_ref.draw_seeded_masks(
+                len(case["answer"]), len(samples), case["mc_batch"], case["seed"])
+            if [(list(m), p) for m, p in drawn] != [(list(m), p) for m, p in samples]:
+                raise SystemExit(f"{fixture}: case {case['name']}: the seed draws other masks")
         _, losses = llada_ref.log_likelihood(
             params, case["prompt"], case["answer"], samples, cfg_scale=case["cfg_scale"],
             mask_id=params["config"]["mask_token_id"], logits_fn=logits_fn,
@@ -61,10 +69,13 @@ def main():
     mask_id = params["config"]["mask_token_id"]
     rng = np.random.Generator(np.random.PCG64(0))
     cases = []
-    for ci, (name, desc, answer_text, mc_num, batch, cfg) in enumerate(CASES):
+    for ci, (name, desc, answer_text, mc_num, batch, cfg, seed) in enumerate(CASES):
         prompt = family.prompt(tok, GENERATE_QUESTIONS[ci % len(GENERATE_QUESTIONS)])
         answer = tok.encode(answer_text, add_special_tokens=False).ids
-        samples = llada_ref.draw_likelihood_masks(len(answer), mc_num, batch, rng)
+        if seed is None:
+            samples = llada_ref.draw_likelihood_masks(len(answer), mc_num, batch, rng)
+        else:
+            samples = llada_ref.draw_seeded_masks(len(answer), mc_num, batch, seed)
         est, losses = llada_ref.log_likelihood(
             params, prompt, answer, samples, cfg_scale=cfg, mask_id=mask_id, logits_fn=logits_fn
         )
@@ -75,6 +86,8 @@ def main():
             "answer": [int(t) for t in answer],
             "answer_text": answer_text,
             "cfg_scale": cfg,
+            "seed": seed,
+            "mc_batch": batch,
             "samples": [{"masked": m, "p_mask": p} for m, p in samples],
             "sample_losses": losses,
             "log_likelihood": est,

@@ -372,6 +372,56 @@ impl WebEngine {
         })
     }
 
+    /// Scores `answers` after a prompt by LLaDA's Monte Carlo estimate of their
+    /// log-likelihood, as `unmask score` does: `{system, prompt}`, `{messages}` or `{ids}`;
+    /// `answers: [text | ids, ...]` (text tokenized as it is: a chat prompt ends with the
+    /// assistant's header, so an answer is scored as the reply); `mcNum` (128), `mcBatch`
+    /// (16, or `mcNum` when smaller), `cfgScale`, `seed`, `passSamples`. Resolves to
+    /// `{promptTokens, answers: [{index, logLikelihood, standardError, tokens, perToken,
+    /// forwardPasses, totalS}], best}`. DiffusionGemma rejects it.
+    pub fn score(&self, request: JsValue) -> Promise {
+        let engine = match &self.loaded {
+            Loaded::Masked(e) => e.clone(),
+            Loaded::Gemma(_) => {
+                return Promise::reject(&js_error(
+                    "score: DiffusionGemma's decoder denoises whole canvases with \
+                     self-conditioning; the masked-token estimate is defined for LLaDA and Dream \
+                     models",
+                ));
+            }
+        };
+        let busy = self.busy.clone();
+        let checked = from_js(&request, "request")
+            .and_then(|v| mapping::score::score_request(&v, &Limits::of(&engine)));
+        future_to_promise(async move {
+            let request = checked.map_err(|e| js_error(&e))?;
+            let _busy = BusyGuard::acquire(&busy)
+                .ok_or_else(|| js_error("a generation is already running"))?;
+            let prompt = engine
+                .encode_prompt(&request.prompt)
+                .map_err(|e| JsValue::from(engine_error(e)))?;
+            let mut estimates = Vec::with_capacity(request.answers.len());
+            for (i, answer) in request.answers.iter().enumerate() {
+                let named = |e: EngineError| js_error(&format!("answers[{i}]: {e}"));
+                let ids = match answer {
+                    mapping::score::AnswerInput::Ids(ids) => ids.clone(),
+                    mapping::score::AnswerInput::Text(t) => engine.encode_text(t).map_err(named)?,
+                };
+                let estimate = engine
+                    .log_likelihood_async(&prompt, &ids, &request.params)
+                    .await
+                    .map_err(|e| match e {
+                        EngineError::Invalid {
+                            field: "answer", ..
+                        } => named(e),
+                        e => JsValue::from(engine_error(e)),
+                    })?;
+                estimates.push(estimate);
+            }
+            Ok(to_js(&mapping::score::scores(prompt.len(), &estimates)))
+        })
+    }
+
     /// Counters of the BiCache prefix store: hits, misses, inserts, evictions, entries...
     #[wasm_bindgen(js_name = cacheStats)]
     pub fn cache_stats(&self) -> JsValue {

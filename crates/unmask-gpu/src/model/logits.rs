@@ -1,7 +1,8 @@
 //! Logits read back whole, for parity checks and likelihood scoring: one forward pass over
 //! one or more sequences (each attending to itself alone), then the final norm and the LM
 //! head on the asked rows only, gathered on the GPU. The generation path never comes here:
-//! it reads back one (token, confidence) per sampled row (`select.rs`).
+//! it reads back one (token, confidence) per sampled row (`select.rs`). The read-backs are
+//! awaited (`*_async`, the browser's way); native callers have blocking wrappers.
 
 use unmask_core::step_plan::{SeqStep, StepPlan};
 
@@ -35,6 +36,7 @@ pub struct ScoredSeq<'a> {
 
 impl Model {
     /// The full logits `[ids.len(), embedding_size]` of one forward pass over `ids`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
         let rows: Vec<usize> = (0..ids.len()).collect();
         self.logits_at(ids, &rows)
@@ -43,6 +45,7 @@ impl Model {
     /// The full logits `[rows.len(), embedding_size]` of the positions `rows` (in that
     /// order) after one forward pass over `ids`: scoring a few positions of a long sequence
     /// reads back a few vocabulary rows.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn logits_at(&self, ids: &[u32], rows: &[usize]) -> Result<Vec<f32>, ModelError> {
         if rows.is_empty() {
             return Ok(Vec::new());
@@ -62,7 +65,17 @@ impl Model {
     /// One forward pass over every sequence of `seqs` (their K/V arenas one after the
     /// other in `state`), and per sequence the logits `[rows.len(), embedding_size]` of its
     /// `rows`. The sequences' lengths may differ; together they must fit `state`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn logits_batch(
+        &self,
+        state: &LogitsState,
+        seqs: &[ScoredSeq<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        pollster::block_on(self.logits_batch_async(state, seqs))
+    }
+
+    /// `logits_batch`, awaiting the read-backs.
+    pub async fn logits_batch_async(
         &self,
         state: &LogitsState,
         seqs: &[ScoredSeq<'_>],
@@ -112,7 +125,7 @@ impl Model {
         let mut step = StepEncoder::new(&self.ctx, "scoring pass");
         let hidden = self.encode_plan(&mut step, st, None, &plan, &ids, Default::default())?;
         step.submit()?;
-        let logits = self.head_rows(hidden, &index)?;
+        let logits = self.head_rows(hidden, &index).await?;
         let vocab = self.cfg.embedding_size;
         let mut rest = logits.as_slice();
         for s in seqs {
@@ -125,7 +138,7 @@ impl Model {
 
     /// The final norm and LM head of rows `index` of `hidden`: `[index.len(), vocab]`, in
     /// groups of rows whose logits chunk fits one binding.
-    fn head_rows(&self, hidden: &Tensor, index: &[u32]) -> Result<Vec<f32>, ModelError> {
+    async fn head_rows(&self, hidden: &Tensor, index: &[u32]) -> Result<Vec<f32>, ModelError> {
         let d = self.cfg.d_model;
         let vocab = self.cfg.embedding_size;
         let head = &self.weights.lm_head;
@@ -158,7 +171,7 @@ impl Model {
                 let view = head.chunk_view(ci);
                 matmul::matmul(&mut step, &normed, &view, &logits, n, &self.kernels)?;
                 step.submit()?;
-                let part = logits.read_f32(&self.ctx)?;
+                let part = logits.read_f32_async(&self.ctx).await?;
                 for r in 0..n {
                     let at = (first + r) * vocab + chunk.row_start;
                     out[at..at + chunk.rows]

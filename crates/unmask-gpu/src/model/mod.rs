@@ -9,8 +9,6 @@ pub mod checkpoint {
 pub mod adaptive;
 pub mod forward;
 mod layer;
-/// Logits read back with blocking calls: native only.
-#[cfg(not(target_arch = "wasm32"))]
 mod logits;
 pub mod plan;
 pub mod quant_checkpoint;
@@ -27,7 +25,6 @@ pub use checkpoint::{
     StoredTensor,
 };
 pub use forward::{ForwardState, KvLayer, LayerPass, Model, SelectBuffers, SeqWindow, TokenChoice};
-#[cfg(not(target_arch = "wasm32"))]
 pub use logits::{LogitsState, ScoredSeq};
 pub use plan::{DeepRows, PlanBuffers, SharedPrefix};
 pub use quant_checkpoint::write_quantized;

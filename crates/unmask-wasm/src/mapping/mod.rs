@@ -16,6 +16,7 @@ use unmask::{
     SpecLimits, WeightFormat,
 };
 mod events;
+pub mod score;
 pub use events::{CanvasTracker, piece};
 
 /// The largest whole number a JavaScript number holds exactly (`Number.MAX_SAFE_INTEGER`);
@@ -59,7 +60,7 @@ impl Limits {
 
 /// Reads an optional field of a JSON object with `get`, naming the field when it is of the
 /// wrong type.
-fn field<'a, T>(
+pub(crate) fn field<'a, T>(
     obj: &'a Value,
     key: &str,
     what: &str,
@@ -176,7 +177,7 @@ pub fn device_options(obj: &Value) -> Result<DeviceOptions, String> {
 /// The prompt of a request: token `ids`, `messages` ([{role, content}]), or `system` +
 /// `prompt`.
 /// `list` as token ids of the model's vocabulary, at most the context less one.
-fn token_ids(field: &str, list: &Value, limits: &Limits) -> Result<Vec<u32>, String> {
+pub(crate) fn token_ids(field: &str, list: &Value, limits: &Limits) -> Result<Vec<u32>, String> {
     let items = list
         .as_array()
         .ok_or_else(|| format!("{field}: expected an array of token ids, found {list}"))?;

@@ -203,6 +203,12 @@ async fn diffusion_gemma_answers_from_javascript() {
         .await
         .unwrap_err();
     assert!(e.starts_with("genLength: expected a whole number"), "{e}");
+    // Scoring is defined for masked models only.
+    let e = JsFuture::from(web.score(js(r#"{"prompt": "Hi", "answers": [" red"]}"#)))
+        .await
+        .expect_err("DiffusionGemma refuses score");
+    let message = String::from(e.dyn_ref::<js_sys::Error>().unwrap().message());
+    assert!(message.contains("DiffusionGemma's decoder"), "{message}");
     // `onStep` returning false stops the generation: the promise rejects saying so, and
     // the engine (its store back in place) answers the next request as before.
     let stop = js_sys::Function::new_with_args("event", "return event.step < 2;");

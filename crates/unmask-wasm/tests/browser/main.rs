@@ -26,6 +26,7 @@ use wasm_bindgen_test::*;
 wasm_bindgen_test_configure!(run_in_browser);
 
 mod dgemma;
+mod score;
 mod support;
 
 use support::{
