@@ -415,18 +415,24 @@ impl CompletionRequest {
     }
 }
 
+/// A request's `model`, when it names one, must be the served one (404 otherwise).
+pub(crate) fn served_model(model: Option<&str>, served: &str) -> Result<(), ApiError> {
+    match model.filter(|m| *m != served) {
+        None => Ok(()),
+        Some(m) => Err(ApiError {
+            status: axum::http::StatusCode::NOT_FOUND,
+            code: Some("model_not_found"),
+            ..ApiError::invalid(
+                "model",
+                format!("model: this server serves {served:?}, found {m:?}"),
+            )
+        }),
+    }
+}
+
 impl Common {
     fn check(mut self, input: Input, limits: &Limits, served: &str) -> Result<JobSpec, ApiError> {
-        if let Some(m) = self.model.as_deref().filter(|m| *m != served) {
-            return Err(ApiError {
-                status: axum::http::StatusCode::NOT_FOUND,
-                code: Some("model_not_found"),
-                ..ApiError::invalid(
-                    "model",
-                    format!("model: this server serves {served:?}, found {m:?}"),
-                )
-            });
-        }
+        served_model(self.model.as_deref(), served)?;
         let choices = match self.n {
             None => 1,
             Some(n) if (1..=MOST_CHOICES).contains(&n) => n as usize,

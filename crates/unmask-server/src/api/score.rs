@@ -9,6 +9,7 @@ use unmask_core::likelihood::{DEFAULT_MC_BATCH, DEFAULT_MC_NUM};
 
 use super::{
     ChatMessage, CompletionPrompt, Family, Input, JobSpec, Limits, Sampling, chat_messages,
+    served_model,
 };
 use crate::error::ApiError;
 use crate::fields::{object, typed, whole};
@@ -72,16 +73,7 @@ pub fn check_score(body: &[u8], limits: &Limits, served: &str) -> Result<JobSpec
              self-conditioning; the masked-token estimate is defined for LLaDA and Dream models",
         ));
     }
-    if let Some(m) = f.model.as_deref().filter(|m| *m != served) {
-        return Err(ApiError {
-            status: axum::http::StatusCode::NOT_FOUND,
-            code: Some("model_not_found"),
-            ..ApiError::invalid(
-                "model",
-                format!("model: this server serves {served:?}, found {m:?}"),
-            )
-        });
-    }
+    served_model(f.model.as_deref(), served)?;
     let input = match (f.prompt, f.messages) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
