@@ -19,6 +19,12 @@ pub const SCORE_PASS_ROWS: usize = 4096;
 /// Logits one scoring pass may read back (f32 bytes over its samples' masked rows).
 const SCORE_PASS_LOGITS_BYTES: usize = 256 << 20;
 
+/// GPU memory one scoring pass's buffers may take when the caller sets no pass size: at
+/// LLaDA-8B's shapes a row of activations and K/V is about 1 MiB (f32 K/V), so this keeps
+/// a pass near a thousand rows, where the matmuls are already compute-bound, and leaves
+/// room for the generations a server runs beside it.
+const SCORE_PASS_STATE_BYTES: u64 = 1 << 30;
+
 /// What the estimate gave.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Likelihood {
@@ -146,7 +152,7 @@ impl Engine {
 
     /// Buffers for passes of `per_pass` samples of `rows` rows and at most `answer_rows`
     /// logits rows each, and that count: the caller's, else as many as the row target,
-    /// one storage binding and the logits cap allow; halved while the memory budget
+    /// one storage binding, the logits cap and the state's memory cap allow; halved while the memory budget
     /// refuses the buffers, down to one sample (whose refusal is the error).
     fn scoring_state(
         &self,
@@ -157,9 +163,12 @@ impl Engine {
     ) -> Result<(LogitsState, usize), EngineError> {
         let vocab = self.model.cfg.embedding_size;
         let mut per_pass = asked.unwrap_or_else(|| {
-            let by_rows = SCORE_PASS_ROWS.min(self.model.max_state_rows()) / rows;
-            let by_logits = SCORE_PASS_LOGITS_BYTES / (answer_rows * vocab * 4).max(1);
-            by_rows.min(by_logits)
+            auto_pass_samples(
+                rows,
+                answer_rows * vocab * 4,
+                self.model.max_state_rows(),
+                self.model.state_bytes(rows, rows),
+            )
         });
         per_pass = per_pass.clamp(1, samples.max(1));
         loop {
@@ -280,6 +289,22 @@ impl Engine {
     }
 }
 
+/// Samples per pass when the caller sets none: as many sequences of `rows` rows as the
+/// row target and `max_state_rows` (one storage binding) allow, whose logits
+/// (`logits_bytes` each) and buffers (`state_bytes` each) stay under their caps. At least
+/// one is left to the caller's clamp.
+fn auto_pass_samples(
+    rows: usize,
+    logits_bytes: usize,
+    max_state_rows: usize,
+    state_bytes: u64,
+) -> usize {
+    let by_rows = SCORE_PASS_ROWS.min(max_state_rows) / rows.max(1);
+    let by_logits = SCORE_PASS_LOGITS_BYTES / logits_bytes.max(1);
+    let by_bytes = (SCORE_PASS_STATE_BYTES / state_bytes.max(1)) as usize;
+    by_rows.min(by_logits).min(by_bytes)
+}
+
 /// An estimate a forward pass at a time (`Engine::start_log_likelihood`). Dropping it frees
 /// its buffers.
 pub struct LikelihoodRun<'e> {
@@ -358,5 +383,25 @@ impl LikelihoodRun<'_> {
             pass_samples: self.per_pass,
             total_s: self.start.elapsed_s(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_are_sized_by_rows_logits_and_memory() {
+        // The bundled model's 48-row items: the row target alone (85 of them).
+        assert_eq!(auto_pass_samples(48, 8 * 832 * 4, 100_000, 100_000), 85);
+        // A binding that holds 1000 rows: 20 of them.
+        assert_eq!(auto_pass_samples(48, 8 * 832 * 4, 1000, 100_000), 20);
+        // LLaDA-8B, a 330 + 8 token item with f32 K/V: about 398 MB of buffers a sample,
+        // so two per pass under 1 GiB; a 126464-token vocabulary's logits allow 66.
+        let per_row = (4096 + 3 * 4096 + 4096 + 12288 + 3) * 4;
+        let state = (338 * per_row + 2 * 32 * 338 * 4096 * 4) as u64;
+        assert_eq!(auto_pass_samples(338, 8 * 126_464 * 4, 1 << 20, state), 2);
+        // A long answer: the logits cap (256 MiB) binds first.
+        assert_eq!(auto_pass_samples(338, 600 * 126_464 * 4, 1 << 20, 1), 0);
     }
 }

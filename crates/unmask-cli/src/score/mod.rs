@@ -53,7 +53,8 @@ pub struct ScoreArgs {
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
     /// samples one forward pass carries side by side (default: as many as fit 4096 rows,
-    /// one storage binding and the memory budget); changes the speed, not the estimate
+    /// one storage binding, 1 GiB of buffers and the memory budget); changes the speed, not
+    /// the estimate
     #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true)]
     pass_samples: Option<usize>,
     /// a task set whose items have "choices": score every item's choices and report the
