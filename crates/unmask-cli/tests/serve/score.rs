@@ -220,16 +220,12 @@ fn scores_answer_as_unmask_score_and_bad_requests_name_their_field() {
     }
 }
 
-#[test]
-fn a_long_estimate_does_not_hold_a_generation_back() {
-    let server = Server::start(&[]);
-    let port = server.port;
-    // 512 passes of one sample each: seconds of work, done a pass per round.
-    let long = std::thread::spawn(move || {
-        let body = json!({
-            "prompt": [300, 5, 6, 7], "continuation": [10, 11, 12, 13], "mc_num": 512,
-            "pass_samples": 1,
-        });
+/// A scoring request on a thread of its own: (status, body) and when it came back.
+fn score_later(
+    port: u16,
+    body: Value,
+) -> std::thread::JoinHandle<((u16, String), std::time::Instant)> {
+    std::thread::spawn(move || {
         let reply = super::Port(port).request(
             "POST",
             "/v1/loglikelihood",
@@ -237,8 +233,33 @@ fn a_long_estimate_does_not_hold_a_generation_back() {
             &body.to_string(),
         );
         (reply, std::time::Instant::now())
-    });
+    })
+}
+
+#[test]
+fn a_long_estimate_does_not_hold_a_generation_back() {
+    let server = Server::start(&[]);
+    let port = server.port;
+    // 512 passes of one sample each: seconds of work, done a pass per round.
+    let long = score_later(
+        port,
+        json!({
+            "prompt": [300, 5, 6, 7], "continuation": [10, 11, 12, 13], "mc_num": 512,
+            "pass_samples": 1,
+        }),
+    );
     std::thread::sleep(std::time::Duration::from_millis(300));
+    // A second estimate waits for the first (one estimate's buffers at a time), in the
+    // queue meanwhile.
+    let short = score_later(
+        port,
+        json!({"prompt": [300, 5], "continuation": [10], "mc_num": 4}),
+    );
+    let probe = Server::probe(port);
+    let waited = (0..50).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        probe() == Some(1.0)
+    });
     let body = json!({
         "prompt": [300, 5, 6, 7], "max_tokens": 8, "steps": 8, "block_length": 8,
         "cache": "none",
@@ -251,12 +272,20 @@ fn a_long_estimate_does_not_hold_a_generation_back() {
     );
     let generated = std::time::Instant::now();
     assert_eq!(status, 200, "{reply}");
-    let ((status, reply), scored) = long.join().unwrap();
+    let ((status, reply), long_done) = long.join().unwrap();
     assert_eq!(status, 200, "{reply}");
     let v: Value = serde_json::from_str(&reply).unwrap();
     assert_eq!(v["unmask"]["forward_passes"], 512, "{v}");
+    let ((status, reply), short_done) = short.join().unwrap();
+    assert_eq!(status, 200, "{reply}");
     assert!(
-        generated < scored,
+        generated < long_done,
         "the completion waited for the whole estimate"
     );
+    assert!(
+        long_done <= short_done,
+        "the second estimate ran before the first ended"
+    );
+    assert!(waited, "the second estimate waited in the queue");
+    assert_eq!(probe(), Some(0.0), "the queue is empty again");
 }

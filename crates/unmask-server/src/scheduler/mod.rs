@@ -284,7 +284,7 @@ struct Scheduler<'e> {
     waiting: VecDeque<(Job, Request, Option<PrefixKey>)>,
     /// Recent finishes, for tokens/s.
     recent: RecentTokens,
-    /// Scoring jobs in progress, each advanced by one pass per round.
+    /// Scoring jobs in arrival order; the first advances by one pass per round.
     scoring: VecDeque<score::ScoreTask<'e>>,
 }
 
@@ -349,10 +349,9 @@ impl<'e> Scheduler<'e> {
         if let Sampling::Score(spec) = &job.spec.sampling {
             let spec = spec.clone();
             match score::encode(engine, &job.spec.input, &spec) {
-                Ok(ids) => {
-                    let task = score::ScoreTask::new(&self.shared, job, ids, &spec);
-                    self.scoring.push_back(task);
-                }
+                Ok(ids) => self
+                    .scoring
+                    .push_back(score::ScoreTask::new(job, ids, &spec)),
                 Err(e) => self.reject(job, e),
             }
             return;
@@ -490,11 +489,15 @@ impl<'e> Scheduler<'e> {
                 m.count("cancelled");
             }
         }
-        let before = self.scoring.len();
-        self.scoring.retain(|task| !task.gone());
-        for _ in self.scoring.len()..before {
-            m.count("cancelled");
-        }
+        self.scoring.retain(|task| {
+            if task.gone() {
+                if !task.started() {
+                    shared.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                m.count("cancelled");
+            }
+            !task.gone()
+        });
         let before = self.waiting.len();
         self.waiting.retain(|(job, _, _)| !job.events.is_closed());
         for _ in self.waiting.len()..before {
@@ -539,9 +542,13 @@ impl<'e> Scheduler<'e> {
             slot.note_started(&shared);
         }
         self.slots.retain(|s| !s.session.is_idle());
-        // Each scoring job: one pass (or greedy step) per round, as a session takes one step.
-        self.scoring
-            .retain_mut(|task| !task.advance(engine, &shared));
+        // The first scoring job: one pass (or greedy step) per round, as a session takes one
+        // step; the others wait their turn, so one estimate's buffers are held at a time.
+        if let Some(task) = self.scoring.front_mut()
+            && task.advance(engine, &shared)
+        {
+            self.scoring.pop_front();
+        }
     }
 }
 

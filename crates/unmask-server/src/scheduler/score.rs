@@ -1,7 +1,8 @@
-//! Scoring jobs (`/v1/loglikelihood`): each a task that the scheduler advances by one unit
-//! of work per round, beside the generations' steps: one forward pass of an estimate, or
-//! one step of a greedy decoding. A long estimate never holds the running streams for more
-//! than a pass.
+//! Scoring jobs (`/v1/loglikelihood`): tasks that the scheduler runs in order, the first
+//! one advanced by one unit of work per round beside the generations' steps: one forward
+//! pass of an estimate, or one step of a greedy decoding. A long estimate never holds the
+//! running streams for more than a pass, and one estimate's buffers are allocated at a
+//! time (the others wait in the queue).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -41,6 +42,8 @@ pub(super) struct ScoreTask<'e> {
     continuations: Vec<Vec<u32>>,
     params: LikelihoodParams,
     greedy: bool,
+    /// It left the queue: its handler heard `Started`.
+    started: bool,
     estimates: Vec<Likelihood>,
     /// Greedy canvases by length: continuations of one length (most of a multiple-choice
     /// item's) share one decoding.
@@ -49,26 +52,29 @@ pub(super) struct ScoreTask<'e> {
 }
 
 impl<'e> ScoreTask<'e> {
-    /// The job with its prompt and continuations encoded (`encode`): it leaves the queue
-    /// and its handler hears it started.
+    /// The job with its prompt and continuations encoded (`encode`). It stays in the queue
+    /// until its first unit of work.
     pub(super) fn new(
-        shared: &Shared,
         job: Job,
         (prompt, continuations): (Vec<u32>, Vec<Vec<u32>>),
         spec: &ScoreSpec,
     ) -> Self {
-        shared.queued.fetch_sub(1, Ordering::Relaxed);
-        let _ = job.events.send(JobEvent::Started);
         Self {
             job,
             prompt,
             continuations,
             params: spec.params,
             greedy: spec.greedy,
+            started: false,
             estimates: Vec::new(),
             canvases: HashMap::new(),
             stage: Stage::Next,
         }
+    }
+
+    /// Whether it left the queue (it ran a unit of work).
+    pub(super) fn started(&self) -> bool {
+        self.started
     }
 
     /// The client went away: the task stops.
@@ -78,6 +84,11 @@ impl<'e> ScoreTask<'e> {
 
     /// Runs one unit of work; true once the answer (or the error) was sent.
     pub(super) fn advance(&mut self, engine: &'e Engine, shared: &Shared) -> bool {
+        if !self.started {
+            self.started = true;
+            shared.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = self.job.events.send(JobEvent::Started);
+        }
         match self.work(engine) {
             Ok(false) => false,
             Ok(true) => {
