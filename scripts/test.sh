@@ -74,7 +74,7 @@ done
 phase "bad inputs and faults against the CLI (docs/reliability.md)"
 scripts/bad-inputs.sh target/debug/unmask
 
-phase "unmask serve: the openai Python client, raw HTTP errors, 429, disconnects, vLLM metrics, KV-cache events (tools/serve_test.py, tools/kv_events_test.py)"
+phase "unmask serve: the openai Python client, raw HTTP errors, 429, disconnects, vLLM metrics, KV-cache events, lm-evaluation-harness (tools/serve_test.py, tools/kv_events_test.py, tools/lm_eval_check.py)"
 scripts/test-server.sh target/debug/unmask
 
 phase "three replicas behind the SGLang Model Gateway (skipped, saying why, when it cannot be installed)"
