@@ -151,7 +151,8 @@ impl Engine {
     }
 
     /// Buffers for passes of `per_pass` samples of `rows` rows and at most `answer_rows`
-    /// logits rows each, and that count: the caller's, else as many as the row target,
+    /// logits rows each, and that count: the caller's (within one binding), else as many
+    /// as the row target,
     /// one storage binding, the logits cap and the state's memory cap allow; halved while the memory budget
     /// refuses the buffers, down to one sample (whose refusal is the error).
     fn scoring_state(
@@ -162,14 +163,18 @@ impl Engine {
         asked: Option<usize>,
     ) -> Result<(LogitsState, usize), EngineError> {
         let vocab = self.model.cfg.embedding_size;
-        let mut per_pass = asked.unwrap_or_else(|| {
-            auto_pass_samples(
+        let max_rows = self.model.max_state_rows();
+        let mut per_pass = match asked {
+            // The caller's size, within one storage binding (a buffer past it cannot be
+            // made, and a request must not get that far).
+            Some(n) => n.min(max_rows / rows.max(1)),
+            None => auto_pass_samples(
                 rows,
                 answer_rows * vocab * 4,
-                self.model.max_state_rows(),
+                max_rows,
                 self.model.state_bytes(rows, rows),
-            )
-        });
+            ),
+        };
         per_pass = per_pass.clamp(1, samples.max(1));
         loop {
             match self.model.logits_state(per_pass * rows) {

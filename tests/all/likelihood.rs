@@ -159,3 +159,38 @@ fn seeded_estimates_repeat_and_bad_input_is_named() {
         .to_string();
     assert!(e.starts_with("samples: "), "{e}");
 }
+
+#[test]
+fn a_pass_never_outgrows_one_binding_whatever_the_caller_asks() {
+    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
+    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
+    let case = &cases["cases"][0];
+    let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+    let rows = prompt.len() + answer.len();
+    let wide = common::tiny_engine();
+    let row_bytes = wide.model().state_row_bytes();
+    // A binding of 3 sequences' rows: at most 3 samples side by side.
+    let ctx = common::ctx_with_binding_limit((3 * rows * row_bytes) as u64);
+    let options = unmask::EngineOptions {
+        weight_format: unmask_gpu::WeightFormat::F32,
+        ..unmask::EngineOptions::default()
+    };
+    let narrow = Engine::load_on(ctx, &common::fixture_dir(), &options, &mut |_| {}).unwrap();
+    assert_eq!(narrow.model().max_state_rows() / rows, 3);
+    let params = LikelihoodParams {
+        mc_num: 8,
+        batch: 4,
+        pass_samples: Some(1000),
+        ..LikelihoodParams::default()
+    };
+    let l = narrow.log_likelihood(&prompt, &answer, &params).unwrap();
+    assert_eq!((l.pass_samples, l.forward_passes), (3, 3));
+    let all = wide.log_likelihood(&prompt, &answer, &params).unwrap();
+    assert_eq!((all.pass_samples, all.forward_passes), (8, 1));
+    assert!(
+        (l.log_likelihood - all.log_likelihood).abs() <= 1e-4 * all.log_likelihood.abs(),
+        "{} against {}",
+        l.log_likelihood,
+        all.log_likelihood
+    );
+}
