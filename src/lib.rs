@@ -57,7 +57,7 @@ pub use error::{EngineError, Refusal};
 #[cfg(not(target_arch = "wasm32"))]
 pub use files::DirFiles;
 pub use files::{MemoryFiles, ModelFiles};
-pub use likelihood::{Likelihood, LikelihoodRun};
+pub use likelihood::{Likelihood, LikelihoodRun, best_estimate};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{
     AcacheReport, AdaptiveReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request,

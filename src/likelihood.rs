@@ -152,9 +152,9 @@ impl Engine {
 
     /// Buffers for passes of `per_pass` samples of `rows` rows and at most `answer_rows`
     /// logits rows each, and that count: the caller's (within one binding), else as many
-    /// as the row target,
-    /// one storage binding, the logits cap and the state's memory cap allow; halved while the memory budget
-    /// refuses the buffers, down to one sample (whose refusal is the error).
+    /// as the row target, one storage binding, the logits cap and the state's memory cap
+    /// allow; halved while the memory budget refuses the buffers, down to one sample (whose
+    /// refusal is the error).
     fn scoring_state(
         &self,
         rows: usize,
@@ -292,6 +292,18 @@ impl Engine {
         }
         Ok(losses)
     }
+}
+
+/// The index of the best estimate, the first of equal ones (as `unmask score` ranks
+/// them); `None` for none.
+pub fn best_estimate(estimates: &[Likelihood]) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, l) in estimates.iter().enumerate() {
+        if best.is_none_or(|(_, b)| l.log_likelihood > b) {
+            best = Some((i, l.log_likelihood));
+        }
+    }
+    best.map(|(i, _)| i)
 }
 
 /// Samples per pass when the caller sets none: as many sequences of `rows` rows as the

@@ -43,33 +43,23 @@ def write_docs(path, items):
             }) + "\n")
 
 
+def task(name, path, **fields):
+    """A task over the docs file at `path` (its one split is the test split)."""
+    return {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": path}},
+            "test_split": "test", **fields}
+
+
 def mc_task(name, path):
-    return {
-        "task": name,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": path}},
-        "test_split": "test",
-        "output_type": "multiple_choice",
-        "doc_to_text": "{{context}}",
-        "doc_to_choice": "{{options}}",
-        "doc_to_target": "{{label}}",
-        "target_delimiter": "\n",
-        "metric_list": [{"metric": "acc"}],
-    }
+    return task(name, path, output_type="multiple_choice", doc_to_text="{{context}}",
+                doc_to_choice="{{options}}", doc_to_target="{{label}}", target_delimiter="\n",
+                metric_list=[{"metric": "acc"}])
 
 
 def gen_task(name, path):
-    return {
-        "task": name,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": path}},
-        "test_split": "test",
-        "output_type": "generate_until",
-        "doc_to_text": "{{context}}\n",
-        "doc_to_target": "{{options[label]}}",
-        "generation_kwargs": {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False},
-        "metric_list": [{"metric": "exact_match"}],
-    }
+    return task(name, path, output_type="generate_until", doc_to_text="{{context}}\n",
+                doc_to_target="{{options[label]}}",
+                generation_kwargs={"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False},
+                metric_list=[{"metric": "exact_match"}])
 
 
 def args_of(sample):

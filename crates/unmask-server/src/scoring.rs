@@ -79,16 +79,7 @@ fn answer(id: &str, model: &str, scored: &Scored, params: &unmask::LikelihoodPar
             d
         })
         .collect();
-    // The first of equal estimates, as `unmask score` ranks them.
-    let best = scored
-        .estimates
-        .iter()
-        .enumerate()
-        .fold(None::<(usize, f64)>, |best, (i, l)| match best {
-            Some((_, b)) if b >= l.log_likelihood => best,
-            _ => Some((i, l.log_likelihood)),
-        })
-        .map(|(i, _)| i);
+    let best = unmask::best_estimate(&scored.estimates);
     let continuation: usize = scored.estimates.iter().map(|l| l.answer_tokens).sum();
     json!({
         "id": id,

@@ -8,7 +8,7 @@ use unmask_core::step_plan::{SeqStep, StepPlan};
 
 use super::ModelError;
 use super::forward::{ForwardState, Model};
-use crate::ops::elementwise::{self as ew, RowWindow};
+
 use crate::ops::matmul;
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
@@ -144,7 +144,6 @@ impl Model {
         let head = &self.weights.lm_head;
         let widest = head.chunks.iter().map(|c| c.rows).max().unwrap_or(1).max(1);
         let group = ((self.ctx.features.max_binding_bytes / (4 * widest as u64)) as usize).max(1);
-        let full = RowWindow { stride: d, col: 0 };
         let mut out = vec![0f32; index.len() * vocab];
         for (g, rows) in index.chunks(group).enumerate() {
             let n = rows.len();
@@ -152,16 +151,7 @@ impl Model {
             let picked = Tensor::zeros(&self.ctx, DType::F32, &[n, d], "scored hidden")?;
             let normed = Tensor::zeros(&self.ctx, DType::F32, &[n, d], "final norm rows")?;
             let mut step = StepEncoder::new(&self.ctx, "final norm");
-            ew::gather_rows(&mut step, hidden, full, &row_index, &picked, full, n, d)?;
-            ew::rms_norm(
-                &mut step,
-                &picked,
-                &self.weights.ln_f,
-                &normed,
-                n,
-                d,
-                self.cfg.rms_norm_eps as f32,
-            )?;
+            self.encode_final_norm_rows(&mut step, hidden, &row_index, &picked, &normed, n)?;
             step.submit()?;
             let first = g * group;
             for (ci, chunk) in head.chunks.iter().enumerate() {

@@ -171,6 +171,32 @@ impl Model {
         self.encode_select_from(step, &cond.x, uncond.map(|u| &u.x), sel, n, params)
     }
 
+    /// Rows `row_index` (`n` of them) of the hidden states `x`, gathered into `picked`,
+    /// and their final RMSNorm into `normed`: what the LM head reads.
+    pub(crate) fn encode_final_norm_rows(
+        &self,
+        step: &mut StepEncoder,
+        x: &Tensor,
+        row_index: &Tensor,
+        picked: &Tensor,
+        normed: &Tensor,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let d = self.cfg.d_model;
+        let full = RowWindow { stride: d, col: 0 };
+        ew::gather_rows(step, x, full, row_index, picked, full, n, d)?;
+        ew::rms_norm(
+            step,
+            picked,
+            &self.weights.ln_f,
+            normed,
+            n,
+            d,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        Ok(())
+    }
+
     /// `encode_select` over explicit hidden-state tensors (sampled rows index into them).
     pub fn encode_select_from(
         &self,
@@ -182,39 +208,16 @@ impl Model {
         params: &SelectParams,
     ) -> Result<(), ModelError> {
         let uncond = uncond_x;
-        let d = self.cfg.d_model;
-        let eps = self.cfg.rms_norm_eps as f32;
-        let full = RowWindow { stride: d, col: 0 };
         // Gather first: the final norm and LM head only run on the rows being sampled.
-        ew::gather_rows(step, cond_x, full, &sel.row_index, &sel.hidden, full, n, d)?;
-        ew::rms_norm(
-            step,
-            &sel.hidden,
-            &self.weights.ln_f,
-            &sel.normed,
-            n,
-            d,
-            eps,
-        )?;
+        self.encode_final_norm_rows(step, cond_x, &sel.row_index, &sel.hidden, &sel.normed, n)?;
         if let Some(u) = uncond {
-            ew::gather_rows(
+            self.encode_final_norm_rows(
                 step,
                 u,
-                full,
                 &sel.row_index,
                 &sel.hidden_uncond,
-                full,
-                n,
-                d,
-            )?;
-            ew::rms_norm(
-                step,
-                &sel.hidden_uncond,
-                &self.weights.ln_f,
                 &sel.normed_uncond,
                 n,
-                d,
-                eps,
             )?;
         }
         sampling::select_reset(step, &sel.state, n)?;

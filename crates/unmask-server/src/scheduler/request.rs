@@ -39,6 +39,29 @@ pub fn encode_input(
     })
 }
 
+/// A job's input as the engine's prompt (text tokenized here when the handler had no
+/// tokenizer to do it), and the shared prefix's length the handler found.
+pub(super) fn input_prompt(
+    engine: &Engine,
+    input: &Input,
+) -> Result<(Prompt, Option<usize>), EngineError> {
+    Ok(match input {
+        Input::Chat(messages) => (Prompt::Chat(messages.clone()), None),
+        Input::Ids(ids) => (Prompt::Ids(ids.clone()), None),
+        Input::Encoded {
+            ids, prefix_len, ..
+        } => (Prompt::Ids(ids.clone()), *prefix_len),
+        Input::Text(text) => match engine.tokenizer() {
+            Some(t) => (Prompt::Ids(t.encode(text)?), None),
+            None => {
+                return Err(EngineError::NoTokenizer {
+                    dir: engine.dir().to_path_buf(),
+                });
+            }
+        },
+    })
+}
+
 /// The request the engine runs for a job.
 pub(super) fn engine_request(
     engine: &Engine,
@@ -46,25 +69,7 @@ pub(super) fn engine_request(
     spec: &MaskedSampling,
     config: &SchedulerConfig,
 ) -> Result<Request, EngineError> {
-    let mut prefix_len = None;
-    let prompt = match input {
-        Input::Chat(messages) => Prompt::Chat(messages.clone()),
-        Input::Ids(ids) => Prompt::Ids(ids.clone()),
-        Input::Encoded {
-            ids, prefix_len: p, ..
-        } => {
-            prefix_len = *p;
-            Prompt::Ids(ids.clone())
-        }
-        Input::Text(text) => match engine.tokenizer() {
-            Some(t) => Prompt::Ids(t.encode(text)?),
-            None => {
-                return Err(EngineError::NoTokenizer {
-                    dir: engine.dir().to_path_buf(),
-                });
-            }
-        },
-    };
+    let (prompt, prefix_len) = input_prompt(engine, input)?;
     let mut request = Request::new(prompt)
         .with_params(spec.params.clone())
         .with_cache(spec.cache);

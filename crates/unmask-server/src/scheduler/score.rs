@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use unmask::{
     CacheMode, Engine, EngineError, GenerationParams, Likelihood, LikelihoodParams, LikelihoodRun,
-    Prompt, Request, RequestRun,
+    Request, RequestRun,
 };
 
 use super::{Job, JobEvent, Shared};
@@ -176,13 +176,8 @@ pub(super) fn encode(
     spec: &ScoreSpec,
 ) -> Result<(Vec<u32>, Vec<Vec<u32>>), ApiError> {
     let engine_error = |e: EngineError| ApiError::from_engine(&e);
-    let prompt = match input {
-        Input::Ids(ids) | Input::Encoded { ids, .. } => ids.clone(),
-        Input::Text(text) => engine.encode_text(text).map_err(engine_error)?,
-        Input::Chat(messages) => engine
-            .encode_prompt(&Prompt::Chat(messages.clone()))
-            .map_err(engine_error)?,
-    };
+    let (prompt, _) = super::request::input_prompt(engine, input).map_err(engine_error)?;
+    let prompt = engine.encode_prompt(&prompt).map_err(engine_error)?;
     let mut continuations = Vec::with_capacity(spec.continuations.len());
     for (i, c) in spec.continuations.iter().enumerate() {
         continuations.push(match c {

@@ -141,17 +141,10 @@ pub fn scores(prompt_tokens: usize, estimates: &[Likelihood]) -> Value {
             })
         })
         .collect();
-    // The first of equal estimates, as `unmask score` ranks them.
-    let mut best: Option<(usize, f64)> = None;
-    for (i, l) in estimates.iter().enumerate() {
-        if best.is_none_or(|(_, b)| l.log_likelihood > b) {
-            best = Some((i, l.log_likelihood));
-        }
-    }
     json!({
         "promptTokens": prompt_tokens,
         "answers": answers,
-        "best": best.map(|(i, _)| i),
+        "best": unmask::best_estimate(estimates),
     })
 }
 
