@@ -1,23 +1,19 @@
 //! A continuation's log-likelihood: LLaDA's Monte Carlo estimate
 //! (`unmask_core::likelihood`), the samples carried side by side through as few forward
-//! passes as fit (the guided ones with their prompt-masked twins), the LM head on the
-//! masked positions alone. Read-backs are awaited (`*_async`, for the browser); native
-//! callers have blocking wrappers.
+//! passes as fit (the guided ones with their prompt-masked twins), the LM head and the
+//! cross-entropy on the masked positions alone, on the GPU (three floats a masked row come
+//! back). Read-backs are awaited (`*_async`, for the browser); native callers have
+//! blocking wrappers.
 
-use unmask_core::likelihood::{
-    LikelihoodParams, MaskSample, cross_entropy, draw_masks, estimate, sample_loss,
-};
+use unmask_core::likelihood::{LikelihoodParams, MaskSample, draw_masks, estimate, sample_loss};
 use unmask_gpu::error::GpuError;
-use unmask_gpu::model::{LogitsState, ModelError, ScoredSeq};
+use unmask_gpu::model::{LogitsState, ModelError, TargetSeq};
 
 use crate::{Engine, EngineError, Stopwatch};
 
 /// Rows one scoring pass aims at when the caller sets no pass size: past a few thousand
 /// rows a GPU's matmuls gain nothing from a wider pass, and the buffers keep growing.
 pub const SCORE_PASS_ROWS: usize = 4096;
-
-/// Logits one scoring pass may read back (f32 bytes over its samples' masked rows).
-const SCORE_PASS_LOGITS_BYTES: usize = 256 << 20;
 
 /// GPU memory one scoring pass's buffers may take when the caller sets no pass size: at
 /// LLaDA-8B's shapes a row of activations and K/V is about 1 MiB (f32 K/V), so this keeps
@@ -130,12 +126,12 @@ impl Engine {
         }
         let twins = if cfg_scale > 0.0 { 2 } else { 1 };
         let len = prompt.len() + answer.len();
-        let (state, per_pass) = self.scoring_state(
-            len * twins,
-            answer.len() * twins,
-            samples.len(),
-            pass_samples,
-        )?;
+        let scoring = ScoringShape {
+            rows: len * twins,
+            scored_rows: answer.len(),
+            guided: twins == 2,
+        };
+        let (state, per_pass) = self.scoring_state(scoring, samples.len(), pass_samples)?;
         Ok(LikelihoodRun {
             engine: self,
             prompt: prompt.to_vec(),
@@ -150,34 +146,38 @@ impl Engine {
         })
     }
 
-    /// Buffers for passes of `per_pass` samples of `rows` rows and at most `answer_rows`
-    /// logits rows each, and that count: the caller's (within one binding), else as many
-    /// as the row target, one storage binding, the logits cap and the state's memory cap
-    /// allow; halved while the memory budget refuses the buffers, down to one sample (whose
+    /// Buffers for passes of `per_pass` samples of `shape`, the LM head's included, and
+    /// that count: the caller's (within one binding), else as many as the row target, one
+    /// storage binding and the state's memory cap allow. The logits stay on the GPU, in
+    /// LM-head groups that fit one binding, so the answer's length does not bound a pass.
+    /// Halved while the memory budget refuses the buffers, down to one sample (whose
     /// refusal is the error).
     fn scoring_state(
         &self,
-        rows: usize,
-        answer_rows: usize,
+        shape: ScoringShape,
         samples: usize,
         asked: Option<usize>,
     ) -> Result<(LogitsState, usize), EngineError> {
-        let vocab = self.model.cfg.embedding_size;
+        let rows = shape.rows;
         let max_rows = self.model.max_state_rows();
         let mut per_pass = match asked {
             // The caller's size, within one storage binding (a buffer past it cannot be
             // made, and a request must not get that far).
             Some(n) => n.min(max_rows / rows.max(1)),
-            None => auto_pass_samples(
-                rows,
-                answer_rows * vocab * 4,
-                max_rows,
-                self.model.state_bytes(rows, rows),
-            ),
+            None => auto_pass_samples(rows, max_rows, self.model.state_bytes(rows, rows)),
         };
         per_pass = per_pass.clamp(1, samples.max(1));
         loop {
-            match self.model.logits_state(per_pass * rows) {
+            let made = self
+                .model
+                .logits_state(per_pass * rows)
+                .and_then(|mut state| {
+                    let scored = per_pass * shape.scored_rows;
+                    self.model
+                        .reserve_scored_rows(&mut state, scored, shape.guided)?;
+                    Ok(state)
+                });
+            match made {
                 Ok(state) => return Ok((state, per_pass)),
                 Err(ModelError::Gpu(GpuError::OverBudget { .. })) if per_pass > 1 => {
                     per_pass = per_pass.div_ceil(2);
@@ -230,11 +230,11 @@ impl Engine {
     }
 
     /// The losses of one pass's samples: each the answer with `sample.masked` masked, the
-    /// logits of those positions (Dream's from the row before each), guided by the
-    /// prompt-masked twin when `cfg_scale` > 0 as generation guides them.
+    /// cross-entropy at those positions (Dream's from the row before each) taken on the GPU,
+    /// guided by the prompt-masked twin when `cfg_scale` > 0 as generation guides them.
     async fn pass_losses(
         &self,
-        state: &LogitsState,
+        state: &mut LogitsState,
         prompt: &[u32],
         answer: &[u32],
         samples: &[MaskSample],
@@ -244,53 +244,41 @@ impl Engine {
         let p = prompt.len();
         let shift = usize::from(self.model.cfg.family.shifts_logits());
         let guided = cfg_scale > 0.0;
-        let mut seqs: Vec<Vec<u32>> = Vec::new();
-        let mut rows: Vec<Vec<usize>> = Vec::new();
+        let mut seqs: Vec<Vec<u32>> = Vec::with_capacity(samples.len());
+        let mut twins: Vec<Vec<u32>> = Vec::new();
+        let mut rows: Vec<Vec<usize>> = Vec::with_capacity(samples.len());
+        let mut targets: Vec<Vec<u32>> = Vec::with_capacity(samples.len());
         for sample in samples {
             let mut seq: Vec<u32> = prompt.iter().chain(answer).copied().collect();
             for &m in &sample.masked {
                 seq[p + m] = mask;
             }
-            let at: Vec<usize> = sample.masked.iter().map(|&m| p + m - shift).collect();
+            rows.push(sample.masked.iter().map(|&m| p + m - shift).collect());
+            targets.push(sample.masked.iter().map(|&m| answer[m]).collect());
             if guided {
                 let mut uncond = seq.clone();
                 uncond[..p].fill(mask);
-                seqs.push(uncond);
-                rows.push(at.clone());
+                twins.push(uncond);
             }
             seqs.push(seq);
-            rows.push(at);
         }
-        let scored: Vec<ScoredSeq<'_>> = seqs
-            .iter()
-            .zip(&rows)
-            .map(|(ids, rows)| ScoredSeq { ids, rows })
+        let scored: Vec<TargetSeq<'_>> = (0..samples.len())
+            .map(|i| TargetSeq {
+                ids: &seqs[i],
+                rows: &rows[i],
+                targets: &targets[i],
+                uncond: twins.get(i).map(Vec::as_slice),
+            })
             .collect();
-        let mut logits = self
+        let entropies = self
             .model
-            .logits_batch_async(state, &scored)
-            .await?
-            .into_iter();
-        let vocab = self.model.cfg.embedding_size;
-        let w = cfg_scale + 1.0;
-        let mut losses = Vec::with_capacity(samples.len());
-        for sample in samples {
-            let uncond = if guided { logits.next() } else { None };
-            let mut cond = logits.next().unwrap_or_default();
-            if let Some(u) = uncond {
-                for (c, u) in cond.iter_mut().zip(&u) {
-                    *c = u + w * (*c - u);
-                }
-            }
-            let entropies: Vec<f64> = sample
-                .masked
-                .iter()
-                .enumerate()
-                .map(|(k, &m)| cross_entropy(&cond[k * vocab..(k + 1) * vocab], answer[m] as usize))
-                .collect();
-            losses.push(sample_loss(&entropies, sample.p_mask));
-        }
-        Ok(losses)
+            .cross_entropy_batch_async(state, &scored, cfg_scale)
+            .await?;
+        Ok(samples
+            .iter()
+            .zip(&entropies)
+            .map(|(sample, e)| sample_loss(e, sample.p_mask))
+            .collect())
     }
 }
 
@@ -307,19 +295,22 @@ pub fn best_estimate(estimates: &[Likelihood]) -> Option<usize> {
 }
 
 /// Samples per pass when the caller sets none: as many sequences of `rows` rows as the
-/// row target and `max_state_rows` (one storage binding) allow, whose logits
-/// (`logits_bytes` each) and buffers (`state_bytes` each) stay under their caps. At least
-/// one is left to the caller's clamp.
-fn auto_pass_samples(
-    rows: usize,
-    logits_bytes: usize,
-    max_state_rows: usize,
-    state_bytes: u64,
-) -> usize {
+/// row target and `max_state_rows` (one storage binding) allow, whose buffers
+/// (`state_bytes` each) stay under their cap. At least one is left to the caller's clamp.
+fn auto_pass_samples(rows: usize, max_state_rows: usize, state_bytes: u64) -> usize {
     let by_rows = SCORE_PASS_ROWS.min(max_state_rows) / rows.max(1);
-    let by_logits = SCORE_PASS_LOGITS_BYTES / logits_bytes.max(1);
     let by_bytes = (SCORE_PASS_STATE_BYTES / state_bytes.max(1)) as usize;
-    by_rows.min(by_logits).min(by_bytes)
+    by_rows.min(by_bytes)
+}
+
+/// What one sample of an estimate asks of a pass.
+#[derive(Clone, Copy)]
+struct ScoringShape {
+    /// Positions in the pass: prompt and answer, twice under guidance.
+    rows: usize,
+    /// Rows the LM head scores at most (the answer's).
+    scored_rows: usize,
+    guided: bool,
 }
 
 /// An estimate a forward pass at a time (`Engine::start_log_likelihood`). Dropping it frees
@@ -361,7 +352,7 @@ impl LikelihoodRun<'_> {
         let losses = self
             .engine
             .pass_losses(
-                &self.state,
+                &mut self.state,
                 &self.prompt,
                 &self.answer,
                 group,
@@ -408,17 +399,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passes_are_sized_by_rows_logits_and_memory() {
+    fn passes_are_sized_by_rows_and_memory() {
         // The bundled model's 48-row items: the row target alone (85 of them).
-        assert_eq!(auto_pass_samples(48, 8 * 832 * 4, 100_000, 100_000), 85);
+        assert_eq!(auto_pass_samples(48, 100_000, 100_000), 85);
         // A binding that holds 1000 rows: 20 of them.
-        assert_eq!(auto_pass_samples(48, 8 * 832 * 4, 1000, 100_000), 20);
+        assert_eq!(auto_pass_samples(48, 1000, 100_000), 20);
         // LLaDA-8B, a 330 + 8 token item with f32 K/V: about 398 MB of buffers a sample,
-        // so two per pass under 1 GiB; a 126464-token vocabulary's logits allow 66.
+        // so two per pass under 1 GiB.
         let per_row = (4096 + 3 * 4096 + 4096 + 12288 + 3) * 4;
         let state = (338 * per_row + 2 * 32 * 338 * 4096 * 4) as u64;
-        assert_eq!(auto_pass_samples(338, 8 * 126_464 * 4, 1 << 20, state), 2);
-        // A long answer: the logits cap (256 MiB) binds first.
-        assert_eq!(auto_pass_samples(338, 600 * 126_464 * 4, 1 << 20, 1), 0);
+        assert_eq!(auto_pass_samples(338, 1 << 20, state), 2);
+        // A sequence longer than the row target: none, left to the caller's clamp.
+        assert_eq!(auto_pass_samples(5000, 1 << 20, 1), 0);
     }
 }

@@ -194,3 +194,154 @@ fn a_pass_never_outgrows_one_binding_whatever_the_caller_asks() {
         all.log_likelihood
     );
 }
+
+#[test]
+fn gpu_cross_entropy_equals_the_logits_read_back_in_any_head_group() {
+    use unmask_core::likelihood::cross_entropy;
+    use unmask_gpu::model::{ScoredSeq, TargetSeq};
+
+    let engine = common::tiny_engine();
+    let model = engine.model();
+    let vocab = model.cfg.embedding_size;
+    // Three sequences of different lengths, each scored at a few rows with its own
+    // targets, and a prompt-masked twin for guidance.
+    let seqs: Vec<Vec<u32>> = (0..3u32)
+        .map(|i| {
+            (0..20 + 7 * i)
+                .map(|k| (k * 13 + i * 5) % 300 + 3)
+                .collect()
+        })
+        .collect();
+    let twins: Vec<Vec<u32>> = seqs
+        .iter()
+        .map(|s| {
+            s.iter()
+                .enumerate()
+                .map(|(k, &t)| if k < 6 { 4 } else { t })
+                .collect()
+        })
+        .collect();
+    let rows: Vec<Vec<usize>> = seqs.iter().map(|s| vec![0, 9, s.len() - 1, 12]).collect();
+    let targets: Vec<Vec<u32>> = (0..3u32).map(|i| vec![i, 299, 17 + i, 0]).collect();
+    let capacity: usize = seqs.iter().map(Vec::len).sum::<usize>() * 2;
+    let full = |ids: &Vec<u32>, at: &Vec<usize>| {
+        let mut state = model.logits_state(capacity).unwrap();
+        let one = [ScoredSeq { ids, rows: at }];
+        model.logits_batch(&mut state, &one).unwrap().remove(0)
+    };
+    for cfg in [0.0f32, 2.0] {
+        let want: Vec<Vec<f64>> = (0..3)
+            .map(|i| {
+                let cond = full(&seqs[i], &rows[i]);
+                let uncond = (cfg > 0.0).then(|| full(&twins[i], &rows[i]));
+                (0..rows[i].len())
+                    .map(|k| {
+                        let mut row = cond[k * vocab..(k + 1) * vocab].to_vec();
+                        if let Some(u) = &uncond {
+                            for (c, u) in row.iter_mut().zip(&u[k * vocab..(k + 1) * vocab]) {
+                                *c = u + (cfg + 1.0) * (*c - u);
+                            }
+                        }
+                        cross_entropy(&row, targets[i][k] as usize)
+                    })
+                    .collect()
+            })
+            .collect();
+        let scored: Vec<TargetSeq<'_>> = (0..3)
+            .map(|i| TargetSeq {
+                ids: &seqs[i],
+                rows: &rows[i],
+                targets: &targets[i],
+                uncond: (cfg > 0.0).then_some(twins[i].as_slice()),
+            })
+            .collect();
+        // One group of all 12 rows, then groups of 5 (the last one short): the index
+        // buffers are rewritten between groups.
+        for limit in [None, Some(5)] {
+            let mut state = model.logits_state(capacity).unwrap();
+            if let Some(n) = limit {
+                state.limit_head_rows(n);
+            }
+            let got = model.cross_entropy_batch(&mut state, &scored, cfg).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                for (k, (g, w)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 2e-5 * w.abs().max(1.0),
+                        "cfg {cfg}, groups of {limit:?}, sequence {i} row {k}: {g} against {w}"
+                    );
+                }
+            }
+        }
+    }
+    // A twin missing under guidance, or given without it, and a target past the LM head.
+    let mut state = model.logits_state(capacity).unwrap();
+    let mut bad = TargetSeq {
+        ids: &seqs[0],
+        rows: &rows[0],
+        targets: &targets[0],
+        uncond: None,
+    };
+    let err = model
+        .cross_entropy_batch(&mut state, &[bad], 1.0)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("without an unconditioned twin"),
+        "{err}"
+    );
+    bad.uncond = Some(&twins[0]);
+    let err = model
+        .cross_entropy_batch(&mut state, &[bad], 0.0)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("exactly when cfg_scale > 0"),
+        "{err}"
+    );
+    let past = [0, 1, vocab as u32, 2];
+    bad.targets = &past;
+    let err = model
+        .cross_entropy_batch(&mut state, &[bad], 1.0)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(&format!("target {vocab}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn passes_after_the_first_make_no_buffers_and_read_back_twelve_bytes_a_scored_row() {
+    // A context of its own: the shared one's counters also count the tests beside it.
+    let ctx = unmask_gpu::GpuContext::new(&common::options()).unwrap();
+    let options = unmask::EngineOptions {
+        weight_format: unmask_gpu::WeightFormat::F32,
+        ..unmask::EngineOptions::default()
+    };
+    let engine = Engine::load_on(ctx, &common::fixture_dir(), &options, &mut |_| {}).unwrap();
+    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
+    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
+    let case = &cases["cases"][0];
+    let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+    let params = LikelihoodParams {
+        mc_num: 8,
+        batch: 4,
+        cfg_scale: 1.0,
+        pass_samples: Some(2),
+        ..LikelihoodParams::default()
+    };
+    let samples = draw_masks(answer.len(), &params);
+    let mut run = engine
+        .start_log_likelihood(&prompt, &answer, &params)
+        .unwrap();
+    run.pass().unwrap();
+    let before = engine.ctx().host.snapshot();
+    for _ in 0..3 {
+        run.pass().unwrap();
+    }
+    let spent = engine.ctx().host.snapshot() - before;
+    // Samples 2 to 7, each with its guiding twin: three floats a masked row come back,
+    // however wide the vocabulary.
+    let scored: usize = samples[2..].iter().map(|s| s.masked.len()).sum();
+    assert_eq!(spent.bytes_read_back, (12 * scored) as u64, "{spent:?}");
+    assert_eq!(spent.buffers_created, 0, "{spent:?}");
+    assert_eq!(spent.staging_buffers_created, 0, "{spent:?}");
+    assert!(run.is_done());
+}

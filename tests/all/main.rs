@@ -19,6 +19,7 @@ mod generate_goldens;
 mod kernels_attention;
 mod kernels_attention_mask;
 mod kernels_attention_shapes;
+mod kernels_cross_entropy;
 mod kernels_dgemma;
 mod kernels_elementwise;
 mod kernels_experts;

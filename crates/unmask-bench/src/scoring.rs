@@ -23,7 +23,8 @@ pub struct ScoringBenchOptions {
 }
 
 /// One record per pass size: the median time of an estimate, samples per second, forward
-/// passes, GPU memory peak, the estimate itself (equal across pass sizes up to f32
+/// passes, GPU memory peak, bytes read back, submits and buffers made per estimate, the
+/// estimate itself (equal across pass sizes up to f32
 /// rounding), and the speed-up over one sample per pass when that size was timed.
 pub fn run_scoring_bench(
     engine: &Engine,
@@ -49,6 +50,7 @@ pub fn run_scoring_bench(
         // The warm-up compiles the matmul variants this pass size's row count picks.
         engine.log_likelihood(prompt, answer, &params)?;
         engine.ctx().memory.reset_peak();
+        let host_before = engine.ctx().host.snapshot();
         let mut times = Vec::with_capacity(options.runs);
         let mut last = None;
         for _ in 0..options.runs.max(1) {
@@ -58,6 +60,8 @@ pub fn run_scoring_bench(
             last = Some(l);
         }
         let Some(l) = last else { continue };
+        let runs = options.runs.max(1) as u64;
+        let host = engine.ctx().host.snapshot() - host_before;
         let s = median(times);
         records.push(with_envelope(
             envelope,
@@ -75,6 +79,9 @@ pub fn run_scoring_bench(
                 "samples_per_s": round3(options.mc_num as f64 / s.max(1e-9)),
                 "log_likelihood": l.log_likelihood,
                 "gpu_peak_bytes": engine.ctx().memory.peak_bytes(),
+                "read_back_bytes": host.bytes_read_back / runs,
+                "submits": host.submits / runs,
+                "buffers_created": host.buffers_created / runs,
             }),
         ));
     }

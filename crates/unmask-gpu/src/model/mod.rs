@@ -25,7 +25,7 @@ pub use checkpoint::{
     StoredTensor,
 };
 pub use forward::{ForwardState, KvLayer, LayerPass, Model, SelectBuffers, SeqWindow, TokenChoice};
-pub use logits::{LogitsState, ScoredSeq};
+pub use logits::{LogitsState, ScoredSeq, TargetSeq};
 pub use plan::{DeepRows, PlanBuffers, SharedPrefix};
 pub use quant_checkpoint::write_quantized;
 pub use stream::BodyStream;

@@ -96,7 +96,7 @@ impl Model {
     }
 
     /// Vocabulary ids the LM head produces.
-    fn head_vocab(&self) -> usize {
+    pub(super) fn head_vocab(&self) -> usize {
         let head = &self.weights.lm_head;
         head.chunks.last().map_or(0, |c| c.row_start + c.rows)
     }

@@ -5,6 +5,7 @@
 pub mod acache;
 pub mod activation;
 pub mod attention;
+pub mod cross_entropy;
 pub mod denoise;
 pub mod elementwise;
 pub mod heads;
@@ -80,6 +81,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(matmul),
         kernel_module!(attention),
         kernel_module!(sampling),
+        kernel_module!(cross_entropy),
         kernel_module!(acache),
         kernel_module!(v_verify),
         kernel_module!(moe),

@@ -124,6 +124,7 @@ pub struct HostCounters {
     bind_groups: AtomicU64,
     buffers: AtomicU64,
     staging_buffers: AtomicU64,
+    bytes_read_back: AtomicU64,
 }
 
 /// A reading of `HostCounters`; subtract two to count what happened in between.
@@ -136,6 +137,8 @@ pub struct HostCounts {
     pub buffers_created: u64,
     /// Read-back (map-read) buffers created.
     pub staging_buffers_created: u64,
+    /// Bytes copied back to the host.
+    pub bytes_read_back: u64,
 }
 
 impl std::ops::Sub for HostCounts {
@@ -147,6 +150,7 @@ impl std::ops::Sub for HostCounts {
             bind_groups_created: self.bind_groups_created - o.bind_groups_created,
             buffers_created: self.buffers_created - o.buffers_created,
             staging_buffers_created: self.staging_buffers_created - o.staging_buffers_created,
+            bytes_read_back: self.bytes_read_back - o.bytes_read_back,
         }
     }
 }
@@ -159,6 +163,7 @@ impl HostCounters {
             bind_groups_created: self.bind_groups.load(Ordering::Relaxed),
             buffers_created: self.buffers.load(Ordering::Relaxed),
             staging_buffers_created: self.staging_buffers.load(Ordering::Relaxed),
+            bytes_read_back: self.bytes_read_back.load(Ordering::Relaxed),
         }
     }
 
@@ -168,6 +173,10 @@ impl HostCounters {
 
     pub(crate) fn count_staging(&self) {
         self.staging_buffers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_read_back(&self, bytes: u64) {
+        self.bytes_read_back.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn count_submit(&self, dispatches: usize) {

@@ -97,7 +97,10 @@ impl Submitted<'_> {
             match mapped {
                 Ok(()) => {
                     match buffer.get_mapped_range(..s.size) {
-                        Ok(view) => out.push(view.to_vec()),
+                        Ok(view) => {
+                            self.ctx.host.count_read_back(s.size);
+                            out.push(view.to_vec());
+                        }
                         Err(e) => failure = Some(GpuError::Readback(e.to_string())),
                     }
                     buffer.unmap();
