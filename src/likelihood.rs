@@ -37,6 +37,34 @@ pub struct Likelihood {
     pub forward_passes: usize,
     pub pass_samples: usize,
     pub total_s: f64,
+    /// Windows the answer was scored in: 1, or more for a text summed over rolling windows
+    /// (`Likelihood::summed`).
+    pub windows: usize,
+}
+
+impl Likelihood {
+    /// A text's estimate from its windows' (`unmask_core::likelihood::rolling_windows`):
+    /// the estimates and counts summed, the standard errors combined as independent ones
+    /// (the windows' samples are drawn apart), the sample losses in window order. None for
+    /// no windows.
+    pub fn summed(parts: Vec<Likelihood>) -> Option<Likelihood> {
+        let mut parts = parts.into_iter();
+        let mut sum = parts.next()?;
+        let mut variance = sum.standard_error.powi(2);
+        for part in parts {
+            sum.log_likelihood += part.log_likelihood;
+            variance += part.standard_error.powi(2);
+            sum.sample_losses.extend(part.sample_losses);
+            sum.answer_tokens += part.answer_tokens;
+            sum.sequences += part.sequences;
+            sum.forward_passes += part.forward_passes;
+            sum.pass_samples = sum.pass_samples.max(part.pass_samples);
+            sum.total_s += part.total_s;
+            sum.windows += part.windows;
+        }
+        sum.standard_error = variance.sqrt();
+        Some(sum)
+    }
 }
 
 impl Engine {
@@ -114,7 +142,7 @@ impl Engine {
         pass_samples: Option<usize>,
     ) -> Result<LikelihoodRun<'_>, EngineError> {
         let start = Stopwatch::start();
-        self.check_scored(prompt, answer)?;
+        self.check_scored(prompt, answer, cfg_scale)?;
         for (i, sample) in samples.iter().enumerate() {
             if sample.masked.is_empty() || sample.masked.iter().any(|&m| m >= answer.len()) {
                 return Err(EngineError::Invalid {
@@ -187,13 +215,37 @@ impl Engine {
         }
     }
 
-    /// Prompt and answer must be ids of the model's vocabulary, neither empty nor holding
-    /// the mask token, and fit its positions together.
-    fn check_scored(&self, prompt: &[u32], answer: &[u32]) -> Result<(), EngineError> {
+    /// Prompt and answer must be ids of the model's vocabulary without the mask token, and
+    /// fit its positions together. The answer needs a token. An empty prompt scores the
+    /// answer unconditionally (the whole sequence's bound, as perplexity needs), except
+    /// under guidance, which masks the prompt, and for Dream, which reads a token's logits
+    /// from the row before it.
+    fn check_scored(
+        &self,
+        prompt: &[u32],
+        answer: &[u32],
+        cfg_scale: f32,
+    ) -> Result<(), EngineError> {
         let cfg = &self.model.cfg;
         let mask = self.special().mask;
+        if prompt.is_empty() {
+            let why = if cfg.family.shifts_logits() {
+                Some("at least one token: this model reads a token's logits from the row before it")
+            } else if cfg_scale > 0.0 {
+                Some("at least one token under cfg_scale > 0, which guides by masking the prompt")
+            } else {
+                None
+            };
+            if let Some(expected) = why {
+                return Err(EngineError::Invalid {
+                    field: "prompt",
+                    expected: expected.into(),
+                    found: "none".into(),
+                });
+            }
+        }
         for (field, ids) in [("prompt", prompt), ("answer", answer)] {
-            if ids.is_empty() {
+            if field == "answer" && ids.is_empty() {
                 return Err(EngineError::Invalid {
                     field,
                     expected: "at least one token".into(),
@@ -390,6 +442,7 @@ impl LikelihoodRun<'_> {
             forward_passes: self.passes,
             pass_samples: self.per_pass,
             total_s: self.start.elapsed_s(),
+            windows: 1,
         })
     }
 }

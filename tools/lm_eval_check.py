@@ -1,9 +1,10 @@
 """lm-evaluation-harness through tools/lm_eval_unmask.py against `unmask serve` on the bundled
 model: lm_eval.simple_evaluate runs a multiple-choice task made of
-data/tasks/heldout-small-choices.jsonl (plain text, then again under --apply_chat_template) and
-a generation task. Every log-likelihood, is_greedy and generation lm-eval logged must be the
-server's own answer to the same request sent here directly, `acc` must be the argmax of the
-logged log-likelihoods, and a perplexity task must be refused by name.
+data/tasks/heldout-small-choices.jsonl (plain text, then again under --apply_chat_template), a
+generation task and a perplexity task (the items' texts, and one document longer than the
+model's positions, scored in rolling windows). Every log-likelihood, is_greedy and generation
+lm-eval logged must be the server's own answer to the same request sent here directly, and
+`acc` must be the argmax of the logged log-likelihoods.
 
     python3 tools/lm_eval_check.py --unmask target/debug/unmask [--model models/tiny] [--items 2]
 
@@ -62,6 +63,24 @@ def gen_task(name, path):
                 metric_list=[{"metric": "exact_match"}])
 
 
+def ppl_task(name, path):
+    return task(name, path, output_type="loglikelihood_rolling", doc_to_text="",
+                doc_to_target="{{context}}",
+                metric_list=[{"metric": "word_perplexity"}, {"metric": "bits_per_byte"}])
+
+
+def write_ppl_docs(path, items):
+    """The items' texts as documents, and one of all of them over and over, longer than the
+    bundled model's 1024 positions."""
+    texts = [f"{item['system']}\n\n{item['user']}" for item in items]
+    long = "\n\n".join(texts)
+    while len(long) < 6000:
+        long += "\n\n" + long
+    with open(path, "w") as f:
+        for text in texts + [long]:
+            f.write(json.dumps({"context": text}) + "\n")
+
+
 def args_of(sample):
     """The (context, continuation-or-gen_kwargs) pairs lm-eval sent for one doc."""
     args = sample["arguments"]
@@ -102,6 +121,30 @@ def check_mc(server, results, task, chat):
     print(f"     {task}: acc {results['results'][task]['acc,none']:.3f}")
 
 
+def check_ppl(server, results, task):
+    windows = []
+    for s in results["samples"][task]:
+        args = s["arguments"]
+        args = list(args.values()) if isinstance(args, dict) else args
+        text = args[0]["arg_0"] if isinstance(args[0], dict) else args[0][0]
+        logged = s["resps"][0]
+        while isinstance(logged, (list, tuple)):
+            logged = logged[0]
+        body = {"prompt": "", "continuation": text, "rolling": True, "mc_num": MC_NUM,
+                "mc_batch": MC_NUM, "seed": 0}
+        status, answer, _ = server.request("POST", "/v1/loglikelihood", body)
+        direct = answer["data"][0] if status == 200 else {}
+        windows.append(direct.get("windows"))
+        check(status == 200 and abs(float(logged) - direct["log_likelihood"])
+              <= 1e-9 * max(1.0, abs(direct["log_likelihood"])),
+              f"{task} doc {s['doc_id']}: lm-eval's rolling log-likelihood {logged} is the "
+              f"server's ({direct.get('windows')} window(s)): {answer if status != 200 else ''}")
+    check(max(w or 0 for w in windows) > 1, f"{task}: a document ran in rolling windows {windows}")
+    r = results["results"][task]
+    print(f"     {task}: word_perplexity {r['word_perplexity,none']:.1f}, "
+          f"bits_per_byte {r['bits_per_byte,none']:.3f}")
+
+
 def check_gen(server, results, task):
     for s in results["samples"][task]:
         (context, kwargs), = args_of(s)
@@ -124,22 +167,21 @@ def main():
     tmp = tempfile.mkdtemp(prefix="lm-eval-check.")
     docs = os.path.join(tmp, "choices.jsonl")
     write_docs(docs, items)
+    ppl_docs = os.path.join(tmp, "texts.jsonl")
+    write_ppl_docs(ppl_docs, items)
     server = Server(a.unmask, a.model)
     try:
         lm = lm_eval_unmask.UnmaskLM(base_url=server.url, mc_num=MC_NUM, mc_batch=MC_NUM)
         run = dict(model=lm, log_samples=True, bootstrap_iters=0)
         plain = lm_eval.simple_evaluate(
-            tasks=[mc_task("unmask_choices", docs), gen_task("unmask_generate", docs)], **run)
+            tasks=[mc_task("unmask_choices", docs), gen_task("unmask_generate", docs),
+                   ppl_task("unmask_perplexity", ppl_docs)], **run)
         check_mc(server, plain, "unmask_choices", chat=False)
         check_gen(server, plain, "unmask_generate")
+        check_ppl(server, plain, "unmask_perplexity")
         chat = lm_eval.simple_evaluate(tasks=[mc_task("unmask_choices_chat", docs)],
                                        apply_chat_template=True, **run)
         check_mc(server, chat, "unmask_choices_chat", chat=True)
-        try:
-            lm.loglikelihood_rolling([])
-            check(False, "loglikelihood_rolling is refused")
-        except NotImplementedError as e:
-            check("left-to-right" in str(e), f"loglikelihood_rolling is refused: {e}")
     finally:
         stderr = server.stop()
     check("panicked" not in stderr, "the server never panicked")

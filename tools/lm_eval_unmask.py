@@ -16,8 +16,11 @@ sampled over HTTP, so lm-eval's tasks run on this runtime as LLaDA's own evaluat
 - generate_until: `POST /v1/completions` at temperature 0 with `max_gen_toks` as the canvas
   (`max_tokens` by default) and `until` as stop strings; `steps` and `block_length` pass
   through when given.
-- loglikelihood_rolling (perplexity tasks) is refused: a masked model's estimate is a bound on
-  a continuation given its context, with no left-to-right factorization to roll.
+- loglikelihood_rolling (perplexity tasks): one `/v1/loglikelihood` call per document with an
+  empty prompt and `rolling: true`. The server scores a document that fits the model's
+  positions whole (the masked model's bound on its log-likelihood) and a longer one in
+  windows of half the positions, each after the tokens before it that fit, summing their
+  estimates.
 - `--apply_chat_template`: the history is sent as chat `messages`, so the server's own chat
   template frames it and the assistant's turn follows (typed special tokens in a text prompt
   stay text on this server).
@@ -82,9 +85,8 @@ class UnmaskLM(LM):
         """The request's prompt: chat messages from apply_chat_template, else the text."""
         if context.startswith(CHAT_TAG):
             return {"messages": json.loads(context[len(CHAT_TAG):])}
-        if not context:
-            raise ValueError("an empty context: the server scores and generates after a prompt "
-                             "of at least one token")
+        # An empty context is sent as it is: the server scores unconditionally where the
+        # model allows it and names the prompt where it does not.
         return {"prompt": context}
 
     # -- lm-eval's interface ------------------------------------------------------------------
@@ -109,9 +111,16 @@ class UnmaskLM(LM):
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
-        raise NotImplementedError(
-            "loglikelihood_rolling (perplexity tasks): a masked diffusion model's estimate bounds "
-            "a continuation given its context; it has no left-to-right factorization to roll")
+        out = []
+        for req in requests:
+            (text,) = req.args
+            body = {"prompt": "", "continuation": text, "rolling": True,
+                    "mc_num": self.mc_num, "mc_batch": min(self.mc_batch, self.mc_num),
+                    "seed": self.seed}
+            ll = float(self.post("/v1/loglikelihood", body)["data"][0]["log_likelihood"])
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
+            out.append(ll)
+        return out
 
     def generate_until(self, requests, disable_tqdm=False):
         out = []

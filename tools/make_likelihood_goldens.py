@@ -21,14 +21,17 @@ import dream_ref  # noqa: E402
 import llada_ref  # noqa: E402
 from make_infill_goldens import Dream, family_of, load_fixture  # noqa: E402
 
-# (name, description, answer text, mc_num, batch, cfg_scale, seed): a case with a seed holds
-# the masks the runtime's seeded draw gives (llada_ref.draw_seeded_masks), so a caller that
-# passes only the seed (the browser's score) is compared too.
+# (name, description, answer text, mc_num, batch, cfg_scale, seed, prompted): a case with a
+# seed holds the masks the runtime's seeded draw gives (llada_ref.draw_seeded_masks), so a
+# caller that passes only the seed (the browser's score) is compared too. A case without a
+# prompt scores the text unconditionally (perplexity's bound); Dream, which reads a token's
+# logits from the row before it, has none.
 CASES = [
-    ("a_short", "a 3-token answer, 8 samples in batches of 4", " It is five.", 8, 4, 0.0, None),
-    ("b_long", "a longer answer, 16 samples in batches of 8", " The answer is five, as two and three make five.", 16, 8, 0.0, None),
-    ("c_cfg", "classifier-free guidance 1.0, 8 samples in batches of 4", " It is five.", 8, 4, 1.0, None),
-    ("d_seeded", "the runtime's draw for seed 7: 8 samples in batches of 4", " It is five, I think.", 8, 4, 0.0, 7),
+    ("a_short", "a 3-token answer, 8 samples in batches of 4", " It is five.", 8, 4, 0.0, None, True),
+    ("b_long", "a longer answer, 16 samples in batches of 8", " The answer is five, as two and three make five.", 16, 8, 0.0, None, True),
+    ("c_cfg", "classifier-free guidance 1.0, 8 samples in batches of 4", " It is five.", 8, 4, 1.0, None, True),
+    ("d_seeded", "the runtime's draw for seed 7: 8 samples in batches of 4", " It is five, I think.", 8, 4, 0.0, 7, True),
+    ("e_unconditional", "no prompt: the text's own bound, 16 samples in batches of 8", "Two and three make five, so the answer is five.", 16, 8, 0.0, None, False),
 ]
 
 
@@ -69,8 +72,10 @@ def main():
     mask_id = params["config"]["mask_token_id"]
     rng = np.random.Generator(np.random.PCG64(0))
     cases = []
-    for ci, (name, desc, answer_text, mc_num, batch, cfg, seed) in enumerate(CASES):
-        prompt = family.prompt(tok, GENERATE_QUESTIONS[ci % len(GENERATE_QUESTIONS)])
+    for ci, (name, desc, answer_text, mc_num, batch, cfg, seed, prompted) in enumerate(CASES):
+        if not prompted and family is Dream:
+            continue
+        prompt = family.prompt(tok, GENERATE_QUESTIONS[ci % len(GENERATE_QUESTIONS)]) if prompted else []
         answer = tok.encode(answer_text, add_special_tokens=False).ids
         if seed is None:
             samples = llada_ref.draw_likelihood_masks(len(answer), mc_num, batch, rng)

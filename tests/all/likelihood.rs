@@ -93,9 +93,10 @@ fn check_goldens(engine: &Engine, dir: &Path) -> usize {
 
 #[test]
 fn the_estimate_matches_the_reference_over_the_same_samples() {
+    // LLaDA's cases include an unconditional one (no prompt); Dream has none.
     assert_eq!(
         check_goldens(&common::tiny_engine(), &common::fixture_dir()),
-        4
+        5
     );
     let dream = common::tiny_dream_engine();
     assert_eq!(check_goldens(&dream, &common::dream_fixture_dir()), 4);
@@ -133,8 +134,24 @@ fn seeded_estimates_repeat_and_bad_input_is_named() {
         e.starts_with("answer: ") && e.contains(&format!("{mask} at position 1")),
         "{e}"
     );
-    let e = err(&[], &answer, &params);
-    assert!(e.starts_with("prompt: expected at least one token"), "{e}");
+    // No prompt: an unconditional estimate, but not under guidance (which masks the
+    // prompt), and not on Dream (a token's logits come from the row before it).
+    let unconditional = engine.log_likelihood(&[], &answer, &params).unwrap();
+    assert!(unconditional.log_likelihood < 0.0);
+    let guided = LikelihoodParams {
+        cfg_scale: 1.0,
+        ..params
+    };
+    let e = err(&[], &answer, &guided);
+    assert!(
+        e.starts_with("prompt: expected at least one token under cfg_scale"),
+        "{e}"
+    );
+    let dream = common::tiny_dream_engine();
+    let e = dream.log_likelihood(&[], &answer, &params).unwrap_err();
+    assert!(e.to_string().contains("the row before it"), "{e}");
+    let e = err(&prompt, &[], &params);
+    assert!(e.starts_with("answer: expected at least one token"), "{e}");
     let e = err(&prompt, &vec![7; 300], &params);
     assert!(e.contains("within the model's 256 positions"), "{e}");
     let e = err(

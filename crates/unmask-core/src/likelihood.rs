@@ -155,9 +155,82 @@ pub fn cross_entropy(row: &[f32], target: usize) -> f64 {
     max + sum.ln() - row[target] as f64
 }
 
+/// One window of a rolling estimate: the text's tokens `answer` scored after `context`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub context: Vec<u32>,
+    pub answer: std::ops::Range<usize>,
+}
+
+/// A text to score after `prompt` in sequences of at most `max_len` positions: whole when
+/// both fit (one window), else in windows of `max_len / 2` tokens, each after the
+/// `max_len - max_len / 2` tokens before it that exist (the text's, then the prompt's
+/// tail). Every token is scored once, with as much of what precedes it as fits; the text's
+/// estimate is the windows' summed, as a left-to-right model's rolling windows sum theirs
+/// (perplexity over long documents).
+pub fn rolling_windows(prompt: &[u32], text: &[u32], max_len: usize) -> Vec<Window> {
+    if prompt.len() + text.len() <= max_len {
+        return vec![Window {
+            context: prompt.to_vec(),
+            answer: 0..text.len(),
+        }];
+    }
+    let width = (max_len / 2).max(1);
+    let reach = max_len.saturating_sub(width);
+    let mut windows = Vec::with_capacity(text.len().div_ceil(width));
+    let mut start = 0;
+    while start < text.len() {
+        let end = (start + width).min(text.len());
+        let from_text = start.min(reach);
+        let from_prompt = (reach - from_text).min(prompt.len());
+        let mut context = prompt[prompt.len() - from_prompt..].to_vec();
+        context.extend_from_slice(&text[start - from_text..start]);
+        windows.push(Window {
+            context,
+            answer: start..end,
+        });
+        start = end;
+    }
+    windows
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rolling_windows_cover_the_text_once_with_what_precedes_them() {
+        let prompt: Vec<u32> = (100..106).collect();
+        let text: Vec<u32> = (0..25).collect();
+        // Both fit: one window after the whole prompt.
+        let one = rolling_windows(&prompt, &text, 31);
+        assert_eq!(
+            one,
+            [Window {
+                context: prompt.clone(),
+                answer: 0..25
+            }]
+        );
+        // 16 positions: windows of 8 after up to 8 tokens before them.
+        let w = rolling_windows(&prompt, &text, 16);
+        let answers: Vec<_> = w.iter().map(|w| w.answer.clone()).collect();
+        assert_eq!(answers, [0..8, 8..16, 16..24, 24..25]);
+        assert_eq!(w[0].context, prompt[..].to_vec());
+        assert_eq!(w[1].context, (0..8).collect::<Vec<u32>>());
+        assert_eq!(w[2].context, (8..16).collect::<Vec<u32>>());
+        assert_eq!(w[3].context, (16..24).collect::<Vec<u32>>());
+        for w in &w {
+            assert!(w.context.len() + w.answer.len() <= 16, "{w:?}");
+        }
+        // A window nearer the start than its reach takes the prompt's tail: windows of 6
+        // after up to 7 tokens.
+        let w = rolling_windows(&prompt, &text, 13);
+        assert_eq!(w[1].context, [105, 0, 1, 2, 3, 4, 5]);
+        // No prompt: the first window has no context.
+        let w = rolling_windows(&[], &text, 10);
+        assert!(w[0].context.is_empty() && w[0].answer == (0..5));
+        assert_eq!(w.len(), 5);
+    }
 
     #[test]
     fn a_batch_covers_the_mask_counts_evenly() {

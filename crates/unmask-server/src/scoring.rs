@@ -4,7 +4,7 @@
 //! ```json
 //! {"id": "ll-3", "object": "loglikelihood", "created": 1700000000, "model": "m",
 //!  "data": [{"index": 0, "log_likelihood": -3.2, "standard_error": 0.1, "tokens": 4,
-//!            "per_token": -0.8, "is_greedy": false}],
+//!            "per_token": -0.8, "windows": 1, "is_greedy": false}],
 //!  "best": 0,
 //!  "usage": {"prompt_tokens": 40, "continuation_tokens": 4, "total_tokens": 44},
 //!  "unmask": {"mc_num": 128, "mc_batch": 16, "cfg_scale": 0.0, "seed": 0,
@@ -72,6 +72,7 @@ fn answer(id: &str, model: &str, scored: &Scored, params: &unmask::LikelihoodPar
                 "standard_error": l.standard_error,
                 "tokens": l.answer_tokens,
                 "per_token": l.log_likelihood / l.answer_tokens.max(1) as f64,
+                "windows": l.windows,
             });
             if let Some(greedy) = &scored.greedy {
                 d["is_greedy"] = json!(greedy.get(index));

@@ -289,3 +289,71 @@ fn a_long_estimate_does_not_hold_a_generation_back() {
     assert!(waited, "the second estimate waited in the queue");
     assert_eq!(probe(), Some(0.0), "the queue is empty again");
 }
+
+#[test]
+fn rolling_windows_sum_to_the_estimates_of_their_own_requests() {
+    let server = Server::start(&[]);
+    let ll = |body: Value| {
+        let (status, v) = post(&server, &body);
+        assert_eq!(status, 200, "{v}");
+        v["data"][0].clone()
+    };
+    // 1100 ordinary ids, no prompt, on a model of 1024 positions: windows of 512 tokens, the
+    // second and third after the 512 before them.
+    let text: Vec<u32> = (0..1100u32).map(|k| 10 + (k * 7) % 800).collect();
+    let settings = json!({"mc_num": 4, "mc_batch": 4, "seed": 5});
+    let with = |mut body: Value| {
+        for (k, v) in settings.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let rolled = ll(with(
+        json!({"prompt": [], "continuation": text, "rolling": true}),
+    ));
+    assert_eq!(
+        (rolled["windows"].as_u64(), rolled["tokens"].as_u64()),
+        (Some(3), Some(1100))
+    );
+    let windows = [
+        (&text[..0], &text[..512]),
+        (&text[..512], &text[512..1024]),
+        (&text[512..1024], &text[1024..]),
+    ];
+    let parts: Vec<Value> = windows
+        .iter()
+        .map(|(context, answer)| ll(with(json!({"prompt": context, "continuation": answer}))))
+        .collect();
+    let sum: f64 = parts
+        .iter()
+        .map(|p| p["log_likelihood"].as_f64().unwrap())
+        .sum();
+    let got = rolled["log_likelihood"].as_f64().unwrap();
+    assert!(close(got, sum), "rolled {got} against the windows' {sum}");
+    let se: f64 = parts
+        .iter()
+        .map(|p| p["standard_error"].as_f64().unwrap().powi(2))
+        .sum::<f64>()
+        .sqrt();
+    assert!(
+        close(rolled["standard_error"].as_f64().unwrap(), se),
+        "{rolled}"
+    );
+    // A text that fits is one window: the unconditional estimate itself.
+    let short = ll(with(
+        json!({"prompt": [], "continuation": &text[..40], "rolling": true}),
+    ));
+    let plain = ll(with(json!({"prompt": [], "continuation": &text[..40]})));
+    assert_eq!(short["windows"], 1);
+    assert_eq!(short["log_likelihood"], plain["log_likelihood"]);
+    // Guidance needs a prompt to mask; it is named.
+    let (status, v) = post(
+        &server,
+        &json!({"prompt": [], "continuation": [10], "cfg_scale": 1.0}),
+    );
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("prompt")),
+        "{v}"
+    );
+}

@@ -36,6 +36,10 @@ pub struct ScoreSpec {
     /// Also whether greedy decoding of a canvas of the continuation's length gives the
     /// continuation (lm-eval's `is_greedy`).
     pub greedy: bool,
+    /// A continuation too long for one sequence after the prompt is scored in windows
+    /// (`unmask_core::likelihood::rolling_windows`) and their estimates summed: perplexity
+    /// over long documents.
+    pub rolling: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -62,6 +66,8 @@ struct ScoreFields {
     seed: Option<u64>,
     #[serde(default)]
     greedy: Option<bool>,
+    #[serde(default)]
+    rolling: Option<bool>,
 }
 
 /// A checked scoring request: the job the scheduler runs.
@@ -92,6 +98,8 @@ pub fn check_score(body: &[u8], limits: &Limits, served: &str) -> Result<JobSpec
         (Some(CompletionPrompt::Text(t)), None) => Input::Text(t),
         (Some(CompletionPrompt::Ids(ids)), None) => Input::Ids(ids),
         (Some(CompletionPrompt::Texts(mut v)), None) if v.len() == 1 => Input::Text(v.remove(0)),
+        // `[]` reads as a list of no texts; it is the empty list of ids.
+        (Some(CompletionPrompt::Texts(v)), None) if v.is_empty() => Input::Ids(Vec::new()),
         (Some(CompletionPrompt::Texts(v)), None) => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -99,14 +107,8 @@ pub fn check_score(body: &[u8], limits: &Limits, served: &str) -> Result<JobSpec
             ));
         }
     };
-    if matches!(&input, Input::Text(t) if t.is_empty())
-        || matches!(&input, Input::Ids(i) if i.is_empty())
-    {
-        return Err(ApiError::invalid(
-            "prompt",
-            "prompt: expected a non-empty prompt, found an empty one",
-        ));
-    }
+    // An empty prompt scores a continuation unconditionally; the engine refuses it by name
+    // where that is not defined (Dream, guidance).
     let continuations = match (f.continuations, f.continuation) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -161,12 +163,21 @@ pub fn check_score(body: &[u8], limits: &Limits, served: &str) -> Result<JobSpec
     params
         .check()
         .map_err(|e| ApiError::invalid(e.field, e.to_string()))?;
+    let (greedy, rolling) = (f.greedy.unwrap_or(false), f.rolling.unwrap_or(false));
+    if greedy && rolling {
+        return Err(ApiError::invalid(
+            "greedy",
+            "greedy: expected false with rolling (is_greedy decodes one canvas of the \
+             continuation's length, which rolling windows split)",
+        ));
+    }
     Ok(JobSpec {
         input,
         sampling: Sampling::Score(Box::new(ScoreSpec {
             continuations,
             params,
-            greedy: f.greedy.unwrap_or(false),
+            greedy,
+            rolling,
         })),
         stop: Vec::new(),
         stream: false,
@@ -225,7 +236,16 @@ mod tests {
             refused(r#"{"prompt": ["a", "b"], "continuation": "a"}"#),
             "prompt"
         );
-        assert_eq!(refused(r#"{"prompt": "", "continuation": "a"}"#), "prompt");
+        // An empty prompt, for an unconditional estimate, and rolling windows.
+        let (input, s) = check(r#"{"prompt": "", "continuation": "a", "rolling": true}"#).unwrap();
+        assert_eq!(input, Input::Text(String::new()));
+        assert!(s.rolling && !s.greedy);
+        let (input, _) = check(r#"{"prompt": [], "continuation": [3]}"#).unwrap();
+        assert_eq!(input, Input::Ids(Vec::new()));
+        assert_eq!(
+            refused(r#"{"prompt": "q", "continuation": "a", "rolling": true, "greedy": true}"#),
+            "greedy"
+        );
         assert_eq!(
             refused(r#"{"prompt": "q", "continuation": "a", "continuations": ["b"]}"#),
             "continuation"

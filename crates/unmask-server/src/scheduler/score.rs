@@ -2,7 +2,8 @@
 //! one advanced by one unit of work per round beside the generations' steps: one forward
 //! pass of an estimate, or one step of a greedy decoding. A long estimate never holds the
 //! running streams for more than a pass, and one estimate's buffers are allocated at a
-//! time (the others wait in the queue).
+//! time (the others wait in the queue). A rolling job runs one estimate per window of each
+//! continuation and sums them.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -11,6 +12,7 @@ use unmask::{
     CacheMode, Engine, EngineError, GenerationParams, Likelihood, LikelihoodParams, LikelihoodRun,
     Request, RequestRun,
 };
+use unmask_core::likelihood::rolling_windows;
 
 use super::{Job, JobEvent, Shared};
 use crate::api::Input;
@@ -26,9 +28,24 @@ pub struct Scored {
     pub greedy: Option<Vec<bool>>,
 }
 
+/// One estimate a task runs: continuation `of`'s tokens `answer` after `context` (the
+/// prompt, or a rolling window's).
+struct Unit {
+    of: usize,
+    context: Vec<u32>,
+    answer: Vec<u32>,
+}
+
+/// A scoring job's ids: the prompt, each continuation, and the estimates to run.
+pub(super) struct Encoded {
+    prompt: Vec<u32>,
+    continuations: Vec<Vec<u32>>,
+    units: Vec<Unit>,
+}
+
 /// What a task runs next.
 enum Stage<'e> {
-    /// The next continuation's estimate starts (or the task is done).
+    /// The next unit's estimate starts (or the task is done).
     Next,
     Estimate(Box<LikelihoodRun<'e>>),
     /// The greedy canvas of a continuation length.
@@ -40,10 +57,12 @@ pub(super) struct ScoreTask<'e> {
     job: Job,
     prompt: Vec<u32>,
     continuations: Vec<Vec<u32>>,
+    units: Vec<Unit>,
     params: LikelihoodParams,
     greedy: bool,
     /// It left the queue: its handler heard `Started`.
     started: bool,
+    /// One per unit run so far.
     estimates: Vec<Likelihood>,
     /// Greedy canvases by length: continuations of one length (most of a multiple-choice
     /// item's) share one decoding.
@@ -54,15 +73,12 @@ pub(super) struct ScoreTask<'e> {
 impl<'e> ScoreTask<'e> {
     /// The job with its prompt and continuations encoded (`encode`). It stays in the queue
     /// until its first unit of work.
-    pub(super) fn new(
-        job: Job,
-        (prompt, continuations): (Vec<u32>, Vec<Vec<u32>>),
-        spec: &ScoreSpec,
-    ) -> Self {
+    pub(super) fn new(job: Job, encoded: Encoded, spec: &ScoreSpec) -> Self {
         Self {
             job,
-            prompt,
-            continuations,
+            prompt: encoded.prompt,
+            continuations: encoded.continuations,
+            units: encoded.units,
             params: spec.params,
             greedy: spec.greedy,
             started: false,
@@ -99,9 +115,20 @@ impl<'e> ScoreTask<'e> {
                         .map(|c| self.canvases.get(&c.len()) == Some(c))
                         .collect()
                 });
+                let mut windows: Vec<Vec<Likelihood>> = vec![Vec::new(); self.continuations.len()];
+                for (unit, l) in self.units.iter().zip(std::mem::take(&mut self.estimates)) {
+                    windows[unit.of].push(l);
+                }
+                let estimates: Option<Vec<Likelihood>> =
+                    windows.into_iter().map(Likelihood::summed).collect();
+                let Some(estimates) = estimates else {
+                    let e = ApiError::server("a continuation of a scoring job had no estimate");
+                    let _ = self.job.events.send(JobEvent::Done(Err(e)));
+                    return true;
+                };
                 let scored = Scored {
                     prompt_tokens: self.prompt.len(),
-                    estimates: std::mem::take(&mut self.estimates),
+                    estimates,
                     greedy,
                 };
                 let _ = self.job.events.send(JobEvent::Scored(scored));
@@ -125,12 +152,12 @@ impl<'e> ScoreTask<'e> {
         let i = self.estimates.len();
         match &mut self.stage {
             Stage::Next => {
-                let Some(ids) = self.continuations.get(i) else {
+                let Some(unit) = self.units.get(i) else {
                     return Ok(true);
                 };
                 let run = engine
-                    .start_log_likelihood(&self.prompt, ids, &self.params)
-                    .map_err(|e| continuation_error(i, e))?;
+                    .start_log_likelihood(&unit.context, &unit.answer, &self.params)
+                    .map_err(|e| continuation_error(unit.of, e))?;
                 self.stage = Stage::Estimate(Box::new(run));
                 self.work(engine)
             }
@@ -144,7 +171,8 @@ impl<'e> ScoreTask<'e> {
                     _ => return Err(ApiError::server("a scoring task lost its estimate")),
                 };
                 self.estimates.push(estimate);
-                let n = self.continuations[i].len();
+                // Without rolling (as with greedy) a continuation is one unit.
+                let n = self.continuations[self.units[i].of].len();
                 if self.greedy && !self.canvases.contains_key(&n) {
                     let request = greedy_request(&self.prompt, n, self.params.cfg_scale);
                     let run = engine
@@ -168,13 +196,16 @@ impl<'e> ScoreTask<'e> {
     }
 }
 
-/// The prompt's ids and each continuation's (text tokenized as it is), or the error that
-/// names the field.
+/// The prompt's ids, each continuation's (text tokenized as it is) and the estimates to
+/// run, or the error that names the field. With `rolling`, a continuation longer than fits
+/// after the prompt is split into windows; after an empty prompt, a model that reads a
+/// token's logits from the row before it gets its end-of-text token as the first window's
+/// context (as left-to-right models' rolling windows begin).
 pub(super) fn encode(
     engine: &Engine,
     input: &Input,
     spec: &ScoreSpec,
-) -> Result<(Vec<u32>, Vec<Vec<u32>>), ApiError> {
+) -> Result<Encoded, ApiError> {
     let engine_error = |e: EngineError| ApiError::from_engine(&e);
     let (prompt, _) = super::request::input_prompt(engine, input).map_err(engine_error)?;
     let prompt = engine.encode_prompt(&prompt).map_err(engine_error)?;
@@ -187,7 +218,34 @@ pub(super) fn encode(
                 .map_err(|e| continuation_error(i, e))?,
         });
     }
-    Ok((prompt, continuations))
+    let mut context = prompt.clone();
+    if spec.rolling && context.is_empty() && engine.config().family.shifts_logits() {
+        context.push(engine.special().eos);
+    }
+    let max_len = engine.config().max_sequence_length;
+    let mut units = Vec::new();
+    for (of, answer) in continuations.iter().enumerate() {
+        if !spec.rolling {
+            units.push(Unit {
+                of,
+                context: context.clone(),
+                answer: answer.clone(),
+            });
+            continue;
+        }
+        for w in rolling_windows(&context, answer, max_len) {
+            units.push(Unit {
+                of,
+                context: w.context,
+                answer: answer[w.answer].to_vec(),
+            });
+        }
+    }
+    Ok(Encoded {
+        prompt,
+        continuations,
+        units,
+    })
 }
 
 /// The engine's error about continuation `i`, whose `answer` it is.

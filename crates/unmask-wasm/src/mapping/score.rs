@@ -216,6 +216,7 @@ mod tests {
             forward_passes: 1,
             pass_samples: 1,
             total_s: 0.0,
+            windows: 1,
         };
         let out = scores(7, &[l(-3.0), l(-1.0), l(-1.0)]);
         assert_eq!(out["best"], 1);
