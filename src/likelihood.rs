@@ -5,7 +5,9 @@
 //! back). Read-backs are awaited (`*_async`, for the browser); native callers have
 //! blocking wrappers.
 
-use unmask_core::likelihood::{LikelihoodParams, MaskSample, draw_masks, estimate, sample_loss};
+use unmask_core::likelihood::{
+    LikelihoodParams, MaskSample, Window, draw_masks, estimate, rolling_windows, sample_loss,
+};
 use unmask_gpu::error::GpuError;
 use unmask_gpu::model::{LogitsState, ModelError, TargetSeq};
 
@@ -90,6 +92,40 @@ impl Engine {
         self.start_log_likelihood(prompt, answer, params)?
             .finish_async()
             .await
+    }
+
+    /// The log-likelihood of a text of any length after `prompt` (which may be empty):
+    /// one estimate per window of `Engine::rolling_windows`, summed (`Likelihood::summed`).
+    /// Perplexity's numerator over long documents.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn log_likelihood_rolling(
+        &self,
+        prompt: &[u32],
+        text: &[u32],
+        params: &LikelihoodParams,
+    ) -> Result<Likelihood, EngineError> {
+        let mut parts = Vec::new();
+        for w in self.rolling_windows(prompt, text) {
+            parts.push(self.log_likelihood(&w.context, &text[w.answer], params)?);
+        }
+        Likelihood::summed(parts).ok_or_else(|| EngineError::Invalid {
+            field: "answer",
+            expected: "at least one token".into(),
+            found: "none".into(),
+        })
+    }
+
+    /// The windows a rolling estimate scores `text` in after `prompt`
+    /// (`unmask_core::likelihood::rolling_windows` over the model's positions). After an
+    /// empty prompt, a model that reads a token's logits from the row before it (Dream)
+    /// starts from its end-of-text token, as left-to-right models' rolling windows do.
+    pub fn rolling_windows(&self, prompt: &[u32], text: &[u32]) -> Vec<Window> {
+        let cfg = &self.model.cfg;
+        let mut context = prompt.to_vec();
+        if context.is_empty() && cfg.family.shifts_logits() {
+            context.push(self.special().eos);
+        }
+        rolling_windows(&context, text, cfg.max_sequence_length)
     }
 
     /// The estimate over the given samples (masks drawn elsewhere: a reference's, to

@@ -91,6 +91,14 @@ fn check_goldens(engine: &Engine, dir: &Path) -> usize {
     cases.len()
 }
 
+/// The tiny fixture's first likelihood case: (prompt, answer).
+fn first_case() -> (Vec<u32>, Vec<u32>) {
+    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
+    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
+    let case = &cases["cases"][0];
+    (ids(&case["prompt"]), ids(&case["answer"]))
+}
+
 #[test]
 fn the_estimate_matches_the_reference_over_the_same_samples() {
     // LLaDA's cases include an unconditional one (no prompt); Dream has none.
@@ -105,10 +113,7 @@ fn the_estimate_matches_the_reference_over_the_same_samples() {
 #[test]
 fn seeded_estimates_repeat_and_bad_input_is_named() {
     let engine = common::tiny_engine();
-    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
-    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
-    let case = &cases["cases"][0];
-    let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+    let (prompt, answer) = first_case();
     let params = LikelihoodParams {
         mc_num: 8,
         batch: 4,
@@ -179,20 +184,13 @@ fn seeded_estimates_repeat_and_bad_input_is_named() {
 
 #[test]
 fn a_pass_never_outgrows_one_binding_whatever_the_caller_asks() {
-    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
-    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
-    let case = &cases["cases"][0];
-    let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+    let (prompt, answer) = first_case();
     let rows = prompt.len() + answer.len();
     let wide = common::tiny_engine();
     let row_bytes = wide.model().state_row_bytes();
     // A binding of 3 sequences' rows: at most 3 samples side by side.
     let ctx = common::ctx_with_binding_limit((3 * rows * row_bytes) as u64);
-    let options = unmask::EngineOptions {
-        weight_format: unmask_gpu::WeightFormat::F32,
-        ..unmask::EngineOptions::default()
-    };
-    let narrow = Engine::load_on(ctx, &common::fixture_dir(), &options, &mut |_| {}).unwrap();
+    let narrow = common::tiny_engine_on(ctx);
     assert_eq!(narrow.model().max_state_rows() / rows, 3);
     let params = LikelihoodParams {
         mc_num: 8,
@@ -333,10 +331,7 @@ fn passes_after_the_first_make_no_buffers_and_read_back_twelve_bytes_a_scored_ro
         ..unmask::EngineOptions::default()
     };
     let engine = Engine::load_on(ctx, &common::fixture_dir(), &options, &mut |_| {}).unwrap();
-    let text = std::fs::read_to_string(common::fixture_dir().join("goldens/likelihood.json"));
-    let cases: Value = serde_json::from_str(&text.unwrap()).unwrap();
-    let case = &cases["cases"][0];
-    let (prompt, answer) = (ids(&case["prompt"]), ids(&case["answer"]));
+    let (prompt, answer) = first_case();
     let params = LikelihoodParams {
         mc_num: 8,
         batch: 4,
@@ -361,4 +356,48 @@ fn passes_after_the_first_make_no_buffers_and_read_back_twelve_bytes_a_scored_ro
     assert_eq!(spent.buffers_created, 0, "{spent:?}");
     assert_eq!(spent.staging_buffers_created, 0, "{spent:?}");
     assert!(run.is_done());
+}
+
+#[test]
+fn a_rolling_estimate_is_its_windows_summed() {
+    let engine = common::tiny_engine();
+    let params = LikelihoodParams {
+        mc_num: 4,
+        batch: 4,
+        ..LikelihoodParams::default()
+    };
+    // 300 ordinary tokens on a model of 256 positions: windows of 128, the second and third
+    // after the 128 before them.
+    let text: Vec<u32> = (0..300u32).map(|k| 3 + (k * 11) % 290).collect();
+    let windows = engine.rolling_windows(&[], &text);
+    let answers: Vec<_> = windows.iter().map(|w| w.answer.clone()).collect();
+    assert_eq!(answers, [0..128, 128..256, 256..300]);
+    assert_eq!(windows[2].context, text[128..256]);
+    let rolled = engine.log_likelihood_rolling(&[], &text, &params).unwrap();
+    assert_eq!((rolled.windows, rolled.answer_tokens), (3, 300));
+    let sum: f64 = windows
+        .iter()
+        .map(|w| {
+            let answer = &text[w.answer.clone()];
+            engine
+                .log_likelihood(&w.context, answer, &params)
+                .unwrap()
+                .log_likelihood
+        })
+        .sum();
+    assert!(
+        (rolled.log_likelihood - sum).abs() <= 1e-9 * sum.abs(),
+        "{} against the windows' {sum}",
+        rolled.log_likelihood
+    );
+    // Dream reads a token's logits from the row before it: after no prompt it starts from
+    // its end-of-text token.
+    let dream = common::tiny_dream_engine();
+    let eos = dream.special().eos;
+    assert_eq!(dream.rolling_windows(&[], &text[..20])[0].context, [eos]);
+    let l = dream
+        .log_likelihood_rolling(&[], &text[..20], &params)
+        .unwrap();
+    let direct = dream.log_likelihood(&[eos], &text[..20], &params).unwrap();
+    assert_eq!((l.log_likelihood, l.windows), (direct.log_likelihood, 1));
 }

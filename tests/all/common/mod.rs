@@ -131,11 +131,17 @@ pub fn wide_head_fixture_dir() -> PathBuf {
 
 /// The tiny fixture loaded with f32 weights on the shared context.
 pub fn tiny_engine() -> unmask::Engine {
+    tiny_engine_on(ctx())
+}
+
+/// The tiny fixture loaded with f32 weights on `ctx` (one with other limits, or a
+/// context of the test's own whose counters no other test touches).
+pub fn tiny_engine_on(ctx: Arc<GpuContext>) -> unmask::Engine {
     let options = unmask::EngineOptions {
         weight_format: unmask_gpu::WeightFormat::F32,
         ..unmask::EngineOptions::default()
     };
-    unmask::Engine::load_on(ctx(), &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
+    unmask::Engine::load_on(ctx, &fixture_dir(), &options, &mut |_| {}).expect("tiny model loads")
 }
 
 /// A shared "system" prefix of 24 tokens on the tiny fixture's vocabulary.

@@ -9,13 +9,14 @@ use unmask_core::likelihood::{DEFAULT_MC_BATCH, DEFAULT_MC_NUM};
 use crate::error::CliError;
 
 mod choices;
+mod texts;
 use crate::options::{self, EngineArgs, ModelArgs, PromptArgs};
 use crate::{output, values};
 
 #[derive(Args, Debug)]
 #[command(
     about = "Score answers by their log-likelihood after a prompt (Monte Carlo estimate).",
-    override_usage = "unmask score [--model <DIR>] (--prompt <TEXT> [--system <TEXT>] | --prompt-ids <IDS>) (--answer <TEXT>... | --answer-ids <IDS>...) [OPTIONS]\n       unmask score [--model <DIR>] --set <FILE> [--limit <N>] [OPTIONS]",
+    override_usage = "unmask score [--model <DIR>] (--prompt <TEXT> [--system <TEXT>] | --prompt-ids <IDS>) (--answer <TEXT>... | --answer-ids <IDS>...) [OPTIONS]\n       unmask score [--model <DIR>] --set <FILE> [--limit <N>] [OPTIONS]\n       unmask score [--model <DIR>] --text-file <FILE>... [--prompt <TEXT> | --prompt-ids <IDS>] [OPTIONS]",
     after_help = "Each answer's estimate is LLaDA's (get_log_likelihood.py): --mc-num samples, each\n\
                   masking k of the answer's L tokens (k stratified over --mc-batch samples), the\n\
                   masked tokens' cross-entropy over k/L averaged and negated: a lower bound on\n\
@@ -25,9 +26,14 @@ use crate::{output, values};
                   With --set, each item of a task set with \"choices\" (tools/add_choices.py) is a\n\
                   multiple-choice question: every choice is scored as the reply \"#### <choice>\"\n\
                   and the end of the turn, the best is the pick, and the accuracy is printed by\n\
-                  task.",
-    group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "set"])),
-    group(ArgGroup::new("answers").args(["answer", "answer_ids"]).multiple(true).conflicts_with("set"))
+                  task.\n\n\
+                  With --text-file, each file's text is scored as it is, after no prompt (the\n\
+                  text's own bound) or the one given; a text longer than the model's positions\n\
+                  is scored in windows of half of them, each after the tokens before it that\n\
+                  fit, and their estimates summed. Printed: nats, windows, and the perplexities\n\
+                  the bound gives (per token and per word, and bits per byte).",
+    group(ArgGroup::new("input").args(["prompt", "prompt_ids", "set"])),
+    group(ArgGroup::new("answers").args(["answer", "answer_ids"]).multiple(true).conflicts_with_all(["set", "text_file"]))
 )]
 pub struct ScoreArgs {
     #[command(flatten)]
@@ -64,6 +70,9 @@ pub struct ScoreArgs {
     /// with --set: only the first N items
     #[arg(long, value_name = "N", value_parser = values::positive, allow_negative_numbers = true, requires = "set")]
     limit: Option<usize>,
+    /// a text file to score whole, in rolling windows when it is long (repeat for several)
+    #[arg(long, value_name = "FILE", conflicts_with = "set")]
+    text_file: Vec<std::path::PathBuf>,
     /// print one JSON object: every answer's estimate, standard error and sample losses
     #[arg(long)]
     json: bool,
@@ -101,6 +110,21 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
     let engine = options::load_engine(&dir, &args.engine.options()?)?;
     if let Some(set) = &args.set {
         return choices::run(&engine, set, args.limit, &params, args.json);
+    }
+    if !args.text_file.is_empty() {
+        let given = args.input.prompt.is_some() || args.input.prompt_ids.is_some();
+        let prompt = if given {
+            prompt_ids(&engine, args)?
+        } else {
+            Vec::new()
+        };
+        return texts::run(&engine, &args.text_file, &prompt, &params, args.json);
+    }
+    if args.input.prompt.is_none() && args.input.prompt_ids.is_none() {
+        return Err(CliError::usage(
+            "score: give --prompt TEXT or --prompt-ids IDS with answers, --set FILE, or \
+             --text-file FILE",
+        ));
     }
     if args.answer.is_empty() && args.answer_ids.is_empty() {
         return Err(CliError::usage(

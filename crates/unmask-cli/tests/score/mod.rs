@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use super::{assert_fails, assert_ok, fixture, json, run, stdout, temp_path, tiny_set, u64s};
+use super::{
+    assert_fails, assert_ok, f64_of, fixture, json, run, stdout, temp_path, tiny_set, u64s,
+};
 
 #[test]
 fn score_ranks_answers_and_a_set_reports_its_accuracy() {
@@ -156,6 +158,59 @@ fn score_ranks_answers_and_a_set_reports_its_accuracy() {
         2,
         "give --answer TEXT",
     );
+}
+
+#[test]
+fn a_text_file_is_scored_in_rolling_windows_with_its_perplexities() {
+    let fix = fixture();
+    // About 360 tokens on a model of 256 positions: windows of 128.
+    let text = "The answer is five, as two and three make five. ".repeat(30);
+    let file = temp_path("text.txt");
+    std::fs::write(&file, &text).unwrap();
+    let path = file.display().to_string();
+    let args = [
+        "score",
+        "--model",
+        &fix,
+        "--text-file",
+        &path,
+        "--mc-num",
+        "4",
+        "--mc-batch",
+        "4",
+    ];
+    let o = run(&[&args[..], &["--json"]].concat());
+    assert_ok(&o);
+    let v = json(&o);
+    let t = &v["texts"][0];
+    let (ll, tokens) = (f64_of(&t["log_likelihood"]), f64_of(&t["tokens"]));
+    assert!(ll < 0.0 && tokens > 256.0, "{t}");
+    assert_eq!(
+        t["windows"].as_u64(),
+        Some((tokens as u64).div_ceil(128)),
+        "{t}"
+    );
+    assert_eq!(t["bytes"].as_u64(), Some(text.len() as u64));
+    assert_eq!(t["words"].as_u64(), Some(300));
+    let bits = -ll / (text.len() as f64 * std::f64::consts::LN_2);
+    assert!((f64_of(&t["bits_per_byte"]) - bits).abs() < 1e-9, "{t}");
+    assert!(
+        (f64_of(&t["word_perplexity"]) - (-ll / 300.0).exp()).abs() < 1e-6 * (-ll / 300.0).exp()
+    );
+    assert!(v["prompt_ids"].as_array().unwrap().is_empty());
+    // The plain output is one line per file, with the same estimate.
+    let o = run(&args);
+    assert_ok(&o);
+    let line = stdout(&o);
+    assert!(line.contains("bits/byte") && line.contains(&path), "{line}");
+    assert!(
+        line.trim_start().starts_with(&format!("{ll:.2} nats")),
+        "{line}"
+    );
+    std::fs::write(&file, "  \n").unwrap();
+    assert_fails(&args, 2, "found an empty file");
+    std::fs::remove_file(&file).unwrap();
+    assert_fails(&args, 1, "cannot read --text-file");
 }
 
 #[test]

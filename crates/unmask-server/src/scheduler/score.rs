@@ -12,7 +12,6 @@ use unmask::{
     CacheMode, Engine, EngineError, GenerationParams, Likelihood, LikelihoodParams, LikelihoodRun,
     Request, RequestRun,
 };
-use unmask_core::likelihood::rolling_windows;
 
 use super::{Job, JobEvent, Shared};
 use crate::api::Input;
@@ -198,9 +197,7 @@ impl<'e> ScoreTask<'e> {
 
 /// The prompt's ids, each continuation's (text tokenized as it is) and the estimates to
 /// run, or the error that names the field. With `rolling`, a continuation longer than fits
-/// after the prompt is split into windows; after an empty prompt, a model that reads a
-/// token's logits from the row before it gets its end-of-text token as the first window's
-/// context (as left-to-right models' rolling windows begin).
+/// after the prompt is split into windows (`Engine::rolling_windows`).
 pub(super) fn encode(
     engine: &Engine,
     input: &Input,
@@ -218,22 +215,17 @@ pub(super) fn encode(
                 .map_err(|e| continuation_error(i, e))?,
         });
     }
-    let mut context = prompt.clone();
-    if spec.rolling && context.is_empty() && engine.config().family.shifts_logits() {
-        context.push(engine.special().eos);
-    }
-    let max_len = engine.config().max_sequence_length;
     let mut units = Vec::new();
     for (of, answer) in continuations.iter().enumerate() {
         if !spec.rolling {
             units.push(Unit {
                 of,
-                context: context.clone(),
+                context: prompt.clone(),
                 answer: answer.clone(),
             });
             continue;
         }
-        for w in rolling_windows(&context, answer, max_len) {
+        for w in engine.rolling_windows(&prompt, answer) {
             units.push(Unit {
                 of,
                 context: w.context,
