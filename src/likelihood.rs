@@ -45,7 +45,7 @@ pub struct Likelihood {
 }
 
 impl Likelihood {
-    /// A text's estimate from its windows' (`unmask_core::likelihood::rolling_windows`):
+    /// A text's estimate from its windows' (`Engine::rolling_windows`):
     /// the estimates and counts summed, the standard errors combined as independent ones
     /// (the windows' samples are drawn apart), the sample losses in window order. None for
     /// no windows.

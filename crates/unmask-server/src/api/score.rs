@@ -37,8 +37,8 @@ pub struct ScoreSpec {
     /// continuation (lm-eval's `is_greedy`).
     pub greedy: bool,
     /// A continuation too long for one sequence after the prompt is scored in windows
-    /// (`unmask_core::likelihood::rolling_windows`) and their estimates summed: perplexity
-    /// over long documents.
+    /// (`Engine::rolling_windows`) and their estimates summed: perplexity over long
+    /// documents.
     pub rolling: bool,
 }
 
