@@ -7,6 +7,7 @@
 
 use unmask_core::likelihood::{
     LikelihoodParams, MaskSample, Window, draw_masks, estimate, rolling_windows, sample_loss,
+    window_seed,
 };
 use unmask_gpu::error::GpuError;
 use unmask_gpu::model::{LogitsState, ModelError, TargetSeq};
@@ -47,8 +48,8 @@ pub struct Likelihood {
 impl Likelihood {
     /// A text's estimate from its windows' (`Engine::rolling_windows`):
     /// the estimates and counts summed, the standard errors combined as independent ones
-    /// (the windows' samples are drawn apart), the sample losses in window order. None for
-    /// no windows.
+    /// (each window draws its masks with its own seed, `window_seed`), the sample losses in
+    /// window order. None for no windows.
     pub fn summed(parts: Vec<Likelihood>) -> Option<Likelihood> {
         let mut parts = parts.into_iter();
         let mut sum = parts.next()?;
@@ -95,8 +96,9 @@ impl Engine {
     }
 
     /// The log-likelihood of a text of any length after `prompt` (which may be empty):
-    /// one estimate per window of `Engine::rolling_windows`, summed (`Likelihood::summed`).
-    /// Perplexity's numerator over long documents.
+    /// one estimate per window of `Engine::rolling_windows`, each drawn with its own seed
+    /// (`window_seed`), summed (`Likelihood::summed`). Perplexity's numerator over long
+    /// documents.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn log_likelihood_rolling(
         &self,
@@ -105,8 +107,12 @@ impl Engine {
         params: &LikelihoodParams,
     ) -> Result<Likelihood, EngineError> {
         let mut parts = Vec::new();
-        for w in self.rolling_windows(prompt, text) {
-            parts.push(self.log_likelihood(&w.context, &text[w.answer], params)?);
+        for (i, w) in self.rolling_windows(prompt, text).into_iter().enumerate() {
+            let params = LikelihoodParams {
+                seed: window_seed(params.seed, i),
+                ..*params
+            };
+            parts.push(self.log_likelihood(&w.context, &text[w.answer], &params)?);
         }
         Likelihood::summed(parts).ok_or_else(|| EngineError::Invalid {
             field: "answer",

@@ -103,7 +103,9 @@ class UnmaskLM(LM):
                 body = {**self.prompt_fields(context),
                         "continuations": [c for _, c in chunk],
                         "mc_num": self.mc_num, "mc_batch": min(self.mc_batch, self.mc_num),
-                        "cfg_scale": self.cfg_scale, "seed": self.seed, "greedy": self.greedy}
+                        "cfg_scale": self.cfg_scale, "seed": self.seed,
+                        # No greedy decoding exists after an empty context: is_greedy is False.
+                        "greedy": self.greedy and bool(context)}
                 data = self.post("/v1/loglikelihood", body)["data"]
                 for (i, continuation), d in zip(chunk, data):
                     out[i] = (float(d["log_likelihood"]), bool(d.get("is_greedy", False)))

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use unmask::{Engine, LikelihoodParams, MaskSample};
-use unmask_core::likelihood::draw_masks;
+use unmask_core::likelihood::{draw_masks, window_seed};
 use unmask_goldens::ids;
 
 use crate::common;
@@ -375,12 +375,18 @@ fn a_rolling_estimate_is_its_windows_summed() {
     assert_eq!(windows[2].context, text[128..256]);
     let rolled = engine.log_likelihood_rolling(&[], &text, &params).unwrap();
     assert_eq!((rolled.windows, rolled.answer_tokens), (3, 300));
+    // Each window draws its masks with its own seed.
     let sum: f64 = windows
         .iter()
-        .map(|w| {
+        .enumerate()
+        .map(|(i, w)| {
             let answer = &text[w.answer.clone()];
+            let own = LikelihoodParams {
+                seed: window_seed(params.seed, i),
+                ..params
+            };
             engine
-                .log_likelihood(&w.context, answer, &params)
+                .log_likelihood(&w.context, answer, &own)
                 .unwrap()
                 .log_likelihood
         })

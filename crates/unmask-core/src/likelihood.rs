@@ -155,6 +155,17 @@ pub fn cross_entropy(row: &[f32], target: usize) -> f64 {
     max + sum.ln() - row[target] as f64
 }
 
+/// The seed of window `index` of a rolling estimate: the request's own for the first (a
+/// text in one window is scored exactly as without rolling), a stream of it for the others,
+/// so each window's masks are drawn apart and the windows' errors add as independent ones.
+pub fn window_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        seed
+    } else {
+        SplitMix64::nth(seed, index as u64)
+    }
+}
+
 /// One window of a rolling estimate: the text's tokens `answer` scored after `context`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Window {
@@ -197,6 +208,16 @@ pub fn rolling_windows(prompt: &[u32], text: &[u32], max_len: usize) -> Vec<Wind
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_after_the_first_draw_with_seeds_of_their_own() {
+        assert_eq!(window_seed(7, 0), 7);
+        let seeds: Vec<u64> = (0..4).map(|i| window_seed(7, i)).collect();
+        for (i, a) in seeds.iter().enumerate() {
+            assert!(seeds[i + 1..].iter().all(|b| b != a), "{seeds:?}");
+        }
+        assert_ne!(window_seed(8, 1), window_seed(7, 1));
+    }
 
     #[test]
     fn rolling_windows_cover_the_text_once_with_what_precedes_them() {

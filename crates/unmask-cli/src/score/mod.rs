@@ -112,6 +112,11 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
         return choices::run(&engine, set, args.limit, &params, args.json);
     }
     if !args.text_file.is_empty() {
+        if args.input.system.is_some() && args.input.prompt.is_none() {
+            return Err(CliError::usage(
+                "--system needs --prompt TEXT (the chat template frames a user turn after it)",
+            ));
+        }
         let given = args.input.prompt.is_some() || args.input.prompt_ids.is_some();
         let prompt = if given {
             prompt_ids(&engine, args)?

@@ -207,6 +207,11 @@ fn a_text_file_is_scored_in_rolling_windows_with_its_perplexities() {
         line.trim_start().starts_with(&format!("{ll:.2} nats")),
         "{line}"
     );
+    assert_fails(
+        &[&args[..], &["--system", "S"]].concat(),
+        2,
+        "--system needs --prompt TEXT",
+    );
     std::fs::write(&file, "  \n").unwrap();
     assert_fails(&args, 2, "found an empty file");
     std::fs::remove_file(&file).unwrap();

@@ -4,6 +4,8 @@
 
 use serde_json::{Value, json};
 
+use unmask_core::likelihood::window_seed;
+
 use super::super::unmask;
 use super::Server;
 
@@ -315,6 +317,7 @@ fn rolling_windows_sum_to_the_estimates_of_their_own_requests() {
         (rolled["windows"].as_u64(), rolled["tokens"].as_u64()),
         (Some(3), Some(1100))
     );
+    // Each window draws its masks with its own seed (the first with the request's).
     let windows = [
         (&text[..0], &text[..512]),
         (&text[..512], &text[512..1024]),
@@ -322,7 +325,12 @@ fn rolling_windows_sum_to_the_estimates_of_their_own_requests() {
     ];
     let parts: Vec<Value> = windows
         .iter()
-        .map(|(context, answer)| ll(with(json!({"prompt": context, "continuation": answer}))))
+        .enumerate()
+        .map(|(i, (context, answer))| {
+            let mut body = with(json!({"prompt": context, "continuation": answer}));
+            body["seed"] = json!(window_seed(5, i));
+            ll(body)
+        })
         .collect();
     let sum: f64 = parts
         .iter()
@@ -346,7 +354,16 @@ fn rolling_windows_sum_to_the_estimates_of_their_own_requests() {
     let plain = ll(with(json!({"prompt": [], "continuation": &text[..40]})));
     assert_eq!(short["windows"], 1);
     assert_eq!(short["log_likelihood"], plain["log_likelihood"]);
-    // Guidance needs a prompt to mask; it is named.
+    // Guidance needs a prompt to mask, and greedy decoding one to decode after.
+    let (status, v) = post(
+        &server,
+        &json!({"prompt": [], "continuation": [10], "greedy": true}),
+    );
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("greedy")),
+        "{v}"
+    );
     let (status, v) = post(
         &server,
         &json!({"prompt": [], "continuation": [10], "cfg_scale": 1.0}),

@@ -13,6 +13,8 @@ use unmask::{
     Request, RequestRun,
 };
 
+use unmask_core::likelihood::window_seed;
+
 use super::{Job, JobEvent, Shared};
 use crate::api::Input;
 use crate::api::score::{Continuation, ScoreSpec};
@@ -28,11 +30,12 @@ pub struct Scored {
 }
 
 /// One estimate a task runs: continuation `of`'s tokens `answer` after `context` (the
-/// prompt, or a rolling window's).
+/// prompt, or a rolling window's), its masks drawn with `seed`.
 struct Unit {
     of: usize,
     context: Vec<u32>,
     answer: Vec<u32>,
+    seed: u64,
 }
 
 /// A scoring job's ids: the prompt, each continuation, and the estimates to run.
@@ -154,8 +157,12 @@ impl<'e> ScoreTask<'e> {
                 let Some(unit) = self.units.get(i) else {
                     return Ok(true);
                 };
+                let params = LikelihoodParams {
+                    seed: unit.seed,
+                    ..self.params
+                };
                 let run = engine
-                    .start_log_likelihood(&unit.context, &unit.answer, &self.params)
+                    .start_log_likelihood(&unit.context, &unit.answer, &params)
                     .map_err(|e| continuation_error(unit.of, e))?;
                 self.stage = Stage::Estimate(Box::new(run));
                 self.work(engine)
@@ -215,21 +222,42 @@ pub(super) fn encode(
                 .map_err(|e| continuation_error(i, e))?,
         });
     }
+    if spec.greedy && prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "greedy",
+            "greedy: expected false with an empty prompt (is_greedy decodes a canvas after \
+             the prompt, and there is none)",
+        ));
+    }
+    let seed = spec.params.seed;
     let mut units = Vec::new();
     for (of, answer) in continuations.iter().enumerate() {
+        if answer.is_empty() {
+            let field = format!("continuations[{of}]");
+            return Err(ApiError::invalid(
+                field.clone(),
+                format!("{field}: expected at least one token, found a text of none"),
+            ));
+        }
         if !spec.rolling {
             units.push(Unit {
                 of,
                 context: prompt.clone(),
                 answer: answer.clone(),
+                seed,
             });
             continue;
         }
-        for w in engine.rolling_windows(&prompt, answer) {
+        for (i, w) in engine
+            .rolling_windows(&prompt, answer)
+            .into_iter()
+            .enumerate()
+        {
             units.push(Unit {
                 of,
                 context: w.context,
                 answer: answer[w.answer].to_vec(),
+                seed: window_seed(seed, i),
             });
         }
     }
