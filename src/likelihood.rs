@@ -7,7 +7,6 @@
 
 use unmask_core::likelihood::{
     LikelihoodParams, MaskSample, Window, draw_masks, estimate, rolling_windows, sample_loss,
-    window_seed,
 };
 use unmask_gpu::error::GpuError;
 use unmask_gpu::model::{LogitsState, ModelError, TargetSeq};
@@ -109,7 +108,7 @@ impl Engine {
         let mut parts = Vec::new();
         for (i, w) in self.rolling_windows(prompt, text).into_iter().enumerate() {
             let params = LikelihoodParams {
-                seed: window_seed(params.seed, i),
+                seed: unmask_core::likelihood::window_seed(params.seed, i),
                 ..*params
             };
             parts.push(self.log_likelihood(&w.context, &text[w.answer], &params)?);
