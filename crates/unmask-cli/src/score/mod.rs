@@ -189,16 +189,9 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
                 })
             })
             .collect();
-        let v = json!({
-            "model": engine.dir().display().to_string(),
-            "adapter": engine.ctx().describe(),
-            "prompt_ids": prompt,
-            "mc_num": params.mc_num,
-            "mc_batch": params.batch,
-            "cfg_scale": params.cfg_scale,
-            "seed": params.seed,
-            "answers": answers,
-        });
+        let mut v = json_header(&engine, &prompt, &params);
+        v["cfg_scale"] = json!(params.cfg_scale);
+        v["answers"] = json!(answers);
         return output::line(&v.to_string());
     }
     for &i in &order {
@@ -209,6 +202,19 @@ pub fn run(args: &ScoreArgs) -> Result<(), CliError> {
         ))?;
     }
     Ok(())
+}
+
+/// The fields a `--json` answer of scores after a prompt starts with: model, adapter, the
+/// prompt's ids and the estimate's settings.
+fn json_header(engine: &Engine, prompt: &[u32], params: &LikelihoodParams) -> serde_json::Value {
+    json!({
+        "model": engine.dir().display().to_string(),
+        "adapter": engine.ctx().describe(),
+        "prompt_ids": prompt,
+        "mc_num": params.mc_num,
+        "mc_batch": params.batch,
+        "seed": params.seed,
+    })
 }
 
 /// The prompt's ids: the chat template over `--system` and `--prompt`, or `--prompt-ids`.

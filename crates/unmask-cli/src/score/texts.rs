@@ -21,11 +21,14 @@ struct Scored {
 }
 
 impl Scored {
-    /// Per-token and per-word perplexity and bits per byte of the bound (minus the
-    /// estimate over each count).
+    /// The bound's nats (minus the estimate) per `n` units of the text.
+    fn nats_per(&self, n: usize) -> f64 {
+        -self.likelihood.log_likelihood / n.max(1) as f64
+    }
+
+    /// Per-token and per-word perplexity and bits per byte of the bound.
     fn json(&self) -> Value {
-        let nats = -self.likelihood.log_likelihood;
-        let per = |n: usize| nats / n.max(1) as f64;
+        let per = |n: usize| self.nats_per(n);
         json!({
             "file": self.file,
             "log_likelihood": self.likelihood.log_likelihood,
@@ -69,7 +72,6 @@ pub fn run(
             words: text.split_whitespace().count(),
             likelihood,
         };
-        let v = s.json();
         eprintln!(
             "[score] {}: {:.2} ± {:.2} nats over {} tokens in {} window(s) ({} passes, {:.2} s)",
             s.file,
@@ -84,24 +86,17 @@ pub fn run(
             output::line(&format!(
                 "{:>12.2} nats  {:.3} nats/token  word perplexity {:.4e}  {:.3} bits/byte  {}",
                 s.likelihood.log_likelihood,
-                -s.likelihood.log_likelihood / s.tokens.max(1) as f64,
-                v["word_perplexity"].as_f64().unwrap_or(f64::NAN),
-                v["bits_per_byte"].as_f64().unwrap_or(f64::NAN),
+                s.nats_per(s.tokens),
+                s.nats_per(s.words).exp(),
+                s.nats_per(s.bytes) / LN_2,
                 s.file
             ))?;
         }
-        scored.push(v);
+        scored.push(s.json());
     }
     if json_out {
-        let v = json!({
-            "model": engine.dir().display().to_string(),
-            "adapter": engine.ctx().describe(),
-            "prompt_ids": prompt,
-            "mc_num": params.mc_num,
-            "mc_batch": params.batch,
-            "seed": params.seed,
-            "texts": scored,
-        });
+        let mut v = super::json_header(engine, prompt, params);
+        v["texts"] = json!(scored);
         output::line(&v.to_string())?;
     }
     Ok(())
