@@ -364,6 +364,15 @@ def dgemma_cases(unmask, model):
                              messages=messages)
         check(both == [alone[11], alone[12]] and both[0] != both[1],
               "DiffusionGemma: n=2's choices are the answers of seeds 11 and 12, which differ")
+        # A prompt no request has sent: one choice encodes all of it and stores it, the other
+        # copies it (the system turn, stored before, is copied by both first).
+        fresh = [{"role": "system", "content": system}, {"role": "user", "content": "Name a city."}]
+        r = client.chat.completions.create(model=name, messages=fresh, max_tokens=32, seed=5, n=2,
+                                           extra_body={"steps": 8})
+        uses = sorted((c.model_extra["unmask"]["prefix"] for c in r.choices), key=lambda p: p["use"])
+        whole = r.usage.prompt_tokens
+        check(uses == [{"use": "hit", "reused_tokens": whole}, {"use": "stored", "tokens": whole}],
+              f"DiffusionGemma: n=2 encodes its {whole}-token prompt once, for both choices: {uses}")
         try:
             client.chat.completions.create(model=name, messages=messages, temperature=0.7)
             check(False, "DiffusionGemma: temperature is refused")

@@ -39,6 +39,9 @@ pub struct DgemmaRequest {
     pub max_denoising_steps: Option<usize>,
     /// Take a chat prompt's system turn through the shared prefix store.
     pub share_system: bool,
+    /// Take the whole prompt through the store too: requests that share all of it (the
+    /// choices of one request) encode it once, and the others copy its K/V.
+    pub share_prompt: bool,
 }
 
 impl DgemmaRequest {
@@ -49,6 +52,7 @@ impl DgemmaRequest {
             max_new_tokens: None,
             max_denoising_steps: None,
             share_system: true,
+            share_prompt: false,
         }
     }
 }

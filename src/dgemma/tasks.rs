@@ -78,8 +78,10 @@ impl DgemmaEngine {
         // Locked for the copy of a stored system turn alone (its passes are submitted, not
         // awaited).
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let prefix = (request.share_system && shared > 0).then_some(SharedPrefix {
-            shared,
+        let wanted = (request.share_system && shared > 0) || request.share_prompt;
+        let prefix = wanted.then_some(SharedPrefix {
+            shared: if request.share_system { shared } else { 0 },
+            whole_prompt: request.share_prompt,
             store: &mut store,
         });
         let run = self

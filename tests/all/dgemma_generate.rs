@@ -407,6 +407,91 @@ fn the_engine_generates_through_the_prefix_store() {
     );
 }
 
+/// The choices of one request (`share_prompt`, OpenAI's `n`): started together, one run
+/// encodes the whole prompt and stores it, the others copy its K/V (nothing of the prompt
+/// encoded twice), and each answers as the same seed's request does alone. On an engine
+/// that holds the system turn already, the encoder starts from it; a later choice of the
+/// same prompt copies all of it at its start.
+#[test]
+fn choices_encode_their_shared_prompt_once() {
+    use unmask::{DgemmaEngine, DgemmaRequest, EngineOptions, Message, Prompt};
+    use unmask_gpu::dgemma::PrefixUse;
+    let options = EngineOptions {
+        weight_format: WeightFormat::F32,
+        ..EngineOptions::default()
+    };
+    let request = |seed: u64, share_prompt: bool| DgemmaRequest {
+        seed,
+        max_new_tokens: Some(32),
+        share_prompt,
+        ..DgemmaRequest::new(Prompt::Chat(vec![
+            Message::system("You answer in one word."),
+            Message::user("Name a colour, then an animal, then a city."),
+        ]))
+    };
+    let seeds = [7, 8];
+    // Each seed alone, the system turn through the store as usual.
+    let engine = DgemmaEngine::load(fixture(), &options).unwrap();
+    let alone: Vec<Vec<u32>> = seeds
+        .iter()
+        .map(|&s| engine.generate(&request(s, false)).unwrap().ids)
+        .collect();
+    let together = |engine: &DgemmaEngine| {
+        let mut tasks: Vec<_> = seeds
+            .iter()
+            .map(|&s| engine.start(&request(s, true)).unwrap())
+            .collect();
+        let mut rounds = 0;
+        while tasks.iter().any(|t| !t.is_done()) {
+            let mut live: Vec<_> = tasks.iter_mut().filter(|t| !t.is_done()).collect();
+            engine.step(&mut live).unwrap();
+            rounds += 1;
+            assert!(rounds < 1000, "the choices never ended");
+        }
+        let outs: Vec<_> = tasks
+            .into_iter()
+            .map(|t| engine.finish(t).unwrap())
+            .collect();
+        outs
+    };
+    // A fresh engine: the first choice encodes the whole prompt, the others wait and copy.
+    let fresh = DgemmaEngine::load(fixture(), &options).unwrap();
+    let outs = together(&fresh);
+    let whole = outs[0].prompt_ids.len();
+    let uses: Vec<_> = outs.iter().map(|o| o.prefix).collect();
+    assert_eq!(
+        uses,
+        [
+            Some(PrefixUse::Stored { tokens: whole }),
+            Some(PrefixUse::Hit { reused: whole })
+        ]
+    );
+    let s = fresh.prefix_stats();
+    assert_eq!((s.entries, s.hits, s.misses, s.inserts), (1, 1, 1, 1));
+    for (out, ids) in outs.iter().zip(&alone) {
+        assert_eq!(&out.ids, ids, "a choice answers as its seed alone");
+    }
+    // The first engine holds the system turn: the encoder copies it and encodes the rest.
+    let before = engine.prefix_stats();
+    let outs = together(&engine);
+    assert_eq!(outs[0].prefix, Some(PrefixUse::Stored { tokens: whole }));
+    assert_eq!(outs[1].prefix, Some(PrefixUse::Hit { reused: whole }));
+    let after = engine.prefix_stats();
+    assert_eq!((after.entries, after.inserts), (2, before.inserts + 1));
+    // Each choice copies the system turn at its start; the waiting one then copies the
+    // whole prompt once the encoder has stored it.
+    assert_eq!(after.hits, before.hits + 2 + 1);
+    for (out, ids) in outs.iter().zip(&alone) {
+        assert_eq!(&out.ids, ids, "after a stored system turn too");
+    }
+    let later = engine.generate(&request(7, true)).unwrap();
+    assert_eq!(later.prefix, Some(PrefixUse::Hit { reused: whole }));
+    assert_eq!(later.ids, alone[0]);
+    eprintln!(
+        "[check] DiffusionGemma choices: a {whole}-token prompt encoded once for 2 choices ({uses:?}), each answer equal to its seed alone"
+    );
+}
+
 /// `--kv f16` through the engine: the caches and the stored system turn are f16, and a
 /// request served from the store answers as the one that stored it.
 #[test]

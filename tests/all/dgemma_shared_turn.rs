@@ -57,6 +57,7 @@ fn start<'d>(
 ) -> DgemmaRun<'d> {
     let prefix = SharedPrefix {
         shared: SYSTEM,
+        whole_prompt: false,
         store,
     };
     let draws = Box::new(SeededDraws::new(u64::from(user)));
@@ -270,6 +271,7 @@ fn two_new_system_turns_stored_in_one_round_each_serve_their_waiting_request() {
     let start = |prompt: Vec<u32>, seed: u64, store: &mut DgemmaPrefixStore| {
         let prefix = SharedPrefix {
             shared: SYSTEM,
+            whole_prompt: false,
             store,
         };
         let draws = Box::new(SeededDraws::new(seed));

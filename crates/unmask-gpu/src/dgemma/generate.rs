@@ -178,13 +178,15 @@ impl DgemmaModel {
         seed: u64,
         on_step: &mut dyn FnMut(StepReport<'_>) -> ControlFlow<()>,
     ) -> Result<(Generation, Option<PrefixUse>), ModelError> {
-        let (shared, mut store) = match prefix {
-            Some(p) => (p.shared, Some(p.store)),
-            None => (0, None),
+        let (shared, whole_prompt, mut store) = match prefix {
+            Some(p) => (p.shared, p.whole_prompt, Some(p.store)),
+            None => (0, false, None),
         };
-        let prefix = store
-            .as_deref_mut()
-            .map(|store| SharedPrefix { shared, store });
+        let prefix = store.as_deref_mut().map(|store| SharedPrefix {
+            shared,
+            whole_prompt,
+            store,
+        });
         let mut run = self.start(ctx, prompt, prefix, params, Box::new(draws), seed)?;
         while !run.is_done() {
             let round_store = store.as_deref_mut().map(RoundStore::Held);

@@ -52,6 +52,7 @@ impl Common {
             max_new_tokens,
             max_denoising_steps: steps,
             seed: self.seed.unwrap_or(0),
+            share_prompt: false,
         })
     }
 }

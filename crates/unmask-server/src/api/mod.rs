@@ -233,6 +233,9 @@ pub struct GemmaSampling {
     /// `steps`: most denoising steps per canvas (`None`: generation_config.json's).
     pub max_denoising_steps: Option<usize>,
     pub seed: u64,
+    /// One of a request's `n` choices (n > 1): the choices share the whole prompt, encoded
+    /// once (`DgemmaRequest::share_prompt`).
+    pub share_prompt: bool,
 }
 
 /// How a request samples, by the served model's family.
@@ -265,7 +268,10 @@ impl JobSpec {
         let offset = index as u64;
         match &mut spec.sampling {
             Sampling::Masked(m) => m.params.seed = m.params.seed.wrapping_add(offset),
-            Sampling::Gemma(g) => g.seed = g.seed.wrapping_add(offset),
+            Sampling::Gemma(g) => {
+                g.seed = g.seed.wrapping_add(offset);
+                g.share_prompt = self.choices > 1;
+            }
             // One answer per request: its draws are the seed's.
             Sampling::Score(_) => {}
         }

@@ -203,7 +203,13 @@ fn choices_take_consecutive_seeds() {
         .check(&gemma, "tiny")
         .unwrap();
     match (&spec.choice(0).sampling, &spec.choice(1).sampling) {
-        (Sampling::Gemma(a), Sampling::Gemma(b)) => assert_eq!((a.seed, b.seed), (0, 1)),
+        (Sampling::Gemma(a), Sampling::Gemma(b)) => {
+            assert_eq!((a.seed, b.seed), (0, 1));
+            assert!(
+                a.share_prompt && b.share_prompt,
+                "choices share their prompt"
+            );
+        }
         other => panic!("DiffusionGemma choices, found {other:?}"),
     }
 }
@@ -322,7 +328,8 @@ fn diffusion_gemma_requests() {
         GemmaSampling {
             max_new_tokens: None,
             max_denoising_steps: None,
-            seed: 0
+            seed: 0,
+            share_prompt: false,
         }
     );
     assert_eq!(
@@ -332,7 +339,8 @@ fn diffusion_gemma_requests() {
         GemmaSampling {
             max_new_tokens: Some(40),
             max_denoising_steps: Some(12),
-            seed: 7
+            seed: 7,
+            share_prompt: false,
         }
     );
     for field in [

@@ -218,6 +218,7 @@ fn request_of(prompt: Prompt, sampling: &GemmaSampling) -> DgemmaRequest {
         max_new_tokens: sampling.max_new_tokens,
         max_denoising_steps: sampling.max_denoising_steps,
         share_system: true,
+        share_prompt: sampling.share_prompt,
         ..DgemmaRequest::new(prompt)
     }
 }

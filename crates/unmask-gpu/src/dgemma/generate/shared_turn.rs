@@ -11,9 +11,13 @@ use crate::dgemma::{DgemmaCache, DgemmaModel, DgemmaPrefixStore, PrefixUse};
 use crate::model::ModelError;
 
 /// The prompt's first `shared` tokens (a system turn many requests share) through a prefix
-/// store: their K/V copied when stored, else encoded and stored.
+/// store: their K/V copied when stored, else encoded and stored. With `whole_prompt` the
+/// whole prompt goes through it too (the choices of one request, which share all of it):
+/// copied when stored, else encoded once (after a stored system turn, when there is one)
+/// by one of the runs that want it while the others wait.
 pub struct SharedPrefix<'a> {
     pub shared: usize,
+    pub whole_prompt: bool,
     pub store: &'a mut DgemmaPrefixStore,
 }
 
@@ -60,7 +64,8 @@ pub(super) enum SharedPart {
 impl DgemmaModel {
     /// `start`'s use of the store: a stored shared part copied into `cache`; one the store
     /// could not hold even alone encoded as the rest of the prompt; else left waiting
-    /// (`settle_shared_prefixes`).
+    /// (`settle_shared_prefixes`). A whole prompt asked for is copied when stored, else
+    /// waited for after the system turn's copy (when stored).
     pub(super) fn start_shared(
         &self,
         ctx: &GpuContext,
@@ -68,10 +73,25 @@ impl DgemmaModel {
         prompt: &[u32],
         prefix: Option<SharedPrefix<'_>>,
     ) -> Result<(SharedPart, Option<PrefixUse>), ModelError> {
-        let Some(SharedPrefix { shared, store }) = prefix else {
+        let Some(SharedPrefix {
+            shared,
+            whole_prompt,
+            store,
+        }) = prefix
+        else {
             return Ok((SharedPart::Settled, None));
         };
         check_shared(prompt, shared)?;
+        if whole_prompt && !prompt.is_empty() && store.holds(self, cache, prompt.len()) {
+            let whole = prompt.len();
+            if self.copy_stored(ctx, cache, prompt, store)? {
+                return Ok((SharedPart::Settled, Some(PrefixUse::Hit { reused: whole })));
+            }
+            // The system turn now if stored; the rest from one run for all that want it.
+            let system = shared > 0 && self.copy_stored(ctx, cache, &prompt[..shared], store)?;
+            let used = system.then_some(PrefixUse::Hit { reused: shared });
+            return Ok((SharedPart::Waiting(whole), used));
+        }
         if shared == 0 {
             return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
         }
@@ -137,7 +157,8 @@ impl DgemmaModel {
                 if !(stored && self.copy_waiting(ctx, w, n, store)) {
                     store.misses += 1;
                     w.shared = SharedPart::Settled;
-                    w.prefix_use = Some(PrefixUse::Uncached);
+                    // A system turn copied before it waited for its whole prompt stays used.
+                    w.prefix_use.get_or_insert(PrefixUse::Uncached);
                 }
                 settled.push(i);
             }
