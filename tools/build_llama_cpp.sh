@@ -2,12 +2,12 @@
 # Builds llama.cpp's diffusion example (`llama-diffusion-cli`) with its Vulkan and CPU
 # backends, for tools/llama_cpp_compare.py.
 #
-#   tools/build_llama_cpp.sh [DIR]        # default DIR: target/llama.cpp
+#   tools/build_llama_cpp.sh [DIR]        # default DIR: target/llama.cpp (from the repo root)
 #   -> DIR/src/build/bin/llama-diffusion-cli
 #
 # The source is the llama.cpp that llama-cpp-python's source package vendors (PyPI, pinned
 # below), so a machine that reaches PyPI but not GitHub can build it; LLAMA_CPP_SRC=PATH
-# builds a checkout of your own instead. Needs cmake, a C++17 compiler, glslc and the
+# builds a checkout of your own instead, in PATH/build (patched as below when needed). Needs cmake, a C++17 compiler, glslc and the
 # Vulkan headers (Debian: cmake g++ glslc libvulkan-dev); VULKAN=OFF builds the CPU
 # backend alone.
 #

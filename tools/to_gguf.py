@@ -150,6 +150,8 @@ def pre_tokenizer_name(tokenizer):
     pre = tokenizer.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     kinds = [(s.get("type"), s.get("individual_digits"), s.get("use_regex")) for s in steps]
+    if any(s.get("add_prefix_space") for s in steps):
+        return None  # llama.cpp's GPT-2 pre-tokenizers add no space
     if kinds == [("Digits", True, None), ("ByteLevel", None, True)]:
         return "refact"  # single digits, then GPT-2's regex
     if kinds == [("ByteLevel", None, True)]:

@@ -466,8 +466,10 @@ fn choices_encode_their_shared_prompt_once() {
             Some(PrefixUse::Hit { reused: whole })
         ]
     );
+    // The system turn was stored on its own first (for other requests), then the whole
+    // prompt; the waiting choice copied each.
     let s = fresh.prefix_stats();
-    assert_eq!((s.entries, s.hits, s.misses, s.inserts), (1, 1, 1, 1));
+    assert_eq!((s.entries, s.hits, s.misses, s.inserts), (2, 2, 2, 2));
     for (out, ids) in outs.iter().zip(&alone) {
         assert_eq!(&out.ids, ids, "a choice answers as its seed alone");
     }
@@ -487,6 +489,20 @@ fn choices_encode_their_shared_prompt_once() {
     let later = engine.generate(&request(7, true)).unwrap();
     assert_eq!(later.prefix, Some(PrefixUse::Hit { reused: whole }));
     assert_eq!(later.ids, alone[0]);
+    // Another user turn after the same system turn finds that turn stored by the choices.
+    let other = DgemmaRequest {
+        prompt: Prompt::Chat(vec![
+            Message::system("You answer in one word."),
+            Message::user("Name a tree."),
+        ]),
+        ..request(7, false)
+    };
+    let other = fresh.generate(&other).unwrap();
+    assert!(
+        matches!(other.prefix, Some(PrefixUse::Hit { reused }) if reused < whole),
+        "{:?}",
+        other.prefix
+    );
     eprintln!(
         "[check] DiffusionGemma choices: a {whole}-token prompt encoded once for 2 choices ({uses:?}), each answer equal to its seed alone"
     );

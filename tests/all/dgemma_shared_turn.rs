@@ -334,3 +334,50 @@ fn a_run_stepped_without_its_store_encodes_its_system_turn_itself() {
     assert_eq!(seq, alone(&model, &ctx, 10, &params));
     assert_eq!(store.inserts, 0, "nothing stored");
 }
+
+/// A whole prompt kept for the choices of one request goes first when the store needs room,
+/// before an older system turn that other requests share.
+#[test]
+fn a_whole_prompt_entry_is_evicted_before_a_system_turn() {
+    let (ctx, model, case) = setup();
+    let mut params = case.params.clone();
+    params.max_new_tokens = params.max_new_tokens.min(16);
+    let whole = prompt(1).len();
+    // Room for the system turn and the whole prompt, not for one more system turn.
+    let mut store = DgemmaPrefixStore::new(SYSTEM + whole + SYSTEM - 1, 1 << 30);
+    let start = |prompt: Vec<u32>, whole_prompt: bool, store: &mut DgemmaPrefixStore| {
+        let prefix = SharedPrefix {
+            shared: SYSTEM,
+            whole_prompt,
+            store,
+        };
+        let draws = Box::new(SeededDraws::new(1));
+        model
+            .start(&ctx, &prompt, Some(prefix), &params, draws, 1)
+            .unwrap()
+    };
+    // Two choices of one prompt: its system turn and the whole prompt are stored.
+    let mut choices = [
+        start(prompt(1), true, &mut store),
+        start(prompt(1), true, &mut store),
+    ];
+    let mut rounds = 0;
+    while choices.iter().any(|r| r.prompt_left() > 0) && rounds < 40 {
+        let mut refs: Vec<_> = choices.iter_mut().collect();
+        round(&model, &ctx, &mut refs, &mut store);
+        rounds += 1;
+    }
+    assert_eq!((store.inserts, store.tokens()), (2, SYSTEM + whole));
+    // Another system turn: the store makes room by evicting the whole prompt, newer as it is.
+    let other: Vec<u32> = (0..SYSTEM as u32 + 10).map(|i| 3 + (i * 7) % 60).collect();
+    let mut run = start(other, false, &mut store);
+    while run.prompt_left() > 0 && rounds < 80 {
+        round(&model, &ctx, &mut [&mut run], &mut store);
+        rounds += 1;
+    }
+    assert_eq!((store.inserts, store.evictions), (3, 1));
+    assert_eq!(store.tokens(), 2 * SYSTEM, "both system turns kept");
+    // The first system turn is still there: a request after it encodes its own turn only.
+    let again = start(prompt(2), false, &mut store);
+    assert_eq!(again.prompt_left(), prompt(2).len() - SYSTEM);
+}

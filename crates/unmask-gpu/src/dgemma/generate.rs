@@ -74,6 +74,9 @@ pub struct DgemmaRun<'d> {
     prompt_left: usize,
     /// Where the prompt's shared part (its system turn) is to come from.
     shared: SharedPart,
+    /// The whole prompt's length when it goes through the store too (`whole_prompt`): its
+    /// part once the system turn is settled.
+    whole: Option<usize>,
     prefix_use: Option<PrefixUse>,
     state: RunState,
 }
@@ -224,7 +227,7 @@ impl DgemmaModel {
         // A stored shared part is copied now; an unstored one is encoded a piece per round
         // like the rest (`step_runs_async`), by one run of those that want it, and stored
         // (`settle_shared_prefixes`).
-        let (shared, prefix_use) = self.start_shared(ctx, &mut cache, prompt, prefix)?;
+        let (shared, whole, prefix_use) = self.start_shared(ctx, &mut cache, prompt, prefix)?;
         let prompt_left = prompt.len() - cache.len;
         let probs = self.retry_after_freeing(|| {
             Ok(Tensor::zeros(
@@ -252,6 +255,7 @@ impl DgemmaModel {
             step_counter: 0,
             prompt_left,
             shared,
+            whole,
             prefix_use,
             state: if n_canvases == 0 {
                 RunState::Done

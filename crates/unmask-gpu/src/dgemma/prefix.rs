@@ -23,6 +23,9 @@ struct Entry {
     v: Vec<Tensor>,
     sliding_base: usize,
     last_used: u64,
+    /// A whole prompt kept for the choices of one request, not a system turn for many:
+    /// evicted before any other entry.
+    transient: bool,
 }
 
 /// What `encode_prompt` did with the store.
@@ -131,14 +134,16 @@ impl DgemmaPrefixStore {
     }
 
     /// Keeps rows `0..ids.len()` of `cache` (which must hold exactly `ids` there) under `ids`,
-    /// evicting the least recently used entries to stay within the budget (an entry for
-    /// `ids` already there is kept instead). False when the prefix alone is over the budget.
+    /// evicting transient entries, then the least recently used, to stay within the budget
+    /// (an entry for `ids` already there is kept instead). False when the prefix alone is
+    /// over the budget.
     fn insert(
         &mut self,
         ctx: &GpuContext,
         model: &DgemmaModel,
         cache: &DgemmaCache,
         ids: &[u32],
+        transient: bool,
     ) -> Result<bool, ModelError> {
         // Runs stepped apart (two engines' callers) may both encode a new prefix: it is
         // kept once.
@@ -154,7 +159,7 @@ impl DgemmaPrefixStore {
         }
         while self.tokens() + n > self.budget_tokens || self.bytes() + need > self.budget_bytes {
             let oldest = (0..self.entries.len())
-                .min_by_key(|&i| self.entries[i].last_used)
+                .min_by_key(|&i| (!self.entries[i].transient, self.entries[i].last_used))
                 .expect("a store over its budget has entries");
             self.entries.swap_remove(oldest);
             self.evictions += 1;
@@ -183,6 +188,7 @@ impl DgemmaPrefixStore {
             v,
             sliding_base,
             last_used: self.clock,
+            transient,
         });
         Ok(true)
     }
@@ -265,13 +271,13 @@ impl DgemmaModel {
         } else {
             store.misses += 1;
             self.append(ctx, cache, head)?;
-            self.store_prefix(ctx, cache, head, store)?
+            self.store_prefix(ctx, cache, head, store, false)?
         };
         Ok(used)
     }
 
-    /// Copies `head`'s K/V into the empty `cache` when `store` holds it (a hit); false when
-    /// it does not (nothing changed).
+    /// Copies `head`'s K/V into `cache` from its first row (what it held is overwritten)
+    /// when `store` holds it (a hit); false when it does not (nothing changed).
     pub(super) fn copy_stored(
         &self,
         ctx: &GpuContext,
@@ -313,8 +319,9 @@ impl DgemmaModel {
         cache: &DgemmaCache,
         head: &[u32],
         store: &mut DgemmaPrefixStore,
+        transient: bool,
     ) -> Result<PrefixUse, ModelError> {
-        match self.retry_after_freeing(|| store.insert(ctx, self, cache, head)) {
+        match self.retry_after_freeing(|| store.insert(ctx, self, cache, head, transient)) {
             Ok(true) => Ok(PrefixUse::Stored { tokens: head.len() }),
             Ok(false) => Ok(PrefixUse::Uncached),
             Err(e) if is_capacity(&e) => {

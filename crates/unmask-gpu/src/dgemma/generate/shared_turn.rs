@@ -64,46 +64,52 @@ pub(super) enum SharedPart {
 impl DgemmaModel {
     /// `start`'s use of the store: a stored shared part copied into `cache`; one the store
     /// could not hold even alone encoded as the rest of the prompt; else left waiting
-    /// (`settle_shared_prefixes`). A whole prompt asked for is copied when stored, else
-    /// waited for after the system turn's copy (when stored).
+    /// (`settle_shared_prefixes`). A whole prompt asked for (and small enough to store) is
+    /// copied when stored; else it is the run's next part once its system turn is settled
+    /// (the second value: `DgemmaRun::whole`), so a new system turn is stored on its own
+    /// first, for other requests.
     pub(super) fn start_shared(
         &self,
         ctx: &GpuContext,
         cache: &mut DgemmaCache,
         prompt: &[u32],
         prefix: Option<SharedPrefix<'_>>,
-    ) -> Result<(SharedPart, Option<PrefixUse>), ModelError> {
+    ) -> Result<(SharedPart, Option<usize>, Option<PrefixUse>), ModelError> {
         let Some(SharedPrefix {
             shared,
             whole_prompt,
             store,
         }) = prefix
         else {
-            return Ok((SharedPart::Settled, None));
+            return Ok((SharedPart::Settled, None, None));
         };
         check_shared(prompt, shared)?;
-        if whole_prompt && !prompt.is_empty() && store.holds(self, cache, prompt.len()) {
-            let whole = prompt.len();
-            if self.copy_stored(ctx, cache, prompt, store)? {
-                return Ok((SharedPart::Settled, Some(PrefixUse::Hit { reused: whole })));
-            }
-            // The system turn now if stored; the rest from one run for all that want it.
-            let system = shared > 0 && self.copy_stored(ctx, cache, &prompt[..shared], store)?;
-            let used = system.then_some(PrefixUse::Hit { reused: shared });
-            return Ok((SharedPart::Waiting(whole), used));
+        let whole = (whole_prompt && !prompt.is_empty() && store.holds(self, cache, prompt.len()))
+            .then_some(prompt.len());
+        if let Some(n) = whole
+            && self.copy_stored(ctx, cache, prompt, store)?
+        {
+            return Ok((
+                SharedPart::Settled,
+                whole,
+                Some(PrefixUse::Hit { reused: n }),
+            ));
         }
+        // With the system turn settled here, the whole prompt (when asked) is next.
+        let next = whole.map_or(SharedPart::Settled, SharedPart::Waiting);
         if shared == 0 {
-            return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
+            let used = whole.is_none().then_some(PrefixUse::Uncached);
+            return Ok((next, whole, used));
         }
         if self.copy_stored(ctx, cache, &prompt[..shared], store)? {
-            return Ok((SharedPart::Settled, Some(PrefixUse::Hit { reused: shared })));
+            return Ok((next, whole, Some(PrefixUse::Hit { reused: shared })));
         }
         if !store.holds(self, cache, shared) {
             store.misses += 1;
             store.rejected += 1;
-            return Ok((SharedPart::Settled, Some(PrefixUse::Uncached)));
+            return Ok((SharedPart::Settled, None, Some(PrefixUse::Uncached)));
         }
-        Ok((SharedPart::Waiting(shared), None))
+        Ok((SharedPart::Waiting(shared), whole, None))
     }
 
     /// The prefix store's part of a round (`step_runs_async` runs it before and after the
@@ -135,16 +141,20 @@ impl DgemmaModel {
                 continue;
             }
             let run = &mut *runs[e];
-            run.shared = SharedPart::Settled;
+            run.settle_part(n);
             // Past the part (no settle ran after its last piece) a sliding layer may no
-            // longer hold the part's own rows: it is not stored then.
+            // longer hold the part's own rows: it is not stored then. A whole prompt is
+            // kept for its request's choices, and goes first when room is needed.
             let used = if run.cache.len == n {
-                self.store_prefix(ctx, &run.cache, &run.sequence[..n], store)
+                let transient = run.whole == Some(n);
+                self.store_prefix(ctx, &run.cache, &run.sequence[..n], store, transient)
             } else {
                 Ok(PrefixUse::Uncached)
             };
             let stored = matches!(used, Ok(PrefixUse::Stored { .. }));
             match used {
+                // A system turn reused or stored before stays the run's report.
+                Ok(PrefixUse::Uncached) if run.prefix_use.is_some() => {}
                 Ok(used) => run.prefix_use = Some(used),
                 Err(err) => run.state = RunState::Failed(err),
             }
@@ -156,9 +166,11 @@ impl DgemmaModel {
                 }
                 if !(stored && self.copy_waiting(ctx, w, n, store)) {
                     store.misses += 1;
-                    w.shared = SharedPart::Settled;
+                    w.settle_part(n);
                     // A system turn copied before it waited for its whole prompt stays used.
-                    w.prefix_use.get_or_insert(PrefixUse::Uncached);
+                    if w.shared == SharedPart::Settled {
+                        w.prefix_use.get_or_insert(PrefixUse::Uncached);
+                    }
                 }
                 settled.push(i);
             }
@@ -218,7 +230,7 @@ impl DgemmaModel {
     ) -> bool {
         match self.copy_stored(ctx, &mut run.cache, &run.sequence[..n], store) {
             Ok(true) => {
-                run.shared = SharedPart::Settled;
+                run.settle_part(n);
                 run.prefix_use = Some(PrefixUse::Hit { reused: n });
                 run.prompt_left = run.sequence.len() - n;
                 true
@@ -229,5 +241,16 @@ impl DgemmaModel {
                 true
             }
         }
+    }
+}
+
+impl DgemmaRun<'_> {
+    /// Its shared part of `n` tokens is settled (copied, stored or given up): the whole
+    /// prompt is its next part when it asked for it and `n` was its system turn.
+    fn settle_part(&mut self, n: usize) {
+        self.shared = match self.whole {
+            Some(w) if n < w && !self.is_done() => SharedPart::Waiting(w),
+            _ => SharedPart::Settled,
+        };
     }
 }
