@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import to_gguf  # noqa: E402
@@ -54,16 +53,14 @@ STAMP_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)\.(\d+) I\s*(?:diffusion step: (\d+)/
 
 
 def run(cmd, timeout, env=None):
-    started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, timeout=timeout, env=env)
-    wall = time.perf_counter() - started
     # Bytes as printed: a canvas may hold partial UTF-8, and its \r must stay a \r.
     proc.stdout = proc.stdout.decode("utf-8", errors="replace")
     proc.stderr = proc.stderr.decode("utf-8", errors="replace")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
         sys.exit(f"llama_cpp_compare.py: {cmd[0]} exited {proc.returncode}:\n{tail}")
-    return proc.stdout, proc.stderr, wall
+    return proc.stdout, proc.stderr
 
 
 def unmask_once(args, cache, greedy_order):
@@ -76,7 +73,7 @@ def unmask_once(args, cache, greedy_order):
         cmd.append("--full-canvas")
     if greedy_order == "left_to_right":
         cmd += ["--top-k", "1"]
-    out, _, _ = run(cmd, args.timeout)
+    out, _ = run(cmd, args.timeout)
     return json.loads(out)
 
 
@@ -101,7 +98,7 @@ def llama_once(args, gguf_path, backend, context, top_k=1, seed=0):
     # The example logs through a thread of its own, and a run's last lines (the timing and
     # the answer) can miss its output at exit: such a run is run again, twice at most.
     for attempt in range(3):
-        out, err, wall = run(cmd, args.timeout, env)
+        out, err = run(cmd, args.timeout, env)
         text = out + err
         found = TOTAL_RE.search(text)
         if found:
@@ -114,7 +111,7 @@ def llama_once(args, gguf_path, backend, context, top_k=1, seed=0):
     rest = text[found.end():]
     printed = ANSWER_RE.search(rest)
     answer = rest[printed.end():].removesuffix("\n") if printed else ""
-    return {"total_s": float(found.group(1)) / 1000, "wall_s": wall,
+    return {"total_s": float(found.group(1)) / 1000,
             "steady_step_s": steady_step_s(text, args.steps),
             "text": answer}
 

@@ -448,11 +448,10 @@ fn choices_encode_their_shared_prompt_once() {
             rounds += 1;
             assert!(rounds < 1000, "the choices never ended");
         }
-        let outs: Vec<_> = tasks
+        tasks
             .into_iter()
             .map(|t| engine.finish(t).unwrap())
-            .collect();
-        outs
+            .collect::<Vec<_>>()
     };
     // A fresh engine: the first choice encodes the whole prompt, the others wait and copy.
     let fresh = DgemmaEngine::load(fixture(), &options).unwrap();
