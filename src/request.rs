@@ -50,6 +50,9 @@ pub struct Request {
     /// end-of-turn token committed with every position before it committed. The text is
     /// the same; canvas positions after the end token may stay masked.
     pub full_canvas: bool,
+    /// Report each generated token's log-probability under the model's softmax at the step
+    /// that committed it (`Generation::logprobs`). The tokens are the same either way.
+    pub logprobs: bool,
 }
 
 /// The shared span of an ACache request: a part of the prompt shared with other requests
@@ -88,6 +91,7 @@ impl Request {
             record_picks: false,
             suffix: Vec::new(),
             full_canvas: false,
+            logprobs: false,
         }
     }
 
@@ -146,6 +150,9 @@ pub struct StepEvent<'a> {
     /// the same order; the committed ones are in `record`.
     pub rows: &'a [u32],
     pub predictions: &'a [(u32, f32)],
+    /// With `Request::logprobs`: per position of the generated canvas, the log-probability
+    /// of its token at the step that committed it (`None` while masked).
+    pub logprobs: Option<&'a [Option<f32>]>,
 }
 
 impl StepEvent<'_> {
@@ -201,6 +208,11 @@ pub struct Generation {
     pub suffix_len: usize,
     /// Decoded text, when the model has a tokenizer.
     pub text: Option<String>,
+    /// With `Request::logprobs`: per canvas position, the log-probability of its token
+    /// under the model's softmax (CFG-combined logits of the whole vocabulary at
+    /// temperature 1) at the step that committed it; `None` for a position never committed
+    /// (a request that ended early leaves the canvas after its answer masked).
+    pub logprobs: Option<Vec<Option<f32>>>,
     pub steps: Vec<StepRecord>,
     pub timings: Timings,
     /// What BiCache did, for BiCache modes.

@@ -36,6 +36,8 @@ pub(crate) struct Prepared<'r> {
     pub(crate) acache: Option<AcacheReport>,
     pub(crate) adaptive: Option<AdaptiveReport>,
     pub(crate) timings: Timings,
+    /// `Request::logprobs`: per canvas position, its token's log-probability once committed.
+    pub(crate) logprobs: Option<Vec<Option<f32>>>,
 }
 
 impl Prepared<'_> {
@@ -93,6 +95,7 @@ impl Prepared<'_> {
 
 /// Commits the predictions of `rows` to a request's sampler, counts the step and reports
 /// it through `on_step`; `prompt` is (prompt length, mask id) for the event.
+#[allow(clippy::too_many_arguments)]
 fn commit_predictions(
     sampler: &mut Sampler,
     timings: &mut Timings,
@@ -100,9 +103,21 @@ fn commit_predictions(
     prompt: (usize, u32),
     rows: &[u32],
     predictions: &[(u32, f32)],
+    row_logprobs: &[Option<f32>],
+    mut logprobs: Option<&mut Vec<Option<f32>>>,
     on_step: &mut dyn FnMut(&StepEvent<'_>),
 ) -> Result<StepRecord, EngineError> {
     let record = sampler.commit(predictions)?;
+    // A committed position keeps the log-probability of the prediction that committed it.
+    if let Some(lps) = logprobs.as_deref_mut() {
+        for &(pos, _) in &record.committed {
+            let row = rows.iter().position(|&r| r == pos);
+            let at = (pos as usize).checked_sub(prompt.0);
+            if let (Some(row), Some(slot)) = (row, at.and_then(|i| lps.get_mut(i))) {
+                *slot = row_logprobs.get(row).copied().flatten();
+            }
+        }
+    }
     timings.steps += 1;
     if timings.steps == 1 {
         timings.first_step_s = start.elapsed_s();
@@ -117,6 +132,7 @@ fn commit_predictions(
         elapsed_s: start.elapsed_s(),
         rows,
         predictions,
+        logprobs: logprobs.map(|l| &l[..]),
     });
     Ok(record)
 }
@@ -235,6 +251,7 @@ impl Engine {
         let mode = req.cache;
         let anchor_ratio = req.anchor_ratio;
         let adaptive = req.adaptive;
+        let logprobs = req.logprobs.then(|| vec![None; sampler.generated().len()]);
         let mut prepared = Prepared {
             request,
             start,
@@ -250,6 +267,7 @@ impl Engine {
             acache: None,
             adaptive: None,
             timings: Timings::default(),
+            logprobs,
         };
         if prepared.is_adaptive() {
             prepared.adaptive = Some(AdaptiveReport {
@@ -297,6 +315,7 @@ impl Engine {
         p: &mut Prepared<'_>,
         rows: &[u32],
         predictions: &[(u32, f32)],
+        row_logprobs: &[Option<f32>],
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<StepRecord, EngineError> {
         let record = commit_predictions(
@@ -306,6 +325,8 @@ impl Engine {
             (p.prompt.len(), self.special().mask),
             rows,
             predictions,
+            row_logprobs,
+            p.logprobs.as_mut(),
             on_step,
         )?;
         let sp = self.special();
@@ -351,6 +372,7 @@ impl Engine {
             tempered: matches!(p.schedule, Schedule::Dream { .. }),
             top_p: p.top_p,
             top_k: p.top_k,
+            logprob: false,
         }
     }
 
@@ -380,6 +402,7 @@ impl Engine {
             ids,
             suffix_len: f.sampler.suffix_len(),
             text,
+            logprobs: f.logprobs,
             steps: records,
             timings,
             bicache: f.report,

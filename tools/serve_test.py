@@ -135,6 +135,7 @@ def openai_client_cases(server, unmask, model):
           f"the suffix counts as prompt tokens: {whole.usage}")
 
     choices_cases(client, name)
+    logprobs_cases(client, name, unmask, model)
 
     try:
         client.chat.completions.create(model=name, messages=[{"role": "user", "content": "q"}], max_tokens=3,
@@ -142,6 +143,48 @@ def openai_client_cases(server, unmask, model):
         check(False, "the client raises on a bad request")
     except openai.BadRequestError as e:
         check(e.body.get("param") == "block_length", f"the client sees the error naming the field: {e.body}")
+
+
+def logprobs_cases(client, name, unmask, model):
+    """Each answer token's log-probability: the CLI's for the same request, whole and
+    streamed, in both of OpenAI's shapes; nothing when not asked for."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    settings = {"steps": STEPS, "block_length": BLOCK, "cache": "none"}
+    ask = dict(model=name, messages=messages, max_tokens=N, temperature=0, extra_body=settings)
+    r = client.chat.completions.create(logprobs=True, **ask)
+    content = r.choices[0].logprobs.content
+    text = r.choices[0].message.content
+    spelled = b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace")
+    check(content and spelled == text and all(t.logprob <= 0 for t in content),
+          f"logprobs: one entry per answer token, spelling the text: {spelled!r} vs {text!r}")
+    cli = subprocess.run([unmask, "generate", "--model", model, "--system", SYSTEM, "--prompt", QUESTIONS[0],
+                          "--gen-length", str(N), "--steps", str(STEPS), "--block-length", str(BLOCK),
+                          "--json", "--logprobs"], capture_output=True, text=True, check=True)
+    cli_lps = [lp for lp in json.loads(cli.stdout)["logprobs"][:len(content)]]
+    check(all(abs(a - t.logprob) <= 1e-6 for a, t in zip(cli_lps, content)),
+          f"logprobs equal unmask generate --logprobs: {cli_lps} vs {[t.logprob for t in content]}")
+    streamed = []
+    for chunk in client.chat.completions.create(logprobs=True, stream=True, **ask):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed.extend((t.token, t.logprob) for t in c.logprobs.content)
+    check(streamed == [(t.token, t.logprob) for t in content],
+          f"streamed logprobs come with their text, each once: {streamed}")
+    plain = client.chat.completions.create(**ask)
+    check(plain.choices[0].logprobs is None and plain.choices[0].message.content == text,
+          "without logprobs: none, and the same answer")
+    # (A prompt and canvas on which the bundled model writes some text before its end.)
+    c = client.completions.create(model=name, prompt="Hello, my name", max_tokens=16, temperature=0, logprobs=0,
+                                  extra_body={"steps": 8, "block_length": 8, "cache": "none"})
+    lp = c.choices[0].logprobs
+    check(c.choices[0].text and lp.tokens and "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
+          and lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0,
+          f"completions logprobs: tokens spell the text at their offsets: {lp}")
+    try:
+        client.chat.completions.create(logprobs=True, top_logprobs=2, **ask)
+        check(False, "top_logprobs 2 is refused")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "top_logprobs", f"top_logprobs is refused by name: {e.body}")
 
 
 def choices_cases(client, name, extra=None, seed=5, what="", messages=None):
@@ -215,7 +258,7 @@ def raw_error_cases(server):
         ("an empty affix", "POST", "/v1/chat/completions", {**ok, "cache": "acache", "affix": " "}, AUTH, 400, "affix"),
         ("an affix not in the prompt", "POST", "/v1/chat/completions",
          {**ok, "cache": "acache", "affix": "a line that is nowhere"}, AUTH, 400, "affix"),
-        ("logprobs", "POST", "/v1/chat/completions", {**ok, "logprobs": True}, AUTH, 400, "logprobs"),
+        ("logprobs", "POST", "/v1/chat/completions", {**ok, "logprobs": 2}, AUTH, 400, "logprobs"),
         ("an unknown model", "POST", "/v1/chat/completions", {**ok, "model": "gpt-4"}, AUTH, 404, "model"),
         ("a prompt longer than the context", "POST", "/v1/chat/completions",
          chat_body("word " * 5000, system=None), AUTH, 400, "messages"),

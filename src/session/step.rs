@@ -254,7 +254,11 @@ impl Session<'_> {
         // Rows whose token choice is made the same way share one LM-head pass.
         let mut groups: Vec<SelectGroup> = Vec::new();
         for (k, (_, m)) in self.running.iter().enumerate() {
-            let params = engine.select_params(&m.prepared.sampler, m.prepared.conf_exclude);
+            let params = SelectParams {
+                // Rows that report log-probabilities take their own (slightly dearer) pass.
+                logprob: m.prepared.logprobs.is_some(),
+                ..engine.select_params(&m.prepared.sampler, m.prepared.conf_exclude)
+            };
             let key = selection_key(params);
             let rows = seqs[k].predict.len();
             match groups.iter_mut().find(|g| g.key == key) {
@@ -307,14 +311,15 @@ impl Session<'_> {
         let read = step.submit()?.read_async().await?;
 
         let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); seqs.len()];
+        let mut row_logprobs: Vec<Vec<Option<f32>>> = vec![Vec::new(); seqs.len()];
         for (group, slot) in groups.iter().zip(slots) {
             let mut it = Model::decode_choices(&read[slot]).into_iter();
             for &k in &group.members {
-                predictions[k] = it
+                (predictions[k], row_logprobs[k]) = it
                     .by_ref()
                     .take(seqs[k].predict.len())
-                    .map(|c| (c.token, c.confidence))
-                    .collect();
+                    .map(|c| ((c.token, c.confidence), c.logprob))
+                    .unzip();
             }
         }
         let words = |b: &[u8]| -> Vec<u32> {
@@ -334,11 +339,13 @@ impl Session<'_> {
                 report.record(a, picks);
             }
         }
-        for ((seq, preds), (id, m)) in seqs.iter().zip(&predictions).zip(&mut self.running) {
+        let rows = seqs.iter().zip(&predictions).zip(&row_logprobs);
+        for (((seq, preds), lps), (id, m)) in rows.zip(&mut self.running) {
             let id = *id;
-            let record = engine.commit_step(&mut m.prepared, &seq.predict, preds, &mut |e| {
-                on_step(id, e)
-            })?;
+            let record =
+                engine.commit_step(&mut m.prepared, &seq.predict, preds, lps, &mut |e| {
+                    on_step(id, e)
+                })?;
             m.records.push(record);
         }
         // Finished members leave (and unpin) as soon as they end.

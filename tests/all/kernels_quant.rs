@@ -202,7 +202,7 @@ fn run_head(
     let logits = Tensor::zeros(ctx, DType::F32, &[rows, widest], "logits").unwrap();
     let pos = Tensor::from_u32(ctx, &[rows], positions, "positions").unwrap();
     let state = Tensor::zeros(ctx, DType::U32, &[sel::state_len(rows)], "state").unwrap();
-    let out = Tensor::zeros(ctx, DType::U32, &[rows, 2], "out").unwrap();
+    let out = Tensor::zeros(ctx, DType::U32, &[rows, sel::OUT_WORDS], "out").unwrap();
     let mut step = StepEncoder::new(ctx, "head");
     sel::select_reset(&mut step, &state, rows).unwrap();
     for (ci, chunk) in head.chunks.iter().enumerate() {
@@ -221,13 +221,9 @@ fn run_head(
         )
         .unwrap();
     }
-    sel::select_finalize(&mut step, &state, &out, rows, params.confidence).unwrap();
+    sel::select_finalize(&mut step, &state, &out, rows, params).unwrap();
     step.submit().unwrap();
-    out.read_u32(ctx)
-        .unwrap()
-        .chunks(2)
-        .map(|w| (w[0], f32::from_bits(w[1])))
-        .collect()
+    crate::common::select::pairs(&out.read_u32(ctx).unwrap())
 }
 
 #[test]

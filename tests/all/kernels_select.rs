@@ -4,7 +4,10 @@
 
 use std::time::Instant;
 
-use crate::common::select::{assert_choices, chunk_ranges, oracle_rows, path, positions, run_gpu};
+use crate::common::select::{
+    KINDS, assert_choices, assert_logprobs, chunk_ranges, logprobs, oracle_rows, pairs, path,
+    positions, run_gpu, run_gpu_words,
+};
 use crate::common::{ctx, random_vec};
 use unmask_gpu::ops::sampling::{self as sel, SelectParams};
 use unmask_gpu::{DType, GpuError, StepEncoder, Tensor};
@@ -38,6 +41,62 @@ fn matches_oracle_one_and_three_chunks() {
             assert_eq!(
                 answers[0].iter().map(|c| c.0).collect::<Vec<_>>(),
                 answers[1].iter().map(|c| c.0).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn log_probabilities_follow_the_model_softmax_and_change_no_choice() {
+    // Asked for, every row also carries log softmax(l)[token] of the model's logits (CFG
+    // combined, before the suppression and the temperature), over chunks in any order and
+    // for every confidence kind; not asked for, the word is empty and nothing else moves.
+    let ctx = ctx();
+    let rows = 5;
+    for &n in &[7usize, 1000, 5003] {
+        let logits = random_vec(70 + n as u64, rows * n, 5.0);
+        let uncond = random_vec(90 + n as u64, rows * n, 5.0);
+        let pos = positions(rows);
+        for (cfg, temperature, kind) in [
+            (false, 0.0f32, KINDS[0]),
+            (true, 0.0, KINDS[1]),
+            (false, 0.8, KINDS[2]),
+            (true, 0.8, KINDS[0]),
+        ] {
+            let params = SelectParams {
+                temperature,
+                cfg_scale: if cfg { 1.5 } else { 0.0 },
+                seed: 4,
+                step: 7,
+                suppress_token: Some(2),
+                confidence: kind,
+                tempered: temperature > 0.0,
+                ..SelectParams::default()
+            };
+            let u = cfg.then_some(&uncond[..]);
+            let what = format!("n={n} cfg={cfg} T={temperature} {kind:?}");
+            let mut chunks = chunk_ranges(n, 3);
+            chunks.reverse();
+            let plain = run_gpu_words(&ctx, &logits, u, rows, n, &pos, &chunks, &params);
+            assert!(
+                logprobs(&plain).iter().all(Option::is_none),
+                "{what}: not asked for"
+            );
+            let asked = SelectParams {
+                logprob: true,
+                ..params
+            };
+            let words = run_gpu_words(&ctx, &logits, u, rows, n, &pos, &chunks, &asked);
+            assert_eq!(pairs(&words), pairs(&plain), "{what}: choices moved");
+            assert_logprobs(&what, &words, &logits, u, n, params.cfg_scale);
+            let one = run_gpu_words(&ctx, &logits, u, rows, n, &pos, &chunk_ranges(n, 1), &asked);
+            assert_logprobs(
+                &format!("{what} one chunk"),
+                &one,
+                &logits,
+                u,
+                n,
+                params.cfg_scale,
             );
         }
     }
@@ -306,7 +365,7 @@ fn rejects_bad_arguments() {
         "state aliasing positions",
     );
     expect_shape_error(
-        sel::select_finalize(&mut step, &state, &state, 4, p.confidence),
+        sel::select_finalize(&mut step, &state, &state, 4, &p),
         "out aliasing state",
     );
     assert_eq!(

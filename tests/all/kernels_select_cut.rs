@@ -1,9 +1,11 @@
 //! Token selection under a top-p / top-k cut over whole rows, against the f64 oracle: the
 //! kept set each row's cut key gives, the choice and every confidence kind within it, greedy,
-//! noised and tempered, over row groups at a row base; and the chunked accumulate refusing a
-//! cut.
+//! noised and tempered, over row groups at a row base, with the model's log-probability of
+//! the choice; and the chunked accumulate refusing a cut.
 
-use crate::common::select::{KINDS, assert_kind_choices, oracle_rows, positions};
+use crate::common::select::{
+    KINDS, assert_kind_choices, assert_logprobs, oracle_rows, pairs, positions,
+};
 use crate::common::{ctx, random_vec};
 use unmask_core::oracle::sampling::cut_mask;
 use unmask_gpu::ops::sampling::{self as sel, SelectParams};
@@ -25,10 +27,10 @@ fn run_gpu_cut(
     split: usize,
     positions: &[u32],
     params: &SelectParams,
-) -> (Vec<(u32, f32)>, Vec<u32>) {
+) -> (Vec<u32>, Vec<u32>) {
     let pos = Tensor::from_u32(ctx, &[rows], positions, "positions").unwrap();
     let state = Tensor::zeros(ctx, DType::U32, &[sel::state_len(rows)], "state").unwrap();
-    let out = Tensor::zeros(ctx, DType::U32, &[rows, 2], "out").unwrap();
+    let out = Tensor::zeros(ctx, DType::U32, &[rows, sel::OUT_WORDS], "out").unwrap();
     let cut = Tensor::zeros(ctx, DType::U32, &[rows], "cut").unwrap();
     let groups: Vec<(usize, Tensor)> = [(0, split), (split, rows)]
         .into_iter()
@@ -51,14 +53,9 @@ fn run_gpu_cut(
         sel::select_threshold(&mut step, t, group_rows, n, at, params).unwrap();
         sel::select_accumulate_cut(&mut step, t, group_rows, n, at, &pos, &state, params).unwrap();
     }
-    sel::select_finalize(&mut step, &state, &out, rows, params.confidence).unwrap();
+    sel::select_finalize(&mut step, &state, &out, rows, params).unwrap();
     step.submit().unwrap();
-    let words = out.read_u32(ctx).unwrap();
-    let choices = words
-        .chunks(2)
-        .map(|w| (w[0], f32::from_bits(w[1])))
-        .collect();
-    (choices, cut.read_u32(ctx).unwrap())
+    (out.read_u32(ctx).unwrap(), cut.read_u32(ctx).unwrap())
 }
 
 /// Whether a row's top-p cut lies within float noise of a boundary: the oracle's kept set
@@ -114,9 +111,12 @@ fn top_p_top_k_cut_matches_oracle() {
                         seed: 99,
                         step: 2,
                         suppress_token: Some(3),
+                        // The model's log-probability ignores the cut and the suppression.
+                        logprob: true,
                         ..SelectParams::default()
                     };
-                    let (got, keys) = run_gpu_cut(&ctx, &logits, rows, n, 3, &pos, &params);
+                    let (words, keys) = run_gpu_cut(&ctx, &logits, rows, n, 3, &pos, &params);
+                    let got = pairs(&words);
                     let want = oracle_rows(&logits, None, n, &pos, &params);
                     let what = format!(
                         "n={n} top_p={top_p:?} top_k={top_k:?} T={temperature} tempered={tempered}"
@@ -146,6 +146,7 @@ fn top_p_top_k_cut_matches_oracle() {
                     }
                     // Tempered: the kernel scales the logits in f32, as CFG combines them.
                     assert_kind_choices(&what, kind, tempered, &g, &w);
+                    assert_logprobs(&what, &words, &logits, None, n, 0.0);
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! `Engine::start` / `RequestRun`: a request run one step at a time gives exactly what
 //! `generate` gives, in every cache mode; dropping a run midway frees what it held; a
-//! request ends as soon as its answer is final, with the text of the full canvas.
+//! request ends as soon as its answer is final, with the text of the full canvas; each
+//! committed token's log-probability is the model's at the step that committed it.
 
 use crate::common;
 
@@ -137,4 +138,68 @@ fn the_demo_question_finishes_when_its_answer_is_final() {
     raw.decode = DecodeMode::Raw;
     let out = engine.generate(&raw).expect("raw");
     assert!(!out.timings.finished_early && out.timings.steps == 16);
+}
+
+/// Asked for, every committed token carries its log-probability: with no cache, the log
+/// softmax at its position of a full forward over the canvas the step saw (the canvas
+/// after it with that step's commits masked again). Tokens are those of a run without;
+/// the generation holds one per committed position and none elsewhere.
+#[test]
+fn each_token_carries_its_log_probability_at_commit() {
+    let engine = common::tiny_engine();
+    let mask = engine.model().cfg.mask_token_id;
+    for mode in [CacheMode::None, CacheMode::FastDllmDual] {
+        let plain = engine.generate(&request(mode, 3)).expect("plain");
+        assert!(plain.logprobs.is_none(), "{mode}: not asked for");
+        let mut req = request(mode, 3);
+        req.logprobs = true;
+        let mut run = engine.start(req).expect("starts");
+        // Per step: the canvas it saw, its committed (position, token)s and their
+        // log-probabilities.
+        type Seen = (Vec<u32>, Vec<(u32, u32)>, Vec<f32>);
+        let mut seen: Vec<Seen> = Vec::new();
+        let generation = loop {
+            let mut record = |e: &unmask::StepEvent<'_>| {
+                let lps = e.logprobs.expect("log-probabilities asked for");
+                let mut before = e.canvas.to_vec();
+                let mut got = Vec::new();
+                for &(pos, _) in &e.record.committed {
+                    before[pos as usize] = e.mask_id;
+                    got.push(lps[pos as usize - e.prompt_len].expect("committed"));
+                }
+                seen.push((before, e.record.committed.clone(), got));
+            };
+            if let Some(g) = run.step(&mut record).expect("steps") {
+                break g;
+            }
+        };
+        assert_eq!(generation.ids, plain.ids, "{mode}: the same tokens");
+        let lps = generation.logprobs.expect("log-probabilities");
+        for (i, (&t, lp)) in generation.ids.iter().zip(&lps).enumerate() {
+            assert_eq!(t != mask, lp.is_some(), "{mode}: position {i}");
+            assert!(lp.is_none_or(|l| l <= 0.0), "{mode}: position {i} {lp:?}");
+        }
+        if mode != CacheMode::None {
+            continue;
+        }
+        let vocab = engine.model().cfg.embedding_size;
+        let (mut worst, mut tokens) = (0f64, 0);
+        for (before, committed, got) in &seen {
+            let rows: Vec<usize> = committed.iter().map(|&(p, _)| p as usize).collect();
+            let logits = engine.model().logits_at(before, &rows).expect("logits");
+            for ((row, &(_, token)), &lp) in logits.chunks(vocab).zip(committed).zip(got) {
+                let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                let want = row[token as usize] as f64 - max - sum.ln();
+                worst = worst.max((lp as f64 - want).abs());
+                tokens += 1;
+            }
+        }
+        eprintln!(
+            "[check] {mode}: {tokens} log-probabilities over {} steps, worst error {worst:.2e}",
+            seen.len()
+        );
+        assert!(tokens > 0);
+        assert!(worst < 1e-3, "{mode}: log-probabilities off by {worst}");
+    }
 }

@@ -104,6 +104,7 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
             record_picks: false,
             suffix: Vec::new(),
             full_canvas: bicache.full_canvas,
+            logprobs: false,
         };
         turn += 1;
         match generate::generate(&engine, &request, live) {

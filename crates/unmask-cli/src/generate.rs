@@ -51,6 +51,10 @@ pub struct GenerateArgs {
     /// print one JSON object: ids, text, cache mode, BiCache report, per-step commits, timings
     #[arg(long)]
     json: bool,
+    /// with --json: each canvas token's log-probability under the model's softmax at the
+    /// step that committed it ("logprobs", null where a position was never committed)
+    #[arg(long, requires = "json")]
+    logprobs: bool,
 }
 
 pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
@@ -116,6 +120,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         record_picks: false,
         suffix,
         full_canvas: bicache.full_canvas,
+        logprobs: args.logprobs,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
@@ -389,6 +394,7 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "ids": g.ids,
         "suffix_len": g.suffix_len,
         "text": g.text,
+        "logprobs": g.logprobs,
         "steps": steps_json(g),
         "timings": timings_json(g),
     })

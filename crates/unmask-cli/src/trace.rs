@@ -117,6 +117,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             record_picks: false,
             suffix: Vec::new(),
             full_canvas: bicache.full_canvas,
+            logprobs: false,
         };
         // ACache's span: the shared prefix after its first token (a span at an offset).
         if mode == CacheMode::Acache {

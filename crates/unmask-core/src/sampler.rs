@@ -83,6 +83,10 @@ pub struct SelectParams {
     /// Keeps the ids whose logit is at least the k-th largest (Dream's `top_k_logits`, ties
     /// included); with `top_p`, an id must pass both.
     pub top_k: Option<u32>,
+    /// Also report the chosen token's log-probability under the model's own softmax: the
+    /// CFG-combined logits of the whole vocabulary at temperature 1, before the
+    /// suppression and the cut. Costs one more exp per logit, so it is asked for.
+    pub logprob: bool,
 }
 
 impl SelectParams {
@@ -105,6 +109,7 @@ impl Default for SelectParams {
             tempered: false,
             top_p: None,
             top_k: None,
+            logprob: false,
         }
     }
 }

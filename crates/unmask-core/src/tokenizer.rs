@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use tokenizers::DecoderWrapper;
+
 use crate::config::ModelConfig;
 use crate::error::TokenizerError;
 
@@ -209,6 +211,24 @@ pub struct Tokenizer {
     /// Ids of the added tokens marked special, of the role tokens (`ROLE_TOKENS`) and of
     /// the ids the model's config gives a role (`reserve`); `encode` never returns one.
     special_ids: std::collections::HashSet<u32>,
+    /// Its decoder maps characters back to bytes (GPT-2's byte-level scheme).
+    byte_level: bool,
+}
+
+/// Whether byte `b` stands for itself in GPT-2's byte-level alphabet (printable Latin-1).
+fn byte_is_printable(b: u8) -> bool {
+    matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF)
+}
+
+/// The byte a character of a byte-level token stands for: a printable byte is its own
+/// character; the other 68 bytes, in increasing order, are the characters from U+0100 on.
+fn byte_of_char(c: char) -> Option<u8> {
+    let code = c as u32;
+    if code < 256 {
+        return Some(code as u8).filter(|&b| byte_is_printable(b));
+    }
+    let k = code.checked_sub(256)? as usize;
+    (0..=255u8).filter(|&b| !byte_is_printable(b)).nth(k)
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -262,10 +282,19 @@ impl Tokenizer {
             .map(|(&id, _)| id)
             .collect();
         special_ids.extend(ROLE_TOKENS.iter().filter_map(|t| inner.token_to_id(t)));
+        let byte_level = match inner.get_decoder() {
+            Some(DecoderWrapper::ByteLevel(_)) => true,
+            Some(DecoderWrapper::Sequence(s)) => s
+                .get_decoders()
+                .iter()
+                .any(|d| matches!(d, DecoderWrapper::ByteLevel(_))),
+            _ => false,
+        };
         Self {
             inner,
             stop_ids,
             special_ids,
+            byte_level,
         }
     }
 
@@ -336,6 +365,30 @@ impl Tokenizer {
                 ids: known.len(),
                 source,
             })
+    }
+
+    /// The bytes token `id` adds to decoded text, which may end inside a character: a
+    /// byte-level token's characters mapped back to bytes, a byte-fallback token `<0xNN>`
+    /// as its byte, any other token decoded alone. `None` for special tokens and ids the
+    /// tokenizer does not know (they add nothing to the text).
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        if self.is_special(id) {
+            return None;
+        }
+        let token = self.inner.id_to_token(id)?;
+        if self.byte_level {
+            // Every character of a byte-level token stands for one byte.
+            if let Some(bytes) = token.chars().map(byte_of_char).collect::<Option<Vec<u8>>>() {
+                return Some(bytes);
+            }
+        }
+        if let Some(hex) = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>'))
+            && hex.len() == 2
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+        {
+            return Some(vec![byte]);
+        }
+        self.inner.decode(&[id], true).ok().map(String::into_bytes)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {

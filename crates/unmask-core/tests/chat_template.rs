@@ -579,3 +579,39 @@ fn tokenizer_and_config_ids_disagreeing_name_both_files() {
         assert!(err.contains(needle), "{needle} not in {err}");
     }
 }
+
+#[test]
+fn token_bytes_spell_the_decoded_text_also_inside_a_character() {
+    let t = tokenizer();
+    for text in [
+        "Hello world",
+        "caf\u{e9} \u{2713} na\u{ef}ve \u{1f600}!",
+        " two  spaces\n",
+    ] {
+        let ids = t.encode(text).unwrap();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| t.token_bytes(id).expect("an ordinary token"))
+            .collect();
+        let decoded = t.decode(&ids, DecodeMode::Clean).unwrap();
+        assert_eq!(bytes, decoded.as_bytes(), "{text:?}");
+        // Byte-level merges may split a character between tokens: each token's bytes are
+        // then a piece of it, not a replacement character.
+        let pieces = ids
+            .iter()
+            .filter(|&&id| std::str::from_utf8(&t.token_bytes(id).unwrap()).is_err())
+            .count();
+        eprintln!(
+            "[check] {text:?}: {} tokens, {pieces} inside a character",
+            ids.len()
+        );
+    }
+    let config = ModelConfig::from_file(fixture("config.json")).unwrap();
+    let special = SpecialTokens::resolve(Some(&t), &config).unwrap();
+    assert_eq!(
+        t.token_bytes(special.eos),
+        None,
+        "special tokens add no text"
+    );
+    assert_eq!(t.token_bytes(u32::MAX), None, "unknown ids add no text");
+}

@@ -1,14 +1,18 @@
 // Token selection from LM-head logits, streamed over vocabulary chunks.
 //
-// Per row a small state (7 words) carries, across chunks:
+// Per row a small state (10 words) carries, across chunks:
 //   0 best score, 1 best id, 2 the best id's logit (NEG when it has no confidence),
 //   3 running max m of the confidence softmax's logits,
 //   4 S0 = sum exp(l - m),
 //   5 the second largest logit (MARGIN; the largest is m, a tie makes them equal),
-//   6 S1 = sum exp(l - m) (l - m) (ENTROPY).
+//   6 S1 = sum exp(l - m) (l - m) (ENTROPY),
+//   7 the best id's model logit r (the CFG-combined logit before the cut, the suppression
+//     and the temperature), 8 running max of r over the whole row, 9 sum exp(r - max)
+//     (LOGPROB: the chosen token's log-probability under the model's own softmax).
 // `accumulate` reduces one chunk per row (one workgroup per row) and merges it into the
-// state; `finalize` turns the state into (token id, confidence bits). Ties in the score go
-// to the lowest id everywhere, so the token does not depend on chunking or scheduling.
+// state; `finalize` turns the state into (token id, confidence bits, log-probability bits,
+// NaN without LOGPROB). Ties in the score go to the lowest id everywhere, so the token does
+// not depend on chunking or scheduling.
 //
 // One stage per pipeline (flag RESET, THRESHOLD, ACCUMULATE or FINALIZE), so each entry
 // point only declares the bindings it uses. ACCUMULATE takes CFG (unconditional logits
@@ -23,7 +27,10 @@
 // above c and the tempered probability above c is at most top_p. Ids with a key below c
 // are cut. Both conditions only loosen as c grows, so c is found by bisection.
 
-const STATE_WORDS: u32 = 7u;
+const STATE_WORDS: u32 = 10u;
+const OUT_WORDS: u32 = 3u;
+// A quiet NaN's bits: the log-probability word when LOGPROB is off.
+const NAN_BITS: u32 = 0x7fc00000u;
 const NONE: u32 = 0xffffffffu;
 // Finite "minus infinity": a suppressed logit. exp of it minus any real max is 0.
 const NEG: f32 = -3.0e38;
@@ -80,6 +87,9 @@ fn reset(
     state[o + 4u] = bitcast<u32>(0.0);
     state[o + 5u] = bitcast<u32>(NEG);
     state[o + 6u] = bitcast<u32>(0.0);
+    state[o + 7u] = bitcast<u32>(NEG);
+    state[o + 8u] = bitcast<u32>(NEG);
+    state[o + 9u] = bitcast<u32>(0.0);
 }
 //#endif
 
@@ -131,8 +141,19 @@ fn finalize(
     }
 //#endif
 //#endif
-    out[2u * row] = state[o + 1u];
-    out[2u * row + 1u] = bitcast<u32>(conf);
+    out[OUT_WORDS * row] = state[o + 1u];
+    out[OUT_WORDS * row + 1u] = bitcast<u32>(conf);
+    var logprob = NAN_BITS;
+//#if LOGPROB
+    // log softmax(r)[best] = r_best - max - ln sum; the sum is at least 1 (the max's term)
+    // once any logit was seen.
+    let r_sum = bitcast<f32>(state[o + 9u]);
+    if (r_sum > 0.0) {
+        let lp = bitcast<f32>(state[o + 7u]) - bitcast<f32>(state[o + 8u]) - ln_precise(r_sum);
+        logprob = bitcast<u32>(min(lp, 0.0));
+    }
+//#endif
+    out[OUT_WORDS * row + 2u] = logprob;
 }
 //#endif
 
@@ -321,6 +342,11 @@ var<workgroup> w_second: array<f32, WG>;
 //#if ENTROPY
 var<workgroup> w_s1: array<f32, WG>;
 //#endif
+//#if LOGPROB
+var<workgroup> w_rlogit: array<f32, WG>;
+var<workgroup> w_rmax: array<f32, WG>;
+var<workgroup> w_rsum: array<f32, WG>;
+//#endif
 
 // Does candidate b beat a? Higher score, then lower id.
 fn beats(score_b: f32, id_b: u32, score_a: f32, id_a: u32) -> bool {
@@ -338,6 +364,10 @@ struct Partial {
     sum: f32,
     second: f32,
     s1: f32,
+    // LOGPROB: the best id's model logit, and the model softmax's running max and sum.
+    r_logit: f32,
+    r_max: f32,
+    r_sum: f32,
 }
 
 // Folds logit `l_in` of vocabulary id `id` into `a`. Ids only grow within an invocation, so
@@ -365,7 +395,17 @@ fn visit(a: Partial, l_in: f32, id: u32, h_row: u32, cut_key: u32) -> Partial {
         r.best_score = score;
         r.best_id = id;
         r.best_logit = select(NEG, l, member);
+        r.r_logit = l_in;
     }
+    //#if LOGPROB
+    // The model's softmax sees every id, whatever the cut, suppression or temperature.
+    if (l_in > r.r_max) {
+        r.r_sum = r.r_sum * exp(max(r.r_max - l_in, NEG)) + 1.0;
+        r.r_max = l_in;
+    } else {
+        r.r_sum += exp(l_in - r.r_max);
+    }
+    //#endif
     if (member) {
         if (l > r.mx) {
             // A new maximum: S0 <- e^d S0, S1 <- e^d (S1 + d S0) with d = m - l <= 0, then
@@ -405,7 +445,13 @@ fn merge(a: Partial, b: Partial) -> Partial {
         r.best_score = b.best_score;
         r.best_id = b.best_id;
         r.best_logit = b.best_logit;
+        r.r_logit = b.r_logit;
     }
+    //#if LOGPROB
+    let r_max = max(a.r_max, b.r_max);
+    r.r_sum = a.r_sum * exp(max(a.r_max - r_max, NEG)) + b.r_sum * exp(max(b.r_max - r_max, NEG));
+    r.r_max = r_max;
+    //#endif
     let mx = max(a.mx, b.mx);
     // Clamped like in `visit`: an empty side (max NEG, sums 0) adds exactly 0.
     let da = max(a.mx - mx, NEG);
@@ -425,12 +471,17 @@ fn merge(a: Partial, b: Partial) -> Partial {
 }
 
 fn load_slot(i: u32) -> Partial {
-    var r = Partial(w_score[i], w_id[i], w_logit[i], w_max[i], w_sum[i], NEG, 0.0);
+    var r = Partial(w_score[i], w_id[i], w_logit[i], w_max[i], w_sum[i], NEG, 0.0, NEG, NEG, 0.0);
     //#if MARGIN
     r.second = w_second[i];
     //#endif
     //#if ENTROPY
     r.s1 = w_s1[i];
+    //#endif
+    //#if LOGPROB
+    r.r_logit = w_rlogit[i];
+    r.r_max = w_rmax[i];
+    r.r_sum = w_rsum[i];
     //#endif
     return r;
 }
@@ -447,6 +498,11 @@ fn store_slot(i: u32, a: Partial) {
     //#if ENTROPY
     w_s1[i] = a.s1;
     //#endif
+    //#if LOGPROB
+    w_rlogit[i] = a.r_logit;
+    w_rmax[i] = a.r_max;
+    w_rsum[i] = a.r_sum;
+    //#endif
 }
 
 fn load_state(o: u32) -> Partial {
@@ -458,6 +514,9 @@ fn load_state(o: u32) -> Partial {
         bitcast<f32>(state[o + 4u]),
         bitcast<f32>(state[o + 5u]),
         bitcast<f32>(state[o + 6u]),
+        bitcast<f32>(state[o + 7u]),
+        bitcast<f32>(state[o + 8u]),
+        bitcast<f32>(state[o + 9u]),
     );
 }
 
@@ -469,6 +528,9 @@ fn store_state(o: u32, a: Partial) {
     state[o + 4u] = bitcast<u32>(a.sum);
     state[o + 5u] = bitcast<u32>(a.second);
     state[o + 6u] = bitcast<u32>(a.s1);
+    state[o + 7u] = bitcast<u32>(a.r_logit);
+    state[o + 8u] = bitcast<u32>(a.r_max);
+    state[o + 9u] = bitcast<u32>(a.r_sum);
 }
 
 @compute @workgroup_size(256)
@@ -492,7 +554,7 @@ fn accumulate(
     //#if CUT
     cut_key = cut[srow];
     //#endif
-    var part = Partial(NEG, NONE, NEG, NEG, 0.0, NEG, 0.0);
+    var part = Partial(NEG, NONE, NEG, NEG, 0.0, NEG, 0.0, NEG, NEG, 0.0);
 //#if VEC4
     let base4 = base / 4u;
     for (var v = 4u * lid; v < p.n; v += 4u * WG) {

@@ -10,10 +10,12 @@
 //! as it appears, the canvas, the result).
 
 mod access;
+mod answer;
 pub mod api;
 pub mod error;
 mod fields;
 pub mod kv_events;
+pub mod logprobs;
 pub mod metrics;
 pub mod net;
 mod routes;

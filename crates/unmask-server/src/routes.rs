@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tokio_stream::{StreamExt, StreamMap};
 
+use crate::answer::{Shape, extension, usage};
 use crate::api::{ChatRequest, CompletionRequest, JobSpec, Limits};
 use crate::error::ApiError;
 use crate::scheduler::{Finished, Job, JobEvent, Shared};
@@ -44,7 +45,7 @@ pub struct App {
 
 /// The two generating endpoints, which differ only in their shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Endpoint {
+pub(crate) enum Endpoint {
     Chat,
     Completion,
 }
@@ -234,6 +235,7 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
         )
         .into_response();
     }
+    let logprobs = spec.logprobs.is_some();
     let events = match submit(&app, spec).await {
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
@@ -251,6 +253,7 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
         id,
         created: unix_now(),
         model: app.model.clone(),
+        logprobs,
     };
     if stream {
         stream_response(shape, events, usage)
@@ -373,106 +376,6 @@ pub(crate) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The fields every answer and chunk of one request share.
-struct Shape {
-    endpoint: Endpoint,
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Shape {
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.endpoint, chunk) {
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Chat, true) => "chat.completion.chunk",
-            (Endpoint::Completion, _) => "text_completion",
-        }
-    }
-
-    fn envelope(&self, chunk: bool, choices: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        })
-    }
-
-    /// A stream chunk of choice `index` carrying `text` (and `finish_reason` on the last).
-    fn chunk(&self, index: usize, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                let mut delta = serde_json::Map::new();
-                if role {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), json!(t));
-                }
-                json!({ "index": index, "delta": delta, "logprobs": null, "finish_reason": finish })
-            }
-            Endpoint::Completion => {
-                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
-            }
-        };
-        self.envelope(true, json!([choice]))
-    }
-
-    /// The whole answer: one choice per finished job, in order. With one choice the
-    /// runtime's report is the answer's `unmask`; with several each choice carries its own.
-    fn whole(&self, finished: &[Finished]) -> Value {
-        let many = finished.len() > 1;
-        let choices: Vec<Value> = finished
-            .iter()
-            .enumerate()
-            .map(|(index, f)| {
-                let mut choice = match self.endpoint {
-                    Endpoint::Chat => json!({
-                        "index": index,
-                        "message": { "role": "assistant", "content": f.text },
-                        "logprobs": null,
-                        "finish_reason": f.finish_reason.as_str(),
-                    }),
-                    Endpoint::Completion => json!({
-                        "index": index,
-                        "text": f.text,
-                        "logprobs": null,
-                        "finish_reason": f.finish_reason.as_str(),
-                    }),
-                };
-                if many {
-                    choice["unmask"] = extension(f);
-                }
-                choice
-            })
-            .collect();
-        let mut v = self.envelope(false, json!(choices));
-        v["usage"] = usage(finished);
-        if let [one] = finished {
-            v["unmask"] = extension(one);
-        }
-        v
-    }
-}
-
-/// OpenAI's usage of a request's choices: the prompt counted once, every choice's tokens.
-fn usage(finished: &[Finished]) -> Value {
-    let prompt = finished.first().map_or(0, |f| f.prompt_tokens);
-    let completion: usize = finished.iter().map(|f| f.completion_tokens).sum();
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    })
-}
-
-/// What the runtime did, beside OpenAI's fields (`Finished::report`).
-fn extension(f: &Finished) -> Value {
-    f.report.clone()
-}
-
 async fn whole_response(shape: Shape, events: Vec<mpsc::UnboundedReceiver<JobEvent>>) -> Response {
     let mut finished = Vec::with_capacity(events.len());
     for mut rx in events {
@@ -512,7 +415,7 @@ fn stream_response(
         for index in 0..n {
             let role = (shape.endpoint == Endpoint::Chat).then_some("");
             if tx
-                .send(data(shape.chunk(index, role, true, None)))
+                .send(data(shape.chunk(index, role, &[], true, None)))
                 .await
                 .is_err()
             {
@@ -533,7 +436,9 @@ fn stream_response(
             let out: Vec<Value> = match event {
                 // (A scoring job's answer never comes on a stream.)
                 JobEvent::Started | JobEvent::Scored(_) => Vec::new(),
-                JobEvent::Text(t) => vec![shape.chunk(index, Some(&t), false, None)],
+                JobEvent::Text(t, tokens) => {
+                    vec![shape.chunk(index, Some(&t), &tokens, false, None)]
+                }
                 JobEvent::Canvas(c) => {
                     let mut v = shape.envelope(true, json!([]));
                     v["canvas"] = json!(c);
@@ -543,7 +448,8 @@ fn stream_response(
                     vec![v]
                 }
                 JobEvent::Done(Ok(f)) => {
-                    let mut last = shape.chunk(index, None, false, Some(f.finish_reason.as_str()));
+                    let finish = Some(f.finish_reason.as_str());
+                    let mut last = shape.chunk(index, None, &[], false, finish);
                     last["unmask"] = extension(&f);
                     finished.push(f);
                     vec![last]

@@ -89,6 +89,11 @@ impl TextStream {
         Some(delta)
     }
 
+    /// Bytes of text sent so far.
+    pub fn sent_len(&self) -> usize {
+        self.sent.len()
+    }
+
     /// Whether a stop string ended the text.
     pub fn stopped(&self) -> bool {
         self.stopped

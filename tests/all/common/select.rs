@@ -2,7 +2,7 @@
 //! finalize on the GPU, the f64 oracle's choice per row, and the check of tokens and
 //! confidences against it at each confidence kind's tolerance.
 
-use unmask_core::oracle::sampling::select_token;
+use unmask_core::oracle::sampling::{model_logprob, select_token};
 use unmask_gpu::ops::sampling::{self as sel, ConfidenceKind, SelectParams};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor};
 
@@ -51,6 +51,22 @@ fn columns(data: &[f32], n: usize, lo: usize, hi: usize) -> Vec<f32> {
         .collect()
 }
 
+/// (token, confidence) per row of `select_finalize`'s words.
+pub fn pairs(words: &[u32]) -> Vec<(u32, f32)> {
+    words
+        .chunks(sel::OUT_WORDS)
+        .map(|w| (w[0], f32::from_bits(w[1])))
+        .collect()
+}
+
+/// The log-probability per row of `select_finalize`'s words (`None`: NaN, not asked for).
+pub fn logprobs(words: &[u32]) -> Vec<Option<f32>> {
+    words
+        .chunks(sel::OUT_WORDS)
+        .map(|w| Some(f32::from_bits(w[2])).filter(|l| !l.is_nan()))
+        .collect()
+}
+
 /// Runs reset / accumulate per chunk (in the given order) / finalize in one step.
 #[allow(clippy::too_many_arguments)]
 pub fn run_gpu(
@@ -63,9 +79,26 @@ pub fn run_gpu(
     chunks: &[(usize, usize)],
     params: &SelectParams,
 ) -> Vec<(u32, f32)> {
+    pairs(&run_gpu_words(
+        ctx, logits, uncond, rows, n, positions, chunks, params,
+    ))
+}
+
+/// `run_gpu`'s words as `select_finalize` writes them (`sel::OUT_WORDS` per row).
+#[allow(clippy::too_many_arguments)]
+pub fn run_gpu_words(
+    ctx: &GpuContext,
+    logits: &[f32],
+    uncond: Option<&[f32]>,
+    rows: usize,
+    n: usize,
+    positions: &[u32],
+    chunks: &[(usize, usize)],
+    params: &SelectParams,
+) -> Vec<u32> {
     let pos = Tensor::from_u32(ctx, &[rows], positions, "positions").unwrap();
     let state = Tensor::zeros(ctx, DType::U32, &[sel::state_len(rows)], "state").unwrap();
-    let out = Tensor::zeros(ctx, DType::U32, &[rows, 2], "out").unwrap();
+    let out = Tensor::zeros(ctx, DType::U32, &[rows, sel::OUT_WORDS], "out").unwrap();
     let mut tensors = Vec::new();
     for &(lo, hi) in chunks {
         let c = columns(logits, n, lo, hi);
@@ -92,13 +125,9 @@ pub fn run_gpu(
         )
         .unwrap();
     }
-    sel::select_finalize(&mut step, &state, &out, rows, params.confidence).unwrap();
+    sel::select_finalize(&mut step, &state, &out, rows, params).unwrap();
     step.submit().unwrap();
-    let words = out.read_u32(ctx).unwrap();
-    words
-        .chunks(2)
-        .map(|w| (w[0], f32::from_bits(w[1])))
-        .collect()
+    out.read_u32(ctx).unwrap()
 }
 
 pub fn oracle_rows(
@@ -156,6 +185,39 @@ pub fn assert_kind_choices(
     eprintln!(
         "[check] {what} ({kind:?}): {} rows, tokens equal, confidence error {worst:.3e} (tolerance {tol:.0e})",
         got.len()
+    );
+}
+
+/// Log-probabilities: absolute error over max(1, |log p|). The kernel sums exp in f32 over
+/// the row (and combines CFG in f32); the oracle in f64.
+const LOGPROB_TOL: f64 = 5e-6;
+
+/// Asserts each row's log-probability (from `select_finalize`'s `words`) against the
+/// oracle's `log softmax(l)[token]` of the model's logits (`uncond`: CFG with `cfg_scale`).
+pub fn assert_logprobs(
+    what: &str,
+    words: &[u32],
+    logits: &[f32],
+    uncond: Option<&[f32]>,
+    n: usize,
+    cfg_scale: f32,
+) {
+    let tokens = pairs(words);
+    let mut worst = 0f64;
+    for (r, (lp, (token, _))) in logprobs(words).into_iter().zip(tokens).enumerate() {
+        let row = |m: &[f32]| m[r * n..(r + 1) * n].to_vec();
+        let want = model_logprob(&row(logits), uncond.map(row).as_deref(), token, cfg_scale);
+        let got = lp.unwrap_or_else(|| panic!("{what}: row {r} has no log-probability")) as f64;
+        let err = (got - want).abs() / want.abs().max(1.0);
+        assert!(
+            got <= 0.0 && err <= LOGPROB_TOL,
+            "{what}: row {r} log-probability {got} vs oracle {want}: error {err:.3e} over {LOGPROB_TOL:.0e}"
+        );
+        worst = worst.max(err);
+    }
+    eprintln!(
+        "[check] {what}: {} log-probabilities, error {worst:.3e} (tolerance {LOGPROB_TOL:.0e})",
+        words.len() / sel::OUT_WORDS
     );
 }
 

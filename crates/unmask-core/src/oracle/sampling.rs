@@ -35,18 +35,7 @@ pub fn select_token(
     position: u32,
     params: &SelectParams,
 ) -> (u32, f32) {
-    let w = params.cfg_scale as f64;
-    let mut l: Vec<f64> = match uncond {
-        Some(u) => {
-            assert_eq!(u.len(), logits.len(), "uncond row length");
-            logits
-                .iter()
-                .zip(u)
-                .map(|(&c, &u)| u as f64 + (w + 1.0) * (c as f64 - u as f64))
-                .collect()
-        }
-        None => logits.iter().map(|&c| c as f64).collect(),
-    };
+    let mut l = combined(logits, uncond, params.cfg_scale);
     if let Some(x) = params.suppress_token.and_then(|s| l.get_mut(s as usize)) {
         *x = f64::NEG_INFINITY;
     }
@@ -81,6 +70,31 @@ pub fn select_token(
         ConfidenceKind::NegEntropy => neg_entropy(&l),
     };
     (token as u32, confidence as f32)
+}
+
+/// The CFG-combined logits `u + (w + 1)(c - u)`, or the logits without `uncond`.
+fn combined(logits: &[f32], uncond: Option<&[f32]>, cfg_scale: f32) -> Vec<f64> {
+    let w = cfg_scale as f64;
+    match uncond {
+        Some(u) => {
+            assert_eq!(u.len(), logits.len(), "uncond row length");
+            logits
+                .iter()
+                .zip(u)
+                .map(|(&c, &u)| u as f64 + (w + 1.0) * (c as f64 - u as f64))
+                .collect()
+        }
+        None => logits.iter().map(|&c| c as f64).collect(),
+    }
+}
+
+/// `SelectParams::logprob`: the log-probability of `token` under the model's softmax, the
+/// CFG-combined logits of the whole row at temperature 1 (no suppression, no cut).
+pub fn model_logprob(logits: &[f32], uncond: Option<&[f32]>, token: u32, cfg_scale: f32) -> f64 {
+    let l = combined(logits, uncond, cfg_scale);
+    let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = l.iter().map(|&x| (x - max).exp()).sum();
+    l[token as usize] - max - sum.ln()
 }
 
 /// Which ids of a row of (CFG-combined, suppressed) logits survive the top-p / top-k cut

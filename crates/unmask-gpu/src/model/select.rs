@@ -57,11 +57,13 @@ struct RowGroup {
     index: Tensor,
 }
 
-/// The token chosen for one row and its confidence (`SelectParams::confidence`).
+/// The token chosen for one row, its confidence (`SelectParams::confidence`) and, when
+/// `SelectParams::logprob` asked for it, its log-probability under the model's softmax.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TokenChoice {
     pub token: u32,
     pub confidence: f32,
+    pub logprob: Option<f32>,
 }
 
 impl Model {
@@ -89,7 +91,7 @@ impl Model {
             logits: f32t(&[cap, chunk_cols], "logits")?,
             logits_uncond: f32t(&[cap, chunk_cols], "logits uncond")?,
             state: Tensor::zeros(ctx, DType::U32, &[sampling::state_len(cap)], "select state")?,
-            out: Tensor::zeros(ctx, DType::U32, &[cap, 2], "select out")?,
+            out: Tensor::zeros(ctx, DType::U32, &[cap, sampling::OUT_WORDS], "select out")?,
             full: OnceLock::new(),
             max_group_rows: usize::MAX,
         })
@@ -312,11 +314,11 @@ impl Model {
                 )?;
             }
         }
-        sampling::select_finalize(step, &sel.state, &sel.out, n, params.confidence)?;
+        sampling::select_finalize(step, &sel.state, &sel.out, n, params)?;
         Ok(())
     }
 
-    /// Asks the step to read back the choices of `n` sampled rows (8 bytes per row) in its
+    /// Asks the step to read back the choices of `n` sampled rows (12 bytes per row) in its
     /// own submit; `decode_choices` turns the bytes at the returned index into choices.
     pub fn read_back_choices(
         &self,
@@ -324,17 +326,18 @@ impl Model {
         sel: &SelectBuffers,
         n: usize,
     ) -> usize {
-        step.read_back(&sel.out.buffer, 0, (n * 8) as u64)
+        step.read_back(&sel.out.buffer, 0, (n * 4 * sampling::OUT_WORDS) as u64)
     }
 
     /// The choices in bytes read back by `read_back_choices`.
     pub fn decode_choices(bytes: &[u8]) -> Vec<TokenChoice> {
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
         words
-            .chunks_exact(2)
+            .chunks_exact(sampling::OUT_WORDS)
             .map(|w| TokenChoice {
                 token: w[0],
                 confidence: f32::from_bits(w[1]),
+                logprob: Some(f32::from_bits(w[2])).filter(|l| !l.is_nan()),
             })
             .collect()
     }

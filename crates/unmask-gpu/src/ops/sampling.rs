@@ -1,7 +1,8 @@
 //! Token selection from LM-head logits (DESIGN.md §2): per row, the argmax of the
 //! CFG-combined logits (plus Gumbel noise when T > 0) and a confidence from the untempered
 //! softmax: the chosen token's probability, the top-1 minus top-2 margin or the negative
-//! entropy (`ConfidenceKind`). Logits stay on the GPU; a row reads back 8 bytes.
+//! entropy (`ConfidenceKind`), and on request the token's log-probability under the model's
+//! own softmax. Logits stay on the GPU; a row reads back 12 bytes.
 //!
 //! The LM head may produce the logits one vocabulary chunk at a time, so selection is a
 //! streaming reduction: `select_reset`, then `select_accumulate` once per chunk (any order
@@ -26,8 +27,13 @@ pub use unmask_core::sampler::{ConfidenceKind, SelectParams};
 const SELECT: KernelSource = kernel_source!("select", "rng");
 
 /// u32 words of selection state per row, the same for every confidence kind: best score,
-/// best id, its logit, softmax max, S0, second largest logit (margin), S1 (entropy).
-pub const STATE_WORDS: usize = 7;
+/// best id, its logit, softmax max, S0, second largest logit (margin), S1 (entropy), and
+/// the model softmax's best logit, max and sum (log-probabilities).
+pub const STATE_WORDS: usize = 10;
+
+/// u32 words per row written by `select_finalize`: token id, confidence bits, and the bits
+/// of the token's log-probability (NaN unless `SelectParams::logprob`).
+pub const OUT_WORDS: usize = 3;
 
 /// Invocations of the per-row `reset` / `finalize` kernels.
 const ROW_WG: usize = 64;
@@ -56,7 +62,36 @@ fn with_kind(spec: Spec, kind: ConfidenceKind) -> Spec {
     }
 }
 
-fn accumulate_spec(cfg: bool, noise: bool, vec4: bool, cut: bool, kind: ConfidenceKind) -> Spec {
+/// What `accumulate` computes besides the token: the confidence kind, and the model's
+/// log-probability of the token when asked (one more exp per logit).
+#[derive(Clone, Copy)]
+struct Stats {
+    kind: ConfidenceKind,
+    logprob: bool,
+}
+
+impl Stats {
+    fn of(params: &SelectParams) -> Self {
+        Self {
+            kind: params.confidence,
+            logprob: params.logprob,
+        }
+    }
+
+    fn all() -> impl Iterator<Item = Self> {
+        KINDS.into_iter().flat_map(|kind| {
+            [false, true]
+                .into_iter()
+                .map(move |logprob| Self { kind, logprob })
+        })
+    }
+
+    fn apply(self, spec: Spec) -> Spec {
+        with_kind(spec, self.kind).flag_if(self.logprob, "LOGPROB")
+    }
+}
+
+fn accumulate_spec(cfg: bool, noise: bool, vec4: bool, cut: bool, stats: Stats) -> Spec {
     // Optional bindings follow the fixed ones in this order: uncond (3), cut, positions.
     let cut_binding = if cfg { 4 } else { 3 };
     let spec = Spec::new()
@@ -67,15 +102,15 @@ fn accumulate_spec(cfg: bool, noise: bool, vec4: bool, cut: bool, kind: Confiden
         .flag_if(cut, "CUT")
         .constant("CUT_BINDING", cut_binding)
         .constant("POS_BINDING", cut_binding + cut as u32);
-    with_kind(spec, kind)
+    stats.apply(spec)
 }
 
 fn threshold_spec() -> Spec {
     Spec::new().flag("THRESHOLD")
 }
 
-fn finalize_spec(kind: ConfidenceKind) -> Spec {
-    with_kind(Spec::new().flag("FINALIZE"), kind)
+fn finalize_spec(stats: Stats) -> Spec {
+    stats.apply(Spec::new().flag("FINALIZE"))
 }
 
 pub fn variants() -> Vec<ShaderVariant> {
@@ -91,11 +126,11 @@ pub fn variants() -> Vec<ShaderVariant> {
             spec: threshold_spec(),
         },
     ];
-    for kind in KINDS {
+    for stats in Stats::all() {
         v.push(ShaderVariant {
             kernel: SELECT,
             entry: "finalize",
-            spec: finalize_spec(kind),
+            spec: finalize_spec(stats),
         });
         // The cut never runs with CFG (`GenerationParams::validate` refuses it).
         for (cfg, cut) in [(false, false), (true, false), (false, true)] {
@@ -104,7 +139,7 @@ pub fn variants() -> Vec<ShaderVariant> {
                     v.push(ShaderVariant {
                         kernel: SELECT,
                         entry: "accumulate",
-                        spec: accumulate_spec(cfg, noise, vec4, cut, kind),
+                        spec: accumulate_spec(cfg, noise, vec4, cut, stats),
                     });
                 }
             }
@@ -455,7 +490,7 @@ fn accumulate(
         noise,
         vec4,
         full.is_some(),
-        params.confidence,
+        Stats::of(params),
     );
     let ctx = step.ctx();
     let pipeline = ctx.pipeline(&SELECT, "accumulate", &spec)?;
@@ -495,19 +530,20 @@ fn accumulate(
     Ok(())
 }
 
-/// Writes `out` as u32 `[rows, 2]`: the chosen token id and the bits of its f32
-/// confidence of `kind`, which must be the `params.confidence` the chunks were accumulated
-/// with (only that kind's statistics are kept).
+/// Writes `out` as u32 `[rows, OUT_WORDS]`: the chosen token id, the bits of its f32
+/// confidence, and the bits of its f32 log-probability under the model's softmax (NaN
+/// unless `params.logprob`). `params` must be the ones the chunks were accumulated with
+/// (only their statistics are kept).
 pub fn select_finalize(
     step: &mut StepEncoder,
     state: &Tensor,
     out: &Tensor,
     rows: usize,
-    kind: ConfidenceKind,
+    params: &SelectParams,
 ) -> Result<()> {
     const OP: &str = "select_finalize";
     check_tensor(OP, "state", state, DType::U32, state_len(rows))?;
-    check_tensor(OP, "out", out, DType::U32, 2 * rows)?;
+    check_tensor(OP, "out", out, DType::U32, OUT_WORDS * rows)?;
     if Arc::ptr_eq(&state.buffer, &out.buffer) {
         return Err(shape_error(
             OP,
@@ -521,7 +557,7 @@ pub fn select_finalize(
     let n = rows_u32(OP, rows)?;
     let pipeline = step
         .ctx()
-        .pipeline(&SELECT, "finalize", &finalize_spec(kind))?;
+        .pipeline(&SELECT, "finalize", &finalize_spec(Stats::of(params)))?;
     let params = RowParams {
         rows: n,
         _pad: [0; 3],

@@ -38,6 +38,12 @@ pub const MOST_GEMMA_STEPS: u64 = 4096;
 /// Most choices (`n`) one request may ask for; the server's `--max-queue` bounds it too.
 pub const MOST_CHOICES: u64 = 64;
 
+/// Most alternatives per token chat's `top_logprobs` may ask for (OpenAI's limit).
+pub const MOST_TOP_LOGPROBS: usize = 20;
+
+/// Most alternatives per token the legacy completions' `logprobs` may ask for (OpenAI's).
+pub const MOST_LEGACY_LOGPROBS: u64 = 5;
+
 /// One message's content: a string, or OpenAI's list of parts (text parts only).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -259,6 +265,10 @@ pub struct JobSpec {
     /// OpenAI's `n`: choices of the same prompt, each a request of its own with the seed
     /// `seed + index` (so choice 0 is the answer with `n` = 1).
     pub choices: usize,
+    /// OpenAI's `logprobs`: each answer token's log-probability at the step that committed
+    /// it, with this many most likely alternatives (`top_logprobs`, or the legacy
+    /// completions' `logprobs` count). `None`: not asked for.
+    pub logprobs: Option<usize>,
 }
 
 impl JobSpec {
@@ -449,17 +459,8 @@ impl Common {
                 ));
             }
         };
-        let refused: [(&str, bool); 7] = [
-            (
-                "logprobs",
-                self.logprobs
-                    .as_ref()
-                    .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false))),
-            ),
-            (
-                "top_logprobs",
-                self.top_logprobs.as_ref().is_some_and(|v| !v.is_null()),
-            ),
+        let logprobs = self.logprobs(&input)?;
+        let refused: [(&str, bool); 5] = [
             (
                 "presence_penalty",
                 self.presence_penalty.is_some_and(|p| p != 0.0),
@@ -552,6 +553,12 @@ impl Common {
                      and end it); leave it out",
                 ));
             }
+            Family::DiffusionGemma if logprobs.is_some() => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    "logprobs: not reported by DiffusionGemma models; leave it out",
+                ));
+            }
             Family::DiffusionGemma => Sampling::Gemma(self.gemma(requested)?),
         };
         Ok(JobSpec {
@@ -562,11 +569,13 @@ impl Common {
             include_usage: options.include_usage,
             include_canvas: options.include_canvas,
             choices,
+            logprobs,
         })
     }
 }
 
 mod gemma;
+mod logprobs;
 mod masked;
 pub mod score;
 #[cfg(test)]

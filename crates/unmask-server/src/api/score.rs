@@ -183,6 +183,7 @@ pub fn check_score(body: &[u8], limits: &Limits, served: &str) -> Result<JobSpec
         stream: false,
         include_usage: false,
         include_canvas: false,
+        logprobs: None,
         choices: 1,
     })
 }

@@ -146,8 +146,16 @@ fn every_bad_field_is_named() {
             "stop",
         ),
         (
-            r#"{"messages":[{"role":"user","content":"q"}],"logprobs":true}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"logprobs":2}"#,
             "logprobs",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"q"}],"logprobs":true,"top_logprobs":21}"#,
+            "top_logprobs",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"q"}],"top_logprobs":3}"#,
+            "top_logprobs",
         ),
         (
             r#"{"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function"}]}"#,
@@ -478,4 +486,58 @@ fn mutated_bodies_never_panic() {
         answered.0, answered.1
     );
     assert!(answered.0 > 100 && answered.1 > 100, "{answered:?}");
+}
+
+#[test]
+fn logprobs_in_both_spellings() {
+    let chat_lp = |body: &str| chat(body).map(|s| s.logprobs);
+    let q = r#""messages":[{"role":"user","content":"q"}]"#;
+    assert_eq!(chat_lp(&format!("{{{q}}}")).unwrap(), None);
+    assert_eq!(
+        chat_lp(&format!(r#"{{{q},"logprobs":false}}"#)).unwrap(),
+        None
+    );
+    assert_eq!(
+        chat_lp(&format!(r#"{{{q},"logprobs":true}}"#)).unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        chat_lp(&format!(r#"{{{q},"logprobs":true,"top_logprobs":0}}"#)).unwrap(),
+        Some(0)
+    );
+    // OpenAI's neutral values pass without asking for anything.
+    assert_eq!(
+        chat_lp(&format!(r#"{{{q},"logprobs":null,"top_logprobs":0}}"#)).unwrap(),
+        None
+    );
+    let completion = |body: &str| {
+        CompletionRequest::parse(body.as_bytes())?
+            .check(&limits(), "tiny")
+            .map(|s| s.logprobs)
+    };
+    assert_eq!(
+        completion(r#"{"prompt":"p","logprobs":0}"#).unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        completion(r#"{"prompt":"p","logprobs":null}"#).unwrap(),
+        None
+    );
+    for (body, field) in [
+        (r#"{"prompt":"p","logprobs":true}"#, "logprobs"),
+        (r#"{"prompt":"p","logprobs":6}"#, "logprobs"),
+        (
+            r#"{"prompt":"p","logprobs":0,"top_logprobs":1}"#,
+            "top_logprobs",
+        ),
+    ] {
+        let e = completion(body).expect_err(body);
+        assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
+    }
+    // Alternatives are not reported: asking for them is refused by name.
+    let e = chat(&format!(r#"{{{q},"logprobs":true,"top_logprobs":2}}"#)).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("top_logprobs"), "{e}");
+    assert!(e.message.contains("found 2"), "{e}");
+    let e = completion(r#"{"prompt":"p","logprobs":3}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("logprobs"), "{e}");
 }

@@ -257,7 +257,10 @@ fn finished(
         Some(t) => t.decode(kept, DecodeMode::Clean).unwrap_or_default(),
         None => String::new(),
     };
-    let (text, stopped) = finish_text(&mut tracker.text, &tracker.events, &full);
+    let (text, stopped, delta) = finish_text(&mut tracker.text, &full);
+    if let Some(delta) = delta.filter(|d| !d.is_empty()) {
+        let _ = tracker.events.send(JobEvent::Text(delta, Vec::new()));
+    }
     let ended = kept.iter().any(|t| engine.params().eos.contains(t));
     let prefix = out.prefix.as_ref().map(|p| match p {
         PrefixUse::Hit { reused } => json!({ "use": "hit", "reused_tokens": reused }),
@@ -276,6 +279,7 @@ fn finished(
         .collect();
     Finished {
         text,
+        logprobs: None,
         finish_reason: FinishReason::of(stopped || ended),
         prompt_tokens: out.prompt_ids.len(),
         completion_tokens: tokens,
@@ -310,7 +314,7 @@ impl CanvasStream {
                 && let Some(delta) = tracker.text.advance(&text, false)
                 && !delta.is_empty()
             {
-                let _ = tracker.events.send(JobEvent::Text(delta));
+                let _ = tracker.events.send(JobEvent::Text(delta, Vec::new()));
             }
         }
         self.current = Some(r.canvas);

@@ -19,21 +19,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
-use unmask::{
-    AcacheReport, BicacheReport, CacheMode, Engine, EngineError, Generation, PrefixKey, Refusal,
-    Request, Session, StepEvent, Timings,
-};
+use unmask::{Engine, EngineError, Generation, PrefixKey, Refusal, Request, Session, StepEvent};
 
 use crate::api::{JobSpec, Sampling};
 use crate::error::ApiError;
+use crate::logprobs::TokenLogprob;
 use crate::metrics::{Metrics, SessionKind};
-use crate::text::{FinishReason, TextStream, final_tokens};
+use crate::text::FinishReason;
 
 mod gauges;
 mod gemma;
 mod recent;
 mod request;
 mod score;
+mod tracker;
 
 pub use gemma::run as run_gemma;
 pub use request::encode_input;
@@ -41,6 +40,7 @@ pub use score::Scored;
 
 use recent::RecentTokens;
 use request::engine_request;
+use tracker::{Tracker, finish_text};
 
 /// A request handed to the engine thread, with the channel its events go back on.
 pub struct Job {
@@ -53,8 +53,8 @@ pub struct Job {
 pub enum JobEvent {
     /// The request was accepted and runs (or waits for room in its batch).
     Started,
-    /// Final answer text, in order.
-    Text(String),
+    /// Final answer text, in order, with its tokens' log-probabilities when asked for.
+    Text(String, Vec<TokenLogprob>),
     /// The whole canvas after a step (with `include_canvas`).
     Canvas(CanvasView),
     Done(Result<Finished, ApiError>),
@@ -74,29 +74,14 @@ pub struct CanvasView {
 #[derive(Debug)]
 pub struct Finished {
     pub text: String,
+    /// The answer's tokens with their log-probabilities, when asked for.
+    pub logprobs: Option<Vec<TokenLogprob>>,
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     /// What the runtime did, beside OpenAI's fields (the answer's `unmask` object): the
     /// cache mode and its reports and timings, or DiffusionGemma's canvases and prefix.
     pub report: serde_json::Value,
-}
-
-/// The report of a masked-diffusion generation.
-fn masked_report(
-    cache: CacheMode,
-    bicache: Option<&BicacheReport>,
-    acache: Option<&AcacheReport>,
-    adaptive: Option<&unmask::AdaptiveReport>,
-    timings: &Timings,
-) -> serde_json::Value {
-    serde_json::json!({
-        "cache": cache.name(),
-        "bicache": bicache,
-        "acache": acache,
-        "dllm_cache": adaptive,
-        "timings": timings,
-    })
 }
 
 /// How much the scheduler runs at once.
@@ -127,126 +112,6 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Requests accepted and not yet running (waiting for a session or inside one).
     pub queued: AtomicUsize,
-}
-
-/// A request's progress as it is streamed back.
-struct Tracker {
-    events: UnboundedSender<JobEvent>,
-    /// A text completion (errors name `prompt`, not `messages`).
-    completion: bool,
-    text: TextStream,
-    include_canvas: bool,
-    /// It runs (it left the queue).
-    started: bool,
-}
-
-impl Tracker {
-    fn new(job: &Job) -> Self {
-        Self {
-            events: job.events.clone(),
-            completion: job.spec.is_completion(),
-            text: TextStream::new(job.spec.stop.clone()),
-            include_canvas: job.spec.include_canvas,
-            started: false,
-        }
-    }
-
-    fn gone(&self) -> bool {
-        self.events.is_closed()
-    }
-
-    fn on_step(&mut self, engine: &Engine, event: &StepEvent<'_>) {
-        let Some(tokenizer) = engine.tokenizer() else {
-            return;
-        };
-        let generated = event.generated();
-        let done = final_tokens(generated, event.mask_id);
-        if let Ok(text) = tokenizer.decode(done, unmask::DecodeMode::Clean)
-            && let Some(delta) = self.text.advance(&text, false)
-            && !delta.is_empty()
-        {
-            let _ = self.events.send(JobEvent::Text(delta));
-        }
-        if self.include_canvas {
-            let tokens: Vec<Option<String>> = generated
-                .iter()
-                .map(|&t| {
-                    (t != event.mask_id).then(|| {
-                        tokenizer
-                            .decode(&[t], unmask::DecodeMode::Raw)
-                            .unwrap_or_default()
-                    })
-                })
-                .collect();
-            let masked = tokens.iter().filter(|t| t.is_none()).count();
-            let _ = self.events.send(JobEvent::Canvas(CanvasView {
-                step: event.global_step,
-                tokens,
-                masked,
-            }));
-        }
-    }
-
-    /// Leaves the queue once: the request runs (or ended before it could).
-    fn start(&mut self, shared: &Shared) {
-        if !std::mem::replace(&mut self.started, true) {
-            shared.queued.fetch_sub(1, Ordering::Relaxed);
-            let _ = self.events.send(JobEvent::Started);
-        }
-    }
-
-    /// Sends the rest of the answer and the result.
-    fn finish(mut self, shared: &Shared, result: Result<Generation, EngineError>) {
-        if !self.started {
-            self.started = true;
-            shared.queued.fetch_sub(1, Ordering::Relaxed);
-        }
-        let m = &shared.metrics;
-        let result = match result {
-            Err(e) => {
-                m.count("error");
-                Err(api_error(&e, self.completion))
-            }
-            Ok(g) => {
-                let full = g.text.clone().unwrap_or_default();
-                let (text, stopped) = finish_text(&mut self.text, &self.events, &full);
-                let ended = g.timings.answer_tokens < g.ids.len();
-                m.count("ok");
-                m.record_finished(&g);
-                Ok(Finished {
-                    text,
-                    finish_reason: FinishReason::of(stopped || ended),
-                    // The suffix is input as the prompt is.
-                    prompt_tokens: g.prompt_ids.len() + g.suffix_len,
-                    completion_tokens: g.timings.answer_tokens,
-                    report: masked_report(
-                        g.cache,
-                        g.bicache.as_ref(),
-                        g.acache.as_ref(),
-                        g.adaptive.as_ref(),
-                        &g.timings,
-                    ),
-                })
-            }
-        };
-        let _ = self.events.send(JobEvent::Done(result));
-    }
-}
-
-/// Sends the rest of an answer whose whole text is `full`; returns the text cut at the
-/// first stop string and whether one was met.
-fn finish_text(
-    stream: &mut TextStream,
-    events: &UnboundedSender<JobEvent>,
-    full: &str,
-) -> (String, bool) {
-    let (end, stopped) = stream.cut(full);
-    if let Some(delta) = stream.advance(full, true)
-        && !delta.is_empty()
-    {
-        let _ = events.send(JobEvent::Text(delta));
-    }
-    (full[..end].to_string(), stopped)
 }
 
 /// A session and the requests in it, by their session ids.
@@ -361,7 +226,10 @@ impl<'e> Scheduler<'e> {
             return self.reject(job, e);
         };
         let request = match engine_request(engine, &job.spec.input, sampling, &self.config) {
-            Ok(r) => r,
+            Ok(r) => Request {
+                logprobs: job.spec.logprobs.is_some(),
+                ..r
+            },
             Err(e) => return self.reject(job, ApiError::from_engine(&e)),
         };
         let key = if request.cache.is_bicache() {
@@ -536,7 +404,7 @@ impl<'e> Scheduler<'e> {
                     if let Ok(g) = &result {
                         self.recent.push(g.timings.answer_tokens);
                     }
-                    t.finish(&shared, result);
+                    t.finish(engine, &shared, result);
                 }
             }
             slot.note_started(&shared);

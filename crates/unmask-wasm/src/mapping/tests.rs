@@ -393,6 +393,7 @@ fn a_step_that_fills_a_prompt_mask_reports_it_apart() {
         elapsed_s: 0.5,
         rows: &[1, 3, 4],
         predictions: &[(7, 0.9), (9, 0.75), (8, 0.25)],
+        logprobs: None,
     };
     let mut tracker = CanvasTracker::new(2);
     let v = tracker.event(&event, None);

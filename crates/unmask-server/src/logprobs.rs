@@ -1,0 +1,164 @@
+//! OpenAI's `logprobs` of an answer: each token of its text with the log-probability the
+//! model gave it at the denoising step that committed it (a diffusion model commits tokens
+//! in any order, each once). Tokens are reported as their text becomes final, so a stream
+//! sends each with the text that contains it.
+
+use serde_json::{Value, json};
+use unmask_core::tokenizer::Tokenizer;
+
+/// One answer token as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The bytes it adds to the text (a piece of a character when a merge splits one).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// Characters of the answer's text before it (the legacy completions' `text_offset`).
+    pub text_offset: usize,
+}
+
+impl TokenLogprob {
+    fn token(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
+    /// The f32 as the shortest decimal that reads back as it (-0.004, not
+    /// -0.004000000189989805), as a JSON number.
+    fn logprob_json(&self) -> Value {
+        let shortest = self
+            .logprob
+            .to_string()
+            .parse()
+            .unwrap_or(self.logprob as f64);
+        json!(shortest)
+    }
+}
+
+/// How far an answer's tokens were reported: tokens and bytes of text behind.
+#[derive(Debug, Default)]
+pub struct LogprobStream {
+    tokens: usize,
+    /// The reported tokens' bytes: the answer's text up to the next token.
+    text: Vec<u8>,
+}
+
+impl LogprobStream {
+    /// The answer's next tokens whose bytes lie within its first `text_len` bytes of text
+    /// (what was sent of it). `answer`: its final tokens, up to its end token; `logprobs`:
+    /// theirs, by position. `complete`: the text is whole, so a token that starts inside it
+    /// counts even when a stop string cut the text within the token.
+    pub fn advance(
+        &mut self,
+        tokenizer: &Tokenizer,
+        answer: &[u32],
+        logprobs: &[Option<f32>],
+        text_len: usize,
+        complete: bool,
+    ) -> Vec<TokenLogprob> {
+        let mut out = Vec::new();
+        while let Some(&id) = answer.get(self.tokens) {
+            // Special tokens add no text and are not reported.
+            let bytes = tokenizer.token_bytes(id).unwrap_or_default();
+            let start = self.text.len();
+            let fits = start + bytes.len() <= text_len || (complete && start < text_len);
+            if !bytes.is_empty() && !fits {
+                break;
+            }
+            self.tokens += 1;
+            if bytes.is_empty() {
+                continue;
+            }
+            let text_offset = String::from_utf8_lossy(&self.text).chars().count();
+            self.text.extend_from_slice(&bytes);
+            if let Some(logprob) = logprobs.get(self.tokens - 1).copied().flatten() {
+                out.push(TokenLogprob {
+                    bytes,
+                    logprob,
+                    text_offset,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// A chat choice's (or chunk's) `logprobs`: `{"content": [...], "refusal": null}`.
+pub fn chat_json(tokens: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            json!({
+                "token": t.token(),
+                "logprob": t.logprob_json(),
+                "bytes": t.bytes,
+                "top_logprobs": [],
+            })
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+/// A text completion's `logprobs`: the legacy parallel lists (no alternatives).
+pub fn completion_json(tokens: &[TokenLogprob]) -> Value {
+    json!({
+        "tokens": tokens.iter().map(TokenLogprob::token).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(TokenLogprob::logprob_json).collect::<Vec<_>>(),
+        "top_logprobs": null,
+        "text_offset": tokens.iter().map(|t| t.text_offset).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny");
+        Tokenizer::from_file(format!("{dir}/tokenizer.json")).unwrap()
+    }
+
+    #[test]
+    fn tokens_are_reported_once_their_text_was_sent() {
+        let t = tokenizer();
+        let text = "caf\u{e9} ok";
+        let ids = t.encode(text).unwrap();
+        let lps: Vec<Option<f32>> = (0..ids.len()).map(|i| Some(-(i as f32))).collect();
+        let mut s = LogprobStream::default();
+        // Nothing sent yet: no token.
+        assert!(s.advance(&t, &ids, &lps, 0, false).is_empty());
+        // "caf" sent: the tokens inside it, none that reach into "é".
+        let first = s.advance(&t, &ids, &lps, 3, false);
+        let first_bytes: Vec<u8> = first.iter().flat_map(|x| x.bytes.clone()).collect();
+        assert!(text.as_bytes().starts_with(&first_bytes) && first_bytes.len() <= 3);
+        let rest = s.advance(&t, &ids, &lps, text.len(), true);
+        let all: Vec<TokenLogprob> = first.into_iter().chain(rest).collect();
+        let bytes: Vec<u8> = all.iter().flat_map(|x| x.bytes.clone()).collect();
+        assert_eq!(bytes, text.as_bytes(), "every byte once, in order");
+        assert_eq!(all.len(), ids.len());
+        for (i, x) in all.iter().enumerate() {
+            assert_eq!(x.logprob, -(i as f32), "token {i} keeps its own value");
+        }
+        assert_eq!(all[0].text_offset, 0);
+        assert!(s.advance(&t, &ids, &lps, text.len(), true).is_empty());
+    }
+
+    #[test]
+    fn a_stop_string_inside_a_token_keeps_the_token() {
+        let t = tokenizer();
+        let ids = t.encode("Hello world").unwrap();
+        let lps = vec![Some(-0.5); ids.len()];
+        // The text was cut after "Hello w": the token holding "w" starts inside it.
+        let mut s = LogprobStream::default();
+        let got = s.advance(&t, &ids, &lps, "Hello w".len(), true);
+        let bytes: Vec<u8> = got.iter().flat_map(|x| x.bytes.clone()).collect();
+        assert!(
+            bytes.starts_with(b"Hello w"),
+            "{:?}",
+            String::from_utf8_lossy(&bytes)
+        );
+        assert!(got.len() < ids.len() || bytes == b"Hello world");
+        let json = chat_json(&got);
+        assert_eq!(json["content"].as_array().unwrap().len(), got.len());
+        let legacy = completion_json(&got);
+        assert_eq!(legacy["tokens"].as_array().unwrap().len(), got.len());
+    }
+}
