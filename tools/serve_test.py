@@ -390,6 +390,21 @@ def dgemma_cases(unmask, model):
                                                     stream=True, extra_body={"steps": 8}):
             pieces += [c.delta.content for c in chunk.choices if c.delta.content]
         check("".join(pieces) == expected, f"DiffusionGemma: {len(pieces)} streamed pieces join to the answer")
+        cli = json.loads(subprocess.run([unmask, "generate", "--model", model, "--system", system, "--prompt",
+                                         question, "--gen-length", "32", "--steps", "8", "--seed", "3", "--json",
+                                         "--logprobs"], capture_output=True, text=True, check=True).stdout)
+        ask = dict(model=name, messages=messages, max_tokens=32, seed=3, logprobs=True, extra_body={"steps": 8})
+        content = client.chat.completions.create(**ask).choices[0].logprobs.content
+        spelled = b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace")
+        streamed = [(t.token, t.logprob) for chunk in client.chat.completions.create(stream=True, **ask)
+                    for c in chunk.choices if c.logprobs for t in c.logprobs.content]
+        # The CLI gives every canvas position's value; the answer's tokens are those that add
+        # text, in order.
+        cli_values = iter(cli["logprobs"])
+        in_order = all(any(abs(a - t.logprob) <= 1e-6 for a in cli_values) for t in content)
+        check(spelled == expected and in_order
+              and streamed == [(t.token, t.logprob) for t in content] and len(content) > 0,
+              f"DiffusionGemma: logprobs spell the answer, equal the CLI's and stream with it: {len(content)} tokens")
         # Four requests at once: they queue and run one at a time, each answering as alone.
         seeds = [11, 12, 13, 14]
         alone = {}

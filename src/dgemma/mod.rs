@@ -71,6 +71,18 @@ pub struct DgemmaOutput {
     pub seconds: f64,
 }
 
+impl DgemmaOutput {
+    /// Each answer token's log-probability under the model's untempered softmax at its
+    /// canvas's last step, aligned with `ids` (pad after an eos keeps the value of the
+    /// token it replaced).
+    pub fn logprobs(&self) -> Vec<f32> {
+        self.canvases
+            .iter()
+            .flat_map(|c| c.logprobs.iter().copied())
+            .collect()
+    }
+}
+
 /// A DiffusionGemma model on the GPU, ready for requests.
 pub struct DgemmaEngine {
     ctx: Arc<GpuContext>,

@@ -8,11 +8,26 @@ use unmask_gpu::{DType, WeightFormat};
 
 use crate::common;
 
-/// Asserts that `got` replays `case` step for step; returns its canvases that stopped early.
+/// Asserts that `got` replays `case` step for step, each output token with a log-probability;
+/// returns its canvases that stopped early.
 pub(crate) fn assert_replays(
     case: &unmask_goldens::dgemma::GenerationCase,
     got: &unmask_gpu::dgemma::Generation,
 ) -> usize {
+    for (i, c) in got.canvases.iter().enumerate() {
+        assert_eq!(
+            c.logprobs.len(),
+            c.output.len(),
+            "{}: canvas {i}",
+            case.name
+        );
+        assert!(
+            c.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0),
+            "{}: canvas {i}: {:?}",
+            case.name,
+            c.logprobs
+        );
+    }
     let canvases: Vec<unmask_goldens::dgemma::RunCanvas<'_>> = got
         .canvases
         .iter()

@@ -117,9 +117,10 @@ fn soft_embedding_matches_the_oracle_in_every_format() {
 }
 
 /// The sampler's row statistics on the GPU against the host: argmax (first index on ties),
-/// entropy and softmax of the temperature-scaled logits, and the drawn token of the Gumbel-max
+/// entropy and softmax of the temperature-scaled logits, the drawn token of the Gumbel-max
 /// stream `hash4(seed, step, row, token)` — the same token the host finds from the same
-/// stream — reproducible for a seed and step, moving with either.
+/// stream — reproducible for a seed and step, moving with either; and the argmax's
+/// log-probability under the untempered softmax, at any temperature.
 #[test]
 fn denoise_rows_match_the_host() {
     use unmask_core::rng::{hash4, uniform_open};
@@ -175,6 +176,20 @@ fn denoise_rows_match_the_host() {
             .enumerate()
             .fold(0, |b, (i, &v)| if v > z[b] { i } else { b });
         assert_eq!(got[r].argmax as usize, argmax, "row {r}: argmax");
+        // The model's own log-probability of the argmax: softmax(x), not softmax(x / T).
+        let x_max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+        let lse = x_max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - x_max).exp())
+                .sum::<f64>()
+                .ln();
+        let logprob = row[argmax] as f64 - lse;
+        assert!(
+            (got[r].logprob as f64 - logprob).abs() < 1e-5 * logprob.abs().max(1.0),
+            "row {r}: log-probability {} vs {logprob}",
+            got[r].logprob
+        );
         assert!(
             (got[r].entropy as f64 - entropy).abs() < 1e-5,
             "row {r}: entropy {} vs {entropy}",
@@ -201,6 +216,34 @@ fn denoise_rows_match_the_host() {
         "another step draws anew"
     );
     assert!(other.iter().zip(&got).all(|(a, b)| a.argmax == b.argmax));
+    // At T = 1 the model's softmax is the step's: its sum is taken once.
+    let mut enc = StepEncoder::new(&ctx, "denoise rows at T = 1");
+    let draws = DrawStream { seed: 42, step: 3 };
+    denoise_rows(
+        &mut enc,
+        &tl,
+        &probs,
+        false,
+        &stats,
+        (rows, vocab),
+        1.0,
+        draws,
+    )
+    .unwrap();
+    enc.submit().unwrap();
+    let at_one = parse_stats(&stats.read_u32(&ctx).unwrap());
+    for (r, (a, b)) in at_one.iter().zip(&got).enumerate() {
+        assert_eq!(
+            a.argmax, b.argmax,
+            "row {r}: the argmax does not move with T"
+        );
+        assert!(
+            (a.logprob - b.logprob).abs() <= 1e-5 * b.logprob.abs().max(1.0),
+            "row {r}: log-probability at T = 1 {} vs at T = {temperature} {}",
+            a.logprob,
+            b.logprob
+        );
+    }
 }
 
 /// f32 rows rounded to f16 into rows `dst_row..` of an f16 tensor: each value as the host

@@ -38,6 +38,8 @@ pub struct DgemmaRun {
     /// `--steps`: max_denoising_steps instead of generation_config.json's.
     pub max_steps: Option<usize>,
     pub json: bool,
+    /// `--logprobs`: each answer token's log-probability in the JSON.
+    pub logprobs: bool,
 }
 
 /// `unmask generate` on a DiffusionGemma folder: the sampler settings of its
@@ -87,6 +89,7 @@ pub fn generate(
             "prompt_ids": out.prompt_ids,
             "ids": out.ids,
             "text": text,
+            "logprobs": run.logprobs.then(|| out.logprobs()),
             "seed": run.seed,
             "canvases": canvases,
             "seconds": out.seconds,

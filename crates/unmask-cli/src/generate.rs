@@ -79,6 +79,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             max_new_tokens: args.generation.sampling.gen_length,
             max_steps: args.generation.sampling.steps,
             json,
+            logprobs: args.logprobs,
         };
         return crate::dgemma::generate(&dir, &engine_options, prompt, run);
     }

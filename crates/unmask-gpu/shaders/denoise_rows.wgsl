@@ -2,7 +2,8 @@
 // from its soft-capped logits x: with z = x / T, the argmax of z (first index on ties), the
 // entropy of softmax(z), a token drawn from softmax(z) by the Gumbel-max trick over the
 // counter-based stream (seed, step, row, token), and optionally softmax(z) itself, the next
-// step's self-conditioning input. One workgroup per row; only 4 words per row go back to the
+// step's self-conditioning input, and the argmax's log-probability under the model's own
+// softmax(x) (temperature 1). One workgroup per row; only 5 words per row go back to the
 // host instead of the row's V logits. 256 invocations: the browser's limit.
 
 struct Params {
@@ -32,6 +33,7 @@ var<workgroup> w_gval: array<f32, WG>;
 var<workgroup> w_gidx: array<u32, WG>;
 var<workgroup> w_sum: array<f32, WG>;
 var<workgroup> w_sz: array<f32, WG>;
+var<workgroup> w_s1: array<f32, WG>;
 
 // Does (vb, ib) beat (va, ia)? Higher value, then lower index.
 fn beats(vb: f32, ib: u32, va: f32, ia: u32) -> bool {
@@ -87,36 +89,47 @@ fn main(
         workgroupBarrier();
     }
     let mx = w_val[0];
-    // Pass 2: S = sum exp(z - mx) and sum exp(z - mx) (z - mx): H = ln S - that / S.
+    // Pass 2: S = sum exp(z - mx) and sum exp(z - mx) (z - mx): H = ln S - that / S; and
+    // S1 = sum exp(x - max x) = sum exp(T (z - mx)), S itself at T = 1 (a uniform branch).
     var sum = 0.0;
     var sz = 0.0;
+    var s1 = 0.0;
+    let untempered = p.temperature != 1.0;
     for (var v = lid; v < p.vocab; v += WG) {
         let d = logits[base + v] / p.temperature - mx;
         let e = exp(d);
         sum += e;
         sz += e * d;
+        if (untempered) {
+            s1 += exp(d * p.temperature);
+        }
     }
     w_sum[lid] = sum;
     w_sz[lid] = sz;
+    w_s1[lid] = s1;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             w_sum[lid] += w_sum[lid + s];
             w_sz[lid] += w_sz[lid + s];
+            w_s1[lid] += w_s1[lid + s];
         }
         workgroupBarrier();
     }
     let total = w_sum[0];
+    let model_total = select(total, w_s1[0], untempered);
     if (p.write_probs != 0u) {
         for (var v = lid; v < p.vocab; v += WG) {
             probs[out + v] = exp(logits[base + v] / p.temperature - mx) / total;
         }
     }
     if (lid == 0u) {
-        let at = (p.first_row + row) * 4u;
+        let at = (p.first_row + row) * 5u;
         stats[at] = w_idx[0];
         stats[at + 1u] = w_gidx[0];
         stats[at + 2u] = bitcast<u32>(max(ln_precise(total) - w_sz[0] / total, 0.0));
         stats[at + 3u] = bitcast<u32>(mx);
+        // log softmax(x)[argmax] = -ln S1: the argmax of z is the argmax of x.
+        stats[at + 4u] = bitcast<u32>(min(-ln_precise(model_total), 0.0));
     }
 }

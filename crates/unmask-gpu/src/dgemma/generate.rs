@@ -28,6 +28,9 @@ pub struct GeneratedCanvas {
     pub init: Vec<u32>,
     pub steps: Vec<EntropyBoundStep>,
     pub output: Vec<u32>,
+    /// Each output token's log-probability under the model's untempered softmax at the
+    /// last step (`RowStats::logprob`).
+    pub logprobs: Vec<f32>,
 }
 
 /// One finished denoising step, as `generate_async` reports it.
@@ -37,6 +40,8 @@ pub struct StepReport<'a> {
     pub step: &'a EntropyBoundStep,
     /// Each row's entropy (nats) of the step's tempered distribution.
     pub entropies: &'a [f32],
+    /// Each row's argmax's log-probability under the model's untempered softmax.
+    pub logprobs: &'a [f32],
     /// Canvases in the decoder pass that ran this step (this one's included).
     pub pass_canvases: usize,
 }
@@ -66,6 +71,8 @@ pub struct DgemmaRun<'d> {
     init: Vec<u32>,
     canvas: Canvas,
     steps: Vec<EntropyBoundStep>,
+    /// The last step's argmax log-probabilities (the output's, once the canvas ends).
+    logprobs: Vec<f32>,
     /// Steps left for this canvas (the schedule's t, counting down to 1).
     t: usize,
     /// Denoising steps run over all canvases (each step's draw stream).
@@ -251,6 +258,7 @@ impl DgemmaModel {
             canvases: Vec::with_capacity(n_canvases),
             index: 0,
             steps: Vec::new(),
+            logprobs: Vec::new(),
             t: params.max_denoising_steps,
             step_counter: 0,
             prompt_left,
@@ -420,12 +428,14 @@ impl DgemmaModel {
                 &mut *run.draws,
             );
             let entropies: Vec<f32> = rows.iter().map(|r| r.1).collect();
+            run.logprobs = stats.iter().map(|r| r.logprob).collect();
             let flow = on_step(
                 i,
                 StepReport {
                     canvas: run.index,
                     step: &step,
                     entropies: &entropies,
+                    logprobs: &run.logprobs,
                     pass_canvases,
                 },
             );
@@ -473,6 +483,7 @@ impl DgemmaModel {
             init: std::mem::take(&mut run.init),
             steps,
             output,
+            logprobs: std::mem::take(&mut run.logprobs),
         });
         if eos || run.index + 1 == run.n_canvases {
             run.state = RunState::Done;

@@ -145,7 +145,7 @@ impl DgemmaModel {
     /// One denoising step on the GPU: the decoder over `canvas` (self-conditioned on `probs`
     /// when `self_conditioned`), then per row the argmax, entropy and a token drawn from
     /// `draws` of `softmax(logits / temperature)`, that softmax written into `probs` for
-    /// the next step. Reads back 4 words per row.
+    /// the next step. Reads back 5 words per row.
     #[cfg(not(target_arch = "wasm32"))]
     #[allow(clippy::too_many_arguments)] // one step's inputs
     pub fn decode_step(

@@ -14,8 +14,9 @@ use crate::step::{StepEncoder, groups_2d};
 use crate::tensor::Tensor;
 
 const DENOISE_ROWS: KernelSource = kernel_source!("denoise_rows", "rng");
-/// u32 words per row in `stats`: argmax, drawn token, entropy (f32 bits), max of z (f32 bits).
-pub const STATS_WORDS: usize = 4;
+/// u32 words per row in `stats`: argmax, drawn token, entropy (f32 bits), max of z (f32 bits),
+/// the argmax's log-probability under the untempered softmax (f32 bits).
+pub const STATS_WORDS: usize = 5;
 
 pub fn variants() -> Vec<ShaderVariant> {
     vec![ShaderVariant {
@@ -71,6 +72,9 @@ pub struct RowStats {
     pub argmax: u32,
     pub sampled: u32,
     pub entropy: f32,
+    /// `log softmax(logits)[argmax]`: the model's own log-probability of the argmax, at
+    /// temperature 1 whatever the step's.
+    pub logprob: f32,
 }
 
 /// Decodes `STATS_WORDS` words per row.
@@ -81,6 +85,7 @@ pub fn parse_stats(words: &[u32]) -> Vec<RowStats> {
             argmax: w[0],
             sampled: w[1],
             entropy: f32::from_bits(w[2]),
+            logprob: f32::from_bits(w[4]),
         })
         .collect()
 }

@@ -553,12 +553,6 @@ impl Common {
                      and end it); leave it out",
                 ));
             }
-            Family::DiffusionGemma if logprobs.is_some() => {
-                return Err(ApiError::invalid(
-                    "logprobs",
-                    "logprobs: not reported by DiffusionGemma models; leave it out",
-                ));
-            }
             Family::DiffusionGemma => Sampling::Gemma(self.gemma(requested)?),
         };
         Ok(JobSpec {

@@ -258,8 +258,10 @@ fn finished(
         None => String::new(),
     };
     let (text, stopped, delta) = finish_text(&mut tracker.text, &full);
-    if let Some(delta) = delta.filter(|d| !d.is_empty()) {
-        let _ = tracker.events.send(JobEvent::Text(delta, Vec::new()));
+    if let Some(tokenizer) = engine.tokenizer() {
+        let lps: Vec<Option<f32>> = out.logprobs().into_iter().map(Some).collect();
+        let answer = answer_of(engine, kept);
+        tracker.send_text(delta, tokenizer, answer, Some(&lps), true);
     }
     let ended = kept.iter().any(|t| engine.params().eos.contains(t));
     let prefix = out.prefix.as_ref().map(|p| match p {
@@ -279,7 +281,7 @@ fn finished(
         .collect();
     Finished {
         text,
-        logprobs: None,
+        logprobs: tracker.logprobs.take().map(|(_, all)| all),
         finish_reason: FinishReason::of(stopped || ended),
         prompt_tokens: out.prompt_ids.len(),
         completion_tokens: tokens,
@@ -293,12 +295,24 @@ fn finished(
     }
 }
 
+/// An answer's tokens among `tokens`: those before its first eos.
+fn answer_of<'a>(engine: &DgemmaEngine, tokens: &'a [u32]) -> &'a [u32] {
+    let end = tokens
+        .iter()
+        .position(|t| engine.params().eos.contains(t))
+        .unwrap_or(tokens.len());
+    &tokens[..end]
+}
+
 /// What a request's stream has seen: the finished canvases' tokens and the current one.
 #[derive(Default)]
 struct CanvasStream {
     done: Vec<u32>,
+    /// The finished canvases' log-probabilities, and the current canvas's last step's.
+    done_logprobs: Vec<Option<f32>>,
     current: Option<usize>,
     argmax: Vec<u32>,
+    logprobs: Vec<f32>,
     steps: usize,
 }
 
@@ -310,15 +324,19 @@ impl CanvasStream {
         };
         if self.current.is_some_and(|c| c != r.canvas) {
             self.done.append(&mut self.argmax);
+            self.done_logprobs.extend(self.logprobs.drain(..).map(Some));
             if let Ok(text) = tokenizer.decode(&self.done, DecodeMode::Clean)
                 && let Some(delta) = tracker.text.advance(&text, false)
-                && !delta.is_empty()
             {
-                let _ = tracker.events.send(JobEvent::Text(delta, Vec::new()));
+                let answer = answer_of(engine, &self.done);
+                let lps = Some(&self.done_logprobs[..]);
+                tracker.send_text(Some(delta), tokenizer, answer, lps, false);
             }
         }
         self.current = Some(r.canvas);
         self.argmax.clone_from(&r.step.argmax);
+        self.logprobs.clear();
+        self.logprobs.extend_from_slice(r.logprobs);
         self.steps += 1;
         if !tracker.include_canvas {
             return;

@@ -41,7 +41,7 @@ pub(super) struct Tracker {
     /// It runs (it left the queue).
     pub(super) started: bool,
     /// With `logprobs`: the answer's tokens reported so far, and how far they reach.
-    logprobs: Option<(LogprobStream, Vec<TokenLogprob>)>,
+    pub(super) logprobs: Option<(LogprobStream, Vec<TokenLogprob>)>,
 }
 
 impl Tracker {
@@ -58,7 +58,7 @@ impl Tracker {
 
     /// Sends `delta` of the text with the answer's tokens it completes: `answer` holds the
     /// final tokens up to the end token, `logprobs` theirs; `complete`: no more follow.
-    fn send_text(
+    pub(super) fn send_text(
         &mut self,
         delta: Option<String>,
         tokenizer: &Tokenizer,
