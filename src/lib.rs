@@ -60,8 +60,8 @@ pub use files::{MemoryFiles, ModelFiles};
 pub use likelihood::{Likelihood, LikelihoodRun, best_estimate};
 pub use options::{DEPTH_TABLE_FILE, EngineOptions};
 pub use request::{
-    AcacheReport, AdaptiveReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Prompt, Request,
-    Span, StepEvent, Timings,
+    AcacheReport, AdaptiveReport, BicacheReport, DEFAULT_ANCHOR_RATIO, Generation, Logprob,
+    MOST_TOP_LOGPROBS, Prompt, Request, Span, StepEvent, Timings,
 };
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};

@@ -53,6 +53,22 @@ pub struct Request {
     /// Report each generated token's log-probability under the model's softmax at the step
     /// that committed it (`Generation::logprobs`). The tokens are the same either way.
     pub logprobs: bool,
+    /// With `logprobs` (which it implies when above 0): also this many most likely ids of
+    /// each committed position's softmax at that step, with theirs (0 to
+    /// `MOST_TOP_LOGPROBS`).
+    pub top_logprobs: usize,
+}
+
+/// Most alternatives per token `Request::top_logprobs` may ask for.
+pub const MOST_TOP_LOGPROBS: usize = unmask_gpu::ops::alternatives::MOST_ALTERNATIVES;
+
+/// A committed token's log-probability under the model's softmax (CFG-combined logits of
+/// the whole vocabulary at temperature 1) at the step that committed it, and the most likely
+/// ids of that softmax with theirs (`Request::top_logprobs`), most likely first.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Logprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// The shared span of an ACache request: a part of the prompt shared with other requests
@@ -92,6 +108,7 @@ impl Request {
             suffix: Vec::new(),
             full_canvas: false,
             logprobs: false,
+            top_logprobs: 0,
         }
     }
 
@@ -152,7 +169,7 @@ pub struct StepEvent<'a> {
     pub predictions: &'a [(u32, f32)],
     /// With `Request::logprobs`: per position of the generated canvas, the log-probability
     /// of its token at the step that committed it (`None` while masked).
-    pub logprobs: Option<&'a [Option<f32>]>,
+    pub logprobs: Option<&'a [Option<Logprob>]>,
 }
 
 impl StepEvent<'_> {
@@ -212,7 +229,7 @@ pub struct Generation {
     /// under the model's softmax (CFG-combined logits of the whole vocabulary at
     /// temperature 1) at the step that committed it; `None` for a position never committed
     /// (a request that ended early leaves the canvas after its answer masked).
-    pub logprobs: Option<Vec<Option<f32>>>,
+    pub logprobs: Option<Vec<Option<Logprob>>>,
     pub steps: Vec<StepRecord>,
     pub timings: Timings,
     /// What BiCache did, for BiCache modes.

@@ -11,8 +11,8 @@ use crate::session::{PrefixKey, Session};
 use std::sync::Arc;
 
 use crate::{
-    AcacheReport, AdaptiveReport, BicacheReport, Engine, EngineError, Generation, Request,
-    StepEvent, Stopwatch, Timings,
+    AcacheReport, AdaptiveReport, BicacheReport, Engine, EngineError, Generation, Logprob,
+    MOST_TOP_LOGPROBS, Request, StepEvent, Stopwatch, Timings,
 };
 
 /// A request ready to run: its tokens, its sampler and how it will use the caches.
@@ -37,7 +37,7 @@ pub(crate) struct Prepared<'r> {
     pub(crate) adaptive: Option<AdaptiveReport>,
     pub(crate) timings: Timings,
     /// `Request::logprobs`: per canvas position, its token's log-probability once committed.
-    pub(crate) logprobs: Option<Vec<Option<f32>>>,
+    pub(crate) logprobs: Option<Vec<Option<Logprob>>>,
 }
 
 impl Prepared<'_> {
@@ -103,8 +103,8 @@ fn commit_predictions(
     prompt: (usize, u32),
     rows: &[u32],
     predictions: &[(u32, f32)],
-    row_logprobs: &[Option<f32>],
-    mut logprobs: Option<&mut Vec<Option<f32>>>,
+    row_logprobs: &[Option<Logprob>],
+    mut logprobs: Option<&mut Vec<Option<Logprob>>>,
     on_step: &mut dyn FnMut(&StepEvent<'_>),
 ) -> Result<StepRecord, EngineError> {
     let record = sampler.commit(predictions)?;
@@ -114,7 +114,7 @@ fn commit_predictions(
             let row = rows.iter().position(|&r| r == pos);
             let at = (pos as usize).checked_sub(prompt.0);
             if let (Some(row), Some(slot)) = (row, at.and_then(|i| lps.get_mut(i))) {
-                *slot = row_logprobs.get(row).copied().flatten();
+                *slot = row_logprobs.get(row).cloned().flatten();
             }
         }
     }
@@ -251,7 +251,15 @@ impl Engine {
         let mode = req.cache;
         let anchor_ratio = req.anchor_ratio;
         let adaptive = req.adaptive;
-        let logprobs = req.logprobs.then(|| vec![None; sampler.generated().len()]);
+        if req.top_logprobs > MOST_TOP_LOGPROBS {
+            return Err(EngineError::Invalid {
+                field: "top_logprobs",
+                expected: format!("at most {MOST_TOP_LOGPROBS} alternatives per token"),
+                found: req.top_logprobs.to_string(),
+            });
+        }
+        let asked = req.logprobs || req.top_logprobs > 0;
+        let logprobs = asked.then(|| vec![None; sampler.generated().len()]);
         let mut prepared = Prepared {
             request,
             start,
@@ -315,7 +323,7 @@ impl Engine {
         p: &mut Prepared<'_>,
         rows: &[u32],
         predictions: &[(u32, f32)],
-        row_logprobs: &[Option<f32>],
+        row_logprobs: &[Option<Logprob>],
         on_step: &mut dyn FnMut(&StepEvent<'_>),
     ) -> Result<StepRecord, EngineError> {
         let record = commit_predictions(
@@ -373,6 +381,7 @@ impl Engine {
             top_p: p.top_p,
             top_k: p.top_k,
             logprob: false,
+            top_logprobs: 0,
         }
     }
 

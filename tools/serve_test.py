@@ -180,11 +180,19 @@ def logprobs_cases(client, name, unmask, model):
     check(c.choices[0].text and lp.tokens and "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
           and lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0,
           f"completions logprobs: tokens spell the text at their offsets: {lp}")
-    try:
-        client.chat.completions.create(logprobs=True, top_logprobs=2, **ask)
-        check(False, "top_logprobs 2 is refused")
-    except openai.BadRequestError as e:
-        check(e.body.get("param") == "top_logprobs", f"top_logprobs is refused by name: {e.body}")
+    # The most likely alternatives at each token's step: greedy decoding committed the first.
+    top = client.chat.completions.create(logprobs=True, top_logprobs=3, **ask).choices[0].logprobs.content
+    check([(t.token, t.logprob) for t in top] == [(t.token, t.logprob) for t in content]
+          and all(len(t.top_logprobs) == 3 and (t.top_logprobs[0].token, t.top_logprobs[0].logprob)
+                  == (t.token, t.logprob) for t in top)
+          and all(a.logprob >= b.logprob for t in top for a, b in zip(t.top_logprobs, t.top_logprobs[1:])),
+          f"top_logprobs 3: three alternatives per token, the committed one first: "
+          f"{[(a.token, round(a.logprob, 3)) for a in top[-1].top_logprobs]}")
+    c = client.completions.create(model=name, prompt="Hello, my name", max_tokens=16, temperature=0, logprobs=2,
+                                  extra_body={"steps": 8, "block_length": 8, "cache": "none"})
+    lp = c.choices[0].logprobs
+    check(lp.top_logprobs and all(len(d) <= 2 and tok in d for d, tok in zip(lp.top_logprobs, lp.tokens)),
+          f"completions logprobs 2: a map of two alternatives per token: {lp.top_logprobs}")
 
 
 def choices_cases(client, name, extra=None, seed=5, what="", messages=None):

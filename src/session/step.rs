@@ -13,7 +13,7 @@ use unmask_gpu::model::{
 use unmask_gpu::ops::sampling::SelectParams;
 
 use super::{Member, Session, SessionState};
-use crate::{EngineError, Generation, StepEvent};
+use crate::{EngineError, Generation, Logprob, StepEvent};
 
 /// The states a step runs over, each with the tokens of every running member: the
 /// conditional pass (the canvases, borrowed), and the unconditional one under guidance.
@@ -254,9 +254,15 @@ impl Session<'_> {
         // Rows whose token choice is made the same way share one LM-head pass.
         let mut groups: Vec<SelectGroup> = Vec::new();
         for (k, (_, m)) in self.running.iter().enumerate() {
+            let asked = m.prepared.logprobs.is_some();
             let params = SelectParams {
                 // Rows that report log-probabilities take their own (slightly dearer) pass.
-                logprob: m.prepared.logprobs.is_some(),
+                logprob: asked,
+                top_logprobs: if asked {
+                    m.prepared.request.top_logprobs as u32
+                } else {
+                    0
+                },
                 ..engine.select_params(&m.prepared.sampler, m.prepared.conf_exclude)
             };
             let key = selection_key(params);
@@ -305,20 +311,26 @@ impl Session<'_> {
                 group.rows,
                 &group.params,
             )?;
-            slots.push(model.read_back_choices(&mut step, sel, group.rows));
+            slots.push(model.read_back_choices(&mut step, sel, group.rows, &group.params));
         }
         drop(passes);
         let read = step.submit()?.read_async().await?;
 
         let mut predictions: Vec<Vec<(u32, f32)>> = vec![Vec::new(); seqs.len()];
-        let mut row_logprobs: Vec<Vec<Option<f32>>> = vec![Vec::new(); seqs.len()];
+        let mut row_logprobs: Vec<Vec<Option<Logprob>>> = vec![Vec::new(); seqs.len()];
         for (group, slot) in groups.iter().zip(slots) {
-            let mut it = Model::decode_choices(&read[slot]).into_iter();
+            let mut it = Model::decode_choices(&read[slot], &group.params).into_iter();
             for &k in &group.members {
                 (predictions[k], row_logprobs[k]) = it
                     .by_ref()
                     .take(seqs[k].predict.len())
-                    .map(|c| ((c.token, c.confidence), c.logprob))
+                    .map(|c| {
+                        let lp = c.logprob.map(|logprob| Logprob {
+                            logprob,
+                            top: c.alternatives,
+                        });
+                        ((c.token, c.confidence), lp)
+                    })
                     .unzip();
             }
         }

@@ -409,6 +409,9 @@ fn dream_cut_in_row_groups_and_head_chunks_equals_one_pass() {
             top_k: Some(6),
             confidence: kind,
             seed: 3,
+            // The most likely ids come from the same whole rows as the cut.
+            logprob: true,
+            top_logprobs: 4,
             ..SelectParams::default()
         };
         let choose = |engine: &unmask::Engine, group_rows: Option<usize>| {
@@ -424,9 +427,9 @@ fn dream_cut_in_row_groups_and_head_chunks_equals_one_pass() {
             model
                 .encode_select_from(&mut step, &x, None, &sel, n, &params)
                 .unwrap();
-            let slot = model.read_back_choices(&mut step, &sel, n);
+            let slot = model.read_back_choices(&mut step, &sel, n, &params);
             let read = pollster::block_on(step.submit().unwrap().read_async()).unwrap();
-            Model::decode_choices(&read[slot])
+            Model::decode_choices(&read[slot], &params)
         };
         let one = choose(&whole, None);
         assert_eq!(one, choose(&whole, Some(3)), "{kind:?} T={temperature}");
@@ -439,6 +442,14 @@ fn dream_cut_in_row_groups_and_head_chunks_equals_one_pass() {
                     (g.confidence - w.confidence).abs() <= 1e-5,
                     "{g:?} vs {w:?}"
                 );
+                let ids = |c: &unmask_gpu::model::TokenChoice| {
+                    c.alternatives.iter().map(|a| a.0).collect::<Vec<_>>()
+                };
+                assert_eq!(ids(g), ids(w), "{kind:?} T={temperature}: alternatives");
+                assert_eq!(w.alternatives.len(), 4);
+                for (a, b) in g.alternatives.iter().zip(&w.alternatives) {
+                    assert!((a.1 - b.1).abs() <= 1e-5, "{g:?} vs {w:?}");
+                }
             }
         }
     }

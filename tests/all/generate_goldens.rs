@@ -167,9 +167,9 @@ fn random_remasking_matches_with_the_reference_numbers() {
         model
             .encode_select(&mut step, &st, None, &sel, rows.len(), &params)
             .unwrap();
-        let slot = model.read_back_choices(&mut step, &sel, rows.len());
+        let slot = model.read_back_choices(&mut step, &sel, rows.len(), &params);
         let read = step.submit().unwrap().read().unwrap();
-        let choices = Model::decode_choices(&read[slot]);
+        let choices = Model::decode_choices(&read[slot], &params);
         let tokens: Vec<u32> = choices.iter().map(|c| c.token).collect();
         // The reference draws one number per position of the whole sequence.
         let conf: Vec<f32> = rows

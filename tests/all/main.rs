@@ -16,6 +16,7 @@ mod dgemma_shared_turn;
 mod dllm_cache;
 mod dream;
 mod generate_goldens;
+mod kernels_alternatives;
 mod kernels_attention;
 mod kernels_attention_mask;
 mod kernels_attention_shapes;

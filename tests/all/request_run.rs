@@ -140,23 +140,24 @@ fn the_demo_question_finishes_when_its_answer_is_final() {
     assert!(!out.timings.finished_early && out.timings.steps == 16);
 }
 
-/// Asked for, every committed token carries its log-probability: with no cache, the log
-/// softmax at its position of a full forward over the canvas the step saw (the canvas
-/// after it with that step's commits masked again). Tokens are those of a run without;
-/// the generation holds one per committed position and none elsewhere.
+/// Asked for, every committed token carries its log-probability and its step's most likely
+/// ids: with no cache, those of the log softmax at its position of a full forward over the
+/// canvas the step saw (the canvas after it with that step's commits masked again). Tokens
+/// are those of a run without; the generation holds one per committed position and none
+/// elsewhere.
 #[test]
 fn each_token_carries_its_log_probability_at_commit() {
+    const TOP: usize = 3;
     let engine = common::tiny_engine();
     let mask = engine.model().cfg.mask_token_id;
     for mode in [CacheMode::None, CacheMode::FastDllmDual] {
         let plain = engine.generate(&request(mode, 3)).expect("plain");
         assert!(plain.logprobs.is_none(), "{mode}: not asked for");
         let mut req = request(mode, 3);
-        req.logprobs = true;
+        req.top_logprobs = TOP;
         let mut run = engine.start(req).expect("starts");
-        // Per step: the canvas it saw, its committed (position, token)s and their
-        // log-probabilities.
-        type Seen = (Vec<u32>, Vec<(u32, u32)>, Vec<f32>);
+        // Per step: the canvas it saw, its committed (position, token)s and what they carry.
+        type Seen = (Vec<u32>, Vec<(u32, u32)>, Vec<unmask::Logprob>);
         let mut seen: Vec<Seen> = Vec::new();
         let generation = loop {
             let mut record = |e: &unmask::StepEvent<'_>| {
@@ -165,7 +166,7 @@ fn each_token_carries_its_log_probability_at_commit() {
                 let mut got = Vec::new();
                 for &(pos, _) in &e.record.committed {
                     before[pos as usize] = e.mask_id;
-                    got.push(lps[pos as usize - e.prompt_len].expect("committed"));
+                    got.push(lps[pos as usize - e.prompt_len].clone().expect("committed"));
                 }
                 seen.push((before, e.record.committed.clone(), got));
             };
@@ -177,7 +178,17 @@ fn each_token_carries_its_log_probability_at_commit() {
         let lps = generation.logprobs.expect("log-probabilities");
         for (i, (&t, lp)) in generation.ids.iter().zip(&lps).enumerate() {
             assert_eq!(t != mask, lp.is_some(), "{mode}: position {i}");
-            assert!(lp.is_none_or(|l| l <= 0.0), "{mode}: position {i} {lp:?}");
+            let Some(lp) = lp else { continue };
+            assert!(
+                lp.logprob <= 0.0 && lp.top.len() == TOP,
+                "{mode}: position {i} {lp:?}"
+            );
+            // Greedy decoding commits the most likely id: the first alternative.
+            assert_eq!(lp.top[0], (t, lp.logprob), "{mode}: position {i}");
+            assert!(
+                lp.top.windows(2).all(|w| w[0].1 >= w[1].1),
+                "{mode}: {lp:?}"
+            );
         }
         if mode != CacheMode::None {
             continue;
@@ -187,16 +198,28 @@ fn each_token_carries_its_log_probability_at_commit() {
         for (before, committed, got) in &seen {
             let rows: Vec<usize> = committed.iter().map(|&(p, _)| p as usize).collect();
             let logits = engine.model().logits_at(before, &rows).expect("logits");
-            for ((row, &(_, token)), &lp) in logits.chunks(vocab).zip(committed).zip(got) {
+            for ((row, &(_, token)), lp) in logits.chunks(vocab).zip(committed).zip(got) {
                 let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
-                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-                let want = row[token as usize] as f64 - max - sum.ln();
-                worst = worst.max((lp as f64 - want).abs());
+                let lse = max
+                    + row
+                        .iter()
+                        .map(|&x| (x as f64 - max).exp())
+                        .sum::<f64>()
+                        .ln();
+                let want = row[token as usize] as f64 - lse;
+                worst = worst.max((lp.logprob as f64 - want).abs());
+                // The alternatives: the row's TOP largest logits, highest first.
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                for (&(id, l), &v) in lp.top.iter().zip(&order) {
+                    assert_eq!(id as usize, v, "{mode}: alternative ids");
+                    worst = worst.max((l as f64 - (row[v] as f64 - lse)).abs());
+                }
                 tokens += 1;
             }
         }
         eprintln!(
-            "[check] {mode}: {tokens} log-probabilities over {} steps, worst error {worst:.2e}",
+            "[check] {mode}: {tokens} tokens' log-probabilities and top {TOP} over {} steps, worst error {worst:.2e}",
             seen.len()
         );
         assert!(tokens > 0);

@@ -1,12 +1,13 @@
 //! Kernel benchmark:
-//! `cargo bench -p unmask-bench --bench kernels -- [--small] [--only matmul|attention]
+//! `cargo bench -p unmask-bench --bench kernels -- [--small] [--only matmul|attention|select]
 //! [--rows 32,256] [--keys 256,512] [--format NAME]...` (`--format` keeps only the named
 //! weight formats, e.g. `f32`, `q8`).
 //!
 //! Prints one JSON record per line on stdout (the environment, the kernel, variant, format,
 //! shape, median milliseconds, GFLOP/s and GB/s; the same records as `unmask bench`) and a
 //! short summary on stderr. Shapes are LLaDA-8B's layer matmuls at 32 and 256 rows and its
-//! attention (head_dim 128). `--small` divides K and N by 8 (and uses 8 heads for
+//! attention (head_dim 128), and the LM head's token choice over its vocabulary with and
+//! without log-probabilities. `--small` divides K and N by 8 (and uses 8 heads for
 //! attention); it is implied on CPU adapters (lavapipe, llvmpipe), where the full shapes
 //! would take far too long. `unmask bench` runs the same measurements at any model's shapes
 //! and adds whole requests.
@@ -22,6 +23,7 @@ struct Options {
     small: bool,
     matmul: bool,
     attention: bool,
+    select: bool,
     /// Weight format names to keep; empty keeps all.
     formats: Vec<String>,
     /// Rows per step (query rows of attention).
@@ -43,7 +45,7 @@ fn counts(flag: &str, text: Option<String>) -> BenchResult<Vec<usize>> {
 
 fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
     let mut small = ctx_is_cpu;
-    let (mut matmul, mut attention) = (true, true);
+    let (mut matmul, mut attention, mut select) = (true, true, true);
     let mut formats = Vec::new();
     let (mut rows, mut keys) = (vec![32, 256], vec![256, 512]);
     let mut args = std::env::args().skip(1);
@@ -52,13 +54,20 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
             "--small" => small = true,
             "--rows" => rows = counts("--rows", args.next())?,
             "--keys" => keys = counts("--keys", args.next())?,
-            "--only" => match args.next().as_deref() {
-                Some("matmul") => attention = false,
-                Some("attention") => matmul = false,
-                other => {
-                    return Err(format!("--only takes matmul or attention, got {other:?}").into());
-                }
-            },
+            "--only" => {
+                let only = args.next();
+                (matmul, attention, select) = match only.as_deref() {
+                    Some("matmul") => (true, false, false),
+                    Some("attention") => (false, true, false),
+                    Some("select") => (false, false, true),
+                    other => {
+                        return Err(format!(
+                            "--only takes matmul, attention or select, got {other:?}"
+                        )
+                        .into());
+                    }
+                };
+            }
             "--format" => match args.next() {
                 Some(name) => formats.push(name),
                 None => return Err("--format takes a weight format name".into()),
@@ -71,6 +80,7 @@ fn parse_args(ctx_is_cpu: bool) -> BenchResult<Options> {
         small,
         matmul,
         attention,
+        select,
         formats,
         rows,
         keys,
@@ -152,6 +162,14 @@ fn main() -> BenchResult<()> {
                     .filter(|c| c.name() != "lm_head"),
             );
         }
+        if options.select {
+            // LLaDA-8B's whole vocabulary even with small shapes: one pass over the logits
+            // is cheap everywhere, and the cost of the alternatives depends on it.
+            cases.push(KernelCase::Select {
+                rows: m,
+                vocab: llada_8b_shapes(1, heads).embedding_size,
+            });
+        }
         if options.attention {
             for &lkv in &options.keys {
                 for split in [false, true] {
@@ -209,7 +227,19 @@ fn summarize(records: &[Value]) -> Vec<String> {
                 v == "naive" || v.starts_with("register/")
             })
             .map(|r| f(r, "ms"));
-        let shape = if s(best, "kernel") == "matmul" {
+        let shape = if s(best, "kernel") == "select" {
+            let costs: Vec<String> = group
+                .iter()
+                .map(|r| format!("{} {:.2}x", s(r, "variant"), f(r, "vs_plain")))
+                .collect();
+            out.push(format!(
+                "  select rows={} vocab={}: {}",
+                f(best, "rows"),
+                f(best, "vocab"),
+                costs.join(", ")
+            ));
+            continue;
+        } else if s(best, "kernel") == "matmul" {
             format!(
                 "{} m={} n={} k={}",
                 s(best, "case"),

@@ -16,6 +16,7 @@ use crate::env::{Peak, with_envelope};
 use crate::timing::{Repeats, Sample, pseudo_random, round3, time_step};
 
 mod fusion;
+mod select;
 
 use fusion::{LayerFusion, Unfused};
 
@@ -39,6 +40,9 @@ pub enum KernelCase {
         head_dim: usize,
         split: bool,
     },
+    /// The LM head's token choice over `rows` rows of `vocab` logits: the selection alone,
+    /// with the model's log-probability, and with the most likely alternatives.
+    Select { rows: usize, vocab: usize },
 }
 
 /// Most host memory one kernel case may build its random inputs in: above LLaDA-8B's
@@ -61,6 +65,7 @@ impl KernelCase {
                 let q = (lq as u64) * (heads as u64) * (head_dim as u64);
                 q + 2 * (lkv as u64) * (kv_heads as u64) * (head_dim as u64)
             }
+            KernelCase::Select { rows, vocab } => (rows as u64) * (vocab as u64),
         };
         floats.saturating_mul(4)
     }
@@ -69,6 +74,7 @@ impl KernelCase {
         match self {
             KernelCase::Matmul { case, .. } => case,
             KernelCase::Attention { .. } => "attention",
+            KernelCase::Select { .. } => "select",
         }
     }
 }
@@ -136,7 +142,7 @@ impl KernelBenchOptions {
 /// adapter's peak when it is known.
 /// One kernel record. `tensor_cores`: the kernel ran on tensor cores, so its FLOP/s are
 /// compared with the adapter's f16 tensor peak (`peak_flops` says which peak).
-fn kernel_record(
+pub(crate) fn kernel_record(
     envelope: &Value,
     case_fields: Value,
     sample: Sample,
@@ -504,6 +510,11 @@ pub fn run_kernel_case(
                         ));
                     }
                 }
+            }
+        }
+        KernelCase::Select { rows, vocab } => {
+            for r in select::run(ctx, envelope, rows, vocab, options)? {
+                emit(r);
             }
         }
     }

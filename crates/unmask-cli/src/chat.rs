@@ -105,6 +105,7 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
             suffix: Vec::new(),
             full_canvas: bicache.full_canvas,
             logprobs: false,
+            top_logprobs: 0,
         };
         turn += 1;
         match generate::generate(&engine, &request, live) {

@@ -55,6 +55,10 @@ pub struct GenerateArgs {
     /// step that committed it ("logprobs", null where a position was never committed)
     #[arg(long, requires = "json")]
     logprobs: bool,
+    /// with --json: also each position's N most likely ids with their log-probabilities
+    /// ("top_logprobs", at most 20; implies --logprobs)
+    #[arg(long, value_name = "N", requires = "json", value_parser = clap::value_parser!(u32).range(0..=unmask::MOST_TOP_LOGPROBS as i64))]
+    top_logprobs: Option<u32>,
 }
 
 pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
@@ -122,6 +126,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         suffix,
         full_canvas: bicache.full_canvas,
         logprobs: args.logprobs,
+        top_logprobs: args.top_logprobs.unwrap_or(0) as usize,
     };
     let live = !json && std::io::stdout().is_terminal();
     let generation = generate(&engine, &request, live)?;
@@ -395,7 +400,8 @@ pub fn generation_json(engine: &Engine, params: &GenerationParams, g: &Generatio
         "ids": g.ids,
         "suffix_len": g.suffix_len,
         "text": g.text,
-        "logprobs": g.logprobs,
+        "logprobs": g.logprobs.as_ref().map(|l| l.iter().map(|t| t.as_ref().map(|t| t.logprob)).collect::<Vec<_>>()),
+        "top_logprobs": g.logprobs.as_ref().filter(|l| l.iter().flatten().any(|t| !t.top.is_empty())).map(|l| l.iter().map(|t| t.as_ref().map(|t| &t.top)).collect::<Vec<_>>()),
         "steps": steps_json(g),
         "timings": timings_json(g),
     })

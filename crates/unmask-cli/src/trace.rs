@@ -118,6 +118,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
             suffix: Vec::new(),
             full_canvas: bicache.full_canvas,
             logprobs: false,
+            top_logprobs: 0,
         };
         // ACache's span: the shared prefix after its first token (a span at an offset).
         if mode == CacheMode::Acache {

@@ -87,6 +87,9 @@ pub struct SelectParams {
     /// CFG-combined logits of the whole vocabulary at temperature 1, before the
     /// suppression and the cut. Costs one more exp per logit, so it is asked for.
     pub logprob: bool,
+    /// Also report this many most likely ids of the row (0 to 20) with their
+    /// log-probabilities under the same softmax (OpenAI's `top_logprobs`); implies `logprob`.
+    pub top_logprobs: u32,
 }
 
 impl SelectParams {
@@ -110,6 +113,7 @@ impl Default for SelectParams {
             top_p: None,
             top_k: None,
             logprob: false,
+            top_logprobs: 0,
         }
     }
 }

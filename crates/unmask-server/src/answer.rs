@@ -13,8 +13,9 @@ pub(crate) struct Shape {
     pub id: String,
     pub created: u64,
     pub model: String,
-    /// The request asked for log-probabilities: every choice and chunk carries them.
-    pub logprobs: bool,
+    /// The request asked for log-probabilities (with this many alternatives): every choice
+    /// and chunk carries them.
+    pub logprobs: Option<usize>,
 }
 
 impl Shape {
@@ -39,9 +40,9 @@ impl Shape {
     /// A choice's `logprobs`: null unless asked for.
     fn logprobs_json(&self, tokens: &[TokenLogprob]) -> Value {
         match (self.logprobs, self.endpoint) {
-            (false, _) => Value::Null,
-            (true, Endpoint::Chat) => chat_json(tokens),
-            (true, Endpoint::Completion) => completion_json(tokens),
+            (None, _) => Value::Null,
+            (Some(_), Endpoint::Chat) => chat_json(tokens),
+            (Some(top), Endpoint::Completion) => completion_json(tokens, top),
         }
     }
 

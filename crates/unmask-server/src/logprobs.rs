@@ -4,6 +4,7 @@
 //! sends each with the text that contains it.
 
 use serde_json::{Value, json};
+use unmask::Logprob;
 use unmask_core::tokenizer::Tokenizer;
 
 /// One answer token as reported.
@@ -14,23 +15,34 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// Characters of the answer's text before it (the legacy completions' `text_offset`).
     pub text_offset: usize,
+    /// The most likely tokens at its step (its bytes, its log-probability), most likely
+    /// first, when asked for.
+    pub top: Vec<(Vec<u8>, f32)>,
 }
 
 impl TokenLogprob {
     fn token(&self) -> String {
-        String::from_utf8_lossy(&self.bytes).into_owned()
+        lossy(&self.bytes)
     }
+}
 
-    /// The f32 as the shortest decimal that reads back as it (-0.004, not
-    /// -0.004000000189989805), as a JSON number.
-    fn logprob_json(&self) -> Value {
-        let shortest = self
-            .logprob
-            .to_string()
-            .parse()
-            .unwrap_or(self.logprob as f64);
-        json!(shortest)
-    }
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// An f32 as the shortest decimal that reads back as it (-0.004, not -0.004000000189989805),
+/// as a JSON number.
+fn number(x: f32) -> Value {
+    json!(x.to_string().parse().unwrap_or(x as f64))
+}
+
+/// The bytes an alternative stands for: its text, or a special token's name (an end of turn
+/// is a likely alternative and has no text).
+fn alternative_bytes(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
+    tokenizer
+        .token_bytes(id)
+        .or_else(|| tokenizer.id_to_token(id).map(String::into_bytes))
+        .unwrap_or_default()
 }
 
 /// How far an answer's tokens were reported: tokens and bytes of text behind.
@@ -50,7 +62,7 @@ impl LogprobStream {
         &mut self,
         tokenizer: &Tokenizer,
         answer: &[u32],
-        logprobs: &[Option<f32>],
+        logprobs: &[Option<Logprob>],
         text_len: usize,
         complete: bool,
     ) -> Vec<TokenLogprob> {
@@ -69,11 +81,17 @@ impl LogprobStream {
             }
             let text_offset = String::from_utf8_lossy(&self.text).chars().count();
             self.text.extend_from_slice(&bytes);
-            if let Some(logprob) = logprobs.get(self.tokens - 1).copied().flatten() {
+            if let Some(Some(lp)) = logprobs.get(self.tokens - 1) {
+                let top = lp
+                    .top
+                    .iter()
+                    .map(|&(id, l)| (alternative_bytes(tokenizer, id), l))
+                    .collect();
                 out.push(TokenLogprob {
                     bytes,
-                    logprob,
+                    logprob: lp.logprob,
                     text_offset,
+                    top,
                 });
             }
         }
@@ -86,23 +104,39 @@ pub fn chat_json(tokens: &[TokenLogprob]) -> Value {
     let content: Vec<Value> = tokens
         .iter()
         .map(|t| {
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|(bytes, l)| json!({ "token": lossy(bytes), "logprob": number(*l), "bytes": bytes }))
+                .collect();
             json!({
                 "token": t.token(),
-                "logprob": t.logprob_json(),
+                "logprob": number(t.logprob),
                 "bytes": t.bytes,
-                "top_logprobs": [],
+                "top_logprobs": top,
             })
         })
         .collect();
     json!({ "content": content, "refusal": null })
 }
 
-/// A text completion's `logprobs`: the legacy parallel lists (no alternatives).
-pub fn completion_json(tokens: &[TokenLogprob]) -> Value {
+/// A text completion's `logprobs`: the legacy parallel lists, `top_logprobs` a map per token
+/// when alternatives were asked for (`top`: how many).
+pub fn completion_json(tokens: &[TokenLogprob], top: usize) -> Value {
+    let alternatives = (top > 0).then(|| {
+        tokens
+            .iter()
+            .map(|t| {
+                let map: serde_json::Map<String, Value> =
+                    t.top.iter().map(|(b, l)| (lossy(b), number(*l))).collect();
+                Value::Object(map)
+            })
+            .collect::<Vec<_>>()
+    });
     json!({
         "tokens": tokens.iter().map(TokenLogprob::token).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(TokenLogprob::logprob_json).collect::<Vec<_>>(),
-        "top_logprobs": null,
+        "token_logprobs": tokens.iter().map(|t| number(t.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": alternatives,
         "text_offset": tokens.iter().map(|t| t.text_offset).collect::<Vec<_>>(),
     })
 }
@@ -121,7 +155,14 @@ mod tests {
         let t = tokenizer();
         let text = "caf\u{e9} ok";
         let ids = t.encode(text).unwrap();
-        let lps: Vec<Option<f32>> = (0..ids.len()).map(|i| Some(-(i as f32))).collect();
+        let lps: Vec<Option<Logprob>> = (0..ids.len())
+            .map(|i| {
+                Some(Logprob {
+                    logprob: -(i as f32),
+                    top: vec![(ids[i], -(i as f32))],
+                })
+            })
+            .collect();
         let mut s = LogprobStream::default();
         // Nothing sent yet: no token.
         assert!(s.advance(&t, &ids, &lps, 0, false).is_empty());
@@ -136,6 +177,11 @@ mod tests {
         assert_eq!(all.len(), ids.len());
         for (i, x) in all.iter().enumerate() {
             assert_eq!(x.logprob, -(i as f32), "token {i} keeps its own value");
+            assert_eq!(
+                x.top,
+                vec![(x.bytes.clone(), -(i as f32))],
+                "and its alternatives"
+            );
         }
         assert_eq!(all[0].text_offset, 0);
         assert!(s.advance(&t, &ids, &lps, text.len(), true).is_empty());
@@ -145,7 +191,11 @@ mod tests {
     fn a_stop_string_inside_a_token_keeps_the_token() {
         let t = tokenizer();
         let ids = t.encode("Hello world").unwrap();
-        let lps = vec![Some(-0.5); ids.len()];
+        let lp = Logprob {
+            logprob: -0.5,
+            top: Vec::new(),
+        };
+        let lps = vec![Some(lp); ids.len()];
         // The text was cut after "Hello w": the token holding "w" starts inside it.
         let mut s = LogprobStream::default();
         let got = s.advance(&t, &ids, &lps, "Hello w".len(), true);
@@ -158,7 +208,7 @@ mod tests {
         assert!(got.len() < ids.len() || bytes == b"Hello world");
         let json = chat_json(&got);
         assert_eq!(json["content"].as_array().unwrap().len(), got.len());
-        let legacy = completion_json(&got);
+        let legacy = completion_json(&got, 0);
         assert_eq!(legacy["tokens"].as_array().unwrap().len(), got.len());
     }
 }

@@ -235,7 +235,7 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
         )
         .into_response();
     }
-    let logprobs = spec.logprobs.is_some();
+    let logprobs = spec.logprobs;
     let events = match submit(&app, spec).await {
         Ok(rx) => rx,
         Err(e) => return e.into_response(),

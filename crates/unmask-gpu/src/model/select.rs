@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use super::ModelError;
 use super::forward::{ForwardState, Model};
+use crate::ops::alternatives::{self, Chunk, MOST_ALTERNATIVES, TOP_STATE_WORDS};
 use crate::ops::elementwise::{self as ew, RowWindow};
 use crate::ops::matmul;
 use crate::ops::sampling::{self, SelectParams};
@@ -27,6 +28,9 @@ pub struct SelectBuffers {
     logits: Tensor,
     logits_uncond: Tensor,
     state: Tensor,
+    /// The best `SelectParams::top_logprobs` ids per row so far.
+    top_state: Tensor,
+    /// The choices (`OUT_WORDS` per row), then each row's alternatives (2 words each).
     pub out: Tensor,
     /// Whole logits rows for a top-p / top-k cut, made on first use.
     full: OnceLock<FullLogits>,
@@ -58,12 +62,14 @@ struct RowGroup {
 }
 
 /// The token chosen for one row, its confidence (`SelectParams::confidence`) and, when
-/// `SelectParams::logprob` asked for it, its log-probability under the model's softmax.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// `SelectParams::logprob` asked for it, its log-probability under the model's softmax,
+/// with the `SelectParams::top_logprobs` most likely ids and theirs.
+#[derive(Clone, Debug, PartialEq)]
 pub struct TokenChoice {
     pub token: u32,
     pub confidence: f32,
     pub logprob: Option<f32>,
+    pub alternatives: Vec<(u32, f32)>,
 }
 
 impl Model {
@@ -91,7 +97,13 @@ impl Model {
             logits: f32t(&[cap, chunk_cols], "logits")?,
             logits_uncond: f32t(&[cap, chunk_cols], "logits uncond")?,
             state: Tensor::zeros(ctx, DType::U32, &[sampling::state_len(cap)], "select state")?,
-            out: Tensor::zeros(ctx, DType::U32, &[cap, sampling::OUT_WORDS], "select out")?,
+            top_state: Tensor::zeros(ctx, DType::U32, &[cap, TOP_STATE_WORDS], "top state")?,
+            out: Tensor::zeros(
+                ctx,
+                DType::U32,
+                &[cap, sampling::OUT_WORDS + TOP_STATE_WORDS],
+                "select out",
+            )?,
             full: OnceLock::new(),
             max_group_rows: usize::MAX,
         })
@@ -223,6 +235,10 @@ impl Model {
             )?;
         }
         sampling::select_reset(step, &sel.state, n)?;
+        let top = (params.top_logprobs as usize).min(MOST_ALTERNATIVES);
+        if top > 0 {
+            alternatives::top_reset(step, &sel.top_state, n)?;
+        }
         // A top-p / top-k cut needs whole rows: each chunk's logits are gathered into them,
         // then per group of rows the cut and one selection pass.
         let full = if params.cuts() {
@@ -294,6 +310,24 @@ impl Model {
                 &sel.state,
                 params,
             )?;
+            if top > 0 {
+                let at = Chunk {
+                    rows: n,
+                    n: chunk.rows,
+                    vocab_offset: chunk.row_start,
+                    row_base: 0,
+                };
+                let (logits, cfg) = (&sel.logits, params.cfg_scale);
+                alternatives::top_accumulate(
+                    step,
+                    logits,
+                    uncond_logits,
+                    cfg,
+                    at,
+                    &sel.top_state,
+                    top,
+                )?;
+            }
         }
         if let Some(f) = full {
             for &(g, rows) in &groups {
@@ -312,32 +346,65 @@ impl Model {
                     &sel.state,
                     params,
                 )?;
+                if top > 0 {
+                    let at = Chunk {
+                        rows,
+                        n: vocab,
+                        vocab_offset: 0,
+                        row_base: g.first,
+                    };
+                    alternatives::top_accumulate(
+                        step,
+                        &g.logits,
+                        None,
+                        0.0,
+                        at,
+                        &sel.top_state,
+                        top,
+                    )?;
+                }
             }
         }
         sampling::select_finalize(step, &sel.state, &sel.out, n, params)?;
+        if top > 0 {
+            let base = n * sampling::OUT_WORDS;
+            alternatives::top_finalize(step, &sel.top_state, &sel.state, &sel.out, base, n, top)?;
+        }
         Ok(())
     }
 
-    /// Asks the step to read back the choices of `n` sampled rows (12 bytes per row) in its
-    /// own submit; `decode_choices` turns the bytes at the returned index into choices.
+    /// Asks the step to read back the choices of `n` sampled rows (12 bytes per row, and
+    /// 8 per alternative of `params.top_logprobs`) in its own submit; `decode_choices`
+    /// turns the bytes at the returned index into choices.
     pub fn read_back_choices(
         &self,
         step: &mut StepEncoder,
         sel: &SelectBuffers,
         n: usize,
+        params: &SelectParams,
     ) -> usize {
-        step.read_back(&sel.out.buffer, 0, (n * 4 * sampling::OUT_WORDS) as u64)
+        let words = n * (sampling::OUT_WORDS + 2 * Self::alternatives(params));
+        step.read_back(&sel.out.buffer, 0, (4 * words) as u64)
     }
 
-    /// The choices in bytes read back by `read_back_choices`.
-    pub fn decode_choices(bytes: &[u8]) -> Vec<TokenChoice> {
+    fn alternatives(params: &SelectParams) -> usize {
+        (params.top_logprobs as usize).min(MOST_ALTERNATIVES)
+    }
+
+    /// The choices in bytes read back by `read_back_choices` with the same `params`.
+    pub fn decode_choices(bytes: &[u8], params: &SelectParams) -> Vec<TokenChoice> {
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
-        words
+        let top = Self::alternatives(params);
+        let n = words.len() / (sampling::OUT_WORDS + 2 * top);
+        let (choices, rest) = words.split_at(n * sampling::OUT_WORDS);
+        let mut alternatives = alternatives::parse_alternatives(rest, top).into_iter();
+        choices
             .chunks_exact(sampling::OUT_WORDS)
             .map(|w| TokenChoice {
                 token: w[0],
                 confidence: f32::from_bits(w[1]),
                 logprob: Some(f32::from_bits(w[2])).filter(|l| !l.is_nan()),
+                alternatives: alternatives.next().unwrap_or_default(),
             })
             .collect()
     }

@@ -4,6 +4,7 @@
 
 pub mod acache;
 pub mod activation;
+pub mod alternatives;
 pub mod attention;
 pub mod cross_entropy;
 pub mod denoise;
@@ -81,6 +82,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(matmul),
         kernel_module!(attention),
         kernel_module!(sampling),
+        kernel_module!(alternatives),
         kernel_module!(cross_entropy),
         kernel_module!(acache),
         kernel_module!(v_verify),

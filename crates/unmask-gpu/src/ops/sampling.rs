@@ -74,7 +74,8 @@ impl Stats {
     fn of(params: &SelectParams) -> Self {
         Self {
             kind: params.confidence,
-            logprob: params.logprob,
+            // The alternatives' log-probabilities need the same softmax.
+            logprob: params.logprob || params.top_logprobs > 0,
         }
     }
 

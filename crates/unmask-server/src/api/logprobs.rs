@@ -9,7 +9,8 @@ use crate::error::ApiError;
 impl Common {
     /// OpenAI's two spellings of log-probabilities: chat's `logprobs: true` with
     /// `top_logprobs: k`, the legacy completions' `logprobs: k`.
-    pub(super) fn logprobs(&self, input: &Input) -> Result<Option<usize>, ApiError> {
+    /// `gemma`: a DiffusionGemma server, which reports no alternatives.
+    pub(super) fn logprobs(&self, input: &Input, gemma: bool) -> Result<Option<usize>, ApiError> {
         let chat = matches!(input, Input::Chat(_));
         let top = match &self.top_logprobs {
             None | Some(Value::Null) => None,
@@ -53,17 +54,13 @@ impl Common {
                 "top_logprobs: needs \"logprobs\": true",
             ));
         }
-        if let Some(k) = asked.filter(|&k| k > 0) {
-            let field = if matches!(input, Input::Chat(_)) {
-                "top_logprobs"
-            } else {
-                "logprobs"
-            };
+        if let Some(k) = asked.filter(|&k| gemma && k > 0) {
+            let field = if chat { "top_logprobs" } else { "logprobs" };
             return Err(ApiError::invalid(
                 field,
                 format!(
-                    "{field}: expected 0 alternatives per token (each token's own \
-                     log-probability is reported, not the most likely others), found {k}"
+                    "{field}: expected 0 alternatives per token (DiffusionGemma reports each \
+                     token's own log-probability, not the most likely others), found {k}"
                 ),
             ));
         }

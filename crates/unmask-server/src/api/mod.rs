@@ -459,7 +459,7 @@ impl Common {
                 ));
             }
         };
-        let logprobs = self.logprobs(&input)?;
+        let logprobs = self.logprobs(&input, limits.family == Family::DiffusionGemma)?;
         let refused: [(&str, bool); 5] = [
             (
                 "presence_penalty",

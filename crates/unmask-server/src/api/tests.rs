@@ -534,10 +534,26 @@ fn logprobs_in_both_spellings() {
         let e = completion(body).expect_err(body);
         assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
     }
-    // Alternatives are not reported: asking for them is refused by name.
-    let e = chat(&format!(r#"{{{q},"logprobs":true,"top_logprobs":2}}"#)).unwrap_err();
+    assert_eq!(
+        chat_lp(&format!(r#"{{{q},"logprobs":true,"top_logprobs":20}}"#)).unwrap(),
+        Some(20)
+    );
+    assert_eq!(
+        completion(r#"{"prompt":"p","logprobs":5}"#).unwrap(),
+        Some(5)
+    );
+    // DiffusionGemma reports no alternatives: asking for them is refused by name.
+    let gemma = Limits {
+        family: Family::DiffusionGemma,
+        ..limits()
+    };
+    let body = format!(r#"{{{q},"logprobs":true,"top_logprobs":2}}"#);
+    let e = ChatRequest::parse(body.as_bytes())
+        .and_then(|r| r.check(&gemma, "tiny"))
+        .unwrap_err();
     assert_eq!(e.param.as_deref(), Some("top_logprobs"), "{e}");
     assert!(e.message.contains("found 2"), "{e}");
-    let e = completion(r#"{"prompt":"p","logprobs":3}"#).unwrap_err();
-    assert_eq!(e.param.as_deref(), Some("logprobs"), "{e}");
+    let body = format!(r#"{{{q},"logprobs":true}}"#);
+    let spec = ChatRequest::parse(body.as_bytes()).and_then(|r| r.check(&gemma, "tiny"));
+    assert_eq!(spec.unwrap().logprobs, Some(0));
 }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::mpsc::error::TryRecvError;
 use unmask::{
     DecodeMode, DgemmaEngine, DgemmaOutput, DgemmaRequest, DgemmaStep, DgemmaTask, EngineError,
-    ModelError, PrefixUse, Prompt,
+    Logprob, ModelError, PrefixUse, Prompt,
 };
 
 use super::{
@@ -259,7 +259,7 @@ fn finished(
     };
     let (text, stopped, delta) = finish_text(&mut tracker.text, &full);
     if let Some(tokenizer) = engine.tokenizer() {
-        let lps: Vec<Option<f32>> = out.logprobs().into_iter().map(Some).collect();
+        let lps: Vec<Option<Logprob>> = out.logprobs().into_iter().map(alone).collect();
         let answer = answer_of(engine, kept);
         tracker.send_text(delta, tokenizer, answer, Some(&lps), true);
     }
@@ -295,6 +295,14 @@ fn finished(
     }
 }
 
+/// A DiffusionGemma token's log-probability (it reports no alternatives).
+fn alone(logprob: f32) -> Option<Logprob> {
+    Some(Logprob {
+        logprob,
+        top: Vec::new(),
+    })
+}
+
 /// An answer's tokens among `tokens`: those before its first eos.
 fn answer_of<'a>(engine: &DgemmaEngine, tokens: &'a [u32]) -> &'a [u32] {
     let end = tokens
@@ -309,7 +317,7 @@ fn answer_of<'a>(engine: &DgemmaEngine, tokens: &'a [u32]) -> &'a [u32] {
 struct CanvasStream {
     done: Vec<u32>,
     /// The finished canvases' log-probabilities, and the current canvas's last step's.
-    done_logprobs: Vec<Option<f32>>,
+    done_logprobs: Vec<Option<Logprob>>,
     current: Option<usize>,
     argmax: Vec<u32>,
     logprobs: Vec<f32>,
@@ -324,7 +332,8 @@ impl CanvasStream {
         };
         if self.current.is_some_and(|c| c != r.canvas) {
             self.done.append(&mut self.argmax);
-            self.done_logprobs.extend(self.logprobs.drain(..).map(Some));
+            self.done_logprobs
+                .extend(self.logprobs.drain(..).map(alone));
             if let Ok(text) = tokenizer.decode(&self.done, DecodeMode::Clean)
                 && let Some(delta) = tracker.text.advance(&text, false)
             {

@@ -228,6 +228,7 @@ impl<'e> Scheduler<'e> {
         let request = match engine_request(engine, &job.spec.input, sampling, &self.config) {
             Ok(r) => Request {
                 logprobs: job.spec.logprobs.is_some(),
+                top_logprobs: job.spec.logprobs.unwrap_or(0),
                 ..r
             },
             Err(e) => return self.reject(job, ApiError::from_engine(&e)),

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc::UnboundedSender;
 use unmask::{
-    AcacheReport, BicacheReport, CacheMode, Engine, EngineError, Generation, StepEvent, Timings,
+    AcacheReport, BicacheReport, CacheMode, Engine, EngineError, Generation, Logprob, StepEvent,
+    Timings,
 };
 use unmask_core::tokenizer::Tokenizer;
 
@@ -63,7 +64,7 @@ impl Tracker {
         delta: Option<String>,
         tokenizer: &Tokenizer,
         answer: &[u32],
-        logprobs: Option<&[Option<f32>]>,
+        logprobs: Option<&[Option<Logprob>]>,
         complete: bool,
     ) {
         let sent = self.text.sent_len();
