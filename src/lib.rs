@@ -10,7 +10,8 @@
 //!
 //! The `Engine` loads a Hugging Face model folder (LLaDA, Dream) onto the GPU and runs the
 //! reference sampler (`unmask_core::sampler`) with every forward pass on the GPU
-//! (`unmask_gpu::model`): one command encoder per step, 8 bytes read back per sampled row.
+//! (`unmask_gpu::model`): one command encoder per step, 12 bytes read back per sampled row
+//! (and 8 per alternative when `top_logprobs` asks for them).
 //! Every request runs in a `Session` of N ≥ 1 requests stepped together.
 //!
 //! DiffusionGemma folders (`config.json` with `model_type: "diffusion_gemma"`) load into a

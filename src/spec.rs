@@ -64,6 +64,10 @@ pub struct RequestSpec {
     pub verify_pick: Option<String>,
     /// dLLM-Cache with several blocks: the current block computed at every forward.
     pub pin_block: Option<bool>,
+    /// Each committed token's log-probability (`Request::logprobs`).
+    pub logprobs: Option<bool>,
+    /// That many most likely ids beside each (`Request::top_logprobs`, 0 to 20).
+    pub top_logprobs: Option<u64>,
 }
 
 /// What a spec is checked against: the loaded model's shape.
@@ -102,6 +106,8 @@ pub struct Settings {
     pub anchor_ratio: Option<f32>,
     /// dLLM-Cache's settings the spec names (the others keep the caller's defaults).
     pub adaptive: AdaptiveOverrides,
+    pub logprobs: bool,
+    pub top_logprobs: usize,
 }
 
 /// dLLM-Cache's settings a spec names; `None` keeps the caller's default.
@@ -332,6 +338,14 @@ impl RequestSpec {
             )?,
             recompute_all: self.recompute_all.unwrap_or(false),
             full_canvas: self.full_canvas,
+            logprobs: self.logprobs.unwrap_or(false),
+            top_logprobs: count(
+                "top_logprobs",
+                self.top_logprobs,
+                0..=crate::MOST_TOP_LOGPROBS,
+                " (alternatives per token)",
+            )?
+            .unwrap_or(0),
             decode,
             affix: match self.affix.as_deref() {
                 Some(a) if a.trim().is_empty() => {
@@ -402,6 +416,8 @@ impl Request {
             self.anchor_ratio = r;
         }
         s.adaptive.apply(&mut self.adaptive);
+        self.logprobs = s.logprobs;
+        self.top_logprobs = s.top_logprobs;
         self
     }
 }
@@ -482,6 +498,7 @@ mod tests {
             (r#"{"refresh_every": 0}"#, "refresh_every"),
             (r#"{"decode": "pretty"}"#, "decode"),
             (r#"{"alg_temp": -0.5}"#, "alg_temp"),
+            (r#"{"top_logprobs": 21}"#, "top_logprobs"),
         ] {
             assert_eq!(field_of(json), field, "{json}");
         }
@@ -510,5 +527,11 @@ mod tests {
         let r = Request::ids(vec![1, 2]).with_settings(s);
         assert_eq!(r.params.gen_length, 64);
         assert_eq!(r.cache, CacheMode::None);
+        assert!(!r.logprobs && r.top_logprobs == 0);
+        let s = spec(r#"{"logprobs": true, "top_logprobs": 20}"#)
+            .check(&LIMITS)
+            .unwrap();
+        let r = Request::ids(vec![1, 2]).with_settings(s);
+        assert!(r.logprobs && r.top_logprobs == 20);
     }
 }

@@ -78,12 +78,18 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let json = args.json;
     let dir = args.model.dir()?;
     if crate::dgemma::is_diffusion_gemma(&dir) {
+        if let Some(k) = args.top_logprobs.filter(|&k| k > 0) {
+            return Err(CliError::usage(format!(
+                "--top-logprobs {k}: DiffusionGemma reports each token's own log-probability \
+                 (--logprobs), not the most likely others"
+            )));
+        }
         let run = crate::dgemma::DgemmaRun {
             seed: params.seed,
             max_new_tokens: args.generation.sampling.gen_length,
             max_steps: args.generation.sampling.steps,
             json,
-            logprobs: args.logprobs,
+            logprobs: args.logprobs || args.top_logprobs.is_some(),
         };
         return crate::dgemma::generate(&dir, &engine_options, prompt, run);
     }

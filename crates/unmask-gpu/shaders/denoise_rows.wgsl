@@ -94,13 +94,13 @@ fn main(
     var sum = 0.0;
     var sz = 0.0;
     var s1 = 0.0;
-    let untempered = p.temperature != 1.0;
+    let tempered = p.temperature != 1.0;
     for (var v = lid; v < p.vocab; v += WG) {
         let d = logits[base + v] / p.temperature - mx;
         let e = exp(d);
         sum += e;
         sz += e * d;
-        if (untempered) {
+        if (tempered) {
             s1 += exp(d * p.temperature);
         }
     }
@@ -117,7 +117,7 @@ fn main(
         workgroupBarrier();
     }
     let total = w_sum[0];
-    let model_total = select(total, w_s1[0], untempered);
+    let model_total = select(total, w_s1[0], tempered);
     if (p.write_probs != 0u) {
         for (var v = lid; v < p.vocab; v += WG) {
             probs[out + v] = exp(logits[base + v] / p.temperature - mx) / total;

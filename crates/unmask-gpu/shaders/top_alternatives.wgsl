@@ -209,7 +209,8 @@ fn finalize(
     let mx = bitcast<f32>(select_state[row * SELECT_WORDS + 8u]);
     let sum = bitcast<f32>(select_state[row * SELECT_WORDS + 9u]);
     // The same expression as `select`'s own log-probability, so the chosen id's value is
-    // bit for bit the same in both.
+    // the same in both (without CFG bit for bit: with it each kernel combines the logits
+    // itself).
     let ln_sum = ln_precise(max(sum, 1.0));
     for (var j = 0u; j < k; j++) {
         let at = p.out_base + (row * k + j) * 2u;

@@ -56,7 +56,8 @@ impl Shape {
         role: bool,
         finish: Option<&str>,
     ) -> Value {
-        let logprobs = if text.is_some() {
+        // OpenAI's role chunk carries none.
+        let logprobs = if text.is_some() && !role {
             self.logprobs_json(tokens)
         } else {
             Value::Null

@@ -30,9 +30,13 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The value a token gets when it has none (non-finite logits): OpenAI's floor.
+const FLOOR: f32 = -9999.0;
+
 /// An f32 as the shortest decimal that reads back as it (-0.004, not -0.004000000189989805),
-/// as a JSON number.
+/// as a JSON number; not a finite number: `FLOOR`, as JSON has no -inf.
 fn number(x: f32) -> Value {
+    let x = if x.is_finite() { x } else { FLOOR };
     json!(x.to_string().parse().unwrap_or(x as f64))
 }
 
@@ -49,8 +53,41 @@ fn alternative_bytes(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
 #[derive(Debug, Default)]
 pub struct LogprobStream {
     tokens: usize,
-    /// The reported tokens' bytes: the answer's text up to the next token.
-    text: Vec<u8>,
+    /// Bytes of text the reported tokens spell.
+    bytes: usize,
+    /// Whole characters in them, and the bytes after those that do not end a character yet.
+    chars: usize,
+    partial: Vec<u8>,
+}
+
+impl LogprobStream {
+    /// Adds a token's bytes to the characters counted: a character whose bytes are all in
+    /// counts once, bytes that can never start one count one each (as a lossy decode shows
+    /// them).
+    fn count(&mut self, bytes: &[u8]) {
+        self.bytes += bytes.len();
+        self.partial.extend_from_slice(bytes);
+        loop {
+            match std::str::from_utf8(&self.partial) {
+                Ok(s) => {
+                    self.chars += s.chars().count();
+                    self.partial.clear();
+                    return;
+                }
+                Err(e) => {
+                    let (valid, rest) = self.partial.split_at(e.valid_up_to());
+                    self.chars += std::str::from_utf8(valid).map_or(0, |s| s.chars().count());
+                    let Some(bad) = e.error_len() else {
+                        // An incomplete character: it waits for its next bytes.
+                        self.partial = rest.to_vec();
+                        return;
+                    };
+                    self.chars += 1;
+                    self.partial = rest[bad..].to_vec();
+                }
+            }
+        }
+    }
 }
 
 impl LogprobStream {
@@ -70,7 +107,7 @@ impl LogprobStream {
         while let Some(&id) = answer.get(self.tokens) {
             // Special tokens add no text and are not reported.
             let bytes = tokenizer.token_bytes(id).unwrap_or_default();
-            let start = self.text.len();
+            let start = self.bytes;
             let fits = start + bytes.len() <= text_len || (complete && start < text_len);
             if !bytes.is_empty() && !fits {
                 break;
@@ -79,21 +116,28 @@ impl LogprobStream {
             if bytes.is_empty() {
                 continue;
             }
-            let text_offset = String::from_utf8_lossy(&self.text).chars().count();
-            self.text.extend_from_slice(&bytes);
-            if let Some(Some(lp)) = logprobs.get(self.tokens - 1) {
-                let top = lp
-                    .top
-                    .iter()
-                    .map(|&(id, l)| (alternative_bytes(tokenizer, id), l))
-                    .collect();
-                out.push(TokenLogprob {
-                    bytes,
-                    logprob: lp.logprob,
-                    text_offset,
-                    top,
-                });
-            }
+            // A token that starts inside a character is at that character's offset.
+            let text_offset = self.chars;
+            self.count(&bytes);
+            // Every token of the text is listed, so the list spells it; one whose value is
+            // missing (non-finite logits) gets the floor.
+            let (logprob, top) = match logprobs.get(self.tokens - 1) {
+                Some(Some(lp)) => {
+                    let top = lp
+                        .top
+                        .iter()
+                        .map(|&(id, l)| (alternative_bytes(tokenizer, id), l))
+                        .collect();
+                    (lp.logprob, top)
+                }
+                _ => (FLOOR, Vec::new()),
+            };
+            out.push(TokenLogprob {
+                bytes,
+                logprob,
+                text_offset,
+                top,
+            });
         }
         out
     }
@@ -183,7 +227,16 @@ mod tests {
                 "and its alternatives"
             );
         }
-        assert_eq!(all[0].text_offset, 0);
+        // Offsets count characters; a token starting inside "é" is at the "é".
+        let mut at = 0;
+        for x in &all {
+            let chars = text
+                .char_indices()
+                .take_while(|(i, c)| i + c.len_utf8() <= at)
+                .count();
+            assert_eq!(x.text_offset, chars, "token at byte {at}");
+            at += x.bytes.len();
+        }
         assert!(s.advance(&t, &ids, &lps, text.len(), true).is_empty());
     }
 

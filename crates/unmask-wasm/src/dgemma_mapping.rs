@@ -190,6 +190,8 @@ pub fn generation(engine: &DgemmaEngine, out: &DgemmaOutput) -> Value {
             "stoppedEarly": c.steps.last().is_some_and(|s| s.stop),
             "acceptedPerStep": c.steps.iter().map(|s| s.accepted.len()).collect::<Vec<_>>(),
             "output": c.output,
+            // Each output token's log-probability under the untempered softmax.
+            "logprobs": c.logprobs,
         })).collect::<Vec<_>>(),
         "prefix": prefix_json(&out.prefix),
         "store": store_stats(engine),

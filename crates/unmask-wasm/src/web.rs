@@ -328,8 +328,9 @@ impl WebEngine {
     /// Generates. `request`: `{system, prompt}` or `{messages}` or `{ids}`, and
     /// `genLength, steps, blockLength, temperature, remasking, cfgScale, threshold,
     /// logitsEosInf, confidenceEosEotInf, seed, cache, prefixLen, depth, refreshEvery,
-    /// decode`. `onStep` gets the canvas after every step (see `CanvasTracker::event`).
-    /// Resolves to `{ids, text, cache, timings, bicache, store, ...}`.
+    /// decode, logprobs, topLogprobs`. `onStep` gets the canvas after every step (see
+    /// `CanvasTracker::event`). Resolves to `{ids, text, cache, timings, bicache, store,
+    /// ...}`, with `logprobs` (and `topLogprobs`) per canvas position when asked for.
     ///
     /// A request the model cannot run rejects with an `Error` naming the field, what it
     /// expected and what it found; the engine stays usable.
@@ -339,7 +340,7 @@ impl WebEngine {
     /// shaped like the above (the argmax canvas, accepted positions as committed, the rest
     /// as masked); `onStep` returning `false` stops the generation there (the promise
     /// rejects: `cancelled after N denoising steps`). Resolves to `{ids, text, canvases,
-    /// prefix, store, timings}`.
+    /// prefix, store, timings}`; each canvas carries its output tokens' log-probabilities.
     pub fn generate(&self, request: JsValue, on_step: Option<Function>) -> Promise {
         let engine = match &self.loaded {
             Loaded::Masked(e) => e.clone(),
@@ -368,6 +369,7 @@ impl WebEngine {
                 &engine,
                 &g,
                 request.params.cfg_scale > 0.0,
+                request.top_logprobs,
             )))
         })
     }

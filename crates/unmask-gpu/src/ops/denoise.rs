@@ -1,7 +1,8 @@
 //! The per-row statistics of DiffusionGemma's sampler on the GPU (`shaders/denoise_rows.wgsl`):
-//! argmax, entropy and a drawn token of `softmax(logits / T)` per canvas row, and that softmax
-//! for the next step's self-conditioning, so a denoising step reads back 4 words per row
-//! instead of the row's logits. Hand-written: the sampler is this runtime's own.
+//! argmax, entropy and a drawn token of `softmax(logits / T)` per canvas row, the argmax's
+//! log-probability under `softmax(logits)`, and that softmax for the next step's
+//! self-conditioning, so a denoising step reads back 5 words per row instead of the row's
+//! logits. Hand-written: the sampler is this runtime's own.
 
 use bytemuck::{Pod, Zeroable};
 

@@ -31,7 +31,8 @@ impl Common {
             ),
         };
         let asked = match (&self.logprobs, chat) {
-            (None | Some(Value::Null), _) => None,
+            // false is OpenAI's neutral value in either spelling.
+            (None | Some(Value::Null | Value::Bool(false)), _) => None,
             (Some(Value::Bool(b)), true) => b.then_some(top.unwrap_or(0)),
             (Some(v), false) if v.as_u64().is_some_and(|k| k <= MOST_LEGACY_LOGPROBS) => {
                 v.as_u64().map(|k| k as usize)

@@ -520,6 +520,10 @@ fn logprobs_in_both_spellings() {
         Some(0)
     );
     assert_eq!(
+        completion(r#"{"prompt":"p","logprobs":false}"#).unwrap(),
+        None
+    );
+    assert_eq!(
         completion(r#"{"prompt":"p","logprobs":null}"#).unwrap(),
         None
     );

@@ -362,7 +362,8 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
 /// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
 /// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
 /// `decode`, ACache's `affix` and `anchorRatio`, dLLM-Cache's `promptInterval`,
-/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`); an infilling suffix is
+/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`, `logprobs` and
+/// `topLogprobs`); an infilling suffix is
 /// read apart (`suffix`), since text needs the tokenizer. Checked against the model's `limits`; what depends on the prompt's length is
 /// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {
@@ -413,8 +414,9 @@ pub fn fit_prompt(r: &Request, prompt_len: usize, limits: &Limits) -> Result<(),
 }
 
 /// A finished generation as JSON: ids, text, the cache mode, timings, what BiCache did
-/// and how much layer work the cache saved, and the prefix store's counters.
-pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
+/// and how much layer work the cache saved, the prefix store's counters, and the tokens'
+/// log-probabilities when asked for (`top_logprobs`: how many alternatives were).
+pub fn generation(engine: &Engine, g: &Generation, uncond: bool, top_logprobs: usize) -> Value {
     let n_layers = engine.config().n_layers;
     let seq_len = g.prompt_ids.len() + g.ids.len() + g.suffix_len;
     // Work of the reference (no cache): every row through every layer at every step. In
@@ -477,6 +479,15 @@ pub fn generation(engine: &Engine, g: &Generation, uncond: bool) -> Value {
         "acache": acache,
         "dllmCache": adaptive,
         "store": store_stats(engine),
+        // Per canvas position: its token's log-probability at the step that committed it
+        // (null where never committed), and with `topLogprobs` the most likely
+        // [id, log-probability] pairs of that step, most likely first.
+        "logprobs": g.logprobs.as_ref().map(|l| {
+            l.iter().map(|t| t.as_ref().map(|t| t.logprob)).collect::<Vec<_>>()
+        }),
+        "topLogprobs": g.logprobs.as_ref().filter(|_| top_logprobs > 0).map(|l| {
+            l.iter().map(|t| t.as_ref().map(|t| &t.top)).collect::<Vec<_>>()
+        }),
     })
 }
 

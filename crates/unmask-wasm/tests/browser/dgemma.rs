@@ -171,6 +171,14 @@ async fn diffusion_gemma_answers_from_javascript() {
     let first = to_json(&JsFuture::from(promise).await.expect("the request runs"));
     assert_eq!(first["prefix"]["use"], "stored", "{first}");
     assert_eq!(first["ids"].as_array().unwrap().len(), 16);
+    for c in first["canvases"].as_array().unwrap() {
+        let lps = c["logprobs"].as_array().unwrap();
+        assert_eq!(lps.len(), c["output"].as_array().unwrap().len(), "{c}");
+        assert!(
+            lps.iter().all(|l| l.as_f64().is_some_and(|l| l <= 0.0)),
+            "{c}"
+        );
+    }
     {
         let events = steps.borrow();
         let reported: u64 = first["canvases"]

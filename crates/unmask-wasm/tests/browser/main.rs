@@ -30,8 +30,8 @@ mod score;
 mod support;
 
 use support::{
-    ACACHE_GOLDENS, DLLM_CACHE_GOLDENS, DREAM, DREAM_GOLDENS, INFILL_GOLDENS, generate,
-    golden_cases, js, js_with, load, special_ids, to_json,
+    ACACHE_GOLDENS, DLLM_CACHE_GOLDENS, DREAM, DREAM_GOLDENS, INFILL_GOLDENS,
+    assert_greedy_logprobs, generate, golden_cases, js, js_with, load, special_ids, to_json,
 };
 
 #[wasm_bindgen_test]
@@ -222,14 +222,18 @@ async fn generate_from_javascript_reports_every_step() {
     assert_eq!(result["bicache"]["hit"], false);
     assert_eq!(result["bicache"]["depth"], 1);
     assert_eq!(result["store"]["misses"], 1);
-    // The same system prompt again: the shared entry is found.
+    assert_eq!(result["logprobs"], Value::Null, "not asked for");
+    // The same system prompt again: the shared entry is found. With log-probabilities and
+    // two alternatives: greedy decoding committed each position's most likely id.
     let again = js(r#"{"system": "You are terse.", "prompt": "And 4 + 4?",
-        "genLength": 16, "steps": 8, "blockLength": 8, "cache": "bicache", "depth": 1}"#);
+        "genLength": 16, "steps": 8, "blockLength": 8, "cache": "bicache", "depth": 1,
+        "logprobs": true, "topLogprobs": 2}"#);
     let result = JsFuture::from(web.generate(again, None)).await.unwrap();
     let result: Value =
         serde_json::from_str(&String::from(js_sys::JSON::stringify(&result).unwrap())).unwrap();
     assert_eq!(result["bicache"]["hit"], true, "{result}");
     assert_eq!(result["store"]["hits"], 1);
+    assert_greedy_logprobs(&result, 2);
 }
 
 /// ACache in the browser: the span placed at its offset, the probe's anchors and the tokens

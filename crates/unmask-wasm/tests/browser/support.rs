@@ -136,3 +136,26 @@ pub(crate) fn special_ids() -> Vec<u32> {
     );
     ids
 }
+
+/// A greedy generation's `logprobs` and `topLogprobs` (`top` alternatives): every committed
+/// position's value is at most 0 and heads its alternatives with the committed id.
+pub fn assert_greedy_logprobs(result: &Value, top: usize) {
+    let (ids, lps, tops) = (&result["ids"], &result["logprobs"], &result["topLogprobs"]);
+    let mut committed = 0;
+    for (i, lp) in lps.as_array().expect("logprobs").iter().enumerate() {
+        let Some(lp) = lp.as_f64() else { continue };
+        assert!(lp <= 0.0, "position {i}: {lp}");
+        assert_eq!(
+            tops[i].as_array().map(Vec::len),
+            Some(top),
+            "position {i}: {tops}"
+        );
+        assert_eq!(
+            tops[i][0][0], ids[i],
+            "position {i}: the chosen id heads them"
+        );
+        assert_eq!(tops[i][0][1].as_f64(), Some(lp), "position {i}");
+        committed += 1;
+    }
+    assert!(committed > 0, "{result}");
+}
