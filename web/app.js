@@ -226,7 +226,28 @@ function request(question) {
     threshold: numberOr("threshold", null),
     temperature: numberOr("temperature", 0),
     cache: $("cache").value,
+    // Each token's probability when it was committed, shown on the canvas and in the stats.
+    logprobs: true,
   };
+}
+
+// The finished canvas's cells carry their tokens' probabilities at commit; the stats give
+// the answer's mean and lowest.
+function showLogprobs(result) {
+  const lps = result.logprobs;
+  if (!lps) return [];
+  const cells = $("canvas").children;
+  lps.forEach((lp, i) => {
+    if (lp !== null && cells[i]) cells[i].title += ` · p ${Math.exp(lp).toFixed(3)} at commit`;
+  });
+  const answer = result.ids
+    .map((_, i) => lps[i])
+    .slice(0, result.timings.answer_tokens)
+    .filter((lp) => lp !== null);
+  if (answer.length === 0) return [];
+  const probs = answer.map(Math.exp);
+  const mean = probs.reduce((a, b) => a + b, 0) / probs.length;
+  return [["answer tokens' p at commit", `mean ${mean.toFixed(3)} · lowest ${Math.min(...probs).toFixed(3)}`]];
 }
 
 function reportGemma(result) {
@@ -261,6 +282,7 @@ function report(result) {
       "layer work vs. no cache",
       `${((100 * result.tokenLayersComputed) / Math.max(1, result.tokenLayersFull)).toFixed(0)} %`,
     ],
+    ...showLogprobs(result),
   ];
   const b = result.bicache;
   if (b) {

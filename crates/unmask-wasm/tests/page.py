@@ -303,6 +303,12 @@ def main():
         if got_text.rsplit("####", 1)[-1].strip() != item["answer"]:
             sys.exit(f"the bundled model's answer {got_text!r} is not {item['answer']!r}")
         print(f"[page] the answer is right: {item['answer']!r}")
+        # The page asks for each token's log-probability and shows the answer's.
+        answer_lps = result["logprobs"][:result["timings"]["answer_tokens"]]
+        stats = wd.js("return document.getElementById('stats').textContent;")
+        if not answer_lps or any(lp is None or lp > 0 for lp in answer_lps) or "p at commit" not in stats:
+            sys.exit(f"the page should show the answer's probabilities: {answer_lps}, stats {stats!r}")
+        print(f"[page] answer tokens' log-probabilities shown: {[round(lp, 3) for lp in answer_lps]}")
 
         # A new chat with the same system prompt: the shared prefix entry is reused.
         second = json.loads(tasks[1])
