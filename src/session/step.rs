@@ -258,11 +258,8 @@ impl Session<'_> {
             let params = SelectParams {
                 // Rows that report log-probabilities take their own (slightly dearer) pass.
                 logprob: asked,
-                top_logprobs: if asked {
-                    m.prepared.request.top_logprobs as u32
-                } else {
-                    0
-                },
+                // Above 0 only where `asked` (it implies log-probabilities).
+                top_logprobs: m.prepared.request.top_logprobs as u32,
                 ..engine.select_params(&m.prepared.sampler, m.prepared.conf_exclude)
             };
             let key = selection_key(params);

@@ -3,19 +3,12 @@
 //! with fewer ids than asked for, each id's log-probability under the model softmax the
 //! selection keeps, and the errors of bad arguments.
 
-use crate::common::select::{chunk_ranges, positions};
+use crate::common::select::{chunk_ranges, columns, positions};
 use crate::common::{ctx, random_vec};
 use unmask_core::oracle::sampling::model_logprob;
 use unmask_gpu::ops::alternatives::{self as top, Chunk, TOP_STATE_WORDS, parse_alternatives};
 use unmask_gpu::ops::sampling::{self as sel, SelectParams};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor};
-
-/// Columns `[lo, hi)` of a row-major `[rows, n]` matrix.
-fn columns(data: &[f32], n: usize, lo: usize, hi: usize) -> Vec<f32> {
-    data.chunks(n)
-        .flat_map(|row| row[lo..hi].iter().copied())
-        .collect()
-}
 
 /// Selection (with its model softmax) and the top `k` over `chunks`, in one step.
 #[allow(clippy::too_many_arguments)]

@@ -45,7 +45,7 @@ pub fn chunk_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
 }
 
 /// Columns `[lo, hi)` of a row-major `[rows, n]` matrix.
-fn columns(data: &[f32], n: usize, lo: usize, hi: usize) -> Vec<f32> {
+pub fn columns(data: &[f32], n: usize, lo: usize, hi: usize) -> Vec<f32> {
     data.chunks(n)
         .flat_map(|row| row[lo..hi].iter().copied())
         .collect()

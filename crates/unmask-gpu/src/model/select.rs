@@ -235,7 +235,7 @@ impl Model {
             )?;
         }
         sampling::select_reset(step, &sel.state, n)?;
-        let top = (params.top_logprobs as usize).min(MOST_ALTERNATIVES);
+        let top = Self::alternatives(params);
         if top > 0 {
             alternatives::top_reset(step, &sel.top_state, n)?;
         }

@@ -8,8 +8,8 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::ShaderVariant;
-use super::sampling::STATE_WORDS as SELECT_WORDS;
-use crate::error::{GpuError, Result};
+use super::sampling::{STATE_WORDS as SELECT_WORDS, check_tensor as check, shape_error};
+use crate::error::Result;
 use crate::kernel_source;
 use crate::pipeline::{KernelSource, Spec};
 use crate::step::{Binding, StepEncoder, groups_2d};
@@ -91,26 +91,6 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
             FinalizeParams { rows, k, out_base }
         ),
     ]
-}
-
-fn shape_error(op: &'static str, expected: String, found: String) -> GpuError {
-    GpuError::Shape {
-        op,
-        expected,
-        found,
-    }
-}
-
-fn check(op: &'static str, what: &str, t: &Tensor, dtype: DType, min: usize) -> Result<()> {
-    if t.dtype == dtype && t.numel() >= min {
-        Ok(())
-    } else {
-        Err(shape_error(
-            op,
-            format!("{what}: {dtype:?} tensor with at least {min} elements"),
-            format!("{:?} {:?}", t.dtype, t.shape),
-        ))
-    }
 }
 
 fn count(op: &'static str, what: &str, n: usize) -> Result<u32> {

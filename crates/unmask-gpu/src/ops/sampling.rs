@@ -192,7 +192,7 @@ struct ThresholdParams {
     _pad: u32,
 }
 
-fn shape_error(op: &'static str, expected: String, found: String) -> GpuError {
+pub(super) fn shape_error(op: &'static str, expected: String, found: String) -> GpuError {
     GpuError::Shape {
         op,
         expected,
@@ -200,7 +200,7 @@ fn shape_error(op: &'static str, expected: String, found: String) -> GpuError {
     }
 }
 
-fn check_tensor(
+pub(super) fn check_tensor(
     op: &'static str,
     what: &str,
     t: &Tensor,
