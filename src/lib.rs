@@ -74,7 +74,7 @@ pub use unmask_core::config::ModelFamily;
 pub use unmask_core::likelihood::{LikelihoodParams, MaskSample};
 pub use unmask_core::prefix_store::StoreBudget as CacheBudget;
 pub use unmask_core::prefix_store::{Recount, StoreEvent};
-pub use unmask_core::sampler::{GenerationParams, Remasking, Schedule, StepRecord};
+pub use unmask_core::sampler::{GenerationParams, LogitBias, Remasking, Schedule, StepRecord};
 pub use unmask_core::tokenizer::DecodeMode;
 pub use unmask_gpu::WeightFormat;
 pub use unmask_gpu::dgemma::{PrefixUse, StepReport as DgemmaStep};

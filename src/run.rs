@@ -258,6 +258,8 @@ impl Engine {
                 found: req.top_logprobs.to_string(),
             });
         }
+        // The ranges were checked with the parameters; the ids need the model's vocabulary.
+        p.bias.check(Some(self.model.cfg.vocab_size))?;
         let asked = req.logprobs || req.top_logprobs > 0;
         let logprobs = asked.then(|| vec![None; sampler.generated().len()]);
         let mut prepared = Prepared {
@@ -383,6 +385,15 @@ impl Engine {
             logprob: false,
             top_logprobs: 0,
         }
+    }
+
+    /// The logit biases of a request's rows this step: its fixed ones and the penalties of
+    /// the tokens committed in its canvas (end tokens, which pad a canvas, not counted).
+    pub(crate) fn step_biases(&self, sampler: &Sampler) -> Vec<(u32, f32)> {
+        let s = self.special();
+        let ends: Vec<u32> = [Some(s.eos), s.eot].into_iter().flatten().collect();
+        let bias = &sampler.params().bias;
+        bias.step_biases(sampler.generated(), sampler.mask_id(), &ends)
     }
 
     /// The generation of a request whose sampler is done.

@@ -3,10 +3,13 @@
 //! of rules that name the field at fault. Fields are snake_case (the browser API turns its
 //! camelCase keys into them).
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use unmask_core::adaptive::VerifyPick;
 use unmask_core::cache::CacheMode;
-use unmask_core::sampler::{GenerationParams, Remasking, Schedule};
+use unmask_core::sampler::bias::{BIAS_LIMIT, MOST_LOGIT_BIAS, PENALTY_LIMIT};
+use unmask_core::sampler::{GenerationParams, LogitBias, Remasking, Schedule};
 use unmask_core::tokenizer::DecodeMode;
 
 use crate::Request;
@@ -68,6 +71,11 @@ pub struct RequestSpec {
     pub logprobs: Option<bool>,
     /// That many most likely ids beside each (`Request::top_logprobs`, 0 to 20).
     pub top_logprobs: Option<u64>,
+    /// OpenAI's `logit_bias`: token ids (as decimal strings) to a bias from -100 to 100.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// OpenAI's penalties (-2 to 2) on the tokens committed so far (`LogitBias`).
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
 }
 
 /// What a spec is checked against: the loaded model's shape.
@@ -77,6 +85,8 @@ pub struct SpecLimits {
     pub context: usize,
     /// Transformer layers: the most BiCache's shallow depth can be.
     pub layers: usize,
+    /// Vocabulary ids: `logit_bias` keys lie below (`usize::MAX`: checked when it runs).
+    pub vocab: usize,
 }
 
 /// A field of a request outside its rules.
@@ -296,6 +306,7 @@ impl RequestSpec {
                 p > 0.0 && p <= 1.0
             })?,
             top_k,
+            bias: self.logit_bias(limits.vocab)?,
         };
         let cache = match self.cache.as_deref() {
             None => None,
@@ -391,6 +402,52 @@ impl RequestSpec {
     }
 }
 
+impl RequestSpec {
+    /// `logit_bias` and the penalties, each named when out of its range.
+    fn logit_bias(&self, vocab: usize) -> Result<LogitBias, SpecError> {
+        let mut ids = Vec::new();
+        for (key, &b) in self.logit_bias.iter().flatten() {
+            let id = key.parse::<u32>().ok().filter(|&id| (id as usize) < vocab);
+            let Some(id) = id else {
+                let below = if vocab == usize::MAX {
+                    String::new()
+                } else {
+                    format!(" below the vocabulary size {vocab}")
+                };
+                let expected = format!("token ids written as decimal strings{below}");
+                return Err(error("logit_bias", expected, format!("the key {key:?}")));
+            };
+            let range = format!("biases from -{BIAS_LIMIT} to {BIAS_LIMIT}");
+            let bias =
+                single("logit_bias", Some(b), &range, |b| b.abs() <= BIAS_LIMIT).map_err(|e| {
+                    SpecError {
+                        found: format!("{} for id {id}", e.found),
+                        ..e
+                    }
+                })?;
+            ids.push((id, bias.unwrap_or(0.0)));
+        }
+        // Keys are distinct strings, but "7" and "07" name one id.
+        let mut bias = LogitBias::with_ids(ids)
+            .map_err(|_| error("logit_bias", "each token id once", "an id written twice"))?;
+        let penalty = |field, v| {
+            let range = format!("a number from -{PENALTY_LIMIT} to {PENALTY_LIMIT}");
+            Ok(single(field, v, &range, |p| p.abs() <= PENALTY_LIMIT)?.unwrap_or(0.0))
+        };
+        bias.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
+        bias.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
+        if bias.ids.len() > MOST_LOGIT_BIAS {
+            let found = format!("{} ids", bias.ids.len());
+            return Err(error(
+                "logit_bias",
+                format!("at most {MOST_LOGIT_BIAS} ids"),
+                found,
+            ));
+        }
+        Ok(bias)
+    }
+}
+
 impl Request {
     /// The request with checked settings (`RequestSpec::check`); its cache mode stays
     /// where the settings name none.
@@ -450,6 +507,7 @@ mod tests {
     const LIMITS: SpecLimits = SpecLimits {
         context: 256,
         layers: 4,
+        vocab: 100,
     };
 
     fn spec(json: &str) -> RequestSpec {
@@ -499,11 +557,35 @@ mod tests {
             (r#"{"decode": "pretty"}"#, "decode"),
             (r#"{"alg_temp": -0.5}"#, "alg_temp"),
             (r#"{"top_logprobs": 21}"#, "top_logprobs"),
+            (r#"{"logit_bias": {"100": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"a": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"3": 101}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"3": 1, "03": 2}}"#, "logit_bias"),
+            (r#"{"presence_penalty": 2.5}"#, "presence_penalty"),
+            (r#"{"frequency_penalty": -3}"#, "frequency_penalty"),
         ] {
             assert_eq!(field_of(json), field, "{json}");
         }
         let e = spec(r#"{"top_p": 1e-300}"#).check(&LIMITS).unwrap_err();
         assert!(e.found.contains("single precision"), "{e}");
+    }
+
+    #[test]
+    fn logit_biases_and_penalties_reach_the_parameters() {
+        let json = r#"{"logit_bias": {"7": -100, "2": 3.5}, "frequency_penalty": 0.5}"#;
+        let bias = spec(json).check(&LIMITS).unwrap().params.bias;
+        assert_eq!(bias.ids, vec![(2, 3.5), (7, -100.0)]);
+        assert_eq!((bias.presence_penalty, bias.frequency_penalty), (0.0, 0.5));
+        let e = spec(r#"{"logit_bias": {"99": 1, "100": 1}}"#)
+            .check(&LIMITS)
+            .unwrap_err();
+        assert_eq!(e.found, "the key \"100\"");
+        assert!(e.expected.contains("vocabulary size 100"), "{e}");
+        let e = spec(r#"{"logit_bias": {"4": -250}}"#)
+            .check(&LIMITS)
+            .unwrap_err();
+        assert_eq!(e.found, "-250 for id 4");
+        assert!(spec("{}").check(&LIMITS).unwrap().params.bias.is_empty());
     }
 
     #[test]

@@ -193,6 +193,28 @@ def logprobs_cases(client, name, unmask, model):
     lp = c.choices[0].logprobs
     check(lp.top_logprobs and all(len(d) <= 2 and tok in d for d, tok in zip(lp.top_logprobs, lp.tokens)),
           f"completions logprobs 2: a map of two alternatives per token: {lp.top_logprobs}")
+    logit_bias_cases(client, ask, content, unmask, model)
+
+
+def logit_bias_cases(client, ask, content, unmask, model):
+    """OpenAI's logit_bias bans the answer's last token (the server answers as `unmask
+    generate --logit-bias` does) and penalties are taken; neutral values change nothing."""
+    cli = lambda *flags: json.loads(subprocess.run(
+        [unmask, "generate", "--model", model, "--system", SYSTEM, "--prompt", QUESTIONS[0], "--gen-length", str(N),
+         "--steps", str(STEPS), "--block-length", str(BLOCK), "--json", *flags],
+        capture_output=True, text=True, check=True).stdout)
+    last = cli()["ids"][len(content) - 1]
+    banned = client.chat.completions.create(logit_bias={str(last): -100}, **ask).choices[0].message.content
+    want = cli("--logit-bias", f"{last}=-100")["text"]
+    text = "".join(t.token for t in content)
+    check(banned == want and banned != text and content[-1].token not in banned,
+          f"logit_bias bans token {last} ({content[-1].token!r}): {banned!r} (unmask generate: {want!r}), not {text!r}")
+    neutral = client.chat.completions.create(logit_bias={}, presence_penalty=0, frequency_penalty=0, **ask)
+    check(neutral.choices[0].message.content == text, "neutral logit_bias and penalties change nothing")
+    penalised = client.chat.completions.create(presence_penalty=1.5, frequency_penalty=0.5, **ask)
+    want = cli("--presence-penalty", "1.5", "--frequency-penalty", "0.5")["text"]
+    check(penalised.choices[0].message.content == want,
+          f"penalties answer as unmask generate's: {penalised.choices[0].message.content!r}")
 
 
 def choices_cases(client, name, extra=None, seed=5, what="", messages=None):

@@ -10,6 +10,7 @@ use unmask_gpu::StepEncoder;
 use unmask_gpu::model::{
     AdaptiveInput, AdaptiveShared, ForwardState, Model, PlanBuffers, SharedPrefix,
 };
+use unmask_gpu::ops::logit_bias::RowBiases;
 use unmask_gpu::ops::sampling::SelectParams;
 
 use super::{Member, Session, SessionState};
@@ -292,13 +293,20 @@ impl Session<'_> {
             }
         }
         let mut slots = Vec::with_capacity(groups.len());
-        for (group, sel) in groups.iter().zip(&self.selects) {
+        for (group, sel) in groups.iter().zip(&mut self.selects) {
             let (row_index, positions): (Vec<u32>, Vec<u32>) = group
                 .members
                 .iter()
                 .flat_map(|&k| plan.sampled[k].iter().copied())
                 .unzip();
             model.write_select(sel, &row_index, &positions)?;
+            // Biases are per member (its canvas's penalties), so they do not split groups.
+            let mut biases = RowBiases::default();
+            for &k in &group.members {
+                let sampler = &self.running[k].1.prepared.sampler;
+                biases.push(&engine.step_biases(sampler), seqs[k].predict.len());
+            }
+            model.write_logit_bias(sel, &biases)?;
             let uncond = hidden.get(1).copied();
             model.encode_select_from(
                 &mut step,

@@ -32,6 +32,7 @@ mod kernels_select;
 mod kernels_select_confidence;
 mod kernels_select_cut;
 mod likelihood;
+mod logit_bias;
 mod model_parity;
 mod profile;
 mod quant_checkpoint;

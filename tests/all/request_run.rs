@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::params;
+use common::{params, steps};
 
 use unmask::{CacheMode, DecodeMode, Request};
 
@@ -155,25 +155,7 @@ fn each_token_carries_its_log_probability_at_commit() {
         assert!(plain.logprobs.is_none(), "{mode}: not asked for");
         let mut req = request(mode, 3);
         req.top_logprobs = TOP;
-        let mut run = engine.start(req).expect("starts");
-        // Per step: the canvas it saw, its committed (position, token)s and what they carry.
-        type Seen = (Vec<u32>, Vec<(u32, u32)>, Vec<unmask::Logprob>);
-        let mut seen: Vec<Seen> = Vec::new();
-        let generation = loop {
-            let mut record = |e: &unmask::StepEvent<'_>| {
-                let lps = e.logprobs.expect("log-probabilities asked for");
-                let mut before = e.canvas.to_vec();
-                let mut got = Vec::new();
-                for &(pos, _) in &e.record.committed {
-                    before[pos as usize] = e.mask_id;
-                    got.push(lps[pos as usize - e.prompt_len].clone().expect("committed"));
-                }
-                seen.push((before, e.record.committed.clone(), got));
-            };
-            if let Some(g) = run.step(&mut record).expect("steps") {
-                break g;
-            }
-        };
+        let (generation, seen) = steps::run_recording(&engine, req);
         assert_eq!(generation.ids, plain.ids, "{mode}: the same tokens");
         let lps = generation.logprobs.expect("log-probabilities");
         for (i, (&t, lp)) in generation.ids.iter().zip(&lps).enumerate() {
@@ -193,31 +175,7 @@ fn each_token_carries_its_log_probability_at_commit() {
         if mode != CacheMode::None {
             continue;
         }
-        let vocab = engine.model().cfg.embedding_size;
-        let (mut worst, mut tokens) = (0f64, 0);
-        for (before, committed, got) in &seen {
-            let rows: Vec<usize> = committed.iter().map(|&(p, _)| p as usize).collect();
-            let logits = engine.model().logits_at(before, &rows).expect("logits");
-            for ((row, &(_, token)), lp) in logits.chunks(vocab).zip(committed).zip(got) {
-                let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
-                let lse = max
-                    + row
-                        .iter()
-                        .map(|&x| (x as f64 - max).exp())
-                        .sum::<f64>()
-                        .ln();
-                let want = row[token as usize] as f64 - lse;
-                worst = worst.max((lp.logprob as f64 - want).abs());
-                // The alternatives: the row's TOP largest logits, highest first.
-                let mut order: Vec<usize> = (0..vocab).collect();
-                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-                for (&(id, l), &v) in lp.top.iter().zip(&order) {
-                    assert_eq!(id as usize, v, "{mode}: alternative ids");
-                    worst = worst.max((l as f64 - (row[v] as f64 - lse)).abs());
-                }
-                tokens += 1;
-            }
-        }
+        let (worst, tokens) = steps::worst_logprob_error(&engine, &seen, &|_| Vec::new());
         eprintln!(
             "[check] {mode}: {tokens} tokens' log-probabilities and top {TOP} over {} steps, worst error {worst:.2e}",
             seen.len()

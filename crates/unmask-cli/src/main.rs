@@ -16,6 +16,7 @@ mod options;
 mod output;
 mod profile;
 mod quantize;
+mod sampling_flags;
 mod score;
 mod selfcheck;
 mod serve;

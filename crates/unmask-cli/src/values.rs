@@ -132,6 +132,26 @@ pub fn list<T>(
 }
 
 /// A comma-separated list of token ids (`1,2,3`; spaces allowed).
+/// `ID=BIAS`: a token id and the bias its logit takes, -100 to 100.
+pub fn token_bias(text: &str) -> Result<(u32, f32), String> {
+    let limit = unmask_core::sampler::bias::BIAS_LIMIT;
+    let expected = format!("ID=BIAS, a token id and a bias from -{limit} to {limit}");
+    let (id, bias) = text.split_once('=').ok_or_else(|| expected.clone())?;
+    match (id.trim().parse::<u32>(), bias.trim().parse::<f32>()) {
+        (Ok(id), Ok(b)) if b.is_finite() && b.abs() <= limit => Ok((id, b)),
+        _ => Err(expected),
+    }
+}
+
+/// A presence or frequency penalty, -2 to 2.
+pub fn penalty(text: &str) -> Result<f32, String> {
+    let limit = unmask_core::sampler::bias::PENALTY_LIMIT;
+    match text.parse::<f32>() {
+        Ok(p) if p.is_finite() && p.abs() <= limit => Ok(p),
+        _ => Err(format!("expected a number from -{limit} to {limit}")),
+    }
+}
+
 pub fn token_ids(text: &str) -> Result<Vec<u32>, String> {
     list(text, "comma-separated token ids such as 1,2,3", |id| {
         id.parse().ok()

@@ -183,6 +183,10 @@ pub enum SamplerError {
          maskgit_plus), found {remasking}"
     )]
     ThresholdNeedsProbability { remasking: &'static str },
+    #[error("logit_bias: expected {expected}, found {found}")]
+    BadLogitBias { expected: String, found: String },
+    #[error("{field}: expected a value from -2 to 2, found {value}")]
+    BadPenalty { field: &'static str, value: f32 },
 }
 
 /// The suffix's term of a length sum, when there is one.

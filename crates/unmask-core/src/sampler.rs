@@ -6,10 +6,12 @@
 //! Two schedules decide how many positions a step unmasks: LLaDA's (each block's masks
 //! split evenly over its steps) and Dream's timestep schedule (`dream`).
 
+pub mod bias;
 mod dream;
 pub mod entropy_bound;
 mod params;
 
+pub use bias::LogitBias;
 pub use params::{GenerationParams, Remasking, Schedule};
 
 use std::collections::VecDeque;

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod matmul;
 pub mod select;
+pub mod steps;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};

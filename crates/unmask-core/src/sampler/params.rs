@@ -1,6 +1,7 @@
 //! What a generation asks of the sampler: the reference `generate`'s parameters, which
 //! predictions a step keeps and how many positions it unmasks, checked against a prompt.
 
+use super::LogitBias;
 use crate::error::SamplerError;
 
 /// Which predictions a step keeps.
@@ -110,6 +111,9 @@ pub struct GenerationParams {
     pub top_p: Option<f32>,
     /// Each row keeps its `k` largest logits, ties included (`SelectParams::top_k`).
     pub top_k: Option<u32>,
+    /// Added to the logits before the token choice: fixed per id, and the presence and
+    /// frequency penalties of the tokens committed so far (`LogitBias`).
+    pub bias: LogitBias,
 }
 
 impl Default for GenerationParams {
@@ -130,6 +134,7 @@ impl Default for GenerationParams {
             alg_temp: 0.0,
             top_p: None,
             top_k: None,
+            bias: LogitBias::default(),
         }
     }
 }
@@ -235,6 +240,7 @@ impl GenerationParams {
         if self.top_k == Some(0) {
             return Err(SamplerError::ZeroTopK);
         }
+        self.bias.check(None)?;
         if self.cfg_scale > 0.0 && self.cuts() {
             return Err(SamplerError::CutWithCfg);
         }

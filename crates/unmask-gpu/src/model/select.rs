@@ -9,6 +9,7 @@ use super::ModelError;
 use super::forward::{ForwardState, Model};
 use crate::ops::alternatives::{self, Chunk, MOST_ALTERNATIVES, TOP_STATE_WORDS};
 use crate::ops::elementwise::{self as ew, RowWindow};
+use crate::ops::logit_bias::{self, RowBiases};
 use crate::ops::matmul;
 use crate::ops::sampling::{self, SelectParams};
 use crate::step::StepEncoder;
@@ -35,6 +36,10 @@ pub struct SelectBuffers {
     /// Whole logits rows for a top-p / top-k cut, made on first use.
     full: OnceLock<FullLogits>,
     max_group_rows: usize,
+    /// The sampled rows' logit biases (`RowBiases::words`) and their rows, when the next
+    /// select has any (`Model::write_logit_bias`); grown as lists grow.
+    bias: Option<Tensor>,
+    bias_rows: usize,
 }
 
 impl SelectBuffers {
@@ -106,6 +111,8 @@ impl Model {
             )?,
             full: OnceLock::new(),
             max_group_rows: usize::MAX,
+            bias: None,
+            bias_rows: 0,
         })
     }
 
@@ -169,6 +176,50 @@ impl Model {
         sel.row_index.write_u32(&self.ctx, row_index)?;
         sel.positions.write_u32(&self.ctx, positions)?;
         Ok(())
+    }
+
+    /// Sets the logit biases of the sampled rows (in `write_select`'s order) that the next
+    /// selections add to their logits; a table without entries turns them off.
+    pub fn write_logit_bias(
+        &self,
+        sel: &mut SelectBuffers,
+        biases: &RowBiases,
+    ) -> Result<(), ModelError> {
+        if biases.is_empty() {
+            sel.bias_rows = 0;
+            return Ok(());
+        }
+        let words = biases.words();
+        if sel.bias.as_ref().is_none_or(|t| t.numel() < words.len()) {
+            // Room to grow: penalty lists lengthen as the canvas fills.
+            let len = words.len().next_power_of_two();
+            sel.bias = Some(Tensor::zeros(&self.ctx, DType::U32, &[len], "logit bias")?);
+        }
+        if let Some(t) = &sel.bias {
+            t.write_u32(&self.ctx, &words)?;
+        }
+        sel.bias_rows = biases.rows();
+        Ok(())
+    }
+
+    /// The bias table when the next selection of `n` rows has one.
+    fn bias_table<'a>(
+        &self,
+        sel: &'a SelectBuffers,
+        n: usize,
+    ) -> Result<Option<&'a Tensor>, ModelError> {
+        match &sel.bias {
+            Some(t) if sel.bias_rows > 0 => {
+                if sel.bias_rows != n {
+                    return Err(ModelError::Input(format!(
+                        "logit biases for {} rows, selecting {n}",
+                        sel.bias_rows
+                    )));
+                }
+                Ok(Some(t))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Records the final norm and LM head of the sampled rows and the token choice,
@@ -252,6 +303,7 @@ impl Model {
             None
         };
         let vocab = self.head_vocab();
+        let bias = self.bias_table(sel, n)?;
         let groups: Vec<(&RowGroup, usize)> = full.map_or(Vec::new(), |f| {
             f.groups
                 .iter()
@@ -263,6 +315,16 @@ impl Model {
         for (ci, chunk) in head.chunks.iter().enumerate() {
             let part = head.chunk_view(ci);
             matmul::matmul(step, &sel.normed, &part, &sel.logits, n, &self.kernels)?;
+            if let Some(table) = bias {
+                logit_bias::add_logit_bias(
+                    step,
+                    &sel.logits,
+                    n,
+                    chunk.rows,
+                    chunk.row_start,
+                    table,
+                )?;
+            }
             if full.is_some() {
                 for &(g, rows) in &groups {
                     let src = RowWindow {
@@ -295,6 +357,11 @@ impl Model {
                     n,
                     &self.kernels,
                 )?;
+                // Both passes take the bias, so guidance's combination carries it as it is.
+                if let Some(table) = bias {
+                    let (rows, at) = (chunk.rows, chunk.row_start);
+                    logit_bias::add_logit_bias(step, &sel.logits_uncond, n, rows, at, table)?;
+                }
                 Some(&sel.logits_uncond)
             } else {
                 None

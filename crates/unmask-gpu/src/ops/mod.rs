@@ -11,6 +11,7 @@ pub mod denoise;
 pub mod elementwise;
 pub mod heads;
 mod kernels;
+pub mod logit_bias;
 pub mod matmul;
 pub mod moe;
 pub mod sampling;
@@ -83,6 +84,7 @@ fn modules() -> Vec<KernelModule> {
         kernel_module!(attention),
         kernel_module!(sampling),
         kernel_module!(alternatives),
+        kernel_module!(logit_bias),
         kernel_module!(cross_entropy),
         kernel_module!(acache),
         kernel_module!(v_verify),

@@ -9,7 +9,15 @@ use crate::fields::whole;
 impl Common {
     /// DiffusionGemma's few settings; every masked-diffusion one is refused by name.
     pub(super) fn gemma(&self, max_new_tokens: Option<usize>) -> Result<GemmaSampling, ApiError> {
-        let masked_only: [(&str, bool); 17] = [
+        // Clients that send OpenAI's neutral values (0, {}) by default are served.
+        let penalty = |p: Option<f64>| p.is_some_and(|p| p != 0.0);
+        let masked_only: [(&str, bool); 20] = [
+            (
+                "logit_bias",
+                self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()),
+            ),
+            ("presence_penalty", penalty(self.presence_penalty)),
+            ("frequency_penalty", penalty(self.frequency_penalty)),
             ("temperature", self.temperature.is_some()),
             ("top_p", self.top_p.is_some()),
             ("top_k", self.top_k.is_some()),

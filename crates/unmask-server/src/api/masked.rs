@@ -40,11 +40,15 @@ impl Common {
             verify_pick: self.verify_pick.clone(),
             pin_block: self.pin_block,
             full_canvas: self.full_canvas,
+            logit_bias: self.logit_bias.clone(),
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             ..unmask::RequestSpec::default()
         };
         let any_model = unmask::SpecLimits {
             context: usize::MAX,
             layers: usize::MAX,
+            vocab: usize::MAX,
         };
         let settings = spec.check(&any_model).map_err(|e| {
             // The canvas length is OpenAI's max_tokens here.
@@ -67,5 +71,55 @@ impl Common {
             full_canvas: settings.full_canvas,
             suffix: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ChatRequest, Family, JobSpec, Limits, Sampling};
+    use crate::error::ApiError;
+    use unmask::CacheMode;
+
+    fn check(body: &str, family: Family) -> Result<JobSpec, ApiError> {
+        let limits = Limits {
+            max_tokens: 256,
+            default_max_tokens: 64,
+            default_cache: CacheMode::None,
+            family,
+        };
+        ChatRequest::parse(body.as_bytes())?.check(&limits, "tiny")
+    }
+
+    /// OpenAI's `logit_bias` and penalties reach the sampler, are checked by name, and a
+    /// DiffusionGemma server refuses them unless neutral (clients send 0 and {} by default).
+    #[test]
+    fn logit_bias_and_penalties_reach_the_sampler() {
+        let q = r#""messages":[{"role":"user","content":"q"}]"#;
+        let body = format!(
+            r#"{{{q},"logit_bias":{{"42":-100,"7":2.5}},"presence_penalty":0.5,"frequency_penalty":-1}}"#
+        );
+        let Sampling::Masked(m) = check(&body, Family::MaskedDiffusion).unwrap().sampling else {
+            panic!("a masked-diffusion request");
+        };
+        let bias = &m.params.bias;
+        assert_eq!(bias.ids, vec![(7, 2.5), (42, -100.0)]);
+        assert_eq!((bias.presence_penalty, bias.frequency_penalty), (0.5, -1.0));
+        for (extra, field, needle) in [
+            (r#""logit_bias":{"x":1}"#, "logit_bias", "the key \"x\""),
+            (r#""logit_bias":{"3":-101}"#, "logit_bias", "-101 for id 3"),
+            (r#""logit_bias":{"3":"a"}"#, "logit_bias.3", "expected f64"),
+            (r#""presence_penalty":2.5"#, "presence_penalty", "-2 to 2"),
+            (r#""frequency_penalty":-9"#, "frequency_penalty", "found -9"),
+        ] {
+            let body = format!("{{{q},{extra}}}");
+            let e = check(&body, Family::MaskedDiffusion).expect_err(&body);
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
+            assert!(e.message.contains(needle), "{body}: {e}");
+        }
+        let neutral =
+            format!(r#"{{{q},"logit_bias":{{}},"presence_penalty":0,"frequency_penalty":0}}"#);
+        assert!(check(&neutral, Family::DiffusionGemma).is_ok());
+        let e = check(&body, Family::DiffusionGemma).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias"), "{e}");
     }
 }

@@ -4,6 +4,8 @@
 
 use crate::error::ApiError;
 use crate::fields::{object, required, typed, whole};
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde_json::Value;
 use unmask::{CacheMode, GenerationParams, Message, Role};
@@ -151,18 +153,21 @@ pub struct Common {
     /// Dream's timestep schedule's last value; sets the Dream schedule.
     #[serde(default)]
     pub eps: Option<f64>,
-    // OpenAI fields this runtime does not implement: refused when set to anything but
-    // their neutral value.
+    /// Chat: a boolean; completions: the alternatives per token (`api/logprobs.rs`).
     #[serde(default)]
     pub logprobs: Option<Value>,
     #[serde(default)]
     pub top_logprobs: Option<Value>,
+    /// OpenAI's penalties, on the tokens committed in the canvas so far.
     #[serde(default)]
     pub presence_penalty: Option<f64>,
     #[serde(default)]
     pub frequency_penalty: Option<f64>,
+    /// Token ids (decimal strings) to biases from -100 to 100.
     #[serde(default)]
-    pub logit_bias: Option<Value>,
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    // OpenAI fields this runtime does not implement: refused when set to anything but
+    // their neutral value.
     #[serde(default)]
     pub tools: Option<Value>,
     #[serde(default)]
@@ -460,21 +465,7 @@ impl Common {
             }
         };
         let logprobs = self.logprobs(&input, limits.family == Family::DiffusionGemma)?;
-        let refused: [(&str, bool); 5] = [
-            (
-                "presence_penalty",
-                self.presence_penalty.is_some_and(|p| p != 0.0),
-            ),
-            (
-                "frequency_penalty",
-                self.frequency_penalty.is_some_and(|p| p != 0.0),
-            ),
-            (
-                "logit_bias",
-                self.logit_bias
-                    .as_ref()
-                    .is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())),
-            ),
+        let refused: [(&str, bool); 2] = [
             ("tools", self.tools.as_ref().is_some_and(|v| !v.is_null())),
             (
                 "response_format",

@@ -351,6 +351,7 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
     let limits = SpecLimits {
         context: limits.context,
         layers: limits.layers,
+        vocab: limits.vocab,
     };
     spec.check(&limits).map_err(|e| {
         let found = sent(e.field).unwrap_or(e.found);

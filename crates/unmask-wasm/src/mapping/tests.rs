@@ -51,6 +51,29 @@ fn a_chat_request_maps_every_field() {
 }
 
 #[test]
+fn logit_bias_and_penalties_map_with_their_errors() {
+    let r = parse(json!({
+        "ids": [1, 2], "logitBias": {"5": -100, "300": 2}, "presencePenalty": 0.5,
+        "frequencyPenalty": 0.25
+    }))
+    .unwrap();
+    let b = &r.params.bias;
+    assert_eq!(b.ids, vec![(5, -100.0), (300, 2.0)]);
+    assert_eq!((b.presence_penalty, b.frequency_penalty), (0.5, 0.25));
+    let err = |v: Value| parse(v).err().unwrap();
+    let e = err(json!({"ids": [1], "logitBias": {"320": 1}}));
+    assert!(
+        e.starts_with("logitBias: expected token ids") && e.contains("vocabulary size 320"),
+        "{e}"
+    );
+    let e = err(json!({"ids": [1], "frequencyPenalty": 4}));
+    assert!(
+        e.starts_with("frequencyPenalty: expected a number from -2 to 2"),
+        "{e}"
+    );
+}
+
+#[test]
 fn defaults_and_errors() {
     let r = parse(json!({"ids": [1, 2, 3], "genLength": 8})).unwrap();
     assert!(matches!(r.prompt, Prompt::Ids(ref v) if v == &[1, 2, 3]));
