@@ -82,6 +82,11 @@ else
   fail=$((fail + 1)); echo "FAIL  --top-k 0 did not give the answer of --top-k 100000"
 fi
 case_ "--top-p 1e-300 (0 as f32)" "--top-p" -- "$BIN" "${G[@]}" --model "$FIX" --top-p 1e-300
+case_ "--logit-bias 5=200" "--logit-bias" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5=200
+case_ "--logit-bias without a bias" "ID=BIAS" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5
+case_ "--logit-bias past the vocabulary" "vocabulary size 320" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 99999=1
+case_ "--logit-bias one id twice" "id 5 twice" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5=1 --logit-bias 5=2
+case_ "--frequency-penalty 3" "--frequency-penalty" -- "$BIN" "${G[@]}" --model "$FIX" --frequency-penalty 3
 case_ "serve --shutdown-grace 0" "--shutdown-grace" -- "$BIN" serve --model "$FIX" --shutdown-grace 0
 case_ "serve --max-connections 0" "--max-connections" -- "$BIN" serve --model "$FIX" --max-connections 0
 case_ "serve --header-timeout 1e9" "--header-timeout" -- "$BIN" serve --model "$FIX" --header-timeout 1e9

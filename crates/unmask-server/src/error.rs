@@ -79,6 +79,9 @@ impl ApiError {
                     "steps" => "steps",
                     "threshold" => "threshold",
                     "temperature" => "temperature",
+                    "logit_bias" => "logit_bias",
+                    "presence_penalty" => "presence_penalty",
+                    "frequency_penalty" => "frequency_penalty",
                     "prompt" => "messages",
                     _ => "",
                 };

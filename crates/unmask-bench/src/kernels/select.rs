@@ -1,10 +1,13 @@
-//! The token choice's cost with log-probabilities: one chunk of `rows` x `vocab` logits
-//! through `select` alone (`plain`), with the model softmax's sum (`logprob`), and with the
-//! 5 and 20 most likely alternatives (`top5`, `top20`). Each record's `vs_plain` is its time
-//! over `plain`'s from the same run.
+//! The token choice's cost with log-probabilities and logit biases: one chunk of `rows` x
+//! `vocab` logits through `select` alone (`plain`), with the model softmax's sum
+//! (`logprob`), with the 5 and 20 most likely alternatives (`top5`, `top20`), and after
+//! adding 32 or 1024 biased ids per row (`bias32`, `bias1024`: a `logit_bias` list, and
+//! the most one may hold). Each record's `vs_plain` is its time over `plain`'s from the
+//! same run.
 
 use serde_json::{Value, json};
 use unmask_gpu::ops::alternatives::{self, Chunk, TOP_STATE_WORDS};
+use unmask_gpu::ops::logit_bias::{RowBiases, add_logit_bias};
 use unmask_gpu::ops::sampling::{self, SelectParams};
 use unmask_gpu::{DType, GpuContext, StepEncoder, Tensor};
 
@@ -26,8 +29,27 @@ pub(super) fn run(
     let top_state = Tensor::zeros(ctx, DType::U32, &[rows, TOP_STATE_WORDS], "bench.top")?;
     let out_words = rows * (sampling::OUT_WORDS + TOP_STATE_WORDS);
     let out = Tensor::zeros(ctx, DType::U32, &[out_words], "bench.out")?;
-    let record = |step: &mut StepEncoder, params: &SelectParams| -> unmask_gpu::Result<()> {
+    // Ids spread over the vocabulary, every row its own list.
+    let bias_table = |per_row: usize| -> unmask_gpu::Result<Tensor> {
+        let mut table = RowBiases::default();
+        for r in 0..rows {
+            let list: Vec<(u32, f32)> = (0..per_row)
+                .map(|i| (((i * 7919 + r * 131) % vocab) as u32, -1.5))
+                .collect();
+            table.push(&list, 1);
+        }
+        let words = table.words();
+        Tensor::from_u32(ctx, &[words.len()], &words, "bench.bias")
+    };
+    let tables = [(32, bias_table(32)?), (1024, bias_table(1024)?)];
+    let record = |step: &mut StepEncoder,
+                  params: &SelectParams,
+                  bias: Option<&Tensor>|
+     -> unmask_gpu::Result<()> {
         let top = params.top_logprobs as usize;
+        if let Some(table) = bias {
+            add_logit_bias(step, &logits, rows, vocab, 0, table)?;
+        }
         sampling::select_reset(step, &state, rows)?;
         sampling::select_accumulate(
             step, &logits, None, rows, vocab, 0, &positions, &state, params,
@@ -50,20 +72,24 @@ pub(super) fn run(
         Ok(())
     };
     let variants = [
-        ("plain", false, 0),
-        ("logprob", true, 0),
-        ("top5", true, 5),
-        ("top20", true, 20),
+        ("plain", false, 0, 0),
+        ("logprob", true, 0, 0),
+        ("top5", true, 5, 0),
+        ("top20", true, 20, 0),
+        ("bias32", false, 0, 32),
+        ("bias1024", false, 0, 1024),
     ];
     let mut records = Vec::new();
     let mut plain_ms = None;
-    for (name, logprob, top) in variants {
+    for (name, logprob, top, biased) in variants {
         let params = SelectParams {
             logprob,
             top_logprobs: top,
             ..SelectParams::default()
         };
-        let s = time_step(ctx, options.repeats, |step| record(step, &params))?;
+        // The bias adds to the logits in place: repeats drift them, which costs the same.
+        let bias = tables.iter().find(|(n, _)| *n == biased).map(|(_, t)| t);
+        let s = time_step(ctx, options.repeats, |step| record(step, &params, bias))?;
         let base = *plain_ms.get_or_insert(s.median_ms);
         let fields = json!({
             "kernel": "select",
@@ -73,6 +99,7 @@ pub(super) fn run(
             "rows": rows,
             "vocab": vocab,
             "vs_plain": round3(s.median_ms / base),
+            "biased_ids_per_row": biased,
         });
         // One pass over the logits: an operation and 4 bytes per logit.
         let elements = (rows * vocab) as f64;
