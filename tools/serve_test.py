@@ -136,6 +136,7 @@ def openai_client_cases(server, unmask, model):
 
     choices_cases(client, name)
     logprobs_cases(client, name, unmask, model)
+    tokenize_cases(server, client, name)
 
     try:
         client.chat.completions.create(model=name, messages=[{"role": "user", "content": "q"}], max_tokens=3,
@@ -215,6 +216,32 @@ def logit_bias_cases(client, ask, content, unmask, model):
     want = cli("--presence-penalty", "1.5", "--frequency-penalty", "0.5")["text"]
     check(penalised.choices[0].message.content == want,
           f"penalties answer as unmask generate's: {penalised.choices[0].message.content!r}")
+
+
+def tokenize_cases(server, client, name):
+    """/tokenize gives the ids a chat runs (their count is the answer's prompt_tokens) and
+    those logit_bias names; /detokenize turns them back into the text."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    status, t, _ = server.request("POST", "/tokenize", {"messages": messages}, AUTH)
+    r = client.chat.completions.create(model=name, messages=messages, max_tokens=N, temperature=0,
+                                       extra_body={"steps": STEPS, "block_length": BLOCK, "cache": "none"})
+    check(status == 200 and t["count"] == len(t["tokens"]) == r.usage.prompt_tokens and t["max_model_len"] > 0,
+          f"/tokenize counts a chat's prompt as usage does: {t.get('count')} vs {r.usage.prompt_tokens}")
+    status, t, _ = server.request("POST", "/tokenize", {"prompt": " Lima", "return_token_strs": True}, AUTH)
+    check(status == 200 and len(t["tokens"]) == len(t["token_strs"]) >= 1,
+          f"/tokenize a word with its token strings: {t}")
+    banned = client.chat.completions.create(model=name, messages=messages, max_tokens=N, temperature=0,
+                                            logit_bias={str(i): -100 for i in t["tokens"]},
+                                            extra_body={"steps": STEPS, "block_length": BLOCK, "cache": "none"})
+    check("Lima" in r.choices[0].message.content and "Lima" not in banned.choices[0].message.content,
+          f"the ids /tokenize gives ban the word: {r.choices[0].message.content!r} -> "
+          f"{banned.choices[0].message.content!r}")
+    status, d, _ = server.request("POST", "/detokenize", {"tokens": t["tokens"]}, AUTH)
+    check(status == 200 and d["prompt"] == " Lima", f"/detokenize gives the text back: {d}")
+    status, e, _ = server.request("POST", "/tokenize", {"prompt": "a", "messages": messages}, AUTH)
+    check(status == 400 and e["error"]["param"] == "prompt", f"/tokenize with both names the field: {e}")
+    status, _, _ = server.request("POST", "/tokenize", {"prompt": "a"}, {})
+    check(status == 401, "/tokenize needs the API key")
 
 
 def choices_cases(client, name, extra=None, seed=5, what="", messages=None):

@@ -22,6 +22,7 @@ mod routes;
 pub mod scheduler;
 mod scoring;
 pub mod text;
+mod tokenize;
 pub mod vllm_metrics;
 
 use std::net::SocketAddr;
@@ -200,6 +201,7 @@ where
             shared,
             limits,
             model: config.model_name.clone(),
+            max_model_len: loaded.max_sequence_length,
             api_key: config.api_key.clone(),
             max_queue: config.max_queue,
             max_body_bytes: config.max_body_bytes,

@@ -29,6 +29,8 @@ pub struct App {
     pub shared: Arc<Shared>,
     pub limits: Limits,
     pub model: String,
+    /// Positions the model takes, prompt and answer together (`/tokenize`'s `max_model_len`).
+    pub max_model_len: usize,
     pub api_key: Option<String>,
     pub max_queue: usize,
     pub max_body_bytes: usize,
@@ -57,6 +59,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/loglikelihood", post(crate::scoring::loglikelihood))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(crate::tokenize::tokenize))
+        .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize))
         .route("/health", get(health))
@@ -115,8 +119,8 @@ async fn not_found(request: Request) -> Response {
         "unknown_url",
         format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST \
-             /v1/completions, POST /v1/loglikelihood, GET /v1/models, GET /health and GET \
-             /metrics",
+             /v1/completions, POST /v1/loglikelihood, POST /tokenize, POST /detokenize, GET \
+             /v1/models, GET /health and GET /metrics",
             request.method(),
             request.uri().path()
         ),
