@@ -23,7 +23,7 @@ use crate::run::Prepared;
 use crate::session::PrefixKey;
 use crate::{
     DEPTH_TABLE_FILE, EngineError, EngineOptions, Generation, PrefixEntry, Prompt, Request, Role,
-    StepEvent, Stopwatch,
+    StepEvent, Stopwatch, TextSide,
 };
 
 /// A model loaded on a GPU, ready to generate.
@@ -31,8 +31,8 @@ pub struct Engine {
     /// The GPU the model lives on (shared with the model).
     pub(crate) ctx: Arc<GpuContext>,
     pub(crate) model: Model,
-    tokenizer: Option<Tokenizer>,
-    special: SpecialTokens,
+    /// The tokenizer, chat format and special tokens.
+    text: TextSide,
     dir: PathBuf,
     load_s: f64,
     /// BiCache's shared prefix entries, shared by every request of this engine.
@@ -46,9 +46,6 @@ pub struct Engine {
     /// The model's r → b table: its folder's, else the shipped one of a published model
     /// of its shape.
     depth_table: Option<DepthTable>,
-    /// How the chat template lays out a conversation: recognized from
-    /// `tokenizer_config.json`, else the family's.
-    chat: ChatFormat,
 }
 
 impl Engine {
@@ -109,30 +106,12 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let start = Stopwatch::start();
         let dir = PathBuf::from(files.location(""));
-        let config_text = files::read_text(files, "config.json")
-            .await?
-            .ok_or_else(|| EngineError::File {
-                location: files.location("config.json"),
-                message: "not found".into(),
-            })?;
-        let mut cfg = ModelConfig::from_json_str(&config_text)?;
-        const GENERATION: &str = "generation_config.json";
-        if let Some(text) = files::read_text(files, GENERATION).await? {
-            cfg = cfg.with_generation_config(&text, &files.location(GENERATION))?;
-        }
-        let tokenizer = match crate::files::read_small(files, "tokenizer.json").await? {
-            Some(b) => Some(Tokenizer::from_bytes(&b)?),
-            None => None,
-        };
+        let text = TextSide::read(files).await?;
+        let cfg = text.config.clone();
         let depth_table = match files::read_text(files, DEPTH_TABLE_FILE).await? {
             Some(text) => Some(parse_depth_table(&text, &files.location(DEPTH_TABLE_FILE))?),
             None => shipped_depth_table(&cfg),
         };
-        const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
-        let chat = files::read_text(files, TOKENIZER_CONFIG)
-            .await?
-            .and_then(|text| chat_format_of(&text))
-            .unwrap_or_else(|| ChatFormat::for_family(cfg.family));
         const INDEX: &str = "model.safetensors.index.json";
         let index = match files::read_text(files, INDEX).await? {
             Some(text) => Some(
@@ -165,14 +144,14 @@ impl Engine {
         }
         let weights = upload.finish()?;
         let model = Model::from_weights(ctx, cfg, weights, &options.kernel_options())?;
-        Self::assemble(model, tokenizer, (depth_table, chat), &dir, options, start)
+        Self::assemble(model, text, depth_table, &dir, options, start)
     }
 
-    /// The engine around a loaded model: special tokens from the tokenizer (or the config).
+    /// The engine around a loaded model and its folder's text side.
     fn assemble(
         mut model: Model,
-        tokenizer: Option<Tokenizer>,
-        (depth_table, chat): (Option<DepthTable>, ChatFormat),
+        text: TextSide,
+        depth_table: Option<DepthTable>,
         dir: &Path,
         options: &EngineOptions,
         start: Stopwatch,
@@ -198,29 +177,10 @@ impl Engine {
                 model.cfg.head_dim()
             ))));
         }
-        let cfg = &model.cfg;
-        let special = match &tokenizer {
-            Some(t) => t.special_tokens(cfg)?,
-            None => SpecialTokens {
-                mask: cfg.mask_token_id,
-                eos: cfg.eos_token_id,
-                bos: cfg.bos_token_id.unwrap_or(cfg.eos_token_id),
-                eot: None,
-                start_header: None,
-                end_header: None,
-            },
-        };
-        // The config's role ids too, not only the tokenizer's role strings: text never
-        // encodes to the mask or a boundary id, whatever token string that id has.
-        let mut tokenizer = tokenizer;
-        if let Some(t) = &mut tokenizer {
-            t.reserve(&special);
-        }
         Ok(Self {
             ctx: model.ctx.clone(),
             model,
-            tokenizer,
-            special,
+            text,
             dir: dir.to_path_buf(),
             load_s: start.elapsed_s(),
             prefix_store: Arc::new(Mutex::new(PrefixStore::new(options.cache_budget))),
@@ -230,7 +190,6 @@ impl Engine {
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
             depth_table,
-            chat,
         })
     }
 
@@ -257,13 +216,13 @@ impl Engine {
 
     /// The model folder's tokenizer; `None` when it has no tokenizer.json (token ids only).
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.tokenizer.as_ref()
+        self.text.tokenizer.as_ref()
     }
 
     /// The special token ids (mask, EOS, BOS, EoT, chat headers), from the tokenizer or,
     /// without one, from the config.
     pub fn special(&self) -> &SpecialTokens {
-        &self.special
+        &self.text.special
     }
 
     /// Where the model was loaded from: its folder, or the location of its files.
@@ -285,10 +244,7 @@ impl Engine {
 
     /// The prompt's token ids.
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
-        match prompt {
-            Prompt::Ids(ids) => Ok(ids.clone()),
-            Prompt::Chat(messages) => Ok(self.chat.encode(self.require_tokenizer()?, messages)?),
-        }
+        self.text.encode_prompt(prompt)
     }
 
     /// What a `RequestSpec` is checked against on this model.
@@ -315,7 +271,7 @@ impl Engine {
 
     /// How chat prompts are laid out (the model's template).
     pub fn chat_format(&self) -> &ChatFormat {
-        &self.chat
+        &self.text.chat
     }
 
     /// `text`'s token ids as the tokenizer gives them: no chat template, no special token
@@ -325,11 +281,7 @@ impl Engine {
     }
 
     pub(crate) fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
-        self.tokenizer
-            .as_ref()
-            .ok_or_else(|| EngineError::NoTokenizer {
-                dir: self.dir.clone(),
-            })
+        self.text.require_tokenizer()
     }
 
     /// Like `encode_with_prefix`, with the reason when a chat prompt yields no usable prefix.
@@ -354,6 +306,7 @@ impl Engine {
         let (ids, split) = match &request.prompt {
             Prompt::Chat(messages) if messages.iter().any(|m| m.role == Role::User) => {
                 let split = self
+                    .text
                     .chat
                     .prefix_split(self.require_tokenizer()?, messages)?;
                 let at = split.split_at();
@@ -486,23 +439,6 @@ impl Engine {
             None => Err(crate::Refusal::NotShared(p.why_not_shared()).into()),
         }
     }
-}
-
-/// The chat format of a `tokenizer_config.json`'s `chat_template` (a string, or Hugging
-/// Face's list of named templates, whose `default` counts), when it is one this runtime
-/// reproduces.
-fn chat_format_of(tokenizer_config: &str) -> Option<ChatFormat> {
-    let value: serde_json::Value = serde_json::from_str(tokenizer_config).ok()?;
-    let template = match &value["chat_template"] {
-        serde_json::Value::String(t) => t.clone(),
-        serde_json::Value::Array(named) => {
-            named.iter().find(|t| t["name"] == "default")?["template"]
-                .as_str()?
-                .to_string()
-        }
-        _ => return None,
-    };
-    ChatFormat::from_template(&template)
 }
 
 /// The depth table shipped for the published model whose shape `cfg` has.

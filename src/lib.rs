@@ -46,6 +46,7 @@ mod request_run;
 mod run;
 mod session;
 mod spec;
+mod text_side;
 
 pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
@@ -67,6 +68,7 @@ pub use request::{
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};
 pub use spec::{AdaptiveOverrides, DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};
+pub use text_side::TextSide;
 pub use unmask_core::adaptive::AdaptiveRefresh;
 pub use unmask_core::cache::CacheMode;
 pub use unmask_core::chat::{ChatFormat, Message, Role};

@@ -112,10 +112,14 @@ fn the_most_likely_ids_match_a_host_sort_over_any_chunks() {
     for &n in &[3usize, 1000, 5003] {
         let mut logits = random_vec(300 + n as u64, rows * n, 4.0);
         let uncond = random_vec(400 + n as u64, rows * n, 4.0);
-        // Row 1 on a coarse grid: ties everywhere, also across chunks.
+        // Row 1 on a coarse grid: ties everywhere, also across chunks. Row 2 one value:
+        // every kept pair reaches the floor, so the kernel takes its rounds; so does a
+        // chunk of fewer than k ids per invocation (n = 1000, k = 5). The other rows rank
+        // their few candidates.
         for x in &mut logits[n..2 * n] {
             *x = (*x * 2.0).round() / 2.0;
         }
+        logits[2 * n..3 * n].fill(0.75);
         for (cfg, k) in [(false, 1usize), (false, 5), (true, 20)] {
             let (u, scale) = if cfg {
                 (Some(&uncond[..]), 1.5)

@@ -21,6 +21,7 @@ mod score;
 mod selfcheck;
 mod serve;
 mod synth;
+mod tokenize;
 mod trace;
 mod values;
 
@@ -67,6 +68,7 @@ enum Command {
     Synth(synth::SynthArgs),
     Trace(trace::TraceArgs),
     Serve(serve::ServeArgs),
+    Tokenize(tokenize::TokenizeArgs),
     #[command(
         about = "Print a shell completion script, e.g. `unmask completions bash > unmask.bash`."
     )]
@@ -96,6 +98,7 @@ impl Command {
             Command::Synth(args) => synth::run(args),
             Command::Trace(args) => trace::run(args),
             Command::Serve(args) => serve::run(args),
+            Command::Tokenize(args) => tokenize::run(args),
             Command::Completions { shell } => completions(*shell),
             Command::Version => output::line(&format!("unmask {}", env!("CARGO_PKG_VERSION"))),
         }

@@ -307,7 +307,11 @@ pub fn load_engine(dir: &Path, options: &EngineOptions) -> Result<Engine, CliErr
 
 /// Token ids given on the command line must index the model's embedding table.
 pub fn check_ids(engine: &Engine, flag: &str, ids: &[u32]) -> Result<(), CliError> {
-    let rows = engine.config().embedding_size;
+    check_ids_below(engine.config().embedding_size, flag, ids)
+}
+
+/// `check_ids` against `rows` embedding rows (a model folder read without its weights).
+pub fn check_ids_below(rows: usize, flag: &str, ids: &[u32]) -> Result<(), CliError> {
     match ids.iter().find(|&&id| id as usize >= rows) {
         Some(bad) => Err(CliError::usage(format!(
             "--{flag}: token id {bad} is outside the model's vocabulary (ids 0..{rows})"

@@ -5,8 +5,12 @@
 // logit first, the lower id on ties, so the list does not depend on chunking or
 // scheduling. Logits are the model's (CFG-combined, before any cut or temperature).
 // `accumulate` reduces one chunk per row (one workgroup per row): each invocation keeps its
-// own sorted top k of the ids it visits, then k rounds take the workgroup's best head
-// each, and one invocation merges that list into the state. `finalize` turns each pair
+// own sorted top k of the ids it visits. The largest of the invocations' k-th values is a
+// floor the chunk's k-th cannot be below, so the chunk's top k are among the kept pairs at
+// or above it: those candidates (usually about k) are gathered and ranked against each
+// other, with no barrier per place. When more than CAP pairs reach the floor (a chunk of
+// fewer than k ids per invocation, many ties), k rounds take the workgroup's best head
+// each instead. One invocation then merges the chunk's list into the state. `finalize` turns each pair
 // into (id, log-probability) with the row's model softmax from `select`'s state (words 8
 // and 9, kept with its LOGPROB flag).
 
@@ -76,6 +80,12 @@ var<workgroup> w_lane: array<u32, WG>;
 // This chunk's best k, best first.
 var<workgroup> c_val: array<f32, MOST>;
 var<workgroup> c_id: array<u32, MOST>;
+// Kept pairs at or above the floor, in no order.
+const CAP: u32 = 256u;
+var<workgroup> cand_val: array<f32, CAP>;
+var<workgroup> cand_id: array<u32, CAP>;
+var<workgroup> cand_count: atomic<u32>;
+var<workgroup> cand_n: u32;
 
 @compute @workgroup_size(256)
 fn accumulate(
@@ -95,14 +105,19 @@ fn accumulate(
         vals[j] = NEG;
         ids[j] = NONE;
     }
-    // Ids grow within an invocation, so a strict > keeps the lower id of a tie first.
+    if (lid == 0u) {
+        atomicStore(&cand_count, 0u);
+    }
+    // Ids grow within an invocation, so a strict > keeps the lower id of a tie first. The
+    // k-th value lives in a register: most logits are only compared with it.
+    var kth = NEG;
     for (var v = lid; v < p.n; v += WG) {
         var l = logits[base + v];
         //#if CFG
         let u = uncond[base + v];
         l = u + (p.cfg_scale + 1.0) * (l - u);
         //#endif
-        if (l > vals[k - 1u]) {
+        if (l > kth) {
             var j = k - 1u;
             while (j > 0u && vals[j - 1u] < l) {
                 vals[j] = vals[j - 1u];
@@ -111,15 +126,77 @@ fn accumulate(
             }
             vals[j] = l;
             ids[j] = p.vocab_offset + v;
+            kth = vals[k - 1u];
         }
     }
-    // k rounds: the best head of all invocations joins the chunk's list, and its owner
-    // moves on to its next.
+    // The floor: the largest k-th value of any invocation. That invocation holds k pairs
+    // at or above it, so the chunk's k-th is not below it, and an invocation's pair it
+    // dropped had k kept pairs before it.
+    w_val[lid] = kth;
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        workgroupBarrier();
+        if (lid < stride) {
+            w_val[lid] = max(w_val[lid], w_val[lid + stride]);
+        }
+    }
+    let floor = workgroupUniformLoad(&w_val[0]);
+    for (var j = 0u; j < k; j++) {
+        if (ids[j] != NONE && vals[j] >= floor) {
+            let at = atomicAdd(&cand_count, 1u);
+            if (at < CAP) {
+                cand_val[at] = vals[j];
+                cand_id[at] = ids[j];
+            }
+        }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        cand_n = atomicLoad(&cand_count);
+    }
+    let n_cand = workgroupUniformLoad(&cand_n);
+    if (n_cand <= CAP) {
+        // Each candidate's place is the number of candidates before it (distinct ids make
+        // the places distinct); the first k places are the chunk's list.
+        if (lid < n_cand) {
+            let cv = cand_val[lid];
+            let ci = cand_id[lid];
+            var place = 0u;
+            for (var d = 0u; d < n_cand; d++) {
+                place += u32(before(cand_val[d], cand_id[d], cv, ci));
+            }
+            if (place < k) {
+                c_val[place] = cv;
+                c_id[place] = ci;
+            }
+        }
+        // Fewer candidates than k: the rest of the list is empty.
+        if (lid >= n_cand && lid < k) {
+            c_val[lid] = NEG;
+            c_id[lid] = NONE;
+        }
+        workgroupBarrier();
+    } else {
+        top_rounds(lid, k, &vals, &ids);
+    }
+    if (lid != 0u) {
+        return;
+    }
+    merge_into_state(row, k);
+}
+
+// k rounds: the best head of all invocations joins the chunk's list, and its owner moves
+// on to its next.
+fn top_rounds(
+    lid: u32,
+    k: u32,
+    vals: ptr<function, array<f32, MOST>>,
+    ids: ptr<function, array<u32, MOST>>,
+) {
     var head = 0u;
     for (var r = 0u; r < k; r++) {
         if (head < k) {
-            w_val[lid] = vals[head];
-            w_id[lid] = ids[head];
+            w_val[lid] = (*vals)[head];
+            w_id[lid] = (*ids)[head];
         } else {
             w_val[lid] = NEG;
             w_id[lid] = NONE;
@@ -145,10 +222,10 @@ fn accumulate(
         // Every invocation has read slot 0 before the next round writes it.
         workgroupBarrier();
     }
-    if (lid != 0u) {
-        return;
-    }
-    // Merge the chunk's list with the state's, both best first, keeping k.
+}
+
+// Merges the chunk's list with the state's, both best first, keeping k.
+fn merge_into_state(row: u32, k: u32) {
     let o = (p.row_base + row) * TOP_WORDS;
     var kept_val: array<f32, MOST>;
     var kept_id: array<u32, MOST>;

@@ -1,8 +1,8 @@
 //! `unmask help` and `--help`, shell completions, `unmask info` on both fixture families,
-//! `unmask selfcheck`, and the demo page's label of the bundled model against what
-//! `unmask info` counts.
+//! `unmask selfcheck`, the demo page's label of the bundled model against what `unmask info`
+//! counts, and `unmask tokenize` against what `generate` runs.
 
-use super::{assert_fails, assert_ok, fixture, run, stdout, workspace};
+use super::{assert_fails, assert_ok, fixture, json, run, stdout, u64s, workspace};
 
 #[test]
 fn help_info_and_selfcheck() {
@@ -94,5 +94,71 @@ fn the_demo_page_labels_the_bundled_model_with_the_loaders_parameter_count() {
         format!("{label:.1}"),
         format!("{:.1}", count / 1e6),
         "the page says {label} M, the loader {count}"
+    );
+}
+
+/// `tokenize` gives the ids `generate` runs (chat template included) and their text, and
+/// the ids it gives for a word are the ones `--logit-bias` bans.
+#[test]
+fn tokenize_gives_the_ids_generate_runs_and_logit_bias_bans() {
+    let model = workspace().join("models/tiny").display().to_string();
+    let system = std::fs::read_to_string(workspace().join("data/tasks/demo-system.txt")).unwrap();
+    let ask = [
+        "--system",
+        system.trim_end(),
+        "--prompt",
+        "What is the city of Bella?",
+    ];
+    let canvas = [
+        "--gen-length",
+        "32",
+        "--steps",
+        "16",
+        "--block-length",
+        "4",
+        "--json",
+    ];
+    let generate = |extra: &[&str]| {
+        let o = run(&[&["generate", "--model", &model][..], &ask, &canvas, extra].concat());
+        assert_ok(&o);
+        json(&o)
+    };
+    let plain = generate(&[]);
+    let o = run(&[&["tokenize", "--model", &model, "--json"][..], &ask].concat());
+    assert_ok(&o);
+    let t = json(&o);
+    assert_eq!(u64s(&t["tokens"]), u64s(&plain["prompt_ids"]));
+    assert_eq!(t["count"], plain["prompt_ids"].as_array().unwrap().len());
+    let o = run(&["tokenize", "--model", &model, "--text", " Lima", "--json"]);
+    assert_ok(&o);
+    let word = json(&o);
+    let texts = word["texts"].as_array().unwrap();
+    assert_eq!(
+        texts.iter().filter_map(|v| v.as_str()).collect::<String>(),
+        " Lima"
+    );
+    let ids: Vec<String> = u64s(&word["tokens"]).iter().map(u64::to_string).collect();
+    let o = run(&["tokenize", "--model", &model, "--decode", &ids.join(",")]);
+    assert_ok(&o);
+    assert_eq!(stdout(&o).trim_end_matches('\n'), " Lima");
+    let text = plain["text"].as_str().unwrap();
+    assert!(text.contains("Lima"), "{text}");
+    let bans: Vec<String> = ids
+        .iter()
+        .map(|id| format!("--logit-bias={id}=-100"))
+        .collect();
+    let bans: Vec<&str> = bans.iter().map(String::as_str).collect();
+    let banned = generate(&bans);
+    let banned = banned["text"].as_str().unwrap();
+    assert!(!banned.contains("Lima"), "{banned}");
+    assert_fails(
+        &["tokenize", "--model", &model],
+        2,
+        "--text TEXT, --prompt TEXT or --decode",
+    );
+    assert_fails(
+        &["tokenize", "--model", &model, "--decode", "99999"],
+        2,
+        "--decode",
     );
 }
