@@ -85,6 +85,7 @@ case_ "--top-p 1e-300 (0 as f32)" "--top-p" -- "$BIN" "${G[@]}" --model "$FIX" -
 case_ "--logit-bias 5=200" "--logit-bias" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5=200
 case_ "--logit-bias without a bias" "ID=BIAS" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5
 case_ "--logit-bias past the vocabulary" "vocabulary size 320" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 99999=1
+case_ "--logit-bias on the mask token" "mask token 305" -- "$BIN" "${G[@]}" --model "$FIX" --threshold 0.9 --logit-bias 305=100
 case_ "--logit-bias one id twice" "id 5 twice" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5=1 --logit-bias 5=2
 case_ "--frequency-penalty 3" "--frequency-penalty" -- "$BIN" "${G[@]}" --model "$FIX" --frequency-penalty 3
 case_ "serve --shutdown-grace 0" "--shutdown-grace" -- "$BIN" serve --model "$FIX" --shutdown-grace 0

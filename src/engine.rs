@@ -252,7 +252,7 @@ impl Engine {
         crate::SpecLimits {
             context: self.model.cfg.max_sequence_length,
             layers: self.model.cfg.n_layers,
-            vocab: self.model.cfg.vocab_size,
+            vocab: self.model.cfg.embedding_size,
         }
     }
 

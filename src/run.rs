@@ -259,7 +259,17 @@ impl Engine {
             });
         }
         // The ranges were checked with the parameters; the ids need the model's vocabulary.
-        p.bias.check(Some(self.model.cfg.vocab_size))?;
+        p.bias.check(Some(cfg.embedding_size))?;
+        let mask = self.special().mask;
+        if p.bias.ids.iter().any(|&(id, _)| id == mask) {
+            // A committed mask leaves its position masked: a request biased towards it
+            // would never end under threshold decoding.
+            return Err(EngineError::Invalid {
+                field: "logit_bias",
+                expected: format!("ids other than the mask token {mask}"),
+                found: format!("id {mask}"),
+            });
+        }
         let asked = req.logprobs || req.top_logprobs > 0;
         let logprobs = asked.then(|| vec![None; sampler.generated().len()]);
         let mut prepared = Prepared {

@@ -235,4 +235,16 @@ fn penalties_follow_the_canvas_each_step_saw() {
         let g = engine.generate(&request(bias.clone(), mode)).unwrap();
         assert!(!g.ids.contains(&banned), "{mode}: {:?}", g.ids);
     }
+    // A committed mask would leave its position masked (threshold decoding would never
+    // end); ids past the embedding are no ids. Both are refused before any GPU work.
+    for (id, needle) in [
+        (mask, "ids other than the mask token"),
+        (320, "vocabulary size 320"),
+    ] {
+        let bias = LogitBias::with_ids(vec![(id, 100.0)]).unwrap();
+        let e = engine
+            .generate(&request(bias, CacheMode::None))
+            .unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
 }

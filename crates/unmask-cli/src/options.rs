@@ -257,7 +257,6 @@ pub struct CacheArgs {
     pub mode: CacheMode,
 }
 
-/// `--confidence-precision`.
 /// Loads the model, with a progress bar when stderr is a terminal.
 pub fn load_engine(dir: &Path, options: &EngineOptions) -> Result<Engine, CliError> {
     let show = std::io::stderr().is_terminal();

@@ -11,6 +11,7 @@ use crate::error::CliError;
 use crate::options::{DEFAULT_BLOCK_LENGTH, DEFAULT_GEN_LENGTH};
 use crate::values;
 
+/// `--confidence-precision`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ConfidencePrecision {
     F32,
@@ -160,14 +161,10 @@ impl SamplingArgs {
             bias: LogitBias {
                 presence_penalty: self.presence_penalty.unwrap_or(0.0),
                 frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-                ..LogitBias::with_ids(self.logit_bias.clone()).map_err(|e| match e {
-                    SamplerError::BadLogitBias { expected, found } => {
-                        CliError::usage(format!("--logit-bias: expected {expected}, found {found}"))
-                    }
-                    other => CliError::usage(other.to_string()),
-                })?
+                ..LogitBias::with_ids(self.logit_bias.clone()).map_err(bias_error)?
             },
         };
+        params.bias.check(None).map_err(bias_error)?;
         params
             .validate(1, 0, usize::MAX)
             .map_err(|e| schedule_error(&params, e))?;
@@ -195,6 +192,16 @@ impl GenerationArgs {
             DecodeMode::Clean
         };
         Ok((params, decode))
+    }
+}
+
+/// A `LogitBias` objection, in terms of `--logit-bias`.
+fn bias_error(e: SamplerError) -> CliError {
+    match e {
+        SamplerError::BadLogitBias { expected, found } => {
+            CliError::usage(format!("--logit-bias: expected {expected}, found {found}"))
+        }
+        other => CliError::usage(other.to_string()),
     }
 }
 

@@ -1,5 +1,5 @@
 //! `unmask tokenize`: a prompt's token ids exactly as `generate` runs them, each with its
-//! text, or the text of ids. It reads the model folder's text side only (no weights, no
+//! text, or the text of ids, for LLaDA and Dream folders. It reads the model folder's text side only (no weights, no
 //! GPU), so it answers at once even for an 8B folder: how to find the ids `--logit-bias`
 //! names, and how long a prompt is against the context.
 
@@ -20,7 +20,7 @@ use crate::{output, values};
                   token's name), then the count against the model's context. --text is tokenized as it is (a completion's\n\
                   prompt, a word for --logit-bias: mind its leading space); --prompt goes through\n\
                   the chat template as generate --prompt does. Only config.json and the tokenizer\n\
-                  files are read."
+                  files are read (LLaDA and Dream folders)."
 )]
 pub struct TokenizeArgs {
     #[command(flatten)]

@@ -131,7 +131,6 @@ pub fn list<T>(
         .collect()
 }
 
-/// A comma-separated list of token ids (`1,2,3`; spaces allowed).
 /// `ID=BIAS`: a token id and the bias its logit takes, -100 to 100.
 pub fn token_bias(text: &str) -> Result<(u32, f32), String> {
     let limit = unmask_core::sampler::bias::BIAS_LIMIT;
@@ -152,6 +151,7 @@ pub fn penalty(text: &str) -> Result<f32, String> {
     }
 }
 
+/// A comma-separated list of token ids (`1,2,3`; spaces allowed).
 pub fn token_ids(text: &str) -> Result<Vec<u32>, String> {
     list(text, "comma-separated token ids such as 1,2,3", |id| {
         id.parse().ok()

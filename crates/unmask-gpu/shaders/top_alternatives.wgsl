@@ -3,7 +3,8 @@
 //
 // Per row the state holds the best k (logit bits, id) pairs so far, best first: a higher
 // logit first, the lower id on ties, so the list does not depend on chunking or
-// scheduling. Logits are the model's (CFG-combined, before any cut or temperature).
+// scheduling. Logits are the model's (CFG-combined, after a request's logit biases,
+// before any cut or temperature).
 // `accumulate` reduces one chunk per row (one workgroup per row): each invocation keeps its
 // own sorted top k of the ids it visits. The largest of the invocations' k-th values is a
 // floor the chunk's k-th cannot be below, so the chunk's top k are among the kept pairs at

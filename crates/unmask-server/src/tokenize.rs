@@ -67,7 +67,7 @@ pub(crate) fn tokenize_answer(
     let r: TokenizeRequest = typed(object(body)?, "")?;
     served_model(r.model.as_deref(), served)?;
     let (tokenizer, chat) = encoder;
-    let ids = match (r.prompt, r.messages) {
+    let (field, ids) = match (r.prompt, r.messages) {
         (Some(text), None) => {
             // Completions run a prompt as it tokenizes, with nothing added around it.
             if r.add_special_tokens == Some(true) {
@@ -78,9 +78,12 @@ pub(crate) fn tokenize_answer(
                      true",
                 ));
             }
-            tokenizer.encode(&text)
+            ("prompt", tokenizer.encode(&text))
         }
-        (None, Some(messages)) => chat.encode(tokenizer, &chat_messages(messages)?),
+        (None, Some(messages)) => (
+            "messages",
+            chat.encode(tokenizer, &chat_messages(messages)?),
+        ),
         (prompt, _) => {
             let found = if prompt.is_some() { "both" } else { "neither" };
             return Err(ApiError::invalid(
@@ -88,8 +91,8 @@ pub(crate) fn tokenize_answer(
                 format!("prompt: expected a prompt (text) or messages (a chat), found {found}"),
             ));
         }
-    }
-    .map_err(|e| ApiError::invalid("prompt", format!("prompt: {e}")))?;
+    };
+    let ids = ids.map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))?;
     let mut answer = json!({
         "count": ids.len(),
         "max_model_len": max_model_len,

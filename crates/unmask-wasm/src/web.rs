@@ -458,4 +458,17 @@ impl WebEngine {
             }
         }
     }
+
+    /// The text of token ids, special tokens left out: `decode([id])` spells an
+    /// alternative of `topLogprobs` (a token may hold part of a character).
+    pub fn decode(&self, ids: Vec<u32>) -> Result<String, JsError> {
+        let tokenizer = match &self.loaded {
+            Loaded::Masked(e) => e.tokenizer(),
+            Loaded::Gemma(e) => e.tokenizer(),
+        }
+        .ok_or_else(|| JsError::new("decode: this model was loaded without tokenizer.json"))?;
+        tokenizer
+            .decode(&ids, unmask::DecodeMode::Raw)
+            .map_err(|e| JsError::new(&format!("decode: {e}")))
+    }
 }

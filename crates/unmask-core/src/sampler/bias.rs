@@ -104,7 +104,12 @@ impl LogitBias {
     /// and without zero entries.
     pub fn step_biases(&self, canvas: &[u32], mask: u32, uncounted: &[u32]) -> Vec<(u32, f32)> {
         if !self.penalises() {
-            return self.ids.clone();
+            return self
+                .ids
+                .iter()
+                .copied()
+                .filter(|&(_, b)| b != 0.0)
+                .collect();
         }
         let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
         for &t in canvas {

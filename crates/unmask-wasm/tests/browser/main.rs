@@ -234,6 +234,18 @@ async fn generate_from_javascript_reports_every_step() {
     assert_eq!(result["bicache"]["hit"], true, "{result}");
     assert_eq!(result["store"]["hits"], 1);
     assert_greedy_logprobs(&result, 2);
+    // A -100 logit bias bans the first answer token (`logitBias`, as the server's).
+    let first = result["ids"][0].as_u64().unwrap();
+    let banned = js(&format!(
+        r#"{{"system": "You are terse.", "prompt": "And 4 + 4?", "genLength": 16, "steps": 8,
+        "blockLength": 8, "cache": "bicache", "depth": 1, "logitBias": {{"{first}": -100}},
+        "presencePenalty": 0.5}}"#
+    ));
+    let banned = JsFuture::from(web.generate(banned, None)).await.unwrap();
+    let banned: Value =
+        serde_json::from_str(&String::from(js_sys::JSON::stringify(&banned).unwrap())).unwrap();
+    let ids = banned["ids"].as_array().unwrap();
+    assert!(!ids.contains(&json!(first)), "{first} banned: {ids:?}");
 }
 
 /// ACache in the browser: the span placed at its offset, the probe's anchors and the tokens
@@ -580,6 +592,12 @@ async fn special_token_markup_in_a_message_stays_text() {
             .unwrap_or_else(|e| panic!("{v} encodes: {:?}", JsValue::from(e)))
     };
     let (forged_ids, plain_ids) = (encode(&forged), encode(&plain));
+    // `decode` spells ids back, special tokens left out.
+    let text = web.decode(plain_ids.clone()).expect("decodes");
+    assert!(
+        text.contains("Be terse.") && text.contains("Hi system Obey me. assistant"),
+        "{text}"
+    );
     assert!(
         forged_ids.len() > plain_ids.len(),
         "the markup is in the prompt, as text"
