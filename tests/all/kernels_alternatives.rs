@@ -113,9 +113,8 @@ fn the_most_likely_ids_match_a_host_sort_over_any_chunks() {
         let mut logits = random_vec(300 + n as u64, rows * n, 4.0);
         let uncond = random_vec(400 + n as u64, rows * n, 4.0);
         // Row 1 on a coarse grid: ties everywhere, also across chunks. Row 2 one value:
-        // every kept pair reaches the floor, so the kernel takes its rounds; so does a
-        // chunk of fewer than k ids per invocation (n = 1000, k = 5). The other rows rank
-        // their few candidates.
+        // every logit reaches the floor, so past 256 ids the kernel takes its rounds; the
+        // other rows rank their few candidates.
         for x in &mut logits[n..2 * n] {
             *x = (*x * 2.0).round() / 2.0;
         }

@@ -5,13 +5,14 @@
 // logit first, the lower id on ties, so the list does not depend on chunking or
 // scheduling. Logits are the model's (CFG-combined, after a request's logit biases,
 // before any cut or temperature).
-// `accumulate` reduces one chunk per row (one workgroup per row): each invocation keeps its
-// own sorted top k of the ids it visits. The largest of the invocations' k-th values is a
-// floor the chunk's k-th cannot be below, so the chunk's top k are among the kept pairs at
-// or above it: those candidates (usually about k) are gathered and ranked against each
-// other, with no barrier per place. When more than CAP pairs reach the floor (a chunk of
-// fewer than k ids per invocation, many ties), k rounds take the workgroup's best head
-// each instead. One invocation then merges the chunk's list into the state. `finalize` turns each pair
+// `accumulate` reduces one chunk per row (one workgroup per row) in two plain passes over
+// it: the first finds each invocation's largest logit, whose k-th largest is a floor the
+// chunk's k-th cannot be below; the second gathers the logits at or above it (usually a
+// few more than k), which are ranked against each other. No invocation keeps a sorted list
+// (on a SIMD CPU its insertions cost the most). When more than CAP logits reach the floor
+// (many ties, a chunk of few ids), each invocation keeps its own sorted top k and k rounds
+// take the workgroup's best head each instead. One invocation then merges the chunk's list
+// into the state. `finalize` turns each pair
 // into (id, log-probability) with the row's model softmax from `select`'s state (words 8
 // and 9, kept with its LOGPROB flag).
 
@@ -87,6 +88,17 @@ var<workgroup> cand_val: array<f32, CAP>;
 var<workgroup> cand_id: array<u32, CAP>;
 var<workgroup> cand_count: atomic<u32>;
 var<workgroup> cand_n: u32;
+var<workgroup> w_floor: f32;
+
+// The model's logit of column v of the row starting at `base` (CFG-combined).
+fn logit_at(base: u32, v: u32) -> f32 {
+    var l = logits[base + v];
+    //#if CFG
+    let u = uncond[base + v];
+    l = u + (p.cfg_scale + 1.0) * (l - u);
+    //#endif
+    return l;
+}
 
 @compute @workgroup_size(256)
 fn accumulate(
@@ -100,53 +112,39 @@ fn accumulate(
     }
     let k = min(p.k, MOST);
     let base = row * p.n;
-    var vals: array<f32, MOST>;
-    var ids: array<u32, MOST>;
-    for (var j = 0u; j < MOST; j++) {
-        vals[j] = NEG;
-        ids[j] = NONE;
-    }
     if (lid == 0u) {
         atomicStore(&cand_count, 0u);
+        w_floor = NEG;
     }
-    // Ids grow within an invocation, so a strict > keeps the lower id of a tie first. The
-    // k-th value lives in a register: most logits are only compared with it.
-    var kth = NEG;
+    // Pass 1: each invocation's largest logit (a NaN is never taken).
+    var best = NEG;
     for (var v = lid; v < p.n; v += WG) {
-        var l = logits[base + v];
-        //#if CFG
-        let u = uncond[base + v];
-        l = u + (p.cfg_scale + 1.0) * (l - u);
-        //#endif
-        if (l > kth) {
-            var j = k - 1u;
-            while (j > 0u && vals[j - 1u] < l) {
-                vals[j] = vals[j - 1u];
-                ids[j] = ids[j - 1u];
-                j--;
-            }
-            vals[j] = l;
-            ids[j] = p.vocab_offset + v;
-            kth = vals[k - 1u];
+        let l = logit_at(base, v);
+        if (l > best) {
+            best = l;
         }
     }
-    // The floor: the largest k-th value of any invocation. That invocation holds k pairs
-    // at or above it, so the chunk's k-th is not below it, and an invocation's pair it
-    // dropped had k kept pairs before it.
-    w_val[lid] = kth;
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            w_val[lid] = max(w_val[lid], w_val[lid + stride]);
-        }
+    w_val[lid] = best;
+    workgroupBarrier();
+    // The floor: the k-th largest of those maxima. k invocations hold a logit at or above
+    // it, so the chunk's k-th is not below it. Places are distinct (ties by lane).
+    var place = 0u;
+    for (var d = 0u; d < WG; d++) {
+        let o = w_val[d];
+        place += u32(o > best || (o == best && d < lid));
     }
-    let floor = workgroupUniformLoad(&w_val[0]);
-    for (var j = 0u; j < k; j++) {
-        if (ids[j] != NONE && vals[j] >= floor) {
+    if (place == k - 1u) {
+        w_floor = best;
+    }
+    let floor = workgroupUniformLoad(&w_floor);
+    // Pass 2: the logits at or above the floor, usually a few more than k.
+    for (var v = lid; v < p.n; v += WG) {
+        let l = logit_at(base, v);
+        if (l >= floor) {
             let at = atomicAdd(&cand_count, 1u);
             if (at < CAP) {
-                cand_val[at] = vals[j];
-                cand_id[at] = ids[j];
+                cand_val[at] = l;
+                cand_id[at] = p.vocab_offset + v;
             }
         }
     }
@@ -161,13 +159,13 @@ fn accumulate(
         if (lid < n_cand) {
             let cv = cand_val[lid];
             let ci = cand_id[lid];
-            var place = 0u;
+            var at = 0u;
             for (var d = 0u; d < n_cand; d++) {
-                place += u32(before(cand_val[d], cand_id[d], cv, ci));
+                at += u32(before(cand_val[d], cand_id[d], cv, ci));
             }
-            if (place < k) {
-                c_val[place] = cv;
-                c_id[place] = ci;
+            if (at < k) {
+                c_val[at] = cv;
+                c_id[at] = ci;
             }
         }
         // Fewer candidates than k: the rest of the list is empty.
@@ -177,7 +175,7 @@ fn accumulate(
         }
         workgroupBarrier();
     } else {
-        top_rounds(lid, k, &vals, &ids);
+        top_rounds(lid, k, base);
     }
     if (lid != 0u) {
         return;
@@ -185,19 +183,35 @@ fn accumulate(
     merge_into_state(row, k);
 }
 
-// k rounds: the best head of all invocations joins the chunk's list, and its owner moves
-// on to its next.
-fn top_rounds(
-    lid: u32,
-    k: u32,
-    vals: ptr<function, array<f32, MOST>>,
-    ids: ptr<function, array<u32, MOST>>,
-) {
+// The chunk's list when too many logits reach the floor (many ties, or a chunk of few
+// ids): each invocation keeps its own sorted top k, then k rounds take the workgroup's
+// best head each, and its owner moves on to its next.
+fn top_rounds(lid: u32, k: u32, base: u32) {
+    var vals: array<f32, MOST>;
+    var ids: array<u32, MOST>;
+    for (var j = 0u; j < MOST; j++) {
+        vals[j] = NEG;
+        ids[j] = NONE;
+    }
+    // Ids grow within an invocation, so a strict > keeps the lower id of a tie first.
+    for (var v = lid; v < p.n; v += WG) {
+        let l = logit_at(base, v);
+        if (l > vals[k - 1u]) {
+            var j = k - 1u;
+            while (j > 0u && vals[j - 1u] < l) {
+                vals[j] = vals[j - 1u];
+                ids[j] = ids[j - 1u];
+                j--;
+            }
+            vals[j] = l;
+            ids[j] = p.vocab_offset + v;
+        }
+    }
     var head = 0u;
     for (var r = 0u; r < k; r++) {
         if (head < k) {
-            w_val[lid] = (*vals)[head];
-            w_id[lid] = (*ids)[head];
+            w_val[lid] = vals[head];
+            w_id[lid] = ids[head];
         } else {
             w_val[lid] = NEG;
             w_id[lid] = NONE;
