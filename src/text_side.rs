@@ -56,17 +56,7 @@ impl TextSide {
             .await?
             .and_then(|text| chat_format_of(&text))
             .unwrap_or_else(|| ChatFormat::for_family(config.family));
-        let special = match &tokenizer {
-            Some(t) => t.special_tokens(&config)?,
-            None => SpecialTokens {
-                mask: config.mask_token_id,
-                eos: config.eos_token_id,
-                bos: config.bos_token_id.unwrap_or(config.eos_token_id),
-                eot: None,
-                start_header: None,
-                end_header: None,
-            },
-        };
+        let special = SpecialTokens::resolve(tokenizer.as_ref(), &config)?;
         // The config's role ids too, not only the tokenizer's role strings: text never
         // encodes to the mask or a boundary id, whatever token string that id has.
         if let Some(t) = &mut tokenizer {
