@@ -185,6 +185,11 @@ pub enum SamplerError {
     ThresholdNeedsProbability { remasking: &'static str },
     #[error("logit_bias: expected {expected}, found {found}")]
     BadLogitBias { expected: String, found: String },
+    #[error(
+        "threshold decoding: every one of the {rows} masked positions left was predicted as the \
+         mask token, so no step can fill them (the model cannot complete this canvas)"
+    )]
+    OnlyMaskPredicted { rows: usize },
     #[error("{field}: expected a value from -2 to 2, found {value}")]
     BadPenalty { field: &'static str, value: f32 },
 }

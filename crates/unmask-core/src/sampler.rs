@@ -391,7 +391,7 @@ impl Sampler {
                 .collect(),
             _ => predictions.iter().map(|&(_, c)| c).collect(),
         };
-        Ok(self.apply(&rows, &tokens, &confidences))
+        self.apply(&rows, &tokens, &confidences)
     }
 
     /// Commits one step with the given ranking numbers (one per row of `rows_to_predict`)
@@ -417,10 +417,15 @@ impl Sampler {
                 confidences: confidences.len(),
             });
         }
-        Ok(self.apply(&rows, tokens, confidences))
+        self.apply(&rows, tokens, confidences)
     }
 
-    fn apply(&mut self, rows: &[u32], tokens: &[u32], confidences: &[f32]) -> StepRecord {
+    fn apply(
+        &mut self,
+        rows: &[u32],
+        tokens: &[u32],
+        confidences: &[f32],
+    ) -> Result<StepRecord, SamplerError> {
         // NaN never wins; -0.0 ties with 0.0 as it does in torch.topk.
         let key = |c: f32| {
             if c.is_nan() {
@@ -447,15 +452,25 @@ impl Sampler {
                 }
             }
             Some(threshold) => {
-                let confident = order
+                // A prediction of the mask token commits nothing. Threshold decoding ends
+                // only when no mask is left, so such rows are passed over: a step unmasks
+                // at least one position, or there is nothing the model would put there.
+                let live: Vec<usize> = order
+                    .into_iter()
+                    .filter(|&i| tokens[i] != self.mask_id)
+                    .collect();
+                if live.is_empty() {
+                    return Err(SamplerError::OnlyMaskPredicted { rows: rows.len() });
+                }
+                let confident = live
                     .iter()
                     .filter(|&&i| key(confidences[i]) >= threshold)
                     .count();
-                order[..confident.max(1).min(rows.len())].to_vec()
+                live[..confident.max(1)].to_vec()
             }
         };
         let committed = chosen.iter().map(|&i| (rows[i], tokens[i])).collect();
-        self.finish_step(committed)
+        Ok(self.finish_step(committed))
     }
 
     /// Writes a step's commits into the canvas and moves to the next step.

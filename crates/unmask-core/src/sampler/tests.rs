@@ -186,6 +186,22 @@ fn nan_and_negative_zero_confidences() {
     assert_eq!(r.committed, vec![(3, 12)]);
 }
 
+/// A prediction of the mask token commits nothing: threshold decoding passes it over (the
+/// next most confident prediction is committed) and refuses a step where every row
+/// predicts it, instead of repeating that step for ever.
+#[test]
+fn threshold_decoding_never_stalls_on_mask_predictions() {
+    let mut p = params(4, 1, 4);
+    p.threshold = Some(0.9);
+    let mut s = Sampler::new(&[1, 2], p, MASK, 64).unwrap();
+    let r = s
+        .commit(&[(MASK, 0.99), (11, 0.5), (MASK, 0.95), (13, 0.2)])
+        .unwrap();
+    assert_eq!(r.committed, vec![(3, 11)]);
+    let e = s.commit(&[(MASK, 0.9), (MASK, 0.1), (MASK, 0.3)]).unwrap_err();
+    assert!(e.to_string().contains("3 masked positions"), "{e}");
+}
+
 #[test]
 fn threshold_mode() {
     let mut p = params(8, 1, 4);
