@@ -226,19 +226,29 @@ function request(question) {
     threshold: numberOr("threshold", null),
     temperature: numberOr("temperature", 0),
     cache: $("cache").value,
-    // Each token's probability when it was committed, shown on the canvas and in the stats.
+    // Each token's probability when it was committed and its step's three most likely
+    // tokens, shown on the canvas, and the answer's in the stats.
     logprobs: true,
+    topLogprobs: 3,
   };
 }
 
-// The finished canvas's cells carry their tokens' probabilities at commit; the stats give
-// the answer's mean and lowest.
+// The finished canvas's cells carry their tokens' probabilities at commit and the step's
+// most likely tokens (spelled by `engine.decode`); the stats give the answer's mean and
+// lowest.
 function showLogprobs(result) {
   const lps = result.logprobs;
   if (!lps) return [];
   const cells = $("canvas").children;
+  const tops = result.topLogprobs || [];
   lps.forEach((lp, i) => {
-    if (lp !== null && cells[i]) cells[i].title += ` · p ${Math.exp(lp).toFixed(3)} at commit`;
+    if (lp === null || !cells[i]) return;
+    cells[i].title += ` · p ${Math.exp(lp).toFixed(3)} at commit`;
+    const top = (tops[i] || []).map(([id, l]) => {
+      const text = JSON.stringify(state.engine.decode(Uint32Array.of(id)));
+      return `${text} ${Math.exp(l).toFixed(3)}`;
+    });
+    if (top.length) cells[i].title += ` · most likely: ${top.join(", ")}`;
   });
   const answer = result.ids
     .map((_, i) => lps[i])

@@ -24,6 +24,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -309,6 +310,14 @@ def main():
         if not answer_lps or any(lp is None or lp > 0 for lp in answer_lps) or "p at commit" not in stats:
             sys.exit(f"the page should show the answer's probabilities: {answer_lps}, stats {stats!r}")
         print(f"[page] answer tokens' log-probabilities shown: {[round(lp, 3) for lp in answer_lps]}")
+        # Each committed cell names its step's most likely tokens, the committed one first.
+        titles = wd.js("return [...document.querySelectorAll('#canvas .cell')].map((c) => c.title);")
+        spelled = [t for t in titles[:result["timings"]["answer_tokens"]] if "most likely: " in t]
+        # Greedy decoding committed the most likely token: the first alternative's p is its p.
+        firsts = [re.search(r"p ([0-9.]+) at commit · most likely: (\".*?\") ([0-9.]+)", t) for t in spelled]
+        if len(spelled) != len(answer_lps) or not all(m and m[1] == m[3] for m in firsts):
+            sys.exit(f"the page should name each answer token's alternatives: {spelled}")
+        print(f"[page] alternatives shown: {spelled[-1].split('most likely: ')[1]!r}")
 
         # A new chat with the same system prompt: the shared prefix entry is reused.
         second = json.loads(tasks[1])
