@@ -198,7 +198,9 @@ fn threshold_decoding_never_stalls_on_mask_predictions() {
         .commit(&[(MASK, 0.99), (11, 0.5), (MASK, 0.95), (13, 0.2)])
         .unwrap();
     assert_eq!(r.committed, vec![(3, 11)]);
-    let e = s.commit(&[(MASK, 0.9), (MASK, 0.1), (MASK, 0.3)]).unwrap_err();
+    let e = s
+        .commit(&[(MASK, 0.9), (MASK, 0.1), (MASK, 0.3)])
+        .unwrap_err();
     assert!(e.to_string().contains("3 masked positions"), "{e}");
 }
 
