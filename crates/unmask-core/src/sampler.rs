@@ -452,9 +452,8 @@ impl Sampler {
                 }
             }
             Some(threshold) => {
-                // A prediction of the mask token commits nothing. Threshold decoding ends
-                // only when no mask is left, so such rows are passed over: a step unmasks
-                // at least one position, or there is nothing the model would put there.
+                // A predicted mask commits nothing and threshold decoding ends only when no
+                // mask is left: such rows are passed over, so every step unmasks a position.
                 let live: Vec<usize> = order
                     .into_iter()
                     .filter(|&i| tokens[i] != self.mask_id)

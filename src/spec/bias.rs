@@ -1,0 +1,75 @@
+//! `logit_bias` and the penalties of a request spec, each checked and named on its own.
+
+use unmask_core::sampler::LogitBias;
+use unmask_core::sampler::bias::{BIAS_LIMIT, MOST_LOGIT_BIAS, PENALTY_LIMIT};
+
+use super::{RequestSpec, SpecError, error, single};
+
+impl RequestSpec {
+    /// `logit_bias` and the penalties, each named when out of its range.
+    pub(super) fn logit_bias(&self, vocab: usize) -> Result<LogitBias, SpecError> {
+        let mut ids = Vec::new();
+        for (key, &b) in self.logit_bias.iter().flatten() {
+            let id = key.parse::<u32>().ok().filter(|&id| (id as usize) < vocab);
+            let Some(id) = id else {
+                let below = if vocab == usize::MAX {
+                    String::new()
+                } else {
+                    format!(" below the vocabulary size {vocab}")
+                };
+                let expected = format!("token ids written as decimal strings{below}");
+                return Err(error("logit_bias", expected, format!("the key {key:?}")));
+            };
+            let range = format!("biases from -{BIAS_LIMIT} to {BIAS_LIMIT}");
+            let bias =
+                single("logit_bias", Some(b), &range, |b| b.abs() <= BIAS_LIMIT).map_err(|e| {
+                    SpecError {
+                        found: format!("{} for id {id}", e.found),
+                        ..e
+                    }
+                })?;
+            ids.push((id, bias.unwrap_or(0.0)));
+        }
+        // Keys are distinct strings, but "7" and "07" name one id.
+        let mut bias = LogitBias::with_ids(ids)
+            .map_err(|_| error("logit_bias", "each token id once", "an id written twice"))?;
+        let penalty = |field, v| {
+            let range = format!("a number from -{PENALTY_LIMIT} to {PENALTY_LIMIT}");
+            Ok(single(field, v, &range, |p| p.abs() <= PENALTY_LIMIT)?.unwrap_or(0.0))
+        };
+        bias.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
+        bias.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
+        if bias.ids.len() > MOST_LOGIT_BIAS {
+            let found = format!("{} ids", bias.ids.len());
+            return Err(error(
+                "logit_bias",
+                format!("at most {MOST_LOGIT_BIAS} ids"),
+                found,
+            ));
+        }
+        Ok(bias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{LIMITS, spec};
+
+    #[test]
+    fn logit_biases_and_penalties_reach_the_parameters() {
+        let json = r#"{"logit_bias": {"7": -100, "2": 3.5}, "frequency_penalty": 0.5}"#;
+        let bias = spec(json).check(&LIMITS).unwrap().params.bias;
+        assert_eq!(bias.ids, vec![(2, 3.5), (7, -100.0)]);
+        assert_eq!((bias.presence_penalty, bias.frequency_penalty), (0.0, 0.5));
+        let e = spec(r#"{"logit_bias": {"99": 1, "100": 1}}"#)
+            .check(&LIMITS)
+            .unwrap_err();
+        assert_eq!(e.found, "the key \"100\"");
+        assert!(e.expected.contains("vocabulary size 100"), "{e}");
+        let e = spec(r#"{"logit_bias": {"4": -250}}"#)
+            .check(&LIMITS)
+            .unwrap_err();
+        assert_eq!(e.found, "-250 for id 4");
+        assert!(spec("{}").check(&LIMITS).unwrap().params.bias.is_empty());
+    }
+}
