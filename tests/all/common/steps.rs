@@ -3,6 +3,7 @@
 //! likely alternatives) against a full forward over the canvas that step saw.
 
 use unmask::{Generation, Logprob, Request, StepEvent};
+use unmask_core::oracle::sampling::model_logprob;
 
 /// One step: the canvas it saw (the canvas after it, its commits masked again), the
 /// (position, token)s it committed and what each carries.
@@ -67,19 +68,13 @@ pub fn worst_logprob_error(
             }
         }
         for ((row, &(_, token)), lp) in logits.chunks(vocab).zip(&step.committed).zip(&step.got) {
-            let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            worst = worst.max((lp.logprob as f64 - (row[token as usize] as f64 - lse)).abs());
+            let want = |id: u32| model_logprob(row, None, id, 0.0);
+            worst = worst.max((lp.logprob as f64 - want(token)).abs());
             let mut order: Vec<usize> = (0..vocab).collect();
             order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
             for (&(id, l), &v) in lp.top.iter().zip(&order) {
                 assert_eq!(id as usize, v, "alternative ids");
-                worst = worst.max((l as f64 - (row[v] as f64 - lse)).abs());
+                worst = worst.max((l as f64 - want(id)).abs());
             }
             tokens += 1;
         }
