@@ -1,7 +1,8 @@
 //! `logit_bias` and the penalties of a request spec, each checked and named on its own.
 
+use unmask_core::error::SamplerError;
 use unmask_core::sampler::LogitBias;
-use unmask_core::sampler::bias::{BIAS_LIMIT, MOST_LOGIT_BIAS, PENALTY_LIMIT};
+use unmask_core::sampler::bias::{BIAS_LIMIT, PENALTY_LIMIT};
 
 use super::{RequestSpec, SpecError, error, single};
 
@@ -31,23 +32,28 @@ impl RequestSpec {
             ids.push((id, bias.unwrap_or(0.0)));
         }
         // Keys are distinct strings, but "7" and "07" name one id.
-        let mut bias = LogitBias::with_ids(ids)
-            .map_err(|_| error("logit_bias", "each token id once", "an id written twice"))?;
+        let mut bias = LogitBias::with_ids(ids).map_err(bias_error)?;
         let penalty = |field, v| {
             let range = format!("a number from -{PENALTY_LIMIT} to {PENALTY_LIMIT}");
             Ok(single(field, v, &range, |p| p.abs() <= PENALTY_LIMIT)?.unwrap_or(0.0))
         };
         bias.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
         bias.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
-        if bias.ids.len() > MOST_LOGIT_BIAS {
-            let found = format!("{} ids", bias.ids.len());
-            return Err(error(
-                "logit_bias",
-                format!("at most {MOST_LOGIT_BIAS} ids"),
-                found,
-            ));
-        }
+        // The rest of LogitBias's rules (the number of ids).
+        bias.check(None).map_err(bias_error)?;
         Ok(bias)
+    }
+}
+
+/// `LogitBias`'s objection as the field error it names.
+fn bias_error(e: SamplerError) -> SpecError {
+    match e {
+        SamplerError::BadLogitBias { expected, found } => error("logit_bias", expected, found),
+        SamplerError::BadPenalty { field, value } => {
+            let range = format!("a number from -{PENALTY_LIMIT} to {PENALTY_LIMIT}");
+            error(field, range, value)
+        }
+        other => error("logit_bias", "a list the sampler takes", other),
     }
 }
 
