@@ -2,7 +2,7 @@
 //! and the generation it ends with; `session` steps it.
 
 use unmask_core::cache::CacheMode;
-use unmask_core::sampler::{ConfidenceKind, Remasking, Sampler, Schedule, StepRecord};
+use unmask_core::sampler::{ConfidenceKind, IdBias, Remasking, Sampler, Schedule, StepRecord};
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::ops::sampling::SelectParams;
 
@@ -392,18 +392,20 @@ impl Engine {
             tempered: matches!(p.schedule, Schedule::Dream { .. }),
             top_p: p.top_p,
             top_k: p.top_k,
+            min_p: p.min_p,
             logprob: false,
             top_logprobs: 0,
         }
     }
 
-    /// The logit biases of a request's rows this step: its fixed ones and the penalties of
-    /// the tokens committed in its canvas (end tokens, which pad a canvas, not counted).
-    pub(crate) fn step_biases(&self, sampler: &Sampler) -> Vec<(u32, f32)> {
+    /// The logit biases of a request's rows this step: its fixed ones, the penalties of
+    /// the tokens committed in its canvas and the repetition penalty of the tokens of its
+    /// whole sequence (end tokens, which pad a canvas, not counted).
+    pub(crate) fn step_biases(&self, sampler: &Sampler) -> Vec<IdBias> {
         let s = self.special();
         let ends: Vec<u32> = [Some(s.eos), s.eot].into_iter().flatten().collect();
         let bias = &sampler.params().bias;
-        bias.step_biases(sampler.generated(), sampler.mask_id(), &ends)
+        bias.step_biases(sampler.tokens(), sampler.canvas(), sampler.mask_id(), &ends)
     }
 
     /// The generation of a request whose sampler is done.

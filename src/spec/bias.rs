@@ -2,7 +2,7 @@
 
 use unmask_core::error::SamplerError;
 use unmask_core::sampler::LogitBias;
-use unmask_core::sampler::bias::{BIAS_LIMIT, PENALTY_LIMIT};
+use unmask_core::sampler::bias::{BIAS_LIMIT, PENALTY_LIMIT, REPETITION_LIMIT};
 
 use super::{RequestSpec, SpecError, error, single};
 
@@ -39,6 +39,14 @@ impl RequestSpec {
         };
         bias.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
         bias.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
+        let repetition = format!("a number above 0 and at most {REPETITION_LIMIT} (1: none)");
+        bias.repetition_penalty = single(
+            "repetition_penalty",
+            self.repetition_penalty,
+            &repetition,
+            |r| r > 0.0 && r <= REPETITION_LIMIT,
+        )?
+        .unwrap_or(1.0);
         // The rest of LogitBias's rules (the number of ids).
         bias.check(None).map_err(bias_error)?;
         Ok(bias)
@@ -77,5 +85,23 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.found, "-250 for id 4");
         assert!(spec("{}").check(&LIMITS).unwrap().params.bias.is_empty());
+        let p = spec(r#"{"repetition_penalty": 1.2, "min_p": 0.05}"#)
+            .check(&LIMITS)
+            .unwrap()
+            .params;
+        assert_eq!((p.bias.repetition_penalty, p.min_p), (1.2, Some(0.05)));
+        assert!(p.bias.penalises() && p.cuts());
+        for (json, field) in [
+            (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+            (r#"{"repetition_penalty": 101}"#, "repetition_penalty"),
+            (r#"{"min_p": 1.5}"#, "min_p"),
+            (r#"{"min_p": -0.1}"#, "min_p"),
+        ] {
+            assert_eq!(
+                spec(json).check(&LIMITS).unwrap_err().field,
+                field,
+                "{json}"
+            );
+        }
     }
 }

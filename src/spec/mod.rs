@@ -44,6 +44,8 @@ pub struct RequestSpec {
     pub top_p: Option<f64>,
     /// Absent: the model's default (Dream's reference cuts to 50); 0 or -1: no cut.
     pub top_k: Option<i64>,
+    /// vLLM's `min_p` (0 to 1; 0: no cut).
+    pub min_p: Option<f64>,
     pub cache: Option<String>,
     pub prefix_len: Option<u64>,
     pub depth: Option<u64>,
@@ -77,6 +79,9 @@ pub struct RequestSpec {
     /// OpenAI's penalties (-2 to 2) on the tokens committed so far (`LogitBias`).
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    /// vLLM's multiplicative penalty (above 0, at most 100; 1: none) on the tokens of the
+    /// prompt and the canvas.
+    pub repetition_penalty: Option<f64>,
 }
 
 /// What a spec is checked against: the loaded model's shape.
@@ -307,6 +312,9 @@ impl RequestSpec {
                 p > 0.0 && p <= 1.0
             })?,
             top_k,
+            min_p: single("min_p", self.min_p, "a number from 0 to 1", |p| {
+                (0.0..=1.0).contains(&p)
+            })?,
             bias: self.logit_bias(limits.vocab)?,
         };
         let cache = match self.cache.as_deref() {

@@ -1,4 +1,4 @@
-//! Token selection under a top-p / top-k cut over whole rows, against the f64 oracle: the
+//! Token selection under a top-p / top-k / min-p cut over whole rows, against the f64 oracle: the
 //! kept set each row's cut key gives, the choice and every confidence kind within it, greedy,
 //! noised and tempered, over row groups at a row base, with the model's log-probability of
 //! the choice; and the chunked accumulate refusing a cut.
@@ -91,15 +91,16 @@ fn top_p_top_k_cut_matches_oracle() {
         // Row 2 peaked: its first id dominates (p cuts to one id).
         logits[2 * n] = 40.0;
         let pos = positions(rows);
-        let cuts: [(Option<f32>, Option<u32>); 6] = [
-            (None, Some(1)),
-            (None, Some(9)),
-            (Some(0.3), None),
-            (Some(0.9), None),
-            (Some(0.9), Some(5)),
-            (Some(1.0), Some(40)),
+        let cuts: [(Option<f32>, Option<u32>, Option<f32>); 7] = [
+            (None, Some(1), None),
+            (None, Some(9), None),
+            (Some(0.3), None, None),
+            (Some(0.9), None, None),
+            (Some(0.9), Some(5), Some(0.3)),
+            (Some(1.0), Some(40), None),
+            (None, None, Some(0.1)),
         ];
-        for (top_p, top_k) in cuts {
+        for (top_p, top_k, min_p) in cuts {
             for (temperature, tempered) in [(0.0f32, false), (0.7, false), (0.7, true)] {
                 for kind in KINDS {
                     let params = SelectParams {
@@ -107,6 +108,7 @@ fn top_p_top_k_cut_matches_oracle() {
                         tempered,
                         top_p,
                         top_k,
+                        min_p,
                         confidence: kind,
                         seed: 99,
                         step: 2,
@@ -119,7 +121,7 @@ fn top_p_top_k_cut_matches_oracle() {
                     let got = pairs(&words);
                     let want = oracle_rows(&logits, None, n, &pos, &params);
                     let what = format!(
-                        "n={n} top_p={top_p:?} top_k={top_k:?} T={temperature} tempered={tempered}"
+                        "n={n} top_p={top_p:?} top_k={top_k:?} min_p={min_p:?} T={temperature} tempered={tempered}"
                     );
                     let (mut g, mut w) = (Vec::new(), Vec::new());
                     for r in 0..rows {
@@ -171,4 +173,28 @@ fn accumulate_refuses_a_cut_over_chunks() {
     let err = sel::select_accumulate(&mut step, &logits, None, 1, 4, 0, &pos, &state, &params)
         .unwrap_err();
     assert!(err.to_string().contains("select_accumulate_cut"), "{err}");
+}
+
+/// min-p 1 keeps only each row's most probable ids, so a request at temperature 0.8 with it
+/// samples as one with top-k 1 (ties aside, which random logits do not have), and not as
+/// the same request without a cut.
+#[test]
+fn a_request_with_min_p_one_samples_as_top_k_one() {
+    let engine = crate::common::tiny_engine();
+    let run = |top_k, min_p| {
+        let params = unmask::GenerationParams {
+            temperature: 0.8,
+            seed: 5,
+            top_k,
+            min_p,
+            ..crate::common::params(16, 8, 8)
+        };
+        let prompt = crate::common::shared_prefix_prompt(3);
+        let request = unmask::Request::ids(prompt).with_params(params);
+        engine.generate(&request).unwrap().ids
+    };
+    let (min_p, top_k, open) = (run(None, Some(1.0)), run(Some(1), None), run(None, None));
+    assert_eq!(min_p, top_k);
+    assert_ne!(min_p, open, "the noise chose other tokens without a cut");
+    eprintln!("[check] min-p 1 at T 0.8 commits as top-k 1: {min_p:?}");
 }

@@ -1,12 +1,13 @@
-//! Logit biases (OpenAI's `logit_bias`, presence and frequency penalties): the kernel adds
-//! each row's biases to exactly its listed ids in whichever vocabulary chunk holds them;
-//! guidance carries a bias as it is (both passes take it); a top-k cut sees it; a request's
-//! penalties follow the canvas each step saw, checked against a full forward; a banned id
-//! never appears.
+//! Logit biases (OpenAI's `logit_bias`, presence and frequency penalties, the repetition
+//! penalty): the kernel applies each row's biases to exactly its listed ids in whichever
+//! vocabulary chunk holds them; guidance carries a bias as it is (both passes take it); a
+//! top-k cut sees it; a request's penalties follow the canvas each step saw, checked
+//! against a full forward; a banned id never appears.
 
 use crate::common::select::{assert_choices, chunk_ranges, columns, oracle_rows, pairs, positions};
 use crate::common::{self, ctx, random_vec, steps};
 use unmask::{CacheMode, LogitBias, Request};
+use unmask_core::sampler::IdBias;
 use unmask_gpu::model::{Model, TokenChoice};
 use unmask_gpu::ops::logit_bias::{RowBiases, add_logit_bias};
 use unmask_gpu::ops::sampling::{self as sel, SelectParams};
@@ -17,29 +18,40 @@ fn biases_land_on_their_ids_in_every_chunk() {
     let ctx = ctx();
     let (rows, n) = (5, 1000);
     let logits = random_vec(41, rows * n, 3.0);
-    let argmax1 = (0..n)
-        .max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b]))
-        .unwrap() as u32;
-    // Chunk borders at 333 and 666: ids on both sides of each.
-    let shared = [(5, 2.5), (600, -1.25), (999, 40.0), (332, 0.5), (333, -0.5)];
+    let argmax = |r: usize| {
+        (0..n)
+            .max_by(|&a, &b| logits[r * n + a].total_cmp(&logits[r * n + b]))
+            .unwrap() as u32
+    };
+    let negative4 = (0..n).find(|&v| logits[4 * n + v] < 0.0).unwrap() as u32;
+    let repeat = |id, repetition, add| IdBias {
+        id,
+        repetition,
+        add,
+    };
+    // Chunk borders at 333 and 666: ids on both sides of each; 400 also takes a
+    // repetition penalty.
+    let shared: Vec<IdBias> = [(5, 2.5), (600, -1.25), (999, 40.0), (332, 0.5), (333, -0.5)]
+        .into_iter()
+        .map(IdBias::from)
+        .chain([repeat(400, 1.5, 0.25)])
+        .collect();
+    // Row 4: its argmax (positive) divided by 100, a negative logit multiplied by 2.
+    let row4 = vec![repeat(argmax(4), 100.0, 0.0), repeat(negative4, 2.0, 0.0)];
+    let lists = [
+        vec![IdBias::from((17, 100.0))],
+        vec![IdBias::from((argmax(1), -100.0))],
+        shared.clone(),
+        shared,
+        row4,
+    ];
     let mut table = RowBiases::default();
-    table.push(&[(17, 100.0)], 1);
-    table.push(&[(argmax1, -100.0)], 1);
-    table.push(&shared, 2);
-    table.push(&[], 1);
     let mut want = logits.clone();
-    for (r, list) in [
-        &[(17, 100.0)][..],
-        &[(argmax1, -100.0)],
-        &shared,
-        &shared,
-        &[],
-    ]
-    .iter()
-    .enumerate()
-    {
-        for &(id, b) in list.iter() {
-            want[r * n + id as usize] += b;
+    for (r, list) in lists.iter().enumerate() {
+        table.push(list, 1);
+        for b in list {
+            let at = r * n + b.id as usize;
+            want[at] = b.apply(want[at]);
         }
     }
     let words = table.words();
@@ -66,19 +78,27 @@ fn biases_land_on_their_ids_in_every_chunk() {
     sel::select_finalize(&mut step, &state, &out, rows, &params).unwrap();
     step.submit().unwrap();
     for (&(lo, hi), t) in chunks.iter().zip(&tensors) {
-        // One f32 addition per listed logit, the same on both sides; nothing else moves.
-        assert_eq!(
-            t.read_f32(&ctx).unwrap(),
-            columns(&want, n, lo, hi),
-            "{lo}..{hi}"
-        );
+        // `IdBias::apply` on each listed logit (a multiply-add, which a GPU may fuse, so
+        // within an ulp); nothing else moves.
+        let got = t.read_f32(&ctx).unwrap();
+        for (i, (g, w)) in got.iter().zip(columns(&want, n, lo, hi)).enumerate() {
+            let ulp = f32::EPSILON * w.abs();
+            assert!((g - w).abs() <= ulp, "{lo}..{hi} [{i}]: {g} against {w}");
+        }
     }
     let got = pairs(&out.read_u32(&ctx).unwrap());
     let oracle = oracle_rows(&want, None, n, &positions(rows), &params);
     assert_choices("biased logits", &got, &oracle);
     assert_eq!((got[0].0, got[2].0, got[3].0), (17, 999, 999));
-    assert_ne!(got[1].0, argmax1, "a -100 bias bans the row's argmax");
-    eprintln!("[check] logit bias: 5 rows over 3 chunks, biased logits exact, choices {got:?}");
+    assert_ne!(got[1].0, argmax(1), "a -100 bias bans the row's argmax");
+    assert_ne!(
+        got[4].0,
+        argmax(4),
+        "a repetition penalty of 100 sinks the argmax"
+    );
+    eprintln!(
+        "[check] logit bias: 5 rows over 3 chunks, biased logits within an ulp, choices {got:?}"
+    );
     // A table shorter than its rows is refused before anything runs.
     let short = Tensor::zeros(&ctx, DType::U32, &[2 * rows - 1], "short").unwrap();
     let mut step = StepEncoder::new(&ctx, "short table");
@@ -139,7 +159,7 @@ fn guidance_and_cuts_carry_a_bias_as_it_is() {
         ..SelectParams::default()
     };
     let mut none = RowBiases::default();
-    none.push(&[], ROWS);
+    none.push::<IdBias>(&[], ROWS);
     let plain = choose(true, &guided, &none);
     let rows = &plain[0];
     // Each row's second alternative gets +delta; its third is the reference.
@@ -180,8 +200,9 @@ fn guidance_and_cuts_carry_a_bias_as_it_is() {
 }
 
 /// A request's fixed biases and penalties: each step's committed tokens carry the
-/// log-probabilities of `log_softmax(logits + biases)` of a full forward over the canvas it
-/// saw, the biases counted from that canvas; the banned id never appears, in any mode.
+/// log-probabilities of `log_softmax` of the biased logits of a full forward over the
+/// canvas it saw, the penalties counted from that canvas (the repetition penalty also from
+/// the prompt); the banned id never appears, in any mode.
 #[test]
 fn penalties_follow_the_canvas_each_step_saw() {
     let engine = common::tiny_engine();
@@ -219,11 +240,12 @@ fn penalties_follow_the_canvas_each_step_saw() {
     let mut bias = LogitBias::with_ids(vec![(banned, -100.0), (77, 2.0)]).unwrap();
     bias.presence_penalty = 1.5;
     bias.frequency_penalty = 0.75;
+    bias.repetition_penalty = 1.3;
     let (generation, seen) = steps::run_recording(&engine, request(bias.clone(), CacheMode::None));
     assert!(!generation.ids.contains(&banned), "{:?}", generation.ids);
     assert_ne!(generation.ids, plain.ids);
     let step_bias =
-        |s: &steps::SeenStep| bias.step_biases(&s.before[s.canvas.clone()], mask, &ends);
+        |s: &steps::SeenStep| bias.step_biases(&s.before, s.canvas.clone(), mask, &ends);
     let (worst, tokens) = steps::worst_logprob_error(&engine, &seen, &step_bias);
     eprintln!(
         "[check] penalties: {tokens} tokens over {} steps against the biased forward, worst error {worst:.2e}",

@@ -106,3 +106,20 @@ pub fn generate(
     }
     Ok(())
 }
+
+/// Refuses the masked-diffusion sampler's flags by name: DiffusionGemma's temperature
+/// schedule and entropy bound come from its generation_config.json, and its sampler feeds
+/// whole-canvas distributions back into its input, so a logit bias has no place there.
+pub fn refuse_masked_flags(sampling: &crate::sampling_flags::SamplingArgs) -> Result<(), CliError> {
+    let given = sampling.masked_only_given();
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::usage(format!(
+        "{}: not a DiffusionGemma setting (its sampler's temperature schedule and entropy \
+         bound come from generation_config.json; it takes --gen-length, --steps and --seed); \
+         leave {} out",
+        given.join(", "),
+        if given.len() == 1 { "it" } else { "them" }
+    )))
+}

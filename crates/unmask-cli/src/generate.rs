@@ -84,13 +84,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
                  (--logprobs), not the most likely others"
             )));
         }
-        if !params.bias.is_empty() {
-            return Err(CliError::usage(
-                "--logit-bias, --presence-penalty and --frequency-penalty: DiffusionGemma's \
-                 sampler feeds whole-canvas distributions back into its input and takes no \
-                 logit bias",
-            ));
-        }
+        crate::dgemma::refuse_masked_flags(&args.generation.sampling)?;
         let run = crate::dgemma::DgemmaRun {
             seed: params.seed,
             max_new_tokens: args.generation.sampling.gen_length,

@@ -58,6 +58,10 @@ pub struct SamplingArgs {
     /// generation_config.json's top_k, else config.json's, else 50; LLaDA: none); 0: no cut
     #[arg(long, value_name = "K", value_parser = values::whole, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
+    /// min-p cut, from 0 to 1: each position samples (and ranks) among the tokens at least
+    /// P times as probable as its most probable one (vLLM's min_p; default 0: off)
+    #[arg(long, value_name = "P", value_parser = values::share, allow_negative_numbers = true)]
+    pub min_p: Option<f32>,
     /// classifier-free guidance weight (default 0: off)
     #[arg(long, value_name = "W", value_parser = values::non_negative, allow_negative_numbers = true)]
     pub cfg_scale: Option<f32>,
@@ -91,6 +95,11 @@ pub struct SamplingArgs {
     /// default 0)
     #[arg(long, value_name = "P", value_parser = values::penalty, allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
+    /// divide the positive logits and multiply the negative ones of the tokens in the
+    /// prompt or already in the canvas (end tokens aside) by R, above 0 (vLLM's and
+    /// transformers' repetition_penalty; default 1: off; 1.1 to 1.3 are usual)
+    #[arg(long, value_name = "R", value_parser = values::repetition_penalty, allow_negative_numbers = true)]
+    pub repetition_penalty: Option<f32>,
 }
 
 /// Defaults of the generation flags that differ between commands.
@@ -111,6 +120,38 @@ impl GenerationDefaults {
 }
 
 impl SamplingArgs {
+    /// The flags given that only the masked-diffusion sampler (LLaDA, Dream) reads:
+    /// DiffusionGemma's sampler takes its schedule and bound from its model folder, so
+    /// these are refused by name on it rather than ignored.
+    pub fn masked_only_given(&self) -> Vec<&'static str> {
+        [
+            ("--block-length", self.block_length.is_some()),
+            ("--temperature", self.temperature.is_some()),
+            ("--remasking", self.remasking.is_some()),
+            ("--schedule", self.schedule.is_some()),
+            ("--eps", self.eps.is_some()),
+            ("--alg-temp", self.alg_temp.is_some()),
+            ("--top-p", self.top_p.is_some()),
+            ("--top-k", self.top_k.is_some()),
+            ("--min-p", self.min_p.is_some()),
+            ("--cfg-scale", self.cfg_scale.is_some()),
+            ("--threshold", self.threshold.is_some()),
+            ("--logits-eos-inf", self.logits_eos_inf),
+            ("--confidence-eos-eot-inf", self.confidence_eos_eot_inf),
+            (
+                "--confidence-precision",
+                self.confidence_precision.is_some(),
+            ),
+            ("--logit-bias", !self.logit_bias.is_empty()),
+            ("--presence-penalty", self.presence_penalty.is_some()),
+            ("--frequency-penalty", self.frequency_penalty.is_some()),
+            ("--repetition-penalty", self.repetition_penalty.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     /// The generation parameters, with `defaults` for the flags that are not given, checked
     /// as the sampler will check them, so a bad combination is reported before the model
     /// loads.
@@ -158,9 +199,11 @@ impl SamplingArgs {
                 0 => u32::MAX,
                 k => u32::try_from(k).unwrap_or(u32::MAX),
             }),
+            min_p: self.min_p,
             bias: LogitBias {
                 presence_penalty: self.presence_penalty.unwrap_or(0.0),
                 frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+                repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
                 ..LogitBias::with_ids(self.logit_bias.clone()).map_err(bias_error)?
             },
         };

@@ -91,6 +91,7 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
     let list = args.list;
     let dir = args.model.dir()?;
     if crate::dgemma::is_diffusion_gemma(&dir) {
+        crate::dgemma::refuse_masked_flags(&args.generation.sampling)?;
         return trace_dgemma(args, &dir, &engine_options);
     }
     let engine = options::load_engine(&dir, &engine_options)?;

@@ -151,6 +151,16 @@ pub fn penalty(text: &str) -> Result<f32, String> {
     }
 }
 
+/// A repetition penalty: above 0, at most `REPETITION_LIMIT` (1: none).
+pub fn repetition_penalty(text: &str) -> Result<f32, String> {
+    let limit = unmask_core::sampler::bias::REPETITION_LIMIT;
+    parsed(
+        text,
+        |r: &f32| *r > 0.0 && *r <= limit,
+        &format!("a number above 0 and at most {limit} (1: none)"),
+    )
+}
+
 /// A comma-separated list of token ids (`1,2,3`; spaces allowed).
 pub fn token_ids(text: &str) -> Result<Vec<u32>, String> {
     list(text, "comma-separated token ids such as 1,2,3", |id| {

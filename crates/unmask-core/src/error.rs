@@ -170,7 +170,7 @@ pub enum SamplerError {
     #[error("top_k: expected at least 1, found 0")]
     ZeroTopK,
     #[error(
-        "top_p / top_k with cfg_scale > 0: the cut is not implemented over guided logits; drop one of them"
+        "top_p / top_k / min_p with cfg_scale > 0: the cut is not implemented over guided logits; drop one of them"
     )]
     CutWithCfg,
     #[error(
@@ -192,6 +192,16 @@ pub enum SamplerError {
     OnlyMaskPredicted { rows: usize },
     #[error("{field}: expected a value from -2 to 2, found {value}")]
     BadPenalty { field: &'static str, value: f32 },
+    #[error(
+        "repetition_penalty: expected a value above 0 and at most 100 (1: none), found {value}"
+    )]
+    BadRepetitionPenalty { value: f32 },
+    #[error("min_p: expected a value from 0 to 1, found {min_p}")]
+    BadMinP { min_p: f32 },
+    #[error(
+        "repetition_penalty with cfg_scale > 0: the penalty is not defined over guided logits; drop one of them"
+    )]
+    RepetitionWithCfg,
 }
 
 /// The suffix's term of a length sum, when there is one.

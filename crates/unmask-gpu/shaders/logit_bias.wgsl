@@ -1,8 +1,10 @@
-// Additive logit biases (OpenAI's logit_bias and the presence / frequency penalties) on one
-// vocabulary chunk of sampled rows' logits, before the token choice reads them. The table
-// holds two words per row (the word its (id, bias) pairs start at, and how many), then the
-// pairs; a row's ids are distinct, so no two invocations write one logit. One workgroup per
-// row: most rows have a few entries, and a row without any returns at once.
+// Logit biases (OpenAI's logit_bias, the presence / frequency penalties and the
+// repetition penalty) on one vocabulary chunk of sampled rows' logits, before the token
+// choice reads them. The table holds two words per row (the word its entries start at, and
+// how many), then the entries, four words each: (id, scale of a positive logit, scale of a
+// negative one, added bias), so l becomes l * scale + add (`IdBias::apply`). A row's ids
+// are distinct, so no two invocations write one logit. One workgroup per row: most rows
+// have a few entries, and a row without any returns at once.
 
 struct Params {
     rows: u32,
@@ -28,12 +30,15 @@ fn main(
     let first = table[2u * row];
     let count = table[2u * row + 1u];
     for (var e = lid; e < count; e += 64u) {
-        let id = table[first + 2u * e];
+        let at_entry = first + 4u * e;
+        let id = table[at_entry];
         // Ids below the chunk wrap to large values and fail the one comparison.
         let col = id - p.vocab_offset;
         if (col < p.n) {
             let at = row * p.n + col;
-            logits[at] = logits[at] + bitcast<f32>(table[first + 2u * e + 1u]);
+            let l = logits[at];
+            let scale = bitcast<f32>(table[at_entry + select(2u, 1u, l > 0.0)]);
+            logits[at] = l * scale + bitcast<f32>(table[at_entry + 3u]);
         }
     }
 }

@@ -25,7 +25,8 @@
 // runs `threshold` before a single `accumulate` over them: per row, the smallest key c of
 // the order-preserving map of logits to u32 such that fewer than k logits have a key
 // above c and the tempered probability above c is at most top_p. Ids with a key below c
-// are cut. Both conditions only loosen as c grows, so c is found by bisection.
+// are cut. Both conditions only loosen as c grows, so c is found by bisection. min-p is a
+// floor on c: the key of the row's maximum plus `min_gap`.
 
 const STATE_WORDS: u32 = 10u;
 const OUT_WORDS: u32 = 3u;
@@ -169,7 +170,8 @@ struct Params {
     top_p: f32,
     // 1/T at temperature T > 0, else 1: the probabilities of the cut are softmax(l * scale).
     scale: f32,
-    _pad: u32,
+    // min-p: logits below max + min_gap are cut (`SelectParams::min_p_gap`); NEG when absent.
+    min_gap: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -273,7 +275,11 @@ fn threshold(
         }
     }
     if (lid == 0u) {
-        cut[p.row_base + row] = lo;
+        var c = lo;
+        if (p.min_gap > NEG) {
+            c = max(c, order_key(mx + p.min_gap));
+        }
+        cut[p.row_base + row] = c;
     }
 }
 //#endif

@@ -70,6 +70,10 @@ impl ApiError {
             EngineError::Invalid { field, .. } => {
                 Self::invalid(request_field(field), e.to_string())
             }
+            // The model, not a setting, is what fails here.
+            EngineError::Sampler(
+                s @ unmask_core::error::SamplerError::OnlyMaskPredicted { .. },
+            ) => Self::unnamed(s.to_string()),
             EngineError::Sampler(s) => {
                 let text = s.to_string();
                 let field = text.split([':', ' ']).next().unwrap_or("");
@@ -82,6 +86,9 @@ impl ApiError {
                     "logit_bias" => "logit_bias",
                     "presence_penalty" => "presence_penalty",
                     "frequency_penalty" => "frequency_penalty",
+                    "repetition_penalty" => "repetition_penalty",
+                    "min_p" => "min_p",
+                    "top_p" => "top_p",
                     "prompt" => "messages",
                     _ => "",
                 };

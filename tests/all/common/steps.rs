@@ -4,6 +4,7 @@
 
 use unmask::{Generation, Logprob, Request, StepEvent};
 use unmask_core::oracle::sampling::model_logprob;
+use unmask_core::sampler::IdBias;
 
 /// One step: the canvas it saw (the canvas after it, its commits masked again), the
 /// (position, token)s it committed and what each carries.
@@ -44,14 +45,14 @@ pub fn run_recording(engine: &unmask::Engine, req: Request) -> (Generation, Vec<
 }
 
 /// The worst absolute error, over every committed token of `seen`, of its log-probability
-/// and its alternatives' against `log_softmax(logits + bias)` at its position of a full
-/// forward over the canvas its step saw (`bias`: that step's (id, bias) list); the
+/// and its alternatives' against `log_softmax` of the biased logits at its position of a
+/// full forward over the canvas its step saw (`bias`: that step's biases); the
 /// alternatives' ids must be the largest biased logits, highest first. Returns the error
 /// and the tokens checked.
 pub fn worst_logprob_error(
     engine: &unmask::Engine,
     seen: &[SeenStep],
-    bias: &dyn Fn(&SeenStep) -> Vec<(u32, f32)>,
+    bias: &dyn Fn(&SeenStep) -> Vec<IdBias>,
 ) -> (f64, usize) {
     let vocab = engine.model().cfg.embedding_size;
     let (mut worst, mut tokens) = (0f64, 0);
@@ -63,8 +64,8 @@ pub fn worst_logprob_error(
             .expect("logits");
         let biases = bias(step);
         for row in logits.chunks_mut(vocab) {
-            for &(id, b) in &biases {
-                row[id as usize] += b;
+            for b in &biases {
+                row[b.id as usize] = b.apply(row[b.id as usize]);
             }
         }
         for ((row, &(_, token)), lp) in logits.chunks(vocab).zip(&step.committed).zip(&step.got) {

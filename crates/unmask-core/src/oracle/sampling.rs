@@ -97,10 +97,11 @@ pub fn model_logprob(logits: &[f32], uncond: Option<&[f32]>, token: u32, cfg_sca
     l[token as usize] - max - sum.ln()
 }
 
-/// Which ids of a row of (CFG-combined, suppressed) logits survive the top-p / top-k cut
-/// of `params` (see `SelectParams::top_p`): id v stays when fewer than k ids have a larger
-/// logit and the probability `softmax(l / T)` (T = 1 at temperature 0) of the ids with a
-/// larger logit is at most `top_p`. Ids at -inf never stay.
+/// Which ids of a row of (CFG-combined, suppressed) logits survive the top-p / top-k /
+/// min-p cut of `params` (see `SelectParams::top_p`): id v stays when fewer than k ids
+/// have a larger logit, the probability `softmax(l / T)` (T = 1 at temperature 0) of the
+/// ids with a larger logit is at most `top_p`, and its logit is at least the row's largest
+/// plus `SelectParams::min_p_gap` (in f32, as the kernel adds them). Ids at -inf never stay.
 pub fn cut_mask(l: &[f64], params: &SelectParams) -> Vec<bool> {
     let t = params.temperature as f64;
     let scale = if t > 0.0 { 1.0 / t } else { 1.0 };
@@ -113,6 +114,9 @@ pub fn cut_mask(l: &[f64], params: &SelectParams) -> Vec<bool> {
     let mut order: Vec<usize> = (0..l.len()).filter(|&v| l[v] > f64::NEG_INFINITY).collect();
     order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
     let mut keep = vec![false; l.len()];
+    let floor = params
+        .min_p_gap()
+        .map_or(f64::NEG_INFINITY, |gap| (max as f32 + gap) as f64);
     // Walk groups of equal logits from the top: what lies strictly above a group decides it.
     let (mut above, mut mass_above) = (0usize, 0.0f64);
     let mut i = 0;
@@ -121,7 +125,7 @@ pub fn cut_mask(l: &[f64], params: &SelectParams) -> Vec<bool> {
         let end = i + order[i..].iter().take_while(|&&v| l[v] == x).count();
         let by_k = params.top_k.is_none_or(|k| above < k as usize);
         let by_p = params.top_p.is_none_or(|p| mass_above <= p as f64 * total);
-        if !(by_k && by_p) {
+        if !(by_k && by_p && x >= floor) {
             break;
         }
         for &v in &order[i..end] {
@@ -340,6 +344,34 @@ mod tests {
         let p = ((top2 + top2_cold) / 2.0) as f32;
         assert_eq!(cut_mask(&l, &with(Some(p), None, 1.0)), k3);
         assert_eq!(cut_mask(&l, &with(Some(p), None, 0.25)), k1);
+    }
+
+    #[test]
+    fn min_p_keeps_ids_at_least_that_share_of_the_most_probable() {
+        let l = [1.0f64, 3.0, 2.0, 3.0, f64::NEG_INFINITY, 0.0];
+        let with = |min_p, temperature| SelectParams {
+            min_p: Some(min_p),
+            temperature,
+            ..SelectParams::default()
+        };
+        // p(2.0) / p(3.0) = e^-1 = 0.368 at T = 1 (and at T = 0, which reads softmax(l)).
+        let k3 = [false, true, true, true, false, false];
+        assert_eq!(cut_mask(&l, &with(0.36, 0.0)), k3);
+        assert_eq!(
+            cut_mask(&l, &with(0.37, 1.0)),
+            [false, true, false, true, false, false]
+        );
+        // T = 2 flattens: p(1.0) / p(3.0) = e^-1, so 1.0 stays at 0.36 but 0.0 does not.
+        assert_eq!(
+            cut_mask(&l, &with(0.36, 2.0)),
+            [true, true, true, true, false, false]
+        );
+        // 1 keeps only the maxima; 0 cuts nothing.
+        assert_eq!(
+            cut_mask(&l, &with(1.0, 0.7))[..4],
+            [false, true, false, true]
+        );
+        assert!(!with(0.0, 1.0).cuts() && with(0.0, 1.0).min_p_gap().is_none());
     }
 
     #[test]

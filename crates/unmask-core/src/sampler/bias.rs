@@ -1,11 +1,14 @@
-//! Additive logit biases of a request: OpenAI's `logit_bias` (a fixed bias per id) and its
-//! presence and frequency penalties. An autoregressive model counts the tokens it has
-//! emitted; a diffusion canvas has no order of emission, so the penalties count the tokens
-//! committed anywhere in the generated canvas so far, and each step's rows see the counts
-//! of the canvas as that step starts. End tokens are not counted: a canvas pads its tail
-//! with them, and penalising them would push text into the padding.
+//! Logit biases of a request: OpenAI's `logit_bias` (a fixed bias per id) and its presence
+//! and frequency penalties, and vLLM's (and transformers') multiplicative
+//! `repetition_penalty`. An autoregressive model counts the tokens it has emitted; a
+//! diffusion canvas has no order of emission, so the penalties count the tokens committed
+//! anywhere in the generated canvas so far, and each step's rows see the counts of the
+//! canvas as that step starts. The repetition penalty also covers the prompt (and an
+//! infilling suffix), as vLLM's covers the prompt. End tokens are never counted: a canvas
+//! pads its tail with them, and penalising them would push text into the padding.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use crate::error::SamplerError;
 
@@ -16,10 +19,55 @@ pub const MOST_LOGIT_BIAS: usize = 1024;
 pub const BIAS_LIMIT: f32 = 100.0;
 /// A penalty lies in `[-PENALTY_LIMIT, PENALTY_LIMIT]` (OpenAI's range).
 pub const PENALTY_LIMIT: f32 = 2.0;
+/// A repetition penalty lies in `(0, REPETITION_LIMIT]`: past it every seen id is as good
+/// as banned, which `logit_bias` says plainly.
+pub const REPETITION_LIMIT: f32 = 100.0;
 
-/// What a request adds to its logits before the token choice (and before its
+/// What one step does to one id's logit `l`: `rep(l) + add`, where `rep` divides a
+/// positive logit by the repetition penalty and multiplies a negative one by it (1: no
+/// change). The kernel multiplies by `1 / penalty` rather than dividing, so both sides of
+/// a comparison compute `IdBias::apply` the same way.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IdBias {
+    pub id: u32,
+    /// The repetition penalty on this id (1 when the id was not seen).
+    pub repetition: f32,
+    /// The fixed bias minus the presence and frequency penalties.
+    pub add: f32,
+}
+
+impl IdBias {
+    /// The scale of a positive logit (`1 / repetition`) and of a negative one.
+    pub fn scales(&self) -> (f32, f32) {
+        (1.0 / self.repetition, self.repetition)
+    }
+
+    /// The biased logit, as the kernel computes it.
+    pub fn apply(&self, logit: f32) -> f32 {
+        let (positive, negative) = self.scales();
+        logit * if logit > 0.0 { positive } else { negative } + self.add
+    }
+
+    /// Whether the logit is left as it is.
+    pub fn is_neutral(&self) -> bool {
+        self.repetition == 1.0 && self.add == 0.0
+    }
+}
+
+impl From<(u32, f32)> for IdBias {
+    /// An additive bias alone.
+    fn from((id, add): (u32, f32)) -> Self {
+        Self {
+            id,
+            repetition: 1.0,
+            add,
+        }
+    }
+}
+
+/// What a request does to its logits before the token choice (and before its
 /// log-probabilities, which are taken under the distribution the token is drawn from).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LogitBias {
     /// (vocabulary id, bias), sorted by id, one entry per id.
     pub ids: Vec<(u32, f32)>,
@@ -27,6 +75,21 @@ pub struct LogitBias {
     pub presence_penalty: f32,
     /// Subtracted from an id's logit once per committed occurrence in the canvas.
     pub frequency_penalty: f32,
+    /// Divides the positive logits and multiplies the negative ones of the ids in the
+    /// prompt, the suffix or committed in the canvas (1: none; above 1 discourages them).
+    /// Applied to the model's logit before the additive biases.
+    pub repetition_penalty: f32,
+}
+
+impl Default for LogitBias {
+    fn default() -> Self {
+        Self {
+            ids: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
 }
 
 impl LogitBias {
@@ -47,12 +110,14 @@ impl LogitBias {
 
     /// Whether the logits are left as the model gives them.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty() && self.presence_penalty == 0.0 && self.frequency_penalty == 0.0
+        self.ids.is_empty() && !self.penalises()
     }
 
-    /// Whether the biases depend on the canvas (and so change from step to step).
+    /// Whether the biases depend on the tokens seen (and so change from step to step).
     pub fn penalises(&self) -> bool {
-        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
     }
 
     /// Checks ranges and counts; `vocab` (when known) bounds the ids.
@@ -96,33 +161,50 @@ impl LogitBias {
                 return Err(SamplerError::BadPenalty { field, value });
             }
         }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0 && r <= REPETITION_LIMIT) {
+            return Err(SamplerError::BadRepetitionPenalty { value: r });
+        }
         Ok(())
     }
 
-    /// The (id, bias) list of one step's rows: the fixed biases plus the penalties of the
-    /// ids committed in `canvas` (masked positions and `uncounted` ids aside), sorted by id
-    /// and without zero entries.
-    pub fn step_biases(&self, canvas: &[u32], mask: u32, uncounted: &[u32]) -> Vec<(u32, f32)> {
-        if !self.penalises() {
-            return self
-                .ids
-                .iter()
-                .copied()
-                .filter(|&(_, b)| b != 0.0)
-                .collect();
-        }
+    /// The biases of one step's rows over the sequence `tokens`, whose generated canvas is
+    /// `canvas`: the fixed biases, the presence and frequency penalties of the ids
+    /// committed in the canvas, and the repetition penalty of the ids anywhere in `tokens`
+    /// (the prompt and suffix around the canvas count too); masked positions and
+    /// `uncounted` ids are not counted. Sorted by id, without neutral entries.
+    pub fn step_biases(
+        &self,
+        tokens: &[u32],
+        canvas: Range<usize>,
+        mask: u32,
+        uncounted: &[u32],
+    ) -> Vec<IdBias> {
+        let mut out: BTreeMap<u32, IdBias> = self
+            .ids
+            .iter()
+            .map(|&pair| (pair.0, IdBias::from(pair)))
+            .collect();
+        let counted = |t: &&u32| **t != mask && !uncounted.contains(t);
+        let additive = self.presence_penalty != 0.0 || self.frequency_penalty != 0.0;
         let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
-        for &t in canvas {
-            if t != mask && !uncounted.contains(&t) {
+        if additive {
+            for &t in tokens[canvas].iter().filter(counted) {
                 *counts.entry(t).or_default() += 1;
             }
         }
-        let mut out: BTreeMap<u32, f32> = self.ids.iter().copied().collect();
         for (id, c) in counts {
-            *out.entry(id).or_default() -=
+            out.entry(id).or_insert_with(|| IdBias::from((id, 0.0))).add -=
                 self.presence_penalty + self.frequency_penalty * c as f32;
         }
-        out.into_iter().filter(|&(_, b)| b != 0.0).collect()
+        if self.repetition_penalty != 1.0 {
+            for &id in tokens.iter().filter(counted) {
+                out.entry(id)
+                    .or_insert_with(|| IdBias::from((id, 0.0)))
+                    .repetition = self.repetition_penalty;
+            }
+        }
+        out.into_values().filter(|b| !b.is_neutral()).collect()
     }
 }
 
@@ -136,27 +218,44 @@ mod tests {
             ids: vec![(3, 1.5), (9, -100.0)],
             presence_penalty: 0.5,
             frequency_penalty: 0.25,
+            ..LogitBias::default()
         };
         let (mask, eos) = (99, 7);
         let canvas = [5, 5, 99, 3, 5, 7, 7, 7, 99];
-        // 5 three times: 0.5 + 3 * 0.25; 3 once: 1.5 - 0.75; 9 unseen; 7 (end) uncounted.
-        assert_eq!(
-            bias.step_biases(&canvas, mask, &[eos]),
-            vec![(3, 0.75), (5, -1.25), (9, -100.0)]
-        );
+        let all = 0..canvas.len();
+        let adds = |v: Vec<IdBias>| v.iter().map(|b| (b.id, b.add)).collect::<Vec<_>>();
+        // 5 three times: 0.5 + 3 * 0.25; 3 once: 1.5 - 0.75; 9 unseen; 7 (end) uncounted;
+        // the prompt (4, 4) counts for the repetition penalty only.
+        let prompted = [[4, 4].as_slice(), &canvas].concat();
+        let got = bias.step_biases(&prompted, 2..prompted.len(), mask, &[eos]);
+        assert_eq!(adds(got.clone()), vec![(3, 0.75), (5, -1.25), (9, -100.0)]);
+        assert!(got.iter().all(|b| b.repetition == 1.0));
         // No penalty: the fixed list as it is, whatever the canvas.
         let fixed = LogitBias::with_ids(vec![(9, -1.0), (2, 3.0)]).unwrap();
         assert_eq!(
-            fixed.step_biases(&canvas, mask, &[]),
+            adds(fixed.step_biases(&canvas, all.clone(), mask, &[])),
             vec![(2, 3.0), (9, -1.0)]
         );
         // A penalty that cancels a fixed bias leaves no entry.
         let cancel = LogitBias {
             ids: vec![(5, 1.0)],
             presence_penalty: 1.0,
-            frequency_penalty: 0.0,
+            ..LogitBias::default()
         };
-        assert_eq!(cancel.step_biases(&[5], mask, &[]), Vec::new());
+        assert_eq!(cancel.step_biases(&[5], 0..1, mask, &[]), Vec::new());
+        // The repetition penalty: each id of the canvas or around it once, ends aside.
+        let repeat = LogitBias {
+            ids: vec![(3, 2.0)],
+            repetition_penalty: 1.25,
+            ..LogitBias::default()
+        };
+        let around = [[4, 7].as_slice(), &canvas, &[99, 4]].concat();
+        let got = repeat.step_biases(&around, 2..2 + canvas.len(), mask, &[eos]);
+        let reps: Vec<(u32, f32, f32)> = got.iter().map(|b| (b.id, b.repetition, b.add)).collect();
+        assert_eq!(reps, vec![(3, 1.25, 2.0), (4, 1.25, 0.0), (5, 1.25, 0.0)]);
+        // rep(l) + add: a positive logit is divided, a negative one multiplied.
+        assert_eq!(got[0].apply(2.5), 2.5 * (1.0 / 1.25) + 2.0);
+        assert_eq!(got[1].apply(-2.0), -2.5);
     }
 
     #[test]
@@ -178,6 +277,13 @@ mod tests {
             ..LogitBias::default()
         };
         assert!(err(presence, None).starts_with("presence_penalty"));
+        for r in [0.0, -1.0, f32::INFINITY, 101.0] {
+            let repeat = LogitBias {
+                repetition_penalty: r,
+                ..LogitBias::default()
+            };
+            assert!(err(repeat, None).starts_with("repetition_penalty"), "{r}");
+        }
         assert!(ids(vec![(11, -100.0)]).check(Some(12)).is_ok());
     }
 }

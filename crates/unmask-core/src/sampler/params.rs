@@ -111,8 +111,12 @@ pub struct GenerationParams {
     pub top_p: Option<f32>,
     /// Each row keeps its `k` largest logits, ties included (`SelectParams::top_k`).
     pub top_k: Option<u32>,
-    /// Added to the logits before the token choice: fixed per id, and the presence and
-    /// frequency penalties of the tokens committed so far (`LogitBias`).
+    /// Each row keeps the ids at least `min_p` times as probable as its most probable one
+    /// (`SelectParams::min_p`); `None` or 0 keeps all.
+    pub min_p: Option<f32>,
+    /// Applied to the logits before the token choice: fixed per id, the presence and
+    /// frequency penalties of the tokens committed so far and the repetition penalty of
+    /// the tokens seen (`LogitBias`).
     pub bias: LogitBias,
 }
 
@@ -134,6 +138,7 @@ impl Default for GenerationParams {
             alg_temp: 0.0,
             top_p: None,
             top_k: None,
+            min_p: None,
             bias: LogitBias::default(),
         }
     }
@@ -240,9 +245,19 @@ impl GenerationParams {
         if self.top_k == Some(0) {
             return Err(SamplerError::ZeroTopK);
         }
+        if let Some(min_p) = self.min_p
+            && !(0.0..=1.0).contains(&min_p)
+        {
+            return Err(SamplerError::BadMinP { min_p });
+        }
         self.bias.check(None)?;
         if self.cfg_scale > 0.0 && self.cuts() {
             return Err(SamplerError::CutWithCfg);
+        }
+        // Guidance runs the biases on both passes, where an additive bias comes out as it
+        // is but a sign-dependent scale does not.
+        if self.cfg_scale > 0.0 && self.bias.repetition_penalty != 1.0 {
+            return Err(SamplerError::RepetitionWithCfg);
         }
         let total = prompt_len
             .saturating_add(self.gen_length)
@@ -259,8 +274,11 @@ impl GenerationParams {
         Ok(num_blocks)
     }
 
-    /// Whether a top-p or top-k cut leaves ids out of some row (top-p 1 keeps all).
+    /// Whether a top-p, top-k or min-p cut leaves ids out of some row (top-p 1 and min-p
+    /// 0 keep all).
     pub fn cuts(&self) -> bool {
-        self.top_p.is_some_and(|p| p < 1.0) || self.top_k.is_some()
+        self.top_p.is_some_and(|p| p < 1.0)
+            || self.top_k.is_some()
+            || self.min_p.is_some_and(|p| p > 0.0)
     }
 }

@@ -1,10 +1,12 @@
-//! Additive logit biases on sampled rows (`shaders/logit_bias.wgsl`): OpenAI's `logit_bias`
-//! and the presence / frequency penalties (`unmask_core::sampler::LogitBias`), added to each
-//! vocabulary chunk of the LM head's logits before the token choice reads it. The biases
+//! Logit biases on sampled rows (`shaders/logit_bias.wgsl`): OpenAI's `logit_bias`, the
+//! presence / frequency penalties and the repetition penalty
+//! (`unmask_core::sampler::LogitBias`), applied to each vocabulary chunk of the LM head's
+//! logits before the token choice reads it. The biases
 //! are sparse (a few ids per row), so they travel as a per-row list rather than a dense
 //! `[rows, vocab]` tensor, and the kernel touches only the listed logits.
 
 use bytemuck::{Pod, Zeroable};
+use unmask_core::sampler::IdBias;
 
 use super::ShaderVariant;
 use super::sampling::{check_tensor, shape_error};
@@ -51,28 +53,37 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
 /// Rows of one request share one list (its biases do not depend on the position).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RowBiases {
-    /// Per row: (index of its list's first pair, pairs).
+    /// Per row: (index of its list's first entry, entries).
     rows: Vec<(u32, u32)>,
-    /// (id, bias bits) pairs of every list.
-    pairs: Vec<[u32; 2]>,
+    /// (id, positive scale bits, negative scale bits, add bits) of every list.
+    entries: Vec<[u32; 4]>,
 }
 
 impl RowBiases {
-    /// Appends `rows` rows that all take `list`, (id, bias) pairs; an id listed twice
-    /// gets the sum of its biases (the kernel adds each pair once).
-    pub fn push(&mut self, list: &[(u32, f32)], rows: usize) {
-        let mut merged: Vec<(u32, f32)> = list.to_vec();
-        merged.sort_by_key(|&(id, _)| id);
+    /// Appends `rows` rows that all take `list`; an id listed twice gets the product of
+    /// its repetition penalties and the sum of its additions (the kernel applies each
+    /// id once).
+    pub fn push<E: Copy + Into<IdBias>>(&mut self, list: &[E], rows: usize) {
+        let mut merged: Vec<IdBias> = list.iter().map(|&e| e.into()).collect();
+        merged.sort_by_key(|b| b.id);
         merged.dedup_by(|later, kept| {
-            let same = later.0 == kept.0;
+            let same = later.id == kept.id;
             if same {
-                kept.1 += later.1;
+                kept.repetition *= later.repetition;
+                kept.add += later.add;
             }
             same
         });
-        let first = self.pairs.len() as u32;
-        self.pairs
-            .extend(merged.iter().map(|&(id, b)| [id, b.to_bits()]));
+        let first = self.entries.len() as u32;
+        self.entries.extend(merged.iter().map(|b| {
+            let (positive, negative) = b.scales();
+            [
+                b.id,
+                positive.to_bits(),
+                negative.to_bits(),
+                b.add.to_bits(),
+            ]
+        }));
         let count = merged.len() as u32;
         self.rows.extend(std::iter::repeat_n((first, count), rows));
     }
@@ -86,14 +97,15 @@ impl RowBiases {
         self.rows.iter().all(|&(_, count)| count == 0)
     }
 
-    /// The table's u32 words: two per row (word of its first pair, pairs), then the pairs.
+    /// The table's u32 words: two per row (word of its first entry, entries), then the
+    /// entries.
     pub fn words(&self) -> Vec<u32> {
         let base = 2 * self.rows.len() as u32;
-        let mut w = Vec::with_capacity(2 * (self.rows.len() + self.pairs.len()));
+        let mut w = Vec::with_capacity(2 * self.rows.len() + 4 * self.entries.len());
         for &(first, count) in &self.rows {
-            w.extend([base + 2 * first, count]);
+            w.extend([base + 4 * first, count]);
         }
-        w.extend(self.pairs.iter().flatten());
+        w.extend(self.entries.iter().flatten());
         w
     }
 }
@@ -142,21 +154,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_of_one_list_share_its_pairs_and_duplicates_add_up() {
+    fn rows_of_one_list_share_its_entries_and_duplicates_combine() {
         let mut t = RowBiases::default();
         t.push(&[(7, 1.0), (2, -3.0), (7, 0.5)], 2);
-        t.push(&[], 1);
-        t.push(&[(4, 2.0)], 1);
+        t.push::<(u32, f32)>(&[], 1);
+        let repeat = |id, repetition, add| IdBias {
+            id,
+            repetition,
+            add,
+        };
+        t.push(&[repeat(4, 2.0, 0.0), repeat(4, 1.5, 1.0)], 1);
         assert_eq!(t.rows(), 4);
         assert!(!t.is_empty());
         let w = t.words();
-        // 4 rows x 2 words, then pairs from word 8: (2, -3), (7, 1.5), (4, 2).
-        assert_eq!(&w[..8], &[8, 2, 8, 2, 12, 0, 12, 1]);
-        assert_eq!(&w[8..10], &[2, (-3.0f32).to_bits()]);
-        assert_eq!(&w[10..12], &[7, 1.5f32.to_bits()]);
-        assert_eq!(&w[12..], &[4, 2.0f32.to_bits()]);
+        let one = 1.0f32.to_bits();
+        // 4 rows x 2 words, then entries from word 8: (2, -3), (7, 1.5), (4, x3, +1).
+        assert_eq!(&w[..8], &[8, 2, 8, 2, 16, 0, 16, 1]);
+        assert_eq!(&w[8..12], &[2, one, one, (-3.0f32).to_bits()]);
+        assert_eq!(&w[12..16], &[7, one, one, 1.5f32.to_bits()]);
+        let third = (1.0f32 / 3.0).to_bits();
+        assert_eq!(&w[16..], &[4, third, 3.0f32.to_bits(), one]);
         let mut none = RowBiases::default();
-        none.push(&[], 3);
+        none.push::<IdBias>(&[], 3);
         assert!(none.is_empty() && none.rows() == 3);
     }
 }

@@ -178,6 +178,9 @@ struct AccumulateParams {
     _pad: [u32; 3],
 }
 
+/// `ThresholdParams::min_gap` without a min-p cut: the shader's NEG.
+const NO_MIN_GAP: f32 = -3.0e38;
+
 /// The uniform of `threshold`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -189,7 +192,7 @@ struct ThresholdParams {
     top_k: u32,
     top_p: f32,
     scale: f32,
-    _pad: u32,
+    min_gap: f32,
 }
 
 pub(super) fn shape_error(op: &'static str, expected: String, found: String) -> GpuError {
@@ -342,6 +345,11 @@ pub fn select_threshold(
     if params.top_k == Some(0) {
         return Err(shape_error(OP, "top_k >= 1".into(), "0".into()));
     }
+    if let Some(min_p) = params.min_p
+        && !(0.0..=1.0).contains(&min_p)
+    {
+        return Err(shape_error(OP, "min_p in [0, 1]".into(), min_p.to_string()));
+    }
     if rows == 0 {
         return Ok(());
     }
@@ -354,7 +362,7 @@ pub fn select_threshold(
         top_k: params.top_k.unwrap_or(0),
         top_p: params.top_p.filter(|&p| p < 1.0).unwrap_or(2.0),
         scale: if t > 0.0 { 1.0 / t } else { 1.0 },
-        _pad: 0,
+        min_gap: params.min_p_gap().unwrap_or(NO_MIN_GAP),
     };
     let ctx = step.ctx();
     let pipeline = ctx.pipeline(&SELECT, "threshold", &threshold_spec())?;
@@ -585,6 +593,7 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
                 top_k,
                 top_p,
                 scale,
+                min_gap,
             }
         ),
         host_params!(

@@ -11,13 +11,18 @@ impl Common {
     pub(super) fn gemma(&self, max_new_tokens: Option<usize>) -> Result<GemmaSampling, ApiError> {
         // Clients that send OpenAI's neutral values (0, {}) by default are served.
         let penalty = |p: Option<f64>| p.is_some_and(|p| p != 0.0);
-        let masked_only: [(&str, bool); 20] = [
+        let masked_only: [(&str, bool); 22] = [
             (
                 "logit_bias",
                 self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()),
             ),
             ("presence_penalty", penalty(self.presence_penalty)),
             ("frequency_penalty", penalty(self.frequency_penalty)),
+            (
+                "repetition_penalty",
+                self.repetition_penalty.is_some_and(|r| r != 1.0),
+            ),
+            ("min_p", penalty(self.min_p)),
             ("temperature", self.temperature.is_some()),
             ("top_p", self.top_p.is_some()),
             ("top_k", self.top_k.is_some()),

@@ -31,6 +31,7 @@ impl Common {
             alg_temp: self.alg_temp,
             top_p: self.top_p,
             top_k: self.top_k,
+            min_p: self.min_p,
             cache: self.cache.clone(),
             affix: self.affix.clone(),
             anchor_ratio: self.anchor_ratio,
@@ -43,6 +44,7 @@ impl Common {
             logit_bias: self.logit_bias.clone(),
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
             ..unmask::RequestSpec::default()
         };
         let any_model = unmask::SpecLimits {
@@ -104,21 +106,36 @@ mod tests {
         let bias = &m.params.bias;
         assert_eq!(bias.ids, vec![(7, 2.5), (42, -100.0)]);
         assert_eq!((bias.presence_penalty, bias.frequency_penalty), (0.5, -1.0));
+        assert_eq!((bias.repetition_penalty, m.params.min_p), (1.0, None));
+        let body = format!(r#"{{{q},"repetition_penalty":1.3,"min_p":0.1}}"#);
+        let Sampling::Masked(m) = check(&body, Family::MaskedDiffusion).unwrap().sampling else {
+            panic!("a masked-diffusion request");
+        };
+        assert_eq!(
+            (m.params.bias.repetition_penalty, m.params.min_p),
+            (1.3, Some(0.1))
+        );
+        let e = check(&body, Family::DiffusionGemma).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("repetition_penalty"), "{e}");
         for (extra, field, needle) in [
             (r#""logit_bias":{"x":1}"#, "logit_bias", "the key \"x\""),
             (r#""logit_bias":{"3":-101}"#, "logit_bias", "-101 for id 3"),
             (r#""logit_bias":{"3":"a"}"#, "logit_bias.3", "expected f64"),
             (r#""presence_penalty":2.5"#, "presence_penalty", "-2 to 2"),
             (r#""frequency_penalty":-9"#, "frequency_penalty", "found -9"),
+            (r#""repetition_penalty":0"#, "repetition_penalty", "above 0"),
+            (r#""min_p":2"#, "min_p", "from 0 to 1"),
         ] {
             let body = format!("{{{q},{extra}}}");
             let e = check(&body, Family::MaskedDiffusion).expect_err(&body);
             assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
             assert!(e.message.contains(needle), "{body}: {e}");
         }
-        let neutral =
-            format!(r#"{{{q},"logit_bias":{{}},"presence_penalty":0,"frequency_penalty":0}}"#);
+        let neutral = format!(
+            r#"{{{q},"logit_bias":{{}},"presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"min_p":0}}"#
+        );
         assert!(check(&neutral, Family::DiffusionGemma).is_ok());
+        let body = format!(r#"{{{q},"logit_bias":{{"42":-100}}}}"#);
         let e = check(&body, Family::DiffusionGemma).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logit_bias"), "{e}");
     }

@@ -105,6 +105,9 @@ pub struct Common {
     /// Not OpenAI's; as vLLM and others take it (-1 and 0 turn it off).
     #[serde(default)]
     pub top_k: Option<i64>,
+    /// vLLM's: ids less probable than this share of the most probable one are cut (0: off).
+    #[serde(default)]
+    pub min_p: Option<f64>,
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
@@ -163,6 +166,9 @@ pub struct Common {
     pub presence_penalty: Option<f64>,
     #[serde(default)]
     pub frequency_penalty: Option<f64>,
+    /// vLLM's multiplicative penalty on the tokens of the prompt and the canvas (1: off).
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
     /// Token ids (decimal strings) to biases from -100 to 100.
     #[serde(default)]
     pub logit_bias: Option<BTreeMap<String, f64>>,

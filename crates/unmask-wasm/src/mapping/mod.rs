@@ -363,8 +363,9 @@ fn settings(obj: &Value, limits: &Limits) -> Result<Settings, String> {
 /// token `ids`; the fields of `unmask::RequestSpec` in camelCase (`genLength`, `steps`,
 /// `blockLength`, ..., `cache`, `prefixLen`, `depth`, `refreshEvery`, `recomputeAll`,
 /// `decode`, ACache's `affix` and `anchorRatio`, dLLM-Cache's `promptInterval`,
-/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`, `logprobs` and
-/// `topLogprobs`); an infilling suffix is
+/// `responseInterval`, `refreshRatio`, `verifyPick` and `pinBlock`, `logprobs`,
+/// `topLogprobs`, `topP`, `topK`, `minP`, `logitBias`, `presencePenalty`,
+/// `frequencyPenalty` and `repetitionPenalty`); an infilling suffix is
 /// read apart (`suffix`), since text needs the tokenizer. Checked against the model's `limits`; what depends on the prompt's length is
 /// checked by `fit_prompt` once it is encoded.
 pub fn request(obj: &Value, limits: &Limits) -> Result<Request, String> {

@@ -71,6 +71,18 @@ fn logit_bias_and_penalties_map_with_their_errors() {
         e.starts_with("frequencyPenalty: expected a number from -2 to 2"),
         "{e}"
     );
+    let r = parse(json!({"ids": [1], "repetitionPenalty": 1.25, "minP": 0.05})).unwrap();
+    assert_eq!(
+        (r.params.bias.repetition_penalty, r.params.min_p),
+        (1.25, Some(0.05))
+    );
+    let e = err(json!({"ids": [1], "repetitionPenalty": 0}));
+    assert!(
+        e.starts_with("repetitionPenalty: expected a number above 0"),
+        "{e}"
+    );
+    let e = err(json!({"ids": [1], "minP": 1.5}));
+    assert!(e.starts_with("minP: expected a number from 0 to 1"), "{e}");
 }
 
 #[test]
