@@ -88,6 +88,10 @@ case_ "--logit-bias past the vocabulary" "vocabulary size 320" -- "$BIN" "${G[@]
 case_ "--logit-bias on the mask token" "mask token 305" -- "$BIN" "${G[@]}" --model "$FIX" --threshold 0.9 --logit-bias 305=100
 case_ "--logit-bias one id twice" "id 5 twice" -- "$BIN" "${G[@]}" --model "$FIX" --logit-bias 5=1 --logit-bias 5=2
 case_ "--frequency-penalty 3" "--frequency-penalty" -- "$BIN" "${G[@]}" --model "$FIX" --frequency-penalty 3
+case_ "--repetition-penalty 0" "--repetition-penalty" -- "$BIN" "${G[@]}" --model "$FIX" --repetition-penalty 0
+case_ "--repetition-penalty with guidance" "repetition_penalty with cfg_scale" -- "$BIN" "${G[@]}" --model "$FIX" --repetition-penalty 1.2 --cfg-scale 1
+case_ "--min-p 1.5" "--min-p" -- "$BIN" "${G[@]}" --model "$FIX" --min-p 1.5
+case_ "--min-p with guidance" "min_p with cfg_scale" -- "$BIN" "${G[@]}" --model "$FIX" --min-p 0.1 --cfg-scale 1
 case_ "serve --shutdown-grace 0" "--shutdown-grace" -- "$BIN" serve --model "$FIX" --shutdown-grace 0
 case_ "serve --max-connections 0" "--max-connections" -- "$BIN" serve --model "$FIX" --max-connections 0
 case_ "serve --header-timeout 1e9" "--header-timeout" -- "$BIN" serve --model "$FIX" --header-timeout 1e9
@@ -203,6 +207,7 @@ case_ "dgemma: a missing shard" "model-00001-of-00002.safetensors" -- "$BIN" "${
 case_ "dgemma: --prompt-ids past the vocabulary" "vocabulary size" -- "$BIN" generate --model "$DG" --prompt-ids 2,999999 --gen-length 16
 case_ "dgemma: --gen-length past the positions" "exceed the model's" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 1000000
 case_ "dgemma: --steps 0" "steps" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --steps 0
+case_ "dgemma: --top-p and --min-p" "--top-p, --min-p: not a DiffusionGemma setting" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 16 --top-p 0.9 --min-p 0.1
 case_ "dgemma: eval --cache bicache" "no cache modes" -- "$BIN" eval --model "$DG" --set data/tasks/heldout-small.jsonl --cache bicache
 
 echo "== $pass passed, $fail failed"

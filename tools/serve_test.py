@@ -216,6 +216,12 @@ def logit_bias_cases(client, ask, content, unmask, model):
     want = cli("--presence-penalty", "1.5", "--frequency-penalty", "0.5")["text"]
     check(penalised.choices[0].message.content == want,
           f"penalties answer as unmask generate's: {penalised.choices[0].message.content!r}")
+    # vLLM's extensions, as its clients send them (extra_body).
+    extra = {**ask["extra_body"], "repetition_penalty": 1.3, "min_p": 0.2}
+    vllm = client.chat.completions.create(**{**ask, "extra_body": extra})
+    want = cli("--repetition-penalty", "1.3", "--min-p", "0.2")["text"]
+    check(vllm.choices[0].message.content == want,
+          f"repetition_penalty and min_p answer as unmask generate's: {vllm.choices[0].message.content!r}")
 
 
 def tokenize_cases(server, client, name):
@@ -322,6 +328,9 @@ def raw_error_cases(server):
          400, "logit_bias"),
         ("presence_penalty 2.5", "POST", "/v1/chat/completions", {**ok, "presence_penalty": 2.5}, AUTH, 400,
          "presence_penalty"),
+        ("repetition_penalty 0", "POST", "/v1/chat/completions", {**ok, "repetition_penalty": 0}, AUTH, 400,
+         "repetition_penalty"),
+        ("min_p 2", "POST", "/v1/chat/completions", {**ok, "min_p": 2}, AUTH, 400, "min_p"),
         ("an unknown model", "POST", "/v1/chat/completions", {**ok, "model": "gpt-4"}, AUTH, 404, "model"),
         ("a prompt longer than the context", "POST", "/v1/chat/completions",
          chat_body("word " * 5000, system=None), AUTH, 400, "messages"),

@@ -345,11 +345,16 @@ pub fn params_json(p: &GenerationParams) -> Value {
         "alg_temp": short_f32(p.alg_temp),
         "top_p": p.top_p.map(short_f32),
         "top_k": p.top_k,
+        "min_p": p.min_p.map(short_f32),
         "cfg_scale": short_f32(p.cfg_scale),
         "threshold": p.threshold.map(short_f32),
         "seed": p.seed,
         "logits_eos_inf": p.logits_eos_inf,
         "confidence_eos_eot_inf": p.confidence_eos_eot_inf,
+        "logit_bias": p.bias.ids.iter().map(|&(id, b)| (id.to_string(), short_f32(b))).collect::<serde_json::Map<_, _>>(),
+        "presence_penalty": short_f32(p.bias.presence_penalty),
+        "frequency_penalty": short_f32(p.bias.frequency_penalty),
+        "repetition_penalty": short_f32(p.bias.repetition_penalty),
     })
 }
 

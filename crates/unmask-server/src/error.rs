@@ -164,3 +164,24 @@ impl std::fmt::Display for ApiError {
         write!(f, "{} ({})", self.message, self.status)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use unmask_core::error::SamplerError;
+
+    /// A sampler error names the request field its message starts with; a model that can
+    /// only predict masks is no field's fault.
+    #[test]
+    fn sampler_errors_name_their_field_and_a_stalled_model_none() {
+        let named = |e: SamplerError| ApiError::from_engine(&EngineError::Sampler(e)).param;
+        let repetition = SamplerError::BadRepetitionPenalty { value: 0.0 };
+        assert_eq!(named(repetition).as_deref(), Some("repetition_penalty"));
+        assert_eq!(
+            named(SamplerError::BadMinP { min_p: 2.0 }).as_deref(),
+            Some("min_p")
+        );
+        assert_eq!(named(SamplerError::CutWithCfg).as_deref(), Some("top_p"));
+        assert_eq!(named(SamplerError::OnlyMaskPredicted { rows: 3 }), None);
+    }
+}
