@@ -52,7 +52,7 @@ pub use bicache::PrefixEntry;
 pub use clock::Stopwatch;
 pub use dgemma::{
     DEFAULT_POSITIONS as DGEMMA_DEFAULT_POSITIONS, DgemmaEngine, DgemmaOutput, DgemmaRequest,
-    DgemmaTask, is_diffusion_gemma_config,
+    DgemmaTask, DgemmaTextSide, encode_gemma_chat, is_diffusion_gemma_config,
 };
 pub use engine::Engine;
 pub use error::{EngineError, Refusal};

@@ -457,6 +457,11 @@ def dgemma_cases(unmask, model):
               f"DiffusionGemma: chat equals unmask generate ({len(expected)} characters)")
         check(ext.get("family") == "diffusion_gemma" and ext.get("prefix", {}).get("use") in ("stored", "hit"),
               f"DiffusionGemma: the report names the family and the prefix store's use: {ext.get('prefix')}")
+        status, t, _ = server.request("POST", "/tokenize", {"messages": messages}, AUTH)
+        check(status == 200 and t["count"] == r.usage.prompt_tokens,
+              f"DiffusionGemma: /tokenize counts a chat as usage does: {t.get('count')} vs {r.usage.prompt_tokens}")
+        status, d, _ = server.request("POST", "/detokenize", {"tokens": t["tokens"]}, AUTH)
+        check(status == 200 and question in d["prompt"], f"DiffusionGemma: /detokenize spells the chat: {d}")
         pieces = []
         for chunk in client.chat.completions.create(model=name, messages=messages, max_tokens=32, seed=3,
                                                     stream=True, extra_body={"steps": 8}):

@@ -22,8 +22,10 @@ use crate::files::{self, ModelFiles};
 use crate::{CacheBudget, EngineError, EngineOptions, Prompt};
 
 mod tasks;
+mod text_side;
 
 pub use tasks::DgemmaTask;
+pub use text_side::{DgemmaTextSide, encode_chat as encode_gemma_chat};
 
 /// Positions a model's RoPE tables and caches cover when its config names no smaller limit:
 /// the prompt and every canvas of one request.
@@ -320,24 +322,11 @@ impl DgemmaEngine {
         self.store.lock().unwrap_or_else(|e| e.into_inner()).clear()
     }
 
-    fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {
-        self.tokenizer.as_ref().ok_or_else(|| EngineError::File {
-            location: self.dir.join("tokenizer.json").display().to_string(),
-            message: "not found: a text prompt needs it (token ids do not)".into(),
-        })
-    }
-
     /// The prompt's ids (Gemma 4's chat layout for messages) and how many of them the
     /// system turn takes (0 without one).
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<(Vec<u32>, usize), EngineError> {
-        let messages = match prompt {
-            Prompt::Ids(ids) => return Ok((ids.clone(), 0)),
-            Prompt::Chat(m) => m,
-        };
-        let tokenizer = self.require_tokenizer()?;
-        let ids = unmask_core::gemma_chat::encode(tokenizer, messages, false)?;
-        let shared = unmask_core::gemma_chat::system_turn_len(tokenizer, messages, false)?;
-        Ok((ids, shared))
+        let location = self.dir.display().to_string();
+        text_side::encode_prompt(self.tokenizer.as_ref(), &location, prompt)
     }
 
     /// Generates for `request`, telling `on_step` of every denoising step; `on_step`

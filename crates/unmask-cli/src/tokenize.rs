@@ -1,12 +1,13 @@
 //! `unmask tokenize`: a prompt's token ids exactly as `generate` runs them, each with its
-//! text, or the text of ids, for LLaDA and Dream folders. It reads the model folder's text side only (no weights, no
-//! GPU), so it answers at once even for an 8B folder: how to find the ids `--logit-bias`
-//! names, and how long a prompt is against the context.
+//! text, or the text of ids, for LLaDA, Dream and DiffusionGemma folders. It reads the
+//! model folder's text side only (no weights, no GPU), so it answers at once even for an
+//! 8B folder: how to find the ids `--logit-bias` names, and how long a prompt is against
+//! the context.
 
 use clap::Args;
 use serde_json::json;
-use unmask::{Message, Prompt, TextSide};
-use unmask_core::tokenizer::DecodeMode;
+use unmask::{DgemmaTextSide, EngineError, Message, Prompt, TextSide};
+use unmask_core::tokenizer::{DecodeMode, Tokenizer};
 
 use crate::error::CliError;
 use crate::options::ModelArgs;
@@ -20,7 +21,7 @@ use crate::{output, values};
                   token's name), then the count against the model's context. --text is tokenized as it is (a completion's\n\
                   prompt, a word for --logit-bias: mind its leading space); --prompt goes through\n\
                   the chat template as generate --prompt does. Only config.json and the tokenizer\n\
-                  files are read (LLaDA and Dream folders)."
+                  files are read (LLaDA, Dream and DiffusionGemma folders)."
 )]
 pub struct TokenizeArgs {
     #[command(flatten)]
@@ -42,12 +43,59 @@ pub struct TokenizeArgs {
     json: bool,
 }
 
+/// The text side of a folder of either kind.
+enum Side {
+    Masked(TextSide),
+    Gemma(DgemmaTextSide),
+}
+
+impl Side {
+    fn open(dir: &std::path::Path) -> Result<Self, EngineError> {
+        Ok(if crate::dgemma::is_diffusion_gemma(dir) {
+            Self::Gemma(DgemmaTextSide::open(dir)?)
+        } else {
+            Self::Masked(TextSide::open(dir)?)
+        })
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer, EngineError> {
+        match self {
+            Self::Masked(s) => s.require_tokenizer(),
+            Self::Gemma(s) => s.require_tokenizer(),
+        }
+    }
+
+    /// Embedding rows: the ids there are.
+    fn vocab(&self) -> usize {
+        match self {
+            Self::Masked(s) => s.config.embedding_size,
+            Self::Gemma(s) => s.config.vocab_size,
+        }
+    }
+
+    /// Positions the model covers, prompt and answer together.
+    fn context(&self) -> usize {
+        match self {
+            Self::Masked(s) => s.config.max_sequence_length,
+            Self::Gemma(s) => s.positions,
+        }
+    }
+
+    fn encode_chat(&self, messages: Vec<Message>) -> Result<Vec<u32>, EngineError> {
+        let prompt = Prompt::Chat(messages);
+        match self {
+            Self::Masked(s) => s.encode_prompt(&prompt),
+            Self::Gemma(s) => Ok(s.encode_prompt(&prompt)?.0),
+        }
+    }
+}
+
 pub fn run(args: &TokenizeArgs) -> Result<(), CliError> {
     let dir = args.model.dir()?;
-    let side = TextSide::open(&dir)?;
-    let tokenizer = side.require_tokenizer()?;
+    let side = Side::open(&dir)?;
+    let tokenizer = side.tokenizer()?;
     if let Some(ids) = &args.decode {
-        crate::options::check_ids_below(side.config.embedding_size, "decode", ids)?;
+        crate::options::check_ids_below(side.vocab(), "decode", ids)?;
         let text = tokenizer.decode(ids, DecodeMode::Raw)?;
         return if args.json {
             output::line(&json!({ "text": text }).to_string())
@@ -60,7 +108,7 @@ pub fn run(args: &TokenizeArgs) -> Result<(), CliError> {
         (None, Some(user)) => {
             let mut messages: Vec<Message> = args.system.iter().map(Message::system).collect();
             messages.push(Message::user(user));
-            side.encode_prompt(&Prompt::Chat(messages))?
+            side.encode_chat(messages)?
         }
         (None, None) => {
             return Err(CliError::usage(
@@ -76,7 +124,7 @@ pub fn run(args: &TokenizeArgs) -> Result<(), CliError> {
             None => tokenizer.id_to_token(id).unwrap_or_default(),
         })
         .collect();
-    let context = side.config.max_sequence_length;
+    let context = side.context();
     if args.json {
         let answer = json!({
             "tokens": ids,

@@ -103,7 +103,7 @@ pub struct Loaded {
     pub family: Family,
     /// The engine's tokenizer and chat format, for the handlers to tokenize requests
     /// before they queue them (`scheduler::encode_input`).
-    encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
+    encoder: Option<Arc<tokenize::PromptEncoder>>,
 }
 
 /// Loads the engine with `load` on its own thread, listens on `config.addr`, calls
@@ -149,9 +149,12 @@ where
                     let loaded = Loaded {
                         max_sequence_length: engine.config().max_sequence_length,
                         family: Family::MaskedDiffusion,
-                        encoder: engine
-                            .tokenizer()
-                            .map(|t| Arc::new((t.clone(), engine.chat_format().clone()))),
+                        encoder: engine.tokenizer().map(|t| {
+                            Arc::new(tokenize::PromptEncoder {
+                                tokenizer: t.clone(),
+                                chat: tokenize::ChatLayout::Masked(engine.chat_format().clone()),
+                            })
+                        }),
                     };
                     let _ = ready_tx.send(Ok(loaded));
                     scheduler::run(&engine, jobs_rx, engine_shared, scheduler_config);
@@ -163,11 +166,17 @@ where
                         let _ = ready_tx.send(Err(why.to_string()));
                         return;
                     }
-                    // Its prompts are encoded on the engine thread as requests join.
+                    // Its requests' prompts are encoded on the engine thread as they join
+                    // (with their system turn's length); the encoder serves /tokenize.
                     let loaded = Loaded {
                         max_sequence_length: engine.model().max_positions,
                         family: Family::DiffusionGemma,
-                        encoder: None,
+                        encoder: engine.tokenizer().map(|t| {
+                            Arc::new(tokenize::PromptEncoder {
+                                tokenizer: t.clone(),
+                                chat: tokenize::ChatLayout::Gemma,
+                            })
+                        }),
                     };
                     let _ = ready_tx.send(Ok(loaded));
                     let max_running = scheduler_config.max_solo;

@@ -36,8 +36,8 @@ pub struct App {
     pub max_body_bytes: usize,
     /// Time a request has to send its whole body.
     pub body_timeout: std::time::Duration,
-    /// The tokenizer and chat format (`None` without tokenizer.json).
-    pub encoder: Option<Arc<(unmask_core::tokenizer::Tokenizer, unmask::ChatFormat)>>,
+    /// The tokenizer and chat layout (`None` without tokenizer.json).
+    pub encoder: Option<Arc<crate::tokenize::PromptEncoder>>,
     /// Which hosts and origins may call (`access`).
     pub access: crate::access::Access,
     /// Unix time the server started (the model's `created`).
@@ -270,7 +270,7 @@ async fn generate(app: Arc<App>, spec: Result<JobSpec, ApiError>, endpoint: Endp
 /// on the engine thread would stall every running request meanwhile); as it is without a
 /// tokenizer. Err: the answer to send.
 pub(crate) async fn encoded(app: &App, spec: JobSpec) -> Result<JobSpec, Response> {
-    let Some(encoder) = &app.encoder else {
+    let Some(encoder) = app.encoder.as_ref().filter(|e| e.masked_format().is_some()) else {
         return Ok(spec);
     };
     let encoder = Arc::clone(encoder);
@@ -278,7 +278,8 @@ pub(crate) async fn encoded(app: &App, spec: JobSpec) -> Result<JobSpec, Respons
         let completion = spec.is_completion();
         let mut spec = spec;
         let input = std::mem::replace(&mut spec.input, crate::api::Input::Ids(Vec::new()));
-        match crate::scheduler::encode_input(&encoder.0, &encoder.1, input) {
+        let format = encoder.masked_format().expect("filtered above");
+        match crate::scheduler::encode_input(&encoder.tokenizer, format, input) {
             Ok(input) => Ok(JobSpec { input, ..spec }),
             Err(e) => {
                 let error = ApiError::from_engine(&e);

@@ -40,33 +40,63 @@ struct DetokenizeRequest {
     tokens: Option<Vec<u32>>,
 }
 
-/// The server's tokenizer and chat format, or why it has none to offer.
-fn encoder(app: &App) -> Result<&(Tokenizer, ChatFormat), ApiError> {
+/// How the served model turns prompts into ids: its tokenizer and chat layout.
+pub struct PromptEncoder {
+    pub tokenizer: Tokenizer,
+    pub chat: ChatLayout,
+}
+
+/// A served model's chat layout.
+pub enum ChatLayout {
+    /// LLaDA's or Dream's (`unmask::ChatFormat`).
+    Masked(ChatFormat),
+    /// Gemma 4's, thinking off (`unmask::encode_gemma_chat`).
+    Gemma,
+}
+
+impl PromptEncoder {
+    /// A conversation's ids, as the completion endpoints run it.
+    fn encode_chat(&self, messages: &[unmask::Message]) -> Result<Vec<u32>, String> {
+        match &self.chat {
+            ChatLayout::Masked(format) => format
+                .encode(&self.tokenizer, messages)
+                .map_err(|e| e.to_string()),
+            ChatLayout::Gemma => unmask::encode_gemma_chat(&self.tokenizer, messages)
+                .map(|(ids, _)| ids)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The masked-diffusion chat format, for the request path that encodes off the engine
+    /// thread (a DiffusionGemma prompt is encoded on it, with its system turn's length).
+    pub fn masked_format(&self) -> Option<&ChatFormat> {
+        match &self.chat {
+            ChatLayout::Masked(format) => Some(format),
+            ChatLayout::Gemma => None,
+        }
+    }
+}
+
+/// The server's prompt encoder, or why it has none to offer.
+fn encoder(app: &App) -> Result<&PromptEncoder, ApiError> {
     app.encoder.as_deref().ok_or_else(|| {
-        let why = match app.limits.family {
-            crate::Family::DiffusionGemma => {
-                "a DiffusionGemma server encodes its prompts on the \
-                                              engine thread and offers no tokenizer route"
-            }
-            crate::Family::MaskedDiffusion => {
-                "the model folder has no tokenizer.json: prompts \
-                                               are token ids (send them to /v1/completions)"
-            }
-        };
-        ApiError::unnamed(format!("no tokenizer here: {why}"))
+        ApiError::unnamed(
+            "no tokenizer here: the model folder has no tokenizer.json: prompts are token ids \
+             (send them to /v1/completions)",
+        )
     })
 }
 
 /// The answer of `POST /tokenize` to `body`.
 pub(crate) fn tokenize_answer(
-    encoder: &(Tokenizer, ChatFormat),
+    encoder: &PromptEncoder,
     body: &[u8],
     served: &str,
     max_model_len: usize,
 ) -> Result<Value, ApiError> {
     let r: TokenizeRequest = typed(object(body)?, "")?;
     served_model(r.model.as_deref(), served)?;
-    let (tokenizer, chat) = encoder;
+    let tokenizer = &encoder.tokenizer;
     let (field, ids) = match (r.prompt, r.messages) {
         (Some(text), None) => {
             // Completions run a prompt as it tokenizes, with nothing added around it.
@@ -78,12 +108,9 @@ pub(crate) fn tokenize_answer(
                      true",
                 ));
             }
-            ("prompt", tokenizer.encode(&text))
+            ("prompt", tokenizer.encode(&text).map_err(|e| e.to_string()))
         }
-        (None, Some(messages)) => (
-            "messages",
-            chat.encode(tokenizer, &chat_messages(messages)?),
-        ),
+        (None, Some(messages)) => ("messages", encoder.encode_chat(&chat_messages(messages)?)),
         (prompt, _) => {
             let found = if prompt.is_some() { "both" } else { "neither" };
             return Err(ApiError::invalid(
@@ -149,7 +176,7 @@ pub async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response
 pub async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
     let answer = read_body(&app, request)
         .await
-        .and_then(|body| detokenize_answer(&encoder(&app)?.0, &body, &app.model));
+        .and_then(|body| detokenize_answer(&encoder(&app)?.tokenizer, &body, &app.model));
     respond(&app, answer)
 }
 
@@ -167,10 +194,30 @@ fn respond(app: &App, answer: Result<Value, ApiError>) -> Response {
 mod tests {
     use super::*;
 
-    fn bundled() -> (Tokenizer, ChatFormat) {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
-        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-        (tokenizer, ChatFormat::Llada)
+    fn encoder(folder: &str, chat: ChatLayout) -> PromptEncoder {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let tokenizer = Tokenizer::from_file(dir.join(folder).join("tokenizer.json")).unwrap();
+        PromptEncoder { tokenizer, chat }
+    }
+
+    fn bundled() -> PromptEncoder {
+        encoder("models/tiny", ChatLayout::Masked(ChatFormat::Llada))
+    }
+
+    /// A DiffusionGemma server's chat ids are Gemma 4's layout, as its engine runs them.
+    #[test]
+    fn a_diffusion_gemma_chat_tokenizes_in_its_own_layout() {
+        let enc = encoder("tests/fixtures/tiny-dgemma", ChatLayout::Gemma);
+        let body = r#"{"messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]}"#;
+        let a = tokenize_answer(&enc, body.as_bytes(), "tiny-dgemma", 1024).unwrap();
+        let messages = [
+            unmask::Message::system("Be brief"),
+            unmask::Message::user("Hi"),
+        ];
+        let (want, _) = unmask::encode_gemma_chat(&enc.tokenizer, &messages).unwrap();
+        assert_eq!(a["tokens"], json!(want));
+        assert_eq!(&want[..2], &[2, 105], "<bos><|turn>");
+        assert!(enc.masked_format().is_none());
     }
 
     /// Ids are those the completion endpoints run, count and strings included, and decode
@@ -182,19 +229,22 @@ mod tests {
         let a = tokenize(r#"{"prompt": "What is the city of Bella?", "return_token_strs": true}"#)
             .unwrap();
         let ids: Vec<u32> = serde_json::from_value(a["tokens"].clone()).unwrap();
-        assert_eq!(ids, enc.0.encode("What is the city of Bella?").unwrap());
+        assert_eq!(
+            ids,
+            enc.tokenizer.encode("What is the city of Bella?").unwrap()
+        );
         assert_eq!(a["count"], ids.len());
         assert_eq!(a["max_model_len"], 4096);
         assert_eq!(a["token_strs"].as_array().unwrap().len(), ids.len());
         let back = detokenize_answer(
-            &enc.0,
+            &enc.tokenizer,
             format!(r#"{{"tokens": {ids:?}}}"#).as_bytes(),
             "tiny",
         );
         assert_eq!(back.unwrap()["prompt"], "What is the city of Bella?");
         let chat = tokenize(r#"{"messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
         let want = ChatFormat::Llada
-            .encode(&enc.0, &[unmask::Message::user("Hi")])
+            .encode(&enc.tokenizer, &[unmask::Message::user("Hi")])
             .unwrap();
         assert_eq!(chat["tokens"], json!(want));
         assert!(chat.get("token_strs").is_none());
@@ -212,7 +262,7 @@ mod tests {
             let e = tokenize(body).expect_err(body);
             assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
         }
-        let detok = |body: &str| detokenize_answer(&enc.0, body.as_bytes(), "tiny");
+        let detok = |body: &str| detokenize_answer(&enc.tokenizer, body.as_bytes(), "tiny");
         for (body, field) in [
             (r#"{}"#, "tokens"),
             (r#"{"tokens": [1, 99999]}"#, "tokens[1]"),

@@ -145,6 +145,33 @@ fn generate_runs_diffusion_gemma_from_text() {
         "--steps 12: at most 12 steps a canvas"
     );
     assert_eq!(generate("5")["ids"], a["ids"], "same seed, same output");
+    // `tokenize` reads the same layout from the text side alone.
+    let o = run(&[
+        "tokenize",
+        "--model",
+        &dir_arg,
+        "--prompt",
+        "What is 2 + 3?",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let t = json(&o);
+    assert_eq!(u64s(&t["tokens"]), prompt);
+    assert_eq!(t["max_model_len"], 1024);
+    // Flags of the masked-diffusion sampler are refused by name, not ignored.
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            &dir_arg,
+            "--prompt",
+            "q",
+            "--temperature",
+            "0.5",
+        ],
+        2,
+        "--temperature: not a DiffusionGemma setting",
+    );
 }
 
 /// `unmask eval` on the tiny DiffusionGemma: each item answers what `unmask generate` gives
