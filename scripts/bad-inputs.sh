@@ -207,6 +207,8 @@ case_ "dgemma: a missing shard" "model-00001-of-00002.safetensors" -- "$BIN" "${
 case_ "dgemma: --prompt-ids past the vocabulary" "vocabulary size" -- "$BIN" generate --model "$DG" --prompt-ids 2,999999 --gen-length 16
 case_ "dgemma: --gen-length past the positions" "exceed the model's" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 1000000
 case_ "dgemma: --steps 0" "steps" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --steps 0
+case_ "dgemma: --logit-bias past the vocabulary" "vocabulary size 320" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 16 --logit-bias 99999=1
+case_ "dgemma: --presence-penalty" "--presence-penalty: not a DiffusionGemma setting" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 16 --presence-penalty 1
 case_ "dgemma: --top-p and --min-p" "--top-p, --min-p: not a DiffusionGemma setting" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 16 --top-p 0.9 --min-p 0.1
 case_ "dgemma: eval --cache bicache" "no cache modes" -- "$BIN" eval --model "$DG" --set data/tasks/heldout-small.jsonl --cache bicache
 

@@ -467,6 +467,16 @@ def dgemma_cases(unmask, model):
                                                     stream=True, extra_body={"steps": 8}):
             pieces += [c.delta.content for c in chunk.choices if c.delta.content]
         check("".join(pieces) == expected, f"DiffusionGemma: {len(pieces)} streamed pieces join to the answer")
+        # logit_bias: a word's first id banned, as unmask generate --logit-bias bans it.
+        status, word, _ = server.request("POST", "/tokenize", {"prompt": expected}, AUTH)
+        ban = str(word["tokens"][0])
+        banned = client.chat.completions.create(model=name, messages=messages, max_tokens=32, seed=3,
+                                                logit_bias={ban: -100}, extra_body={"steps": 8})
+        out = subprocess.run([unmask, "generate", "--model", model, "--system", system, "--prompt", question,
+                              "--gen-length", "32", "--steps", "8", "--seed", "3", "--json", "--logit-bias",
+                              f"{ban}=-100"], capture_output=True, text=True, check=True)
+        check(banned.choices[0].message.content == json.loads(out.stdout)["text"] != expected,
+              f"DiffusionGemma: logit_bias bans id {ban} as unmask generate does: {banned.choices[0].message.content!r}")
         cli = json.loads(subprocess.run([unmask, "generate", "--model", model, "--system", system, "--prompt",
                                          question, "--gen-length", "32", "--steps", "8", "--seed", "3", "--json",
                                          "--logprobs"], capture_output=True, text=True, check=True).stdout)

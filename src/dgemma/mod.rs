@@ -44,6 +44,10 @@ pub struct DgemmaRequest {
     /// Take the whole prompt through the store too: requests that share all of it (the
     /// choices of one request) encode it once, and the others copy its K/V.
     pub share_prompt: bool,
+    /// OpenAI's `logit_bias`: (id, bias from -100 to 100) pairs added to every canvas row's
+    /// logits before the sampler reads them, so its draws, argmax, entropies and
+    /// self-conditioning all see the biased distribution.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl DgemmaRequest {
@@ -55,6 +59,7 @@ impl DgemmaRequest {
             max_denoising_steps: None,
             share_system: true,
             share_prompt: false,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use std::ops::ControlFlow;
 
+use unmask_core::sampler::LogitBias;
 use unmask_core::sampler::entropy_bound::SeededDraws;
 use unmask_core::tokenizer::DecodeMode;
 use unmask_gpu::dgemma::{DgemmaRun, RoundStore, SharedPrefix, StepReport};
@@ -54,6 +55,9 @@ impl DgemmaEngine {
                 cfg.vocab_size
             )));
         }
+        let bias = LogitBias::with_ids(request.logit_bias.clone())
+            .and_then(|b| b.check(Some(cfg.vocab_size)).map(|()| b))
+            .map_err(|e| refused(&e.to_string()))?;
         let mut params = self.params.clone();
         params.max_new_tokens = request.max_new_tokens.unwrap_or(params.max_new_tokens);
         params.max_denoising_steps = request
@@ -84,10 +88,11 @@ impl DgemmaEngine {
             whole_prompt: request.share_prompt,
             store: &mut store,
         });
-        let run = self
+        let mut run = self
             .model
             .start(&self.ctx, &ids, prefix, &params, draws, request.seed)?;
         drop(store);
+        run.set_logit_bias(&bias.ids);
         Ok(DgemmaTask {
             run,
             prompt_ids: ids,

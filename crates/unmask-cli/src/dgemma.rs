@@ -40,6 +40,8 @@ pub struct DgemmaRun {
     pub json: bool,
     /// `--logprobs`: each answer token's log-probability in the JSON.
     pub logprobs: bool,
+    /// `--logit-bias`: (id, bias) pairs added to every canvas row's logits.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// `unmask generate` on a DiffusionGemma folder: the sampler settings of its
@@ -68,6 +70,7 @@ pub fn generate(
         seed: run.seed,
         max_new_tokens: run.max_new_tokens,
         max_denoising_steps: run.max_steps,
+        logit_bias: run.logit_bias.clone(),
         ..DgemmaRequest::new(prompt)
     };
     let out = engine.generate(&request)?;
@@ -108,8 +111,8 @@ pub fn generate(
 }
 
 /// Refuses the masked-diffusion sampler's flags by name: DiffusionGemma's temperature
-/// schedule and entropy bound come from its generation_config.json, and its sampler feeds
-/// whole-canvas distributions back into its input, so a logit bias has no place there.
+/// schedule and entropy bound come from its generation_config.json, and its canvases have
+/// no committed tokens for the penalties to count.
 pub fn refuse_masked_flags(sampling: &crate::sampling_flags::SamplingArgs) -> Result<(), CliError> {
     let given = sampling.masked_only_given();
     if given.is_empty() {
@@ -117,8 +120,8 @@ pub fn refuse_masked_flags(sampling: &crate::sampling_flags::SamplingArgs) -> Re
     }
     Err(CliError::usage(format!(
         "{}: not a DiffusionGemma setting (its sampler's temperature schedule and entropy \
-         bound come from generation_config.json; it takes --gen-length, --steps and --seed); \
-         leave {} out",
+         bound come from generation_config.json; it takes --gen-length, --steps, --seed and \
+         --logit-bias); leave {} out",
         given.join(", "),
         if given.len() == 1 { "it" } else { "them" }
     )))

@@ -91,6 +91,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             max_steps: args.generation.sampling.steps,
             json,
             logprobs: args.logprobs || args.top_logprobs.is_some(),
+            logit_bias: params.bias.ids.clone(),
         };
         return crate::dgemma::generate(&dir, &engine_options, prompt, run);
     }

@@ -121,8 +121,9 @@ impl GenerationDefaults {
 
 impl SamplingArgs {
     /// The flags given that only the masked-diffusion sampler (LLaDA, Dream) reads:
-    /// DiffusionGemma's sampler takes its schedule and bound from its model folder, so
-    /// these are refused by name on it rather than ignored.
+    /// DiffusionGemma's sampler takes its schedule and bound from its model folder (and
+    /// `--logit-bias` alone of the biases), so these are refused by name on it rather than
+    /// ignored.
     pub fn masked_only_given(&self) -> Vec<&'static str> {
         [
             ("--block-length", self.block_length.is_some()),
@@ -142,7 +143,6 @@ impl SamplingArgs {
                 "--confidence-precision",
                 self.confidence_precision.is_some(),
             ),
-            ("--logit-bias", !self.logit_bias.is_empty()),
             ("--presence-penalty", self.presence_penalty.is_some()),
             ("--frequency-penalty", self.frequency_penalty.is_some()),
             ("--repetition-penalty", self.repetition_penalty.is_some()),

@@ -107,6 +107,7 @@ impl ApiError {
                     "prompt" | "prompt ids" => "messages",
                     "max_new_tokens" | "prompt and answer" => "max_tokens",
                     "max_denoising_steps" => "steps",
+                    "logit_bias" => "logit_bias",
                     _ => "",
                 };
                 if param.is_empty() {

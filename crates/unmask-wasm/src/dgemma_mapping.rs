@@ -11,7 +11,7 @@ use crate::mapping::{self, Limits, MAX_SAFE_INTEGER, piece};
 
 /// The request keys the family reads; any other is refused by name (a LLaDA setting such as
 /// `cache` or `blockLength` would otherwise be silently ignored).
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 9] = [
     "system",
     "prompt",
     "messages",
@@ -20,6 +20,7 @@ const KEYS: [&str; 8] = [
     "steps",
     "seed",
     "shareSystem",
+    "logitBias",
 ];
 
 /// Most denoising steps per canvas a page may ask for.
@@ -35,7 +36,8 @@ pub fn limits(engine: &DgemmaEngine) -> Limits {
 }
 
 /// A page's request, every number checked: `genLength` (answer tokens, whole canvases are
-/// generated), `steps` (most denoising steps per canvas), `seed`, `shareSystem`.
+/// generated), `steps` (most denoising steps per canvas), `seed`, `shareSystem`,
+/// `logitBias` (`{"42": -100}`, as the server takes it).
 pub fn request(obj: &Value, limits: &Limits) -> Result<DgemmaRequest, String> {
     if let Some(map) = obj.as_object()
         && let Some(key) = map.keys().find(|k| !KEYS.contains(&k.as_str()))
@@ -54,8 +56,31 @@ pub fn request(obj: &Value, limits: &Limits) -> Result<DgemmaRequest, String> {
         max_new_tokens: mapping::count_in(obj, "genLength", 1..=most, &why)?,
         max_denoising_steps: mapping::count_in(obj, "steps", 1..=MOST_STEPS, "")?,
         share_system: mapping::flag(obj, "shareSystem")?.unwrap_or(true),
+        logit_bias: logit_bias(obj, limits)?,
         ..DgemmaRequest::new(prompt)
     })
+}
+
+/// `logitBias` by the rules the server and the masked-diffusion requests share.
+fn logit_bias(obj: &Value, limits: &Limits) -> Result<Vec<(u32, f32)>, String> {
+    let Some(v) = obj.get("logitBias") else {
+        return Ok(Vec::new());
+    };
+    let map = serde_json::from_value(v.clone())
+        .map_err(|_| format!("logitBias: expected an object of token ids to numbers, found {v}"))?;
+    let spec = unmask::RequestSpec {
+        logit_bias: Some(map),
+        ..unmask::RequestSpec::default()
+    };
+    let limits = unmask::SpecLimits {
+        context: usize::MAX,
+        layers: usize::MAX,
+        vocab: limits.vocab,
+    };
+    let settings = spec
+        .check(&limits)
+        .map_err(|e| format!("logitBias: expected {}, found {}", e.expected, e.found))?;
+    Ok(settings.params.bias.ids)
 }
 
 /// Whether the prompt and the canvases `genLength` asks for fit the model's positions.
@@ -282,5 +307,11 @@ mod tests {
         assert!(e.starts_with("seed: expected a whole number"), "{e}");
         let e = request(&json!({"shareSystem": "yes", "prompt": "x"}), &LIMITS).unwrap_err();
         assert!(e.starts_with("shareSystem: expected true or false"), "{e}");
+        let r = request(&json!({"ids": [1], "logitBias": {"7": -100}}), &LIMITS).unwrap();
+        assert_eq!(r.logit_bias, vec![(7, -100.0)]);
+        let e = request(&json!({"ids": [1], "logitBias": {"1000": 1}}), &LIMITS).unwrap_err();
+        assert!(e.contains("vocabulary size 1000"), "{e}");
+        let e = request(&json!({"ids": [1], "logitBias": [1]}), &LIMITS).unwrap_err();
+        assert!(e.starts_with("logitBias: expected an object"), "{e}");
     }
 }

@@ -20,6 +20,7 @@ use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::denoise::{DrawStream, RowStats};
 use crate::tensor::{DType, Tensor};
+use unmask_core::sampler::IdBias;
 
 /// One canvas: every step (without its scaled logits) and its output, the last step's
 /// argmax canvas (the sequence holds it with pad after its first eos).
@@ -86,6 +87,8 @@ pub struct DgemmaRun<'d> {
     whole: Option<usize>,
     prefix_use: Option<PrefixUse>,
     state: RunState,
+    /// Added to every canvas row's logits (`DecodeCanvas::bias`).
+    bias: Vec<IdBias>,
 }
 
 #[derive(Debug)]
@@ -130,6 +133,12 @@ impl DgemmaRun<'_> {
         }
     }
 
+    /// Biases every step's logits from now on (`DecodeCanvas::bias`): OpenAI's
+    /// `logit_bias`, (id, bias) pairs the caller has checked.
+    pub fn set_logit_bias(&mut self, ids: &[(u32, f32)]) {
+        self.bias = ids.iter().map(|&pair| IdBias::from(pair)).collect();
+    }
+
     /// Its canvas as the next decoder pass reads it.
     fn decode_canvas(&self) -> DecodeCanvas<'_> {
         DecodeCanvas {
@@ -142,6 +151,7 @@ impl DgemmaRun<'_> {
                 seed: self.seed,
                 step: self.step_counter,
             },
+            bias: &self.bias,
         }
     }
 
@@ -270,6 +280,7 @@ impl DgemmaModel {
             } else {
                 RunState::Running
             },
+            bias: Vec::new(),
         })
     }
 

@@ -7,8 +7,10 @@ use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows_at, parse_stats};
+use crate::ops::logit_bias::{RowBiases, add_logit_bias};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
+use unmask_core::sampler::IdBias;
 
 /// `ids` in pieces of at most `n` (one empty piece for no ids, so the pass reports it).
 fn pieces(ids: &[u32], n: usize) -> Vec<&[u32]> {
@@ -188,6 +190,7 @@ impl DgemmaModel {
             self_conditioned,
             temperature,
             draws,
+            bias: &[],
         };
         let mut rows = self.decode_steps_async(ctx, &[one]).await?;
         Ok(rows.pop().unwrap_or_default())
@@ -292,8 +295,24 @@ impl DgemmaModel {
         let s = &bufs.scratch;
         let pass = Pass::Decode { self_conditioning };
         self.record_pass(ctx, &mut step, s, &spans, pass)?;
+        self.record_logits_into(&mut step, s, &bufs.logits)?;
+        // Each canvas's logit biases, on its rows, before the sampler's statistics read them.
+        let mut biases = RowBiases::default();
+        for c in canvases {
+            biases.push(c.bias, c.canvas.len());
+        }
+        if !biases.is_empty() {
+            let words = biases.words();
+            if bufs.bias.as_ref().is_none_or(|b| b.numel() < words.len()) {
+                let len = words.len().next_power_of_two();
+                bufs.bias = Some(Tensor::zeros(ctx, DType::U32, &[len], "dgemma logit bias")?);
+            }
+            if let Some(table) = &bufs.bias {
+                table.write_u32(ctx, &words)?;
+                add_logit_bias(&mut step, &bufs.logits, t, v, 0, table)?;
+            }
+        }
         let (logits, stats) = (&bufs.logits, &bufs.stats);
-        self.record_logits_into(&mut step, s, logits)?;
         for (c, span) in canvases.iter().zip(&spans) {
             let shape = (span.rows.start, span.rows.len(), v);
             denoise_rows_at(
@@ -358,6 +377,8 @@ pub(super) struct StepBuffers {
     logits: Tensor,
     stats: Tensor,
     gathered: Option<Tensor>,
+    /// The canvases' logit biases (`RowBiases::words`), once a step had any.
+    bias: Option<Tensor>,
 }
 
 impl StepBuffers {
@@ -376,6 +397,7 @@ impl StepBuffers {
             logits: Tensor::zeros(ctx, DType::F32, &[t, m.cfg.vocab_size], "dgemma logits")?,
             stats: Tensor::zeros(ctx, DType::U32, &[t, STATS_WORDS], "dgemma row stats")?,
             gathered: None,
+            bias: None,
         })
     }
 }
@@ -389,4 +411,8 @@ pub struct DecodeCanvas<'a> {
     pub self_conditioned: bool,
     pub temperature: f32,
     pub draws: DrawStream,
+    /// Added to its rows' soft-capped logits before the sampler reads them (its request's
+    /// `logit_bias`): the draws, the argmax, the entropies and the next step's
+    /// self-conditioning all see the biased distribution. Empty: none.
+    pub bias: &'a [IdBias],
 }

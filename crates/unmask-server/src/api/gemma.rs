@@ -1,6 +1,6 @@
 //! The settings of a request to a DiffusionGemma server: its sampler's schedule and bound
-//! are the model's (generation_config.json), so a request gives only lengths and a seed, and
-//! every masked-diffusion setting is refused by name rather than ignored.
+//! are the model's (generation_config.json), so a request gives only lengths, a seed and
+//! `logit_bias`, and every masked-diffusion setting is refused by name rather than ignored.
 
 use super::{Common, GemmaSampling, MOST_GEMMA_STEPS};
 use crate::error::ApiError;
@@ -11,11 +11,7 @@ impl Common {
     pub(super) fn gemma(&self, max_new_tokens: Option<usize>) -> Result<GemmaSampling, ApiError> {
         // Clients that send OpenAI's neutral values (0, {}) by default are served.
         let penalty = |p: Option<f64>| p.is_some_and(|p| p != 0.0);
-        let masked_only: [(&str, bool); 22] = [
-            (
-                "logit_bias",
-                self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()),
-            ),
+        let masked_only: [(&str, bool); 21] = [
             ("presence_penalty", penalty(self.presence_penalty)),
             ("frequency_penalty", penalty(self.frequency_penalty)),
             (
@@ -47,7 +43,7 @@ impl Common {
                 format!(
                     "{field}: not a DiffusionGemma setting (its sampler's temperature schedule \
                      and entropy bound come from generation_config.json; a request may give \
-                     max_tokens, steps, seed, stop and stream); leave it out"
+                     max_tokens, steps, seed, logit_bias, stop and stream); leave it out"
                 ),
             ));
         }
@@ -61,11 +57,29 @@ impl Common {
                 ),
             ));
         }
+        // logit_bias by the rules every endpoint shares; ids past the vocabulary are the
+        // engine's to refuse, which knows it.
+        let spec = unmask::RequestSpec {
+            logit_bias: self.logit_bias.clone(),
+            ..unmask::RequestSpec::default()
+        };
+        let any_model = unmask::SpecLimits {
+            context: usize::MAX,
+            layers: usize::MAX,
+            vocab: usize::MAX,
+        };
+        let bias = spec.check(&any_model).map_err(|e| {
+            ApiError::invalid(
+                e.field,
+                format!("{}: expected {}, found {}", e.field, e.expected, e.found),
+            )
+        })?;
         Ok(GemmaSampling {
             max_new_tokens,
             max_denoising_steps: steps,
             seed: self.seed.unwrap_or(0),
             share_prompt: false,
+            logit_bias: bias.params.bias.ids,
         })
     }
 }

@@ -93,7 +93,7 @@ mod tests {
     }
 
     /// OpenAI's `logit_bias` and penalties reach the sampler, are checked by name, and a
-    /// DiffusionGemma server refuses them unless neutral (clients send 0 and {} by default).
+    /// DiffusionGemma server refuses the penalties unless neutral (clients send 0 by default).
     #[test]
     fn logit_bias_and_penalties_reach_the_sampler() {
         let q = r#""messages":[{"role":"user","content":"q"}]"#;
@@ -135,7 +135,10 @@ mod tests {
             r#"{{{q},"logit_bias":{{}},"presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"min_p":0}}"#
         );
         assert!(check(&neutral, Family::DiffusionGemma).is_ok());
+        // DiffusionGemma takes logit_bias by the same rules (its penalties it refuses).
         let body = format!(r#"{{{q},"logit_bias":{{"42":-100}}}}"#);
+        assert!(check(&body, Family::DiffusionGemma).is_ok());
+        let body = format!(r#"{{{q},"logit_bias":{{"42":-101}}}}"#);
         let e = check(&body, Family::DiffusionGemma).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logit_bias"), "{e}");
     }

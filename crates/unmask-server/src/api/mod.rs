@@ -242,8 +242,8 @@ pub struct MaskedSampling {
     pub suffix: Option<String>,
 }
 
-/// A DiffusionGemma request's limits and seed (the rest is generation_config.json's).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A DiffusionGemma request's limits, seed and logit biases (the rest is generation_config.json's).
+#[derive(Clone, Debug, PartialEq)]
 pub struct GemmaSampling {
     /// `max_tokens` (`None`: generation_config.json's max_new_tokens).
     pub max_new_tokens: Option<usize>,
@@ -253,6 +253,8 @@ pub struct GemmaSampling {
     /// One of a request's `n` choices (n > 1): the choices share the whole prompt, encoded
     /// once (`DgemmaRequest::share_prompt`).
     pub share_prompt: bool,
+    /// OpenAI's `logit_bias` (`DgemmaRequest::logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// How a request samples, by the served model's family.

@@ -338,17 +338,19 @@ fn diffusion_gemma_requests() {
             max_denoising_steps: None,
             seed: 0,
             share_prompt: false,
+            logit_bias: Vec::new(),
         }
     );
     assert_eq!(
         sampling(&format!(
-            r#"{{{q},"max_tokens":40,"steps":12,"seed":7,"stream":true,"stop":["x"]}}"#
+            r#"{{{q},"max_tokens":40,"steps":12,"seed":7,"stream":true,"stop":["x"],"logit_bias":{{"9":-100}}}}"#
         )),
         GemmaSampling {
             max_new_tokens: Some(40),
             max_denoising_steps: Some(12),
             seed: 7,
             share_prompt: false,
+            logit_bias: vec![(9, -100.0)],
         }
     );
     for field in [

@@ -219,6 +219,7 @@ fn request_of(prompt: Prompt, sampling: &GemmaSampling) -> DgemmaRequest {
         max_denoising_steps: sampling.max_denoising_steps,
         share_system: true,
         share_prompt: sampling.share_prompt,
+        logit_bias: sampling.logit_bias.clone(),
         ..DgemmaRequest::new(prompt)
     }
 }
