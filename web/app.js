@@ -225,6 +225,8 @@ function request(question) {
     blockLength: numberOr("block-length", 32),
     threshold: numberOr("threshold", null),
     temperature: numberOr("temperature", 0),
+    minP: numberOr("min-p", null),
+    repetitionPenalty: numberOr("repetition-penalty", null),
     cache: $("cache").value,
     // Each token's probability when it was committed and its step's three most likely
     // tokens, shown on the canvas, and the answer's in the stats.
