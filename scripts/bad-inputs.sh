@@ -211,6 +211,7 @@ case_ "dgemma: --logit-bias past the vocabulary" "vocabulary size 320" -- "$BIN"
 case_ "dgemma: --presence-penalty" "--presence-penalty: not a DiffusionGemma setting" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 16 --presence-penalty 1
 case_ "dgemma: --top-p and --min-p" "--top-p, --min-p: not a DiffusionGemma setting" -- "$BIN" generate --model "$DG" --prompt-ids 2,105 --gen-length 16 --top-p 0.9 --min-p 0.1
 case_ "dgemma: eval --cache bicache" "no cache modes" -- "$BIN" eval --model "$DG" --set data/tasks/heldout-small.jsonl --cache bicache
+case_ "dgemma: eval --temperature" "--temperature: not a DiffusionGemma setting" -- "$BIN" eval --model "$DG" --set data/tasks/heldout-small.jsonl --temperature 0.5
 
 echo "== $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

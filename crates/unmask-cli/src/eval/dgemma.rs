@@ -27,7 +27,7 @@ struct Outcome {
     stored_prefix: Option<PrefixUse>,
 }
 
-fn refuse_cache_flags(args: &EvalArgs) -> Result<(), CliError> {
+fn refuse_masked_settings(args: &EvalArgs) -> Result<(), CliError> {
     let modes = args.cache.as_deref().unwrap_or(&[]);
     if let Some(m) = modes.iter().find(|m| **m != CacheMode::None) {
         return Err(CliError::usage(format!(
@@ -44,11 +44,11 @@ fn refuse_cache_flags(args: &EvalArgs) -> Result<(), CliError> {
     ];
     if let Some((flag, _)) = sweeps.iter().find(|(_, given)| *given) {
         return Err(CliError::usage(format!(
-            "{flag}: not a DiffusionGemma setting (eval takes --gen-length, --steps, --seed and \
-             --batch)"
+            "{flag}: not a DiffusionGemma setting (eval takes --gen-length, --steps, --seed, \
+             --logit-bias and --batch)"
         )));
     }
-    Ok(())
+    crate::dgemma::refuse_masked_flags(&args.sampling)
 }
 
 fn request(item: &Item, args: &EvalArgs) -> DgemmaRequest {
@@ -61,13 +61,14 @@ fn request(item: &Item, args: &EvalArgs) -> DgemmaRequest {
         seed: args.sampling.seed.unwrap_or(0),
         max_new_tokens: args.sampling.gen_length,
         max_denoising_steps: args.sampling.steps,
+        logit_bias: args.sampling.logit_bias.clone(),
         ..DgemmaRequest::new(Prompt::Chat(messages))
     }
 }
 
 /// `unmask eval` over `dir`, a DiffusionGemma folder.
 pub(super) fn run(args: &EvalArgs, dir: &Path) -> Result<(), CliError> {
-    refuse_cache_flags(args)?;
+    refuse_masked_settings(args)?;
     check_output("markdown", args.markdown.as_deref())?;
     check_output("out", args.out.as_deref())?;
     let mut items = load_set(&args.set)?;
