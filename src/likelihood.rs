@@ -105,13 +105,26 @@ impl Engine {
         text: &[u32],
         params: &LikelihoodParams,
     ) -> Result<Likelihood, EngineError> {
+        pollster::block_on(self.log_likelihood_rolling_async(prompt, text, params))
+    }
+
+    /// `log_likelihood_rolling`, awaiting the read-backs (the browser's way).
+    pub async fn log_likelihood_rolling_async(
+        &self,
+        prompt: &[u32],
+        text: &[u32],
+        params: &LikelihoodParams,
+    ) -> Result<Likelihood, EngineError> {
         let mut parts = Vec::new();
         for (i, w) in self.rolling_windows(prompt, text).into_iter().enumerate() {
             let params = LikelihoodParams {
                 seed: unmask_core::likelihood::window_seed(params.seed, i),
                 ..*params
             };
-            parts.push(self.log_likelihood(&w.context, &text[w.answer], &params)?);
+            parts.push(
+                self.log_likelihood_async(&w.context, &text[w.answer], &params)
+                    .await?,
+            );
         }
         Likelihood::summed(parts).ok_or_else(|| EngineError::Invalid {
             field: "answer",

@@ -375,11 +375,13 @@ impl WebEngine {
     }
 
     /// Scores `answers` after a prompt by LLaDA's Monte Carlo estimate of their
-    /// log-likelihood, as `unmask score` does: `{system, prompt}`, `{messages}` or `{ids}`;
-    /// `answers: [text | ids, ...]` (text tokenized as it is: a chat prompt ends with the
-    /// assistant's header, so an answer is scored as the reply); `mcNum` (128), `mcBatch`
-    /// (16, or `mcNum` when smaller), `cfgScale`, `seed`, `passSamples`. Resolves to
-    /// `{promptTokens, answers: [{index, logLikelihood, standardError, tokens, perToken,
+    /// log-likelihood, as `unmask score` does: `{system, prompt}`, `{messages}` or `{ids}`
+    /// (`ids: []`: no prompt, the answer's own likelihood); `answers: [text | ids, ...]`
+    /// (text tokenized as it is: a chat prompt ends with the assistant's header, so an
+    /// answer is scored as the reply); `rolling` (answers of any length, scored in windows
+    /// of the context and summed); `mcNum` (128), `mcBatch` (16, or `mcNum` when smaller),
+    /// `cfgScale`, `seed`, `passSamples`. Resolves to
+    /// `{promptTokens, answers: [{index, logLikelihood, standardError, tokens, windows, perToken,
     /// forwardPasses, totalS}], best}`. DiffusionGemma rejects it.
     pub fn score(&self, request: JsValue) -> Promise {
         let engine = match &self.loaded {
@@ -409,15 +411,21 @@ impl WebEngine {
                     mapping::score::AnswerInput::Ids(ids) => ids.clone(),
                     mapping::score::AnswerInput::Text(t) => engine.encode_text(t).map_err(named)?,
                 };
-                let estimate = engine
-                    .log_likelihood_async(&prompt, &ids, &request.params)
-                    .await
-                    .map_err(|e| match e {
-                        EngineError::Invalid {
-                            field: "answer", ..
-                        } => named(e),
-                        e => JsValue::from(engine_error(e)),
-                    })?;
+                let estimate = if request.rolling {
+                    engine
+                        .log_likelihood_rolling_async(&prompt, &ids, &request.params)
+                        .await
+                } else {
+                    engine
+                        .log_likelihood_async(&prompt, &ids, &request.params)
+                        .await
+                };
+                let estimate = estimate.map_err(|e| match e {
+                    EngineError::Invalid {
+                        field: "answer", ..
+                    } => named(e),
+                    e => JsValue::from(engine_error(e)),
+                })?;
                 estimates.push(estimate);
             }
             Ok(to_js(&mapping::score::scores(prompt.len(), &estimates)))

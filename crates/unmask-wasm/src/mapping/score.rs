@@ -1,8 +1,9 @@
 //! The page's `score` request and answer: a prompt as `generate` takes it (`{system,
-//! prompt}`, `{messages}` or `{ids}`), `answers` (texts, tokenized as they are, or arrays of
-//! token ids) and the estimate's settings `mcNum`, `mcBatch`, `cfgScale`, `seed`,
-//! `passSamples`. Every other field is refused by name: a generation setting here would
-//! mean nothing.
+//! prompt}`, `{messages}` or `{ids}`; `ids: []` is no prompt, the text's own likelihood),
+//! `answers` (texts, tokenized as they are, or arrays of token ids), `rolling` (an answer
+//! of any length, scored in windows of the context and summed: perplexity over a document)
+//! and the estimate's settings `mcNum`, `mcBatch`, `cfgScale`, `seed`, `passSamples`. Every
+//! other field is refused by name: a generation setting here would mean nothing.
 
 use serde_json::{Value, json};
 use unmask::{Likelihood, LikelihoodParams, Prompt};
@@ -16,7 +17,10 @@ pub const MOST_ANSWERS: usize = 64;
 /// Most Monte Carlo samples per answer.
 pub const MOST_MC_NUM: usize = 4096;
 
-const FIELDS: [&str; 10] = [
+/// Most tokens a rolling answer may have (windows of the context each).
+pub const MOST_ROLLING_TOKENS: usize = 1 << 20;
+
+const FIELDS: [&str; 11] = [
     "ids",
     "messages",
     "system",
@@ -27,6 +31,7 @@ const FIELDS: [&str; 10] = [
     "cfgScale",
     "seed",
     "passSamples",
+    "rolling",
 ];
 
 /// One answer as the page gives it.
@@ -42,6 +47,8 @@ pub struct ScoreRequest {
     pub prompt: Prompt,
     pub answers: Vec<AnswerInput>,
     pub params: LikelihoodParams,
+    /// Each answer scored in windows of the context (`Engine::log_likelihood_rolling`).
+    pub rolling: bool,
 }
 
 pub fn score_request(obj: &Value, limits: &Limits) -> Result<ScoreRequest, String> {
@@ -54,7 +61,22 @@ pub fn score_request(obj: &Value, limits: &Limits) -> Result<ScoreRequest, Strin
             FIELDS.join(", ")
         ));
     }
-    let prompt = prompt(obj, limits)?;
+    let rolling = super::flag(obj, "rolling")?.unwrap_or(false);
+    // No prompt: the answer's own likelihood (the engine names the models and settings
+    // where that is undefined).
+    let prompt = match obj.get("ids").and_then(Value::as_array) {
+        Some(ids) if ids.is_empty() => Prompt::Ids(Vec::new()),
+        _ => prompt(obj, limits)?,
+    };
+    // A rolling answer is windowed, so the context does not bound it.
+    let answer_limits = if rolling {
+        Limits {
+            context: MOST_ROLLING_TOKENS + 1,
+            ..*limits
+        }
+    } else {
+        *limits
+    };
     let list = match obj.get("answers") {
         Some(Value::Array(list)) => list,
         None | Some(Value::Null) => return Err("answers: a score request needs them".into()),
@@ -78,7 +100,7 @@ pub fn score_request(obj: &Value, limits: &Limits) -> Result<ScoreRequest, Strin
                 return Err(format!("{name}: expected a non-empty text, found \"\""));
             }
             Value::String(t) => AnswerInput::Text(t.clone()),
-            Value::Array(_) => AnswerInput::Ids(token_ids(&name, a, limits)?),
+            Value::Array(_) => AnswerInput::Ids(token_ids(&name, a, &answer_limits)?),
             other => {
                 return Err(format!(
                     "{name}: expected a text or an array of token ids, found {other}"
@@ -121,6 +143,7 @@ pub fn score_request(obj: &Value, limits: &Limits) -> Result<ScoreRequest, Strin
         prompt,
         answers,
         params,
+        rolling,
     })
 }
 
@@ -135,6 +158,7 @@ pub fn scores(prompt_tokens: usize, estimates: &[Likelihood]) -> Value {
                 "logLikelihood": l.log_likelihood,
                 "standardError": l.standard_error,
                 "tokens": l.answer_tokens,
+                "windows": l.windows,
                 "perToken": l.log_likelihood / l.answer_tokens.max(1) as f64,
                 "forwardPasses": l.forward_passes,
                 "totalS": l.total_s,
@@ -203,6 +227,18 @@ mod tests {
         assert!(refused(ok(json!({"cfgScale": -1}))).starts_with("cfgScale: expected a number"));
         assert!(refused(ok(json!({"seed": 1.5}))).starts_with("seed: expected a whole number"));
         assert!(refused(ok(json!({"passSamples": 0}))).starts_with("passSamples: expected"));
+        // No prompt, and a rolling answer past the context.
+        let long: Vec<u32> = (0..200).map(|i| i % 100).collect();
+        let r = score_request(
+            &json!({"ids": [], "answers": [long], "rolling": true}),
+            &LIMITS,
+        )
+        .unwrap();
+        assert!(r.rolling && matches!(r.prompt, Prompt::Ids(ref p) if p.is_empty()));
+        assert!(
+            refused(json!({"ids": [], "answers": [long]})).starts_with("answers[0]: expected 1 to")
+        );
+        assert!(refused(ok(json!({"rolling": 1}))).starts_with("rolling: expected true or false"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `score` from JavaScript: the reference's estimate of the seeded likelihood golden from
 //! the seed alone (tools/make_likelihood_goldens.py draws its masks with the runtime's draw,
-//! ported), the same answer given as text, and bad requests named.
+//! ported), the same answer given as text, a text without a prompt (rolled, it is the same
+//! one-window estimate), and bad requests named.
 
 use serde_json::{Value, json};
 use unmask_goldens as goldens;
@@ -59,6 +60,26 @@ async fn score_gives_the_seeded_reference_estimate_and_names_bad_fields() {
     );
     web_sys::console::log_1(&format!("[score] {want:.4} from seed {}", case["seed"]).into());
 
+    // No prompt: the text's own likelihood. Rolled, a text that fits the context is one
+    // window drawn from the same seed, so the same estimate.
+    let own = |rolling: bool| {
+        json!({"ids": [], "answers": [case["answer_text"]], "mcNum": 8, "mcBatch": 8,
+               "seed": 3, "rolling": rolling})
+    };
+    let plain = score(&web, &own(false)).await.expect("no prompt scores");
+    let rolled = score(&web, &own(true)).await.expect("rolling scores");
+    let (p, r) = (&plain["answers"][0], &rolled["answers"][0]);
+    let value = p["logLikelihood"].as_f64().unwrap();
+    assert!(value.is_finite() && value < 0.0, "{plain}");
+    assert_eq!(
+        p["logLikelihood"], r["logLikelihood"],
+        "{plain} vs {rolled}"
+    );
+    assert_eq!(
+        (r["windows"].as_u64(), plain["promptTokens"].as_u64()),
+        (Some(1), Some(0))
+    );
+
     for (request, start) in [
         (
             json!({"ids": [1, 2], "answers": []}),
@@ -83,6 +104,14 @@ async fn score_gives_the_seeded_reference_estimate_and_names_bad_fields() {
         (
             json!({"ids": [1], "answers": [[3, 305]]}),
             "answers[0]: answer: expected token ids",
+        ),
+        (
+            json!({"ids": [], "answers": [[3]], "cfgScale": 1}),
+            "prompt: expected at least one token under cfg_scale > 0",
+        ),
+        (
+            json!({"ids": [1], "answers": [[3]], "rolling": "yes"}),
+            "rolling: expected true or false",
         ),
     ] {
         let e = score(&web, &request).await.unwrap_err();
