@@ -39,12 +39,13 @@ impl RequestSpec {
         };
         bias.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
         bias.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
-        let repetition = format!("a number above 0 and at most {REPETITION_LIMIT} (1: none)");
+        let least = 1.0 / REPETITION_LIMIT;
+        let repetition = format!("a number from {least} to {REPETITION_LIMIT} (1: none)");
         bias.repetition_penalty = single(
             "repetition_penalty",
             self.repetition_penalty,
             &repetition,
-            |r| r > 0.0 && r <= REPETITION_LIMIT,
+            |r| (least..=REPETITION_LIMIT).contains(&r),
         )?
         .unwrap_or(1.0);
         // The rest of LogitBias's rules (the number of ids).

@@ -24,20 +24,24 @@ fn biases_land_on_their_ids_in_every_chunk() {
             .unwrap() as u32
     };
     let negative4 = (0..n).find(|&v| logits[4 * n + v] < 0.0).unwrap() as u32;
-    let repeat = |id, repetition, add| IdBias {
+    let repeat = |id, bias, repetition, penalty| IdBias {
         id,
+        bias,
         repetition,
-        add,
+        penalty,
     };
-    // Chunk borders at 333 and 666: ids on both sides of each; 400 also takes a
-    // repetition penalty.
+    // Chunk borders at 333 and 666: ids on both sides of each; 400 takes a bias, a
+    // repetition penalty and a penalty.
     let shared: Vec<IdBias> = [(5, 2.5), (600, -1.25), (999, 40.0), (332, 0.5), (333, -0.5)]
         .into_iter()
         .map(IdBias::from)
-        .chain([repeat(400, 1.5, 0.25)])
+        .chain([repeat(400, 0.5, 1.5, 0.25)])
         .collect();
     // Row 4: its argmax (positive) divided by 100, a negative logit multiplied by 2.
-    let row4 = vec![repeat(argmax(4), 100.0, 0.0), repeat(negative4, 2.0, 0.0)];
+    let row4 = vec![
+        repeat(argmax(4), 0.0, 100.0, 0.0),
+        repeat(negative4, 0.0, 2.0, 0.0),
+    ];
     let lists = [
         vec![IdBias::from((17, 100.0))],
         vec![IdBias::from((argmax(1), -100.0))],

@@ -166,6 +166,7 @@ fn trace_dgemma(
         seed: args.generation.sampling.seed.unwrap_or(0),
         max_new_tokens: args.generation.sampling.gen_length,
         max_denoising_steps: args.generation.sampling.steps,
+        logit_bias: args.generation.sampling.logit_bias.clone(),
         ..unmask::DgemmaRequest::new(prompt(args, engine.tokenizer().is_some())?)
     };
     // Untraced first: pipelines compile and the prefix store takes the system turn.

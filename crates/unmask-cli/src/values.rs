@@ -151,13 +151,13 @@ pub fn penalty(text: &str) -> Result<f32, String> {
     }
 }
 
-/// A repetition penalty: above 0, at most `REPETITION_LIMIT` (1: none).
+/// A repetition penalty: from `1 / REPETITION_LIMIT` to `REPETITION_LIMIT` (1: none).
 pub fn repetition_penalty(text: &str) -> Result<f32, String> {
     let limit = unmask_core::sampler::bias::REPETITION_LIMIT;
     parsed(
         text,
-        |r: &f32| *r > 0.0 && *r <= limit,
-        &format!("a number above 0 and at most {limit} (1: none)"),
+        |r: &f32| (1.0 / limit..=limit).contains(r),
+        &format!("a number from {} to {limit} (1: none)", 1.0 / limit),
     )
 }
 

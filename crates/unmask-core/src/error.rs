@@ -192,9 +192,7 @@ pub enum SamplerError {
     OnlyMaskPredicted { rows: usize },
     #[error("{field}: expected a value from -2 to 2, found {value}")]
     BadPenalty { field: &'static str, value: f32 },
-    #[error(
-        "repetition_penalty: expected a value above 0 and at most 100 (1: none), found {value}"
-    )]
+    #[error("repetition_penalty: expected a value from 0.01 to 100 (1: none), found {value}")]
     BadRepetitionPenalty { value: f32 },
     #[error("min_p: expected a value from 0 to 1, found {min_p}")]
     BadMinP { min_p: f32 },

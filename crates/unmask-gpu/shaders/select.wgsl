@@ -26,7 +26,9 @@
 // the order-preserving map of logits to u32 such that fewer than k logits have a key
 // above c and the tempered probability above c is at most top_p. Ids with a key below c
 // are cut. Both conditions only loosen as c grows, so c is found by bisection. min-p is a
-// floor on c: the key of the row's maximum plus `min_gap`.
+// floor on c: the key of the row's maximum plus `min_gap`; top-p's probabilities are then
+// those of the ids at or above the floor (vLLM's order: min-p first), and min-p alone
+// needs no bisection.
 
 const STATE_WORDS: u32 = 10u;
 const OUT_WORDS: u32 = 3u;
@@ -196,7 +198,8 @@ fn reduce_sums(lid: u32) {
 }
 
 // One workgroup per row. 2 + at most 32 passes over the row: its maximum, its softmax sum,
-// then one pass per bisection step (the count and probability above the midpoint).
+// then one pass per bisection step (the count and probability above the midpoint); one
+// pass for min-p alone.
 @compute @workgroup_size(256)
 fn threshold(
     @builtin(local_invocation_index) lid: u32,
@@ -222,10 +225,25 @@ fn threshold(
         }
     }
     mx = workgroupUniformLoad(&w_mass[0]);
+    // min-p keeps the logits from mx + min_gap up (vLLM applies it before top-k / top-p,
+    // whose probabilities are then renormalised over what it kept).
+    let min_p = p.min_gap > NEG;
+    var floor = NEG;
+    if (min_p) {
+        floor = mx + p.min_gap;
+    }
+    // min-p alone: its floor is the cut, and no search is needed.
+    if (p.top_k == 0u && p.top_p > 1.0) {
+        if (lid == 0u) {
+            cut[p.row_base + row] = select(0u, order_key(floor), min_p);
+        }
+        return;
+    }
     var total = 0.0;
     for (var v = lid; v < p.n; v += WG) {
-        if (v != p.suppress) {
-            total += exp((logits[base + v] - mx) * p.scale);
+        let l = logits[base + v];
+        if (v != p.suppress && l >= floor) {
+            total += exp((l - mx) * p.scale);
         }
     }
     // Every invocation has read the maximum before slot 0 is overwritten.
@@ -276,8 +294,8 @@ fn threshold(
     }
     if (lid == 0u) {
         var c = lo;
-        if (p.min_gap > NEG) {
-            c = max(c, order_key(mx + p.min_gap));
+        if (min_p) {
+            c = max(c, order_key(floor));
         }
         cut[p.row_base + row] = c;
     }

@@ -1,9 +1,9 @@
-//! The token choice's cost with log-probabilities and logit biases: one chunk of `rows` x
-//! `vocab` logits through `select` alone (`plain`), with the model softmax's sum
-//! (`logprob`), with the 5 and 20 most likely alternatives (`top5`, `top20`), and after
-//! adding 32 or 1024 biased ids per row (`bias32`, `bias1024`: a `logit_bias` list, and
-//! the most one may hold). Each record's `vs_plain` is its time over `plain`'s from the
-//! same run.
+//! The token choice's cost with log-probabilities, logit biases and cuts: one chunk of
+//! `rows` x `vocab` logits through `select` alone (`plain`), with the model softmax's sum
+//! (`logprob`), with the 5 and 20 most likely alternatives (`top5`, `top20`), after adding
+//! 32 or 1024 biased ids per row (`bias32`, `bias1024`: a `logit_bias` list, and the most
+//! one may hold), and under the whole-row cut (`top-p` 0.9, `min-p` 0.05 alone, both
+//! together). Each record's `vs_plain` is its time over `plain`'s from the same run.
 
 use serde_json::{Value, json};
 use unmask_gpu::ops::alternatives::{self, Chunk, TOP_STATE_WORDS};
@@ -29,6 +29,7 @@ pub(super) fn run(
     let top_state = Tensor::zeros(ctx, DType::U32, &[rows, TOP_STATE_WORDS], "bench.top")?;
     let out_words = rows * (sampling::OUT_WORDS + TOP_STATE_WORDS);
     let out = Tensor::zeros(ctx, DType::U32, &[out_words], "bench.out")?;
+    let cut = Tensor::zeros(ctx, DType::U32, &[rows], "bench.cut")?;
     // Ids spread over the vocabulary, every row its own list.
     let bias_table = |per_row: usize| -> unmask_gpu::Result<Tensor> {
         let mut table = RowBiases::default();
@@ -42,6 +43,16 @@ pub(super) fn run(
         Tensor::from_u32(ctx, &[words.len()], &words, "bench.bias")
     };
     let tables = [(32, bias_table(32)?), (1024, bias_table(1024)?)];
+    let logprob = |top_logprobs| SelectParams {
+        logprob: true,
+        top_logprobs,
+        ..SelectParams::default()
+    };
+    let cut_by = |top_p, min_p| SelectParams {
+        top_p,
+        min_p,
+        ..SelectParams::default()
+    };
     let record = |step: &mut StepEncoder,
                   params: &SelectParams,
                   bias: Option<&Tensor>|
@@ -51,9 +62,20 @@ pub(super) fn run(
             add_logit_bias(step, &logits, rows, vocab, 0, table)?;
         }
         sampling::select_reset(step, &state, rows)?;
-        sampling::select_accumulate(
-            step, &logits, None, rows, vocab, 0, &positions, &state, params,
-        )?;
+        if params.cuts() {
+            let at = sampling::FullRows {
+                row_base: 0,
+                cut: &cut,
+            };
+            sampling::select_threshold(step, &logits, rows, vocab, at, params)?;
+            sampling::select_accumulate_cut(
+                step, &logits, rows, vocab, at, &positions, &state, params,
+            )?;
+        } else {
+            sampling::select_accumulate(
+                step, &logits, None, rows, vocab, 0, &positions, &state, params,
+            )?;
+        }
         if top > 0 {
             let at = Chunk {
                 rows,
@@ -71,22 +93,20 @@ pub(super) fn run(
         }
         Ok(())
     };
-    let variants = [
-        ("plain", false, 0, 0),
-        ("logprob", true, 0, 0),
-        ("top5", true, 5, 0),
-        ("top20", true, 20, 0),
-        ("bias32", false, 0, 32),
-        ("bias1024", false, 0, 1024),
+    let variants: [(&str, SelectParams, usize); 9] = [
+        ("plain", SelectParams::default(), 0),
+        ("logprob", logprob(0), 0),
+        ("top5", logprob(5), 0),
+        ("top20", logprob(20), 0),
+        ("bias32", SelectParams::default(), 32),
+        ("bias1024", SelectParams::default(), 1024),
+        ("top-p", cut_by(Some(0.9), None), 0),
+        ("min-p", cut_by(None, Some(0.05)), 0),
+        ("min-p+top-p", cut_by(Some(0.9), Some(0.05)), 0),
     ];
     let mut records = Vec::new();
     let mut plain_ms = None;
-    for (name, logprob, top, biased) in variants {
-        let params = SelectParams {
-            logprob,
-            top_logprobs: top,
-            ..SelectParams::default()
-        };
+    for (name, params, biased) in variants {
         // The bias adds to the logits in place: repeats drift them, which costs the same.
         let bias = tables.iter().find(|(n, _)| *n == biased).map(|(_, t)| t);
         let s = time_step(ctx, options.repeats, |step| record(step, &params, bias))?;

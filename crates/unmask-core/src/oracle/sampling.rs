@@ -98,10 +98,11 @@ pub fn model_logprob(logits: &[f32], uncond: Option<&[f32]>, token: u32, cfg_sca
 }
 
 /// Which ids of a row of (CFG-combined, suppressed) logits survive the top-p / top-k /
-/// min-p cut of `params` (see `SelectParams::top_p`): id v stays when fewer than k ids
-/// have a larger logit, the probability `softmax(l / T)` (T = 1 at temperature 0) of the
-/// ids with a larger logit is at most `top_p`, and its logit is at least the row's largest
-/// plus `SelectParams::min_p_gap` (in f32, as the kernel adds them). Ids at -inf never stay.
+/// min-p cut of `params` (see `SelectParams::top_p`): id v stays when its logit is at least
+/// the row's largest plus `SelectParams::min_p_gap` (in f32, as the kernel adds them),
+/// fewer than k ids have a larger logit, and the probability `softmax(l / T)` (T = 1 at
+/// temperature 0) of the ids with a larger logit is at most `top_p`, that softmax taken
+/// over the ids min-p keeps (vLLM's order: min-p first). Ids at -inf never stay.
 pub fn cut_mask(l: &[f64], params: &SelectParams) -> Vec<bool> {
     let t = params.temperature as f64;
     let scale = if t > 0.0 { 1.0 / t } else { 1.0 };
@@ -110,13 +111,14 @@ pub fn cut_mask(l: &[f64], params: &SelectParams) -> Vec<bool> {
         return vec![false; l.len()];
     }
     let weight = |x: f64| ((x - max) * scale).exp();
-    let total: f64 = l.iter().map(|&x| weight(x)).sum();
-    let mut order: Vec<usize> = (0..l.len()).filter(|&v| l[v] > f64::NEG_INFINITY).collect();
-    order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
-    let mut keep = vec![false; l.len()];
     let floor = params
         .min_p_gap()
         .map_or(f64::NEG_INFINITY, |gap| (max as f32 + gap) as f64);
+    // min-p first (vLLM's order): top-p's probabilities are over what it keeps.
+    let total: f64 = l.iter().filter(|&&x| x >= floor).map(|&x| weight(x)).sum();
+    let mut order: Vec<usize> = (0..l.len()).filter(|&v| l[v] > f64::NEG_INFINITY).collect();
+    order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+    let mut keep = vec![false; l.len()];
     // Walk groups of equal logits from the top: what lies strictly above a group decides it.
     let (mut above, mut mass_above) = (0usize, 0.0f64);
     let mut i = 0;
@@ -366,6 +368,29 @@ mod tests {
             cut_mask(&l, &with(0.36, 2.0)),
             [true, true, true, true, false, false]
         );
+        // min-p first: top-p reads the probabilities of what min-p kept. Over the ids at
+        // 3, 3 and 2 (kept by min-p 0.36), the maxima hold 2e^3 / (2e^3 + e^2) = 0.845; over
+        // the whole row less. A top-p between the two keeps 2.0 only without min-p.
+        let kept = 2.0 * 3f64.exp() / (2.0 * 3f64.exp() + 2f64.exp());
+        let whole = 2.0 * 3f64.exp()
+            / [1.0f64, 3.0, 2.0, 3.0, 0.0]
+                .iter()
+                .map(|x| x.exp())
+                .sum::<f64>();
+        let p = ((kept + whole) / 2.0) as f32;
+        let both = SelectParams {
+            top_p: Some(p),
+            ..with(0.36, 0.0)
+        };
+        assert_eq!(
+            cut_mask(&l, &both),
+            [false, true, false, true, false, false]
+        );
+        let top_p_alone = SelectParams {
+            min_p: None,
+            ..both
+        };
+        assert_eq!(cut_mask(&l, &top_p_alone), k3);
         // 1 keeps only the maxima; 0 cuts nothing.
         assert_eq!(
             cut_mask(&l, &with(1.0, 0.7))[..4],

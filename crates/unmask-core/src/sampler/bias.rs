@@ -19,25 +19,29 @@ pub const MOST_LOGIT_BIAS: usize = 1024;
 pub const BIAS_LIMIT: f32 = 100.0;
 /// A penalty lies in `[-PENALTY_LIMIT, PENALTY_LIMIT]` (OpenAI's range).
 pub const PENALTY_LIMIT: f32 = 2.0;
-/// A repetition penalty lies in `(0, REPETITION_LIMIT]`: past it every seen id is as good
-/// as banned, which `logit_bias` says plainly.
+/// A repetition penalty lies in `[1 / REPETITION_LIMIT, REPETITION_LIMIT]`: past it every
+/// seen id is as good as banned (or forced), which `logit_bias` says plainly, and its
+/// inverse stays a finite f32.
 pub const REPETITION_LIMIT: f32 = 100.0;
 
-/// What one step does to one id's logit `l`: `rep(l) + add`, where `rep` divides a
-/// positive logit by the repetition penalty and multiplies a negative one by it (1: no
-/// change). The kernel multiplies by `1 / penalty` rather than dividing, so both sides of
-/// a comparison compute `IdBias::apply` the same way.
+/// What one step does to one id's logit `l`, in vLLM's order: the fixed bias first, then
+/// the repetition penalty (a positive value divided by it, a negative one multiplied),
+/// then the presence and frequency penalties subtracted: `rep(l + bias) - penalty`. The
+/// kernel multiplies by `1 / repetition` rather than dividing, so both sides of a
+/// comparison compute `IdBias::apply` the same way.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct IdBias {
     pub id: u32,
+    /// OpenAI's `logit_bias` of this id.
+    pub bias: f32,
     /// The repetition penalty on this id (1 when the id was not seen).
     pub repetition: f32,
-    /// The fixed bias minus the presence and frequency penalties.
-    pub add: f32,
+    /// The presence and frequency penalties of this id's committed occurrences.
+    pub penalty: f32,
 }
 
 impl IdBias {
-    /// The scale of a positive logit (`1 / repetition`) and of a negative one.
+    /// The scale of a positive value (`1 / repetition`) and of a negative one.
     pub fn scales(&self) -> (f32, f32) {
         (1.0 / self.repetition, self.repetition)
     }
@@ -45,22 +49,24 @@ impl IdBias {
     /// The biased logit, as the kernel computes it.
     pub fn apply(&self, logit: f32) -> f32 {
         let (positive, negative) = self.scales();
-        logit * if logit > 0.0 { positive } else { negative } + self.add
+        let x = logit + self.bias;
+        x * if x > 0.0 { positive } else { negative } + -self.penalty
     }
 
     /// Whether the logit is left as it is.
     pub fn is_neutral(&self) -> bool {
-        self.repetition == 1.0 && self.add == 0.0
+        self.bias == 0.0 && self.repetition == 1.0 && self.penalty == 0.0
     }
 }
 
 impl From<(u32, f32)> for IdBias {
-    /// An additive bias alone.
-    fn from((id, add): (u32, f32)) -> Self {
+    /// A fixed bias alone (`logit_bias`).
+    fn from((id, bias): (u32, f32)) -> Self {
         Self {
             id,
+            bias,
             repetition: 1.0,
-            add,
+            penalty: 0.0,
         }
     }
 }
@@ -162,7 +168,7 @@ impl LogitBias {
             }
         }
         let r = self.repetition_penalty;
-        if !(r.is_finite() && r > 0.0 && r <= REPETITION_LIMIT) {
+        if !(r.is_finite() && (1.0 / REPETITION_LIMIT..=REPETITION_LIMIT).contains(&r)) {
             return Err(SamplerError::BadRepetitionPenalty { value: r });
         }
         Ok(())
@@ -194,8 +200,9 @@ impl LogitBias {
             }
         }
         for (id, c) in counts {
-            out.entry(id).or_insert_with(|| IdBias::from((id, 0.0))).add -=
-                self.presence_penalty + self.frequency_penalty * c as f32;
+            out.entry(id)
+                .or_insert_with(|| IdBias::from((id, 0.0)))
+                .penalty = self.presence_penalty + self.frequency_penalty * c as f32;
         }
         if self.repetition_penalty != 1.0 {
             for &id in tokens.iter().filter(counted) {
@@ -223,26 +230,26 @@ mod tests {
         let (mask, eos) = (99, 7);
         let canvas = [5, 5, 99, 3, 5, 7, 7, 7, 99];
         let all = 0..canvas.len();
-        let adds = |v: Vec<IdBias>| v.iter().map(|b| (b.id, b.add)).collect::<Vec<_>>();
-        // 5 three times: 0.5 + 3 * 0.25; 3 once: 1.5 - 0.75; 9 unseen; 7 (end) uncounted;
-        // the prompt (4, 4) counts for the repetition penalty only.
+        let adds = |v: Vec<IdBias>| {
+            v.iter()
+                .map(|b| (b.id, b.bias, b.penalty))
+                .collect::<Vec<_>>()
+        };
+        // 5 three times: 0.5 + 3 * 0.25; 3 once: 0.75 beside its bias; 9 unseen; 7 (end)
+        // uncounted; the prompt (4, 4) counts for the repetition penalty only.
         let prompted = [[4, 4].as_slice(), &canvas].concat();
         let got = bias.step_biases(&prompted, 2..prompted.len(), mask, &[eos]);
-        assert_eq!(adds(got.clone()), vec![(3, 0.75), (5, -1.25), (9, -100.0)]);
+        assert_eq!(
+            adds(got.clone()),
+            vec![(3, 1.5, 0.75), (5, 0.0, 1.25), (9, -100.0, 0.0)]
+        );
         assert!(got.iter().all(|b| b.repetition == 1.0));
         // No penalty: the fixed list as it is, whatever the canvas.
         let fixed = LogitBias::with_ids(vec![(9, -1.0), (2, 3.0)]).unwrap();
         assert_eq!(
             adds(fixed.step_biases(&canvas, all.clone(), mask, &[])),
-            vec![(2, 3.0), (9, -1.0)]
+            vec![(2, 3.0, 0.0), (9, -1.0, 0.0)]
         );
-        // A penalty that cancels a fixed bias leaves no entry.
-        let cancel = LogitBias {
-            ids: vec![(5, 1.0)],
-            presence_penalty: 1.0,
-            ..LogitBias::default()
-        };
-        assert_eq!(cancel.step_biases(&[5], 0..1, mask, &[]), Vec::new());
         // The repetition penalty: each id of the canvas or around it once, ends aside.
         let repeat = LogitBias {
             ids: vec![(3, 2.0)],
@@ -251,11 +258,17 @@ mod tests {
         };
         let around = [[4, 7].as_slice(), &canvas, &[99, 4]].concat();
         let got = repeat.step_biases(&around, 2..2 + canvas.len(), mask, &[eos]);
-        let reps: Vec<(u32, f32, f32)> = got.iter().map(|b| (b.id, b.repetition, b.add)).collect();
+        let reps: Vec<(u32, f32, f32)> = got.iter().map(|b| (b.id, b.repetition, b.bias)).collect();
         assert_eq!(reps, vec![(3, 1.25, 2.0), (4, 1.25, 0.0), (5, 1.25, 0.0)]);
-        // rep(l) + add: a positive logit is divided, a negative one multiplied.
-        assert_eq!(got[0].apply(2.5), 2.5 * (1.0 / 1.25) + 2.0);
+        // rep(l + bias) - penalty: the bias first (vLLM's order), so -2 + 2.5 is positive
+        // and divided; a negative value is multiplied.
+        assert_eq!(got[0].apply(0.5), 2.5 * (1.0 / 1.25));
         assert_eq!(got[1].apply(-2.0), -2.5);
+        let all_three = IdBias {
+            penalty: 0.5,
+            ..got[0]
+        };
+        assert_eq!(all_three.apply(-4.0), -2.0 * 1.25 - 0.5);
     }
 
     #[test]
@@ -277,7 +290,7 @@ mod tests {
             ..LogitBias::default()
         };
         assert!(err(presence, None).starts_with("presence_penalty"));
-        for r in [0.0, -1.0, f32::INFINITY, 101.0] {
+        for r in [0.0, -1.0, f32::INFINITY, 101.0, 1e-40, 0.0099] {
             let repeat = LogitBias {
                 repetition_penalty: r,
                 ..LogitBias::default()

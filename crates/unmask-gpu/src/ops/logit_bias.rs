@@ -49,40 +49,41 @@ pub(crate) fn host_params() -> Vec<super::HostParams> {
     )]
 }
 
+/// Words of one entry in the table (`shaders/logit_bias.wgsl`).
+const ENTRY_WORDS: usize = 5;
+
 /// The biases of a pass's sampled rows, in row order, packed as the kernel reads them.
 /// Rows of one request share one list (its biases do not depend on the position).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RowBiases {
     /// Per row: (index of its list's first entry, entries).
     rows: Vec<(u32, u32)>,
-    /// (id, positive scale bits, negative scale bits, add bits) of every list.
-    entries: Vec<[u32; 4]>,
+    /// (id, bias, positive scale, negative scale, minus the penalty; f32 bits) of every
+    /// list.
+    entries: Vec<[u32; ENTRY_WORDS]>,
 }
 
 impl RowBiases {
-    /// Appends `rows` rows that all take `list`; an id listed twice gets the product of
-    /// its repetition penalties and the sum of its additions (the kernel applies each
-    /// id once).
+    /// Appends `rows` rows that all take `list`; an id listed twice gets the sum of its
+    /// biases and penalties and the product of its repetition penalties (the kernel
+    /// applies each id once).
     pub fn push<E: Copy + Into<IdBias>>(&mut self, list: &[E], rows: usize) {
         let mut merged: Vec<IdBias> = list.iter().map(|&e| e.into()).collect();
         merged.sort_by_key(|b| b.id);
         merged.dedup_by(|later, kept| {
             let same = later.id == kept.id;
             if same {
+                kept.bias += later.bias;
                 kept.repetition *= later.repetition;
-                kept.add += later.add;
+                kept.penalty += later.penalty;
             }
             same
         });
         let first = self.entries.len() as u32;
         self.entries.extend(merged.iter().map(|b| {
             let (positive, negative) = b.scales();
-            [
-                b.id,
-                positive.to_bits(),
-                negative.to_bits(),
-                b.add.to_bits(),
-            ]
+            let f = [b.bias, positive, negative, -b.penalty].map(f32::to_bits);
+            [b.id, f[0], f[1], f[2], f[3]]
         }));
         let count = merged.len() as u32;
         self.rows.extend(std::iter::repeat_n((first, count), rows));
@@ -101,9 +102,9 @@ impl RowBiases {
     /// entries.
     pub fn words(&self) -> Vec<u32> {
         let base = 2 * self.rows.len() as u32;
-        let mut w = Vec::with_capacity(2 * self.rows.len() + 4 * self.entries.len());
+        let mut w = Vec::with_capacity(2 * self.rows.len() + ENTRY_WORDS * self.entries.len());
         for &(first, count) in &self.rows {
-            w.extend([base + 4 * first, count]);
+            w.extend([base + ENTRY_WORDS as u32 * first, count]);
         }
         w.extend(self.entries.iter().flatten());
         w
@@ -158,22 +159,25 @@ mod tests {
         let mut t = RowBiases::default();
         t.push(&[(7, 1.0), (2, -3.0), (7, 0.5)], 2);
         t.push::<(u32, f32)>(&[], 1);
-        let repeat = |id, repetition, add| IdBias {
+        let repeat = |id, repetition, penalty| IdBias {
             id,
+            bias: 0.0,
             repetition,
-            add,
+            penalty,
         };
-        t.push(&[repeat(4, 2.0, 0.0), repeat(4, 1.5, 1.0)], 1);
+        t.push(&[repeat(4, 2.0, 0.25), repeat(4, 1.5, 1.0)], 1);
         assert_eq!(t.rows(), 4);
         assert!(!t.is_empty());
         let w = t.words();
-        let one = 1.0f32.to_bits();
-        // 4 rows x 2 words, then entries from word 8: (2, -3), (7, 1.5), (4, x3, +1).
-        assert_eq!(&w[..8], &[8, 2, 8, 2, 16, 0, 16, 1]);
-        assert_eq!(&w[8..12], &[2, one, one, (-3.0f32).to_bits()]);
-        assert_eq!(&w[12..16], &[7, one, one, 1.5f32.to_bits()]);
+        let (zero, one) = (0.0f32.to_bits(), 1.0f32.to_bits());
+        // 4 rows x 2 words, then 5-word entries from word 8: (2, -3), (7, 1.5), (4, x3, -1.25).
+        assert_eq!(&w[..8], &[8, 2, 8, 2, 18, 0, 18, 1]);
+        let minus_zero = (-0.0f32).to_bits();
+        assert_eq!(&w[8..13], &[2, (-3.0f32).to_bits(), one, one, minus_zero]);
+        assert_eq!(&w[13..18], &[7, 1.5f32.to_bits(), one, one, minus_zero]);
         let third = (1.0f32 / 3.0).to_bits();
-        assert_eq!(&w[16..], &[4, third, 3.0f32.to_bits(), one]);
+        let last = [4, zero, third, 3.0f32.to_bits(), (-1.25f32).to_bits()];
+        assert_eq!(&w[18..], &last);
         let mut none = RowBiases::default();
         none.push::<IdBias>(&[], 3);
         assert!(none.is_empty() && none.rows() == 3);

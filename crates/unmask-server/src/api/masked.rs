@@ -123,7 +123,11 @@ mod tests {
             (r#""logit_bias":{"3":"a"}"#, "logit_bias.3", "expected f64"),
             (r#""presence_penalty":2.5"#, "presence_penalty", "-2 to 2"),
             (r#""frequency_penalty":-9"#, "frequency_penalty", "found -9"),
-            (r#""repetition_penalty":0"#, "repetition_penalty", "above 0"),
+            (
+                r#""repetition_penalty":0"#,
+                "repetition_penalty",
+                "from 0.01 to 100",
+            ),
             (r#""min_p":2"#, "min_p", "from 0 to 1"),
         ] {
             let body = format!("{{{q},{extra}}}");

@@ -78,7 +78,7 @@ fn logit_bias_and_penalties_map_with_their_errors() {
     );
     let e = err(json!({"ids": [1], "repetitionPenalty": 0}));
     assert!(
-        e.starts_with("repetitionPenalty: expected a number above 0"),
+        e.starts_with("repetitionPenalty: expected a number from 0.01 to 100"),
         "{e}"
     );
     let e = err(json!({"ids": [1], "minP": 1.5}));
