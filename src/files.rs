@@ -108,6 +108,18 @@ impl DirFiles {
         }
     }
 
+    /// The files of `dir`, which must be a folder (a model's text side is read from one).
+    pub fn folder(dir: &Path) -> Result<Self, EngineError> {
+        if !dir.is_dir() {
+            return Err(EngineError::File {
+                location: dir.display().to_string(),
+                message: "expected a model folder (config.json, tokenizer.json), found no folder"
+                    .into(),
+            });
+        }
+        Ok(Self::new(dir))
+    }
+
     fn error(&self, name: &str, e: std::io::Error) -> EngineError {
         EngineError::File {
             location: self.location(name),

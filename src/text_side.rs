@@ -74,14 +74,7 @@ impl TextSide {
     /// The text side of the model folder `dir`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(dir: &Path) -> Result<Self, EngineError> {
-        if !dir.is_dir() {
-            return Err(EngineError::File {
-                location: dir.display().to_string(),
-                message: "expected a model folder (config.json, tokenizer.json), found no folder"
-                    .into(),
-            });
-        }
-        pollster::block_on(Self::read(&mut DirFiles::new(dir)))
+        pollster::block_on(Self::read(&mut DirFiles::folder(dir)?))
     }
 
     pub fn require_tokenizer(&self) -> Result<&Tokenizer, EngineError> {

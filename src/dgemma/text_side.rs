@@ -28,14 +28,7 @@ impl DgemmaTextSide {
     /// The text side of the DiffusionGemma folder `dir`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(dir: &Path) -> Result<Self, EngineError> {
-        if !dir.is_dir() {
-            return Err(EngineError::File {
-                location: dir.display().to_string(),
-                message: "expected a model folder (config.json, tokenizer.json), found no folder"
-                    .into(),
-            });
-        }
-        let mut files = DirFiles::new(dir);
+        let mut files = DirFiles::folder(dir)?;
         let small = pollster::block_on(super::read_small_files(&mut files))?;
         Ok(Self {
             config: small.cfg,
