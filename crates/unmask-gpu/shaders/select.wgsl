@@ -25,9 +25,10 @@
 // runs `threshold` before a single `accumulate` over them: per row, the smallest key c of
 // the order-preserving map of logits to u32 such that fewer than k logits have a key
 // above c and the tempered probability above c is at most top_p. Ids with a key below c
-// are cut. Both conditions only loosen as c grows, so c is found by bisection. min-p is a
-// floor on c: the key of the row's maximum plus `min_gap`; top-p's probabilities are then
-// those of the ids at or above the floor (vLLM's order: min-p first), and min-p alone
+// are cut. Both conditions only loosen as c grows, so c is found by bisection, its last
+// steps over the few keys left between its bounds (gathered into workgroup memory). min-p
+// is a floor on c: the key of the row's maximum plus `min_gap`; top-p's probabilities are
+// then those of the ids at or above the floor (vLLM's order: min-p first), and min-p alone
 // needs no bisection.
 
 const STATE_WORDS: u32 = 10u;
@@ -184,6 +185,13 @@ const WG: u32 = 256u;
 
 var<workgroup> w_count: array<u32, WG>;
 var<workgroup> w_mass: array<f32, WG>;
+// The lower bound of the answer from the invocations' maxima (0: none).
+var<workgroup> w_low: u32;
+// Most keys gathered for the bisection's last steps (8 KiB of keys and weights).
+const BAND: u32 = 1024u;
+var<workgroup> b_key: array<u32, BAND>;
+var<workgroup> b_weight: array<f32, BAND>;
+var<workgroup> b_fill: atomic<u32>;
 
 // Sums w_count and w_mass over the workgroup into slot 0, visible to all after it.
 fn reduce_sums(lid: u32) {
@@ -197,9 +205,13 @@ fn reduce_sums(lid: u32) {
     workgroupBarrier();
 }
 
-// One workgroup per row. 2 + at most 32 passes over the row: its maximum, its softmax sum,
-// then one pass per bisection step (the count and probability above the midpoint); one
-// pass for min-p alone.
+// One workgroup per row. Passes over the row: its maximum, its softmax sum with the count
+// of the keys at or above a lower bound of the answer, then one per bisection step (the
+// count and probability above the midpoint) until at most BAND keys are left between the
+// bounds; those are gathered into workgroup memory once and the bisection ends there.
+// With top-k within the workgroup's size, the k-th largest of the invocations' maxima
+// bounds the answer from below (k distinct ids lie at or above it), so a top-k cut
+// usually gathers at once: 3 passes instead of up to 34. min-p alone takes one pass.
 @compute @workgroup_size(256)
 fn threshold(
     @builtin(local_invocation_index) lid: u32,
@@ -211,20 +223,24 @@ fn threshold(
         return;
     }
     let base = row * p.n;
-    var mx = NEG;
+    var mine = NEG;
     for (var v = lid; v < p.n; v += WG) {
         if (v != p.suppress) {
-            mx = max(mx, logits[base + v]);
+            mine = max(mine, logits[base + v]);
         }
     }
-    w_mass[lid] = mx;
+    if (lid == 0u) {
+        w_low = 0u;
+    }
+    w_mass[lid] = mine;
+    w_count[lid] = order_key(mine);
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         workgroupBarrier();
         if (lid < stride) {
             w_mass[lid] = max(w_mass[lid], w_mass[lid + stride]);
         }
     }
-    mx = workgroupUniformLoad(&w_mass[0]);
+    let mx = workgroupUniformLoad(&w_mass[0]);
     // min-p keeps the logits from mx + min_gap up (vLLM applies it before top-k / top-p,
     // whose probabilities are then renormalised over what it kept).
     let min_p = p.min_gap > NEG;
@@ -239,41 +255,100 @@ fn threshold(
         }
         return;
     }
-    var total = 0.0;
-    for (var v = lid; v < p.n; v += WG) {
-        let l = logits[base + v];
-        if (v != p.suppress && l >= floor) {
-            total += exp((l - mx) * p.scale);
+    // The k-th largest of the invocations' maxima (by key; the barriers above made them
+    // visible): the invocations holding it all write the same value.
+    if (p.top_k > 0u && p.top_k <= WG) {
+        let key = w_count[lid];
+        var greater = 0u;
+        var at_least = 0u;
+        for (var j = 0u; j < WG; j++) {
+            let other = w_count[j];
+            greater += select(0u, 1u, other > key);
+            at_least += select(0u, 1u, other >= key);
+        }
+        if (greater < p.top_k && p.top_k <= at_least) {
+            w_low = key;
         }
     }
-    // Every invocation has read the maximum before slot 0 is overwritten.
+    // The answer is at least the bracket and, with min-p, its floor's key.
+    var lo = workgroupUniformLoad(&w_low);
+    if (min_p) {
+        lo = max(lo, order_key(floor));
+    }
+    var total = 0.0;
+    var in_band = 0u;
+    for (var v = lid; v < p.n; v += WG) {
+        let l = logits[base + v];
+        if (v != p.suppress) {
+            if (l >= floor) {
+                total += exp((l - mx) * p.scale);
+            }
+            in_band += select(0u, 1u, order_key(l) >= lo);
+        }
+    }
+    // Every invocation has read the maxima before the slots are overwritten.
     workgroupBarrier();
     w_mass[lid] = total;
-    w_count[lid] = 0u;
+    w_count[lid] = in_band;
     reduce_sums(lid);
     let p_mass = p.top_p * workgroupUniformLoad(&w_mass[0]);
-    // Invariant: the answer lies in [lo, hi], and `above_*` are the count and probability
-    // of the keys above hi, so a pass only sums the keys in (mid, hi] (an exp each) and
-    // the ones outside cost a load and a compare. The key of the maximum passes both
-    // conditions (nothing lies above it). lo, hi and the sums are workgroup-uniform
-    // (read through workgroupUniformLoad), so the loop may stop once lo meets hi.
-    var lo = 0u;
+    // Invariant: the answer lies in [lo, hi]; `band` keys of the row lie in [lo, hi], and
+    // `above_*` are the count and probability of the keys above hi, so a step only sums
+    // the keys in (mid, hi] (an exp each, or a stored weight once gathered). The key of
+    // the maximum passes both conditions (nothing lies above it). lo, hi, band and the
+    // sums are workgroup-uniform (read through workgroupUniformLoad), so the loop may stop
+    // once lo meets hi.
+    var band = workgroupUniformLoad(&w_count[0]);
     var hi = order_key(mx);
     var above_count = 0u;
     var above_mass = 0.0;
+    var gathered = false;
+    // Keys gathered (the band when they were): later steps filter them by their bounds.
+    var stored = 0u;
     for (var it = 0u; it < 32u; it++) {
         if (lo >= hi) {
             break;
         }
+        if (!gathered && band <= BAND) {
+            // One more pass: the band's keys and weights into workgroup memory.
+            if (lid == 0u) {
+                atomicStore(&b_fill, 0u);
+            }
+            workgroupBarrier();
+            for (var v = lid; v < p.n; v += WG) {
+                let l = logits[base + v];
+                let key = order_key(l);
+                if (key >= lo && key <= hi && v != p.suppress) {
+                    let at = atomicAdd(&b_fill, 1u);
+                    if (at < BAND) {
+                        b_key[at] = key;
+                        b_weight[at] = exp((l - mx) * p.scale);
+                    }
+                }
+            }
+            workgroupBarrier();
+            gathered = true;
+            stored = band;
+        }
         let mid = lo + (hi - lo) / 2u;
         var count = 0u;
         var mass = 0.0;
-        for (var v = lid; v < p.n; v += WG) {
-            let l = logits[base + v];
-            let key = order_key(l);
-            if (key > mid && key <= hi && v != p.suppress) {
-                count += 1u;
-                mass += exp((l - mx) * p.scale);
+        if (gathered) {
+            for (var i = lid; i < stored; i += WG) {
+                let key = b_key[i];
+                if (key > mid && key <= hi) {
+                    count += 1u;
+                    mass += b_weight[i];
+                }
+            }
+        } else {
+            for (var v = lid; v < p.n; v += WG) {
+                let l = logits[base + v];
+                let key = order_key(l);
+                if (key > mid && key <= hi && v != p.suppress) {
+                    count += 1u;
+                    mass += exp((l - mx) * p.scale);
+                }
             }
         }
         workgroupBarrier();
@@ -288,8 +363,10 @@ fn threshold(
             hi = mid;
             above_count += band_count;
             above_mass += band_mass;
+            band -= band_count;
         } else {
             lo = mid + 1u;
+            band = band_count;
         }
     }
     if (lid == 0u) {

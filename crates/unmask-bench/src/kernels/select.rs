@@ -2,8 +2,8 @@
 //! `rows` x `vocab` logits through `select` alone (`plain`), with the model softmax's sum
 //! (`logprob`), with the 5 and 20 most likely alternatives (`top5`, `top20`), after adding
 //! 32 or 1024 biased ids per row (`bias32`, `bias1024`: a `logit_bias` list, and the most
-//! one may hold), and under the whole-row cut (`top-p` 0.9, `min-p` 0.05 alone, both
-//! together). Each record's `vs_plain` is its time over `plain`'s from the same run.
+//! one may hold), and under the whole-row cut (`top-p` 0.9, `top-k` 50 as Dream's default,
+//! `min-p` 0.05 alone, both min-p and top-p). Each record's `vs_plain` is its time over `plain`'s from the same run.
 
 use serde_json::{Value, json};
 use unmask_gpu::ops::alternatives::{self, Chunk, TOP_STATE_WORDS};
@@ -93,7 +93,7 @@ pub(super) fn run(
         }
         Ok(())
     };
-    let variants: [(&str, SelectParams, usize); 9] = [
+    let variants: [(&str, SelectParams, usize); 10] = [
         ("plain", SelectParams::default(), 0),
         ("logprob", logprob(0), 0),
         ("top5", logprob(5), 0),
@@ -101,6 +101,15 @@ pub(super) fn run(
         ("bias32", SelectParams::default(), 32),
         ("bias1024", SelectParams::default(), 1024),
         ("top-p", cut_by(Some(0.9), None), 0),
+        // Dream's default cut.
+        (
+            "top-k",
+            SelectParams {
+                top_k: Some(50),
+                ..SelectParams::default()
+            },
+            0,
+        ),
         ("min-p", cut_by(None, Some(0.05)), 0),
         ("min-p+top-p", cut_by(Some(0.9), Some(0.05)), 0),
     ];
