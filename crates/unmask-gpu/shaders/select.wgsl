@@ -369,12 +369,9 @@ fn threshold(
             band = band_count;
         }
     }
+    // lo started at min-p's floor, when there is one, and only grew.
     if (lid == 0u) {
-        var c = lo;
-        if (min_p) {
-            c = max(c, order_key(floor));
-        }
-        cut[p.row_base + row] = c;
+        cut[p.row_base + row] = lo;
     }
 }
 //#endif

@@ -7,7 +7,7 @@ use super::{DgemmaCache, DgemmaModel};
 use crate::context::GpuContext;
 use crate::model::ModelError;
 use crate::ops::denoise::{DrawStream, RowStats, STATS_WORDS, denoise_rows_at, parse_stats};
-use crate::ops::logit_bias::{RowBiases, add_logit_bias};
+use crate::ops::logit_bias::{RowBiases, add_logit_bias, upload_biases};
 use crate::step::StepEncoder;
 use crate::tensor::{DType, Tensor};
 use unmask_core::sampler::IdBias;
@@ -301,16 +301,8 @@ impl DgemmaModel {
         for c in canvases {
             biases.push(c.bias, c.canvas.len());
         }
-        if !biases.is_empty() {
-            let words = biases.words();
-            if bufs.bias.as_ref().is_none_or(|b| b.numel() < words.len()) {
-                let len = words.len().next_power_of_two();
-                bufs.bias = Some(Tensor::zeros(ctx, DType::U32, &[len], "dgemma logit bias")?);
-            }
-            if let Some(table) = &bufs.bias {
-                table.write_u32(ctx, &words)?;
-                add_logit_bias(&mut step, &bufs.logits, t, v, 0, table)?;
-            }
+        if let Some(table) = upload_biases(ctx, &biases, &mut bufs.bias, "dgemma logit bias")? {
+            add_logit_bias(&mut step, &bufs.logits, t, v, 0, table)?;
         }
         let (logits, stats) = (&bufs.logits, &bufs.stats);
         for (c, span) in canvases.iter().zip(&spans) {

@@ -185,20 +185,9 @@ impl Model {
         sel: &mut SelectBuffers,
         biases: &RowBiases,
     ) -> Result<(), ModelError> {
-        if biases.is_empty() {
-            sel.bias_rows = 0;
-            return Ok(());
-        }
-        let words = biases.words();
-        if sel.bias.as_ref().is_none_or(|t| t.numel() < words.len()) {
-            // Room to grow: penalty lists lengthen as the canvas fills.
-            let len = words.len().next_power_of_two();
-            sel.bias = Some(Tensor::zeros(&self.ctx, DType::U32, &[len], "logit bias")?);
-        }
-        if let Some(t) = &sel.bias {
-            t.write_u32(&self.ctx, &words)?;
-        }
-        sel.bias_rows = biases.rows();
+        // Penalty lists lengthen as the canvas fills: the table grows with them.
+        let uploaded = logit_bias::upload_biases(&self.ctx, biases, &mut sel.bias, "logit bias")?;
+        sel.bias_rows = if uploaded.is_some() { biases.rows() } else { 0 };
         Ok(())
     }
 

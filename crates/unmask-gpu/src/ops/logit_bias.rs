@@ -10,6 +10,7 @@ use unmask_core::sampler::IdBias;
 
 use super::ShaderVariant;
 use super::sampling::{check_tensor, shape_error};
+use crate::context::GpuContext;
 use crate::error::Result;
 use crate::kernel_source;
 use crate::pipeline::{KernelSource, Spec};
@@ -109,6 +110,33 @@ impl RowBiases {
         w.extend(self.entries.iter().flatten());
         w
     }
+}
+
+/// Writes `biases` into `table`, made (or remade larger, with room for lists that grow
+/// step by step) when it is missing or too small; the table to pass to `add_logit_bias`,
+/// or `None` when no row has a bias.
+pub fn upload_biases<'a>(
+    ctx: &GpuContext,
+    biases: &RowBiases,
+    table: &'a mut Option<Tensor>,
+    label: &str,
+) -> Result<Option<&'a Tensor>> {
+    if biases.is_empty() {
+        return Ok(None);
+    }
+    let words = biases.words();
+    if table.as_ref().is_some_and(|t| t.numel() < words.len()) {
+        *table = None;
+    }
+    let t: &Tensor = match table {
+        Some(t) => t,
+        slot @ None => {
+            let len = words.len().next_power_of_two();
+            slot.insert(Tensor::zeros(ctx, DType::U32, &[len], label)?)
+        }
+    };
+    t.write_u32(ctx, &words)?;
+    Ok(Some(t))
 }
 
 /// Adds each row's biases to `logits`, f32 `[rows, n]` holding vocabulary ids
