@@ -67,7 +67,9 @@ pub use request::{
 };
 pub use request_run::RequestRun;
 pub use session::{PrefixKey, Session};
-pub use spec::{AdaptiveOverrides, DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits};
+pub use spec::{
+    AdaptiveOverrides, DEFAULT_BLOCK, RequestSpec, Settings, SpecError, SpecLimits, logit_bias_ids,
+};
 pub use text_side::TextSide;
 pub use unmask_core::adaptive::AdaptiveRefresh;
 pub use unmask_core::cache::CacheMode;

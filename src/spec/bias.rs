@@ -1,56 +1,74 @@
 //! `logit_bias` and the penalties of a request spec, each checked and named on its own.
 
+use std::collections::BTreeMap;
+
 use unmask_core::error::SamplerError;
 use unmask_core::sampler::LogitBias;
 use unmask_core::sampler::bias::{BIAS_LIMIT, PENALTY_LIMIT, REPETITION_LIMIT};
 
 use super::{RequestSpec, SpecError, error, single};
 
+/// OpenAI's `logit_bias` map (token ids as decimal strings to biases) by the rules every
+/// request shares, each objection naming `logit_bias`: ids below `vocab` (`usize::MAX`:
+/// checked when the request runs), biases from -100 to 100, each id once ("7" and "07"
+/// are one), at most `MOST_LOGIT_BIAS` ids. Sorted by id.
+pub fn logit_bias_ids(
+    map: &BTreeMap<String, f64>,
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, SpecError> {
+    let mut ids = Vec::new();
+    for (key, &b) in map {
+        let id = key.parse::<u32>().ok().filter(|&id| (id as usize) < vocab);
+        let Some(id) = id else {
+            let below = if vocab == usize::MAX {
+                String::new()
+            } else {
+                format!(" below the vocabulary size {vocab}")
+            };
+            let expected = format!("token ids written as decimal strings{below}");
+            return Err(error("logit_bias", expected, format!("the key {key:?}")));
+        };
+        let range = format!("biases from -{BIAS_LIMIT} to {BIAS_LIMIT}");
+        let bias =
+            single("logit_bias", Some(b), &range, |b| b.abs() <= BIAS_LIMIT).map_err(|e| {
+                SpecError {
+                    found: format!("{} for id {id}", e.found),
+                    ..e
+                }
+            })?;
+        ids.push((id, bias.unwrap_or(0.0)));
+    }
+    // Keys are distinct strings, but "7" and "07" name one id; then the number of ids.
+    let bias = LogitBias::with_ids(ids).map_err(bias_error)?;
+    bias.check(None).map_err(bias_error)?;
+    Ok(bias.ids)
+}
+
 impl RequestSpec {
     /// `logit_bias` and the penalties, each named when out of its range.
     pub(super) fn logit_bias(&self, vocab: usize) -> Result<LogitBias, SpecError> {
-        let mut ids = Vec::new();
-        for (key, &b) in self.logit_bias.iter().flatten() {
-            let id = key.parse::<u32>().ok().filter(|&id| (id as usize) < vocab);
-            let Some(id) = id else {
-                let below = if vocab == usize::MAX {
-                    String::new()
-                } else {
-                    format!(" below the vocabulary size {vocab}")
-                };
-                let expected = format!("token ids written as decimal strings{below}");
-                return Err(error("logit_bias", expected, format!("the key {key:?}")));
-            };
-            let range = format!("biases from -{BIAS_LIMIT} to {BIAS_LIMIT}");
-            let bias =
-                single("logit_bias", Some(b), &range, |b| b.abs() <= BIAS_LIMIT).map_err(|e| {
-                    SpecError {
-                        found: format!("{} for id {id}", e.found),
-                        ..e
-                    }
-                })?;
-            ids.push((id, bias.unwrap_or(0.0)));
-        }
-        // Keys are distinct strings, but "7" and "07" name one id.
-        let mut bias = LogitBias::with_ids(ids).map_err(bias_error)?;
+        let ids = match &self.logit_bias {
+            Some(map) => logit_bias_ids(map, vocab)?,
+            None => Vec::new(),
+        };
         let penalty = |field, v| {
             let range = format!("a number from -{PENALTY_LIMIT} to {PENALTY_LIMIT}");
             Ok(single(field, v, &range, |p| p.abs() <= PENALTY_LIMIT)?.unwrap_or(0.0))
         };
-        bias.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
-        bias.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
         let least = 1.0 / REPETITION_LIMIT;
         let repetition = format!("a number from {least} to {REPETITION_LIMIT} (1: none)");
-        bias.repetition_penalty = single(
-            "repetition_penalty",
-            self.repetition_penalty,
-            &repetition,
-            |r| (least..=REPETITION_LIMIT).contains(&r),
-        )?
-        .unwrap_or(1.0);
-        // The rest of LogitBias's rules (the number of ids).
-        bias.check(None).map_err(bias_error)?;
-        Ok(bias)
+        Ok(LogitBias {
+            ids,
+            presence_penalty: penalty("presence_penalty", self.presence_penalty)?,
+            frequency_penalty: penalty("frequency_penalty", self.frequency_penalty)?,
+            repetition_penalty: single(
+                "repetition_penalty",
+                self.repetition_penalty,
+                &repetition,
+                |r| (least..=REPETITION_LIMIT).contains(&r),
+            )?
+            .unwrap_or(1.0),
+        })
     }
 }
 

@@ -5,6 +5,8 @@
 
 mod bias;
 
+pub use bias::logit_bias_ids;
+
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -79,8 +81,8 @@ pub struct RequestSpec {
     /// OpenAI's penalties (-2 to 2) on the tokens committed so far (`LogitBias`).
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
-    /// vLLM's multiplicative penalty (above 0, at most 100; 1: none) on the tokens of the
-    /// prompt and the canvas.
+    /// vLLM's multiplicative penalty (0.01 to 100; 1: none) on the tokens of the prompt and
+    /// the canvas.
     pub repetition_penalty: Option<f64>,
 }
 

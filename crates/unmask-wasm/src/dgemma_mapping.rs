@@ -66,21 +66,10 @@ fn logit_bias(obj: &Value, limits: &Limits) -> Result<Vec<(u32, f32)>, String> {
     let Some(v) = obj.get("logitBias") else {
         return Ok(Vec::new());
     };
-    let map = serde_json::from_value(v.clone())
+    let map: std::collections::BTreeMap<String, f64> = serde_json::from_value(v.clone())
         .map_err(|_| format!("logitBias: expected an object of token ids to numbers, found {v}"))?;
-    let spec = unmask::RequestSpec {
-        logit_bias: Some(map),
-        ..unmask::RequestSpec::default()
-    };
-    let limits = unmask::SpecLimits {
-        context: usize::MAX,
-        layers: usize::MAX,
-        vocab: limits.vocab,
-    };
-    let settings = spec
-        .check(&limits)
-        .map_err(|e| format!("logitBias: expected {}, found {}", e.expected, e.found))?;
-    Ok(settings.params.bias.ids)
+    unmask::logit_bias_ids(&map, limits.vocab)
+        .map_err(|e| format!("logitBias: expected {}, found {}", e.expected, e.found))
 }
 
 /// Whether the prompt and the canvases `genLength` asks for fit the model's positions.

@@ -59,27 +59,17 @@ impl Common {
         }
         // logit_bias by the rules every endpoint shares; ids past the vocabulary are the
         // engine's to refuse, which knows it.
-        let spec = unmask::RequestSpec {
-            logit_bias: self.logit_bias.clone(),
-            ..unmask::RequestSpec::default()
+        let logit_bias = match &self.logit_bias {
+            Some(map) => unmask::logit_bias_ids(map, usize::MAX)
+                .map_err(|e| ApiError::invalid(e.field, e.to_string()))?,
+            None => Vec::new(),
         };
-        let any_model = unmask::SpecLimits {
-            context: usize::MAX,
-            layers: usize::MAX,
-            vocab: usize::MAX,
-        };
-        let bias = spec.check(&any_model).map_err(|e| {
-            ApiError::invalid(
-                e.field,
-                format!("{}: expected {}, found {}", e.field, e.expected, e.found),
-            )
-        })?;
         Ok(GemmaSampling {
             max_new_tokens,
             max_denoising_steps: steps,
             seed: self.seed.unwrap_or(0),
             share_prompt: false,
-            logit_bias: bias.params.bias.ids,
+            logit_bias,
         })
     }
 }
